@@ -1,0 +1,290 @@
+package checkpoint
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"webdraft/qwen3"
+	"webdraft/safetensors"
+	"webdraft/tensor"
+)
+
+// ConvertOptions configure Convert.
+type ConvertOptions struct {
+	Quant     Quant // default Int4
+	GroupSize int   // default tensor.DefaultGroupSize
+	// Progress, when set, is called with the source bytes done and in all.
+	Progress func(done, total int64)
+}
+
+// ConvertStats reports what Convert wrote.
+type ConvertStats struct {
+	Tensors     int      // matrices and vectors converted
+	SourceBytes int64    // weight bytes read
+	OutputBytes int64    // size of the written model.safetensors
+	Ignored     []string // source tensors that are not part of the model
+}
+
+// rowBlock is how many rows are encoded and written at a time: enough work to
+// spread over cores, little memory.
+const rowBlock = 4096
+
+// Convert writes the webdraft folder for the HF checkpoint in inDir to outDir:
+// config.json and tokenizer.json copied, the weights re-encoded into one
+// model.safetensors. Tensors are streamed row block by row block, so memory
+// stays far below the checkpoint's size; the output appears atomically.
+func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (ConvertStats, error) {
+	var stats ConvertStats
+	if opts.Quant == "" {
+		opts.Quant = Int4
+	}
+	if opts.GroupSize == 0 {
+		opts.GroupSize = tensor.DefaultGroupSize
+	}
+	if same, err := sameDir(inDir, outDir); err != nil || same {
+		if err == nil {
+			err = fmt.Errorf("--out %s is the input folder", outDir)
+		}
+		return stats, err
+	}
+	cfgPath := filepath.Join(inDir, "config.json")
+	cfg, err := qwen3.LoadConfig(cfgPath)
+	if err != nil {
+		return stats, err
+	}
+	folder, err := safetensors.OpenFolder(inDir)
+	if err != nil {
+		return stats, err
+	}
+	defer folder.Close()
+	if folder.Metadata()[metaFormat] == formatName {
+		return stats, fmt.Errorf("%s is already a webdraft folder", inDir)
+	}
+
+	// Check every source tensor before writing anything.
+	_, slots := qwen3.NewWeights(&cfg)
+	if err := checkMatrixShapes(slots, opts.Quant, opts.GroupSize); err != nil {
+		return stats, fmt.Errorf("%s: %w", inDir, err)
+	}
+	sources := make([]safetensors.Tensor, len(slots))
+	known := map[string]bool{}
+	for i, s := range slots {
+		if sources[i], err = checkSource(folder, s.Name, s.Shape); err != nil {
+			return stats, err
+		}
+		stats.SourceBytes += int64(len(sources[i].Data))
+		known[s.Name] = true
+	}
+	for _, n := range folder.Names() {
+		if !known[n] {
+			stats.Ignored = append(stats.Ignored, n)
+		}
+	}
+	stats.Tensors = len(slots)
+
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return stats, err
+	}
+	outPath := filepath.Join(outDir, safetensors.SingleFile)
+	tmp, err := os.CreateTemp(outDir, safetensors.SingleFile+".tmp*")
+	if err != nil {
+		return stats, err
+	}
+	defer os.Remove(tmp.Name()) // no-op once renamed
+	bw := bufio.NewWriterSize(tmp, 4<<20)
+	plan := planOutput(slots, opts.Quant, opts.GroupSize)
+	sw, err := safetensors.NewWriter(bw, plan.specs, metadata(opts.Quant, opts.GroupSize))
+	if err != nil {
+		tmp.Close()
+		return stats, err
+	}
+	conv := &converter{ctx: ctx, w: sw, opts: opts, total: stats.SourceBytes}
+	if err := conv.run(slots, sources, plan.order); err != nil {
+		tmp.Close()
+		return stats, fmt.Errorf("convert %s: %w", inDir, err)
+	}
+	if err := firstErr(sw.Close(), bw.Flush(), tmp.Chmod(0o644), tmp.Sync()); err != nil {
+		tmp.Close()
+		return stats, fmt.Errorf("write %s: %w", outPath, err)
+	}
+	if st, err := tmp.Stat(); err == nil {
+		stats.OutputBytes = st.Size()
+	}
+	if err := tmp.Close(); err != nil {
+		return stats, fmt.Errorf("write %s: %w", outPath, err)
+	}
+	if err := os.Rename(tmp.Name(), outPath); err != nil {
+		return stats, err
+	}
+	if err := copyFile(cfgPath, filepath.Join(outDir, "config.json")); err != nil {
+		return stats, err
+	}
+	if tok := filepath.Join(inDir, "tokenizer.json"); fileExists(tok) {
+		if err := copyFile(tok, filepath.Join(outDir, "tokenizer.json")); err != nil {
+			return stats, err
+		}
+	}
+	return stats, nil
+}
+
+// outputPlan lists the output tensors and the order of the work that fills
+// them. Tensors of 4-byte elements come first and 2-byte ones last, so every
+// tensor stays aligned for zero-copy use of the mapped file; int4 scales are
+// therefore held back (1/16 of the int4 weights) and written at the end.
+type outputPlan struct {
+	specs []safetensors.Spec
+	order []int // slot indices in the order their main tensor is written
+}
+
+func planOutput(slots []qwen3.Slot, q Quant, g int) outputPlan {
+	var wide, narrow []safetensors.Spec
+	var wideSlots, narrowSlots []int
+	for i, s := range slots {
+		switch {
+		case s.Vector != nil || q == F32:
+			wide = append(wide, safetensors.Spec{Name: s.Name, DType: safetensors.F32, Shape: s.Shape})
+			wideSlots = append(wideSlots, i)
+		case q == F16:
+			narrow = append(narrow, safetensors.Spec{Name: s.Name, DType: safetensors.F16, Shape: s.Shape})
+			narrowSlots = append(narrowSlots, i)
+		default: // int4
+			rows, cols := s.Shape[0], s.Shape[1]
+			wide = append(wide, safetensors.Spec{Name: s.Name + qweightSuffix, DType: safetensors.U32, Shape: []int{rows, cols / 8}})
+			wideSlots = append(wideSlots, i)
+			narrow = append(narrow, safetensors.Spec{Name: s.Name + scalesSuffix, DType: safetensors.F16, Shape: []int{rows, cols / g}})
+		}
+	}
+	return outputPlan{specs: append(wide, narrow...), order: append(wideSlots, narrowSlots...)}
+}
+
+// converter streams the encoded tensors into the writer.
+type converter struct {
+	ctx     context.Context
+	w       io.Writer
+	opts    ConvertOptions
+	done    int64
+	total   int64
+	scales  [][]uint16 // int4 scales held back until the 4-byte tensors are out
+	scratch []byte
+}
+
+func (c *converter) run(slots []qwen3.Slot, sources []safetensors.Tensor, order []int) error {
+	for _, i := range order {
+		s, src := slots[i], sources[i]
+		if s.Vector != nil {
+			v := make([]float32, s.Shape[0])
+			sourceRow(src, 0, len(v), v)
+			if err := c.write(v); err != nil {
+				return err
+			}
+			c.advance(int64(len(src.Data)))
+			continue
+		}
+		if err := c.matrix(s, src); err != nil {
+			return fmt.Errorf("tensor %s: %w", s.Name, err)
+		}
+	}
+	for _, sc := range c.scales {
+		if err := c.write(sc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// matrix encodes one weight matrix block by block.
+func (c *converter) matrix(s qwen3.Slot, src safetensors.Tensor) error {
+	rows, cols := s.Shape[0], s.Shape[1]
+	var scales []uint16
+	if c.opts.Quant == Int4 {
+		scales = make([]uint16, 0, rows*cols/c.opts.GroupSize)
+	}
+	rowBytes := int64(len(src.Data) / rows)
+	for r0 := 0; r0 < rows; r0 += rowBlock {
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
+		n := min(rowBlock, rows-r0)
+		block := newMatrix(c.opts.Quant, n, cols, c.opts.GroupSize)
+		if err := encodeRows(block, src, r0); err != nil {
+			return err
+		}
+		var err error
+		switch b := block.(type) {
+		case *tensor.Int4:
+			err = c.write(b.QWeight)
+			scales = append(scales, b.Scales...)
+		case *tensor.F16:
+			err = c.write(b.Data)
+		case *tensor.F32:
+			err = c.write(b.Data)
+		}
+		if err != nil {
+			return err
+		}
+		c.advance(int64(n) * rowBytes)
+	}
+	if scales != nil {
+		c.scales = append(c.scales, scales)
+	}
+	return nil
+}
+
+// write sends little-endian elements to the writer.
+func (c *converter) write(data any) error {
+	n := binary.Size(data)
+	if cap(c.scratch) < n {
+		c.scratch = make([]byte, n)
+	}
+	buf, err := binary.Append(c.scratch[:0], binary.LittleEndian, data)
+	if err != nil {
+		return err
+	}
+	_, err = c.w.Write(buf)
+	return err
+}
+
+func (c *converter) advance(n int64) {
+	c.done += n
+	if c.opts.Progress != nil {
+		c.opts.Progress(c.done, c.total)
+	}
+}
+
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+func sameDir(a, b string) (bool, error) {
+	sa, err := os.Stat(a)
+	if err != nil {
+		return false, err
+	}
+	sb, err := os.Stat(b)
+	if err != nil {
+		return false, nil // the output does not exist yet
+	}
+	return os.SameFile(sa, sb), nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,180 @@
+// Package synth writes random Qwen3 checkpoints in Hugging Face's layout
+// (config.json as transformers 5.x writes it, bf16 safetensors, optionally
+// sharded) for tests and benchmarks: real shapes without real weights.
+package synth
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"webdraft/qwen3"
+	"webdraft/safetensors"
+	"webdraft/tensor"
+)
+
+// Shapes are published Qwen3 sizes (CONTRACTS.md §1) and a tiny one.
+var Shapes = map[string]qwen3.Config{
+	"qwen3-1.7b": {VocabSize: 151936, HiddenSize: 2048, IntermediateSize: 6144, NumHiddenLayers: 28,
+		NumAttentionHeads: 16, NumKeyValueHeads: 8, HeadDim: 128, RMSNormEps: 1e-6, RopeTheta: 1e6,
+		MaxPositionEmbeddings: 40960, TieWordEmbeddings: true},
+	"qwen3-8b": {VocabSize: 151936, HiddenSize: 4096, IntermediateSize: 12288, NumHiddenLayers: 36,
+		NumAttentionHeads: 32, NumKeyValueHeads: 8, HeadDim: 128, RMSNormEps: 1e-6, RopeTheta: 1e6,
+		MaxPositionEmbeddings: 40960, TieWordEmbeddings: false},
+	"tiny": {VocabSize: 256, HiddenSize: 64, IntermediateSize: 96, NumHiddenLayers: 2,
+		NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 32, RMSNormEps: 1e-6, RopeTheta: 10000,
+		MaxPositionEmbeddings: 128, TieWordEmbeddings: false},
+}
+
+// Options shape the written checkpoint.
+type Options struct {
+	Seed   uint64
+	Std    float64              // weight standard deviation; default 0.02
+	DType  safetensors.DType    // BF16 (default), F16 or F32
+	Shards int                  // >1 writes model-0000k-of-0000n.safetensors and an index
+	Tweak  func(map[string]any) // edits config.json before it is written
+}
+
+// Write writes a random checkpoint for cfg into dir.
+func Write(dir string, cfg qwen3.Config, opts Options) error {
+	if opts.Std == 0 {
+		opts.Std = 0.02
+	}
+	if opts.DType == "" {
+		opts.DType = safetensors.BF16
+	}
+	if opts.Shards < 1 {
+		opts.Shards = 1
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := writeConfig(dir, cfg, opts); err != nil {
+		return err
+	}
+	_, slots := qwen3.NewWeights(&cfg)
+	rng := rand.New(rand.NewPCG(opts.Seed, 0x5eed))
+	per := (len(slots) + opts.Shards - 1) / opts.Shards
+	weightMap := map[string]string{}
+	for shard := 0; shard*per < len(slots); shard++ {
+		part := slots[shard*per : min((shard+1)*per, len(slots))]
+		name := safetensors.SingleFile
+		if opts.Shards > 1 {
+			name = fmt.Sprintf("model-%05d-of-%05d.safetensors", shard+1, opts.Shards)
+		}
+		if err := writeShard(filepath.Join(dir, name), part, opts, rng); err != nil {
+			return err
+		}
+		for _, s := range part {
+			weightMap[s.Name] = name
+		}
+	}
+	if opts.Shards > 1 {
+		idx, err := json.MarshalIndent(map[string]any{"metadata": map[string]any{}, "weight_map": weightMap}, "", "  ")
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, safetensors.IndexFile), idx, 0o644)
+	}
+	return nil
+}
+
+func writeShard(path string, slots []qwen3.Slot, opts Options, rng *rand.Rand) error {
+	specs := make([]safetensors.Spec, len(slots))
+	for i, s := range slots {
+		specs[i] = safetensors.Spec{Name: s.Name, DType: opts.DType, Shape: s.Shape}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(f, 1<<20)
+	w, err := safetensors.NewWriter(bw, specs, map[string]string{"format": "pt"})
+	if err != nil {
+		f.Close()
+		return err
+	}
+	buf := make([]byte, 0, 1<<16)
+	for _, s := range slots {
+		n := 1
+		for _, d := range s.Shape {
+			n *= d
+		}
+		for i := 0; i < n; i++ {
+			v := float32(rng.NormFloat64() * opts.Std)
+			if s.Vector != nil { // norm weights near one, as trained models have
+				v += 1
+			}
+			buf = appendValue(buf, v, opts.DType)
+			if len(buf) >= 1<<16-8 {
+				if _, err := w.Write(buf); err != nil {
+					f.Close()
+					return err
+				}
+				buf = buf[:0]
+			}
+		}
+	}
+	if _, err := w.Write(buf); err != nil {
+		f.Close()
+		return err
+	}
+	if err := w.Close(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func appendValue(b []byte, v float32, dt safetensors.DType) []byte {
+	switch dt {
+	case safetensors.F32:
+		return binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	case safetensors.F16:
+		return binary.LittleEndian.AppendUint16(b, tensor.F32ToF16(v))
+	default: // BF16, round to nearest even
+		u := math.Float32bits(v)
+		u += 0x7fff + (u>>16)&1
+		return binary.LittleEndian.AppendUint16(b, uint16(u>>16))
+	}
+}
+
+func writeConfig(dir string, c qwen3.Config, opts Options) error {
+	dtype := map[safetensors.DType]string{safetensors.BF16: "bfloat16", safetensors.F16: "float16", safetensors.F32: "float32"}[opts.DType]
+	m := map[string]any{
+		"architectures":           []string{"Qwen3ForCausalLM"},
+		"model_type":              "qwen3",
+		"vocab_size":              c.VocabSize,
+		"hidden_size":             c.HiddenSize,
+		"intermediate_size":       c.IntermediateSize,
+		"num_hidden_layers":       c.NumHiddenLayers,
+		"num_attention_heads":     c.NumAttentionHeads,
+		"num_key_value_heads":     c.NumKeyValueHeads,
+		"head_dim":                c.HeadDim,
+		"rms_norm_eps":            c.RMSNormEps,
+		"rope_parameters":         map[string]any{"rope_theta": c.RopeTheta, "rope_type": "default"},
+		"max_position_embeddings": c.MaxPositionEmbeddings,
+		"tie_word_embeddings":     c.TieWordEmbeddings,
+		"hidden_act":              "silu",
+		"attention_bias":          false,
+		"use_sliding_window":      false,
+		"dtype":                   dtype,
+	}
+	if opts.Tweak != nil {
+		opts.Tweak(m)
+	}
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644)
+}

@@ -1,0 +1,205 @@
+// Package reference is the plain-Go Qwen3: f32 math in clear loops, parallel
+// over rows. It is the oracle every GPU kernel is tested against, is itself
+// tested against Hugging Face transformers' outputs, and serves as the CPU
+// backend (--backend cpu).
+//
+// It follows modeling_qwen3.py step by step; comments give the shapes and the
+// PyTorch line each step mirrors. T is the number of new tokens, P the number
+// already cached, H hidden_size, D head_dim.
+package reference
+
+import (
+	"fmt"
+	"math"
+
+	"webdraft/qwen3"
+)
+
+// Model runs a Qwen3 weight tree. It holds no per-sequence state and is safe
+// for concurrent use on different Sequences.
+type Model struct {
+	cfg     qwen3.Config
+	w       *qwen3.Weights
+	invFreq []float32 // (D/2) RoPE inverse frequencies, theta^(-2i/D)
+}
+
+// New returns a model over weights that match cfg (as checkpoint.Load gives).
+func New(cfg qwen3.Config, w *qwen3.Weights) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(w.Layers) != cfg.NumHiddenLayers || w.EmbedTokens == nil || w.LMHead == nil {
+		return nil, fmt.Errorf("reference: weights do not match the config (%d layers, want %d)", len(w.Layers), cfg.NumHiddenLayers)
+	}
+	return &Model{cfg: cfg, w: w, invFreq: RopeInvFreq(cfg.HeadDim, cfg.RopeTheta)}, nil
+}
+
+// Config returns the model's hyperparameters.
+func (m *Model) Config() qwen3.Config { return m.cfg }
+
+// Sequence is one sequence's KV cache.
+type Sequence struct {
+	len  int
+	k, v [][]float32 // per layer: (len, kv_heads*D), RoPE already applied to k
+}
+
+// NewSequence returns an empty sequence for m.
+func (m *Model) NewSequence() *Sequence {
+	return &Sequence{k: make([][]float32, m.cfg.NumHiddenLayers), v: make([][]float32, m.cfg.NumHiddenLayers)}
+}
+
+// Len is the number of cached positions.
+func (s *Sequence) Len() int { return s.len }
+
+// Truncate drops cached positions from n on (a rejected draft rolls back).
+func (s *Sequence) Truncate(n int) {
+	if n >= s.len || n < 0 {
+		return
+	}
+	for l := range s.k {
+		kvDim := len(s.k[l]) / s.len
+		s.k[l] = s.k[l][:n*kvDim]
+		s.v[l] = s.v[l][:n*kvDim]
+	}
+	s.len = n
+}
+
+// Forward appends tokens to seq's cache and returns the logits (vocab) at the
+// last new position.
+func (m *Model) Forward(seq *Sequence, tokens []int) ([]float32, error) {
+	c := &m.cfg
+	T, P, H := len(tokens), seq.len, c.HiddenSize
+	if T == 0 {
+		return nil, fmt.Errorf("forward: no tokens")
+	}
+	if P+T > c.MaxPositionEmbeddings {
+		return nil, fmt.Errorf("forward: %d positions exceed max_position_embeddings %d", P+T, c.MaxPositionEmbeddings)
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= c.VocabSize {
+			return nil, fmt.Errorf("forward: token %d at index %d is outside the vocabulary [0, %d)", t, i, c.VocabSize)
+		}
+	}
+
+	// hidden = embed_tokens(input_ids): (T, H)
+	x := make([]float32, T*H)
+	for t, tok := range tokens {
+		m.w.EmbedTokens.Row(tok, x[t*H:(t+1)*H])
+	}
+	for l := range m.w.Layers {
+		m.layer(l, seq, x, T, P)
+	}
+	seq.len += T
+
+	// hidden = norm(hidden[-1]); logits = lm_head(hidden): (vocab)
+	last := make([]float32, H)
+	RMSNorm(last, x[(T-1)*H:], m.w.Norm, c.RMSNormEps)
+	logits := make([]float32, c.VocabSize)
+	MatMul(logits, last, m.w.LMHead, 1)
+	return logits, nil
+}
+
+// layer runs decoder layer l on x (T, H) in place, appending T positions of
+// keys and values to seq's cache for that layer.
+func (m *Model) layer(l int, seq *Sequence, x []float32, T, P int) {
+	c, w := &m.cfg, &m.w.Layers[l]
+	H, D, qDim, kvDim := c.HiddenSize, c.HeadDim, c.QDim(), c.KVDim()
+
+	// --- self-attention block ---
+	// residual = hidden; hidden = input_layernorm(hidden): (T, H)
+	h := make([]float32, T*H)
+	for t := range T {
+		RMSNorm(h[t*H:(t+1)*H], x[t*H:(t+1)*H], w.InputLayernorm, c.RMSNormEps)
+	}
+	// q = q_proj(h): (T, heads*D); k, v = k_proj(h), v_proj(h): (T, kv_heads*D)
+	q := make([]float32, T*qDim)
+	k := make([]float32, T*kvDim)
+	v := make([]float32, T*kvDim)
+	MatMul(q, h, w.QProj, T)
+	MatMul(k, h, w.KProj, T)
+	MatMul(v, h, w.VProj, T)
+	// q = q_norm(q.view(T, heads, D)); k = k_norm(k.view(T, kv_heads, D)):
+	// RMSNorm over head_dim only, before RoPE.
+	for i := 0; i < len(q); i += D {
+		RMSNorm(q[i:i+D], q[i:i+D], w.QNorm, c.RMSNormEps)
+	}
+	for i := 0; i < len(k); i += D {
+		RMSNorm(k[i:i+D], k[i:i+D], w.KNorm, c.RMSNormEps)
+	}
+	// q, k = apply_rotary_pos_emb(q, k, cos, sin) at positions P … P+T-1.
+	for t := range T {
+		for i := 0; i < qDim; i += D {
+			Rope(q[t*qDim+i:t*qDim+i+D], P+t, m.invFreq)
+		}
+		for i := 0; i < kvDim; i += D {
+			Rope(k[t*kvDim+i:t*kvDim+i+D], P+t, m.invFreq)
+		}
+	}
+	// past_key_values.update(k, v): the cache grows to (P+T, kv_heads*D).
+	seq.k[l] = append(seq.k[l], k...)
+	seq.v[l] = append(seq.v[l], v...)
+	// attn = softmax(q·kᵀ/√D + causal mask)·v with GQA: (T, heads*D)
+	attn := make([]float32, T*qDim)
+	Attention(attn, q, seq.k[l], seq.v[l], T, P, c)
+	// hidden = residual + o_proj(attn)
+	o := make([]float32, T*H)
+	MatMul(o, attn, w.OProj, T)
+	Add(x, o)
+
+	// --- MLP block ---
+	// residual = hidden; hidden = post_attention_layernorm(hidden)
+	for t := range T {
+		RMSNorm(h[t*H:(t+1)*H], x[t*H:(t+1)*H], w.PostAttentionLayernorm, c.RMSNormEps)
+	}
+	// hidden = residual + down_proj(SiLU(gate_proj(h)) * up_proj(h))
+	I := c.IntermediateSize
+	gate := make([]float32, T*I)
+	up := make([]float32, T*I)
+	MatMul(gate, h, w.GateProj, T)
+	MatMul(up, h, w.UpProj, T)
+	for i := range gate {
+		gate[i] = SiLU(gate[i]) * up[i]
+	}
+	MatMul(o, gate, w.DownProj, T)
+	Add(x, o)
+}
+
+// Draft feeds tokens to seq and returns the n greedy tokens that follow. The
+// cache then holds the tokens and the first n-1 drafted ones.
+func (m *Model) Draft(seq *Sequence, tokens []int, n int) ([]int, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("draft: n = %d, want > 0", n)
+	}
+	if seq.len+len(tokens)+n-1 > m.cfg.MaxPositionEmbeddings {
+		return nil, fmt.Errorf("draft: %d context tokens + %d drafted exceed max_position_embeddings %d", seq.len+len(tokens), n, m.cfg.MaxPositionEmbeddings)
+	}
+	out := make([]int, 0, n)
+	for len(out) < n {
+		logits, err := m.Forward(seq, tokens)
+		if err != nil {
+			return out, err
+		}
+		next, err := Argmax(logits)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, next)
+		tokens = []int{next}
+	}
+	return out, nil
+}
+
+// Argmax returns the index of the largest logit (the first on ties, as
+// torch.argmax does).
+func Argmax(logits []float32) (int, error) {
+	best := 0
+	for i, v := range logits {
+		if math.IsNaN(float64(v)) {
+			return 0, fmt.Errorf("argmax: NaN logit at %d", i)
+		}
+		if v > logits[best] {
+			best = i
+		}
+	}
+	return best, nil
+}

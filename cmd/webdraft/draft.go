@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"webdraft/checkpoint"
+	"webdraft/reference"
+	"webdraft/tokenizer"
+	"webdraft/weights"
+)
+
+// maxDraft bounds --n as the HTTP API bounds "n".
+const maxDraft = 64
+
+func runDraft(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "draft", "[--model DIR] (--ids 1,2,3 | --text \"…\") [--n 16] [--backend auto|webgpu|cpu]")
+	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded model")
+	idsFlag := fs.String("ids", "", "input token ids, comma-separated")
+	text := fs.String("text", "", "input text (tokenized with the model's tokenizer)")
+	n := fs.Int("n", 16, fmt.Sprintf("number of tokens to draft (1…%d)", maxDraft))
+	backendFlag := fs.String("backend", "auto", "auto (WebGPU when an adapter exists, else cpu), webgpu or cpu")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if (*idsFlag == "") == (*text == "") {
+		return usagef("give exactly one of --ids and --text")
+	}
+	if *n < 1 || *n > maxDraft {
+		return usagef("--n %d: want 1…%d", *n, maxDraft)
+	}
+	backend, err := parseBackend(*backendFlag)
+	if err != nil {
+		return err
+	}
+
+	model, err := loadModel(*modelDir)
+	if err != nil {
+		return err
+	}
+	defer model.Close()
+	var ids []int
+	if *idsFlag != "" {
+		if ids, err = parseIDs(*idsFlag); err != nil {
+			return usagef("--ids: %v", err)
+		}
+	} else {
+		tok, err := modelTokenizer(model)
+		if err != nil {
+			return err
+		}
+		ids = tok.Encode(*text)
+		if len(ids) == 0 {
+			return usagef("--text: no tokens")
+		}
+	}
+	for i, id := range ids {
+		if id < 0 || id >= model.Config.VocabSize {
+			return fmt.Errorf("--ids: token %d at index %d is outside the model's vocabulary [0, %d)", id, i, model.Config.VocabSize)
+		}
+	}
+
+	ref, err := reference.New(model.Config, model.Weights)
+	if err != nil {
+		return err
+	}
+	e.log.Info("drafting", "backend", backend.name(), "model", modelName(model), "tokens", len(ids), "n", *n)
+	draft, err := ref.Draft(ref.NewSequence(), ids, *n)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(e.stdout).Encode(map[string][]int{"draft": draft})
+}
+
+// backendChoice is a --backend value.
+type backendChoice string
+
+func parseBackend(s string) (backendChoice, error) {
+	switch s {
+	case "auto", "cpu":
+		return backendChoice(s), nil
+	case "webgpu":
+		return "", fmt.Errorf("--backend webgpu: the WebGPU engine is not part of this build yet; use --backend cpu or auto")
+	}
+	return "", usagef("--backend %q: want auto, webgpu or cpu", s)
+}
+
+// name is the backend actually used.
+func (b backendChoice) name() string { return "cpu" }
+
+// loadModel loads --model, or the embedded default when dir is "".
+func loadModel(dir string) (*checkpoint.Model, error) {
+	if dir == "" {
+		fsys, root := weights.Default()
+		return checkpoint.LoadFS(fsys, root, checkpoint.LoadOptions{})
+	}
+	return checkpoint.Load(dir, checkpoint.LoadOptions{})
+}
+
+func modelName(m *checkpoint.Model) string {
+	if strings.HasPrefix(m.Dir, weights.DefaultDir) {
+		return "embedded:" + m.Dir
+	}
+	return m.Dir
+}
+
+// modelTokenizer returns the model folder's tokenizer, or the embedded Qwen3
+// tokenizer when the folder has none.
+func modelTokenizer(m *checkpoint.Model) (*tokenizer.Tokenizer, error) {
+	data, ok, err := m.TokenizerJSON()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", m.Dir, err)
+	}
+	if !ok {
+		return tokenizer.Default()
+	}
+	tok, err := tokenizer.FromJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: tokenizer.json: %w", m.Dir, err)
+	}
+	return tok, nil
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// webdraft runs one command line in-process and returns its exit code,
+// stdout and stderr.
+func webdraft(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+var goldenTied = filepath.Join("..", "..", "testdata", "golden", "tied")
+
+// goldenCase returns a prompt and HF's greedy continuation for it.
+func goldenCase(t *testing.T, weights string, promptLen int) (prompt, greedy []int) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(goldenTied, "golden.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Cases []struct {
+			Weights        string
+			Prompt, Greedy []int
+		}
+	}
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range g.Cases {
+		if c.Weights == weights && len(c.Prompt) == promptLen {
+			return c.Prompt, c.Greedy
+		}
+	}
+	t.Fatalf("no %s case with a %d-token prompt", weights, promptLen)
+	return nil, nil
+}
+
+func joinIDs(ids []int) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.Itoa(id)
+	}
+	return strings.Join(s, ",")
+}
+
+func draftOut(t *testing.T, stdout string) []int {
+	t.Helper()
+	var out struct{ Draft []int }
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+		t.Fatalf("stdout %q: %v", stdout, err)
+	}
+	return out.Draft
+}
+
+// TestConvertThenDraft is the user's path: convert an HF-built checkpoint to
+// int4, draft from it, and get transformers' greedy tokens for the int4
+// weights; the HF folder quantized on load gives the same.
+func TestConvertThenDraft(t *testing.T) {
+	prompt, want := goldenCase(t, "int4", 40)
+	out := filepath.Join(t.TempDir(), "int4")
+	if code, _, stderr := webdraft(t, "convert", "--in", goldenTied, "--out", out); code != 0 {
+		t.Fatalf("convert: exit %d: %s", code, stderr)
+	}
+	for _, model := range []string{out, goldenTied} {
+		code, stdout, stderr := webdraft(t, "draft", "--model", model, "--ids", joinIDs(prompt), "--n", "16", "--backend", "cpu")
+		if code != 0 {
+			t.Fatalf("draft --model %s: exit %d: %s", model, code, stderr)
+		}
+		if got := draftOut(t, stdout); joinIDs(got) != joinIDs(want) {
+			t.Errorf("draft --model %s = %v, HF's greedy tokens %v", model, got, want)
+		}
+	}
+}
+
+func TestDraftEmbeddedDefault(t *testing.T) {
+	code, stdout, stderr := webdraft(t, "draft", "--ids", "1,2,3", "--n", "5")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if got := draftOut(t, stdout); len(got) != 5 {
+		t.Errorf("draft = %v, want 5 tokens", got)
+	}
+	if !strings.Contains(stderr, "backend=cpu") {
+		t.Errorf("the chosen backend is not logged: %s", stderr)
+	}
+}
+
+// TestErrors: every bad command line or input gives its exit code and one
+// clear line on stderr.
+func TestErrors(t *testing.T) {
+	truncated := filepath.Join(t.TempDir(), "truncated")
+	if err := os.MkdirAll(truncated, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(goldenTied, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "model.safetensors" {
+			b = b[:len(b)/2]
+		}
+		if err := os.WriteFile(filepath.Join(truncated, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{}, 2, "usage"},
+		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"convert", "--in", goldenTied}, 2, "--out"},
+		{[]string{"convert", "--in", goldenTied, "--out", t.TempDir(), "--quant", "int3"}, 2, "int3"},
+		{[]string{"convert", "--in", goldenTied, "--out", t.TempDir(), "--group-size", "12"}, 2, "group-size"},
+		{[]string{"convert", "--in", truncated, "--out", t.TempDir()}, 1, "truncated"},
+		{[]string{"convert", "--in", t.TempDir(), "--out", t.TempDir()}, 1, "config.json"},
+		{[]string{"draft", "--model", truncated, "--ids", "1"}, 1, "truncated"},
+		{[]string{"draft", "--ids", "1", "--text", "x"}, 2, "exactly one"},
+		{[]string{"draft", "--ids", "1", "--n", "0"}, 2, "--n"},
+		{[]string{"draft", "--ids", "1", "--n", "65"}, 2, "--n"},
+		{[]string{"draft", "--ids", "1,x"}, 2, "--ids"},
+		{[]string{"draft", "--ids", "1,99999"}, 1, "vocabulary"},
+		{[]string{"draft", "--ids", "1", "--backend", "tpu"}, 2, "--backend"},
+		{[]string{"draft", "--ids", "1", "stray"}, 2, "stray"},
+		{[]string{"bench", "nope"}, 2, "unknown benchmark"},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			code, _, stderr := webdraft(t, c.args...)
+			if code != c.code {
+				t.Errorf("exit %d, want %d; stderr: %s", code, c.code, stderr)
+			}
+			if !strings.Contains(stderr, c.want) {
+				t.Errorf("stderr %q does not mention %q", stderr, c.want)
+			}
+			if c.code == 1 && strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+				t.Errorf("want one line on stderr, got %q", stderr)
+			}
+		})
+	}
+}

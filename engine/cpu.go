@@ -1,0 +1,72 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+
+	"webdraft/qwen3"
+	"webdraft/reference"
+)
+
+// CPU is the engine over the plain-Go reference model (--backend cpu).
+type CPU struct {
+	model *reference.Model
+}
+
+var _ Engine = (*CPU)(nil)
+
+// NewCPU returns the CPU engine for a loaded weight tree.
+func NewCPU(cfg qwen3.Config, w *qwen3.Weights) (*CPU, error) {
+	m, err := reference.New(cfg, w)
+	if err != nil {
+		return nil, err
+	}
+	return &CPU{model: m}, nil
+}
+
+func (c *CPU) Config() qwen3.Config { return c.model.Config() }
+
+func (c *CPU) Info() Info {
+	return Info{Backend: "cpu", Adapter: fmt.Sprintf("Go reference engine, %d threads", runtime.GOMAXPROCS(0))}
+}
+
+func (c *CPU) NewSequence() (Sequence, error) { return &cpuSequence{c.model.NewSequence()}, nil }
+
+// KVBytesPerToken: f32 keys and values for every layer.
+func (c *CPU) KVBytesPerToken() int {
+	cfg := c.model.Config()
+	return 2 * cfg.NumHiddenLayers * cfg.KVDim() * 4
+}
+
+// Step runs the entries one after another; each forward pass is itself
+// parallel over the rows of every matrix.
+func (c *CPU) Step(ctx context.Context, batch []*Entry) error {
+	cfg := c.model.Config()
+	if err := CheckBatch(&cfg, batch); err != nil {
+		return err
+	}
+	for _, e := range batch {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		seq, ok := e.Seq.(*cpuSequence)
+		if !ok {
+			return fmt.Errorf("cpu engine: sequence of another engine (%T)", e.Seq)
+		}
+		logits, err := c.model.Forward(seq.Sequence, e.Tokens)
+		if err != nil {
+			return err
+		}
+		if e.Next, err = reference.Argmax(logits); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *CPU) Close() error { return nil }
+
+type cpuSequence struct{ *reference.Sequence }
+
+func (s *cpuSequence) Release() { s.Sequence = nil }

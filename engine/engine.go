@@ -1,0 +1,96 @@
+// Package engine defines what a drafting backend does — forward passes of a
+// Qwen3 model over batches of sequences, each with its own KV cache, returning
+// greedy tokens only — and provides the CPU engine over the reference model.
+// The WebGPU engine implements the same interface, so the server and the
+// command line never see a kernel.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"webdraft/qwen3"
+)
+
+// Info names what an engine runs on.
+type Info struct {
+	Backend string // "cpu" or "webgpu"
+	Adapter string // the GPU adapter, or the CPU description
+}
+
+// Engine runs forward passes over batches of sequences.
+//
+// An Engine is driven by one goroutine at a time (the server's scheduler, or
+// a command); Sequences belong to the engine that made them.
+type Engine interface {
+	Config() qwen3.Config
+	Info() Info
+	// NewSequence returns an empty sequence.
+	NewSequence() (Sequence, error)
+	// Step runs one forward pass over every entry of the batch: each entry's
+	// tokens are appended to its sequence's cache, and entry.Next is set to
+	// the greedy token after its last one.
+	Step(ctx context.Context, batch []*Entry) error
+	// KVBytesPerToken is the KV-cache memory one cached position takes.
+	KVBytesPerToken() int
+	Close() error
+}
+
+// Sequence is one sequence's KV cache inside an engine.
+type Sequence interface {
+	// Len is the number of cached positions.
+	Len() int
+	// Truncate drops positions from n on (a rejected draft rolls back).
+	Truncate(n int)
+	// Release frees the cache; the sequence must not be used afterwards.
+	Release()
+}
+
+// Entry is one sequence's part of a batched forward pass.
+type Entry struct {
+	Seq    Sequence
+	Tokens []int // appended to Seq; at least one
+	Next   int   // set by Step: argmax of the logits after the last token
+}
+
+// ErrContextFull reports a sequence that would grow past the model's
+// max_position_embeddings.
+var ErrContextFull = errors.New("context longer than the model allows")
+
+// CheckBatch validates a batch against the model before any work is done:
+// tokens in the vocabulary, positions within max_position_embeddings.
+func CheckBatch(c *qwen3.Config, batch []*Entry) error {
+	for i, e := range batch {
+		if len(e.Tokens) == 0 {
+			return fmt.Errorf("batch entry %d: no tokens", i)
+		}
+		if n := e.Seq.Len() + len(e.Tokens); n > c.MaxPositionEmbeddings {
+			return fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, n, ErrContextFull, c.MaxPositionEmbeddings)
+		}
+		for j, t := range e.Tokens {
+			if t < 0 || t >= c.VocabSize {
+				return fmt.Errorf("batch entry %d: token %d at index %d is outside the vocabulary [0, %d)", i, t, j, c.VocabSize)
+			}
+		}
+	}
+	return nil
+}
+
+// Draft feeds tokens to seq and returns the n greedy tokens that follow; the
+// cache then holds tokens and the first n-1 drafted ones.
+func Draft(ctx context.Context, e Engine, seq Sequence, tokens []int, n int) ([]int, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("draft: n = %d, want > 0", n)
+	}
+	entry := &Entry{Seq: seq, Tokens: tokens}
+	out := make([]int, 0, n)
+	for len(out) < n {
+		if err := e.Step(ctx, []*Entry{entry}); err != nil {
+			return out, err
+		}
+		out = append(out, entry.Next)
+		entry.Tokens = []int{entry.Next}
+	}
+	return out, nil
+}

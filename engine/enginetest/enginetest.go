@@ -1,0 +1,137 @@
+// Package enginetest checks that an engine.Engine behaves as the interface
+// promises, against the reference model: every engine (CPU, WebGPU) runs the
+// same suite.
+package enginetest
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"webdraft/engine"
+	"webdraft/qwen3"
+	"webdraft/reference"
+)
+
+// Run checks e (over weights w of config c) against the reference model.
+// Greedy tokens must be identical; the test models are chosen so that the
+// reference's top-2 margins are wide enough for that.
+func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
+	ref, err := reference.New(c, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(uint64(c.VocabSize), 11))
+	prompt := func(n int) []int {
+		p := make([]int, n)
+		for i := range p {
+			p[i] = rng.IntN(c.VocabSize)
+		}
+		return p
+	}
+	refDraft := func(tokens []int, n int) []int {
+		out, err := ref.Draft(ref.NewSequence(), tokens, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	t.Run("draft matches reference", func(t *testing.T) {
+		for _, n := range []int{1, 7, 40} {
+			p := prompt(n)
+			seq, err := e.NewSequence()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := engine.Draft(ctx, e, seq, p, 8)
+			seq.Release()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := refDraft(p, 8); !slices.Equal(got, want) {
+				t.Errorf("prompt of %d: draft %v, reference %v", n, got, want)
+			}
+		}
+	})
+
+	t.Run("batched equals one at a time", func(t *testing.T) {
+		// Sequences of different lengths, one prefilling while others decode.
+		prompts := [][]int{prompt(3), prompt(17), prompt(1), prompt(30)}
+		var want [][]int
+		for _, p := range prompts {
+			want = append(want, refDraft(p, 6))
+		}
+		entries := make([]*engine.Entry, len(prompts))
+		for i, p := range prompts {
+			seq, err := e.NewSequence()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seq.Release()
+			entries[i] = &engine.Entry{Seq: seq, Tokens: p}
+		}
+		got := make([][]int, len(prompts))
+		for step := 0; step < 6; step++ {
+			if err := e.Step(ctx, entries); err != nil {
+				t.Fatal(err)
+			}
+			for i, en := range entries {
+				got[i] = append(got[i], en.Next)
+				en.Tokens = []int{en.Next}
+			}
+		}
+		for i := range prompts {
+			if !slices.Equal(got[i], want[i]) {
+				t.Errorf("sequence %d: batched %v, alone %v", i, got[i], want[i])
+			}
+		}
+	})
+
+	t.Run("truncate rolls back", func(t *testing.T) {
+		p := prompt(12)
+		seq, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seq.Release()
+		if _, err := engine.Draft(ctx, e, seq, p, 5); err != nil {
+			t.Fatal(err)
+		}
+		if seq.Len() != len(p)+4 {
+			t.Fatalf("Len = %d, want %d", seq.Len(), len(p)+4)
+		}
+		seq.Truncate(5)
+		got, err := engine.Draft(ctx, e, seq, p[5:], 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := refDraft(p, 5); !slices.Equal(got, want) {
+			t.Errorf("after rollback: %v, want %v", got, want)
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		seq, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seq.Release()
+		for _, tokens := range [][]int{{}, {-1}, {c.VocabSize}} {
+			if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: tokens}}); err == nil {
+				t.Errorf("Step accepted tokens %v", tokens)
+			}
+		}
+		long := make([]int, c.MaxPositionEmbeddings+1)
+		err = e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: long}})
+		if !errors.Is(err, engine.ErrContextFull) {
+			t.Errorf("past max_position_embeddings: %v", err)
+		}
+		if seq.Len() != 0 {
+			t.Errorf("a refused step changed the cache: Len = %d", seq.Len())
+		}
+	})
+}

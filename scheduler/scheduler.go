@@ -1,0 +1,401 @@
+// Package scheduler runs drafting requests on an engine with continuous
+// batching: the decode steps of all running requests share one forward pass,
+// new requests join between passes, and long prompts are prefilled in chunks
+// interleaved with everyone else's decoding. Finished sequences go to a prefix
+// cache, so that a request extending an earlier one prefills only what is new.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"webdraft/engine"
+	"webdraft/prefixcache"
+)
+
+// Options tune the scheduler; zero values take the defaults.
+type Options struct {
+	MaxBatch      int // sequences in one forward pass (default 64)
+	PrefillChunk  int // prompt tokens of one sequence per pass (default 256)
+	PrefillBudget int // prompt tokens of all sequences per pass (default 1024)
+	MaxQueue      int // requests waiting to start before Submit refuses (default 256)
+	// CacheTokens is the KV budget in positions, for running and cached
+	// sequences together (default 1<<16).
+	CacheTokens int
+	// OnStep, when set, is called after every forward pass.
+	OnStep func(StepStats)
+}
+
+func (o *Options) defaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&o.MaxBatch, 64)
+	def(&o.PrefillChunk, 256)
+	def(&o.PrefillBudget, 1024)
+	def(&o.MaxQueue, 256)
+	def(&o.CacheTokens, 1<<16)
+}
+
+// StepStats describes one forward pass.
+type StepStats struct {
+	Sequences int // entries in the batch
+	Tokens    int // tokens fed
+	Duration  time.Duration
+}
+
+// Request asks for the N greedy tokens that follow Tokens.
+type Request struct {
+	Tokens []int
+	N      int
+}
+
+// Result is a finished request.
+type Result struct {
+	Draft         []int
+	CachedTokens  int // prompt positions reused from the prefix cache
+	PrefillTokens int // prompt positions computed
+	Queue         time.Duration
+	Prefill       time.Duration // from start to the first drafted token
+	Decode        time.Duration // the remaining N-1 tokens
+}
+
+var (
+	// ErrOverloaded: the queue is full; try again shortly.
+	ErrOverloaded = errors.New("too many requests waiting")
+	// ErrTooLarge: the request cannot fit the model's context or the KV budget.
+	ErrTooLarge = errors.New("request too large")
+	// ErrClosed: the scheduler has stopped.
+	ErrClosed = errors.New("scheduler stopped")
+)
+
+// Scheduler owns an engine and its prefix cache. Submit may be called from
+// any goroutine; Run drives the engine from one.
+type Scheduler struct {
+	eng    engine.Engine
+	opts   Options
+	queue  chan *job
+	closed chan struct{}
+
+	// Read by metrics from other goroutines.
+	waiting     atomic.Int64
+	running     atomic.Int64
+	cachedSeqs  atomic.Int64
+	cachedToks  atomic.Int64
+	reserveToks atomic.Int64
+}
+
+// New returns a scheduler for eng; call Run to start it.
+func New(eng engine.Engine, opts Options) *Scheduler {
+	opts.defaults()
+	return &Scheduler{eng: eng, opts: opts, queue: make(chan *job, opts.MaxQueue), closed: make(chan struct{})}
+}
+
+// Gauges are the scheduler's current state, for metrics.
+type Gauges struct {
+	Waiting, Running, CachedSequences, CachedTokens, ReservedTokens int64
+}
+
+// Gauges reads the current state (safe from any goroutine).
+func (s *Scheduler) Gauges() Gauges {
+	return Gauges{s.waiting.Load(), s.running.Load(), s.cachedSeqs.Load(), s.cachedToks.Load(), s.reserveToks.Load()}
+}
+
+// Check reports whether r could ever run: ErrTooLarge when its context
+// exceeds the model's or the KV budget.
+func (s *Scheduler) Check(r Request) error {
+	cfg := s.eng.Config()
+	need := len(r.Tokens) + r.N - 1
+	switch {
+	case len(r.Tokens) == 0 || r.N < 1:
+		return fmt.Errorf("empty request")
+	case need > cfg.MaxPositionEmbeddings:
+		return fmt.Errorf("%w: %d context tokens + %d drafted exceed the model's %d positions", ErrTooLarge, len(r.Tokens), r.N, cfg.MaxPositionEmbeddings)
+	case need > s.opts.CacheTokens:
+		return fmt.Errorf("%w: %d positions exceed the KV-cache budget of %d", ErrTooLarge, need, s.opts.CacheTokens)
+	}
+	return nil
+}
+
+// Submit queues r and waits for its result, ctx's end, or the scheduler's.
+func (s *Scheduler) Submit(ctx context.Context, r Request) (Result, error) {
+	if err := s.Check(r); err != nil {
+		return Result{}, err
+	}
+	j := &job{req: r, arrived: time.Now(), done: make(chan struct{})}
+	select {
+	case <-s.closed:
+		return Result{}, ErrClosed
+	default:
+	}
+	select {
+	case s.queue <- j:
+		s.waiting.Add(1)
+	default:
+		return Result{}, ErrOverloaded
+	}
+	select {
+	case <-j.done:
+		return j.result, j.err
+	case <-ctx.Done():
+		j.canceled.Store(true)
+		return Result{}, ctx.Err()
+	case <-s.closed:
+		return Result{}, ErrClosed
+	}
+}
+
+// job is a request in the scheduler.
+type job struct {
+	req      Request
+	arrived  time.Time
+	canceled atomic.Bool
+	done     chan struct{}
+	once     sync.Once
+	result   Result
+	err      error
+
+	// Owned by Run.
+	seq      engine.Sequence
+	fed      []int // tokens in seq's KV cache
+	pending  []int // prompt tokens still to prefill
+	draft    []int
+	reserved int // KV positions reserved: the final length of the sequence
+	started  time.Time
+	first    time.Time // when the first draft token came
+}
+
+func (j *job) finish(err error) {
+	j.once.Do(func() {
+		j.err = err
+		close(j.done)
+	})
+}
+
+// Run drives the engine until ctx ends; it then fails what is still queued or
+// running and releases every sequence.
+func (s *Scheduler) Run(ctx context.Context) error {
+	r := &runner{s: s, cache: prefixcache.New(s.opts.CacheTokens)}
+	defer r.shutdown()
+	for {
+		if len(r.active) == 0 && len(r.waiting) == 0 {
+			select {
+			case j := <-s.queue:
+				r.waiting = append(r.waiting, j)
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		r.drainQueue()
+		r.admit()
+		if err := r.step(ctx); err != nil && ctx.Err() != nil {
+			return nil
+		}
+		r.publish()
+	}
+}
+
+// runner is Run's state.
+type runner struct {
+	s        *Scheduler
+	cache    *prefixcache.Cache
+	waiting  []*job
+	active   []*job
+	reserved int // Σ active jobs' reservations
+}
+
+func (r *runner) drainQueue() {
+	for {
+		select {
+		case j := <-r.s.queue:
+			r.waiting = append(r.waiting, j)
+		default:
+			return
+		}
+	}
+}
+
+// admit starts waiting jobs, oldest first, while the batch and the KV budget
+// have room; cached sequences are evicted to make room.
+func (r *runner) admit() {
+	budget := r.s.opts.CacheTokens
+	for len(r.waiting) > 0 && len(r.active) < r.s.opts.MaxBatch {
+		j := r.waiting[0]
+		if j.canceled.Load() {
+			r.waiting = r.waiting[1:]
+			r.s.waiting.Add(-1)
+			j.finish(context.Canceled)
+			continue
+		}
+		need := len(j.req.Tokens) + j.req.N - 1
+		if r.reserved+need > budget {
+			return // wait for running jobs to finish
+		}
+		entry, shared := r.cache.Take(j.req.Tokens)
+		// Leave at least one prompt token to feed: its logits give the first draft.
+		shared = min(shared, len(j.req.Tokens)-1)
+		r.cache.Shrink(budget - r.reserved - need) // evict idle sequences to make room
+		var seq engine.Sequence
+		if entry != nil && shared > 0 {
+			seq = entry.Seq
+			seq.Truncate(shared)
+		} else {
+			if entry != nil {
+				entry.Seq.Release()
+			}
+			shared = 0
+			var err error
+			if seq, err = r.s.eng.NewSequence(); err != nil {
+				r.waiting = r.waiting[1:]
+				r.s.waiting.Add(-1)
+				j.finish(fmt.Errorf("new sequence: %w", err))
+				continue
+			}
+		}
+		r.waiting = r.waiting[1:]
+		r.s.waiting.Add(-1)
+		j.seq, j.started = seq, time.Now()
+		j.fed = append([]int(nil), j.req.Tokens[:shared]...)
+		j.pending = j.req.Tokens[shared:]
+		j.result.CachedTokens, j.result.PrefillTokens = shared, len(j.pending)
+		j.result.Queue = j.started.Sub(j.arrived)
+		j.reserved = need
+		r.reserved += need
+		r.active = append(r.active, j)
+	}
+}
+
+// step runs one forward pass over the active jobs: one token for each
+// decoding job, a chunk of prompt for prefilling ones within the budget.
+func (r *runner) step(ctx context.Context) error {
+	var batch []*engine.Entry
+	var jobs []*job
+	prefill := r.s.opts.PrefillBudget
+	for _, j := range r.active {
+		if j.canceled.Load() {
+			continue
+		}
+		var tokens []int
+		if len(j.pending) > 0 {
+			n := min(len(j.pending), r.s.opts.PrefillChunk, prefill)
+			if n == 0 {
+				continue // over this pass's prefill budget: next pass
+			}
+			prefill -= n
+			tokens = j.pending[:n]
+		} else {
+			tokens = j.draft[len(j.draft)-1:]
+		}
+		batch = append(batch, &engine.Entry{Seq: j.seq, Tokens: tokens})
+		jobs = append(jobs, j)
+	}
+	var err error
+	if len(batch) > 0 {
+		start := time.Now()
+		err = r.s.eng.Step(ctx, batch)
+		if r.s.opts.OnStep != nil {
+			tokens := 0
+			for _, e := range batch {
+				tokens += len(e.Tokens)
+			}
+			r.s.opts.OnStep(StepStats{Sequences: len(batch), Tokens: tokens, Duration: time.Since(start)})
+		}
+	}
+	jobErr := err
+	if err != nil {
+		jobErr = fmt.Errorf("forward pass: %w", err)
+		if ctx.Err() != nil {
+			jobErr = ErrClosed
+		}
+	}
+	now := time.Now()
+	for i, j := range jobs {
+		if err != nil {
+			r.retire(j, jobErr, false)
+			continue
+		}
+		e := batch[i]
+		j.fed = append(j.fed, e.Tokens...)
+		if len(j.pending) > 0 {
+			j.pending = j.pending[len(e.Tokens):]
+			if len(j.pending) > 0 {
+				continue // still prefilling: this pass's logits are not needed
+			}
+			j.first = now
+		}
+		j.draft = append(j.draft, e.Next)
+		if len(j.draft) == j.req.N {
+			j.result.Draft = j.draft
+			j.result.Prefill = j.first.Sub(j.started)
+			j.result.Decode = now.Sub(j.first)
+			r.retire(j, nil, true)
+		}
+	}
+	// Jobs whose clients left keep what their KV cache holds for later reuse.
+	for _, j := range r.active {
+		if j.canceled.Load() {
+			r.retire(j, context.Canceled, true)
+		}
+	}
+	r.compact()
+	return err
+}
+
+// retire ends a job; its sequence goes to the prefix cache when keep is set
+// and it holds anything, else it is released.
+func (r *runner) retire(j *job, err error, keep bool) {
+	if j.seq == nil {
+		return
+	}
+	r.reserved -= j.reserved
+	if keep && len(j.fed) > 0 && j.seq.Len() == len(j.fed) {
+		r.cache.Put(j.fed, j.seq)
+	} else {
+		j.seq.Release()
+	}
+	j.seq = nil
+	j.finish(err)
+}
+
+// compact drops retired jobs from the active list.
+func (r *runner) compact() {
+	kept := r.active[:0]
+	for _, j := range r.active {
+		if j.seq != nil {
+			kept = append(kept, j)
+		}
+	}
+	clear(r.active[len(kept):])
+	r.active = kept
+}
+
+func (r *runner) publish() {
+	r.s.running.Store(int64(len(r.active)))
+	r.s.cachedSeqs.Store(int64(r.cache.Len()))
+	r.s.cachedToks.Store(int64(r.cache.Tokens()))
+	r.s.reserveToks.Store(int64(r.reserved))
+}
+
+// shutdown fails everything still queued or running and frees every sequence.
+func (r *runner) shutdown() {
+	close(r.s.closed)
+	r.drainQueue()
+	for _, j := range r.waiting {
+		j.finish(ErrClosed)
+	}
+	for _, j := range r.active {
+		r.retire(j, ErrClosed, false)
+	}
+	r.active, r.waiting = nil, nil
+	r.cache.Clear()
+	r.publish()
+}

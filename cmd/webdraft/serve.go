@@ -3,9 +3,91 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"webdraft/scheduler"
+	"webdraft/server"
 )
 
-// runServe is the HTTP drafter (CONTRACTS.md §4); it lands with the server.
+// drainTimeout bounds how long SIGTERM waits for in-flight requests.
+const drainTimeout = 30 * time.Second
+
 func runServe(ctx context.Context, e *env, args []string) error {
-	return errors.New("the HTTP server is not part of this build yet; `go tool task serve` drafts with the embedded model meanwhile")
+	fs := newFlags(e, "serve", "[--model DIR] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N]")
+	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded model")
+	target := fs.String("target", "", "target model folder for the speculative demo page (not in this build yet)")
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
+	backendFlag := fs.String("backend", "auto", "auto (WebGPU when an adapter exists, else cpu), webgpu or cpu")
+	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory for running and cached sequences, in MiB")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *target != "" {
+		return usagef("--target: the speculative demo is not part of this build yet")
+	}
+	if *cacheMB < 1 {
+		return usagef("--cache-mb %d: want at least 1", *cacheMB)
+	}
+	backend, err := parseBackend(*backendFlag)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := server.New(e.log)
+	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- httpSrv.Serve(ln) }()
+	e.log.Info("listening", "addr", ln.Addr().String())
+
+	// Load while /health answers "loading".
+	start := time.Now()
+	model, err := loadModel(*modelDir)
+	if err != nil {
+		httpSrv.Close()
+		return err
+	}
+	defer model.Close()
+	tok, err := modelTokenizer(model)
+	if err != nil {
+		httpSrv.Close()
+		return err
+	}
+	eng, err := openEngine(e, model, backend)
+	if err != nil {
+		httpSrv.Close()
+		return err
+	}
+	defer eng.Close()
+	opts := scheduler.Options{CacheTokens: (*cacheMB << 20) / eng.KVBytesPerToken()}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(runCtx, server.Model{Name: modelName(model), Engine: eng, Tokenizer: tok}, opts) }()
+	e.log.Info("loaded", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "cache_tokens", opts.CacheTokens)
+
+	select {
+	case <-ctx.Done(): // SIGTERM or interrupt: drain
+	case err := <-served:
+		stopRun()
+		<-ran
+		return fmt.Errorf("http: %w", err)
+	}
+	e.log.Info("shutting down: draining in-flight requests")
+	drainCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	shutdownErr := httpSrv.Shutdown(drainCtx)
+	stopRun()
+	if err := <-ran; err != nil {
+		return err
+	}
+	if shutdownErr != nil && !errors.Is(shutdownErr, http.ErrServerClosed) {
+		return fmt.Errorf("shutdown: %w", shutdownErr)
+	}
+	e.log.Info("stopped")
+	return nil
 }

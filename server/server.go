@@ -1,0 +1,297 @@
+// Package server is webdraft's HTTP API (CONTRACTS.md §4): POST /draft, the
+// drafter a verifier calls; GET /health; GET /metrics in Prometheus' format.
+// Requests run on a scheduler (continuous batching, prefix cache) over an
+// engine; the server never sees a kernel.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"webdraft/engine"
+	"webdraft/scheduler"
+	"webdraft/tokenizer"
+)
+
+// Limits of a /draft request.
+const (
+	DefaultN     = 16
+	MaxN         = 64
+	MaxBodyBytes = 4 << 20
+	retryAfter   = "1" // seconds, on 429 and 503
+)
+
+// Model is what the server drafts with.
+type Model struct {
+	Name      string
+	Engine    engine.Engine
+	Tokenizer *tokenizer.Tokenizer
+}
+
+// Server serves the API. It answers 503 until Run has made it ready.
+type Server struct {
+	log     *slog.Logger
+	metrics *metrics
+	ready   atomic.Pointer[state]
+}
+
+type state struct {
+	model Model
+	sched *scheduler.Scheduler
+}
+
+// New returns a server that is not ready yet.
+func New(log *slog.Logger) *Server {
+	return &Server{log: log, metrics: newMetrics()}
+}
+
+// Run serves drafts with m, scheduled per opts, until ctx ends; the server is
+// ready while it runs.
+func (s *Server) Run(ctx context.Context, m Model, opts scheduler.Options) error {
+	onStep := opts.OnStep
+	opts.OnStep = func(st scheduler.StepStats) {
+		s.metrics.onStep(st)
+		if onStep != nil {
+			onStep(st)
+		}
+	}
+	sched := scheduler.New(m.Engine, opts)
+	s.metrics.watch(sched)
+	s.ready.Store(&state{model: m, sched: sched})
+	s.log.Info("ready", "model", m.Name, "backend", m.Engine.Info().Backend, "adapter", m.Engine.Info().Adapter)
+	err := sched.Run(ctx)
+	s.ready.Store(nil)
+	return err
+}
+
+// Handler routes the API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /draft", s.draft)
+	mux.HandleFunc("GET /health", s.health)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	st := s.ready.Load()
+	if st == nil {
+		w.Header().Set("Retry-After", retryAfter)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "loading"})
+		return
+	}
+	info, cfg := st.model.Engine.Info(), st.model.Engine.Config()
+	writeJSON(w, http.StatusOK, map[string]any{
+		"status": "ok", "model": st.model.Name, "backend": info.Backend, "adapter": info.Adapter,
+		"vocab_size": cfg.VocabSize, "max_context": cfg.MaxPositionEmbeddings,
+	})
+}
+
+// draftRequest is the body of POST /draft.
+type draftRequest struct {
+	Tokens   []int     `json:"tokens"`
+	Text     *string   `json:"text"`
+	Messages []message `json:"messages"`
+	N        *int      `json:"n"`
+	Session  string    `json:"session"` // a hint only: the prefix cache works without it
+}
+
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type draftResponse struct {
+	Draft         []int          `json:"draft"`
+	Text          string         `json:"text"`
+	CachedTokens  int            `json:"cached_tokens"`
+	PrefillTokens int            `json:"prefill_tokens"`
+	TimingMS      map[string]any `json:"timing_ms"`
+}
+
+func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
+	st := s.ready.Load()
+	if st == nil {
+		s.fail(w, &apiError{http.StatusServiceUnavailable, "loading", "the model is still loading"})
+		return
+	}
+	req, tokens, apiErr := s.parse(w, r, st)
+	if apiErr != nil {
+		s.fail(w, apiErr)
+		return
+	}
+	n := DefaultN
+	if req.N != nil {
+		n = *req.N
+	}
+	res, err := st.sched.Submit(r.Context(), scheduler.Request{Tokens: tokens, N: n})
+	if err != nil {
+		s.fail(w, s.schedulerError(err))
+		return
+	}
+	text, err := st.model.Tokenizer.Decode(res.Draft)
+	if err != nil {
+		text = "" // ids past the tokenizer's vocabulary (a model with a larger one)
+	}
+	s.metrics.result(res)
+	s.metrics.request(http.StatusOK, "")
+	writeJSON(w, http.StatusOK, draftResponse{
+		Draft: res.Draft, Text: text, CachedTokens: res.CachedTokens, PrefillTokens: res.PrefillTokens,
+		TimingMS: map[string]any{"queue": ms(res.Queue), "prefill": ms(res.Prefill), "decode": ms(res.Decode)},
+	})
+}
+
+// parse decodes and validates a request body into the context tokens.
+func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draftRequest, []int, *apiError) {
+	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	var req draftRequest
+	if err := dec.Decode(&req); err != nil {
+		return nil, nil, decodeError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, nil, badRequest("body", "trailing data after the JSON object")
+	}
+	given := 0
+	for _, set := range []bool{req.Tokens != nil, req.Text != nil, req.Messages != nil} {
+		if set {
+			given++
+		}
+	}
+	if given != 1 {
+		return nil, nil, badRequest("tokens", "give exactly one of \"tokens\", \"text\" and \"messages\"")
+	}
+	if req.N != nil && (*req.N < 1 || *req.N > MaxN) {
+		return nil, nil, badRequest("n", fmt.Sprintf("n is %d; want 1…%d", *req.N, MaxN))
+	}
+	cfg := st.model.Engine.Config()
+	var tokens []int
+	field := "tokens"
+	switch {
+	case req.Tokens != nil:
+		tokens = req.Tokens
+	case req.Text != nil:
+		field = "text"
+		if *req.Text == "" {
+			return nil, nil, badRequest("text", "text is empty")
+		}
+		tokens = st.model.Tokenizer.Encode(*req.Text)
+	default:
+		field = "messages"
+		if len(req.Messages) == 0 {
+			return nil, nil, badRequest("messages", "messages is empty")
+		}
+		msgs := make([]tokenizer.Message, len(req.Messages))
+		for i, m := range req.Messages {
+			switch m.Role {
+			case "system", "user", "assistant":
+			default:
+				return nil, nil, badRequest(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("role %q: want system, user or assistant", m.Role))
+			}
+			msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+		}
+		prompt, err := st.model.Tokenizer.ApplyChatTemplate(msgs, true, true)
+		if err != nil {
+			return nil, nil, badRequest("messages", err.Error())
+		}
+		tokens = st.model.Tokenizer.Encode(prompt)
+	}
+	if len(tokens) == 0 {
+		return nil, nil, badRequest(field, field+" is empty")
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= cfg.VocabSize {
+			where := field
+			if field == "tokens" {
+				where = fmt.Sprintf("tokens[%d]", i)
+			}
+			return nil, nil, badRequest(where, fmt.Sprintf("token %d is outside the model's vocabulary [0, %d)", t, cfg.VocabSize))
+		}
+	}
+	return &req, tokens, nil
+}
+
+// apiError is an error response: {"error": {"code", "message"}}.
+type apiError struct {
+	status  int
+	code    string
+	message string
+}
+
+// badRequest is a 400 whose message starts with the offending field's path.
+func badRequest(field, msg string) *apiError {
+	return &apiError{http.StatusBadRequest, "invalid_request", field + ": " + msg}
+}
+
+func decodeError(err error) *apiError {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return &apiError{http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body: larger than %d bytes", tooBig.Limit)}
+	case errors.As(err, &syntax):
+		return badRequest("body", fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			field = "body"
+		}
+		return badRequest(field, fmt.Sprintf("want %s, got JSON %s", typ.Type, typ.Value))
+	case errors.Is(err, io.EOF):
+		return badRequest("body", "empty body: want a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return badRequest("body", "malformed JSON: unexpected end")
+	}
+	// encoding/json reports unknown fields as `json: unknown field "x"`.
+	msg := err.Error()
+	const prefix = "json: unknown field "
+	if len(msg) > len(prefix) && msg[:len(prefix)] == prefix {
+		name, _ := strconv.Unquote(msg[len(prefix):])
+		return badRequest(name, "unknown field")
+	}
+	return badRequest("body", msg)
+}
+
+func (s *Server) schedulerError(err error) *apiError {
+	switch {
+	case errors.Is(err, scheduler.ErrTooLarge):
+		return &apiError{http.StatusRequestEntityTooLarge, "context_too_large", err.Error()}
+	case errors.Is(err, scheduler.ErrOverloaded):
+		return &apiError{http.StatusTooManyRequests, "overloaded", "too many requests waiting; retry shortly"}
+	case errors.Is(err, scheduler.ErrClosed):
+		return &apiError{http.StatusServiceUnavailable, "shutting_down", "the server is shutting down"}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return &apiError{499, "client_closed", "the client went away"}
+	}
+	s.log.Error("draft failed", "err", err)
+	return &apiError{http.StatusInternalServerError, "internal", "drafting failed: " + err.Error()}
+}
+
+func (s *Server) fail(w http.ResponseWriter, e *apiError) {
+	s.metrics.request(e.status, e.code)
+	if e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	writeJSON(w, e.status, map[string]any{"error": map[string]string{"code": e.code, "message": e.message}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v) // a failed write means the client is gone: nothing to do
+}
+
+// ms rounds a duration to microseconds, in milliseconds.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

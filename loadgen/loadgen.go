@@ -1,0 +1,203 @@
+// Package loadgen drives a webdraft server the way a verifier does: many
+// conversations at once, each calling POST /draft with its context, accepting
+// a prefix of the draft plus one token of its own, and calling again with the
+// grown context — so the prefix cache and batching are exercised as in use.
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Options shape the load.
+type Options struct {
+	URL           string // server base URL, e.g. http://127.0.0.1:8080
+	Concurrency   int    // conversations in flight
+	Conversations int    // conversations in all
+	Turns         int    // /draft calls per conversation (fewer if the context fills)
+	N             int    // draft length per call
+	MinPrompt     int    // first-turn context length, uniform in [MinPrompt, MaxPrompt]
+	MaxPrompt     int
+	Accept        float64 // probability the verifier accepts each next draft token
+	Seed          uint64
+	// Progress, when set, is called after each request.
+	Progress func()
+}
+
+// Report summarizes a run.
+type Report struct {
+	Requests      int
+	Failures      int
+	FailureCodes  map[string]int // "status 429", "transport" …
+	Wall          time.Duration
+	P50, P99      time.Duration
+	DraftTokens   int
+	CachedTokens  int
+	PrefillTokens int
+}
+
+// DraftTokensPerSecond over the whole run.
+func (r Report) DraftTokensPerSecond() float64 { return float64(r.DraftTokens) / r.Wall.Seconds() }
+
+// CacheReuse is the share of context tokens the server found in its cache.
+func (r Report) CacheReuse() float64 {
+	if r.CachedTokens+r.PrefillTokens == 0 {
+		return 0
+	}
+	return float64(r.CachedTokens) / float64(r.CachedTokens+r.PrefillTokens)
+}
+
+type health struct {
+	Status     string `json:"status"`
+	VocabSize  int    `json:"vocab_size"`
+	MaxContext int    `json:"max_context"`
+}
+
+type draftResponse struct {
+	Draft         []int `json:"draft"`
+	CachedTokens  int   `json:"cached_tokens"`
+	PrefillTokens int   `json:"prefill_tokens"`
+}
+
+// Run generates the load and waits for it to finish or ctx to end.
+func Run(ctx context.Context, client *http.Client, o Options) (Report, error) {
+	h, err := getHealth(ctx, client, o.URL)
+	if err != nil {
+		return Report{}, err
+	}
+	if o.MaxPrompt+o.N-1 > h.MaxContext {
+		return Report{}, fmt.Errorf("prompts up to %d tokens with drafts of %d exceed the model's %d positions", o.MaxPrompt, o.N, h.MaxContext)
+	}
+	var (
+		mu        sync.Mutex
+		rep       = Report{FailureCodes: map[string]int{}}
+		latencies []time.Duration
+	)
+	record := func(lat time.Duration, res *draftResponse, failure string) {
+		mu.Lock()
+		defer mu.Unlock()
+		rep.Requests++
+		if failure != "" {
+			rep.Failures++
+			rep.FailureCodes[failure]++
+		} else {
+			latencies = append(latencies, lat)
+			rep.DraftTokens += len(res.Draft)
+			rep.CachedTokens += res.CachedTokens
+			rep.PrefillTokens += res.PrefillTokens
+		}
+		if o.Progress != nil {
+			o.Progress()
+		}
+	}
+	convs := make(chan int)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range o.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range convs {
+				converse(ctx, client, o, h, c, record)
+			}
+		}()
+	}
+feed:
+	for c := range o.Conversations {
+		select {
+		case convs <- c:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(convs)
+	wg.Wait()
+	rep.Wall = time.Since(start)
+	slices.Sort(latencies)
+	if len(latencies) > 0 {
+		rep.P50 = latencies[len(latencies)*50/100]
+		rep.P99 = latencies[min(len(latencies)-1, len(latencies)*99/100)]
+	}
+	return rep, ctx.Err()
+}
+
+// converse plays one conversation.
+func converse(ctx context.Context, client *http.Client, o Options, h health, id int, record func(time.Duration, *draftResponse, string)) {
+	rng := rand.New(rand.NewPCG(o.Seed, uint64(id)))
+	tokens := make([]int, o.MinPrompt+rng.IntN(o.MaxPrompt-o.MinPrompt+1))
+	for i := range tokens {
+		tokens[i] = rng.IntN(h.VocabSize)
+	}
+	for range o.Turns {
+		if ctx.Err() != nil || len(tokens)+o.N-1 > h.MaxContext {
+			return // the conversation has filled the model's context
+		}
+		start := time.Now()
+		res, failure := draft(ctx, client, o.URL, tokens, o.N)
+		record(time.Since(start), res, failure)
+		if failure != "" {
+			return
+		}
+		// Verify: keep the longest prefix the "target" agrees with, then its own token.
+		k := 0
+		for k < len(res.Draft) && rng.Float64() < o.Accept {
+			k++
+		}
+		tokens = append(tokens, res.Draft[:k]...)
+		tokens = append(tokens, rng.IntN(h.VocabSize))
+	}
+}
+
+func draft(ctx context.Context, client *http.Client, url string, tokens []int, n int) (*draftResponse, string) {
+	body, err := json.Marshal(map[string]any{"tokens": tokens, "n": n})
+	if err != nil {
+		return nil, "encode"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/draft", bytes.NewReader(body))
+	if err != nil {
+		return nil, "request"
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, "transport"
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body) // drain for connection reuse
+		return nil, fmt.Sprintf("status %d", resp.StatusCode)
+	}
+	var out draftResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Draft) != n {
+		return nil, "bad response"
+	}
+	return &out, ""
+}
+
+func getHealth(ctx context.Context, client *http.Client, url string) (health, error) {
+	var h health
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/health", nil)
+	if err != nil {
+		return h, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return h, fmt.Errorf("health: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return h, fmt.Errorf("health: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK || h.VocabSize <= 0 || h.MaxContext <= 0 {
+		return h, fmt.Errorf("health: status %d (%s): the server is not ready", resp.StatusCode, h.Status)
+	}
+	return h, nil
+}

@@ -39,7 +39,10 @@ func TestAgainstServer(t *testing.T) {
 	defer ts.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { srv.Run(ctx, server.Model{Name: "tied", Engine: eng, Tokenizer: tok}, scheduler.Options{}); close(done) }()
+	go func() {
+		srv.Run(ctx, server.Model{Name: "tied", Engine: eng, Tokenizer: tok}, scheduler.Options{})
+		close(done)
+	}()
 	defer func() { cancel(); <-done }()
 	for i := 0; i < 200; i++ {
 		if resp, err := http.Get(ts.URL + "/health"); err == nil {

@@ -67,7 +67,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	opts := scheduler.Options{CacheTokens: (*cacheMB << 20) / eng.KVBytesPerToken()}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
-	go func() { ran <- srv.Run(runCtx, server.Model{Name: modelName(model), Engine: eng, Tokenizer: tok}, opts) }()
+	go func() {
+		ran <- srv.Run(runCtx, server.Model{Name: modelName(model), Engine: eng, Tokenizer: tok}, opts)
+	}()
 	e.log.Info("loaded", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "cache_tokens", opts.CacheTokens)
 
 	select {

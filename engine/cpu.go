@@ -39,26 +39,30 @@ func (c *CPU) KVBytesPerToken() int {
 	return 2 * cfg.NumHiddenLayers * cfg.KVDim() * 4
 }
 
-// Step runs the entries one after another; each forward pass is itself
-// parallel over the rows of every matrix.
+// Step runs the whole batch as one reference forward pass: every matrix is
+// read once for all the batch's tokens.
 func (c *CPU) Step(ctx context.Context, batch []*Entry) error {
 	cfg := c.model.Config()
 	if err := CheckBatch(&cfg, batch); err != nil {
 		return err
 	}
-	for _, e := range batch {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	inputs := make([]reference.Input, len(batch))
+	for i, e := range batch {
 		seq, ok := e.Seq.(*cpuSequence)
 		if !ok {
 			return fmt.Errorf("cpu engine: sequence of another engine (%T)", e.Seq)
 		}
-		logits, err := c.model.Forward(seq.Sequence, e.Tokens)
-		if err != nil {
-			return err
-		}
-		if e.Next, err = reference.Argmax(logits); err != nil {
+		inputs[i] = reference.Input{Seq: seq.Sequence, Tokens: e.Tokens}
+	}
+	logits, err := c.model.ForwardBatch(inputs)
+	if err != nil {
+		return err
+	}
+	for i, e := range batch {
+		if e.Next, err = reference.Argmax(logits[i]); err != nil {
 			return err
 		}
 	}

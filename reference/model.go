@@ -67,43 +67,92 @@ func (s *Sequence) Truncate(n int) {
 // Forward appends tokens to seq's cache and returns the logits (vocab) at the
 // last new position.
 func (m *Model) Forward(seq *Sequence, tokens []int) ([]float32, error) {
-	c := &m.cfg
-	T, P, H := len(tokens), seq.len, c.HiddenSize
-	if T == 0 {
-		return nil, fmt.Errorf("forward: no tokens")
+	logits, err := m.ForwardBatch([]Input{{Seq: seq, Tokens: tokens}})
+	if err != nil {
+		return nil, err
 	}
-	if P+T > c.MaxPositionEmbeddings {
-		return nil, fmt.Errorf("forward: %d positions exceed max_position_embeddings %d", P+T, c.MaxPositionEmbeddings)
-	}
-	for i, t := range tokens {
-		if t < 0 || t >= c.VocabSize {
-			return nil, fmt.Errorf("forward: token %d at index %d is outside the vocabulary [0, %d)", t, i, c.VocabSize)
-		}
-	}
-
-	// hidden = embed_tokens(input_ids): (T, H)
-	x := make([]float32, T*H)
-	for t, tok := range tokens {
-		m.w.EmbedTokens.Row(tok, x[t*H:(t+1)*H])
-	}
-	for l := range m.w.Layers {
-		m.layer(l, seq, x, T, P)
-	}
-	seq.len += T
-
-	// hidden = norm(hidden[-1]); logits = lm_head(hidden): (vocab)
-	last := make([]float32, H)
-	RMSNorm(last, x[(T-1)*H:], m.w.Norm, c.RMSNormEps)
-	logits := make([]float32, c.VocabSize)
-	MatMul(logits, last, m.w.LMHead, 1)
-	return logits, nil
+	return logits[0], nil
 }
 
-// layer runs decoder layer l on x (T, H) in place, appending T positions of
-// keys and values to seq's cache for that layer.
-func (m *Model) layer(l int, seq *Sequence, x []float32, T, P int) {
+// Input is one sequence's part of a batched forward pass.
+type Input struct {
+	Seq    *Sequence
+	Tokens []int
+}
+
+// segment locates an input's rows in the batch: rows r0 … r0+T-1 of x are its
+// positions P … P+T-1.
+type segment struct {
+	seq      *Sequence
+	r0, T, P int
+}
+
+// ForwardBatch appends each input's tokens to its sequence and returns, per
+// input, the logits (vocab) at its last new position. The rows of all inputs
+// share every matrix multiplication, so weights are read once per pass;
+// attention stays within each sequence. Nothing changes if an input is bad.
+func (m *Model) ForwardBatch(inputs []Input) ([][]float32, error) {
+	c := &m.cfg
+	H := c.HiddenSize
+	segs := make([]segment, len(inputs))
+	rows := 0
+	seen := map[*Sequence]bool{}
+	for i, in := range inputs {
+		T, P := len(in.Tokens), in.Seq.len
+		switch {
+		case T == 0:
+			return nil, fmt.Errorf("forward: input %d has no tokens", i)
+		case seen[in.Seq]:
+			return nil, fmt.Errorf("forward: input %d repeats a sequence of the batch", i)
+		case P+T > c.MaxPositionEmbeddings:
+			return nil, fmt.Errorf("forward: %d positions exceed max_position_embeddings %d", P+T, c.MaxPositionEmbeddings)
+		}
+		for j, t := range in.Tokens {
+			if t < 0 || t >= c.VocabSize {
+				return nil, fmt.Errorf("forward: token %d at index %d is outside the vocabulary [0, %d)", t, j, c.VocabSize)
+			}
+		}
+		seen[in.Seq] = true
+		segs[i] = segment{seq: in.Seq, r0: rows, T: T, P: P}
+		rows += T
+	}
+
+	// hidden = embed_tokens(input_ids): (rows, H)
+	x := make([]float32, rows*H)
+	for i, in := range inputs {
+		for t, tok := range in.Tokens {
+			r := segs[i].r0 + t
+			m.w.EmbedTokens.Row(tok, x[r*H:(r+1)*H])
+		}
+	}
+	for l := range m.w.Layers {
+		m.layer(l, x, segs)
+	}
+	for _, sg := range segs {
+		sg.seq.len += sg.T
+	}
+
+	// hidden = norm(hidden[last of each input]); logits = lm_head(hidden): (inputs, vocab)
+	last := make([]float32, len(segs)*H)
+	for i, sg := range segs {
+		r := sg.r0 + sg.T - 1
+		RMSNorm(last[i*H:(i+1)*H], x[r*H:(r+1)*H], m.w.Norm, c.RMSNormEps)
+	}
+	logits := make([]float32, len(segs)*c.VocabSize)
+	MatMul(logits, last, m.w.LMHead, len(segs))
+	out := make([][]float32, len(segs))
+	for i := range out {
+		out[i] = logits[i*c.VocabSize : (i+1)*c.VocabSize]
+	}
+	return out, nil
+}
+
+// layer runs decoder layer l on x (rows, H) in place, appending each
+// segment's keys and values to its sequence's cache for that layer.
+func (m *Model) layer(l int, x []float32, segs []segment) {
 	c, w := &m.cfg, &m.w.Layers[l]
 	H, D, qDim, kvDim := c.HiddenSize, c.HeadDim, c.QDim(), c.KVDim()
+	T := len(x) / H // rows of the whole batch
 
 	// --- self-attention block ---
 	// residual = hidden; hidden = input_layernorm(hidden): (T, H)
@@ -126,21 +175,25 @@ func (m *Model) layer(l int, seq *Sequence, x []float32, T, P int) {
 	for i := 0; i < len(k); i += D {
 		RMSNorm(k[i:i+D], k[i:i+D], w.KNorm, c.RMSNormEps)
 	}
-	// q, k = apply_rotary_pos_emb(q, k, cos, sin) at positions P … P+T-1.
-	for t := range T {
-		for i := 0; i < qDim; i += D {
-			Rope(q[t*qDim+i:t*qDim+i+D], P+t, m.invFreq)
-		}
-		for i := 0; i < kvDim; i += D {
-			Rope(k[t*kvDim+i:t*kvDim+i+D], P+t, m.invFreq)
-		}
-	}
-	// past_key_values.update(k, v): the cache grows to (P+T, kv_heads*D).
-	seq.k[l] = append(seq.k[l], k...)
-	seq.v[l] = append(seq.v[l], v...)
-	// attn = softmax(q·kᵀ/√D + causal mask)·v with GQA: (T, heads*D)
 	attn := make([]float32, T*qDim)
-	Attention(attn, q, seq.k[l], seq.v[l], T, P, c)
+	for _, sg := range segs {
+		// q, k = apply_rotary_pos_emb(q, k, cos, sin) at positions P … P+T-1.
+		for t := range sg.T {
+			r := sg.r0 + t
+			for i := 0; i < qDim; i += D {
+				Rope(q[r*qDim+i:r*qDim+i+D], sg.P+t, m.invFreq)
+			}
+			for i := 0; i < kvDim; i += D {
+				Rope(k[r*kvDim+i:r*kvDim+i+D], sg.P+t, m.invFreq)
+			}
+		}
+		// past_key_values.update(k, v): the cache grows to (P+T, kv_heads*D).
+		rows := func(a []float32, w int) []float32 { return a[sg.r0*w : (sg.r0+sg.T)*w] }
+		sg.seq.k[l] = append(sg.seq.k[l], rows(k, kvDim)...)
+		sg.seq.v[l] = append(sg.seq.v[l], rows(v, kvDim)...)
+		// attn = softmax(q·kᵀ/√D + causal mask)·v with GQA: (T, heads*D)
+		Attention(rows(attn, qDim), rows(q, qDim), sg.seq.k[l], sg.seq.v[l], sg.T, sg.P, c)
+	}
 	// hidden = residual + o_proj(attn)
 	o := make([]float32, T*H)
 	MatMul(o, attn, w.OProj, T)

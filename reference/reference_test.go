@@ -178,3 +178,44 @@ func TestGolden(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestBatchMatchesAlone: sequences of different lengths in one batched pass
+// get the logits they get alone.
+func TestBatchMatchesAlone(t *testing.T) {
+	m := newTiny(t, checkpoint.Int4)
+	prefixes := [][]int{{1, 2, 3}, nil, {9, 9, 9, 9, 9, 9, 9}}
+	news := [][]int{{4}, {5, 6, 7, 8, 9}, {10, 11}}
+	var inputs []Input
+	var want [][]float32
+	for i := range prefixes {
+		alone, batched := m.NewSequence(), m.NewSequence()
+		if len(prefixes[i]) > 0 {
+			for _, s := range []*Sequence{alone, batched} {
+				if _, err := m.Forward(s, prefixes[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		l, err := m.Forward(alone, news[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, l)
+		inputs = append(inputs, Input{Seq: batched, Tokens: news[i]})
+	}
+	got, err := m.ForwardBatch(inputs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if e := relErr(got[i], want[i]); e > 1e-5 {
+			t.Errorf("input %d: relative error %g", i, e)
+		}
+		if inputs[i].Seq.Len() != len(prefixes[i])+len(news[i]) {
+			t.Errorf("input %d: Len %d", i, inputs[i].Seq.Len())
+		}
+	}
+	if _, err := m.ForwardBatch([]Input{inputs[0], inputs[0]}); err == nil {
+		t.Error("a sequence twice in one batch was accepted")
+	}
+}

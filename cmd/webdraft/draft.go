@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"webdraft/checkpoint"
-	"webdraft/reference"
+	"webdraft/engine"
 	"webdraft/tokenizer"
 	"webdraft/weights"
 )
@@ -62,12 +62,18 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 		}
 	}
 
-	ref, err := reference.New(model.Config, model.Weights)
+	eng, err := openEngine(e, model, backend)
 	if err != nil {
 		return err
 	}
-	e.log.Info("drafting", "backend", backend.name(), "model", modelName(model), "tokens", len(ids), "n", *n)
-	draft, err := ref.Draft(ref.NewSequence(), ids, *n)
+	defer eng.Close()
+	seq, err := eng.NewSequence()
+	if err != nil {
+		return err
+	}
+	defer seq.Release()
+	e.log.Info("drafting", "model", modelName(model), "tokens", len(ids), "n", *n)
+	draft, err := engine.Draft(ctx, eng, seq, ids, *n)
 	if err != nil {
 		return err
 	}
@@ -87,8 +93,19 @@ func parseBackend(s string) (backendChoice, error) {
 	return "", usagef("--backend %q: want auto, webgpu or cpu", s)
 }
 
-// name is the backend actually used.
-func (b backendChoice) name() string { return "cpu" }
+// openEngine starts the engine --backend asks for and logs what it runs on.
+func openEngine(e *env, m *checkpoint.Model, b backendChoice) (engine.Engine, error) {
+	eng, err := engine.NewCPU(m.Config, m.Weights)
+	if err != nil {
+		return nil, err
+	}
+	info := eng.Info()
+	if b == "auto" {
+		e.log.Info("no WebGPU engine in this build: using the CPU")
+	}
+	e.log.Info("engine", "backend", info.Backend, "adapter", info.Adapter)
+	return eng, nil
+}
 
 // loadModel loads --model, or the embedded default when dir is "".
 func loadModel(dir string) (*checkpoint.Model, error) {

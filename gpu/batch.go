@@ -1,0 +1,252 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cogentcore/webgpu/wgpu"
+)
+
+// paramsChunkSize is the size of one uniform buffer holding the params of
+// many dispatches (64 KiB: WebGPU's default maxUniformBufferBindingSize).
+const paramsChunkSize = 64 << 10
+
+// Binding is a byte range of a Buffer bound to one storage binding.
+type Binding struct {
+	Buf          *Buffer
+	Offset, Size uint64
+}
+
+// All binds the whole buffer.
+func (b *Buffer) All() Binding { return Binding{Buf: b, Size: b.size} }
+
+// Slice binds size bytes at offset (a multiple of the device's
+// minStorageBufferOffsetAlignment).
+func (b *Buffer) Slice(offset, size uint64) Binding {
+	return Binding{Buf: b, Offset: offset, Size: size}
+}
+
+// Batch records dispatches into one command encoder and one compute pass,
+// and submits them at once: dispatches run in the order recorded, each
+// seeing the writes of the ones before. The params of all dispatches are
+// gathered on the host and written to uniform chunks with one queue write
+// per chunk just before the submit.
+//
+// Keep a batch to about one forward pass: lavapipe has been seen to crash on
+// a command buffer of ~560 dispatches with distinct bind groups (336 were
+// fine). Len tells how many are recorded.
+type Batch struct {
+	d      *Device
+	label  string
+	enc    *wgpu.CommandEncoder
+	pass   *wgpu.ComputePassEncoder
+	chunks []*paramsChunk
+	groups []*wgpu.BindGroup
+	n      int
+	err    error // the first recording error; Submit returns it
+	ended  bool
+}
+
+// paramsChunk is a uniform buffer and its host image.
+type paramsChunk struct {
+	buf  *wgpu.Buffer
+	data []byte // bytes used so far
+}
+
+// NewBatch starts a batch.
+func (d *Device) NewBatch(label string) (*Batch, error) {
+	if d.closed {
+		return nil, fmt.Errorf("gpu: batch %q: device is closed", label)
+	}
+	enc, err := d.dev.CreateCommandEncoder(&wgpu.CommandEncoderDescriptor{Label: label})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: batch %q: %w", label, err)
+	}
+	return &Batch{d: d, label: label, enc: enc, pass: enc.BeginComputePass(nil)}, nil
+}
+
+// Device is the device the batch records for.
+func (b *Batch) Device() *Device { return b.d }
+
+// Len is the number of dispatches recorded.
+func (b *Batch) Len() int { return b.n }
+
+// Dispatch records p over a grid of (x, y, z) workgroups with params (the
+// words of its uniform struct, exactly ParamsSize bytes) and its storage
+// buffers in binding order. A grid with a zero dimension records nothing.
+// After an error the batch is spoiled: Submit returns that error.
+func (b *Batch) Dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z uint32) error {
+	if b.err == nil {
+		b.err = b.dispatch(p, params, bufs, x, y, z)
+	}
+	return b.err
+}
+
+func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z uint32) error {
+	k, d := &p.kernel, b.d
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("gpu: batch %q: dispatch %s: %s", b.label, p.Name(), fmt.Sprintf(format, args...))
+	}
+	switch {
+	case b.ended:
+		return fail("batch already submitted")
+	case len(params)*4 != k.ParamsSize:
+		return fail("%d bytes of params, want %d", len(params)*4, k.ParamsSize)
+	case len(bufs) != len(k.Storage):
+		return fail("%d storage buffers, want %d", len(bufs), len(k.Storage))
+	}
+	if maxN := d.limits.MaxComputeWorkgroupsPerDimension; x > maxN || y > maxN || z > maxN {
+		return fail("grid (%d, %d, %d) exceeds %d workgroups per dimension", x, y, z, maxN)
+	}
+	if x == 0 || y == 0 || z == 0 {
+		return nil
+	}
+	entries := make([]wgpu.BindGroupEntry, 0, len(bufs)+1)
+	if k.ParamsSize > 0 {
+		chunk, off, err := b.params(params)
+		if err != nil {
+			return fail("%v", err)
+		}
+		entries = append(entries, wgpu.BindGroupEntry{Binding: 0, Buffer: chunk, Offset: off, Size: uint64(k.ParamsSize)})
+	}
+	for i, bind := range bufs {
+		if err := d.checkBinding(bind); err != nil {
+			return fail("binding %d: %v", i+1, err)
+		}
+		entries = append(entries, wgpu.BindGroupEntry{Binding: uint32(i + 1), Buffer: bind.Buf.buf, Offset: bind.Offset, Size: bind.Size})
+	}
+	group, err := d.dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Label: k.Module, Layout: p.bgl, Entries: entries})
+	if err != nil {
+		return fail("%v", err)
+	}
+	b.groups = append(b.groups, group)
+	b.pass.SetPipeline(p.pipe)
+	b.pass.SetBindGroup(0, group, nil)
+	b.pass.DispatchWorkgroups(x, y, z)
+	b.n++
+	return nil
+}
+
+// checkBinding reports a binding WebGPU would reject, with the buffer's name.
+func (d *Device) checkBinding(bind Binding) error {
+	switch {
+	case bind.Buf == nil || bind.Buf.buf == nil:
+		return errors.New("nil or released buffer")
+	case bind.Size == 0 || bind.Size%4 != 0:
+		return fmt.Errorf("buffer %q: binding size %d is not a positive multiple of 4", bind.Buf.label, bind.Size)
+	case bind.Offset+bind.Size > bind.Buf.size:
+		return fmt.Errorf("buffer %q: range [%d, %d) exceeds its %d bytes", bind.Buf.label, bind.Offset, bind.Offset+bind.Size, bind.Buf.size)
+	case bind.Offset%uint64(d.limits.MinStorageBufferOffsetAlignment) != 0:
+		return fmt.Errorf("buffer %q: offset %d is not a multiple of %d", bind.Buf.label, bind.Offset, d.limits.MinStorageBufferOffsetAlignment)
+	case bind.Size > d.limits.MaxStorageBufferBindingSize:
+		return fmt.Errorf("buffer %q: binding of %d bytes exceeds the device's maxStorageBufferBindingSize %d", bind.Buf.label, bind.Size, d.limits.MaxStorageBufferBindingSize)
+	}
+	return nil
+}
+
+// params places one dispatch's params in the current uniform chunk,
+// starting a new chunk when it is full, and returns where they are.
+func (b *Batch) params(words []uint32) (*wgpu.Buffer, uint64, error) {
+	d := b.d
+	stride := alignUp(uint64(len(words)*4), uint64(max(d.limits.MinUniformBufferOffsetAlignment, 16)))
+	if len(b.chunks) == 0 || uint64(len(b.chunks[len(b.chunks)-1].data))+stride > paramsChunkSize {
+		buf, err := d.takeChunk()
+		if err != nil {
+			return nil, 0, err
+		}
+		b.chunks = append(b.chunks, &paramsChunk{buf: buf, data: make([]byte, 0, paramsChunkSize)})
+	}
+	c := b.chunks[len(b.chunks)-1]
+	off := uint64(len(c.data))
+	c.data = append(c.data, asBytes(words)...)
+	c.data = append(c.data, make([]byte, off+stride-uint64(len(c.data)))...)
+	return c.buf, off, nil
+}
+
+// takeChunk returns a free uniform chunk, making one if none is free.
+func (d *Device) takeChunk() (*wgpu.Buffer, error) {
+	if n := len(d.chunks); n > 0 {
+		c := d.chunks[n-1]
+		d.chunks = d.chunks[:n-1]
+		return c, nil
+	}
+	buf, err := d.dev.CreateBuffer(&wgpu.BufferDescriptor{
+		Label: "params", Size: paramsChunkSize, Usage: wgpu.BufferUsageUniform | wgpu.BufferUsageCopyDst,
+	})
+	if err == nil {
+		err = d.check("creating a params chunk")
+	}
+	if err != nil {
+		if buf != nil {
+			buf.Release()
+		}
+		return nil, err
+	}
+	return buf, nil
+}
+
+// Submit ends the pass, writes the params, submits the batch and reports
+// any device error raised by it. It does not wait for the GPU: a Read
+// afterwards does. The batch cannot be used again.
+func (b *Batch) Submit() error {
+	if b.ended {
+		return fmt.Errorf("gpu: batch %q: already submitted or discarded", b.label)
+	}
+	d := b.d
+	b.ended = true
+	if b.err != nil { // a recording error, which names the batch already
+		b.Discard()
+		return b.err
+	}
+	err := endPass(b.pass)
+	var cmd *wgpu.CommandBuffer
+	if err == nil {
+		cmd, err = b.enc.Finish(nil)
+	}
+	for _, c := range b.chunks {
+		if err == nil {
+			err = d.queue.WriteBuffer(c.buf, 0, c.data)
+		}
+	}
+	if err == nil {
+		d.queue.Submit(cmd)
+	}
+	// Queue writes are ordered after this submission, so the chunks can
+	// serve the next batch at once; bind groups live on inside the
+	// command buffer until it has run.
+	b.release()
+	if cmd != nil {
+		cmd.Release()
+	}
+	if cerr := d.check("submitting batch " + b.label); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("gpu: batch %q: %w", b.label, err)
+	}
+	return nil
+}
+
+// Discard drops a batch without submitting it.
+func (b *Batch) Discard() {
+	if b.pass == nil {
+		return
+	}
+	b.ended = true
+	endPass(b.pass)
+	b.release()
+	b.d.scopes.check() // drop whatever the abandoned recording raised
+}
+
+func (b *Batch) release() {
+	for _, g := range b.groups {
+		g.Release()
+	}
+	for _, c := range b.chunks {
+		b.d.chunks = append(b.d.chunks, c.buf)
+	}
+	b.groups, b.chunks = nil, nil
+	b.pass.Release()
+	b.enc.Release()
+	b.pass, b.enc = nil, nil
+}

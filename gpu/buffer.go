@@ -1,0 +1,229 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+
+	"github.com/cogentcore/webgpu/wgpu"
+)
+
+// storageUsage is what every Buffer can do: be bound as storage, and be
+// written by the queue and copied from (for reads).
+const storageUsage = wgpu.BufferUsageStorage | wgpu.BufferUsageCopyDst | wgpu.BufferUsageCopySrc
+
+// writeChunk bounds the staging memory of one Fill write.
+const writeChunk = 4 << 20
+
+// Buffer is a storage buffer on a Device. Sizes are in bytes, always a
+// multiple of 4.
+type Buffer struct {
+	d     *Device
+	buf   *wgpu.Buffer
+	size  uint64
+	label string
+}
+
+// NewBuffer returns a zero-filled storage buffer of size bytes (rounded up
+// to a multiple of 4).
+func (d *Device) NewBuffer(label string, size uint64) (*Buffer, error) {
+	if d.closed {
+		return nil, fmt.Errorf("gpu: buffer %q: device is closed", label)
+	}
+	size = alignUp(max(size, 4), 4)
+	if size > d.limits.MaxBufferSize {
+		return nil, fmt.Errorf("gpu: buffer %q: %d bytes exceed the device's maxBufferSize %d", label, size, d.limits.MaxBufferSize)
+	}
+	buf, err := d.dev.CreateBuffer(&wgpu.BufferDescriptor{Label: label, Size: size, Usage: storageUsage})
+	if err == nil {
+		err = d.check("creating buffer " + label)
+	}
+	if err != nil {
+		if buf != nil {
+			buf.Release()
+		}
+		return nil, fmt.Errorf("gpu: buffer %q (%d bytes): %w", label, size, err)
+	}
+	return &Buffer{d: d, buf: buf, size: size, label: label}, nil
+}
+
+// Upload returns a new buffer holding data (zero-padded to a multiple of 4
+// bytes).
+func (d *Device) Upload(label string, data []byte) (*Buffer, error) {
+	b, err := d.NewBuffer(label, uint64(len(data)))
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Write(0, data); err != nil {
+		b.Release()
+		return nil, err
+	}
+	return b, nil
+}
+
+// UploadF32 returns a new buffer holding v.
+func (d *Device) UploadF32(label string, v []float32) (*Buffer, error) {
+	return d.Upload(label, asBytes(v))
+}
+
+// UploadU32 returns a new buffer holding v.
+func (d *Device) UploadU32(label string, v []uint32) (*Buffer, error) {
+	return d.Upload(label, asBytes(v))
+}
+
+// UploadU16 returns a new buffer holding v (f16 bits, say), padded with a
+// zero half when len(v) is odd; shaders read it as u32 pairs, the first
+// value in the low half.
+func (d *Device) UploadU16(label string, v []uint16) (*Buffer, error) {
+	return d.Upload(label, asBytes(v))
+}
+
+// Size is the buffer's size in bytes.
+func (b *Buffer) Size() uint64 { return b.size }
+
+// Label is the name the buffer was made with.
+func (b *Buffer) Label() string { return b.label }
+
+// Write copies data (its length a multiple of 4) into the buffer at offset
+// (a multiple of 4). It is ordered before the next submitted batch.
+func (b *Buffer) Write(offset uint64, data []byte) error {
+	if err := b.usable("writing"); err != nil {
+		return err
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	if len(data)%4 != 0 {
+		data = append(data[:len(data):len(data)], make([]byte, 4-len(data)%4)...)
+	}
+	if offset%4 != 0 || offset+uint64(len(data)) > b.size {
+		return fmt.Errorf("gpu: writing %d bytes at %d into buffer %q of %d bytes: out of range or misaligned", len(data), offset, b.label, b.size)
+	}
+	if err := b.d.queue.WriteBuffer(b.buf, offset, data); err != nil {
+		return fmt.Errorf("gpu: writing buffer %q: %w", b.label, err)
+	}
+	return nil
+}
+
+// WriteF32 copies v into the buffer at offset bytes.
+func (b *Buffer) WriteF32(offset uint64, v []float32) error { return b.Write(offset, asBytes(v)) }
+
+// WriteU32 copies v into the buffer at offset bytes.
+func (b *Buffer) WriteU32(offset uint64, v []uint32) error { return b.Write(offset, asBytes(v)) }
+
+// Fill sets every 32-bit word of the buffer to word: tests poison outputs
+// with a NaN (Fill(NaN32)) so that a word a kernel forgot to write shows.
+func (b *Buffer) Fill(word uint32) error {
+	chunk := make([]byte, min(b.size, writeChunk))
+	for i := 0; i < len(chunk); i += 4 {
+		binary.LittleEndian.PutUint32(chunk[i:], word)
+	}
+	for off := uint64(0); off < b.size; off += uint64(len(chunk)) {
+		if err := b.Write(off, chunk[:min(uint64(len(chunk)), b.size-off)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// NaN32 is a quiet f32 NaN with a recognizable payload, for Fill.
+const NaN32 = 0x7fc00bad
+
+// usable reports a buffer that was released or whose device was closed.
+func (b *Buffer) usable(op string) error {
+	switch {
+	case b.buf == nil:
+		return fmt.Errorf("gpu: %s buffer %q: released", op, b.label)
+	case b.d.closed:
+		return fmt.Errorf("gpu: %s buffer %q: device is closed", op, b.label)
+	}
+	return nil
+}
+
+// Release frees the buffer's memory now rather than when it is collected.
+func (b *Buffer) Release() {
+	if b.buf != nil {
+		b.buf.Destroy()
+		b.buf.Release()
+		b.buf = nil
+	}
+}
+
+// Read copies size bytes at offset out of the buffer, after every batch
+// submitted before it has run.
+func (b *Buffer) Read(offset, size uint64) ([]byte, error) {
+	if err := b.usable("reading"); err != nil {
+		return nil, err
+	}
+	if offset%4 != 0 || size%4 != 0 || offset+size > b.size {
+		return nil, fmt.Errorf("gpu: reading %d bytes at %d from buffer %q of %d bytes: out of range or misaligned", size, offset, b.label, b.size)
+	}
+	if size == 0 {
+		return nil, nil
+	}
+	d := b.d
+	staging, err := d.dev.CreateBuffer(&wgpu.BufferDescriptor{Label: "readback " + b.label, Size: size, Usage: wgpu.BufferUsageMapRead | wgpu.BufferUsageCopyDst})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+	}
+	defer staging.Release()
+	defer staging.Destroy()
+	enc, err := d.dev.CreateCommandEncoder(nil)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+	}
+	defer enc.Release()
+	if err := enc.CopyBufferToBuffer(b.buf, offset, staging, 0, size); err != nil {
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+	}
+	cmd, err := enc.Finish(nil)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+	}
+	defer cmd.Release()
+	d.queue.Submit(cmd)
+	out, err := d.mapRead(staging, size)
+	if cerr := d.check("reading buffer " + b.label); cerr != nil {
+		return nil, cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+	}
+	return out, nil
+}
+
+// ReadF32 returns the whole buffer as f32s.
+func (b *Buffer) ReadF32() ([]float32, error) {
+	raw, err := b.Read(0, b.size)
+	if err != nil {
+		return nil, err
+	}
+	return fromBytes[float32](raw), nil
+}
+
+// ReadU32 returns the whole buffer as u32s.
+func (b *Buffer) ReadU32() ([]uint32, error) {
+	raw, err := b.Read(0, b.size)
+	if err != nil {
+		return nil, err
+	}
+	return fromBytes[uint32](raw), nil
+}
+
+// asBytes views a slice of fixed-size numbers as its little-endian bytes
+// (every WebGPU target is little-endian).
+func asBytes[T float32 | uint32 | uint16 | int32](v []T) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*int(unsafe.Sizeof(v[0])))
+}
+
+// fromBytes copies raw into a new slice of T.
+func fromBytes[T float32 | uint32](raw []byte) []T {
+	out := make([]T, len(raw)/4)
+	copy(asBytes(out), raw)
+	return out
+}
+
+func alignUp(n, a uint64) uint64 { return (n + a - 1) / a * a }

@@ -1,0 +1,158 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cogentcore/webgpu/wgpu"
+)
+
+// maxBufferCap caps the maxBufferSize requested from the adapter. Some
+// drivers report u64-max (the H200 does), which wgpu reads as "undefined" and
+// replaces by the 256 MiB default; asking for a concrete value avoids that.
+const maxBufferCap = 1 << 31
+
+// ErrNoAdapter is returned by Open when no WebGPU adapter exists: natively,
+// no Vulkan, Metal or D3D12 driver (on Debian, `apt-get install
+// mesa-vulkan-drivers` brings the lavapipe CPU driver); in a browser, no
+// navigator.gpu or no adapter behind it.
+var ErrNoAdapter = errors.New("gpu: no WebGPU adapter found")
+
+// Options choose how Open configures the device.
+type Options struct {
+	// NoF16 leaves the shader-f16 feature off even where the adapter has it,
+	// to exercise the path every kernel must support without it.
+	NoF16 bool
+}
+
+// AdapterInfo describes the adapter Open chose.
+type AdapterInfo struct {
+	Name     string   // e.g. "NVIDIA H200", "llvmpipe (LLVM 15.0.6, 256 bits)"
+	Type     string   // discrete-gpu, integrated-gpu, cpu, … ("" in the browser)
+	Backend  string   // vulkan, metal, d3d12, … ("webgpu" in the browser)
+	Features []string // every feature the adapter offers
+}
+
+func (a AdapterInfo) String() string {
+	if a.Type == "" {
+		return fmt.Sprintf("%s (%s)", a.Name, a.Backend)
+	}
+	return fmt.Sprintf("%s (%s, %s)", a.Name, a.Backend, a.Type)
+}
+
+// Limits are the device limits webdraft depends on, as granted by the
+// device. Open requests each of them explicitly at the adapter's value
+// (maxBufferSize capped, see maxBufferCap).
+type Limits struct {
+	MaxBufferSize                     uint64
+	MaxStorageBufferBindingSize       uint64
+	MaxUniformBufferBindingSize       uint64
+	MaxStorageBuffersPerShaderStage   uint32
+	MaxComputeWorkgroupStorageSize    uint32
+	MaxComputeInvocationsPerWorkgroup uint32
+	MaxComputeWorkgroupSizeX          uint32
+	MaxComputeWorkgroupsPerDimension  uint32
+	MinStorageBufferOffsetAlignment   uint32
+	MinUniformBufferOffsetAlignment   uint32
+}
+
+// request returns the limits to ask a device for, given the adapter's.
+func (a Limits) request() Limits {
+	r := a
+	r.MaxBufferSize = min(a.MaxBufferSize, maxBufferCap)
+	r.MaxStorageBufferBindingSize = min(a.MaxStorageBufferBindingSize, r.MaxBufferSize)
+	r.MaxUniformBufferBindingSize = min(a.MaxUniformBufferBindingSize, paramsChunkSize)
+	return r
+}
+
+// check reports whether the granted limits are enough to run webdraft's
+// kernels at all (WebGPU's defaults are; a broken driver may not be).
+func (l Limits) check() error {
+	switch {
+	case l.MaxStorageBuffersPerShaderStage < 8:
+		return fmt.Errorf("device allows %d storage buffers per stage, need 8", l.MaxStorageBuffersPerShaderStage)
+	case l.MaxComputeInvocationsPerWorkgroup < 256 || l.MaxComputeWorkgroupSizeX < 256:
+		return fmt.Errorf("device allows %d invocations per workgroup, need 256", l.MaxComputeInvocationsPerWorkgroup)
+	case l.MaxComputeWorkgroupStorageSize < 16<<10:
+		return fmt.Errorf("device allows %d bytes of workgroup storage, need 16 KiB", l.MaxComputeWorkgroupStorageSize)
+	case l.MaxUniformBufferBindingSize < 4<<10:
+		return fmt.Errorf("device allows %d-byte uniform bindings, need 4 KiB", l.MaxUniformBufferBindingSize)
+	case l.MinStorageBufferOffsetAlignment == 0 || l.MinUniformBufferOffsetAlignment == 0:
+		return errors.New("device reports a zero buffer offset alignment")
+	}
+	return nil
+}
+
+// Device is an open WebGPU device with its queue, its pipeline cache and
+// its error scopes. See the package comment on concurrency.
+type Device struct {
+	dev    *wgpu.Device
+	queue  *wgpu.Queue
+	info   AdapterInfo
+	limits Limits
+	f16    bool
+	scopes errorScopes // backend-specific: catch-all error scopes and the lost state
+
+	modules   map[string]*wgpu.ShaderModule // by module name + constants
+	sources   map[string]string             // module name → the source it was first given
+	pipelines map[string]*Pipeline          // by module name + entry + constants
+	chunks    []*wgpu.Buffer                // free uniform chunks for Batch params
+	closed    bool
+}
+
+// Info describes the adapter in use.
+func (d *Device) Info() AdapterInfo { return d.info }
+
+// Limits returns the granted limits.
+func (d *Device) Limits() Limits { return d.limits }
+
+// F16 reports whether the shader-f16 feature is enabled on the device.
+func (d *Device) F16() bool { return d.f16 }
+
+// Close releases the device and everything cached on it. Buffers made on it
+// must not be used afterwards.
+func (d *Device) Close() {
+	if d.closed {
+		return
+	}
+	d.closed = true
+	for _, p := range d.pipelines {
+		p.release()
+	}
+	for _, m := range d.modules {
+		m.Release()
+	}
+	for _, c := range d.chunks {
+		c.Destroy()
+		c.Release()
+	}
+	d.pipelines, d.modules, d.chunks = nil, nil, nil
+	d.scopes.close()
+	d.queue.Release()
+	d.dev.Release()
+}
+
+// check pops the device's catch-all error scopes, pushes them again, and
+// returns what they caught (or that the device is lost), naming op.
+func (d *Device) check(op string) error {
+	if d.closed {
+		return fmt.Errorf("gpu: %s: device is closed", op)
+	}
+	if err := d.scopes.check(); err != nil {
+		return fmt.Errorf("gpu: %s: %w", op, err)
+	}
+	return nil
+}
+
+// newDevice wraps a device fresh from the adapter and opens its error scopes.
+func newDevice(dev *wgpu.Device, info AdapterInfo, limits Limits, f16 bool, scopes errorScopes) (*Device, error) {
+	d := &Device{
+		dev: dev, queue: dev.GetQueue(), info: info, limits: limits, f16: f16, scopes: scopes,
+		modules: map[string]*wgpu.ShaderModule{}, sources: map[string]string{}, pipelines: map[string]*Pipeline{},
+	}
+	if err := limits.check(); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("gpu: %s: %w", info, err)
+	}
+	return d, nil
+}

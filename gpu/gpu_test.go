@@ -1,0 +1,286 @@
+package gpu_test
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"webdraft/gpu"
+	"webdraft/gpu/gputest"
+)
+
+// affine is a test kernel: y[i] = y[i] * p.mul + p.add for i < p.n, with a
+// params struct padded to 256 bytes so that a few hundred dispatches span
+// several uniform chunks.
+var affine = gpu.Kernel{
+	Module: "affine_test.wgsl",
+	Entry:  "main",
+	Source: `
+const WG: u32 = 64u;
+struct Params { n: u32, mul: f32, add: f32, _pad: u32, fill: array<vec4<u32>, 15> }
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+	if gid.x < p.n { y[gid.x] = y[gid.x] * p.mul + p.add; }
+}`,
+	ParamsSize: 256,
+	Storage:    []gpu.Access{gpu.ReadWrite},
+}
+
+func affineParams(n int, mul, add float32) []uint32 {
+	p := make([]uint32, 64)
+	p[0], p[1], p[2] = uint32(n), math.Float32bits(mul), math.Float32bits(add)
+	return p
+}
+
+func TestOpen(t *testing.T) {
+	d := gputest.Device(t)
+	info, l := d.Info(), d.Limits()
+	t.Logf("adapter %s; limits %+v; f16 %v", info, l, d.F16())
+	if info.Name == "" || info.Backend == "" || strings.HasPrefix(info.Name, "0x") {
+		t.Errorf("adapter info %+v lacks a name or backend", info)
+	}
+	if d.F16() && !slices.Contains(info.Features, "shader-f16") {
+		t.Errorf("shader-f16 enabled but not among the adapter's features %v", info.Features)
+	}
+	if l.MaxBufferSize == 0 || l.MaxBufferSize > 1<<31 || l.MaxStorageBufferBindingSize > l.MaxBufferSize {
+		t.Errorf("limits %+v: maxBufferSize not capped at 2 GiB or binding above it", l)
+	}
+}
+
+// TestNoF16 opens a second device without shader-f16, the configuration
+// of browsers that lack it, and runs a batch on it.
+func TestNoF16(t *testing.T) {
+	gputest.Device(t) // skips or fails without an adapter
+	d, err := gpu.Open(gpu.Options{NoF16: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.F16() {
+		t.Error("shader-f16 enabled despite NoF16")
+	}
+	p, err := d.Pipeline(affine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := d.UploadF32("y", []float32{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.NewBatch("no-f16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Dispatch(p, affineParams(2, 3, 1), []gpu.Binding{buf.All()}, 1, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := buf.ReadF32(); err != nil || got[0] != 4 || got[1] != 7 {
+		t.Errorf("got %v, %v; want [4 7]", got, err)
+	}
+	buf.Release()
+	if _, err := buf.ReadF32(); err == nil {
+		t.Error("reading a released buffer succeeded")
+	}
+	d.Close()
+	if _, err := d.NewBuffer("late", 4); err == nil {
+		t.Error("a buffer on a closed device was made")
+	}
+}
+
+// TestBatchRoundTrip chains 300 dependent dispatches in one pass, each with
+// its own params, across several uniform chunks, and checks the result
+// against the same recurrence on the host.
+func TestBatchRoundTrip(t *testing.T) {
+	d := gputest.Device(t)
+	p, err := d.Pipeline(affine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, steps = 1000, 300
+	y := make([]float32, n)
+	for i := range y {
+		y[i] = float32(i%7) - 3
+	}
+	buf, err := d.UploadF32("y", y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Release()
+	b, err := d.NewBatch("affine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range steps {
+		mul, add := float32(1+s%3)/2, float32(s%5)-2
+		if err := b.Dispatch(p, affineParams(n, mul, add), []gpu.Binding{buf.All()}, (n+63)/64, 1, 1); err != nil {
+			t.Fatal(err)
+		}
+		for i := range y {
+			y[i] = y[i]*mul + add
+		}
+	}
+	if b.Len() != steps {
+		t.Errorf("Len = %d, want %d", b.Len(), steps)
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := buf.ReadF32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range y {
+		if got[i] != y[i] {
+			t.Fatalf("y[%d] = %v, want %v", i, got[i], y[i])
+		}
+	}
+}
+
+func TestFillAndPartialRead(t *testing.T) {
+	d := gputest.Device(t)
+	buf, err := d.NewBuffer("poison", 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Release()
+	if err := buf.Fill(gpu.NaN32); err != nil {
+		t.Fatal(err)
+	}
+	if err := buf.WriteU32(8, []uint32{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := buf.Read(4, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprint([]byte{0xad, 0x0b, 0xc0, 0x7f, 1, 0, 0, 0, 2, 0, 0, 0})
+	if got := fmt.Sprint(raw); got != want {
+		t.Errorf("read %s, want %s", got, want)
+	}
+}
+
+func TestSpecialize(t *testing.T) {
+	src := "const WG: u32 = 64u;\nconst TT: u32 = 1u; // rows\nconst K = 3;\n"
+	got, err := gpu.Specialize(src, gpu.Consts{"TT": 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "const WG: u32 = 64u;\nconst TT: u32 = 8u; // rows\nconst K = 3;\n"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if _, err := gpu.Specialize(src, gpu.Consts{"ROWS": 2}); err == nil {
+		t.Error("an undeclared constant was accepted")
+	}
+}
+
+func TestPipelineCache(t *testing.T) {
+	d := gputest.Device(t)
+	a, err := d.Pipeline(affine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := d.Pipeline(affine, nil)
+	c, err := d.Pipeline(affine, gpu.Consts{"WG": 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b || a == c {
+		t.Errorf("cache: same key gave %p and %p; WG=128 gave %p", a, b, c)
+	}
+	other := affine
+	other.Source += "\n"
+	if _, err := d.Pipeline(other, nil); err == nil {
+		t.Error("a second source under the same module name was accepted")
+	}
+}
+
+// TestErrorsAreGoErrors provokes errors at each layer — WGSL, our own
+// checks, the device's validation — and checks that each comes back as an
+// error naming what failed, and that the device still works afterwards.
+func TestErrorsAreGoErrors(t *testing.T) {
+	d := gputest.Device(t)
+	bad := affine
+	bad.Module, bad.Source = "bad_test.wgsl", "fn main( {"
+	if _, err := d.Pipeline(bad, nil); err == nil || !strings.Contains(err.Error(), "bad_test.wgsl") {
+		t.Errorf("bad WGSL: err = %v", err)
+	}
+	if _, err := d.NewBuffer("huge", d.Limits().MaxBufferSize+4); err == nil {
+		t.Error("a buffer over maxBufferSize was accepted")
+	}
+
+	p, err := d.Pipeline(affine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := d.NewBuffer("y", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Release()
+	for name, record := range map[string]func(*gpu.Batch) error{
+		"short params": func(b *gpu.Batch) error {
+			return b.Dispatch(p, []uint32{1}, []gpu.Binding{buf.All()}, 1, 1, 1)
+		},
+		"range past the end": func(b *gpu.Batch) error {
+			return b.Dispatch(p, affineParams(1, 1, 1), []gpu.Binding{buf.Slice(0, 128)}, 1, 1, 1)
+		},
+		"too many workgroups": func(b *gpu.Batch) error {
+			return b.Dispatch(p, affineParams(1, 1, 1), []gpu.Binding{buf.All()}, d.Limits().MaxComputeWorkgroupsPerDimension+1, 1, 1)
+		},
+	} {
+		b, err := d.NewBatch(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := record(b); err == nil {
+			t.Errorf("%s: Dispatch accepted it", name)
+		}
+		if err := b.Submit(); err == nil {
+			t.Errorf("%s: Submit of a spoiled batch succeeded", name)
+		}
+	}
+
+	// A mistake only the device sees: a destroyed buffer in a submission.
+	// wgpu-native would abort the process on it without our error scopes.
+	gone, err := d.NewBuffer("gone", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.NewBatch("destroyed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Dispatch(p, affineParams(16, 1, 1), []gpu.Binding{gone.All()}, 1, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	gone.Release()
+	if err := b.Submit(); err == nil || !strings.Contains(err.Error(), "destroyed") {
+		t.Errorf("submitting a destroyed buffer: err = %v", err)
+	}
+	if err := b.Submit(); err == nil {
+		t.Error("a second Submit succeeded")
+	}
+
+	// The device still works.
+	b, err = d.NewBatch("after")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Dispatch(p, affineParams(8, 2, 1), []gpu.Binding{buf.All()}, 1, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := buf.ReadF32()
+	if err != nil || got[0] != 1 || got[7] != 1 || got[8] != 0 {
+		t.Errorf("after the errors: %v, %v", got, err)
+	}
+}

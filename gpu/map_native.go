@@ -1,0 +1,41 @@
+//go:build !js
+
+package gpu
+
+import (
+	"fmt"
+
+	"github.com/cogentcore/webgpu/wgpu"
+)
+
+// mapRead maps staging (MapRead, size bytes) once the queue is done with it
+// and returns a copy of its contents.
+func (d *Device) mapRead(staging *wgpu.Buffer, size uint64) ([]byte, error) {
+	done := false
+	var status wgpu.BufferMapAsyncStatus
+	if err := staging.MapAsync(wgpu.MapModeRead, 0, size, func(s wgpu.BufferMapAsyncStatus) {
+		status, done = s, true
+	}); err != nil {
+		return nil, err
+	}
+	// Poll(true) blocks until the queue is idle and runs the callbacks; a
+	// second round covers a callback that lands just after.
+	for range 2 {
+		if done {
+			break
+		}
+		d.dev.Poll(true, nil)
+	}
+	if !done {
+		return nil, fmt.Errorf("mapping never completed")
+	}
+	if status != wgpu.BufferMapAsyncStatusSuccess {
+		return nil, fmt.Errorf("mapping failed: %s", status)
+	}
+	out := make([]byte, size)
+	copy(out, staging.GetMappedRange(0, uint(size)))
+	if err := staging.Unmap(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -1,0 +1,189 @@
+package gpu
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/cogentcore/webgpu/wgpu"
+)
+
+// Access says how a kernel uses one of its storage buffers.
+type Access int
+
+const (
+	ReadOnly  Access = iota // var<storage, read>
+	ReadWrite               // var<storage, read_write>
+)
+
+// Kernel is one WGSL compute entry point and the bind-group layout it
+// expects in group 0: a uniform params struct of ParamsSize bytes at
+// binding 0 (absent when ParamsSize is 0), then one storage buffer per
+// element of Storage at bindings 1, 2, ….
+type Kernel struct {
+	Module     string // the .wgsl file name: labels the module and keys the cache
+	Source     string // WGSL text
+	Entry      string // entry point name
+	ParamsSize int    // bytes, a multiple of 16
+	Storage    []Access
+}
+
+// Consts specializes a kernel's tuning constants: name → value of a
+// `const NAME: u32 = …;` declaration in the module (see Specialize).
+type Consts map[string]uint32
+
+// Pipeline is a compiled compute pipeline with its explicit layouts.
+type Pipeline struct {
+	kernel Kernel
+	pipe   *wgpu.ComputePipeline
+	bgl    *wgpu.BindGroupLayout
+	layout *wgpu.PipelineLayout
+}
+
+// Name is "module:entry", for error messages.
+func (p *Pipeline) Name() string { return p.kernel.Module + ":" + p.kernel.Entry }
+
+func (p *Pipeline) release() {
+	p.pipe.Release()
+	p.layout.Release()
+	p.bgl.Release()
+}
+
+// Pipeline returns the compute pipeline for k specialized by consts,
+// compiling it on first use and caching it by module, entry and constants.
+// A module name must always come with the same source.
+func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
+	if d.closed {
+		return nil, fmt.Errorf("gpu: pipeline %s:%s: device is closed", k.Module, k.Entry)
+	}
+	if k.ParamsSize%16 != 0 || k.ParamsSize < 0 {
+		return nil, fmt.Errorf("gpu: pipeline %s:%s: params size %d is not a multiple of 16", k.Module, k.Entry, k.ParamsSize)
+	}
+	if src, ok := d.sources[k.Module]; ok && src != k.Source {
+		return nil, fmt.Errorf("gpu: pipeline %s:%s: module name reused for a different source", k.Module, k.Entry)
+	}
+	d.sources[k.Module] = k.Source
+	modKey := k.Module + constsKey(consts)
+	key := modKey + ":" + k.Entry
+	if p, ok := d.pipelines[key]; ok {
+		return p, nil
+	}
+	p, err := d.newPipeline(k, consts, modKey)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: pipeline %s:%s%s: %w", k.Module, k.Entry, constsKey(consts), err)
+	}
+	d.pipelines[key] = p
+	return p, nil
+}
+
+func (d *Device) newPipeline(k Kernel, consts Consts, modKey string) (*Pipeline, error) {
+	mod, ok := d.modules[modKey]
+	if !ok {
+		src, err := Specialize(k.Source, consts)
+		if err != nil {
+			return nil, err
+		}
+		mod, err = d.dev.CreateShaderModule(&wgpu.ShaderModuleDescriptor{
+			Label:          k.Module,
+			WGSLDescriptor: &wgpu.ShaderModuleWGSLDescriptor{Code: src},
+		})
+		if err != nil {
+			return nil, err
+		}
+		d.modules[modKey] = mod
+	}
+
+	var entries []wgpu.BindGroupLayoutEntry
+	if k.ParamsSize > 0 {
+		entries = append(entries, wgpu.BindGroupLayoutEntry{
+			Binding: 0, Visibility: wgpu.ShaderStageCompute,
+			Buffer: wgpu.BufferBindingLayout{Type: wgpu.BufferBindingTypeUniform, MinBindingSize: uint64(k.ParamsSize)},
+		})
+	}
+	for i, a := range k.Storage {
+		t := wgpu.BufferBindingTypeReadOnlyStorage
+		if a == ReadWrite {
+			t = wgpu.BufferBindingTypeStorage
+		}
+		entries = append(entries, wgpu.BindGroupLayoutEntry{
+			Binding: uint32(i + 1), Visibility: wgpu.ShaderStageCompute,
+			Buffer: wgpu.BufferBindingLayout{Type: t},
+		})
+	}
+	bgl, err := d.dev.CreateBindGroupLayout(&wgpu.BindGroupLayoutDescriptor{Label: k.Module, Entries: entries})
+	if err != nil {
+		return nil, err
+	}
+	layout, err := d.dev.CreatePipelineLayout(&wgpu.PipelineLayoutDescriptor{Label: k.Module, BindGroupLayouts: []*wgpu.BindGroupLayout{bgl}})
+	if err != nil {
+		bgl.Release()
+		return nil, err
+	}
+	pipe, err := d.dev.CreateComputePipeline(&wgpu.ComputePipelineDescriptor{
+		Layout:  layout,
+		Compute: wgpu.ProgrammableStageDescriptor{Module: mod, EntryPoint: k.Entry},
+	})
+	if err == nil {
+		err = d.check("creating pipeline")
+	}
+	if err != nil {
+		if pipe != nil {
+			pipe.Release()
+		}
+		layout.Release()
+		bgl.Release()
+		return nil, err
+	}
+	return &Pipeline{kernel: k, pipe: pipe, bgl: bgl, layout: layout}, nil
+}
+
+// constsKey renders consts in a canonical order, e.g. "{TT=8,WG=64}".
+func constsKey(consts Consts) string {
+	if len(consts) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, name := range slices.Sorted(maps.Keys(consts)) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s=%d", name, consts[name])
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+var constDecl = regexp.MustCompile(`(?m)^const\s+([A-Za-z_][A-Za-z0-9_]*)\s*:\s*u32\s*=\s*[^;]+;`)
+
+// Specialize returns src with the initializer of each top-level
+// `const NAME: u32 = …;` declaration named in consts replaced by its value.
+//
+// It stands in for WGSL pipeline-overridable constants, which the WGSL
+// compiler bundled with the native library does not parse: a tuning
+// constant is declared once in the shader with its default, and a pipeline
+// may replace that value — nothing else in the text changes. Naming a
+// constant the module does not declare is an error.
+func Specialize(src string, consts Consts) (string, error) {
+	if len(consts) == 0 {
+		return src, nil
+	}
+	seen := map[string]bool{}
+	out := constDecl.ReplaceAllStringFunc(src, func(decl string) string {
+		name := constDecl.FindStringSubmatch(decl)[1]
+		v, ok := consts[name]
+		if !ok {
+			return decl
+		}
+		seen[name] = true
+		return fmt.Sprintf("const %s: u32 = %du;", name, v)
+	})
+	for name := range consts {
+		if !seen[name] {
+			return "", fmt.Errorf("specializing: no `const %s: u32` declaration in the module", name)
+		}
+	}
+	return out, nil
+}

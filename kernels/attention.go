@@ -1,0 +1,316 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"webdraft/gpu"
+	"webdraft/shaders"
+)
+
+var (
+	kvWrite = gpu.Kernel{
+		Module: "kv_write.wgsl", Source: shaders.KVWrite, Entry: "main", ParamsSize: 32,
+		// k, v, table, seq, pos, kcache, vcache
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
+	}
+	attnDecode = gpu.Kernel{
+		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", ParamsSize: 32,
+		// q, kcache, vcache, table, seq, pos, part
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
+	}
+	attnMerge = gpu.Kernel{
+		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", ParamsSize: 16,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // part, pos, out
+	}
+	attnPrefill = gpu.Kernel{
+		Module: "attention_prefill.wgsl", Source: shaders.AttentionPrefill, Entry: "main", ParamsSize: 32,
+		// q, kcache, vcache, table, pos, out
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
+	}
+)
+
+const (
+	kvWriteWG        = 64
+	decodeMaxGroup   = 8  // MAX_GROUP in attention_decode.wgsl
+	prefillRows      = 16 // BR in attention_prefill.wgsl
+	prefillKeys      = 16 // BC
+	decodeShortChunk = 64 // context positions per split up to decodeLongAfter
+	decodeLongChunk  = 256
+	decodeLongAfter  = 1024
+)
+
+// KVCache is the paged key/value cache of every layer, shared by many
+// sequences (see kv_write.wgsl for the layout). The pool holds Blocks
+// blocks of BlockSize positions per layer; each sequence slot has a row of
+// MaxBlocks entries in Table mapping its logical blocks to pool blocks.
+// Which blocks a sequence gets is the engine's business (SetBlocks).
+//
+//	K, V  (layers, blocks, kv_heads, block_size, D) f32
+//	Table (seqs, max_blocks) u32
+//
+// The layout is ready for an f16 cache: only the element type changes.
+type KVCache struct {
+	Layers, KVHeads, D, BlockSize, Blocks int
+	Seqs, MaxBlocks                       int
+	K, V, Table                           *gpu.Buffer
+}
+
+// NewKVCache allocates a zeroed cache and an all-zero block table.
+func NewKVCache(d *gpu.Device, layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks int) (*KVCache, error) {
+	c := &KVCache{Layers: layers, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: blocks, Seqs: seqs, MaxBlocks: maxBlocks}
+	for _, v := range []int{layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks} {
+		if v <= 0 {
+			return nil, fmt.Errorf("kernels: kv cache: non-positive size in %+v", *c)
+		}
+	}
+	if align := uint64(d.Limits().MinStorageBufferOffsetAlignment); c.layerBytes()%align != 0 {
+		return nil, fmt.Errorf("kernels: kv cache: a layer's %d bytes are not a multiple of the offset alignment %d", c.layerBytes(), align)
+	}
+	if c.layerBytes() > d.Limits().MaxStorageBufferBindingSize {
+		return nil, fmt.Errorf("kernels: kv cache: a layer's %d bytes exceed one binding (%d)", c.layerBytes(), d.Limits().MaxStorageBufferBindingSize)
+	}
+	var err error
+	size := uint64(layers) * c.layerBytes()
+	if c.K, err = d.NewBuffer("kv.k", size); err != nil {
+		return nil, err
+	}
+	if c.V, err = d.NewBuffer("kv.v", size); err != nil {
+		c.Release()
+		return nil, err
+	}
+	if c.Table, err = d.NewBuffer("kv.table", uint64(seqs*maxBlocks)*4); err != nil {
+		c.Release()
+		return nil, err
+	}
+	return c, nil
+}
+
+// layerBytes is the size of one layer's slice of K or V.
+func (c *KVCache) layerBytes() uint64 {
+	return uint64(c.Blocks) * uint64(c.KVHeads*c.BlockSize*c.D) * 4
+}
+
+// layer binds layer l of K and of V.
+func (c *KVCache) layer(l int) (k, v gpu.Binding) {
+	n := c.layerBytes()
+	return c.K.Slice(uint64(l)*n, n), c.V.Slice(uint64(l)*n, n)
+}
+
+// SetBlocks writes sequence slot seq's block table: its logical block i is
+// pool block blocks[i]. It is ordered before the next submitted batch.
+func (c *KVCache) SetBlocks(seq int, blocks []uint32) error {
+	if seq < 0 || seq >= c.Seqs || len(blocks) > c.MaxBlocks {
+		return fmt.Errorf("kernels: kv cache: slot %d with %d blocks (have %d slots of %d)", seq, len(blocks), c.Seqs, c.MaxBlocks)
+	}
+	for i, b := range blocks {
+		if int(b) >= c.Blocks {
+			return fmt.Errorf("kernels: kv cache: slot %d block %d is %d, pool has %d", seq, i, b, c.Blocks)
+		}
+	}
+	return c.Table.WriteU32(uint64(seq*c.MaxBlocks)*4, blocks)
+}
+
+// Release frees the cache's buffers.
+func (c *KVCache) Release() {
+	for _, b := range []*gpu.Buffer{c.K, c.V, c.Table} {
+		if b != nil {
+			b.Release()
+		}
+	}
+}
+
+// checkRows checks the per-row buffers shared by the attention kernels.
+func (c *KVCache) checkRows(op string, layer, T int, rows map[string]*gpu.Buffer) error {
+	if c == nil {
+		return fmt.Errorf("kernels: %s: nil cache", op)
+	}
+	if layer < 0 || layer >= c.Layers || T <= 0 {
+		return fmt.Errorf("kernels: %s: layer %d of %d, T = %d", op, layer, c.Layers, T)
+	}
+	for name, buf := range rows {
+		if err := need(op, name, buf, T); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// KVWrite records the append of T rows of keys and values to the cache of
+// one layer, row t at position pos[t] of sequence slot seq[t]:
+//
+//	k, v     (T, kv_heads, D) f32 (k after k_norm and RoPE)
+//	seq, pos (T) u32; every position's block must be in the slot's table
+func KVWrite(b *gpu.Batch, c *KVCache, layer int, k, v, seq, pos *gpu.Buffer, T int) error {
+	op := "kv_write"
+	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
+		return err
+	}
+	width := c.KVHeads * c.D
+	if err := need(op, "k", k, T*width); err != nil {
+		return err
+	}
+	if err := need(op, "v", v, T*width); err != nil {
+		return err
+	}
+	p, err := b.Device().Pipeline(kvWrite, nil)
+	if err != nil {
+		return err
+	}
+	kc, vc := c.layer(layer)
+	rows := uint64(T) * 4
+	binds := []gpu.Binding{k.Slice(0, rows*uint64(width)), v.Slice(0, rows*uint64(width)), c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), kc, vc}
+	params := []uint32{uint32(T), uint32(c.KVHeads), uint32(c.D), uint32(c.BlockSize), uint32(c.MaxBlocks), 0, 0, 0}
+	if err := b.Dispatch(p, params, binds, divCeil(width, kvWriteWG), uint32(T), 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}
+
+// attentionScale is 1/sqrt(D) as reference.Attention computes it.
+func attentionScale(D int) uint32 { return math.Float32bits(float32(1 / math.Sqrt(float64(D)))) }
+
+// checkHeads checks the head layout for attention over c.
+func (c *KVCache) checkHeads(op string, heads int) error {
+	if heads <= 0 || heads%c.KVHeads != 0 {
+		return fmt.Errorf("kernels: %s: %d query heads for %d kv heads", op, heads, c.KVHeads)
+	}
+	return nil
+}
+
+// DecodeSplits is the number of splits AttentionDecode uses for contexts of
+// up to maxLen positions.
+func (c *KVCache) DecodeSplits(maxLen int) int {
+	return (maxLen + decodeChunk(maxLen) - 1) / decodeChunk(maxLen)
+}
+
+// DecodeScratch is the number of f32 values AttentionDecode's scratch
+// buffer needs for T rows of heads query heads and contexts of up to maxLen
+// positions: (T, heads, splits, D + 2).
+func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
+	return T * heads * c.DecodeSplits(maxLen) * (c.D + 2)
+}
+
+// decodeChunk is the context positions per split: short splits keep a
+// short context spread over enough workgroups.
+func decodeChunk(maxLen int) int {
+	if maxLen <= decodeLongAfter {
+		return decodeShortChunk
+	}
+	return decodeLongChunk
+}
+
+// AttentionDecode records causal GQA attention for T single query rows,
+// each of its own sequence slot and position, over layer's cache — split
+// over the context, then merged:
+//
+//	q        (T, heads, D) f32, after q_norm and RoPE
+//	seq, pos (T) u32: row t attends to positions 0 … pos[t] of slot seq[t]
+//	maxLen   ≥ pos[t]+1 for every row (a row beyond it comes out NaN)
+//	scratch  ≥ c.DecodeScratch(T, heads, maxLen) f32 values
+//	out      (T, heads, D) f32
+//
+// The rows' own keys and values must already be in the cache (KVWrite).
+func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos, scratch *gpu.Buffer, T, heads, maxLen int) error {
+	op := "attention_decode"
+	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
+		return err
+	}
+	if err := c.checkHeads(op, heads); err != nil {
+		return err
+	}
+	if group := heads / c.KVHeads; group > decodeMaxGroup {
+		return fmt.Errorf("kernels: %s: %d query heads per kv head, at most %d", op, group, decodeMaxGroup)
+	}
+	if maxLen <= 0 {
+		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
+	}
+	n := T * heads * c.D
+	splits := c.DecodeSplits(maxLen)
+	for _, x := range []struct {
+		name string
+		buf  *gpu.Buffer
+		n    int
+	}{{"q", q, n}, {"out", out, n}, {"scratch", scratch, c.DecodeScratch(T, heads, maxLen)}} {
+		if err := need(op, x.name, x.buf, x.n); err != nil {
+			return err
+		}
+	}
+	consts := gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(decodeChunk(maxLen))}
+	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(decodeMaxGroup*c.D+decodeMaxGroup*decodeChunk(maxLen)+decodeChunk(maxLen)+16)); err != nil {
+		return err
+	}
+	split, err := b.Device().Pipeline(attnDecode, consts)
+	if err != nil {
+		return err
+	}
+	merge, err := b.Device().Pipeline(attnMerge, consts)
+	if err != nil {
+		return err
+	}
+	kc, vc := c.layer(layer)
+	rows := uint64(T) * 4
+	part := scratch.Slice(0, uint64(c.DecodeScratch(T, heads, maxLen))*4)
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), 0}
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part}
+	if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	binds = []gpu.Binding{part, pos.Slice(0, rows), out.Slice(0, uint64(n)*4)}
+	if err := b.Dispatch(merge, []uint32{uint32(T), uint32(heads), uint32(splits), 0}, binds, uint32(heads), uint32(T), 1); err != nil {
+		return fmt.Errorf("kernels: %s: merge: %w", op, err)
+	}
+	return nil
+}
+
+// AttentionPrefill records causal GQA attention for T query rows of one
+// sequence slot over layer's cache, tiled:
+//
+//	q    (T, heads, D) f32, after q_norm and RoPE
+//	pos  (T) u32: row t attends to positions 0 … pos[t] of slot seq
+//	out  (T, heads, D) f32
+//
+// Every position up to the largest pos, the rows' own included, must be in
+// the cache (KVWrite). D must be a multiple of 16.
+func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq int, pos *gpu.Buffer, T, heads int) error {
+	op := "attention_prefill"
+	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"pos": pos}); err != nil {
+		return err
+	}
+	if err := c.checkHeads(op, heads); err != nil {
+		return err
+	}
+	if seq < 0 || seq >= c.Seqs || c.D%prefillKeys != 0 {
+		return fmt.Errorf("kernels: %s: slot %d of %d, head_dim %d (need a multiple of %d)", op, seq, c.Seqs, c.D, prefillKeys)
+	}
+	n := T * heads * c.D
+	if err := need(op, "q", q, n); err != nil {
+		return err
+	}
+	if err := need(op, "out", out, n); err != nil {
+		return err
+	}
+	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(prefillKeys*c.D+prefillRows*prefillKeys+3*prefillRows+1)); err != nil {
+		return err
+	}
+	p, err := b.Device().Pipeline(attnPrefill, gpu.Consts{"D": uint32(c.D)})
+	if err != nil {
+		return err
+	}
+	kc, vc := c.layer(layer)
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(seq), attentionScale(c.D), 0}
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), pos.Slice(0, uint64(T)*4), out.Slice(0, uint64(n)*4)}
+	if err := b.Dispatch(p, params, binds, uint32(heads), divCeil(T, prefillRows), 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}
+
+// checkWorkgroupMemory reports a kernel whose workgroup memory (bytes, for
+// this head_dim) exceeds the device's limit, before WGSL compilation would.
+func (c *KVCache) checkWorkgroupMemory(d *gpu.Device, op string, bytes int) error {
+	if lim := d.Limits().MaxComputeWorkgroupStorageSize; uint32(bytes) > lim {
+		return fmt.Errorf("kernels: %s: head_dim %d needs %d bytes of workgroup memory, the device allows %d", op, c.D, bytes, lim)
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"webdraft/gpu"
+	"webdraft/gpu/gputest"
+	"webdraft/qwen3"
+	"webdraft/reference"
+)
+
+// testCache is a KV cache filled through KVWrite with random histories,
+// and the same histories on the host.
+type testCache struct {
+	c     *KVCache
+	layer int
+	k, v  [][]float32 // per slot: (len, kv_heads*D)
+}
+
+// newTestCache makes a 2-layer cache with a slot per entry of lens, maps
+// each slot's blocks to a shuffled set of pool blocks, and writes random
+// keys and values for positions 0 … lens[s]-1 of every slot into layer 1.
+func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSize int, lens []int) *testCache {
+	t.Helper()
+	maxBlocks, total := 0, 0
+	for _, n := range lens {
+		nb := (n + blockSize - 1) / blockSize
+		maxBlocks, total = max(maxBlocks, nb), total+nb
+	}
+	pool := total + 3 // some blocks no slot uses
+	c, err := NewKVCache(d, 2, kvHeads, D, blockSize, pool, len(lens), maxBlocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Release)
+	perm := r.Perm(pool)
+	tc := &testCache{c: c, layer: 1}
+	width := kvHeads * D
+	var k, v []float32
+	var seq, pos []uint32
+	for s, n := range lens {
+		nb := (n + blockSize - 1) / blockSize
+		blocks := make([]uint32, nb)
+		for i := range blocks {
+			blocks[i] = uint32(perm[0])
+			perm = perm[1:]
+		}
+		if err := c.SetBlocks(s, blocks); err != nil {
+			t.Fatal(err)
+		}
+		ks, vs := randVec(r, n*width, 1), randVec(r, n*width, 1)
+		tc.k, tc.v = append(tc.k, ks), append(tc.v, vs)
+		k, v = append(k, ks...), append(v, vs...)
+		for j := range n {
+			seq, pos = append(seq, uint32(s)), append(pos, uint32(j))
+		}
+	}
+	kb, vb := upload(t, d, "k", k), upload(t, d, "v", v)
+	sb, pb := uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
+	run(t, d, "kv_write", func(b *gpu.Batch) error { return KVWrite(b, c, tc.layer, kb, vb, sb, pb, len(seq)) })
+	return tc
+}
+
+func TestKVWrite(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	const kvHeads, D, bs = 2, 64, 16
+	tc := newTestCache(t, d, r, kvHeads, D, bs, []int{1, 40, 17})
+	table, err := tc.c.Table.ReadU32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, buf := range map[string]*gpu.Buffer{"k": tc.c.K, "v": tc.c.V} {
+		all, err := buf.ReadF32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		layer := all[int(tc.c.layerBytes()/4)*tc.layer:]
+		hist := tc.k
+		if name == "v" {
+			hist = tc.v
+		}
+		for s, h := range hist {
+			for j := range len(h) / (kvHeads * D) {
+				block := int(table[s*tc.c.MaxBlocks+j/bs])
+				for head := range kvHeads {
+					at := ((block*kvHeads+head)*bs + j%bs) * D
+					want := h[(j*kvHeads+head)*D : (j*kvHeads+head+1)*D]
+					if got := layer[at : at+D]; relErr(got, want) != 0 {
+						t.Fatalf("%s: slot %d position %d head %d: got %v…, want %v…", name, s, j, head, got[:2], want[:2])
+					}
+				}
+			}
+		}
+	}
+}
+
+// attnShape is one random attention case.
+type attnShape struct{ kvHeads, group, D, blockSize int }
+
+func randAttnShape(r *rand.Rand) attnShape {
+	return attnShape{
+		kvHeads:   []int{1, 2, 4}[r.IntN(3)],
+		group:     []int{1, 2, 4, 8}[r.IntN(4)],
+		D:         []int{64, 128}[r.IntN(2)],
+		blockSize: []int{16, 32}[r.IntN(2)],
+	}
+}
+
+func (s attnShape) config() *qwen3.Config {
+	return &qwen3.Config{HeadDim: s.D, NumAttentionHeads: s.kvHeads * s.group, NumKeyValueHeads: s.kvHeads}
+}
+
+func TestAttentionDecode(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for i := range 10 {
+		s := randAttnShape(r)
+		slots := 1 + r.IntN(4)
+		lens := make([]int, slots)
+		for j := range lens {
+			lens[j] = 1 + r.IntN(300)
+		}
+		if i == 0 { // one long context: 256-position splits
+			s, lens = attnShape{kvHeads: 1, group: 2, D: 64, blockSize: 16}, []int{1500}
+		}
+		T := []int{1, 1, 3, 8}[r.IntN(4)]
+		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v", s.kvHeads, s.group, s.D, s.blockSize, T, lens)
+		t.Run(name, func(t *testing.T) { testAttentionDecode(t, d, r, s, lens, T) })
+	}
+}
+
+// testAttentionDecode runs T decode rows, each on a random slot at a random
+// position of its history, against reference.Attention on that history.
+func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape, lens []int, T int) {
+	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, lens)
+	cfg := s.config()
+	qDim := cfg.QDim()
+	q := randVec(r, T*qDim, 1)
+	seq, pos := make([]uint32, T), make([]uint32, T)
+	want := make([]float32, T*qDim)
+	maxLen := 0
+	for row := range T {
+		slot := r.IntN(len(lens))
+		p := r.IntN(lens[slot])
+		if row == 0 {
+			p = lens[slot] - 1 // the longest context the slot has
+		}
+		seq[row], pos[row] = uint32(slot), uint32(p)
+		maxLen = max(maxLen, p+1)
+		kv := (p + 1) * cfg.KVDim()
+		reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[slot][:kv], tc.v[slot][:kv], 1, p, cfg)
+	}
+	qb, sb, pb := upload(t, d, "q", q), uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
+	scratch := poisoned(t, d, "scratch", tc.c.DecodeScratch(T, cfg.NumAttentionHeads, maxLen))
+	out := poisoned(t, d, "out", T*qDim)
+	run(t, d, "decode", func(b *gpu.Batch) error {
+		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, scratch, T, cfg.NumAttentionHeads, maxLen)
+	})
+	t.Logf("%d splits", tc.c.DecodeSplits(maxLen))
+	checkClose(t, "out", readF32(t, out, T*qDim), want, tolF32)
+}
+
+func TestAttentionPrefill(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for range 10 {
+		s := randAttnShape(r)
+		T := []int{1, 5, 16, 17, 64}[r.IntN(5)]
+		P := []int{0, r.IntN(200)}[r.IntN(2)]
+		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d", s.kvHeads, s.group, s.D, s.blockSize, T, P), func(t *testing.T) {
+			// Slot 1 is the sequence; slot 0 holds another one's blocks.
+			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{1 + r.IntN(50), P + T})
+			cfg := s.config()
+			q := randVec(r, T*cfg.QDim(), 1)
+			pos := make([]uint32, T)
+			for i := range pos {
+				pos[i] = uint32(P + i)
+			}
+			want := make([]float32, len(q))
+			reference.Attention(want, q, tc.k[1], tc.v[1], T, P, cfg)
+			qb, pb := upload(t, d, "q", q), uploadU32(t, d, "pos", pos)
+			out := poisoned(t, d, "out", len(q))
+			run(t, d, "prefill", func(b *gpu.Batch) error {
+				return AttentionPrefill(b, out, qb, tc.c, tc.layer, 1, pb, T, cfg.NumAttentionHeads)
+			})
+			checkClose(t, "out", readF32(t, out, len(q)), want, tolF32)
+		})
+	}
+}
+
+// TestAttentionDecodeShortMaxLen checks that a row whose context exceeds
+// the maxLen it was recorded with comes out NaN rather than truncated.
+func TestAttentionDecodeShortMaxLen(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	s := attnShape{kvHeads: 1, group: 2, D: 64, blockSize: 16}
+	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{100})
+	cfg := s.config()
+	qb := upload(t, d, "q", randVec(r, cfg.QDim(), 1))
+	sb, pb := uploadU32(t, d, "seq", []uint32{0}), uploadU32(t, d, "pos", []uint32{99})
+	scratch := poisoned(t, d, "scratch", tc.c.DecodeScratch(1, 2, 64))
+	out := poisoned(t, d, "out", cfg.QDim())
+	if err := out.Fill(0); err != nil {
+		t.Fatal(err)
+	}
+	run(t, d, "decode", func(b *gpu.Batch) error {
+		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, scratch, 1, 2, 64)
+	})
+	if got := readF32(t, out, cfg.QDim()); got[0] == got[0] {
+		t.Errorf("out[0] = %v, want NaN", got[0])
+	}
+}

@@ -1,0 +1,97 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"webdraft/gpu/gputest"
+	"webdraft/tensor"
+)
+
+// BenchmarkMatMulInt4 measures the int4 matmul at Qwen3-1.7B's shapes
+// (q/o_proj 2048→2048, gate/up 2048→6144, down 6144→2048, the tied head
+// 2048→151936) for decode (T=1) and, but for the head, a prefill tile
+// (T=64), reporting the effective bandwidth: the bytes of weights, scales,
+// x and out per matmul over its time. Each batch holds reps matmuls (one
+// submit and one wait). On lavapipe (128 MiB bindings) the head runs as two
+// row blocks.
+func BenchmarkMatMulInt4(b *testing.B) {
+	d := gputest.Device(b)
+	const reps = 16
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, s := range []struct {
+		name string
+		N, K int
+		Ts   []int
+	}{
+		{"q_proj_2048x2048", 2048, 2048, []int{1, 64}},
+		{"gate_proj_2048x6144", 6144, 2048, []int{1, 64}},
+		{"down_proj_6144x2048", 2048, 6144, []int{1, 64}},
+		{"lm_head_2048x151936", 151936, 2048, []int{1}}, // drafting needs the last row's logits only
+	} {
+		m := randInt4(r, s.N, s.K, tensor.DefaultGroupSize)
+		if size := uint64(len(m.QWeight)) * 4; size > d.Limits().MaxBufferSize {
+			b.Logf("%s: skipped: %d-byte weights exceed this adapter's maxBufferSize %d", s.name, size, d.Limits().MaxBufferSize)
+			continue
+		}
+		w, err := UploadMatrix(d, s.name, m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, T := range s.Ts {
+			b.Run(fmt.Sprintf("%s/T%d", s.name, T), func(b *testing.B) {
+				x, err := d.UploadF32("x", make([]float32, T*s.K))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer x.Release()
+				out, err := d.NewBuffer("out", uint64(T*s.N)*4)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer out.Release()
+				bytes := float64(len(m.QWeight)*4 + len(m.Scales)*2 + 4*T*(s.K+s.N))
+				batch := func() {
+					bt, err := d.NewBatch("bench")
+					if err != nil {
+						b.Fatal(err)
+					}
+					for range reps {
+						if err := MatMul(bt, out, x, w, T, false); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := bt.Submit(); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := out.Read(0, 4); err != nil { // waits for the batch
+						b.Fatal(err)
+					}
+				}
+				batch() // compile the pipeline and warm up
+				b.ResetTimer()
+				for b.Loop() {
+					batch()
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N*reps)
+				b.ReportMetric(bytes/sec/1e9, "GB/s")
+				b.ReportMetric(sec*1e6, "µs/matmul")
+			})
+		}
+		w.Release()
+	}
+}
+
+// randInt4 returns an int4 matrix of random codes and scales (quantizing a
+// random f32 matrix of the head's size would take seconds).
+func randInt4(r *rand.Rand, n, k, g int) *tensor.Int4 {
+	m := &tensor.Int4{Rows: n, Cols: k, GroupSize: g, QWeight: make([]uint32, n*k/8), Scales: make([]uint16, n*k/g)}
+	for i := range m.QWeight {
+		m.QWeight[i] = r.Uint32()
+	}
+	for i := range m.Scales {
+		m.Scales[i] = tensor.F32ToF16(0.01 * float32(1+r.IntN(8)))
+	}
+	return m
+}

@@ -1,0 +1,165 @@
+package kernels
+
+import (
+	"flag"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"webdraft/gpu"
+	"webdraft/tensor"
+)
+
+var seed = flag.Uint64("seed", 0, "random seed for the kernel tests (0: from the clock)")
+
+// newRand returns a fresh generator and logs its seed, so that a failure
+// can be replayed with -seed.
+func newRand(t *testing.T) *rand.Rand {
+	s := *seed
+	if s == 0 {
+		s = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (replay with -seed %d)", s, s)
+	return rand.New(rand.NewPCG(s, 0x5eed))
+}
+
+// randVec returns n normal values times scale.
+func randVec(r *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * scale)
+	}
+	return v
+}
+
+// randMatrix returns a random (n, k) matrix in format f, and the same
+// matrix as the reference engine reads it.
+func randMatrix(t *testing.T, r *rand.Rand, f Format, n, k, g int) tensor.Matrix {
+	t.Helper()
+	w := randVec(r, n*k, 0.05)
+	switch f {
+	case Int4:
+		m, err := tensor.QuantizeInt4(w, n, k, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	case F16:
+		m := &tensor.F16{Rows: n, Cols: k, Data: make([]uint16, len(w))}
+		for i, v := range w {
+			m.Data[i] = tensor.F32ToF16(v)
+		}
+		return m
+	}
+	return &tensor.F32{Rows: n, Cols: k, Data: w}
+}
+
+func upload(t *testing.T, d *gpu.Device, name string, v []float32) *gpu.Buffer {
+	t.Helper()
+	b, err := d.UploadF32(name, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Release)
+	return b
+}
+
+func uploadU32(t *testing.T, d *gpu.Device, name string, v []uint32) *gpu.Buffer {
+	t.Helper()
+	b, err := d.UploadU32(name, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Release)
+	return b
+}
+
+// poisoned returns a buffer of n words filled with NaN, so that an output
+// a kernel fails to write shows up.
+func poisoned(t *testing.T, d *gpu.Device, name string, n int) *gpu.Buffer {
+	t.Helper()
+	b, err := d.NewBuffer(name, uint64(n)*4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Release)
+	if err := b.Fill(gpu.NaN32); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// run records ops into one batch and submits it.
+func run(t *testing.T, d *gpu.Device, label string, record func(b *gpu.Batch) error) {
+	t.Helper()
+	b, err := d.NewBatch(label)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := record(b); err != nil {
+		b.Discard()
+		t.Fatal(err)
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readF32(t *testing.T, b *gpu.Buffer, n int) []float32 {
+	t.Helper()
+	v, err := b.ReadF32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v[:n]
+}
+
+// relErr is max|got − want| / max|want| (CONTRACTS.md §5); a NaN or Inf in
+// got (an unwritten, poisoned output) makes it +Inf.
+func relErr(got, want []float32) float64 {
+	var diff, ref float64
+	for i, w := range want {
+		g := float64(got[i])
+		if math.IsNaN(g) || math.IsInf(g, 0) {
+			return math.Inf(1)
+		}
+		diff = max(diff, math.Abs(g-float64(w)))
+		ref = max(ref, math.Abs(float64(w)))
+	}
+	if ref == 0 {
+		return diff
+	}
+	return diff / ref
+}
+
+// Tolerances of CONTRACTS.md §5.
+const (
+	tolF32 = 1e-5 // f32 math
+	tolF16 = 2e-3 // f16 storage or math
+)
+
+func checkClose(t *testing.T, what string, got, want []float32, tol float64) {
+	t.Helper()
+	e := relErr(got, want)
+	t.Logf("%s: relative error %.3g", what, e)
+	if e > tol {
+		i := worst(got, want)
+		t.Errorf("%s: relative error %.3g > %g (worst at %d: got %v, want %v)", what, e, tol, i, got[i], want[i])
+	}
+}
+
+// worst returns the index of the largest difference (or the first NaN).
+func worst(got, want []float32) int {
+	best, bi := -1.0, 0
+	for i := range want {
+		d := math.Abs(float64(got[i] - want[i]))
+		if math.IsNaN(d) {
+			return i
+		}
+		if d > best {
+			best, bi = d, i
+		}
+	}
+	return bi
+}

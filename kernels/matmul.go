@@ -1,0 +1,113 @@
+package kernels
+
+import (
+	"fmt"
+
+	"webdraft/gpu"
+	"webdraft/shaders"
+)
+
+var (
+	matMulInt4 = gpu.Kernel{
+		Module: "matmul_int4.wgsl", Source: shaders.MatMulInt4, Entry: "main", ParamsSize: 32,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, qweight, scales, out
+	}
+	matMulF16 = gpu.Kernel{
+		Module: "matmul_dense.wgsl", Source: shaders.MatMulDense, Entry: "dense_f16", ParamsSize: 32,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, w, out
+	}
+	matMulF32 = gpu.Kernel{
+		Module: "matmul_dense.wgsl", Source: shaders.MatMulDense, Entry: "dense_f32", ParamsSize: 32,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, w, out
+	}
+)
+
+// The matmul kernels' tiling (see the header of matmul_int4.wgsl).
+const (
+	matMulWG   = 64 // threads per workgroup
+	matMulRows = 4  // output features per workgroup
+)
+
+// matMulTT returns the activation rows per workgroup for T rows: 1 for
+// decode, a tile of 4 or 8 for prefill.
+func matMulTT(T int) uint32 {
+	switch {
+	case T == 1:
+		return 1
+	case T <= 4:
+		return 4
+	}
+	return 8
+}
+
+// MatMul records out = x · Wᵀ, or out += x · Wᵀ when accumulate (a residual
+// added in place), like nn.Linear without bias:
+//
+//	x   (T, K) f32
+//	w   (N, K) any Format
+//	out (T, N) f32
+//
+// T is 1…64 in practice (any T ≥ 1 works). A matrix too large for one
+// storage binding is split into row blocks, one dispatch each.
+func MatMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool) error {
+	return matMul(b, out, x, w, T, accumulate, b.Device().Limits().MaxStorageBufferBindingSize)
+}
+
+// matMul is MatMul with the binding limit as a parameter, so that tests can
+// exercise the row-block split on small matrices.
+func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool, maxBinding uint64) error {
+	if w == nil {
+		return fmt.Errorf("kernels: matmul: nil matrix")
+	}
+	op := "matmul " + w.Name
+	if T <= 0 {
+		return fmt.Errorf("kernels: %s: T = %d", op, T)
+	}
+	if err := need(op, "x", x, T*w.K); err != nil {
+		return err
+	}
+	if err := need(op, "out", out, T*w.N); err != nil {
+		return err
+	}
+	if uint64(T)*uint64(w.K)*4 > maxBinding || uint64(T)*uint64(w.N)*4 > maxBinding {
+		return fmt.Errorf("kernels: %s: %d activation rows exceed one binding", op, T)
+	}
+	var k gpu.Kernel
+	switch w.Format {
+	case Int4:
+		k = matMulInt4
+	case F16:
+		k = matMulF16
+	case F32:
+		k = matMulF32
+	default:
+		return fmt.Errorf("kernels: %s: unknown format %v", op, w.Format)
+	}
+	d := b.Device()
+	tt := matMulTT(T)
+	p, err := d.Pipeline(k, gpu.Consts{"TT": tt})
+	if err != nil {
+		return err
+	}
+	align := d.Limits().MinStorageBufferOffsetAlignment
+	blocks, err := w.rowBlocks(maxBinding, align)
+	if err != nil {
+		return err
+	}
+	acc := uint32(0)
+	if accumulate {
+		acc = 1
+	}
+	for _, blk := range blocks {
+		// out[t][n0 + n] for t < T, n < blk.n: the binding starts at column
+		// n0 of row 0 and ends after column n0+n-1 of row T-1.
+		outBind := out.Slice(uint64(blk.n0)*4, uint64((T-1)*w.N+blk.n)*4)
+		binds := append([]gpu.Binding{x.Slice(0, uint64(T*w.K)*4)}, w.bindRows(blk)...)
+		binds = append(binds, outBind)
+		params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), acc, 0, 0}
+		if err := b.Dispatch(p, params, binds, divCeil(blk.n, matMulRows), divCeil(T, int(tt)), 1); err != nil {
+			return fmt.Errorf("kernels: %s: %w", op, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"webdraft/gpu"
+	"webdraft/gpu/gputest"
+	"webdraft/reference"
+)
+
+// matMulShape is one random case: T activation rows, W (N, K), group G.
+type matMulShape struct{ T, N, K, G int }
+
+// randMatMulShapes returns the extremes of T with an odd N, and n random
+// shapes. Outputs number at least 16: the contract's error measure is
+// relative to max|ref|, which a single output can make tiny by cancellation
+// (and so fail on rounding alone).
+func randMatMulShapes(r *rand.Rand, n int) []matMulShape {
+	shapes := []matMulShape{{1, 17, 32, 32}, {64, 67, 96, 32}}
+	for range n {
+		g := []int{32, 32, 64, 128}[r.IntN(4)]
+		shapes = append(shapes, matMulShape{
+			T: []int{1, 1, 2, 3, 5, 8, 13, 64, 1 + r.IntN(64)}[r.IntN(9)],
+			N: 16 + r.IntN(300),
+			K: g * (1 + r.IntN(512/g)),
+			G: g,
+		})
+	}
+	return shapes
+}
+
+func TestMatMul(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, f := range []Format{Int4, F16, F32} {
+		for _, s := range randMatMulShapes(r, 10) {
+			for _, accumulate := range []bool{false, true} {
+				name := fmt.Sprintf("%v/T%d_N%d_K%d_G%d/acc=%v", f, s.T, s.N, s.K, s.G, accumulate)
+				t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, 0) })
+			}
+		}
+	}
+}
+
+// TestMatMulRowBlocks forces a tiny binding limit so that W is split into
+// several row blocks writing column slices of one output.
+func TestMatMulRowBlocks(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, f := range []Format{Int4, F16, F32} {
+		s := matMulShape{T: 3, N: 1000, K: 64, G: 32}
+		t.Run(f.String(), func(t *testing.T) { testMatMul(t, d, r, f, s, true, 32<<10) })
+	}
+}
+
+// testMatMul checks MatMul against reference.MatMul on fresh random inputs;
+// maxBinding 0 means the device's own limit.
+func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, maxBinding uint64) {
+	m := randMatrix(t, r, f, s.N, s.K, s.G)
+	x := randVec(r, s.T*s.K, 1)
+	want := make([]float32, s.T*s.N)
+	reference.MatMul(want, x, m, s.T)
+
+	w, err := UploadMatrix(d, "w", m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Release()
+	xb := upload(t, d, "x", x)
+	var out *gpu.Buffer
+	if accumulate {
+		residual := randVec(r, s.T*s.N, 1)
+		out = upload(t, d, "out", residual)
+		reference.Add(want, residual)
+	} else {
+		out = poisoned(t, d, "out", s.T*s.N)
+	}
+	if maxBinding == 0 {
+		maxBinding = d.Limits().MaxStorageBufferBindingSize
+	}
+	run(t, d, "matmul", func(b *gpu.Batch) error { return matMul(b, out, xb, w, s.T, accumulate, maxBinding) })
+	checkClose(t, "out", readF32(t, out, s.T*s.N), want, tolF32)
+}
+
+func TestMatMulRejectsBadShapes(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	w, err := UploadMatrix(d, "w", randMatrix(t, r, Int4, 8, 64, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Release()
+	small := poisoned(t, d, "small", 10)
+	x := poisoned(t, d, "x", 2*64)
+	for name, call := range map[string]func(b *gpu.Batch) error{
+		"T=0":       func(b *gpu.Batch) error { return MatMul(b, small, x, w, 0, false) },
+		"short out": func(b *gpu.Batch) error { return MatMul(b, small, x, w, 2, false) },
+		"short x":   func(b *gpu.Batch) error { return MatMul(b, x, small, w, 2, false) },
+	} {
+		b, err := d.NewBatch(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := call(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+		b.Discard()
+	}
+}

@@ -1,0 +1,52 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"webdraft/gpu"
+	"webdraft/shaders"
+)
+
+var rmsNorm = gpu.Kernel{
+	Module: "rmsnorm.wgsl", Source: shaders.RMSNorm, Entry: "main", ParamsSize: 16,
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, weight, out
+}
+
+// RMSNorm records out[r] = rmsnorm(x[r]) · weight for R rows of n values
+// (Qwen3RMSNorm, f32 math):
+//
+//	x      (R, n) f32
+//	weight (n) f32
+//	out    (R, n) f32, a different buffer from x
+//
+// Hidden norms are R = T, n = H; the per-head q/k norms R = T·heads, n = D.
+func RMSNorm(b *gpu.Batch, out, x, weight *gpu.Buffer, R, n int, eps float64) error {
+	op := "rmsnorm"
+	if R <= 0 || n <= 0 {
+		return fmt.Errorf("kernels: %s: shape (%d, %d)", op, R, n)
+	}
+	for _, c := range []struct {
+		name string
+		buf  *gpu.Buffer
+		n    int
+	}{{"x", x, R * n}, {"weight", weight, n}, {"out", out, R * n}} {
+		if err := need(op, c.name, c.buf, c.n); err != nil {
+			return err
+		}
+	}
+	wg := uint32(256) // hidden rows; a head row (D = 128) keeps 64 threads busy
+	if n <= 256 {
+		wg = 64
+	}
+	p, err := b.Device().Pipeline(rmsNorm, gpu.Consts{"WG": wg})
+	if err != nil {
+		return err
+	}
+	params := []uint32{uint32(R), uint32(n), math.Float32bits(float32(eps)), 0}
+	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(R*n)*4)}
+	if err := b.Dispatch(p, params, binds, uint32(R), 1, 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}

@@ -1,0 +1,299 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"webdraft/gpu"
+	"webdraft/gpu/gputest"
+	"webdraft/reference"
+)
+
+func TestEmbed(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, f := range []Format{Int4, F16, F32} {
+		for range 3 {
+			V, H, T := 1+r.IntN(500), 32*(1+r.IntN(16)), []int{1, 7, 64}[r.IntN(3)]
+			t.Run(fmt.Sprintf("%v/V%d_H%d_T%d", f, V, H, T), func(t *testing.T) {
+				m := randMatrix(t, r, f, V, H, 32)
+				ids := make([]uint32, T)
+				want := make([]float32, T*H)
+				for i := range ids {
+					ids[i] = uint32(r.IntN(V))
+					m.Row(int(ids[i]), want[i*H:(i+1)*H])
+				}
+				e, err := UploadMatrix(d, "embed", m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Release()
+				idb := uploadU32(t, d, "ids", ids)
+				out := poisoned(t, d, "out", T*H)
+				run(t, d, "embed", func(b *gpu.Batch) error { return Embed(b, out, idb, e, T) })
+				if got := readF32(t, out, T*H); relErr(got, want) != 0 {
+					t.Errorf("gather differs from the table rows (relative error %g)", relErr(got, want))
+				}
+			})
+		}
+	}
+}
+
+func TestEmbedBadIDIsNaN(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, f := range []Format{Int4, F16, F32} {
+		e, err := UploadMatrix(d, "embed", randMatrix(t, r, f, 10, 32, 32))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Release()
+		ids := uploadU32(t, d, "ids", []uint32{3, 10})
+		out := poisoned(t, d, "out", 64)
+		if err := out.Fill(0); err != nil {
+			t.Fatal(err)
+		}
+		run(t, d, "embed", func(b *gpu.Batch) error { return Embed(b, out, ids, e, 2) })
+		got := readF32(t, out, 64)
+		for i, v := range got {
+			if isNaN := math.IsNaN(float64(v)); isNaN != (i >= 32) {
+				t.Errorf("%v: out[%d] = %v: want NaN exactly in the row of the bad id", f, i, v)
+				break
+			}
+		}
+	}
+}
+
+func TestRMSNorm(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	type shape struct{ R, n int }
+	var shapes []shape
+	for range 4 {
+		shapes = append(shapes,
+			shape{R: []int{1, 5, 64}[r.IntN(3)], n: 8 * (1 + r.IntN(512))},              // hidden rows
+			shape{R: (1 + r.IntN(64)) * (1 + r.IntN(16)), n: []int{64, 128}[r.IntN(2)]}, // head rows
+		)
+	}
+	for _, s := range shapes {
+		t.Run(fmt.Sprintf("R%d_n%d", s.R, s.n), func(t *testing.T) {
+			x := randVec(r, s.R*s.n, 3)
+			w := randVec(r, s.n, 0.2)
+			for i := range w {
+				w[i]++
+			}
+			const eps = 1e-6
+			want := make([]float32, len(x))
+			for i := 0; i < len(x); i += s.n {
+				reference.RMSNorm(want[i:i+s.n], x[i:i+s.n], w, eps)
+			}
+			xb, wb := upload(t, d, "x", x), upload(t, d, "w", w)
+			out := poisoned(t, d, "out", len(x))
+			run(t, d, "rmsnorm", func(b *gpu.Batch) error { return RMSNorm(b, out, xb, wb, s.R, s.n, eps) })
+			checkClose(t, "out", readF32(t, out, len(x)), want, tolF32)
+		})
+	}
+}
+
+func TestRope(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for range 6 {
+		T, heads, D := []int{1, 3, 64}[r.IntN(3)], 1+r.IntN(16), []int{32, 64, 128}[r.IntN(3)]
+		theta := []float64{10000, 1000000}[r.IntN(2)]
+		maxPos := []int{16, 512, 40960}[r.IntN(3)]
+		t.Run(fmt.Sprintf("T%d_heads%d_D%d_maxpos%d", T, heads, D, maxPos), func(t *testing.T) {
+			y := randVec(r, T*heads*D, 1)
+			pos := make([]uint32, T)
+			for i := range pos {
+				pos[i] = uint32(r.IntN(maxPos))
+			}
+			invFreq := reference.RopeInvFreq(D, theta)
+			want := append([]float32(nil), y...)
+			for i := 0; i < len(want); i += D {
+				reference.Rope(want[i:i+D], int(pos[i/(heads*D)]), invFreq)
+			}
+			yb, pb := upload(t, d, "y", y), uploadU32(t, d, "pos", pos)
+			fb, err := UploadRopeInvFreq(d, D, theta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fb.Release()
+			run(t, d, "rope", func(b *gpu.Batch) error { return Rope(b, yb, pb, fb, T, heads, D) })
+			checkClose(t, "y", readF32(t, yb, len(y)), want, tolF32)
+		})
+	}
+}
+
+func TestSwiGLU(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, fused := range []bool{false, true} {
+		T, I := []int{1, 9, 64}[r.IntN(3)], 1+r.IntN(3000)
+		t.Run(fmt.Sprintf("fused=%v/T%d_I%d", fused, T, I), func(t *testing.T) {
+			gate, up := randVec(r, T*I, 4), randVec(r, T*I, 1)
+			want := make([]float32, T*I)
+			for i := range want {
+				want[i] = reference.SiLU(gate[i]) * up[i]
+			}
+			out := poisoned(t, d, "out", T*I)
+			if fused {
+				gu := make([]float32, 0, 2*T*I)
+				for row := range T {
+					gu = append(gu, gate[row*I:(row+1)*I]...)
+					gu = append(gu, up[row*I:(row+1)*I]...)
+				}
+				gub := upload(t, d, "gate_up", gu)
+				run(t, d, "swiglu", func(b *gpu.Batch) error { return SwiGLUFused(b, out, gub, T, I) })
+			} else {
+				gb, ub := upload(t, d, "gate", gate), upload(t, d, "up", up)
+				run(t, d, "swiglu", func(b *gpu.Batch) error { return SwiGLU(b, out, gb, ub, T, I) })
+			}
+			checkClose(t, "out", readF32(t, out, T*I), want, tolF32)
+		})
+	}
+}
+
+func TestAdd(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	n := 1 + r.IntN(100000)
+	x, y := randVec(r, n, 1), randVec(r, n, 1)
+	xb, yb := upload(t, d, "x", x), upload(t, d, "y", y)
+	reference.Add(x, y)
+	run(t, d, "add", func(b *gpu.Batch) error { return Add(b, xb, yb, n) })
+	if got := readF32(t, xb, n); relErr(got, x) != 0 {
+		t.Errorf("n=%d: relative error %g, want exact", n, relErr(got, x))
+	}
+}
+
+func TestArgmax(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, V := range []int{1, 1 + r.IntN(5000), 151936} {
+		T := []int{1, 3, 17}[r.IntN(3)]
+		t.Run(fmt.Sprintf("T%d_V%d", T, V), func(t *testing.T) {
+			logits := randVec(r, T*V, 5)
+			for row := range T {
+				l := logits[row*V : (row+1)*V]
+				switch row % 3 {
+				case 1: // a tie for the maximum: the first index must win
+					i, j := r.IntN(V), r.IntN(V)
+					l[i], l[j] = 100, 100
+				case 2:
+					if V > 1 {
+						l[r.IntN(V)] = float32(math.NaN())
+					}
+				}
+			}
+			want := make([]uint32, T)
+			for row := range T {
+				id, err := reference.Argmax(logits[row*V : (row+1)*V])
+				want[row] = uint32(id)
+				if err != nil {
+					want[row] = ArgmaxNaN
+				}
+			}
+			lb := upload(t, d, "logits", logits)
+			ids := poisoned(t, d, "ids", T)
+			run(t, d, "argmax", func(b *gpu.Batch) error { return Argmax(b, ids, lb, T, V) })
+			got, err := ids.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for row := range T {
+				if got[row] != want[row] {
+					t.Errorf("row %d: id %#x, want %#x", row, got[row], want[row])
+				}
+			}
+		})
+	}
+}
+
+func TestQKNormRope(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for range 4 {
+		T, kvHeads, group, D := []int{1, 7, 64}[r.IntN(3)], 1+r.IntN(8), []int{1, 2, 4}[r.IntN(3)], []int{64, 128, 256}[r.IntN(3)]
+		heads := kvHeads * group
+		t.Run(fmt.Sprintf("T%d_heads%d_kv%d_D%d", T, heads, kvHeads, D), func(t *testing.T) {
+			const eps, theta = 1e-6, 1000000
+			q, k := randVec(r, T*heads*D, 2), randVec(r, T*kvHeads*D, 2)
+			qn, kn := randVec(r, D, 0.5), randVec(r, D, 0.5)
+			pos := make([]uint32, T)
+			for i := range pos {
+				pos[i] = uint32(r.IntN(40960))
+			}
+			invFreq := reference.RopeInvFreq(D, theta)
+			wantQ, wantK := append([]float32(nil), q...), append([]float32(nil), k...)
+			for _, c := range []struct {
+				v, w  []float32
+				heads int
+			}{{wantQ, qn, heads}, {wantK, kn, kvHeads}} {
+				for i := 0; i < len(c.v); i += D {
+					reference.RMSNorm(c.v[i:i+D], c.v[i:i+D], c.w, eps)
+					reference.Rope(c.v[i:i+D], int(pos[i/(c.heads*D)]), invFreq)
+				}
+			}
+			qb, kb := upload(t, d, "q", q), upload(t, d, "k", k)
+			qnb, knb, pb := upload(t, d, "q_norm", qn), upload(t, d, "k_norm", kn), uploadU32(t, d, "pos", pos)
+			fb, err := UploadRopeInvFreq(d, D, theta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fb.Release()
+			run(t, d, "qk_norm_rope", func(b *gpu.Batch) error {
+				return QKNormRope(b, qb, kb, qnb, knb, pb, fb, T, heads, kvHeads, D, eps)
+			})
+			checkClose(t, "q", readF32(t, qb, len(q)), wantQ, tolF32)
+			checkClose(t, "k", readF32(t, kb, len(k)), wantK, tolF32)
+		})
+	}
+}
+
+// TestMLPFused runs Qwen3's MLP block the fused way — one matmul over
+// gate_proj stacked on up_proj, SwiGLUFused, then down_proj added into the
+// residual — in one batch, against the reference's three matmuls.
+func TestMLPFused(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, f := range []Format{Int4, F16, F32} {
+		T, H, I := []int{1, 6, 64}[r.IntN(3)], 32*(1+r.IntN(8)), 32*(1+r.IntN(24))
+		t.Run(fmt.Sprintf("%v/T%d_H%d_I%d", f, T, H, I), func(t *testing.T) {
+			gate, up, down := randMatrix(t, r, f, I, H, 32), randMatrix(t, r, f, I, H, 32), randMatrix(t, r, f, H, I, 32)
+			h, x := randVec(r, T*H, 1), randVec(r, T*H, 1)
+			g, u, want := make([]float32, T*I), make([]float32, T*I), make([]float32, T*H)
+			reference.MatMul(g, h, gate, T)
+			reference.MatMul(u, h, up, T)
+			for i := range g {
+				g[i] = reference.SiLU(g[i]) * u[i]
+			}
+			reference.MatMul(want, g, down, T)
+			reference.Add(want, x)
+
+			gateUp, err := UploadStacked(d, "gate_up", gate, up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gateUp.Release()
+			downW, err := UploadMatrix(d, "down", down)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer downW.Release()
+			hb, xb := upload(t, d, "h", h), upload(t, d, "x", x)
+			gu, act := poisoned(t, d, "gate_up_out", T*2*I), poisoned(t, d, "act", T*I)
+			run(t, d, "mlp", func(b *gpu.Batch) error {
+				if err := MatMul(b, gu, hb, gateUp, T, false); err != nil {
+					return err
+				}
+				if err := SwiGLUFused(b, act, gu, T, I); err != nil {
+					return err
+				}
+				return MatMul(b, xb, act, downW, T, true)
+			})
+			checkClose(t, "hidden", readF32(t, xb, T*H), want, tolF32)
+		})
+	}
+}

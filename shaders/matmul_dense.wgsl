@@ -1,0 +1,122 @@
+// matmul_dense.wgsl: out = x · Wᵀ (or out += x · Wᵀ) for a dense f16
+// (entry point dense_f16) or f32 (entry point dense_f32) weight W.
+//
+// For t < T, n < N:
+//   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x[t*K + k] · W[n][k]
+//
+// Buffers:
+//   x   (T, K) f32, read as vec4s
+//   w   (N, K) as vec4<u32>: f16 — eight halves per vec4, read with
+//       unpack2x16float (no shader-f16 needed); f32 — four floats per vec4
+//   out rows of ldo f32; this call writes columns [0, N) of rows [0, T)
+//
+// Dispatch, tiling and sizes: as matmul_int4.wgsl — (ceil(N / ROWS),
+// ceil(T / TT), 1) workgroups of WG threads; each thread takes eight input
+// columns at a time (one vec4 of f16, two of f32), neighbouring threads
+// neighbouring columns; partial sums are reduced in workgroup memory.
+
+const WG: u32 = 64u;
+const ROWS: u32 = 4u;
+const TT: u32 = 1u;
+const ACC: u32 = ROWS * TT;       // partial sums per thread
+const PARTIAL: u32 = WG * ROWS * TT;
+
+struct Params {
+    T: u32,          // activation rows
+    N: u32,          // output features (rows of W) in this call
+    K: u32,          // input features, a multiple of 8
+    _unused: u32,    // (the group size in matmul_int4.wgsl)
+    ldo: u32,        // row stride of out, ≥ N
+    accumulate: u32, // 1: add into out
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+var<workgroup> partial: array<f32, PARTIAL>;
+
+// load_x returns x[t][8u, 8u+8) as two vec4s, for the TT rows from t0
+// (rows past T repeat row T-1; their sums are dropped by store).
+fn load_x(t0: u32, u: u32, t: u32) -> array<vec4<f32>, 2> {
+    let base = min(t0 + t, p.T - 1u) * (p.K / 4u) + 2u * u;
+    return array<vec4<f32>, 2>(x[base], x[base + 1u]);
+}
+
+// store reduces the workgroup's partial sums and writes its outputs.
+fn store(sums: array<f32, ACC>, lid: u32, n0: u32, t0: u32) {
+    var acc = sums; // naga indexes only variables with a dynamic index
+    for (var i = 0u; i < ACC; i++) {
+        partial[i * WG + lid] = acc[i];
+    }
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            for (var i = 0u; i < ACC; i++) {
+                partial[i * WG + lid] += partial[i * WG + lid + stride];
+            }
+        }
+        workgroupBarrier();
+    }
+    if lid < ACC {
+        let n = n0 + lid / TT;
+        let t = t0 + lid % TT;
+        if n < p.N && t < p.T {
+            let o = t * p.ldo + n;
+            var v = partial[lid * WG];
+            if p.accumulate != 0u {
+                v += out[o];
+            }
+            out[o] = v;
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn dense_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * ROWS;
+    let t0 = wid.y * TT;
+    let units = p.K / 8u; // vec4<u32> per weight row
+    var acc = array<f32, ACC>();
+    for (var u = lid; u < units; u += WG) {
+        var xs: array<array<vec4<f32>, 2>, TT>;
+        for (var t = 0u; t < TT; t++) {
+            xs[t] = load_x(t0, u, t);
+        }
+        for (var r = 0u; r < ROWS; r++) {
+            let h = w[min(n0 + r, p.N - 1u) * units + u];
+            let lo = vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+            let hi = vec4<f32>(unpack2x16float(h.z), unpack2x16float(h.w));
+            for (var t = 0u; t < TT; t++) {
+                acc[r * TT + t] += dot(lo, xs[t][0]) + dot(hi, xs[t][1]);
+            }
+        }
+    }
+    store(acc, lid, n0, t0);
+}
+
+@compute @workgroup_size(WG)
+fn dense_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * ROWS;
+    let t0 = wid.y * TT;
+    let units = p.K / 8u; // pairs of vec4<u32> per weight row
+    var acc = array<f32, ACC>();
+    for (var u = lid; u < units; u += WG) {
+        var xs: array<array<vec4<f32>, 2>, TT>;
+        for (var t = 0u; t < TT; t++) {
+            xs[t] = load_x(t0, u, t);
+        }
+        for (var r = 0u; r < ROWS; r++) {
+            let base = min(n0 + r, p.N - 1u) * (2u * units) + 2u * u;
+            let lo = bitcast<vec4<f32>>(w[base]);
+            let hi = bitcast<vec4<f32>>(w[base + 1u]);
+            for (var t = 0u; t < TT; t++) {
+                acc[r * TT + t] += dot(lo, xs[t][0]) + dot(hi, xs[t][1]);
+            }
+        }
+    }
+    store(acc, lid, n0, t0);
+}

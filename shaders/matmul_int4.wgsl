@@ -1,0 +1,120 @@
+// matmul_int4.wgsl: out = x · Wᵀ (or out += x · Wᵀ) for an int4 weight W,
+// dequantized on the fly, never expanded in memory.
+//
+// For t < T, n < N:
+//   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x[t*K + k] · W[n][k]
+//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
+// The accumulate form adds a residual in place (hidden += o_proj(attn)).
+//
+// Buffers:
+//   x       (T, K) f32, read as vec4s
+//   qweight (N, K/8) u32: column k's code is bits 4(k%8)…4(k%8)+3 of word k/8
+//   scales  (N, K/G) f16, read as u32 pairs (no shader-f16 needed): scale i
+//           is the low half of word i/2 when i is even, the high half if odd
+//   out     rows of ldo f32; this call writes columns [0, N) of rows [0, T)
+//           (ldo > N lets a matrix too large for one binding be split into
+//           row blocks that write column slices of one output)
+//
+// Dispatch: (ceil(N / ROWS), ceil(T / TT), 1) workgroups of WG threads.
+// A workgroup owns ROWS output features × TT activation rows. Its threads
+// split each weight row by words: thread i reads words i, i+WG, …, so
+// neighbouring threads read neighbouring words (coalesced), and each word is
+// dequantized once and used for all TT activation rows. The ROWS·TT partial
+// sums of each thread are then added up across the workgroup in workgroup
+// memory (the native WGSL compiler has no subgroup operations).
+//
+// Why these sizes: WG = 64 threads cover one Qwen3-1.7B row (2048 inputs =
+// 256 words) in 4 steps, keep the tree reduction at 6 steps, and fit any
+// GPU's workgroup limits; ROWS = 4 rows share each load of x; TT is 1 for
+// decode and 4 or 8 for prefill (package kernels picks it with
+// gpu.Specialize, as it would pick a pipeline override). Workgroup memory is
+// WG·ROWS·TT·4 bytes (8 KiB at TT = 8).
+
+const WG: u32 = 64u;
+const ROWS: u32 = 4u;
+const TT: u32 = 1u;
+const ACC: u32 = ROWS * TT;       // partial sums per thread
+const PARTIAL: u32 = WG * ROWS * TT;
+
+struct Params {
+    T: u32,          // activation rows
+    N: u32,          // output features (rows of W) in this call
+    K: u32,          // input features, a multiple of 8 and of G
+    G: u32,          // group size
+    ldo: u32,        // row stride of out, ≥ N
+    accumulate: u32, // 1: add into out
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> qweight: array<u32>;
+@group(0) @binding(3) var<storage, read> scales: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+var<workgroup> partial: array<f32, PARTIAL>;
+
+// scale returns the i-th f16 scale of the scales array.
+fn scale(i: u32) -> f32 {
+    let pair = unpack2x16float(scales[i >> 1u]);
+    return select(pair.x, pair.y, (i & 1u) == 1u);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * ROWS;
+    let t0 = wid.y * TT;
+    let words = p.K / 8u;          // words per weight row
+    let groups = p.K / p.G;        // scales per weight row
+    let words_per_group = p.G / 8u;
+
+    var acc = array<f32, ACC>();
+    for (var w = lid; w < words; w += WG) {
+        // x[t][8w, 8w+8) for the TT activation rows; rows past T repeat
+        // row T-1 and their sums are dropped below.
+        var xa: array<vec4<f32>, TT>;
+        var xb: array<vec4<f32>, TT>;
+        for (var t = 0u; t < TT; t++) {
+            let base = min(t0 + t, p.T - 1u) * (p.K / 4u) + 2u * w;
+            xa[t] = x[base];
+            xb[t] = x[base + 1u];
+        }
+        for (var r = 0u; r < ROWS; r++) {
+            let n = min(n0 + r, p.N - 1u);
+            let q = qweight[n * words + w];
+            let s = scale(n * groups + w / words_per_group);
+            let lo = vec4<f32>((vec4<u32>(q) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - 8.0;
+            let hi = vec4<f32>((vec4<u32>(q) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) - 8.0;
+            for (var t = 0u; t < TT; t++) {
+                acc[r * TT + t] += s * (dot(lo, xa[t]) + dot(hi, xb[t]));
+            }
+        }
+    }
+
+    // Tree reduction of the WG partial sums of each (row, activation row).
+    for (var i = 0u; i < ACC; i++) {
+        partial[i * WG + lid] = acc[i];
+    }
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            for (var i = 0u; i < ACC; i++) {
+                partial[i * WG + lid] += partial[i * WG + lid + stride];
+            }
+        }
+        workgroupBarrier();
+    }
+    if lid < ACC {
+        let n = n0 + lid / TT;
+        let t = t0 + lid % TT;
+        if n < p.N && t < p.T {
+            let o = t * p.ldo + n;
+            var v = partial[lid * WG];
+            if p.accumulate != 0u {
+                v += out[o];
+            }
+            out[o] = v;
+        }
+    }
+}

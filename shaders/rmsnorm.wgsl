@@ -1,0 +1,53 @@
+// rmsnorm.wgsl: Qwen3RMSNorm over rows, in f32:
+//   out[r][i] = weight[i] · (x[r][i] · 1/sqrt(mean_i(x[r][i]²) + eps))
+// for r < R rows of n values. Serves the hidden norms (R = T, n = H) and
+// the per-head q/k norms (R = T·heads, n = D).
+//
+// Buffers:
+//   x      (R, n) f32
+//   weight (n) f32
+//   out    (R, n) f32 (may not alias x: WebGPU forbids a writable binding
+//          overlapping another)
+//
+// Dispatch: (R, 1, 1) workgroups of WG threads, one row each: threads sum
+// strided squares, a tree in workgroup memory adds the WG sums, then all
+// threads scale the row. WG = 256 for hidden rows (2048–4096 values: 8–16
+// per thread); package kernels specializes WG = 64 for head rows (128).
+
+const WG: u32 = 256u;
+
+struct Params {
+    R: u32,
+    n: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> weight: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+var<workgroup> sums: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let base = wid.x * p.n;
+    var ss = 0.0;
+    for (var i = lid; i < p.n; i += WG) {
+        let v = x[base + i];
+        ss += v * v;
+    }
+    sums[lid] = ss;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            sums[lid] += sums[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(sums[0] / f32(p.n) + p.eps);
+    for (var i = lid; i < p.n; i += WG) {
+        out[base + i] = weight[i] * (x[base + i] * inv);
+    }
+}

@@ -1,0 +1,95 @@
+// Package shaders holds webdraft's WGSL compute kernels, one per file. Each
+// file opens with what it computes, its buffer layouts, its dispatch shape
+// and why its workgroup size; package kernels owns the Go side of each
+// (shape checks, params, dispatch arithmetic) and tests it against its
+// plain-Go twin in package reference.
+//
+// The WGSL is written for two compilers: the one inside the wgpu-native
+// library that github.com/cogentcore/webgpu v0.23.0 bundles (naga, early
+// 2024) and the browsers'. Hence:
+//   - no `override`: tuning constants are `const NAME: u32 = …;`
+//     declarations that a pipeline may specialize (gpu.Specialize), and
+//     sizes derived from them are consts too (array sizes must be a single
+//     name or literal);
+//   - no `enable f16`: f16 data is stored as u32 pairs and read with
+//     unpack2x16float, which needs no shader-f16 feature;
+//   - no subgroup operations: reductions go through workgroup memory;
+//   - binding 0 is a uniform Params struct of u32/f32 fields padded to a
+//     multiple of 16 bytes; storage buffers follow at bindings 1, 2, … in
+//     the order package kernels declares them.
+package shaders
+
+import _ "embed"
+
+// MatMulInt4 is matmul_int4.wgsl: out (+)= x · Wᵀ for int4 W.
+//
+//go:embed matmul_int4.wgsl
+var MatMulInt4 string
+
+// MatMulDense is matmul_dense.wgsl: out (+)= x · Wᵀ for dense f16 or f32 W.
+//
+//go:embed matmul_dense.wgsl
+var MatMulDense string
+
+// EmbedInt4 is embed_int4.wgsl: embedding gather from an int4 table.
+//
+//go:embed embed_int4.wgsl
+var EmbedInt4 string
+
+// EmbedDense is embed_dense.wgsl: embedding gather from an f16 or f32 table.
+//
+//go:embed embed_dense.wgsl
+var EmbedDense string
+
+// RMSNorm is rmsnorm.wgsl: RMSNorm over rows (hidden or per head).
+//
+//go:embed rmsnorm.wgsl
+var RMSNorm string
+
+// Rope is rope.wgsl: rotary embedding in place, split-halves layout.
+//
+//go:embed rope.wgsl
+var Rope string
+
+// SwiGLU is swiglu.wgsl: silu(gate) · up.
+//
+//go:embed swiglu.wgsl
+var SwiGLU string
+
+// Add is add.wgsl: x += y.
+//
+//go:embed add.wgsl
+var Add string
+
+// Argmax is argmax.wgsl: the index of each row's largest value.
+//
+//go:embed argmax.wgsl
+var Argmax string
+
+// KVWrite is kv_write.wgsl: appends keys and values to the paged KV cache
+// (its header documents the cache layout).
+//
+//go:embed kv_write.wgsl
+var KVWrite string
+
+// AttentionDecode is attention_decode.wgsl: split attention of single query
+// rows over the KV cache (flash-decoding).
+//
+//go:embed attention_decode.wgsl
+var AttentionDecode string
+
+// AttentionMerge is attention_merge.wgsl: merges AttentionDecode's splits.
+//
+//go:embed attention_merge.wgsl
+var AttentionMerge string
+
+// AttentionPrefill is attention_prefill.wgsl: tiled causal attention of a
+// sequence's new rows over the KV cache.
+//
+//go:embed attention_prefill.wgsl
+var AttentionPrefill string
+
+// QKNormRope is qk_norm_rope.wgsl: q_norm/k_norm and RoPE fused, in place.
+//
+//go:embed qk_norm_rope.wgsl
+var QKNormRope string

@@ -11,18 +11,20 @@ import (
 
 // CPU is the engine over the plain-Go reference model (--backend cpu).
 type CPU struct {
-	model *reference.Model
+	model   *reference.Model
+	kvBytes int64
 }
 
 var _ Engine = (*CPU)(nil)
 
-// NewCPU returns the CPU engine for a loaded weight tree.
-func NewCPU(cfg qwen3.Config, w *qwen3.Weights) (*CPU, error) {
+// NewCPU returns the CPU engine for a loaded weight tree, with kvBytes of
+// memory for KV caches (the scheduler keeps within it).
+func NewCPU(cfg qwen3.Config, w *qwen3.Weights, kvBytes int64) (*CPU, error) {
 	m, err := reference.New(cfg, w)
 	if err != nil {
 		return nil, err
 	}
-	return &CPU{model: m}, nil
+	return &CPU{model: m, kvBytes: kvBytes}, nil
 }
 
 func (c *CPU) Config() qwen3.Config { return c.model.Config() }
@@ -33,10 +35,10 @@ func (c *CPU) Info() Info {
 
 func (c *CPU) NewSequence() (Sequence, error) { return &cpuSequence{c.model.NewSequence()}, nil }
 
-// KVBytesPerToken: f32 keys and values for every layer.
-func (c *CPU) KVBytesPerToken() int {
+// KVCapacity: the budget over f32 keys and values of every layer.
+func (c *CPU) KVCapacity() int {
 	cfg := c.model.Config()
-	return 2 * cfg.NumHiddenLayers * cfg.KVDim() * 4
+	return int(c.kvBytes / int64(KVBytesPerToken(&cfg, 4)))
 }
 
 // Step runs the whole batch as one reference forward pass: every matrix is

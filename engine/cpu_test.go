@@ -17,7 +17,7 @@ func TestCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			e, err := engine.NewCPU(m.Config, m.Weights)
+			e, err := engine.NewCPU(m.Config, m.Weights, 64<<20)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -32,8 +32,9 @@ type Engine interface {
 	// tokens are appended to its sequence's cache, and entry.Next is set to
 	// the greedy token after its last one.
 	Step(ctx context.Context, batch []*Entry) error
-	// KVBytesPerToken is the KV-cache memory one cached position takes.
-	KVBytesPerToken() int
+	// KVCapacity is how many positions the engine's KV cache holds for all
+	// its sequences together: the scheduler keeps within it.
+	KVCapacity() int
 	Close() error
 }
 
@@ -54,9 +55,14 @@ type Entry struct {
 	Next   int   // set by Step: argmax of the logits after the last token
 }
 
-// ErrContextFull reports a sequence that would grow past the model's
-// max_position_embeddings.
-var ErrContextFull = errors.New("context longer than the model allows")
+var (
+	// ErrContextFull reports a sequence that would grow past the model's
+	// max_position_embeddings.
+	ErrContextFull = errors.New("context longer than the model allows")
+	// ErrNoCapacity reports a KV cache (or its sequence slots) used up:
+	// release sequences and try again.
+	ErrNoCapacity = errors.New("KV cache full")
+)
 
 // CheckBatch validates a batch against the model before any work is done:
 // tokens in the vocabulary, positions within max_position_embeddings.
@@ -93,4 +99,10 @@ func Draft(ctx context.Context, e Engine, seq Sequence, tokens []int, n int) ([]
 		entry.Tokens = []int{entry.Next}
 	}
 	return out, nil
+}
+
+// KVBytesPerToken is the KV-cache memory of one position: keys and values of
+// every layer, elemBytes each.
+func KVBytesPerToken(c *qwen3.Config, elemBytes int) int {
+	return 2 * c.NumHiddenLayers * c.KVDim() * elemBytes
 }

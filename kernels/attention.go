@@ -263,18 +263,21 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	return nil
 }
 
-// AttentionPrefill records causal GQA attention for T query rows of one
-// sequence slot over layer's cache, tiled:
+// AttentionPrefill records causal GQA attention for the T query rows
+// row0 … row0+T-1 (one sequence's part of a batch) over layer's cache, tiled:
 //
-//	q    (T, heads, D) f32, after q_norm and RoPE
-//	pos  (T) u32: row t attends to positions 0 … pos[t] of slot seq
-//	out  (T, heads, D) f32
+//	q    (row0+T, heads, D) f32, after q_norm and RoPE
+//	pos  (row0+T) u32: row t attends to positions 0 … pos[t] of slot seq
+//	out  (row0+T, heads, D) f32; only the T rows are written
 //
 // Every position up to the largest pos, the rows' own included, must be in
 // the cache (KVWrite). D must be a multiple of 16.
-func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq int, pos *gpu.Buffer, T, heads int) error {
+func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq int, pos *gpu.Buffer, row0, T, heads int) error {
 	op := "attention_prefill"
-	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"pos": pos}); err != nil {
+	if row0 < 0 {
+		return fmt.Errorf("kernels: %s: row0 = %d", op, row0)
+	}
+	if err := c.checkRows(op, layer, row0+T, map[string]*gpu.Buffer{"pos": pos}); err != nil {
 		return err
 	}
 	if err := c.checkHeads(op, heads); err != nil {
@@ -283,7 +286,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 	if seq < 0 || seq >= c.Seqs || c.D%prefillKeys != 0 {
 		return fmt.Errorf("kernels: %s: slot %d of %d, head_dim %d (need a multiple of %d)", op, seq, c.Seqs, c.D, prefillKeys)
 	}
-	n := T * heads * c.D
+	n := (row0 + T) * heads * c.D
 	if err := need(op, "q", q, n); err != nil {
 		return err
 	}
@@ -298,8 +301,8 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 		return err
 	}
 	kc, vc := c.layer(layer)
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(seq), attentionScale(c.D), 0}
-	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), pos.Slice(0, uint64(T)*4), out.Slice(0, uint64(n)*4)}
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(seq), attentionScale(c.D), uint32(row0)}
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), pos.Slice(0, uint64(row0+T)*4), out.Slice(0, uint64(n)*4)}
 	if err := b.Dispatch(p, params, binds, uint32(heads), divCeil(T, prefillRows), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

@@ -170,23 +170,31 @@ func TestAttentionPrefill(t *testing.T) {
 		s := randAttnShape(r)
 		T := []int{1, 5, 16, 17, 64}[r.IntN(5)]
 		P := []int{0, r.IntN(200)}[r.IntN(2)]
-		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d", s.kvHeads, s.group, s.D, s.blockSize, T, P), func(t *testing.T) {
+		row0 := []int{0, 1 + r.IntN(7)}[r.IntN(2)] // the sequence's rows start here in the batch
+		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d_row%d", s.kvHeads, s.group, s.D, s.blockSize, T, P, row0), func(t *testing.T) {
 			// Slot 1 is the sequence; slot 0 holds another one's blocks.
 			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{1 + r.IntN(50), P + T})
 			cfg := s.config()
-			q := randVec(r, T*cfg.QDim(), 1)
-			pos := make([]uint32, T)
-			for i := range pos {
-				pos[i] = uint32(P + i)
+			qDim := cfg.QDim()
+			q := randVec(r, (row0+T)*qDim, 1) // rows before row0 belong to other sequences
+			pos := make([]uint32, row0+T)
+			for i := range T {
+				pos[row0+i] = uint32(P + i)
 			}
-			want := make([]float32, len(q))
-			reference.Attention(want, q, tc.k[1], tc.v[1], T, P, cfg)
+			want := make([]float32, T*qDim)
+			reference.Attention(want, q[row0*qDim:], tc.k[1], tc.v[1], T, P, cfg)
 			qb, pb := upload(t, d, "q", q), uploadU32(t, d, "pos", pos)
 			out := poisoned(t, d, "out", len(q))
 			run(t, d, "prefill", func(b *gpu.Batch) error {
-				return AttentionPrefill(b, out, qb, tc.c, tc.layer, 1, pb, T, cfg.NumAttentionHeads)
+				return AttentionPrefill(b, out, qb, tc.c, tc.layer, 1, pb, row0, T, cfg.NumAttentionHeads)
 			})
-			checkClose(t, "out", readF32(t, out, len(q)), want, tolF32)
+			got := readF32(t, out, len(q))
+			checkClose(t, "out", got[row0*qDim:], want, tolF32)
+			for i, v := range got[:row0*qDim] {
+				if v == v {
+					t.Fatalf("out[%d] = %v: a row before row0 was written", i, v)
+				}
+			}
 		})
 	}
 }

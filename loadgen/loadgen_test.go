@@ -26,7 +26,7 @@ func TestAgainstServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	eng, err := engine.NewCPU(m.Config, m.Weights)
+	eng, err := engine.NewCPU(m.Config, m.Weights, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ type Options struct {
 	PrefillBudget int // prompt tokens of all sequences per pass (default 1024)
 	MaxQueue      int // requests waiting to start before Submit refuses (default 256)
 	// CacheTokens is the KV budget in positions, for running and cached
-	// sequences together (default 1<<16).
+	// sequences together (default and maximum: the engine's KVCapacity).
 	CacheTokens int
 	// OnStep, when set, is called after every forward pass.
 	OnStep func(StepStats)
@@ -40,7 +40,6 @@ func (o *Options) defaults() {
 	def(&o.PrefillChunk, 256)
 	def(&o.PrefillBudget, 1024)
 	def(&o.MaxQueue, 256)
-	def(&o.CacheTokens, 1<<16)
 }
 
 // StepStats describes one forward pass.
@@ -94,6 +93,9 @@ type Scheduler struct {
 // New returns a scheduler for eng; call Run to start it.
 func New(eng engine.Engine, opts Options) *Scheduler {
 	opts.defaults()
+	if c := eng.KVCapacity(); opts.CacheTokens <= 0 || opts.CacheTokens > c {
+		opts.CacheTokens = c
+	}
 	return &Scheduler{eng: eng, opts: opts, queue: make(chan *job, opts.MaxQueue), closed: make(chan struct{})}
 }
 
@@ -254,7 +256,7 @@ func (r *runner) admit() {
 			}
 			shared = 0
 			var err error
-			if seq, err = r.s.eng.NewSequence(); err != nil {
+			if seq, err = r.newSequence(); err != nil {
 				r.waiting = r.waiting[1:]
 				r.s.waiting.Add(-1)
 				j.finish(fmt.Errorf("new sequence: %w", err))
@@ -271,6 +273,18 @@ func (r *runner) admit() {
 		j.reserved = need
 		r.reserved += need
 		r.active = append(r.active, j)
+	}
+}
+
+// newSequence asks the engine for a sequence, evicting cached ones while
+// the engine is out of sequence slots.
+func (r *runner) newSequence() (engine.Sequence, error) {
+	for {
+		seq, err := r.s.eng.NewSequence()
+		if !errors.Is(err, engine.ErrNoCapacity) || r.cache.Len() == 0 {
+			return seq, err
+		}
+		r.cache.Shrink(r.cache.Tokens() - 1) // evicts at least the oldest entry
 	}
 }
 

@@ -37,7 +37,7 @@ func newFixture(t *testing.T, opts scheduler.Options, wrap func(engine.Engine) e
 	}
 	t.Cleanup(func() { m.Close() })
 	var eng engine.Engine
-	if eng, err = engine.NewCPU(m.Config, m.Weights); err != nil {
+	if eng, err = engine.NewCPU(m.Config, m.Weights, 64<<20); err != nil {
 		t.Fatal(err)
 	}
 	if wrap != nil {

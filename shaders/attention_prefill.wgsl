@@ -1,5 +1,5 @@
 // attention_prefill.wgsl: causal GQA attention for T query rows of one
-// sequence over the paged KV cache, tiled (flash-attention style: online
+// sequence (rows row0 … row0+T-1 of a batch's buffers) over the paged KV cache, tiled (flash-attention style: online
 // softmax, the score matrix never leaves workgroup memory).
 //
 // Row t (position pos[t]) attends to the positions 0 … pos[t] of sequence
@@ -9,11 +9,11 @@
 //   out[t][h] = Σ_j softmax_j((q[t][h] · k_j) · scale) · v_j
 //
 // Buffers:
-//   q       (T, heads, D) f32, after q_norm and RoPE
+//   q       (row0+T, heads, D) f32, after q_norm and RoPE
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 (see kv_write.wgsl)
 //   table   (seqs, max_blocks) u32
-//   pos     (T) u32, the rows' positions
-//   out     (T, heads, D) f32
+//   pos     (row0+T) u32, the rows' positions
+//   out     (row0+T, heads, D) f32
 //
 // Dispatch: (heads, ceil(T / BR), 1) workgroups of WG = BR·BC threads. A
 // workgroup takes BR rows of one query head and walks the keys in tiles of
@@ -40,7 +40,7 @@ struct Params {
     max_blocks: u32, // row stride of table
     seq: u32,        // the sequence's table row
     scale: f32,      // 1/sqrt(D)
-    _pad: u32,
+    row0: u32,       // the sequence's first row in q, pos and out
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -83,14 +83,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let r0 = wid.y * BR;
     let r = lid / BC;              // this thread's row of the tile
     let c = lid % BC;              // its key (scores), its output slice (values)
-    let t = min(r0 + r, p.T - 1u); // rows past T redo row T-1, unwritten
+    let t = p.row0 + min(r0 + r, p.T - 1u); // rows past T redo row T-1, unwritten
     let visible = pos[t] + 1u;     // keys row t may see
     let qbase = (t * p.heads + h) * D;
 
     if lid == 0u {
         var most = 0u;
         for (var rr = 0u; rr < BR; rr++) {
-            most = max(most, pos[min(r0 + rr, p.T - 1u)] + 1u);
+            most = max(most, pos[p.row0 + min(r0 + rr, p.T - 1u)] + 1u);
         }
         keys = most;
     }

@@ -62,7 +62,7 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 		}
 	}
 
-	eng, err := openEngine(e, model, backend)
+	eng, err := openEngine(e, model, backend, draftKVBytes)
 	if err != nil {
 		return err
 	}
@@ -93,9 +93,13 @@ func parseBackend(s string) (backendChoice, error) {
 	return "", usagef("--backend %q: want auto, webgpu or cpu", s)
 }
 
-// openEngine starts the engine --backend asks for and logs what it runs on.
-func openEngine(e *env, m *checkpoint.Model, b backendChoice) (engine.Engine, error) {
-	eng, err := engine.NewCPU(m.Config, m.Weights)
+// draftKVBytes is the KV memory `webdraft draft` gives its one sequence.
+const draftKVBytes = 256 << 20
+
+// openEngine starts the engine --backend asks for, with kvBytes of KV
+// cache, and logs what it runs on.
+func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64) (engine.Engine, error) {
+	eng, err := engine.NewCPU(m.Config, m.Weights, kvBytes)
 	if err != nil {
 		return nil, err
 	}

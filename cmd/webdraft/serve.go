@@ -58,19 +58,19 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		httpSrv.Close()
 		return err
 	}
-	eng, err := openEngine(e, model, backend)
+	eng, err := openEngine(e, model, backend, int64(*cacheMB)<<20)
 	if err != nil {
 		httpSrv.Close()
 		return err
 	}
 	defer eng.Close()
-	opts := scheduler.Options{CacheTokens: (*cacheMB << 20) / eng.KVBytesPerToken()}
+	opts := scheduler.Options{}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() {
 		ran <- srv.Run(runCtx, server.Model{Name: modelName(model), Engine: eng, Tokenizer: tok}, opts)
 	}()
-	e.log.Info("loaded", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "cache_tokens", opts.CacheTokens)
+	e.log.Info("loaded", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "cache_tokens", eng.KVCapacity())
 
 	select {
 	case <-ctx.Done(): // SIGTERM or interrupt: drain

@@ -1,0 +1,266 @@
+package webgpu
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"webdraft/checkpoint"
+	"webdraft/engine"
+	"webdraft/engine/enginetest"
+	"webdraft/gpu/gputest"
+	"webdraft/internal/synth"
+	"webdraft/reference"
+)
+
+func load(t *testing.T, name string, q checkpoint.Quant) *checkpoint.Model {
+	t.Helper()
+	m, err := checkpoint.Load(filepath.Join("..", "..", "testdata", "golden", name), checkpoint.LoadOptions{Quant: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func newEngine(t *testing.T, m *checkpoint.Model, opts Options) *Engine {
+	t.Helper()
+	e, err := New(gputest.Device(t), m.Config, m.Weights, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// TestConformance runs the engine suite (drafts, batching, rollback, bad
+// input) against the reference, for every weight format, tied and untied.
+func TestConformance(t *testing.T) {
+	for _, name := range []string{"tied", "untied"} {
+		for _, q := range []checkpoint.Quant{checkpoint.Int4, checkpoint.F16, checkpoint.F32} {
+			t.Run(name+"/"+string(q), func(t *testing.T) {
+				m := load(t, name, q)
+				enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16}), m.Config, m.Weights)
+			})
+		}
+	}
+}
+
+// TestSmallPasses: batches larger than a pass (rows and last-row room) run
+// in several passes with the same result.
+func TestSmallPasses(t *testing.T) {
+	m := load(t, "untied", checkpoint.Int4)
+	m2 := load(t, "untied", checkpoint.Int4)
+	small := newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, MaxRows: 5})
+	big := newEngine(t, m2, Options{KVBytes: 16 << 20, MaxSequences: 16})
+	prompts := [][]int{{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {7}, {3, 4, 5}}
+	draft := func(e *Engine) [][]int {
+		var entries []*engine.Entry
+		for _, p := range prompts {
+			s, err := e.NewSequence()
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries = append(entries, &engine.Entry{Seq: s, Tokens: p})
+		}
+		out := make([][]int, len(prompts))
+		for range 4 {
+			if err := e.Step(context.Background(), entries); err != nil {
+				t.Fatal(err)
+			}
+			for i, en := range entries {
+				out[i] = append(out[i], en.Next)
+				en.Tokens = []int{en.Next}
+			}
+		}
+		return out
+	}
+	a, b := draft(small), draft(big)
+	for i := range a {
+		if !slices.Equal(a[i], b[i]) {
+			t.Errorf("prompt %d: %v with 5-row passes, %v with one pass", i, a[i], b[i])
+		}
+	}
+}
+
+// TestCapacity: slots and blocks run out with engine.ErrNoCapacity and come
+// back on Release and Truncate.
+func TestCapacity(t *testing.T) {
+	m := load(t, "tied", checkpoint.Int4)
+	// 2 slots; blocks of 16 positions: the budget gives a handful.
+	e := newEngine(t, m, Options{KVBytes: 6 * 16 * int64(engine.KVBytesPerToken(&m.Config, 4)), MaxSequences: 2})
+	if e.KVCapacity() != (6-2)*16 {
+		t.Errorf("KVCapacity %d", e.KVCapacity())
+	}
+	s1, _ := e.NewSequence()
+	s2, _ := e.NewSequence()
+	if _, err := e.NewSequence(); err == nil {
+		t.Fatal("a third sequence in two slots")
+	}
+	long := make([]int, 90) // 6 blocks
+	if err := e.Step(context.Background(), []*engine.Entry{{Seq: s1, Tokens: long}}); err != nil {
+		t.Fatal(err)
+	}
+	err := e.Step(context.Background(), []*engine.Entry{{Seq: s2, Tokens: []int{1}}})
+	if err == nil || s2.Len() != 0 {
+		t.Fatalf("the pool is full, yet: err %v, Len %d", err, s2.Len())
+	}
+	s1.Truncate(20) // keeps 2 blocks
+	if err := e.Step(context.Background(), []*engine.Entry{{Seq: s2, Tokens: make([]int, 40)}}); err != nil {
+		t.Fatal(err)
+	}
+	s1.Release()
+	if _, err := e.NewSequence(); err != nil {
+		t.Errorf("after Release: %v", err)
+	}
+}
+
+// TestGolden: the engine drafts Hugging Face transformers' greedy tokens for
+// the golden prompts (1, 40 and 300 tokens), dense and int4, tied and untied.
+func TestGolden(t *testing.T) {
+	for _, name := range []string{"tied", "untied"} {
+		g := readGolden(t, name)
+		models := map[string]*checkpoint.Model{"dense": load(t, name, checkpoint.F32), "int4": load(t, name, checkpoint.Int4)}
+		engines := map[string]*Engine{}
+		for w, m := range models {
+			engines[w] = newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 8})
+		}
+		for _, c := range g.Cases {
+			t.Run(fmt.Sprintf("%s/%s/%d", name, c.Weights, len(c.Prompt)), func(t *testing.T) {
+				e := engines[c.Weights]
+				seq, err := e.NewSequence()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer seq.Release()
+				got, err := engine.Draft(context.Background(), e, seq, c.Prompt, len(c.Greedy))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range c.Greedy {
+					if got[i] == c.Greedy[i] {
+						continue
+					}
+					if c.Margins[i] < 1e-3*c.MaxAbsLogits[i] {
+						t.Logf("step %d differs at a near tie (margin %.3g): later steps not compared", i, c.Margins[i])
+						break
+					}
+					t.Fatalf("greedy tokens differ at step %d:\n got %v\nHF   %v", i, got, c.Greedy)
+				}
+			})
+		}
+	}
+}
+
+type golden struct {
+	Cases []struct {
+		Weights      string
+		Prompt       []int
+		Greedy       []int
+		Margins      []float64
+		MaxAbsLogits []float64 `json:"max_abs_logits"`
+	}
+}
+
+func readGolden(t *testing.T, name string) golden {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "testdata", "golden", name, "golden.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g golden
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// TestLongContext: past 2048 positions (decode attention in long splits,
+// prefill over many tiles) the engine drafts what the reference drafts, for
+// sequences of different lengths batched together.
+func TestLongContext(t *testing.T) {
+	cfg := synth.Shapes["tiny"]
+	cfg.MaxPositionEmbeddings = 4096
+	dir := filepath.Join(t.TempDir(), "long")
+	if err := synth.Write(dir, cfg, synth.Options{Seed: 5, Std: 0.3}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	e := newEngine(t, m, Options{KVBytes: 64 << 20, MaxSequences: 8})
+	ref, err := reference.New(m.Config, m.Weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	lengths := []int{2100, 700, 2500}
+	var entries []*engine.Entry
+	var refSeqs []*reference.Sequence
+	for _, n := range lengths {
+		p := make([]int, n)
+		for i := range p {
+			p[i] = rng.IntN(cfg.VocabSize)
+		}
+		s, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Release()
+		entries = append(entries, &engine.Entry{Seq: s, Tokens: p})
+		refSeqs = append(refSeqs, ref.NewSequence())
+	}
+	for step := 0; step < 6; step++ {
+		inputs := make([]reference.Input, len(entries))
+		for i, en := range entries {
+			inputs[i] = reference.Input{Seq: refSeqs[i], Tokens: en.Tokens}
+		}
+		logits, err := ref.ForwardBatch(inputs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Step(context.Background(), entries); err != nil {
+			t.Fatal(err)
+		}
+		for i, en := range entries {
+			want, _ := reference.Argmax(logits[i])
+			if en.Next != want {
+				top, second := topTwo(logits[i])
+				if top-second < 1e-3*maxAbs(logits[i]) {
+					t.Logf("sequence %d step %d: near tie (margin %.3g), stopping the comparison", i, step, top-second)
+					return
+				}
+				t.Fatalf("sequence %d (context %d) step %d: engine %d, reference %d", i, refSeqs[i].Len(), step, en.Next, want)
+			}
+			en.Tokens = []int{want}
+		}
+	}
+}
+
+func topTwo(v []float32) (float32, float32) {
+	a, b := float32(math.Inf(-1)), float32(math.Inf(-1))
+	for _, x := range v {
+		if x > a {
+			a, b = x, a
+		} else if x > b {
+			b = x
+		}
+	}
+	return a, b
+}
+
+func maxAbs(v []float32) float32 {
+	var m float32
+	for _, x := range v {
+		m = max(m, float32(math.Abs(float64(x))))
+	}
+	return m
+}

@@ -1,0 +1,307 @@
+package webgpu
+
+import (
+	"fmt"
+
+	"webdraft/engine"
+	"webdraft/gpu"
+	"webdraft/kernels"
+	"webdraft/qwen3"
+)
+
+// pending is an entry's tokens not yet fed.
+type pending struct {
+	entry  *engine.Entry
+	seq    *sequence
+	tokens []int
+}
+
+// passEntry is one sequence's part of a forward pass: rows row0 … row0+T-1
+// hold its positions P … P+T-1.
+type passEntry struct {
+	p        *pending
+	row0, T  int
+	P        int
+	last     int // index into the pass's last rows, or -1 while the entry is incomplete
+	complete bool
+}
+
+type pass struct {
+	entries []passEntry
+	rows    int
+	decode  int // rows 0 … decode-1 are single-token entries (decode attention)
+	lasts   int
+}
+
+// plan picks the next forward pass from what is pending: single-token
+// entries first (they share one decode-attention dispatch), then chunks of
+// prompts, within MaxRows rows and the last-row buffers.
+func (e *Engine) plan(work []pending) pass {
+	var ps pass
+	rows := e.opts.MaxRows
+	add := func(p *pending, T int) {
+		pe := passEntry{p: p, row0: ps.rows, T: T, P: p.seq.len, last: -1, complete: T == len(p.tokens)}
+		if pe.complete {
+			pe.last = ps.lasts
+			ps.lasts++
+		}
+		ps.entries = append(ps.entries, pe)
+		ps.rows += T
+		rows -= T
+	}
+	for i := range work {
+		if p := &work[i]; len(p.tokens) == 1 && rows > 0 && ps.lasts < e.act.maxLasts {
+			add(p, 1)
+		}
+	}
+	ps.decode = ps.rows
+	for i := range work {
+		p := &work[i]
+		if len(p.tokens) <= 1 || rows == 0 {
+			continue
+		}
+		T := min(len(p.tokens), rows)
+		if T == len(p.tokens) && ps.lasts == e.act.maxLasts {
+			T-- // no last-row room: leave its last token for the next pass
+		}
+		if T > 0 {
+			add(p, T)
+		}
+	}
+	return ps
+}
+
+// forward records, submits and reads back one pass.
+func (e *Engine) forward(ps pass) error {
+	c, a := &e.cfg, e.act
+	ids := make([]uint32, ps.rows)
+	slots := make([]uint32, ps.rows)
+	pos := make([]uint32, ps.rows)
+	lasts := make([]uint32, ps.lasts)
+	maxLen := 0
+	for _, pe := range ps.entries {
+		s := pe.p.seq
+		if s.dirty {
+			if err := e.kv.SetBlocks(s.slot, s.blocks); err != nil {
+				return err
+			}
+			s.dirty = false
+		}
+		for t := range pe.T {
+			r := pe.row0 + t
+			ids[r], slots[r], pos[r] = uint32(pe.p.tokens[t]), uint32(s.slot), uint32(pe.P+t)
+		}
+		if pe.complete {
+			lasts[pe.last] = uint32(pe.row0 + pe.T - 1)
+		}
+		if pe.row0 < ps.decode {
+			maxLen = max(maxLen, pe.P+1)
+		}
+	}
+	for _, up := range []struct {
+		buf *gpu.Buffer
+		v   []uint32
+	}{{a.ids, ids}, {a.seq, slots}, {a.pos, pos}, {a.last, lasts}} {
+		if len(up.v) > 0 {
+			if err := up.buf.WriteU32(0, up.v); err != nil {
+				return err
+			}
+		}
+	}
+	if ps.decode > 0 {
+		if err := a.ensureScratch(e.dev, e.kv.DecodeScratch(ps.decode, c.NumAttentionHeads, maxLen)); err != nil {
+			return err
+		}
+	}
+
+	b, err := e.dev.NewBatch("forward")
+	if err != nil {
+		return err
+	}
+	if err := e.record(b, ps, maxLen); err != nil {
+		b.Discard()
+		return err
+	}
+	if err := b.Submit(); err != nil {
+		return fmt.Errorf("forward pass: %w", err)
+	}
+	var next []uint32
+	if ps.lasts > 0 {
+		raw, err := a.next.Read(0, uint64(ps.lasts)*4)
+		if err != nil {
+			return fmt.Errorf("read back: %w", err)
+		}
+		next = u32s(raw)
+	}
+	for _, pe := range ps.entries {
+		pe.p.seq.len += pe.T
+		pe.p.tokens = pe.p.tokens[pe.T:]
+		if pe.complete {
+			id := next[pe.last]
+			if id == kernels.ArgmaxNaN || int(id) >= c.VocabSize {
+				return fmt.Errorf("forward pass: the logits hold NaN (token %d)", id)
+			}
+			pe.p.entry.Next = int(id)
+		}
+	}
+	return nil
+}
+
+// record appends the forward pass to b: modeling_qwen3.py, step by step.
+// R = rows of the pass, H hidden, D head_dim.
+func (e *Engine) record(b *gpu.Batch, ps pass, maxLen int) error {
+	c, a, w := &e.cfg, e.act, e.w
+	R, H, I := ps.rows, c.HiddenSize, c.IntermediateSize
+	heads, kvHeads, D, eps := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim, c.RMSNormEps
+	steps := []func() error{
+		// hidden = embed_tokens(input_ids): (R, H)
+		func() error { return kernels.Embed(b, a.x, a.ids, w.embed, R) },
+	}
+	for l := range w.layers {
+		lw := &w.layers[l]
+		steps = append(steps,
+			// h = input_layernorm(hidden)
+			func() error { return kernels.RMSNorm(b, a.h, a.x, lw.inputNorm, R, H, eps) },
+			// q, k, v = q_proj(h), k_proj(h), v_proj(h)
+			func() error { return kernels.MatMul(b, a.q, a.h, lw.q, R, false) },
+			func() error { return kernels.MatMul(b, a.k, a.h, lw.k, R, false) },
+			func() error { return kernels.MatMul(b, a.v, a.h, lw.v, R, false) },
+			// q, k = rope(q_norm(q)), rope(k_norm(k)), per head
+			func() error {
+				return kernels.QKNormRope(b, a.q, a.k, lw.qNorm, lw.kNorm, a.pos, w.invFreq, R, heads, kvHeads, D, eps)
+			},
+			// past_key_values.update(k, v)
+			func() error { return kernels.KVWrite(b, e.kv, l, a.k, a.v, a.seq, a.pos, R) },
+			// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
+			func() error {
+				if ps.decode == 0 {
+					return nil
+				}
+				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, a.scratch, ps.decode, heads, maxLen)
+			},
+			func() error {
+				for _, pe := range ps.entries {
+					if pe.row0 >= ps.decode {
+						if err := kernels.AttentionPrefill(b, a.attn, a.q, e.kv, l, pe.p.seq.slot, a.pos, pe.row0, pe.T, heads); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			},
+			// hidden += o_proj(attn)
+			func() error { return kernels.MatMul(b, a.x, a.attn, lw.o, R, true) },
+			// h = post_attention_layernorm(hidden)
+			func() error { return kernels.RMSNorm(b, a.h, a.x, lw.postNorm, R, H, eps) },
+			// hidden += down_proj(silu(gate_proj(h)) * up_proj(h))
+			func() error { return kernels.MatMul(b, a.gateUp, a.h, lw.gateUp, R, false) },
+			func() error { return kernels.SwiGLUFused(b, a.mlp, a.gateUp, R, I) },
+			func() error { return kernels.MatMul(b, a.x, a.mlp, lw.down, R, true) },
+		)
+	}
+	if ps.lasts > 0 {
+		steps = append(steps,
+			// The last row of each complete entry: norm, lm_head, argmax.
+			func() error { return kernels.Embed(b, a.hLast, a.last, a.hiddenRows, ps.lasts) },
+			func() error { return kernels.RMSNorm(b, a.h, a.hLast, w.norm, ps.lasts, H, eps) },
+			func() error { return kernels.MatMul(b, a.logits, a.h, w.head, ps.lasts, false) },
+			func() error { return kernels.Argmax(b, a.next, a.logits, ps.lasts, c.VocabSize) },
+		)
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// activations are the pass's buffers, sized for MaxRows rows and maxLasts
+// complete entries.
+type activations struct {
+	maxLasts      int
+	ids, seq, pos *gpu.Buffer // (rows) u32
+	last, next    *gpu.Buffer // (lasts) u32: rows to read out, greedy tokens
+	x, h          *gpu.Buffer // (rows, H)
+	q, attn       *gpu.Buffer // (rows, heads*D)
+	k, v          *gpu.Buffer // (rows, kv_heads*D)
+	gateUp        *gpu.Buffer // (rows, 2I)
+	mlp           *gpu.Buffer // (rows, I)
+	hLast         *gpu.Buffer // (lasts, H)
+	logits        *gpu.Buffer // (lasts, vocab)
+	scratch       *gpu.Buffer // decode attention's splits, grown on demand
+	hiddenRows    *kernels.Matrix
+	scratchLen    int
+	all           []*gpu.Buffer
+}
+
+func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activations, err error) {
+	a := &activations{}
+	defer func() {
+		if err != nil {
+			a.release()
+		}
+	}()
+	// Logits of all complete entries must fit one binding.
+	a.maxLasts = min(seqs, rows, int(d.Limits().MaxStorageBufferBindingSize/uint64(4*c.VocabSize)))
+	if a.maxLasts < 1 {
+		return nil, fmt.Errorf("the vocabulary's logits (%d) do not fit one storage binding", c.VocabSize)
+	}
+	H, q, kv, I := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize
+	for _, b := range []struct {
+		dst   **gpu.Buffer
+		name  string
+		words int
+	}{
+		{&a.ids, "ids", rows}, {&a.seq, "seq", rows}, {&a.pos, "pos", rows},
+		{&a.last, "last", a.maxLasts}, {&a.next, "next", a.maxLasts},
+		{&a.x, "hidden", rows * H}, {&a.h, "normed", rows * H},
+		{&a.q, "q", rows * q}, {&a.attn, "attn", rows * q},
+		{&a.k, "k", rows * kv}, {&a.v, "v", rows * kv},
+		{&a.gateUp, "gate_up", rows * 2 * I}, {&a.mlp, "mlp", rows * I},
+		{&a.hLast, "hidden_last", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
+	} {
+		if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {
+			return nil, fmt.Errorf("activations: %w", err)
+		}
+		a.all = append(a.all, *b.dst)
+	}
+	// The hidden states seen as an f32 matrix, so Embed can gather rows.
+	a.hiddenRows = &kernels.Matrix{Name: "hidden", Format: kernels.F32, N: rows, K: H, W: a.x}
+	return a, nil
+}
+
+// ensureScratch grows the decode-attention scratch to n f32 values.
+func (a *activations) ensureScratch(d *gpu.Device, n int) error {
+	if n <= a.scratchLen {
+		return nil
+	}
+	n = max(n, 2*a.scratchLen)
+	buf, err := d.NewBuffer("attention_scratch", uint64(n)*4)
+	if err != nil {
+		return err
+	}
+	if a.scratch != nil {
+		a.scratch.Release()
+	}
+	a.scratch, a.scratchLen = buf, n
+	return nil
+}
+
+func (a *activations) release() {
+	for _, b := range a.all {
+		b.Release()
+	}
+	if a.scratch != nil {
+		a.scratch.Release()
+	}
+	a.all, a.scratch = nil, nil
+}
+
+func u32s(b []byte) []uint32 {
+	out := make([]uint32, len(b)/4)
+	for i := range out {
+		out[i] = uint32(b[4*i]) | uint32(b[4*i+1])<<8 | uint32(b[4*i+2])<<16 | uint32(b[4*i+3])<<24
+	}
+	return out
+}

@@ -284,3 +284,24 @@ func TestErrorsAreGoErrors(t *testing.T) {
 		t.Errorf("after the errors: %v, %v", got, err)
 	}
 }
+
+// TestReopen: devices opened, used and closed one after another in one
+// process (the server's tests do this) — the library's own CreateInstance
+// left part of its descriptor uninitialized and aborted the second time.
+func TestReopen(t *testing.T) {
+	for i := range 4 {
+		d, err := gpu.Open(gpu.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf, err := d.UploadF32("x", make([]float32, 1024+i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := buf.ReadF32(); err != nil {
+			t.Fatal(err)
+		}
+		buf.Release()
+		d.Close()
+	}
+}

@@ -18,7 +18,10 @@ import (
 // its compute support is partial and its EGL start-up can abort the process.
 func Open(opts Options) (*Device, error) {
 	wgpu.SetLogLevel(wgpu.LogLevelOff) // errors reach us as Go errors instead
-	inst := wgpu.CreateInstance(&wgpu.InstanceDescriptor{Backends: wgpu.InstanceBackendPrimary})
+	inst, err := newInstance(wgpu.InstanceBackendPrimary)
+	if err != nil {
+		return nil, err
+	}
 	defer inst.Release()
 	adapters := inst.EnumerateAdapters(nil)
 	if len(adapters) == 0 {

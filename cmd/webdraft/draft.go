@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/engine/webgpu"
+	"webdraft/gpu"
 	"webdraft/tokenizer"
 	"webdraft/weights"
 )
@@ -85,10 +88,8 @@ type backendChoice string
 
 func parseBackend(s string) (backendChoice, error) {
 	switch s {
-	case "auto", "cpu":
+	case "auto", "cpu", "webgpu":
 		return backendChoice(s), nil
-	case "webgpu":
-		return "", fmt.Errorf("--backend webgpu: the WebGPU engine is not part of this build yet; use --backend cpu or auto")
 	}
 	return "", usagef("--backend %q: want auto, webgpu or cpu", s)
 }
@@ -98,15 +99,23 @@ const draftKVBytes = 256 << 20
 
 // openEngine starts the engine --backend asks for, with kvBytes of KV
 // cache, and logs what it runs on.
-func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64) (engine.Engine, error) {
-	eng, err := engine.NewCPU(m.Config, m.Weights, kvBytes)
-	if err != nil {
-		return nil, err
+func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64) (eng engine.Engine, err error) {
+	if b != "cpu" {
+		eng, err = webgpu.Open(m.Config, m.Weights, webgpu.Options{KVBytes: kvBytes})
+		switch {
+		case err == nil:
+		case b == "auto" && errors.Is(err, gpu.ErrNoAdapter):
+			e.log.Info("no WebGPU adapter: using the CPU reference engine")
+		default:
+			return nil, fmt.Errorf("webgpu: %w", err)
+		}
+	}
+	if eng == nil {
+		if eng, err = engine.NewCPU(m.Config, m.Weights, kvBytes); err != nil {
+			return nil, err
+		}
 	}
 	info := eng.Info()
-	if b == "auto" {
-		e.log.Info("no WebGPU engine in this build: using the CPU")
-	}
 	e.log.Info("engine", "backend", info.Backend, "adapter", info.Adapter)
 	return eng, nil
 }

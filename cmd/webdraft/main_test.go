@@ -74,12 +74,17 @@ func TestConvertThenDraft(t *testing.T) {
 		t.Fatalf("convert: exit %d: %s", code, stderr)
 	}
 	for _, model := range []string{out, goldenTied} {
-		code, stdout, stderr := webdraft(t, "draft", "--model", model, "--ids", joinIDs(prompt), "--n", "16", "--backend", "cpu")
-		if code != 0 {
-			t.Fatalf("draft --model %s: exit %d: %s", model, code, stderr)
-		}
-		if got := draftOut(t, stdout); joinIDs(got) != joinIDs(want) {
-			t.Errorf("draft --model %s = %v, HF's greedy tokens %v", model, got, want)
+		for _, backend := range []string{"cpu", "webgpu"} {
+			code, stdout, stderr := webdraft(t, "draft", "--model", model, "--ids", joinIDs(prompt), "--n", "16", "--backend", backend)
+			if code != 0 {
+				t.Fatalf("draft --model %s --backend %s: exit %d: %s", model, backend, code, stderr)
+			}
+			if !strings.Contains(stderr, "backend="+backend) {
+				t.Errorf("--backend %s: engine not logged: %s", backend, stderr)
+			}
+			if got := draftOut(t, stdout); joinIDs(got) != joinIDs(want) {
+				t.Errorf("draft --model %s --backend %s = %v, HF's greedy tokens %v", model, backend, got, want)
+			}
 		}
 	}
 }
@@ -92,8 +97,8 @@ func TestDraftEmbeddedDefault(t *testing.T) {
 	if got := draftOut(t, stdout); len(got) != 5 {
 		t.Errorf("draft = %v, want 5 tokens", got)
 	}
-	if !strings.Contains(stderr, "backend=cpu") {
-		t.Errorf("the chosen backend is not logged: %s", stderr)
+	if !strings.Contains(stderr, "msg=engine backend=") || !strings.Contains(stderr, "adapter=") {
+		t.Errorf("the chosen backend and adapter are not logged: %s", stderr)
 	}
 }
 

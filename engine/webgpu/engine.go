@@ -52,6 +52,23 @@ type Engine struct {
 	freeBlocks []uint32 // pool blocks no sequence holds
 	freeSlots  []int    // block-table rows no sequence holds
 	closed     bool
+	ownsDevice bool // Close closes the device (Open made it)
+}
+
+// Open opens the best WebGPU adapter (gpu.ErrNoAdapter when there is none)
+// and builds an engine that owns the device.
+func Open(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
+	dev, err := gpu.Open(gpu.Options{})
+	if err != nil {
+		return nil, err
+	}
+	e, err := New(dev, cfg, w, opts)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	e.ownsDevice = true
+	return e, nil
 }
 
 var _ engine.Engine = (*Engine)(nil)
@@ -117,6 +134,10 @@ func (e *Engine) Close() error {
 	}
 	if e.act != nil {
 		e.act.release()
+	}
+	if e.ownsDevice {
+		e.dev.Close()
+		e.ownsDevice = false
 	}
 	return nil
 }

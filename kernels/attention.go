@@ -46,14 +46,17 @@ const (
 // MaxBlocks entries in Table mapping its logical blocks to pool blocks.
 // Which blocks a sequence gets is the engine's business (SetBlocks).
 //
-//	K, V  (layers, blocks, kv_heads, block_size, D) f32
-//	Table (seqs, max_blocks) u32
+//	K[l], V[l]  (blocks, kv_heads, block_size, D) f32, a buffer per layer
+//	Table       (seqs, max_blocks) u32
 //
-// The layout is ready for an f16 cache: only the element type changes.
+// A buffer per layer keeps each under the device's buffer and binding
+// limits however large the whole cache grows. The layout is ready for an
+// f16 cache: only the element type changes.
 type KVCache struct {
 	Layers, KVHeads, D, BlockSize, Blocks int
 	Seqs, MaxBlocks                       int
-	K, V, Table                           *gpu.Buffer
+	K, V                                  []*gpu.Buffer // per layer
+	Table                                 *gpu.Buffer
 }
 
 // NewKVCache allocates a zeroed cache and an all-zero block table.
@@ -64,21 +67,23 @@ func NewKVCache(d *gpu.Device, layers, kvHeads, D, blockSize, blocks, seqs, maxB
 			return nil, fmt.Errorf("kernels: kv cache: non-positive size in %+v", *c)
 		}
 	}
-	if align := uint64(d.Limits().MinStorageBufferOffsetAlignment); c.layerBytes()%align != 0 {
-		return nil, fmt.Errorf("kernels: kv cache: a layer's %d bytes are not a multiple of the offset alignment %d", c.layerBytes(), align)
-	}
 	if c.layerBytes() > d.Limits().MaxStorageBufferBindingSize {
 		return nil, fmt.Errorf("kernels: kv cache: a layer's %d bytes exceed one binding (%d)", c.layerBytes(), d.Limits().MaxStorageBufferBindingSize)
 	}
+	for l := range layers {
+		for _, kv := range []struct {
+			dst  *[]*gpu.Buffer
+			name string
+		}{{&c.K, "k"}, {&c.V, "v"}} {
+			buf, err := d.NewBuffer(fmt.Sprintf("kv.%s.%d", kv.name, l), c.layerBytes())
+			if err != nil {
+				c.Release()
+				return nil, err
+			}
+			*kv.dst = append(*kv.dst, buf)
+		}
+	}
 	var err error
-	size := uint64(layers) * c.layerBytes()
-	if c.K, err = d.NewBuffer("kv.k", size); err != nil {
-		return nil, err
-	}
-	if c.V, err = d.NewBuffer("kv.v", size); err != nil {
-		c.Release()
-		return nil, err
-	}
 	if c.Table, err = d.NewBuffer("kv.table", uint64(seqs*maxBlocks)*4); err != nil {
 		c.Release()
 		return nil, err
@@ -92,10 +97,7 @@ func (c *KVCache) layerBytes() uint64 {
 }
 
 // layer binds layer l of K and of V.
-func (c *KVCache) layer(l int) (k, v gpu.Binding) {
-	n := c.layerBytes()
-	return c.K.Slice(uint64(l)*n, n), c.V.Slice(uint64(l)*n, n)
-}
+func (c *KVCache) layer(l int) (k, v gpu.Binding) { return c.K[l].All(), c.V[l].All() }
 
 // SetBlocks writes sequence slot seq's block table: its logical block i is
 // pool block blocks[i]. It is ordered before the next submitted batch.
@@ -113,7 +115,7 @@ func (c *KVCache) SetBlocks(seq int, blocks []uint32) error {
 
 // Release frees the cache's buffers.
 func (c *KVCache) Release() {
-	for _, b := range []*gpu.Buffer{c.K, c.V, c.Table} {
+	for _, b := range append(append([]*gpu.Buffer{c.Table}, c.K...), c.V...) {
 		if b != nil {
 			b.Release()
 		}

@@ -72,12 +72,11 @@ func TestKVWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, buf := range map[string]*gpu.Buffer{"k": tc.c.K, "v": tc.c.V} {
-		all, err := buf.ReadF32()
+	for name, buf := range map[string]*gpu.Buffer{"k": tc.c.K[tc.layer], "v": tc.c.V[tc.layer]} {
+		layer, err := buf.ReadF32()
 		if err != nil {
 			t.Fatal(err)
 		}
-		layer := all[int(tc.c.layerBytes()/4)*tc.layer:]
 		hist := tc.k
 		if name == "v" {
 			hist = tc.v

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"webdraft/gpu"
@@ -295,5 +296,33 @@ func TestMLPFused(t *testing.T) {
 			})
 			checkClose(t, "hidden", readF32(t, xb, T*H), want, tolF32)
 		})
+	}
+}
+
+func TestCopy(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, words := range []int{1, 255, 256, 257, 300001} {
+		src := make([]uint32, 4*words)
+		for i := range src {
+			src[i] = r.Uint32()
+		}
+		sb := uploadU32(t, d, "src", src)
+		dst, err := d.NewBuffer("dst", uint64(len(src))*4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dst.Release()
+		if err := dst.Fill(0xdeadbeef); err != nil {
+			t.Fatal(err)
+		}
+		run(t, d, "copy", func(b *gpu.Batch) error { return Copy(b, dst, sb, uint64(len(src))*4) })
+		got, err := dst.ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, src) {
+			t.Fatalf("%d words: copy differs", words)
+		}
 	}
 }

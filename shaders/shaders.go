@@ -61,6 +61,11 @@ var SwiGLU string
 //go:embed add.wgsl
 var Add string
 
+// Copy is copy.wgsl: a 16-byte-word copy, the bandwidth yardstick.
+//
+//go:embed copy.wgsl
+var Copy string
+
 // Argmax is argmax.wgsl: the index of each row's largest value.
 //
 //go:embed argmax.wgsl

@@ -111,6 +111,9 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 
 func (e *Engine) Config() qwen3.Config { return e.cfg }
 
+// Device is the engine's device (for benchmarks that measure it alongside).
+func (e *Engine) Device() *gpu.Device { return e.dev }
+
 func (e *Engine) Info() engine.Info {
 	return engine.Info{Backend: "webgpu", Adapter: e.dev.Info().String()}
 }

@@ -264,3 +264,74 @@ func maxAbs(v []float32) float32 {
 	}
 	return m
 }
+
+// TestExternalModel checks the engine against the reference on a model
+// folder named by WEBDRAFT_TEST_MODEL (e.g. a Qwen3-1.7B-shaped checkpoint
+// made by scripts/random_hf_checkpoint.py and converted to int4, on the GPU
+// machine): several prompts, 8 greedy tokens each, batched together.
+func TestExternalModel(t *testing.T) {
+	dir := os.Getenv("WEBDRAFT_TEST_MODEL")
+	if dir == "" {
+		t.Skip("WEBDRAFT_TEST_MODEL is not set")
+	}
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	e := newEngine(t, m, Options{KVBytes: 2 << 30, MaxSequences: 8})
+	ref, err := reference.New(m.Config, m.Weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(11, 11))
+	var entries []*engine.Entry
+	var seqs []*reference.Sequence
+	for _, n := range []int{5, 64, 300} {
+		p := make([]int, n)
+		for i := range p {
+			p[i] = rng.IntN(m.Config.VocabSize)
+		}
+		s, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Release()
+		entries = append(entries, &engine.Entry{Seq: s, Tokens: p})
+		seqs = append(seqs, ref.NewSequence())
+	}
+	live := len(entries)
+	compared := 0
+	for step := 0; step < 8 && live > 0; step++ {
+		inputs := make([]reference.Input, 0, len(entries))
+		var active []*engine.Entry
+		for i, en := range entries {
+			if en.Tokens != nil {
+				inputs = append(inputs, reference.Input{Seq: seqs[i], Tokens: en.Tokens})
+				active = append(active, en)
+			}
+		}
+		logits, err := ref.ForwardBatch(inputs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Step(context.Background(), active); err != nil {
+			t.Fatal(err)
+		}
+		for i, en := range active {
+			want, _ := reference.Argmax(logits[i])
+			if en.Next != want {
+				top, second := topTwo(logits[i])
+				if top-second >= 1e-3*maxAbs(logits[i]) {
+					t.Fatalf("step %d: engine %d, reference %d (margin %.3g)", step, en.Next, want, top-second)
+				}
+				t.Logf("step %d: near tie (margin %.3g): this sequence is compared no further", step, top-second)
+				en.Tokens, live = nil, live-1
+				continue
+			}
+			compared++
+			en.Tokens = []int{want}
+		}
+	}
+	t.Logf("%s: %d greedy tokens identical to the reference", dir, compared)
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"webdraft/engine/webgpu"
+	"webdraft/internal/perf"
+	"webdraft/internal/synth"
+	"webdraft/qwen3"
+)
+
+func benchEngine(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--context 1024] [--batches 1,32] [--prefill 512]")
+	shape := fs.String("shape", "qwen3-1.7b", "published shape, with random int4 weights: "+strings.Join(shapeNames(), ", "))
+	modelDir := fs.String("model", "", "measure this model folder instead of random weights")
+	context := fs.Int("context", 1024, "context length of each sequence before the timed decode steps")
+	batchesFlag := fs.String("batches", "1,32", "decode batch sizes, comma-separated")
+	steps := fs.Int("steps", 32, "timed decode steps per batch size")
+	prefill := fs.Int("prefill", 512, "prompt length of the prefill measurement")
+	copyMB := fs.Int("copy-mb", 1024, "buffer size of the copy-bandwidth measurement (capped by the device)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	batches, err := parseIDs(*batchesFlag)
+	if err != nil || len(batches) == 0 {
+		return usagef("--batches %q: want comma-separated sizes", *batchesFlag)
+	}
+	maxBatch := 0
+	for _, b := range batches {
+		if b < 1 {
+			return usagef("--batches: %d is not a batch size", b)
+		}
+		maxBatch = max(maxBatch, b)
+	}
+	if *context < 1 || *steps < 1 || *prefill < 1 {
+		return usagef("--context, --steps and --prefill must be positive")
+	}
+
+	var cfg qwen3.Config
+	var w *qwen3.Weights
+	label := *shape + " (random int4)"
+	if *modelDir != "" {
+		m, err := loadModel(*modelDir)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		cfg, w, label = m.Config, m.Weights, *modelDir+" ("+string(m.Quant)+")"
+	} else {
+		var ok bool
+		if cfg, ok = synth.Shapes[*shape]; !ok {
+			return usagef("--shape %q: want one of %s", *shape, strings.Join(shapeNames(), ", "))
+		}
+		w = synth.Int4Weights(cfg, 1, 0.02)
+	}
+	if need := *context + *steps + 4; need > cfg.MaxPositionEmbeddings || *prefill > cfg.MaxPositionEmbeddings {
+		return usagef("--context %d / --prefill %d exceed the model's %d positions", *context, *prefill, cfg.MaxPositionEmbeddings)
+	}
+	kvPositions := maxBatch*(*context+*steps+8) + 2**prefill
+	kvBytes := int64(kvPositions+(maxBatch+8)*16) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
+	eng, err := webgpu.Open(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: maxBatch + 8, MaxRows: max(*prefill, maxBatch)})
+	if err != nil {
+		return fmt.Errorf("webgpu: %w", err)
+	}
+	defer eng.Close()
+	dev := eng.Device()
+	e.log.Info("measuring", "adapter", dev.Info().String(), "model", label)
+
+	bw, copyBytes, err := perf.CopyBandwidth(dev, uint64(*copyMB)<<20, 20)
+	if err != nil {
+		return fmt.Errorf("copy: %w", err)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t") }
+	fmt.Fprintf(e.stdout, "adapter: %s\nmodel: %s\n\n", dev.Info(), label)
+	row("figure", "measured", "limit", "ratio")
+	row(fmt.Sprintf("copy, %d MiB buffers (read+write)", copyBytes>>20), gbps(bw), "", "")
+
+	mvs, err := perf.MatVecs(dev, &cfg, 10)
+	if err != nil {
+		return fmt.Errorf("matvec: %w", err)
+	}
+	for _, m := range mvs {
+		row(fmt.Sprintf("int4 matvec %s %d×%d", m.Name, m.N, m.K),
+			fmt.Sprintf("%.1f µs, %.0f GB/s", float64(m.Duration.Nanoseconds())/1e3, m.GBps()), gbps(bw), pct(m.GBps()*1e9/bw))
+	}
+	floor := time.Duration(float64(perf.WeightBytes(&cfg)) / bw * 1e9)
+	for _, b := range batches {
+		step, err := perf.Decode(ctx, eng, b, *context, *steps)
+		if err != nil {
+			return fmt.Errorf("decode batch %d: %w", b, err)
+		}
+		row(fmt.Sprintf("decode step, batch %d, context %d", b, *context),
+			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(step), float64(b)/step.Seconds()),
+			fmt.Sprintf("%.3f ms (weights/copy bw)", ms64(floor)), pct(floor.Seconds()/step.Seconds()))
+	}
+	pre, err := perf.Prefill(ctx, eng, *prefill, 3)
+	if err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	flops := 2 * float64(perf.Params(&cfg)) * float64(*prefill)
+	row(fmt.Sprintf("prefill %d tokens", *prefill),
+		fmt.Sprintf("%.1f ms, %.0f tok/s, %.2f TFLOP/s", ms64(pre), float64(*prefill)/pre.Seconds(), flops/pre.Seconds()/1e12), "", "")
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench engine %s\n", strings.Join(args, " "))
+	return nil
+}
+
+func gbps(bytesPerSecond float64) string {
+	return strconv.FormatFloat(bytesPerSecond/1e9, 'f', 0, 64) + " GB/s"
+}
+func pct(r float64) string         { return strconv.FormatFloat(100*r, 'f', 0, 64) + " %" }
+func ms64(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

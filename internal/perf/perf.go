@@ -1,0 +1,235 @@
+// Package perf measures a WebGPU device and the engine on it: the copy
+// bandwidth every figure is compared with, int4 matrix × vector at a model's
+// shapes, decode steps and prefill. It backs `webdraft bench engine`.
+package perf
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"webdraft/engine"
+	"webdraft/gpu"
+	"webdraft/kernels"
+	"webdraft/qwen3"
+	"webdraft/tensor"
+)
+
+// run times reps batches of record, waiting for the GPU after the last
+// (a one-word readback of sync), and returns the time per batch.
+func run(d *gpu.Device, sync *gpu.Buffer, reps int, record func(*gpu.Batch) error) (time.Duration, error) {
+	once := func(n int) (time.Duration, error) {
+		start := time.Now()
+		for range n {
+			b, err := d.NewBatch("bench")
+			if err != nil {
+				return 0, err
+			}
+			if err := record(b); err != nil {
+				b.Discard()
+				return 0, err
+			}
+			if err := b.Submit(); err != nil {
+				return 0, err
+			}
+		}
+		if _, err := sync.Read(0, 4); err != nil {
+			return 0, err
+		}
+		return time.Since(start) / time.Duration(n), nil
+	}
+	if _, err := once(2); err != nil { // warm up: pipelines, caches, clocks
+		return 0, err
+	}
+	return once(reps)
+}
+
+// CopyBandwidth copies a buffer of the given size (capped by the device's
+// binding limit) and returns bytes read plus written per second.
+func CopyBandwidth(d *gpu.Device, bytes uint64, reps int) (float64, uint64, error) {
+	bytes = min(bytes, d.Limits().MaxStorageBufferBindingSize) &^ 15
+	src, err := d.NewBuffer("copy_src", bytes)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer src.Release()
+	dst, err := d.NewBuffer("copy_dst", bytes)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer dst.Release()
+	const perBatch = 4
+	t, err := run(d, dst, reps, func(b *gpu.Batch) error {
+		for range perBatch {
+			if err := kernels.Copy(b, dst, src, bytes); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return float64(2*bytes*perBatch) / t.Seconds(), bytes, nil
+}
+
+// MatVec is one int4 matrix × vector measurement.
+type MatVec struct {
+	Name     string
+	N, K     int
+	Bytes    uint64 // weights and scales read
+	Duration time.Duration
+}
+
+// GBps is the effective bandwidth over the weights.
+func (m MatVec) GBps() float64 { return float64(m.Bytes) / m.Duration.Seconds() / 1e9 }
+
+// MatVecs times out = x·Wᵀ at T = 1 for each of a layer's int4 matrices
+// (random weights), and for the head.
+func MatVecs(d *gpu.Device, c *qwen3.Config, reps int) ([]MatVec, error) {
+	shapes := []MatVec{
+		{Name: "q_proj", N: c.QDim(), K: c.HiddenSize},
+		{Name: "k_proj / v_proj", N: c.KVDim(), K: c.HiddenSize},
+		{Name: "o_proj", N: c.HiddenSize, K: c.QDim()},
+		{Name: "gate+up", N: 2 * c.IntermediateSize, K: c.HiddenSize},
+		{Name: "down_proj", N: c.HiddenSize, K: c.IntermediateSize},
+		{Name: "lm_head", N: c.VocabSize, K: c.HiddenSize},
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range shapes {
+		s := &shapes[i]
+		m := &tensor.Int4{Rows: s.N, Cols: s.K, GroupSize: tensor.DefaultGroupSize,
+			QWeight: make([]uint32, s.N*s.K/8), Scales: make([]uint16, s.N*s.K/tensor.DefaultGroupSize)}
+		for j := range m.QWeight {
+			m.QWeight[j] = rng.Uint32()
+		}
+		for j := range m.Scales {
+			m.Scales[j] = tensor.F32ToF16(0.01)
+		}
+		w, err := kernels.UploadMatrix(d, s.Name, m)
+		if err != nil {
+			return nil, err
+		}
+		x, err := d.UploadF32("x", make([]float32, s.K))
+		if err != nil {
+			w.Release()
+			return nil, err
+		}
+		out, err := d.NewBuffer("out", uint64(s.N)*4)
+		if err != nil {
+			w.Release()
+			x.Release()
+			return nil, err
+		}
+		const perBatch = 16
+		s.Bytes = uint64(len(m.QWeight))*4 + uint64(len(m.Scales))*2
+		t, err := run(d, out, reps, func(b *gpu.Batch) error {
+			for range perBatch {
+				if err := kernels.MatMul(b, out, x, w, 1, false); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		w.Release()
+		x.Release()
+		out.Release()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
+		s.Duration = t / perBatch
+	}
+	return shapes, nil
+}
+
+// Decode prefills batch sequences with context random tokens each, then
+// times steps decode steps of all of them together; it returns the time per
+// step.
+func Decode(ctx context.Context, e engine.Engine, batch, context, steps int) (time.Duration, error) {
+	cfg := e.Config()
+	rng := rand.New(rand.NewPCG(3, uint64(batch)))
+	entries := make([]*engine.Entry, batch)
+	for i := range entries {
+		s, err := e.NewSequence()
+		if err != nil {
+			return 0, err
+		}
+		defer s.Release()
+		p := make([]int, context)
+		for j := range p {
+			p[j] = rng.IntN(cfg.VocabSize)
+		}
+		entries[i] = &engine.Entry{Seq: s, Tokens: p}
+		if err := e.Step(ctx, entries[i:i+1]); err != nil {
+			return 0, fmt.Errorf("prefill: %w", err)
+		}
+		entries[i].Tokens = []int{entries[i].Next}
+	}
+	step := func() error {
+		if err := e.Step(ctx, entries); err != nil {
+			return err
+		}
+		for _, en := range entries {
+			en.Tokens = []int{en.Next}
+		}
+		return nil
+	}
+	for range 2 { // warm up
+		if err := step(); err != nil {
+			return 0, err
+		}
+	}
+	start := time.Now()
+	for range steps {
+		if err := step(); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start) / time.Duration(steps), nil
+}
+
+// Prefill times feeding a fresh sequence n random tokens in one Step.
+func Prefill(ctx context.Context, e engine.Engine, n, reps int) (time.Duration, error) {
+	cfg := e.Config()
+	rng := rand.New(rand.NewPCG(4, uint64(n)))
+	p := make([]int, n)
+	for j := range p {
+		p[j] = rng.IntN(cfg.VocabSize)
+	}
+	var total time.Duration
+	for i := range reps + 1 {
+		s, err := e.NewSequence()
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		err = e.Step(ctx, []*engine.Entry{{Seq: s, Tokens: p}})
+		d := time.Since(start)
+		s.Release()
+		if err != nil {
+			return 0, err
+		}
+		if i > 0 { // the first run warms up
+			total += d
+		}
+	}
+	return total / time.Duration(reps), nil
+}
+
+// WeightBytes is what one decode step must read: every matrix's int4 words
+// and scales (and the head once more when it is not tied).
+func WeightBytes(c *qwen3.Config) uint64 {
+	perElem := func(n, k int) uint64 { return uint64(n*k)/2 + uint64(n*k/tensor.DefaultGroupSize)*2 }
+	layer := perElem(c.QDim(), c.HiddenSize) + 2*perElem(c.KVDim(), c.HiddenSize) + perElem(c.HiddenSize, c.QDim()) +
+		3*perElem(c.IntermediateSize, c.HiddenSize)
+	return uint64(c.NumHiddenLayers)*layer + perElem(c.VocabSize, c.HiddenSize)
+}
+
+// Params counts the weights one token's forward pass multiplies by (the
+// layers and the head), for FLOP rates: 2·Params per token.
+func Params(c *qwen3.Config) int64 {
+	layer := int64(c.QDim()+2*c.KVDim())*int64(c.HiddenSize) + int64(c.HiddenSize)*int64(c.QDim()) +
+		3*int64(c.IntermediateSize)*int64(c.HiddenSize)
+	return int64(c.NumHiddenLayers)*layer + int64(c.VocabSize)*int64(c.HiddenSize)
+}

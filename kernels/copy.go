@@ -1,0 +1,40 @@
+package kernels
+
+import (
+	"fmt"
+
+	"webdraft/gpu"
+	"webdraft/shaders"
+)
+
+var copyKernel = gpu.Kernel{
+	Module: "copy.wgsl", Source: shaders.Copy, Entry: "main", ParamsSize: 16,
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // src, dst
+}
+
+const copyWG = 256
+
+// Copy records dst = src over the first bytes of each (a multiple of 16):
+// the device's bandwidth yardstick (webdraft bench).
+func Copy(b *gpu.Batch, dst, src *gpu.Buffer, bytes uint64) error {
+	op := "copy"
+	if bytes == 0 || bytes%16 != 0 || bytes > src.Size() || bytes > dst.Size() {
+		return fmt.Errorf("kernels: %s: %d bytes (need a positive multiple of 16 within both buffers)", op, bytes)
+	}
+	words := bytes / 16
+	if words > 1<<32-1 {
+		return fmt.Errorf("kernels: %s: %d bytes is too large for one dispatch", op, bytes)
+	}
+	p, err := b.Device().Pipeline(copyKernel, nil)
+	if err != nil {
+		return err
+	}
+	groups := (words + copyWG - 1) / copyWG
+	x := min(groups, 65535)
+	y := (groups + x - 1) / x
+	binds := []gpu.Binding{src.Slice(0, bytes), dst.Slice(0, bytes)}
+	if err := b.Dispatch(p, []uint32{uint32(words), 0, 0, 0}, binds, uint32(x), uint32(y), 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}

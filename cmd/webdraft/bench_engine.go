@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -23,8 +25,20 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	steps := fs.Int("steps", 32, "timed decode steps per batch size")
 	prefill := fs.Int("prefill", 512, "prompt length of the prefill measurement")
 	copyMB := fs.Int("copy-mb", 1024, "buffer size of the copy-bandwidth measurement (capped by the device)")
+	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measurements to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	batches, err := parseIDs(*batchesFlag)
 	if err != nil || len(batches) == 0 {

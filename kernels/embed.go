@@ -9,15 +9,15 @@ import (
 
 var (
 	embedInt4 = gpu.Kernel{
-		Module: "embed_int4.wgsl", Source: shaders.EmbedInt4, Entry: "main", ParamsSize: 16,
+		Module: "embed_int4.wgsl", Source: shaders.EmbedInt4, Entry: "main", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // ids, qweight, scales, out
 	}
 	embedF16 = gpu.Kernel{
-		Module: "embed_dense.wgsl", Source: shaders.EmbedDense, Entry: "dense_f16", ParamsSize: 16,
+		Module: "embed_dense.wgsl", Source: shaders.EmbedDense, Entry: "dense_f16", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // ids, e, out
 	}
 	embedF32 = gpu.Kernel{
-		Module: "embed_dense.wgsl", Source: shaders.EmbedDense, Entry: "dense_f32", ParamsSize: 16,
+		Module: "embed_dense.wgsl", Source: shaders.EmbedDense, Entry: "dense_f32", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // ids, e, out
 	}
 )
@@ -30,10 +30,16 @@ const embedWG = 64
 //	e   (V, H) any Format
 //	out (T, H) f32
 //
-// The whole table is bound at once, so it must fit one storage binding
-// (Qwen3-8B's int4 table is 311 MB: fine on GPUs, too large for lavapipe's
-// 128 MiB; the reference engine checks ids on the host).
+// A table larger than one storage binding (Qwen3's 151,936-row table on an
+// adapter with WebGPU's default 128 MiB) is bound in blocks of rows, a
+// dispatch each, like MatMul's.
 func Embed(b *gpu.Batch, out, ids *gpu.Buffer, e *Matrix, T int) error {
+	return embed(b, out, ids, e, T, b.Device().Limits().MaxStorageBufferBindingSize)
+}
+
+// embed is Embed with the binding limit as a parameter, so that tests can
+// exercise the row-block split on small tables.
+func embed(b *gpu.Batch, out, ids *gpu.Buffer, e *Matrix, T int, maxBinding uint64) error {
 	if e == nil {
 		return fmt.Errorf("kernels: embed: nil matrix")
 	}
@@ -62,11 +68,17 @@ func Embed(b *gpu.Batch, out, ids *gpu.Buffer, e *Matrix, T int) error {
 	if err != nil {
 		return err
 	}
-	binds := append([]gpu.Binding{ids.Slice(0, uint64(T)*4)}, e.bindRows(rowBlock{0, e.N})...)
-	binds = append(binds, out.Slice(0, uint64(T*e.K)*4))
-	params := []uint32{uint32(T), uint32(e.N), uint32(e.K), uint32(e.G)}
-	if err := b.Dispatch(p, params, binds, divCeil(e.K/8, embedWG), uint32(T), 1); err != nil {
-		return fmt.Errorf("kernels: %s: %w", op, err)
+	blocks, err := e.rowBlocks(maxBinding, b.Device().Limits().MinStorageBufferOffsetAlignment)
+	if err != nil {
+		return err
+	}
+	for _, blk := range blocks {
+		binds := append([]gpu.Binding{ids.Slice(0, uint64(T)*4)}, e.bindRows(blk)...)
+		binds = append(binds, out.Slice(0, uint64(T*e.K)*4))
+		params := []uint32{uint32(T), uint32(e.N), uint32(e.K), uint32(e.G), uint32(blk.n0), uint32(blk.n), 0, 0}
+		if err := b.Dispatch(p, params, binds, divCeil(e.K/8, embedWG), uint32(T), 1); err != nil {
+			return fmt.Errorf("kernels: %s: %w", op, err)
+		}
 	}
 	return nil
 }

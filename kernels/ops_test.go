@@ -41,6 +41,52 @@ func TestEmbed(t *testing.T) {
 	}
 }
 
+// TestEmbedRowBlocks: a table bound in several blocks of rows (as Qwen3's
+// vocabulary is on adapters with small bindings) gathers the same rows, and
+// a bad id still gives exactly one NaN row.
+func TestEmbedRowBlocks(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, f := range []Format{Int4, F16, F32} {
+		V, H, T := 300+r.IntN(200), 64, 40
+		m := randMatrix(t, r, f, V, H, 32)
+		ids := make([]uint32, T)
+		want := make([]float32, T*H)
+		for i := range ids {
+			ids[i] = uint32(r.IntN(V))
+			m.Row(int(ids[i]), want[i*H:(i+1)*H])
+		}
+		ids[T-1] = uint32(V) // a bad id
+		e, err := UploadMatrix(d, "embed", m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Release()
+		wb, _ := e.rowBytes()
+		maxBinding := 100 * wb // blocks of 96 (lavapipe) to 64 (256-byte alignment) rows
+		blocks, err := e.rowBlocks(maxBinding, d.Limits().MinStorageBufferOffsetAlignment)
+		if err != nil || len(blocks) < 3 {
+			t.Fatalf("%v: %d blocks (%v): the test needs several", f, len(blocks), err)
+		}
+		idb := uploadU32(t, d, "ids", ids)
+		out := poisoned(t, d, "out", T*H)
+		if err := out.Fill(0); err != nil { // zeros, so the NaN row must be written
+			t.Fatal(err)
+		}
+		run(t, d, "embed", func(b *gpu.Batch) error { return embed(b, out, idb, e, T, maxBinding) })
+		got := readF32(t, out, T*H)
+		if e := relErr(got[:(T-1)*H], want[:(T-1)*H]); e != 0 {
+			t.Errorf("%v, %d blocks: gather differs from the table rows (relative error %g)", f, len(blocks), e)
+		}
+		for i, v := range got[(T-1)*H:] {
+			if !math.IsNaN(float64(v)) {
+				t.Errorf("%v: the bad id's row holds %v at %d", f, v, i)
+				break
+			}
+		}
+	}
+}
+
 func TestEmbedBadIDIsNaN(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)

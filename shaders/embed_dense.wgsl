@@ -1,10 +1,13 @@
 // embed_dense.wgsl: embedding gather from a dense f16 (entry point
 // dense_f16) or f32 (entry point dense_f32) table: out[t][c] = E[ids[t]][c]
-// for t < T, c < K. A token id outside [0, V) yields a row of NaN.
+// for t < T, c < K. A token id outside [0, V) yields a row of NaN. A table
+// too large for one binding is bound in blocks of rows [row0, row0+n), as in
+// embed_int4.wgsl.
 //
 // Buffers:
 //   ids (T) u32 token ids
-//   e   (V, K) as vec4<u32>: eight halves (f16) or four floats (f32) each
+//   e   (n, K) as vec4<u32>: rows row0 … row0+n-1, eight halves (f16) or
+//       four floats (f32) each
 //   out (T, K) f32, written as vec4s
 //
 // Dispatch: (ceil(K/8 / WG), T, 1) workgroups of WG threads; each thread
@@ -16,7 +19,11 @@ struct Params {
     T: u32,
     V: u32, // rows of E
     K: u32, // columns, a multiple of 8
-    _pad: u32,
+    _pad0: u32,
+    row0: u32, // first row of E bound
+    n: u32,    // rows bound
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -34,11 +41,17 @@ fn destination(u: u32, t: u32) -> vec2<u32> {
     let o = t * (p.K / 4u) + 2u * u;
     let id = ids[t];
     if id >= p.V {
-        let nan = bitcast<f32>(0x7fc00000u);
-        out[o] = vec4<f32>(nan);
-        out[o + 1u] = vec4<f32>(nan);
+        if p.row0 == 0u {
+            let nan = bitcast<f32>(0x7fc00000u);
+            out[o] = vec4<f32>(nan);
+            out[o + 1u] = vec4<f32>(nan);
+        }
+        return vec2<u32>(0u, p.V);
     }
-    return vec2<u32>(o, id);
+    if id < p.row0 || id >= p.row0 + p.n {
+        return vec2<u32>(0u, p.V); // another block's row
+    }
+    return vec2<u32>(o, id - p.row0);
 }
 
 @compute @workgroup_size(WG)

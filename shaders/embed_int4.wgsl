@@ -4,11 +4,14 @@
 // E is (V, K) in the int4 format of CONTRACTS.md §2; a token id outside
 // [0, V) yields a row of NaN, so that a bad id cannot pass unnoticed (the
 // host checks ids it uploads; ids written by argmax.wgsl are in range).
+// A table too large for one binding is bound in blocks of rows
+// [row0, row0+n): each dispatch writes the rows whose ids fall in its block
+// (and the block at row0 = 0 the NaN rows).
 //
 // Buffers:
 //   ids     (T) u32 token ids
-//   qweight (V, K/8) u32 codes
-//   scales  (V, K/G) f16, read as u32 pairs (see matmul_int4.wgsl)
+//   qweight (n, K/8) u32 codes: rows row0 … row0+n-1 of E
+//   scales  (n, K/G) f16, read as u32 pairs (see matmul_int4.wgsl)
 //   out     (T, K) f32, written as vec4s
 //
 // Dispatch: (ceil(K/8 / WG), T, 1) workgroups of WG threads; each thread
@@ -22,6 +25,10 @@ struct Params {
     V: u32, // rows of E
     K: u32, // columns, a multiple of 8 and of G
     G: u32, // group size
+    row0: u32, // first row of E bound
+    n: u32,    // rows bound
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -46,13 +53,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let o = t * (p.K / 4u) + 2u * w;
     let id = ids[t];
     if id >= p.V {
-        let nan = bitcast<f32>(0x7fc00000u);
-        out[o] = vec4<f32>(nan);
-        out[o + 1u] = vec4<f32>(nan);
+        if p.row0 == 0u {
+            let nan = bitcast<f32>(0x7fc00000u);
+            out[o] = vec4<f32>(nan);
+            out[o + 1u] = vec4<f32>(nan);
+        }
         return;
     }
-    let q = qweight[id * words + w];
-    let s = scale(id * (p.K / p.G) + w / (p.G / 8u));
+    if id < p.row0 || id >= p.row0 + p.n {
+        return; // another block's row
+    }
+    let r = id - p.row0;
+    let q = qweight[r * words + w];
+    let s = scale(r * (p.K / p.G) + w / (p.G / 8u));
     out[o] = (vec4<f32>((vec4<u32>(q) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - 8.0) * s;
     out[o + 1u] = (vec4<f32>((vec4<u32>(q) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) - 8.0) * s;
 }

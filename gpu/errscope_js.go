@@ -24,22 +24,24 @@ type errorScopes struct {
 type scopeState struct {
 	lost       string
 	uncaptured []error
-	funcs      []js.Func
+	onError    js.Func // the uncapturederror listener, removed by close
 }
 
 func newErrorScopes(dev js.Value) errorScopes {
 	s := errorScopes{dev: dev, state: &scopeState{}}
+	// onLost is never released: the lost promise can settle after close (a
+	// GPU process crash; close's own destroy), and calling a released
+	// js.Func ends the Go program.
 	onLost := js.FuncOf(func(_ js.Value, args []js.Value) any {
 		s.state.lost = fmt.Sprintf("device lost (%s): %s", args[0].Get("reason").String(), args[0].Get("message").String())
 		return nil
 	})
-	onError := js.FuncOf(func(_ js.Value, args []js.Value) any {
+	s.state.onError = js.FuncOf(func(_ js.Value, args []js.Value) any {
 		s.state.uncaptured = append(s.state.uncaptured, errors.New(args[0].Get("error").Get("message").String()))
 		return nil
 	})
-	s.state.funcs = []js.Func{onLost, onError}
 	dev.Get("lost").Call("then", onLost)
-	dev.Call("addEventListener", "uncapturederror", onError)
+	dev.Call("addEventListener", "uncapturederror", s.state.onError)
 	s.push()
 	return s
 }
@@ -50,11 +52,17 @@ func (s errorScopes) push() {
 	}
 }
 
-// pop pops the catch-all scopes and returns what they caught.
+// pop pops the catch-all scopes and returns what they caught. The scopes
+// are popped at once, innermost first, and their answers awaited
+// afterwards: one round trip to the GPU process instead of one per scope.
 func (s errorScopes) pop() error {
+	promises := make([]js.Value, len(scopeFilters))
+	for i := len(scopeFilters) - 1; i >= 0; i-- {
+		promises[i] = s.dev.Call("popErrorScope")
+	}
 	var errs []error
 	for i := len(scopeFilters) - 1; i >= 0; i-- {
-		res, ok := jsx.Await(s.dev.Call("popErrorScope"))
+		res, ok := jsx.Await(promises[i])
 		switch {
 		case !ok:
 			errs = append(errs, errors.New("popping an error scope failed"))
@@ -78,10 +86,12 @@ func (s errorScopes) check() error {
 	return err
 }
 
-// close pops the scopes and drops the callbacks.
+// close pops the scopes, removes the error listener and destroys the
+// device, which frees its memory now (natively, Device.Close's Release
+// does that; the js backend's Release is a no-op).
 func (s errorScopes) close() {
 	s.pop()
-	for _, f := range s.state.funcs {
-		f.Release()
-	}
+	s.dev.Call("removeEventListener", "uncapturederror", s.state.onError)
+	s.state.onError.Release()
+	s.dev.Call("destroy")
 }

@@ -3,6 +3,7 @@
 package gpu
 
 import (
+	"errors"
 	"fmt"
 	"syscall/js"
 
@@ -15,7 +16,15 @@ import (
 // offered. The browser picks among adapters; the library's js backend
 // cannot set limits or error handlers, so this talks to navigator.gpu
 // directly and hands the device to the library.
+//
+// The page must have set globalThis.wasm to the result of instantiating the
+// Go program (WebAssembly.instantiate or instantiateStreaming): the
+// library's queue writes read the Go memory through
+// wasm.instance.exports.mem, without a copy.
 func Open(opts Options) (*Device, error) {
+	if err := checkWasmGlobal(); err != nil {
+		return nil, err
+	}
 	navGPU := js.Global().Get("navigator").Get("gpu")
 	if !navGPU.Truthy() {
 		return nil, ErrNoAdapter
@@ -83,4 +92,17 @@ func jsLimits(l js.Value) Limits {
 		MinStorageBufferOffsetAlignment:   uint32(l.Get("minStorageBufferOffsetAlignment").Int()),
 		MinUniformBufferOffsetAlignment:   uint32(l.Get("minUniformBufferOffsetAlignment").Int()),
 	}
+}
+
+// checkWasmGlobal reports a page that did not set globalThis.wasm, which the
+// library's queue writes need (see Open); without the check the first
+// buffer write panics on an undefined value.
+func checkWasmGlobal() error {
+	v := js.Global()
+	for _, key := range []string{"wasm", "instance", "exports", "mem"} {
+		if v = v.Get(key); v.Type() != js.TypeObject {
+			return errors.New("gpu: globalThis.wasm.instance.exports.mem is missing: set globalThis.wasm to the result of WebAssembly.instantiateStreaming for the Go program before it runs")
+		}
+	}
+	return nil
 }

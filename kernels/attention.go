@@ -46,22 +46,26 @@ const (
 // MaxBlocks entries in Table mapping its logical blocks to pool blocks.
 // Which blocks a sequence gets is the engine's business (SetBlocks).
 //
-//	K[l], V[l]  (blocks, kv_heads, block_size, D) f32, a buffer per layer
+//	K[l], V[l]  (blocks, kv_heads, block_size, D) f32 — or, with F16, IEEE
+//	            halves packed two to a u32 — a buffer per layer
 //	Table       (seqs, max_blocks) u32
 //
 // A buffer per layer keeps each under the device's buffer and binding
-// limits however large the whole cache grows. The layout is ready for an
-// f16 cache: only the element type changes.
+// limits however large the whole cache grows. An f16 cache halves the
+// memory and the bytes attention reads, at f16 storage precision; it needs
+// no shader-f16 (pack2x16float / unpack2x16float).
 type KVCache struct {
 	Layers, KVHeads, D, BlockSize, Blocks int
 	Seqs, MaxBlocks                       int
+	F16                                   bool
 	K, V                                  []*gpu.Buffer // per layer
 	Table                                 *gpu.Buffer
 }
 
-// NewKVCache allocates a zeroed cache and an all-zero block table.
-func NewKVCache(d *gpu.Device, layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks int) (*KVCache, error) {
-	c := &KVCache{Layers: layers, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: blocks, Seqs: seqs, MaxBlocks: maxBlocks}
+// NewKVCache allocates a zeroed cache (f32, or f16 when half) and an
+// all-zero block table.
+func NewKVCache(d *gpu.Device, layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks int, half bool) (*KVCache, error) {
+	c := &KVCache{Layers: layers, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: blocks, Seqs: seqs, MaxBlocks: maxBlocks, F16: half}
 	for _, v := range []int{layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks} {
 		if v <= 0 {
 			return nil, fmt.Errorf("kernels: kv cache: non-positive size in %+v", *c)
@@ -93,7 +97,27 @@ func NewKVCache(d *gpu.Device, layers, kvHeads, D, blockSize, blocks, seqs, maxB
 
 // layerBytes is the size of one layer's slice of K or V.
 func (c *KVCache) layerBytes() uint64 {
-	return uint64(c.Blocks) * uint64(c.KVHeads*c.BlockSize*c.D) * 4
+	return uint64(c.Blocks) * uint64(c.KVHeads*c.BlockSize*c.D) * uint64(c.ElemBytes())
+}
+
+// ElemBytes is the size of one cached value: 4 (f32) or 2 (f16).
+func (c *KVCache) ElemBytes() int {
+	if c.F16 {
+		return 2
+	}
+	return 4
+}
+
+// consts specializes a KV-reading or -writing kernel for the element type.
+func (c *KVCache) consts(more gpu.Consts) gpu.Consts {
+	out := gpu.Consts{"KV_F16": 0}
+	if c.F16 {
+		out["KV_F16"] = 1
+	}
+	for k, v := range more {
+		out[k] = v
+	}
+	return out
 }
 
 // layer binds layer l of K and of V.
@@ -155,7 +179,7 @@ func KVWrite(b *gpu.Batch, c *KVCache, layer int, k, v, seq, pos *gpu.Buffer, T 
 	if err := need(op, "v", v, T*width); err != nil {
 		return err
 	}
-	p, err := b.Device().Pipeline(kvWrite, nil)
+	p, err := b.Device().Pipeline(kvWrite, c.consts(nil))
 	if err != nil {
 		return err
 	}
@@ -242,7 +266,7 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(decodeMaxGroup*c.D+decodeMaxGroup*decodeChunk(maxLen)+decodeChunk(maxLen)+16)); err != nil {
 		return err
 	}
-	split, err := b.Device().Pipeline(attnDecode, consts)
+	split, err := b.Device().Pipeline(attnDecode, c.consts(consts))
 	if err != nil {
 		return err
 	}
@@ -298,7 +322,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(prefillKeys*c.D+prefillRows*prefillKeys+3*prefillRows+1)); err != nil {
 		return err
 	}
-	p, err := b.Device().Pipeline(attnPrefill, gpu.Consts{"D": uint32(c.D)})
+	p, err := b.Device().Pipeline(attnPrefill, c.consts(gpu.Consts{"D": uint32(c.D)}))
 	if err != nil {
 		return err
 	}

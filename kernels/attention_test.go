@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"webdraft/gpu/gputest"
 	"webdraft/qwen3"
 	"webdraft/reference"
+	"webdraft/tensor"
 )
 
 // testCache is a KV cache filled through KVWrite with random histories,
@@ -19,10 +21,12 @@ type testCache struct {
 	k, v  [][]float32 // per slot: (len, kv_heads*D)
 }
 
-// newTestCache makes a 2-layer cache with a slot per entry of lens, maps
-// each slot's blocks to a shuffled set of pool blocks, and writes random
-// keys and values for positions 0 … lens[s]-1 of every slot into layer 1.
-func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSize int, lens []int) *testCache {
+// newTestCache makes a 2-layer cache (f16 when half) with a slot per entry
+// of lens, maps each slot's blocks to a shuffled set of pool blocks, and
+// writes random keys and values for positions 0 … lens[s]-1 of every slot
+// into layer 1. The host copies hold what the cache holds: for an f16 cache,
+// the values rounded to f16.
+func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSize int, lens []int, half bool) *testCache {
 	t.Helper()
 	maxBlocks, total := 0, 0
 	for _, n := range lens {
@@ -30,7 +34,7 @@ func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSi
 		maxBlocks, total = max(maxBlocks, nb), total+nb
 	}
 	pool := total + 3 // some blocks no slot uses
-	c, err := NewKVCache(d, 2, kvHeads, D, blockSize, pool, len(lens), maxBlocks)
+	c, err := NewKVCache(d, 2, kvHeads, D, blockSize, pool, len(lens), maxBlocks, half)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,23 +64,68 @@ func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSi
 	kb, vb := upload(t, d, "k", k), upload(t, d, "v", v)
 	sb, pb := uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
 	run(t, d, "kv_write", func(b *gpu.Batch) error { return KVWrite(b, c, tc.layer, kb, vb, sb, pb, len(seq)) })
+	if half {
+		for _, h := range append(append([][]float32{}, tc.k...), tc.v...) {
+			for i, x := range h {
+				h[i] = tensor.F16ToF32(tensor.F32ToF16(x))
+			}
+		}
+	}
 	return tc
 }
 
+// readCache reads one layer of a cache buffer as f32 values.
+func readCache(t *testing.T, c *KVCache, buf *gpu.Buffer) []float32 {
+	t.Helper()
+	words, err := buf.ReadU32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.F16 {
+		return fromBits(words)
+	}
+	out := make([]float32, 2*len(words))
+	for i, w := range words {
+		out[2*i], out[2*i+1] = tensor.F16ToF32(uint16(w)), tensor.F16ToF32(uint16(w>>16))
+	}
+	return out
+}
+
+func fromBits(words []uint32) []float32 {
+	out := make([]float32, len(words))
+	for i, w := range words {
+		out[i] = math.Float32frombits(w)
+	}
+	return out
+}
+
+// kvTol is the tolerance of attention over a cache: its values on the host
+// are already rounded as the cache rounds them, so only the rounding
+// direction of pack2x16float may differ (f16 storage, CONTRACTS.md §5).
+func kvTol(c *KVCache) float64 {
+	if c.F16 {
+		return tolF16
+	}
+	return tolF32
+}
+
 func TestKVWrite(t *testing.T) {
+	for _, half := range []bool{false, true} {
+		t.Run(fmt.Sprintf("f16=%v", half), func(t *testing.T) { testKVWrite(t, half) })
+	}
+}
+
+func testKVWrite(t *testing.T, half bool) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	const kvHeads, D, bs = 2, 64, 16
-	tc := newTestCache(t, d, r, kvHeads, D, bs, []int{1, 40, 17})
+	tc := newTestCache(t, d, r, kvHeads, D, bs, []int{1, 40, 17}, half)
 	table, err := tc.c.Table.ReadU32()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, buf := range map[string]*gpu.Buffer{"k": tc.c.K[tc.layer], "v": tc.c.V[tc.layer]} {
-		layer, err := buf.ReadF32()
-		if err != nil {
-			t.Fatal(err)
-		}
+		layer := readCache(t, tc.c, buf)
 		hist := tc.k
 		if name == "v" {
 			hist = tc.v
@@ -87,7 +136,7 @@ func TestKVWrite(t *testing.T) {
 				for head := range kvHeads {
 					at := ((block*kvHeads+head)*bs + j%bs) * D
 					want := h[(j*kvHeads+head)*D : (j*kvHeads+head+1)*D]
-					if got := layer[at : at+D]; relErr(got, want) != 0 {
+					if got := layer[at : at+D]; relErr(got, want) > kvTol(tc.c) {
 						t.Fatalf("%s: slot %d position %d head %d: got %v…, want %v…", name, s, j, head, got[:2], want[:2])
 					}
 				}
@@ -134,7 +183,7 @@ func TestAttentionDecode(t *testing.T) {
 // testAttentionDecode runs T decode rows, each on a random slot at a random
 // position of its history, against reference.Attention on that history.
 func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape, lens []int, T int) {
-	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, lens)
+	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, lens, r.IntN(2) == 1)
 	cfg := s.config()
 	qDim := cfg.QDim()
 	q := randVec(r, T*qDim, 1)
@@ -158,8 +207,8 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 	run(t, d, "decode", func(b *gpu.Batch) error {
 		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, scratch, T, cfg.NumAttentionHeads, maxLen)
 	})
-	t.Logf("%d splits", tc.c.DecodeSplits(maxLen))
-	checkClose(t, "out", readF32(t, out, T*qDim), want, tolF32)
+	t.Logf("%d splits, f16 cache %v", tc.c.DecodeSplits(maxLen), tc.c.F16)
+	checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
 }
 
 func TestAttentionPrefill(t *testing.T) {
@@ -172,7 +221,7 @@ func TestAttentionPrefill(t *testing.T) {
 		row0 := []int{0, 1 + r.IntN(7)}[r.IntN(2)] // the sequence's rows start here in the batch
 		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d_row%d", s.kvHeads, s.group, s.D, s.blockSize, T, P, row0), func(t *testing.T) {
 			// Slot 1 is the sequence; slot 0 holds another one's blocks.
-			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{1 + r.IntN(50), P + T})
+			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{1 + r.IntN(50), P + T}, r.IntN(2) == 1)
 			cfg := s.config()
 			qDim := cfg.QDim()
 			q := randVec(r, (row0+T)*qDim, 1) // rows before row0 belong to other sequences
@@ -188,7 +237,7 @@ func TestAttentionPrefill(t *testing.T) {
 				return AttentionPrefill(b, out, qb, tc.c, tc.layer, 1, pb, row0, T, cfg.NumAttentionHeads)
 			})
 			got := readF32(t, out, len(q))
-			checkClose(t, "out", got[row0*qDim:], want, tolF32)
+			checkClose(t, "out", got[row0*qDim:], want, kvTol(tc.c))
 			for i, v := range got[:row0*qDim] {
 				if v == v {
 					t.Fatalf("out[%d] = %v: a row before row0 was written", i, v)
@@ -204,7 +253,7 @@ func TestAttentionDecodeShortMaxLen(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	s := attnShape{kvHeads: 1, group: 2, D: 64, blockSize: 16}
-	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{100})
+	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{100}, false)
 	cfg := s.config()
 	qb := upload(t, d, "q", randVec(r, cfg.QDim(), 1))
 	sb, pb := uploadU32(t, d, "seq", []uint32{0}), uploadU32(t, d, "pos", []uint32{99})

@@ -12,7 +12,7 @@
 //
 // Buffers:
 //   q       (T, heads, D) f32, after q_norm and RoPE
-//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 (see kv_write.wgsl)
+//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs (see kv_write.wgsl)
 //   table   (seqs, max_blocks) u32, seq (T) u32, pos (T) u32
 //   part    (T, heads, splits, D + 2) f32: o, then m and l
 //
@@ -30,6 +30,7 @@ const WG: u32 = 64u;
 const D: u32 = 128u;
 const CHUNK: u32 = 64u;
 const MAX_GROUP: u32 = 8u;
+const KV_F16: u32 = 0u; // 1: the KV cache holds f16 pairs (specialized by the host)
 const QS: u32 = MAX_GROUP * D;
 const SC: u32 = MAX_GROUP * CHUNK;
 
@@ -46,12 +47,28 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kcache: array<f32>;
-@group(0) @binding(3) var<storage, read> vcache: array<f32>;
+@group(0) @binding(2) var<storage, read> kcache: array<u32>;
+@group(0) @binding(3) var<storage, read> vcache: array<u32>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 @group(0) @binding(5) var<storage, read> seq: array<u32>;
 @group(0) @binding(6) var<storage, read> pos: array<u32>;
 @group(0) @binding(7) var<storage, read_write> part: array<f32>;
+
+// The KV cache holds f32 words, or with KV_F16 = 1 IEEE halves packed two
+// to a u32 (pack2x16float; no shader-f16 needed): element i of either cache.
+fn kv_load(i: u32, values: bool) -> f32 {
+    var w: u32;
+    if values {
+        w = vcache[select(i, i >> 1u, KV_F16 == 1u)];
+    } else {
+        w = kcache[select(i, i >> 1u, KV_F16 == 1u)];
+    }
+    if KV_F16 == 1u {
+        let pair = unpack2x16float(w);
+        return select(pair.x, pair.y, (i & 1u) == 1u);
+    }
+    return bitcast<f32>(w);
+}
 
 var<workgroup> qs: array<f32, QS>;      // (group, D) queries
 var<workgroup> sc: array<f32, SC>;      // (group, CHUNK) scores, then exp(score − m)
@@ -87,7 +104,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // variable once per invocation, not at each loop iteration.
         var acc = array<f32, MAX_GROUP>();
         for (var d = 0u; d < D; d++) {
-            let kd = kcache[b + d];
+            let kd = kv_load(b + d, false);
             for (var hh = 0u; hh < group; hh++) {
                 acc[hh] += qs[hh * D + d] * kd;
             }
@@ -100,7 +117,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     // Softmax statistics, one thread per head.
     if lid < group {
-        var m = bitcast<f32>(0xff800000u); // −inf, what an empty split stores
+        var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
+        var m = bitcast<f32>(neg_inf_bits); // −inf, what an empty split stores
         for (var c = 0u; c < n; c++) {
             m = max(m, sc[lid * CHUNK + c]);
         }
@@ -121,7 +139,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let d = i % D;
         var o = 0.0;
         for (var c = 0u; c < n; c++) {
-            o += sc[hh * CHUNK + c] * vcache[base[c] + d];
+            o += sc[hh * CHUNK + c] * kv_load(base[c] + d, true);
         }
         let dst = out0 + hh * stride;
         part[dst + d] = o;

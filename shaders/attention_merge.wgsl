@@ -35,8 +35,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let first = (t * p.heads + h) * p.splits * (D + 2u);
     let o = (t * p.heads + h) * D;
     if pos[t] + 1u > p.splits * CHUNK {
+        var nan_bits = 0x7fc00000u; // a var: Chrome rejects a constant NaN
         for (var d = lid; d < D; d += WG) {
-            out[o + d] = bitcast<f32>(0x7fc00000u);
+            out[o + d] = bitcast<f32>(nan_bits);
         }
         return;
     }

@@ -10,7 +10,7 @@
 //
 // Buffers:
 //   q       (row0+T, heads, D) f32, after q_norm and RoPE
-//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 (see kv_write.wgsl)
+//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs (see kv_write.wgsl)
 //   table   (seqs, max_blocks) u32
 //   pos     (row0+T) u32, the rows' positions
 //   out     (row0+T, heads, D) f32
@@ -31,6 +31,7 @@ const WG: u32 = BR * BC;
 const D: u32 = 128u;
 const TILE: u32 = BC * D;
 const OUT: u32 = D / BC; // output values per thread
+const KV_F16: u32 = 0u; // 1: the KV cache holds f16 pairs (specialized by the host)
 
 struct Params {
     T: u32,
@@ -45,11 +46,27 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kcache: array<f32>;
-@group(0) @binding(3) var<storage, read> vcache: array<f32>;
+@group(0) @binding(2) var<storage, read> kcache: array<u32>;
+@group(0) @binding(3) var<storage, read> vcache: array<u32>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 @group(0) @binding(5) var<storage, read> pos: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+// The KV cache holds f32 words, or with KV_F16 = 1 IEEE halves packed two
+// to a u32 (pack2x16float; no shader-f16 needed): element i of either cache.
+fn kv_load(i: u32, values: bool) -> f32 {
+    var w: u32;
+    if values {
+        w = vcache[select(i, i >> 1u, KV_F16 == 1u)];
+    } else {
+        w = kcache[select(i, i >> 1u, KV_F16 == 1u)];
+    }
+    if KV_F16 == 1u {
+        let pair = unpack2x16float(w);
+        return select(pair.x, pair.y, (i & 1u) == 1u);
+    }
+    return bitcast<f32>(w);
+}
 
 var<workgroup> tile: array<f32, TILE>; // (BC, D) keys, then values
 var<workgroup> w: array<f32, WG>;      // (BR, BC) scores, then weights
@@ -66,11 +83,7 @@ fn load(c0: u32, kvh: u32, lid: u32, values: bool) {
         var x = 0.0;
         if j < keys {
             let b = ((table[p.seq * p.max_blocks + j / p.BS] * p.kv_heads + kvh) * p.BS + j % p.BS) * D + i % D;
-            if values {
-                x = vcache[b];
-            } else {
-                x = kcache[b];
-            }
+            x = kv_load(b, values);
         }
         tile[i] = x;
     }
@@ -95,7 +108,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         keys = most;
     }
     if lid < BR {
-        m[lid] = bitcast<f32>(0xff800000u); // −inf
+        var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
+        m[lid] = bitcast<f32>(neg_inf_bits);
         l[lid] = 0.0;
     }
     let nkeys = workgroupUniformLoad(&keys); // (a barrier too)
@@ -104,7 +118,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var c0 = 0u; c0 < nkeys; c0 += BC) {
         load(c0, kvh, lid, false);
         workgroupBarrier();
-        var s = bitcast<f32>(0xff800000u);
+        var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
+        var s = bitcast<f32>(neg_inf_bits);
         if c0 + c < visible {
             var acc = 0.0;
             for (var d = 0u; d < D; d++) {

@@ -42,7 +42,8 @@ fn destination(u: u32, t: u32) -> vec2<u32> {
     let id = ids[t];
     if id >= p.V {
         if p.row0 == 0u {
-            let nan = bitcast<f32>(0x7fc00000u);
+            var nan_bits = 0x7fc00000u; // a var: Chrome rejects a constant NaN
+            let nan = bitcast<f32>(nan_bits);
             out[o] = vec4<f32>(nan);
             out[o + 1u] = vec4<f32>(nan);
         }

@@ -18,12 +18,13 @@
 //   table   (seqs, max_blocks) u32 block tables
 //   seq     (T) u32: the table row of each activation row
 //   pos     (T) u32: its position
-//   kcache, vcache  (blocks, kv_heads, BS, D) f32
+//   kcache, vcache  (blocks, kv_heads, BS, D) f32, or f16 packed in pairs (KV_F16)
 //
 // Dispatch: (ceil(kv_heads·D / WG), T, 1) workgroups of WG threads, a
 // thread per value of K and of V. WG = 64: a scatter copy.
 
 const WG: u32 = 64u;
+const KV_F16: u32 = 0u; // 1: the KV cache holds f16 pairs (specialized by the host)
 
 struct Params {
     T: u32,
@@ -42,8 +43,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read> table: array<u32>;
 @group(0) @binding(4) var<storage, read> seq: array<u32>;
 @group(0) @binding(5) var<storage, read> pos: array<u32>;
-@group(0) @binding(6) var<storage, read_write> kcache: array<f32>;
-@group(0) @binding(7) var<storage, read_write> vcache: array<f32>;
+@group(0) @binding(6) var<storage, read_write> kcache: array<u32>;
+@group(0) @binding(7) var<storage, read_write> vcache: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -57,6 +58,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let block = table[seq[t] * p.max_blocks + j / p.BS];
     let h = i / p.D;
     let dst = ((block * p.kv_heads + h) * p.BS + j % p.BS) * p.D + i % p.D;
-    kcache[dst] = k[t * width + i];
-    vcache[dst] = v[t * width + i];
+    let src = t * width + i;
+    if KV_F16 == 1u {
+        // A thread per pair of halves (D is even, so pairs never straddle heads).
+        if (i & 1u) == 1u {
+            return;
+        }
+        kcache[dst >> 1u] = pack2x16float(vec2<f32>(k[src], k[src + 1u]));
+        vcache[dst >> 1u] = pack2x16float(vec2<f32>(v[src], v[src + 1u]));
+        return;
+    }
+    kcache[dst] = bitcast<u32>(k[src]);
+    vcache[dst] = bitcast<u32>(v[src]);
 }

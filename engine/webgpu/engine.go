@@ -22,6 +22,10 @@ type Options struct {
 	BlockSize    int   // positions per KV block (default 16)
 	MaxSequences int   // sequence slots: running and cached (default 256)
 	MaxRows      int   // tokens per forward pass; larger batches take several (default 512)
+	// KV is the KV cache's element type: "f16" (half the memory and the
+	// bytes attention reads; the default where the adapter has shader-f16)
+	// or "f32". No kernel needs shader-f16 either way.
+	KV string
 }
 
 func (o *Options) defaults() {
@@ -84,14 +88,29 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 	if e.w, err = upload(dev, &cfg, w); err != nil {
 		return nil, fmt.Errorf("upload weights: %w", err)
 	}
-	blockBytes := int64(engine.KVBytesPerToken(&cfg, 4) * opts.BlockSize)
+	half := dev.F16()
+	switch opts.KV {
+	case "f16":
+		half = true
+	case "f32":
+		half = false
+	case "":
+	default:
+		e.Close()
+		return nil, fmt.Errorf("KV cache type %q: want f16 or f32", opts.KV)
+	}
+	elem := 4
+	if half {
+		elem = 2
+	}
+	blockBytes := int64(engine.KVBytesPerToken(&cfg, elem) * opts.BlockSize)
 	blocks := int(opts.KVBytes / blockBytes)
 	maxBlocks := (cfg.MaxPositionEmbeddings + opts.BlockSize - 1) / opts.BlockSize
 	if blocks <= opts.MaxSequences {
 		e.Close()
 		return nil, fmt.Errorf("KV budget of %d MiB holds %d blocks of %d positions: too few for %d sequences", opts.KVBytes>>20, blocks, opts.BlockSize, opts.MaxSequences)
 	}
-	e.kv, err = kernels.NewKVCache(dev, cfg.NumHiddenLayers, cfg.NumKeyValueHeads, cfg.HeadDim, opts.BlockSize, blocks, opts.MaxSequences, maxBlocks)
+	e.kv, err = kernels.NewKVCache(dev, cfg.NumHiddenLayers, cfg.NumKeyValueHeads, cfg.HeadDim, opts.BlockSize, blocks, opts.MaxSequences, maxBlocks, half)
 	if err != nil {
 		e.Close()
 		return nil, fmt.Errorf("KV cache: %w", err)
@@ -115,7 +134,11 @@ func (e *Engine) Config() qwen3.Config { return e.cfg }
 func (e *Engine) Device() *gpu.Device { return e.dev }
 
 func (e *Engine) Info() engine.Info {
-	return engine.Info{Backend: "webgpu", Adapter: e.dev.Info().String()}
+	kv := "f32"
+	if e.kv.F16 {
+		kv = "f16"
+	}
+	return engine.Info{Backend: "webgpu", Adapter: e.dev.Info().String() + ", " + kv + " KV cache"}
 }
 
 // KVCapacity: every sequence wastes less than one block, so the blocks

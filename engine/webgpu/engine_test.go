@@ -44,10 +44,12 @@ func newEngine(t *testing.T, m *checkpoint.Model, opts Options) *Engine {
 func TestConformance(t *testing.T) {
 	for _, name := range []string{"tied", "untied"} {
 		for _, q := range []checkpoint.Quant{checkpoint.Int4, checkpoint.F16, checkpoint.F32} {
-			t.Run(name+"/"+string(q), func(t *testing.T) {
-				m := load(t, name, q)
-				enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16}), m.Config, m.Weights)
-			})
+			for _, kv := range []string{"f32", "f16"} {
+				t.Run(name+"/"+string(q)+"/kv_"+kv, func(t *testing.T) {
+					m := load(t, name, q)
+					enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: kv}), m.Config, m.Weights)
+				})
+			}
 		}
 	}
 }
@@ -94,7 +96,7 @@ func TestSmallPasses(t *testing.T) {
 func TestCapacity(t *testing.T) {
 	m := load(t, "tied", checkpoint.Int4)
 	// 2 slots; blocks of 16 positions: the budget gives a handful.
-	e := newEngine(t, m, Options{KVBytes: 6 * 16 * int64(engine.KVBytesPerToken(&m.Config, 4)), MaxSequences: 2})
+	e := newEngine(t, m, Options{KVBytes: 6 * 16 * int64(engine.KVBytesPerToken(&m.Config, 4)), MaxSequences: 2, KV: "f32"})
 	if e.KVCapacity() != (6-2)*16 {
 		t.Errorf("KVCapacity %d", e.KVCapacity())
 	}
@@ -129,31 +131,35 @@ func TestGolden(t *testing.T) {
 		models := map[string]*checkpoint.Model{"dense": load(t, name, checkpoint.F32), "int4": load(t, name, checkpoint.Int4)}
 		engines := map[string]*Engine{}
 		for w, m := range models {
-			engines[w] = newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 8})
+			for _, kv := range []string{"f32", "f16"} {
+				engines[w+"/"+kv] = newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 8, KV: kv})
+			}
 		}
 		for _, c := range g.Cases {
-			t.Run(fmt.Sprintf("%s/%s/%d", name, c.Weights, len(c.Prompt)), func(t *testing.T) {
-				e := engines[c.Weights]
-				seq, err := e.NewSequence()
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer seq.Release()
-				got, err := engine.Draft(context.Background(), e, seq, c.Prompt, len(c.Greedy))
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i := range c.Greedy {
-					if got[i] == c.Greedy[i] {
-						continue
+			for _, kv := range []string{"f32", "f16"} {
+				t.Run(fmt.Sprintf("%s/%s/%d/kv_%s", name, c.Weights, len(c.Prompt), kv), func(t *testing.T) {
+					e := engines[c.Weights+"/"+kv]
+					seq, err := e.NewSequence()
+					if err != nil {
+						t.Fatal(err)
 					}
-					if c.Margins[i] < 1e-3*c.MaxAbsLogits[i] {
-						t.Logf("step %d differs at a near tie (margin %.3g): later steps not compared", i, c.Margins[i])
-						break
+					defer seq.Release()
+					got, err := engine.Draft(context.Background(), e, seq, c.Prompt, len(c.Greedy))
+					if err != nil {
+						t.Fatal(err)
 					}
-					t.Fatalf("greedy tokens differ at step %d:\n got %v\nHF   %v", i, got, c.Greedy)
-				}
-			})
+					for i := range c.Greedy {
+						if got[i] == c.Greedy[i] {
+							continue
+						}
+						if c.Margins[i] < 1e-3*c.MaxAbsLogits[i] {
+							t.Logf("step %d differs at a near tie (margin %.3g): later steps not compared", i, c.Margins[i])
+							break
+						}
+						t.Fatalf("greedy tokens differ at step %d:\n got %v\nHF   %v", i, got, c.Greedy)
+					}
+				})
+			}
 		}
 	}
 }

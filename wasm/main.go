@@ -1,0 +1,344 @@
+//go:build js && wasm
+
+// Command wasm is the drafter in the browser: the same Go engine and the same
+// WGSL kernels as the native build (engine/webgpu), compiled with
+// GOOS=js GOARCH=wasm and run on the page's WebGPU device.
+//
+// It installs one global, webdraft, whose functions return Promises (see
+// README.md):
+//
+//	webdraft.adapter()          → Promise<{name, backend, features, f16}>
+//	webdraft.load(url, options) → Promise<Drafter>
+//	drafter.draft(ids, n)       → Promise<number[]>
+//	drafter.close()             → Promise<void>
+//
+// Every call does its work on a goroutine of its own and settles its Promise
+// from there; a goroutine waiting on the GPU or the network gives the page's
+// event loop back, so the page stays responsive while a draft runs.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"syscall/js"
+
+	"webdraft/checkpoint"
+	"webdraft/engine"
+	"webdraft/engine/webgpu"
+	"webdraft/gpu"
+)
+
+// Defaults of load's options: a browser tab has less memory to give than a
+// server, and drafts for one user.
+const (
+	defaultKVMiB        = 64
+	defaultMaxSequences = 4
+)
+
+func main() {
+	d := &drafter{}
+	js.Global().Set("webdraft", d.object())
+	select {} // the callbacks above keep running; main must not return
+}
+
+// drafter holds the WebGPU device, opened on first use and shared by every
+// model loaded.
+type drafter struct {
+	// mu serializes all GPU work: a gpu.Device is used by one goroutine at
+	// a time, and several engines share this one.
+	mu  sync.Mutex
+	dev *gpu.Device
+}
+
+// object is the webdraft global.
+func (d *drafter) object() js.Value {
+	obj := js.Global().Get("Object").New()
+	obj.Set("adapter", js.FuncOf(func(js.Value, []js.Value) any {
+		return promise(func() (any, error) {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			dev, err := d.device()
+			if err != nil {
+				return nil, err
+			}
+			return adapterJS(dev), nil
+		})
+	}))
+	obj.Set("load", js.FuncOf(func(_ js.Value, args []js.Value) any {
+		base := arg(args, 0)
+		opts, err := parseLoadOptions(arg(args, 1))
+		return promise(func() (any, error) {
+			if base.Type() != js.TypeString || base.String() == "" {
+				return nil, errors.New("webdraft.load: the first argument must be the model folder's URL")
+			}
+			if err != nil {
+				return nil, fmt.Errorf("webdraft.load: %w", err)
+			}
+			m, err := d.load(base.String(), opts)
+			if err != nil {
+				return nil, fmt.Errorf("webdraft.load %s: %w", base.String(), err)
+			}
+			return m.object(), nil
+		})
+	}))
+	return obj
+}
+
+// device opens the device on first use. d.mu must be held.
+func (d *drafter) device() (*gpu.Device, error) {
+	if d.dev == nil {
+		dev, err := gpu.Open(gpu.Options{})
+		if err != nil {
+			return nil, err
+		}
+		d.dev = dev
+	}
+	return d.dev, nil
+}
+
+// loadOptions are load's second argument.
+type loadOptions struct {
+	quant        checkpoint.Quant // how an HF checkpoint is held: int4 (default), f16, f32
+	kvBytes      int64
+	maxSequences int
+}
+
+func parseLoadOptions(v js.Value) (loadOptions, error) {
+	o := loadOptions{quant: checkpoint.Int4, kvBytes: defaultKVMiB << 20, maxSequences: defaultMaxSequences}
+	if v.IsUndefined() || v.IsNull() {
+		return o, nil
+	}
+	if v.Type() != js.TypeObject {
+		return o, errors.New("options must be an object")
+	}
+	if q := v.Get("quant"); !q.IsUndefined() {
+		if q.Type() != js.TypeString {
+			return o, errors.New("options.quant must be a string")
+		}
+		var err error
+		if o.quant, err = checkpoint.ParseQuant(q.String()); err != nil {
+			return o, err
+		}
+	}
+	if kv, ok, err := intOption(v, "kvMiB"); err != nil {
+		return o, err
+	} else if ok {
+		o.kvBytes = int64(kv) << 20
+	}
+	if n, ok, err := intOption(v, "maxSequences"); err != nil {
+		return o, err
+	} else if ok {
+		o.maxSequences = n
+	}
+	return o, nil
+}
+
+// intOption reads a positive integer field of an options object.
+func intOption(v js.Value, name string) (n int, ok bool, err error) {
+	f := v.Get(name)
+	if f.IsUndefined() {
+		return 0, false, nil
+	}
+	n, err = jsInt(f)
+	if err == nil && n <= 0 {
+		err = errors.New("not positive")
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("options.%s: %w", name, err)
+	}
+	return n, true, nil
+}
+
+// model is one loaded model: its engine on the shared device.
+type model struct {
+	d    *drafter
+	e    *webgpu.Engine // nil once closed
+	info map[string]any
+}
+
+// load fetches the model folder at base, converts it per opts and uploads it.
+func (d *drafter) load(base string, opts loadOptions) (*model, error) {
+	fsys, err := fetchFolder(base)
+	if err != nil {
+		return nil, err
+	}
+	// Quantizing an HF checkpoint is CPU work on the page's thread; a
+	// folder written by `webdraft convert` skips it.
+	ckpt, err := checkpoint.LoadFS(fsys, ".", checkpoint.LoadOptions{Quant: opts.quant})
+	if err != nil {
+		return nil, err
+	}
+	// The engine keeps nothing of the CPU weights: drop the fetched bytes
+	// once they are on the GPU.
+	defer ckpt.Close()
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dev, err := d.device()
+	if err != nil {
+		return nil, err
+	}
+	e, err := webgpu.New(dev, ckpt.Config, ckpt.Weights, webgpu.Options{KVBytes: opts.kvBytes, MaxSequences: opts.maxSequences})
+	if err != nil {
+		return nil, err
+	}
+	c := ckpt.Config
+	info := adapterJS(dev)
+	info["quant"] = string(ckpt.Quant)
+	info["converted"] = ckpt.Converted
+	info["config"] = map[string]any{
+		"vocabSize":             c.VocabSize,
+		"hiddenSize":            c.HiddenSize,
+		"numHiddenLayers":       c.NumHiddenLayers,
+		"maxPositionEmbeddings": c.MaxPositionEmbeddings,
+		"tieWordEmbeddings":     c.TieWordEmbeddings,
+	}
+	info["kvCapacity"] = e.KVCapacity()
+	return &model{d: d, e: e, info: info}, nil
+}
+
+// object is the Drafter a load resolves to: the model's description plus its
+// draft and close methods.
+func (m *model) object() js.Value {
+	obj := js.ValueOf(m.info)
+	draft := js.FuncOf(func(_ js.Value, args []js.Value) any {
+		ids, idsErr := jsInts(arg(args, 0))
+		n, nErr := jsInt(arg(args, 1))
+		return promise(func() (any, error) {
+			switch {
+			case idsErr != nil:
+				return nil, fmt.Errorf("draft: ids: %w", idsErr)
+			case nErr != nil:
+				return nil, fmt.Errorf("draft: n: %w", nErr)
+			}
+			out, err := m.draft(ids, n)
+			if err != nil {
+				return nil, fmt.Errorf("draft: %w", err)
+			}
+			return intsJS(out), nil
+		})
+	})
+	closeFn := js.FuncOf(func(js.Value, []js.Value) any {
+		return promise(func() (any, error) { return nil, m.close() })
+	})
+	// draft and close are never released: calling a released js.Func ends
+	// the Go program, and a closed model answers with an error instead.
+	obj.Set("draft", draft)
+	obj.Set("close", closeFn)
+	return obj
+}
+
+// draft returns the n greedy tokens after ids, on a fresh sequence.
+func (m *model) draft(ids []int, n int) ([]int, error) {
+	m.d.mu.Lock()
+	defer m.d.mu.Unlock()
+	if m.e == nil {
+		return nil, errors.New("the model is closed")
+	}
+	seq, err := m.e.NewSequence()
+	if err != nil {
+		return nil, err
+	}
+	defer seq.Release()
+	return engine.Draft(context.Background(), m.e, seq, ids, n)
+}
+
+// close frees the model's GPU memory; the device stays open for others.
+func (m *model) close() error {
+	m.d.mu.Lock()
+	defer m.d.mu.Unlock()
+	if m.e == nil {
+		return nil
+	}
+	err := m.e.Close()
+	m.e = nil
+	return err
+}
+
+// adapterJS describes the device's adapter.
+func adapterJS(dev *gpu.Device) map[string]any {
+	info := dev.Info()
+	features := make([]any, len(info.Features))
+	for i, f := range info.Features {
+		features[i] = f
+	}
+	return map[string]any{"adapter": info.Name, "backend": info.Backend, "features": features, "f16": dev.F16()}
+}
+
+// promise runs work on a goroutine of its own and returns a Promise that it
+// settles: resolved with work's value, or rejected with an Error carrying
+// its error (or its panic: one bad call must not end the Go program, which
+// would take every later call with it).
+func promise(work func() (any, error)) js.Value {
+	executor := js.FuncOf(func(_ js.Value, args []js.Value) any {
+		resolve, reject := args[0], args[1]
+		go func() {
+			v, err := safely(work)
+			if err != nil {
+				reject.Invoke(js.Global().Get("Error").New(err.Error()))
+				return
+			}
+			resolve.Invoke(v)
+		}()
+		return nil
+	})
+	defer executor.Release() // the Promise constructor has run it already
+	return js.Global().Get("Promise").New(executor)
+}
+
+func safely(work func() (any, error)) (v any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			v, err = nil, fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return work()
+}
+
+// arg returns args[i], or undefined past the end.
+func arg(args []js.Value, i int) js.Value {
+	if i < len(args) {
+		return args[i]
+	}
+	return js.Undefined()
+}
+
+// jsInt reads a JavaScript number that must be an integer.
+func jsInt(v js.Value) (int, error) {
+	if v.Type() != js.TypeNumber {
+		return 0, fmt.Errorf("%s is not a number", v.Type())
+	}
+	f := v.Float()
+	if f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+		return 0, fmt.Errorf("%v is not an integer", f)
+	}
+	return int(f), nil
+}
+
+// jsInts reads an array (or typed array) of integers.
+func jsInts(v js.Value) ([]int, error) {
+	if v.Type() != js.TypeObject || v.Get("length").Type() != js.TypeNumber {
+		return nil, errors.New("not an array")
+	}
+	out := make([]int, v.Length())
+	for i := range out {
+		n, err := jsInt(v.Index(i))
+		if err != nil {
+			return nil, fmt.Errorf("element %d: %w", i, err)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// intsJS converts for js.ValueOf, which takes []any but not []int.
+func intsJS(v []int) []any {
+	out := make([]any, len(v))
+	for i, x := range v {
+		out[i] = x
+	}
+	return out
+}

@@ -218,7 +218,7 @@ func checkMatrixShapes(slots []qwen3.Slot, q Quant, groupSize int) error {
 	for _, s := range slots {
 		if s.Matrix != nil {
 			if err := tensor.CheckInt4Shape(s.Shape[0], s.Shape[1], groupSize); err != nil {
-				return fmt.Errorf("tensor %s: %w", s.Name, err)
+				return fmt.Errorf("tensor %s: %w (convert with a --group-size that divides every matrix width, or --quant f16|f32)", s.Name, err)
 			}
 		}
 	}

@@ -289,6 +289,11 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	return nil
 }
 
+// PrefillSupported reports whether AttentionPrefill handles this cache's
+// head_dim (a multiple of its key tile); AttentionDecode handles any, row
+// by row.
+func (c *KVCache) PrefillSupported() bool { return c.D%prefillKeys == 0 }
+
 // AttentionPrefill records causal GQA attention for the T query rows
 // row0 … row0+T-1 (one sequence's part of a batch) over layer's cache, tiled:
 //

@@ -341,3 +341,20 @@ func TestExternalModel(t *testing.T) {
 	}
 	t.Logf("%s: %d greedy tokens identical to the reference", dir, compared)
 }
+
+// TestOddHeadDim: a head_dim the tiled prefill kernel cannot take (24)
+// runs every row through decode attention, with the same results.
+func TestOddHeadDim(t *testing.T) {
+	cfg := synth.Shapes["tiny"]
+	cfg.HiddenSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim = 96, 6, 2, 24
+	dir := filepath.Join(t.TempDir(), "d24")
+	if err := synth.Write(dir, cfg, synth.Options{Seed: 9, Std: 0.3}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.F32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32"}), m.Config, m.Weights)
+}

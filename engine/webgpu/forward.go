@@ -94,9 +94,12 @@ func (e *Engine) forward(ps pass) error {
 		if pe.complete {
 			lasts[pe.last] = uint32(pe.row0 + pe.T - 1)
 		}
-		if pe.row0 < ps.decode {
-			maxLen = max(maxLen, pe.P+1)
+		if pe.row0 < ps.decode || !e.kv.PrefillSupported() {
+			maxLen = max(maxLen, pe.P+pe.T)
 		}
+	}
+	if !e.kv.PrefillSupported() {
+		ps.decode = ps.rows // every row through decode attention (see record)
 	}
 	for _, up := range []struct {
 		buf *gpu.Buffer

@@ -24,6 +24,7 @@ var benchmarks = map[string]struct {
 }{
 	"convert": {"convert a checkpoint (by default a random one of a published shape) and measure time and memory", benchConvert},
 	"engine":  {"measure the WebGPU engine: copy bandwidth, int4 matvec, decode steps, prefill", benchEngine},
+	"spec":    {"measure speculative decoding: a drafter's mean acceptance length τ against a target", benchSpec},
 }
 
 func runBench(ctx context.Context, e *env, args []string) error {

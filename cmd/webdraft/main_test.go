@@ -158,3 +158,28 @@ func TestErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchSpec: a drafter that is its own target gains k+1 tokens a step.
+func TestBenchSpec(t *testing.T) {
+	dir := t.TempDir()
+	prompts := filepath.Join(dir, "prompts.jsonl")
+	if err := os.WriteFile(prompts, []byte("{\"ids\":[1,2,3]}\n\n{\"ids\":[9,8]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	svg := filepath.Join(dir, "h.svg")
+	model := filepath.Join("..", "..", "testdata", "golden", "untied")
+	code, stdout, stderr := webdraft(t, "bench", "spec", "--target", model, "--drafter", model, "--prompts", prompts,
+		"--k", "8", "--new-tokens", "27", "--backend", "cpu", "--svg", svg)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "τ (mean tokens per verification step) = 9.000 over 6 steps") {
+		t.Errorf("stdout:\n%s", stdout)
+	}
+	if b, err := os.ReadFile(svg); err != nil || !strings.HasPrefix(string(b), "<svg") {
+		t.Errorf("svg: %v", err)
+	}
+	if code, _, _ := webdraft(t, "bench", "spec", "--target", model, "--drafter", model, "--prompts", filepath.Join(dir, "none")); code != 1 {
+		t.Errorf("missing prompts file: exit %d", code)
+	}
+}

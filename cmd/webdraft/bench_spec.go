@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"webdraft/checkpoint"
+	"webdraft/specdec"
+)
+
+func benchSpec(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "bench spec", "--target DIR --drafter DIR --prompts FILE [--k 16] [--new-tokens 128] [--svg FILE]")
+	targetDir := fs.String("target", "", "target model folder")
+	drafterDir := fs.String("drafter", "", "drafter model folder")
+	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
+	k := fs.Int("k", 16, "draft length per verification step")
+	newTokens := fs.Int("new-tokens", 128, "length of the target's greedy continuation per prompt")
+	maxPrompts := fs.Int("max-prompts", 0, "use at most this many prompts (0: all)")
+	backendFlag := fs.String("backend", "auto", "auto, webgpu or cpu, for both models")
+	svg := fs.String("svg", "", "also write the acceptance-length histogram as SVG to this file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *targetDir == "" || *drafterDir == "" || *promptsFile == "" {
+		return usagef("--target, --drafter and --prompts are required")
+	}
+	if *k < 1 || *k > maxDraft || *newTokens < 1 {
+		return usagef("--k must be 1…%d and --new-tokens positive", maxDraft)
+	}
+	backend, err := parseBackend(*backendFlag)
+	if err != nil {
+		return err
+	}
+	target, err := loadModel(*targetDir)
+	if err != nil {
+		return fmt.Errorf("target: %w", err)
+	}
+	defer target.Close()
+	drafter, err := loadModel(*drafterDir)
+	if err != nil {
+		return fmt.Errorf("drafter: %w", err)
+	}
+	defer drafter.Close()
+	prompts, err := readPrompts(*promptsFile, target, *maxPrompts)
+	if err != nil {
+		return err
+	}
+	te, err := openEngine(e, target, backend, 1<<30)
+	if err != nil {
+		return fmt.Errorf("target: %w", err)
+	}
+	defer te.Close()
+	de, err := openEngine(e, drafter, backend, 1<<30)
+	if err != nil {
+		return fmt.Errorf("drafter: %w", err)
+	}
+	defer de.Close()
+
+	opts := specdec.Options{K: *k, NewTokens: *newTokens}
+	if bar := newProgressBar(e, "prompts"); bar != nil {
+		bar.ChangeMax(len(prompts))
+		opts.Progress = func() { bar.Add(1) }
+		defer bar.Finish()
+	}
+	r, err := specdec.Run(ctx, te, de, prompts, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, k = %d, %d target tokens each\n", *targetDir, *drafterDir, r.Prompts, *k, *newTokens)
+	fmt.Fprintf(e.stdout, "τ (mean tokens per verification step) = %.3f over %d steps\n\n", r.Tau(), r.Steps)
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "accepted\tsteps\tshare\tdraft position\taccept rate")
+	for a := range r.Hist {
+		pos, rate := "", ""
+		if a < *k {
+			pos, rate = fmt.Sprint(a+1), fmt.Sprintf("%.3f", r.AcceptRate(a))
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%.3f\t%s\t%s\n", a, r.Hist[a], float64(r.Hist[a])/float64(r.Steps), pos, rate)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if *svg != "" {
+		title := fmt.Sprintf("acceptance lengths: %s drafting for %s", *drafterDir, *targetDir)
+		if err := os.WriteFile(*svg, r.HistogramSVG(title), 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench spec %s\n", strings.Join(args, " "))
+	return nil
+}
+
+// readPrompts reads a prompts file, tokenizing text with the model's tokenizer.
+func readPrompts(path string, m *checkpoint.Model, limit int) ([][]int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var prompts [][]int
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for line := 1; sc.Scan(); line++ {
+		s := strings.TrimSpace(sc.Text())
+		if s == "" {
+			continue
+		}
+		var p struct {
+			Text *string `json:"text"`
+			IDs  []int   `json:"ids"`
+		}
+		if strings.HasPrefix(s, "{") {
+			if err := json.Unmarshal([]byte(s), &p); err != nil {
+				return nil, fmt.Errorf("%s:%d: %w", path, line, err)
+			}
+		} else {
+			p.Text = &s
+		}
+		ids := p.IDs
+		if p.Text != nil {
+			tok, err := modelTokenizer(m)
+			if err != nil {
+				return nil, err
+			}
+			ids = tok.Encode(*p.Text)
+		}
+		if len(ids) == 0 {
+			return nil, fmt.Errorf("%s:%d: an empty prompt", path, line)
+		}
+		prompts = append(prompts, ids)
+		if limit > 0 && len(prompts) == limit {
+			break
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(prompts) == 0 {
+		return nil, fmt.Errorf("%s: no prompts", path)
+	}
+	return prompts, nil
+}

@@ -95,6 +95,12 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	row("figure", "measured", "limit", "ratio")
 	row(fmt.Sprintf("copy, %d MiB buffers (read+write)", copyBytes>>20), gbps(bw), "", "")
 
+	overhead, err := perf.DispatchOverhead(dev, 256)
+	if err != nil {
+		return fmt.Errorf("dispatch overhead: %w", err)
+	}
+	row("dependent dispatch of a 16-byte copy (256 in one pass)", fmt.Sprintf("%.1f µs", float64(overhead.Nanoseconds())/1e3), "", "")
+
 	mvs, err := perf.MatVecs(dev, &cfg, 10)
 	if err != nil {
 		return fmt.Errorf("matvec: %w", err)

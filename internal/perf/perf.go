@@ -233,3 +233,32 @@ func Params(c *qwen3.Config) int64 {
 		3*int64(c.IntermediateSize)*int64(c.HiddenSize)
 	return int64(c.NumHiddenLayers)*layer + int64(c.VocabSize)*int64(c.HiddenSize)
 }
+
+// DispatchOverhead times n dependent dispatches of a tiny kernel (a 16-byte
+// copy back and forth) in one batch: the fixed cost of a dispatch, which
+// every kernel pays on top of its work.
+func DispatchOverhead(d *gpu.Device, n int) (time.Duration, error) {
+	a, err := d.NewBuffer("tiny_a", 256)
+	if err != nil {
+		return 0, err
+	}
+	defer a.Release()
+	b2, err := d.NewBuffer("tiny_b", 256)
+	if err != nil {
+		return 0, err
+	}
+	defer b2.Release()
+	t, err := run(d, a, 5, func(b *gpu.Batch) error {
+		for i := range n {
+			src, dst := a, b2
+			if i%2 == 1 {
+				src, dst = b2, a
+			}
+			if err := kernels.Copy(b, dst, src, 16); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return t / time.Duration(n), err
+}

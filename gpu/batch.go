@@ -41,7 +41,6 @@ type Batch struct {
 	enc    *wgpu.CommandEncoder
 	pass   *wgpu.ComputePassEncoder
 	chunks []*paramsChunk
-	groups []*wgpu.BindGroup
 	n      int
 	err    error // the first recording error; Submit returns it
 	ended  bool
@@ -62,6 +61,7 @@ func (d *Device) NewBatch(label string) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gpu: batch %q: %w", label, err)
 	}
+	d.binds.begin()
 	return &Batch{d: d, label: label, enc: enc, pass: enc.BeginComputePass(nil)}, nil
 }
 
@@ -102,12 +102,14 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 		return nil
 	}
 	entries := make([]wgpu.BindGroupEntry, 0, len(bufs)+1)
+	var offsets []uint32
 	if k.ParamsSize > 0 {
 		chunk, off, err := b.params(params)
 		if err != nil {
 			return fail("%v", err)
 		}
-		entries = append(entries, wgpu.BindGroupEntry{Binding: 0, Buffer: chunk, Offset: off, Size: uint64(k.ParamsSize)})
+		entries = append(entries, wgpu.BindGroupEntry{Binding: 0, Buffer: chunk, Offset: 0, Size: uint64(k.ParamsSize)})
+		offsets = []uint32{uint32(off)}
 	}
 	for i, bind := range bufs {
 		if err := d.checkBinding(bind); err != nil {
@@ -115,13 +117,12 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 		}
 		entries = append(entries, wgpu.BindGroupEntry{Binding: uint32(i + 1), Buffer: bind.Buf.buf, Offset: bind.Offset, Size: bind.Size})
 	}
-	group, err := d.dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Label: k.Module, Layout: p.bgl, Entries: entries})
+	group, err := d.binds.get(d.dev, k.Module, p.bgl, entries)
 	if err != nil {
 		return fail("%v", err)
 	}
-	b.groups = append(b.groups, group)
 	b.pass.SetPipeline(p.pipe)
-	b.pass.SetBindGroup(0, group, nil)
+	b.pass.SetBindGroup(0, group, offsets)
 	b.pass.DispatchWorkgroups(x, y, z)
 	b.n++
 	return nil
@@ -212,8 +213,7 @@ func (b *Batch) Submit() error {
 		d.queue.Submit(cmd)
 	}
 	// Queue writes are ordered after this submission, so the chunks can
-	// serve the next batch at once; bind groups live on inside the
-	// command buffer until it has run.
+	// serve the next batch at once; bind groups stay in the device's cache.
 	b.release()
 	if cmd != nil {
 		cmd.Release()
@@ -239,14 +239,12 @@ func (b *Batch) Discard() {
 }
 
 func (b *Batch) release() {
-	for _, g := range b.groups {
-		g.Release()
-	}
 	for _, c := range b.chunks {
 		b.d.chunks = append(b.d.chunks, c.buf)
 	}
-	b.groups, b.chunks = nil, nil
+	b.chunks = nil
 	b.pass.Release()
 	b.enc.Release()
 	b.pass, b.enc = nil, nil
+	b.d.binds.end()
 }

@@ -143,6 +143,7 @@ func (b *Buffer) usable(op string) error {
 // Release frees the buffer's memory now rather than when it is collected.
 func (b *Buffer) Release() {
 	if b.buf != nil {
+		b.d.binds.forget(b.buf)
 		b.buf.Destroy()
 		b.buf.Release()
 		b.buf = nil

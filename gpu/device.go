@@ -97,6 +97,7 @@ type Device struct {
 	sources   map[string]string             // module name → the source it was first given
 	pipelines map[string]*Pipeline          // by module name + entry + constants
 	chunks    []*wgpu.Buffer                // free uniform chunks for Batch params
+	binds     *bindCache                    // bind groups reused across batches
 	closed    bool
 }
 
@@ -116,6 +117,8 @@ func (d *Device) Close() {
 		return
 	}
 	d.closed = true
+	d.binds.open = 0 // batches left unsubmitted die with the device
+	d.binds.clear()
 	for _, p := range d.pipelines {
 		p.release()
 	}
@@ -149,6 +152,7 @@ func newDevice(dev *wgpu.Device, info AdapterInfo, limits Limits, f16 bool, scop
 	d := &Device{
 		dev: dev, queue: dev.GetQueue(), info: info, limits: limits, f16: f16, scopes: scopes,
 		modules: map[string]*wgpu.ShaderModule{}, sources: map[string]string{}, pipelines: map[string]*Pipeline{},
+		binds: newBindCache(),
 	}
 	if err := limits.check(); err != nil {
 		d.Close()

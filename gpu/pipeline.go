@@ -99,7 +99,8 @@ func (d *Device) newPipeline(k Kernel, consts Consts, modKey string) (*Pipeline,
 	if k.ParamsSize > 0 {
 		entries = append(entries, wgpu.BindGroupLayoutEntry{
 			Binding: 0, Visibility: wgpu.ShaderStageCompute,
-			Buffer: wgpu.BufferBindingLayout{Type: wgpu.BufferBindingTypeUniform, MinBindingSize: uint64(k.ParamsSize)},
+			// A dynamic offset: one bind group serves wherever the params sit.
+			Buffer: wgpu.BufferBindingLayout{Type: wgpu.BufferBindingTypeUniform, HasDynamicOffset: true, MinBindingSize: uint64(k.ParamsSize)},
 		})
 	}
 	for i, a := range k.Storage {

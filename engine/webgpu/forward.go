@@ -117,15 +117,7 @@ func (e *Engine) forward(ps pass) error {
 		}
 	}
 
-	b, err := e.dev.NewBatch("forward")
-	if err != nil {
-		return err
-	}
-	if err := e.record(b, ps, maxLen); err != nil {
-		b.Discard()
-		return err
-	}
-	if err := b.Submit(); err != nil {
+	if err := e.run(e.steps(ps, maxLen)); err != nil {
 		return fmt.Errorf("forward pass: %w", err)
 	}
 	var next []uint32
@@ -150,39 +142,72 @@ func (e *Engine) forward(ps pass) error {
 	return nil
 }
 
-// record appends the forward pass to b: modeling_qwen3.py, step by step.
-// R = rows of the pass, H hidden, D head_dim.
-func (e *Engine) record(b *gpu.Batch, ps pass, maxLen int) error {
+// submitEvery is how many dispatches are recorded before they are submitted:
+// the GPU starts on the first layers while the host records the rest (on
+// the H200 host recording costs several µs of CPU a dispatch), and no
+// command buffer grows past what lavapipe handles.
+const submitEvery = 48
+
+// step records one operation into a batch.
+type step func(b *gpu.Batch) error
+
+// run records steps into batches of about submitEvery dispatches, submitting
+// each as soon as it is full; the queue runs them in order.
+func (e *Engine) run(steps []step) error {
+	b, err := e.dev.NewBatch("forward")
+	if err != nil {
+		return err
+	}
+	for _, st := range steps {
+		if err := st(b); err != nil {
+			b.Discard()
+			return err
+		}
+		if b.Len() >= submitEvery {
+			if err := b.Submit(); err != nil {
+				return err
+			}
+			if b, err = e.dev.NewBatch("forward"); err != nil {
+				return err
+			}
+		}
+	}
+	return b.Submit()
+}
+
+// steps lists the forward pass's operations: modeling_qwen3.py, step by
+// step. R = rows of the pass, H hidden, D head_dim.
+func (e *Engine) steps(ps pass, maxLen int) []step {
 	c, a, w := &e.cfg, e.act, e.w
 	R, H, I := ps.rows, c.HiddenSize, c.IntermediateSize
 	heads, kvHeads, D, eps := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim, c.RMSNormEps
-	steps := []func() error{
+	steps := []step{
 		// hidden = embed_tokens(input_ids): (R, H)
-		func() error { return kernels.Embed(b, a.x, a.ids, w.embed, R) },
+		func(b *gpu.Batch) error { return kernels.Embed(b, a.x, a.ids, w.embed, R) },
 	}
 	for l := range w.layers {
 		lw := &w.layers[l]
 		steps = append(steps,
 			// h = input_layernorm(hidden)
-			func() error { return kernels.RMSNorm(b, a.h, a.x, lw.inputNorm, R, H, eps) },
+			func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.h, a.x, lw.inputNorm, R, H, eps) },
 			// q, k, v = q_proj(h), k_proj(h), v_proj(h)
-			func() error { return kernels.MatMul(b, a.q, a.h, lw.q, R, false) },
-			func() error { return kernels.MatMul(b, a.k, a.h, lw.k, R, false) },
-			func() error { return kernels.MatMul(b, a.v, a.h, lw.v, R, false) },
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.q, a.h, lw.q, R, false) },
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.k, a.h, lw.k, R, false) },
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.v, a.h, lw.v, R, false) },
 			// q, k = rope(q_norm(q)), rope(k_norm(k)), per head
-			func() error {
+			func(b *gpu.Batch) error {
 				return kernels.QKNormRope(b, a.q, a.k, lw.qNorm, lw.kNorm, a.pos, w.invFreq, R, heads, kvHeads, D, eps)
 			},
 			// past_key_values.update(k, v)
-			func() error { return kernels.KVWrite(b, e.kv, l, a.k, a.v, a.seq, a.pos, R) },
+			func(b *gpu.Batch) error { return kernels.KVWrite(b, e.kv, l, a.k, a.v, a.seq, a.pos, R) },
 			// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
-			func() error {
+			func(b *gpu.Batch) error {
 				if ps.decode == 0 {
 					return nil
 				}
 				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, a.scratch, ps.decode, heads, maxLen)
 			},
-			func() error {
+			func(b *gpu.Batch) error {
 				for _, pe := range ps.entries {
 					if pe.row0 >= ps.decode {
 						if err := kernels.AttentionPrefill(b, a.attn, a.q, e.kv, l, pe.p.seq.slot, a.pos, pe.row0, pe.T, heads); err != nil {
@@ -193,30 +218,25 @@ func (e *Engine) record(b *gpu.Batch, ps pass, maxLen int) error {
 				return nil
 			},
 			// hidden += o_proj(attn)
-			func() error { return kernels.MatMul(b, a.x, a.attn, lw.o, R, true) },
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.x, a.attn, lw.o, R, true) },
 			// h = post_attention_layernorm(hidden)
-			func() error { return kernels.RMSNorm(b, a.h, a.x, lw.postNorm, R, H, eps) },
+			func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.h, a.x, lw.postNorm, R, H, eps) },
 			// hidden += down_proj(silu(gate_proj(h)) * up_proj(h))
-			func() error { return kernels.MatMul(b, a.gateUp, a.h, lw.gateUp, R, false) },
-			func() error { return kernels.SwiGLUFused(b, a.mlp, a.gateUp, R, I) },
-			func() error { return kernels.MatMul(b, a.x, a.mlp, lw.down, R, true) },
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.gateUp, a.h, lw.gateUp, R, false) },
+			func(b *gpu.Batch) error { return kernels.SwiGLUFused(b, a.mlp, a.gateUp, R, I) },
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.x, a.mlp, lw.down, R, true) },
 		)
 	}
 	if ps.lasts > 0 {
 		steps = append(steps,
 			// The last row of each complete entry: norm, lm_head, argmax.
-			func() error { return kernels.Embed(b, a.hLast, a.last, a.hiddenRows, ps.lasts) },
-			func() error { return kernels.RMSNorm(b, a.h, a.hLast, w.norm, ps.lasts, H, eps) },
-			func() error { return kernels.MatMul(b, a.logits, a.h, w.head, ps.lasts, false) },
-			func() error { return kernels.Argmax(b, a.next, a.logits, ps.lasts, c.VocabSize) },
+			func(b *gpu.Batch) error { return kernels.Embed(b, a.hLast, a.last, a.hiddenRows, ps.lasts) },
+			func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.h, a.hLast, w.norm, ps.lasts, H, eps) },
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.h, w.head, ps.lasts, false) },
+			func(b *gpu.Batch) error { return kernels.Argmax(b, a.next, a.logits, ps.lasts, c.VocabSize) },
 		)
 	}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return steps
 }
 
 // activations are the pass's buffers, sized for MaxRows rows and maxLasts

@@ -1,0 +1,151 @@
+"""Shared pieces of webdraft's training recipe: the two model shapes, the
+Qwen3 tokenizer shipped in the repo, the token data on disk, the int4 scheme
+of CONTRACTS.md §2 (exact, and as fake quantization for QAT), and a reader
+for the int4 folders `webdraft convert` writes.
+
+Everything here runs on the GPU machine (torch 2.11, transformers 5.17,
+tokenizers 0.23, safetensors); see README.md for the order of the stages.
+"""
+import gzip
+import json
+import os
+import time
+
+import numpy as np
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+VOCAB = 151936
+
+# The shipped pair: both Qwen3 with the real tokenizer and the full
+# vocabulary; every matrix width a multiple of the int4 group size (32).
+# Sizes are set by the 40 MiB budget for both, which the tied 151,936-row
+# embeddings dominate (int4: hidden/2 + hidden/16 bytes a row).
+SHAPES = {
+    "target": dict(hidden_size=160, intermediate_size=640, num_hidden_layers=6,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "drafter": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=64),
+}
+MAX_POSITIONS = 2048
+
+
+def config(role):
+    return Qwen3Config(vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.02,
+                       **SHAPES[role])
+
+
+def new_model(role, device):
+    with torch.device(device):
+        return Qwen3ForCausalLM(config(role))
+
+
+def tokenizer():
+    """The Qwen3 tokenizer webdraft embeds (tokenizer/qwen3/tokenizer.json.gz)."""
+    from tokenizers import Tokenizer
+    with gzip.open(os.path.join(REPO, "tokenizer", "qwen3", "tokenizer.json.gz"), "rb") as f:
+        return Tokenizer.from_str(f.read().decode("utf-8"))
+
+
+def tokens(data_dir, split):
+    """The token ids of a split as a read-only uint32 memmap."""
+    return np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint32, mode="r")
+
+
+def batches(ids, batch, seq, seed):
+    """Random windows of seq+1 tokens, forever: (inputs, labels) pairs."""
+    rng = np.random.default_rng(seed)
+    n = len(ids) - seq - 1
+    while True:
+        starts = rng.integers(0, n, size=batch)
+        w = np.stack([ids[s:s + seq + 1] for s in starts]).astype(np.int64)
+        yield torch.from_numpy(w)
+
+
+# --- the int4 scheme of CONTRACTS.md §2 ------------------------------------
+
+def int4_scales(w, group=32):
+    """s = f16(max|w| / 7) per row and group, as f32: (out, in/G)."""
+    g = w.float().reshape(w.shape[0], -1, group)
+    return (g.abs().amax(dim=-1) / 7).to(torch.float16).to(torch.float32)
+
+
+def int4_codes(w, s, group=32):
+    """q = clamp(round_half_away(w / s), -8, 7), 0 where s == 0: (out, in)."""
+    g = w.float().reshape(w.shape[0], -1, group)
+    x = g / s.unsqueeze(-1).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.sign(x) * torch.floor(torch.abs(x.double()) + 0.5).float()
+    q = torch.where(s.unsqueeze(-1) == 0, torch.zeros_like(q), q.clamp(-8, 7))
+    return q.reshape(w.shape)
+
+
+def int4_dequant(w, group=32):
+    s = int4_scales(w, group)
+    q = int4_codes(w, s, group)
+    return (q.reshape(w.shape[0], -1, group) * s.unsqueeze(-1)).reshape(w.shape)
+
+
+def fake_int4(w, group=32):
+    """Quantize-dequantize in the forward pass, identity in the backward
+    (straight-through estimator): quantization-aware training."""
+    return w + (int4_dequant(w.detach(), group).to(w.dtype) - w).detach()
+
+
+def enable_qat(model, group=32):
+    """Routes every linear layer and the embedding (and so the tied head)
+    through fake_int4, exactly the matrices webdraft quantizes."""
+    import torch.nn.functional as F
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.forward = (lambda m: lambda x: F.linear(x, fake_int4(m.weight, group), m.bias))(mod)
+        elif isinstance(mod, torch.nn.Embedding):
+            mod.forward = (lambda m: lambda ids: F.embedding(ids, fake_int4(m.weight, group)))(mod)
+
+
+def load_webdraft_int4(folder, device):
+    """A Qwen3ForCausalLM holding the dequantized weights of a folder written
+    by `webdraft convert --quant int4` (what webdraft itself runs)."""
+    from safetensors import safe_open
+
+    cfg = Qwen3Config.from_pretrained(folder)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg)
+    state = {}
+    with safe_open(os.path.join(folder, "model.safetensors"), framework="pt") as f:
+        meta = f.metadata()
+        assert meta.get("format") == "webdraft" and meta.get("quant") == "int4", meta
+        group = int(meta["group_size"])
+        for name in f.keys():
+            t = f.get_tensor(name)
+            if name.endswith(".qweight"):
+                words = t.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+                nib = torch.stack([(words >> (4 * j)) & 15 for j in range(8)], dim=-1)
+                q = (nib.reshape(words.shape[0], -1) - 8).float()
+                s = f.get_tensor(name[:-len(".qweight")] + ".scales").float()
+                w = (q.reshape(q.shape[0], -1, group) * s.unsqueeze(-1)).reshape(q.shape)
+                state[name[:-len(".qweight")]] = w
+            elif not name.endswith(".scales"):
+                state[name] = t.float()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "lm_head.weight"]  # tied
+    assert not missing and not unexpected, (missing, unexpected)
+    model.tie_weights()
+    return model.to(device)
+
+
+class Deadline:
+    """A wall-clock budget: stages stop (and save) before the GPU machine's
+    10-minute limit."""
+
+    def __init__(self, minutes):
+        self.end = time.time() + 60 * minutes
+
+    def left(self):
+        return self.end - time.time()
+
+
+def log(**kv):
+    print(json.dumps(kv), flush=True)

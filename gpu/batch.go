@@ -41,6 +41,7 @@ type Batch struct {
 	enc    *wgpu.CommandEncoder
 	pass   *wgpu.ComputePassEncoder
 	chunks []*paramsChunk
+	prof   *profiler // non-nil: each dispatch timed in a pass of its own (Profile)
 	n      int
 	err    error // the first recording error; Submit returns it
 	ended  bool
@@ -121,10 +122,20 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 	if err != nil {
 		return fail("%v", err)
 	}
+	if b.prof != nil {
+		if err := b.beginDispatch(p.Name()); err != nil {
+			return fail("profile: %v", err)
+		}
+	}
 	b.pass.SetPipeline(p.pipe)
 	b.pass.SetBindGroup(0, group, offsets)
 	b.pass.DispatchWorkgroups(x, y, z)
 	b.n++
+	if b.prof != nil {
+		if err := b.endDispatch(); err != nil {
+			return fail("profile: %v", err)
+		}
+	}
 	return nil
 }
 
@@ -199,7 +210,12 @@ func (b *Batch) Submit() error {
 		b.Discard()
 		return b.err
 	}
-	err := endPass(b.pass)
+	var err error
+	if b.prof == nil {
+		err = endPass(b.pass)
+	} else {
+		err = b.resolveTimestamps()
+	}
 	var cmd *wgpu.CommandBuffer
 	if err == nil {
 		cmd, err = b.enc.Finish(nil)
@@ -229,11 +245,16 @@ func (b *Batch) Submit() error {
 
 // Discard drops a batch without submitting it.
 func (b *Batch) Discard() {
-	if b.pass == nil {
+	if b.enc == nil {
 		return
 	}
 	b.ended = true
-	endPass(b.pass)
+	if b.pass != nil {
+		endPass(b.pass)
+	}
+	if b.prof != nil {
+		b.prof.release()
+	}
 	b.release()
 	b.d.scopes.check() // drop whatever the abandoned recording raised
 }
@@ -243,7 +264,9 @@ func (b *Batch) release() {
 		b.d.chunks = append(b.d.chunks, c.buf)
 	}
 	b.chunks = nil
-	b.pass.Release()
+	if b.pass != nil {
+		b.pass.Release()
+	}
 	b.enc.Release()
 	b.pass, b.enc = nil, nil
 	b.d.binds.end()

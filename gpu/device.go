@@ -93,12 +93,13 @@ type Device struct {
 	f16    bool
 	scopes errorScopes // backend-specific: catch-all error scopes and the lost state
 
-	modules   map[string]*wgpu.ShaderModule // by module name + constants
-	sources   map[string]string             // module name → the source it was first given
-	pipelines map[string]*Pipeline          // by module name + entry + constants
-	chunks    []*wgpu.Buffer                // free uniform chunks for Batch params
-	binds     *bindCache                    // bind groups reused across batches
-	closed    bool
+	modules    map[string]*wgpu.ShaderModule // by module name + constants
+	sources    map[string]string             // module name → the source it was first given
+	pipelines  map[string]*Pipeline          // by module name + entry + constants
+	chunks     []*wgpu.Buffer                // free uniform chunks for Batch params
+	binds      *bindCache                    // bind groups reused across batches
+	timestamps bool                          // timestamp queries enabled (natively, where offered)
+	closed     bool
 }
 
 // Info describes the adapter in use.

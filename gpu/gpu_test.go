@@ -305,3 +305,53 @@ func TestReopen(t *testing.T) {
 		d.Close()
 	}
 }
+
+// TestProfile: a profiled batch times each dispatch in its own pass and
+// still computes what an ordinary batch does.
+func TestProfile(t *testing.T) {
+	d := gputest.Device(t)
+	if !d.Timestamps() {
+		t.Skipf("%s offers no timestamp queries", d.Info())
+	}
+	p, err := d.Pipeline(affine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := d.UploadF32("y", make([]float32, 1024))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Release()
+	b, err := d.NewBatch("profiled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Profile(8); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if err := b.Dispatch(p, affineParams(1024, 1, 1), []gpu.Binding{buf.All()}, 16, 1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
+	}
+	prof, err := b.Results()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := prof.Count["affine_test.wgsl:main"]; got != 5 {
+		t.Errorf("%d dispatches profiled, want 5 (%+v)", got, prof)
+	}
+	if prof.Total() == 0 {
+		t.Error("no time measured")
+	}
+	y, err := buf.ReadF32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y[0] != 5 || y[1023] != 5 {
+		t.Errorf("y = %v…%v, want 5 (five dispatches adding 1)", y[0], y[1023])
+	}
+}

@@ -46,6 +46,11 @@ func Open(opts Options) (*Device, error) {
 	if f16 {
 		features = append(features, wgpu.FeatureNameShaderF16)
 	}
+	// Timestamp queries, where offered, let Batch profile dispatches.
+	timestamps := best.HasFeature(wgpu.FeatureNameTimestampQuery)
+	if timestamps {
+		features = append(features, wgpu.FeatureNameTimestampQuery)
+	}
 	limits := fromWGPU(best.GetLimits().Limits).request()
 
 	// No DeviceLostCallback: the library passes it to C in a way cgo's
@@ -60,7 +65,11 @@ func Open(opts Options) (*Device, error) {
 		return nil, fmt.Errorf("gpu: %s: requesting a device with limits %+v: %w", info, limits, err)
 	}
 	granted := fromWGPU(dev.GetLimits().Limits)
-	return newDevice(dev, info, granted, f16, newErrorScopes(dev))
+	d, err := newDevice(dev, info, granted, f16, newErrorScopes(dev))
+	if err == nil {
+		d.timestamps = timestamps
+	}
+	return d, err
 }
 
 // adapterName returns the adapter's human name. The wgpu-native build inside

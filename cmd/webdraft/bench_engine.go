@@ -26,6 +26,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	prefill := fs.Int("prefill", 512, "prompt length of the prefill measurement")
 	copyMB := fs.Int("copy-mb", 1024, "buffer size of the copy-bandwidth measurement (capped by the device)")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measurements to this file")
+	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size kernel by kernel on the GPU (timestamp queries)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -129,7 +130,43 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if *gpuProfile {
+		if err := profileDecode(ctx, e, eng, batches, *context); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench engine %s\n", strings.Join(args, " "))
+	return nil
+}
+
+// profileDecode prints the GPU time of one decode step per kernel, for each
+// batch size (each dispatch in a pass of its own between timestamps).
+func profileDecode(ctx context.Context, e *env, eng *webgpu.Engine, batches []int, context int) error {
+	period, err := perf.TickPeriod(eng.Device())
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	for _, b := range batches {
+		kernels, err := perf.ProfileDecode(ctx, eng, b, context, period)
+		if err != nil {
+			return fmt.Errorf("profile batch %d: %w", b, err)
+		}
+		var total time.Duration
+		for _, k := range kernels {
+			total += k.Time
+		}
+		fmt.Fprintf(e.stdout, "\nGPU time of one decode step, batch %d, context %d: %.3f ms in kernels (timestamps, %.3g ns a tick)\n",
+			b, context, ms64(total), period*1e9)
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "kernel\tdispatches\tGPU time\tper dispatch\tshare")
+		for _, k := range kernels {
+			fmt.Fprintf(tw, "%s\t%d\t%.3f ms\t%.1f µs\t%s\n", k.Name, k.Dispatches, ms64(k.Time),
+				float64(k.Time.Nanoseconds())/1e3/float64(k.Dispatches), pct(k.Time.Seconds()/total.Seconds()))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

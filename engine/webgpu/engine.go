@@ -56,7 +56,22 @@ type Engine struct {
 	freeBlocks []uint32 // pool blocks no sequence holds
 	freeSlots  []int    // block-table rows no sequence holds
 	closed     bool
-	ownsDevice bool // Close closes the device (Open made it)
+	ownsDevice bool         // Close closes the device (Open made it)
+	profile    *gpu.Profile // non-nil while Profile runs: GPU time per kernel
+}
+
+// Profile runs f (which calls Step) with every dispatch timed on the GPU in
+// a pass of its own, and returns the time per kernel in timestamp ticks.
+// Passes of one dispatch each cost extra: use it to see where time goes,
+// not to time the whole.
+func (e *Engine) Profile(f func() error) (gpu.Profile, error) {
+	if !e.dev.Timestamps() {
+		return gpu.Profile{}, fmt.Errorf("%s offers no timestamp queries", e.dev.Info())
+	}
+	e.profile = &gpu.Profile{}
+	defer func() { e.profile = nil }()
+	err := f()
+	return *e.profile, err
 }
 
 // Open opens the best WebGPU adapter (gpu.ErrNoAdapter when there is none)

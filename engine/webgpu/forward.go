@@ -154,7 +154,7 @@ type step func(b *gpu.Batch) error
 // run records steps into batches of about submitEvery dispatches, submitting
 // each as soon as it is full; the queue runs them in order.
 func (e *Engine) run(steps []step) error {
-	b, err := e.dev.NewBatch("forward")
+	b, err := e.newBatch()
 	if err != nil {
 		return err
 	}
@@ -164,15 +164,36 @@ func (e *Engine) run(steps []step) error {
 			return err
 		}
 		if b.Len() >= submitEvery {
-			if err := b.Submit(); err != nil {
+			if err := e.submit(b); err != nil {
 				return err
 			}
-			if b, err = e.dev.NewBatch("forward"); err != nil {
+			if b, err = e.newBatch(); err != nil {
 				return err
 			}
 		}
 	}
-	return b.Submit()
+	return e.submit(b)
+}
+
+func (e *Engine) newBatch() (*gpu.Batch, error) {
+	b, err := e.dev.NewBatch("forward")
+	if err != nil || e.profile == nil {
+		return b, err
+	}
+	if err := b.Profile(submitEvery + 1024); err != nil { // a step may record many dispatches (a prompt's attention each)
+		b.Discard()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (e *Engine) submit(b *gpu.Batch) error {
+	if err := b.Submit(); err != nil || e.profile == nil {
+		return err
+	}
+	p, err := b.Results()
+	e.profile.Add(p)
+	return err
 }
 
 // steps lists the forward pass's operations: modeling_qwen3.py, step by

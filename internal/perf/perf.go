@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"webdraft/engine"
+	"webdraft/engine/webgpu"
 	"webdraft/gpu"
 	"webdraft/kernels"
 	"webdraft/qwen3"
@@ -261,4 +262,111 @@ func DispatchOverhead(d *gpu.Device, n int) (time.Duration, error) {
 		return nil
 	})
 	return t / time.Duration(n), err
+}
+
+// TickPeriod calibrates timestamp ticks: a large copy timed by the wall
+// clock (back to back, so GPU-bound) and by timestamps gives the seconds per
+// tick (WebGPU leaves the period to the implementation).
+func TickPeriod(d *gpu.Device) (float64, error) {
+	bytes := min(uint64(256<<20), d.Limits().MaxStorageBufferBindingSize) &^ 15
+	src, err := d.NewBuffer("period_src", bytes)
+	if err != nil {
+		return 0, err
+	}
+	defer src.Release()
+	dst, err := d.NewBuffer("period_dst", bytes)
+	if err != nil {
+		return 0, err
+	}
+	defer dst.Release()
+	const copies = 8
+	wall, err := run(d, dst, 4, func(b *gpu.Batch) error {
+		for range copies {
+			if err := kernels.Copy(b, dst, src, bytes); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	b, err := d.NewBatch("period")
+	if err != nil {
+		return 0, err
+	}
+	if err := b.Profile(copies); err != nil {
+		b.Discard()
+		return 0, err
+	}
+	for range copies {
+		if err := kernels.Copy(b, dst, src, bytes); err != nil {
+			b.Discard()
+			return 0, err
+		}
+	}
+	if err := b.Submit(); err != nil {
+		return 0, err
+	}
+	p, err := b.Results()
+	if err != nil {
+		return 0, err
+	}
+	if p.Total() == 0 {
+		return 0, fmt.Errorf("timestamps did not advance")
+	}
+	return wall.Seconds() / float64(p.Total()), nil
+}
+
+// Kernel is one kernel's share of a profiled forward pass.
+type Kernel struct {
+	Name       string
+	Dispatches int
+	Time       time.Duration // GPU time, summed over its dispatches
+}
+
+// ProfileDecode times, kernel by kernel on the GPU, one decode step of
+// batch sequences at the given context (after a warm-up step).
+func ProfileDecode(ctx context.Context, e *webgpu.Engine, batch, context int, period float64) ([]Kernel, error) {
+	cfg := e.Config()
+	rng := rand.New(rand.NewPCG(5, uint64(batch)))
+	entries := make([]*engine.Entry, batch)
+	for i := range entries {
+		s, err := e.NewSequence()
+		if err != nil {
+			return nil, err
+		}
+		defer s.Release()
+		p := make([]int, context)
+		for j := range p {
+			p[j] = rng.IntN(cfg.VocabSize)
+		}
+		entries[i] = &engine.Entry{Seq: s, Tokens: p}
+		if err := e.Step(ctx, entries[i:i+1]); err != nil {
+			return nil, err
+		}
+		entries[i].Tokens = []int{entries[i].Next}
+	}
+	step := func() error {
+		if err := e.Step(ctx, entries); err != nil {
+			return err
+		}
+		for _, en := range entries {
+			en.Tokens = []int{en.Next}
+		}
+		return nil
+	}
+	if err := step(); err != nil {
+		return nil, err
+	}
+	prof, err := e.Profile(step)
+	if err != nil {
+		return nil, err
+	}
+	var out []Kernel
+	for _, name := range prof.Names() {
+		out = append(out, Kernel{Name: name, Dispatches: prof.Count[name],
+			Time: time.Duration(float64(prof.Ticks[name]) * period * 1e9)})
+	}
+	return out, nil
 }

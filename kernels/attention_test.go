@@ -174,6 +174,9 @@ func TestAttentionDecode(t *testing.T) {
 		if i == 0 { // one long context: 256-position splits
 			s, lens = attnShape{kvHeads: 1, group: 2, D: 64, blockSize: 16}, []int{1500}
 		}
+		if i == 1 { // a head_dim that is not a multiple of 8: the scalar key loads
+			s.D = 36
+		}
 		T := []int{1, 1, 3, 8}[r.IntN(4)]
 		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v", s.kvHeads, s.group, s.D, s.blockSize, T, lens)
 		t.Run(name, func(t *testing.T) { testAttentionDecode(t, d, r, s, lens, T) })

@@ -21,7 +21,9 @@
 // and value is read once for all of them: thread c scores key c of the
 // chunk against the group's queries (held in workgroup memory), one thread
 // per head then takes the max and the sum, and the threads share out the
-// group·D outputs. WG = 64 covers a 64-key chunk in one step; CHUNK (64 or
+// group·D outputs. A key is read in 16-byte loads (eight halves or four
+// floats each) when D is a multiple of 8, its dot products kept in registers
+// for every head of the group. WG = 64 covers a 64-key chunk in one step; CHUNK (64 or
 // 256, picked by package kernels from the context length) trades
 // parallelism for merge work. D is a constant (head_dim) so that loops
 // over it have a fixed count.
@@ -31,7 +33,7 @@ const D: u32 = 128u;
 const CHUNK: u32 = 64u;
 const MAX_GROUP: u32 = 8u;
 const KV_F16: u32 = 0u; // 1: the KV cache holds f16 pairs (specialized by the host)
-const QS: u32 = MAX_GROUP * D;
+const QS: u32 = MAX_GROUP * D / 4u;   // vec4s
 const SC: u32 = MAX_GROUP * CHUNK;
 
 struct Params {
@@ -47,8 +49,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kcache: array<u32>;
-@group(0) @binding(3) var<storage, read> vcache: array<u32>;
+@group(0) @binding(2) var<storage, read> kcache: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> vcache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 @group(0) @binding(5) var<storage, read> seq: array<u32>;
 @group(0) @binding(6) var<storage, read> pos: array<u32>;
@@ -57,11 +59,12 @@ struct Params {
 // The KV cache holds f32 words, or with KV_F16 = 1 IEEE halves packed two
 // to a u32 (pack2x16float; no shader-f16 needed): element i of either cache.
 fn kv_load(i: u32, values: bool) -> f32 {
+    let wi = select(i, i >> 1u, KV_F16 == 1u); // the u32 word holding element i
     var w: u32;
     if values {
-        w = vcache[select(i, i >> 1u, KV_F16 == 1u)];
+        w = vcache[wi >> 2u][wi & 3u];
     } else {
-        w = kcache[select(i, i >> 1u, KV_F16 == 1u)];
+        w = kcache[wi >> 2u][wi & 3u];
     }
     if KV_F16 == 1u {
         let pair = unpack2x16float(w);
@@ -70,7 +73,21 @@ fn kv_load(i: u32, values: bool) -> f32 {
     return bitcast<f32>(w);
 }
 
-var<workgroup> qs: array<f32, QS>;      // (group, D) queries
+// Key elements e … e+7 (e a multiple of 8) in 16-byte loads.
+struct Key8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn key8(e: u32) -> Key8 {
+    if KV_F16 == 1u {
+        let w = kcache[e >> 3u];
+        return Key8(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)), vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));
+    }
+    return Key8(bitcast<vec4<f32>>(kcache[e >> 2u]), bitcast<vec4<f32>>(kcache[(e >> 2u) + 1u]));
+}
+
+var<workgroup> qs: array<vec4<f32>, QS>; // (group, D) queries
 var<workgroup> sc: array<f32, SC>;      // (group, CHUNK) scores, then exp(score − m)
 var<workgroup> base: array<u32, CHUNK>; // cache offset of each key of the chunk
 var<workgroup> stat: array<f32, 16>;    // m, then l, of each head (2·MAX_GROUP)
@@ -90,7 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let n = select(0u, min(CHUNK, L - j0), j0 < L); // keys of this split: 0 past the context
 
     for (var i = lid; i < group * D; i += WG) {
-        qs[i] = q[(t * p.heads + h0) * D + i];
+        qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
     }
     workgroupBarrier();
 
@@ -103,10 +120,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // Explicitly zeroed: the bundled naga zeroes an uninitialized
         // variable once per invocation, not at each loop iteration.
         var acc = array<f32, MAX_GROUP>();
-        for (var d = 0u; d < D; d++) {
-            let kd = kv_load(b + d, false);
-            for (var hh = 0u; hh < group; hh++) {
-                acc[hh] += qs[hh * D + d] * kd;
+        if D % 8u == 0u {
+            for (var d = 0u; d < D; d += 8u) {
+                let k = key8(b + d);
+                for (var hh = 0u; hh < MAX_GROUP; hh++) { // a fixed count: acc stays in registers
+                    if hh < group {
+                        let qi = (hh * D + d) >> 2u;
+                        acc[hh] += dot(qs[qi], k.lo) + dot(qs[qi + 1u], k.hi);
+                    }
+                }
+            }
+        } else {
+            for (var d = 0u; d < D; d++) {
+                let kd = kv_load(b + d, false);
+                for (var hh = 0u; hh < group; hh++) {
+                    let qi = hh * D + d;
+                    acc[hh] += qs[qi >> 2u][qi & 3u] * kd;
+                }
             }
         }
         for (var hh = 0u; hh < group; hh++) {

@@ -35,9 +35,9 @@ const (
 	decodeMaxGroup   = 8  // MAX_GROUP in attention_decode.wgsl
 	prefillRows      = 16 // BR in attention_prefill.wgsl
 	prefillKeys      = 16 // BC
-	decodeShortChunk = 64 // context positions per split up to decodeLongAfter
-	decodeLongChunk  = 256
-	decodeLongAfter  = 1024
+	decodeMinChunk   = 16   // context positions per split, at least
+	decodeMaxChunk   = 256  // and at most
+	decodeWorkgroups = 1024 // enough workgroups to keep a large GPU busy
 )
 
 // KVCache is the paged key/value cache of every layer, shared by many
@@ -204,26 +204,30 @@ func (c *KVCache) checkHeads(op string, heads int) error {
 	return nil
 }
 
-// DecodeSplits is the number of splits AttentionDecode uses for contexts of
-// up to maxLen positions.
-func (c *KVCache) DecodeSplits(maxLen int) int {
-	return (maxLen + decodeChunk(maxLen) - 1) / decodeChunk(maxLen)
+// DecodeSplits is the number of splits AttentionDecode uses for T rows with
+// contexts of up to maxLen positions.
+func (c *KVCache) DecodeSplits(T, maxLen int) int {
+	chunk := c.decodeChunk(T, maxLen)
+	return (maxLen + chunk - 1) / chunk
 }
 
 // DecodeScratch is the number of f32 values AttentionDecode's scratch
 // buffer needs for T rows of heads query heads and contexts of up to maxLen
 // positions: (T, heads, splits, D + 2).
 func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
-	return T * heads * c.DecodeSplits(maxLen) * (c.D + 2)
+	return T * heads * c.DecodeSplits(T, maxLen) * (c.D + 2)
 }
 
-// decodeChunk is the context positions per split: short splits keep a
-// short context spread over enough workgroups.
-func decodeChunk(maxLen int) int {
-	if maxLen <= decodeLongAfter {
-		return decodeShortChunk
+// decodeChunk is the context positions per split: the longest power of two
+// (16 … 256) that still gives about decodeWorkgroups workgroups — a
+// workgroup per kv head, split and row — so that a single sequence's
+// decode spreads over the whole GPU while a large batch keeps merges few.
+func (c *KVCache) decodeChunk(T, maxLen int) int {
+	chunk := decodeMaxChunk
+	for chunk > decodeMinChunk && c.KVHeads*T*((maxLen+chunk-1)/chunk) < decodeWorkgroups {
+		chunk /= 2
 	}
-	return decodeLongChunk
+	return chunk
 }
 
 // AttentionDecode records causal GQA attention for T single query rows,
@@ -252,7 +256,8 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}
 	n := T * heads * c.D
-	splits := c.DecodeSplits(maxLen)
+	chunk := c.decodeChunk(T, maxLen)
+	splits := c.DecodeSplits(T, maxLen)
 	for _, x := range []struct {
 		name string
 		buf  *gpu.Buffer
@@ -262,8 +267,8 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 			return err
 		}
 	}
-	consts := gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(decodeChunk(maxLen))}
-	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(decodeMaxGroup*c.D+decodeMaxGroup*decodeChunk(maxLen)+decodeChunk(maxLen)+16)); err != nil {
+	consts := gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
+	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(decodeMaxGroup*c.D+decodeMaxGroup*chunk+chunk+16)); err != nil {
 		return err
 	}
 	split, err := b.Device().Pipeline(attnDecode, c.consts(consts))

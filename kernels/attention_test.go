@@ -210,7 +210,7 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 	run(t, d, "decode", func(b *gpu.Batch) error {
 		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, scratch, T, cfg.NumAttentionHeads, maxLen)
 	})
-	t.Logf("%d splits, f16 cache %v", tc.c.DecodeSplits(maxLen), tc.c.F16)
+	t.Logf("%d splits, f16 cache %v", tc.c.DecodeSplits(T, maxLen), tc.c.F16)
 	checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
 }
 

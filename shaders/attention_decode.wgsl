@@ -23,10 +23,10 @@
 // per head then takes the max and the sum, and the threads share out the
 // group·D outputs. A key is read in 16-byte loads (eight halves or four
 // floats each) when D is a multiple of 8, its dot products kept in registers
-// for every head of the group. WG = 64 covers a 64-key chunk in one step; CHUNK (64 or
-// 256, picked by package kernels from the context length) trades
-// parallelism for merge work. D is a constant (head_dim) so that loops
-// over it have a fixed count.
+// for every head of the group. WG = 64 threads; CHUNK (16 … 256, picked by
+// package kernels from the rows and the context length so that there are
+// enough workgroups) trades parallelism for merge work. D is a constant
+// (head_dim) so that loops over it have a fixed count.
 
 const WG: u32 = 64u;
 const D: u32 = 128u;

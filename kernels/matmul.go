@@ -25,7 +25,7 @@ var (
 // The matmul kernels' tiling (see the header of matmul_int4.wgsl).
 const (
 	matMulWG   = 64 // threads per workgroup
-	matMulRows = 4  // output features per workgroup
+	matMulRows = 4  // output features per workgroup for prefill (T > 1)
 )
 
 // matMulTT returns the activation rows per workgroup for T rows: 1 for
@@ -85,7 +85,15 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool,
 	}
 	d := b.Device()
 	tt := matMulTT(T)
-	p, err := d.Pipeline(k, gpu.Consts{"TT": tt})
+	// Decode (T = 1) reads each weight once and reuses nothing: a row per
+	// workgroup gives the GPU four times the workgroups to hide latency with
+	// (as long as the rows fit the grid's x dimension; a vocabulary-sized
+	// head keeps four).
+	rows := matMulRows
+	if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
+		rows = 1
+	}
+	p, err := d.Pipeline(k, gpu.Consts{"TT": tt, "ROWS": uint32(rows)})
 	if err != nil {
 		return err
 	}
@@ -105,7 +113,7 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool,
 		binds := append([]gpu.Binding{x.Slice(0, uint64(T*w.K)*4)}, w.bindRows(blk)...)
 		binds = append(binds, outBind)
 		params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), acc, 0, 0}
-		if err := b.Dispatch(p, params, binds, divCeil(blk.n, matMulRows), divCeil(T, int(tt)), 1); err != nil {
+		if err := b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, int(tt)), 1); err != nil {
 			return fmt.Errorf("kernels: %s: %w", op, err)
 		}
 	}

@@ -44,6 +44,17 @@ func TestMatMul(t *testing.T) {
 	}
 }
 
+// TestMatMulTallHead: more output rows than a grid dimension holds (a
+// vocabulary-sized head) at T = 1 and T = 2.
+func TestMatMulTallHead(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, T := range []int{1, 2} {
+		s := matMulShape{T: T, N: 70001, K: 32, G: 32}
+		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, 0) })
+	}
+}
+
 // TestMatMulRowBlocks forces a tiny binding limit so that W is split into
 // several row blocks writing column slices of one output.
 func TestMatMulRowBlocks(t *testing.T) {

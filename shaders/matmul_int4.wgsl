@@ -25,9 +25,10 @@
 //
 // Why these sizes: WG = 64 threads cover one Qwen3-1.7B row (2048 inputs =
 // 256 words) in 4 steps, keep the tree reduction at 6 steps, and fit any
-// GPU's workgroup limits; ROWS = 4 rows share each load of x; TT is 1 for
-// decode and 4 or 8 for prefill (package kernels picks it with
-// gpu.Specialize, as it would pick a pipeline override). Workgroup memory is
+// GPU's workgroup limits; for prefill ROWS = 4 rows share each load of x
+// and TT is 4 or 8; for decode (T = 1) ROWS = TT = 1, since nothing is
+// reused and more workgroups hide more latency (package kernels picks both
+// with gpu.Specialize, as it would pick pipeline overrides). Workgroup memory is
 // WG·ROWS·TT·4 bytes (8 KiB at TT = 8).
 
 const WG: u32 = 64u;

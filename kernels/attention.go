@@ -32,9 +32,9 @@ var (
 
 const (
 	kvWriteWG        = 64
-	decodeMaxGroup   = 8  // MAX_GROUP in attention_decode.wgsl
-	prefillRows      = 16 // BR in attention_prefill.wgsl
-	prefillKeys      = 16 // BC
+	decodeMaxGroup   = 8    // MAX_GROUP in attention_decode.wgsl
+	prefillRows      = 16   // BR in attention_prefill.wgsl
+	prefillKeys      = 16   // BC
 	decodeMinChunk   = 16   // context positions per split, at least
 	decodeMaxChunk   = 256  // and at most
 	decodeWorkgroups = 1024 // enough workgroups to keep a large GPU busy

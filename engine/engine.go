@@ -106,3 +106,16 @@ func Draft(ctx context.Context, e Engine, seq Sequence, tokens []int, n int) ([]
 func KVBytesPerToken(c *qwen3.Config, elemBytes int) int {
 	return 2 * c.NumHiddenLayers * c.KVDim() * elemBytes
 }
+
+// Warm runs a short draft on a scratch sequence, so that an engine's
+// one-time work (compiling GPU pipelines, first allocations) is done before
+// the first request rather than during it.
+func Warm(ctx context.Context, e Engine) error {
+	seq, err := e.NewSequence()
+	if err != nil {
+		return err
+	}
+	defer seq.Release()
+	_, err = Draft(ctx, e, seq, []int{0, 0, 0}, 2)
+	return err
+}

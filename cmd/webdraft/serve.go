@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"webdraft/engine"
 	"webdraft/scheduler"
 	"webdraft/server"
 )
@@ -64,6 +65,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer eng.Close()
+	if err := engine.Warm(ctx, eng); err != nil {
+		httpSrv.Close()
+		return fmt.Errorf("warm-up: %w", err)
+	}
 	opts := scheduler.Options{}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)

@@ -7,6 +7,7 @@ tokenizes them with the Qwen3 tokenizer, and writes:
   DATA/train.bin, DATA/heldout.bin   uint32 token ids, files separated by <|endoftext|>
   DATA/heldout_prompts.jsonl          prompts for `webdraft bench spec` (held-out files)
   DATA/manifest.json                  every file, its split, size and license
+  DATA/DATA_MANIFEST.md               the same for people (weights/DATA_MANIFEST.md)
 
     python3 weights/train/prepare_data.py --out /tmp/data
 """
@@ -77,7 +78,26 @@ def main():
             f.write(json.dumps(p) + "\n")
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump({"root": root, "python": sysconfig.get_python_version(), "files": manifest}, f, indent=1)
+    write_markdown(os.path.join(args.out, "DATA_MANIFEST.md"), root, sysconfig.get_python_version(), manifest, args)
     common.log(prompts=len(prompts), files=len(manifest))
+
+
+def write_markdown(path, root, version, manifest, args):
+    """The manifest as weights/DATA_MANIFEST.md: sources, licenses, commands."""
+    train = [m for m in manifest if m["split"] == "train"]
+    held = [m for m in manifest if m["split"] == "heldout"]
+    with open(path, "w") as f:
+        f.write("# Training data of the shipped pair\n\n")
+        f.write(f"Every file below comes from the Python {version} standard library as installed "
+                f"on the GPU machine (`{root}`), under the PSF License 2.0. Nothing else was trained on.\n\n")
+        f.write("Made by:\n\n```sh\npython3 weights/train/prepare_data.py --out DATA"
+                + (f" --max-files {args.max_files}" if args.max_files else "") + "\n```\n\n")
+        f.write(f"Split by file (2 % held out by a hash of the path, never trained on): "
+                f"{len(train)} training files ({sum(m['tokens'] for m in train):,} tokens), "
+                f"{len(held)} held-out files ({sum(m['tokens'] for m in held):,} tokens).\n\n")
+        f.write("| file | split | bytes | tokens | license |\n| --- | --- | --- | --- | --- |\n")
+        for m in manifest:
+            f.write(f"| {m['file']} | {m['split']} | {m['bytes']} | {m['tokens']} | {m['license']} |\n")
 
 
 if __name__ == "__main__":

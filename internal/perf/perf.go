@@ -144,30 +144,37 @@ func MatVecs(d *gpu.Device, c *qwen3.Config, reps int) ([]MatVec, error) {
 	return shapes, nil
 }
 
-// Decode prefills batch sequences with context random tokens each, then
-// times steps decode steps of all of them together; it returns the time per
-// step.
-func Decode(ctx context.Context, e engine.Engine, batch, context, steps int) (time.Duration, error) {
+// decoding prefills batch sequences with context random tokens each and
+// returns a function that runs one decode step of all of them, and one
+// that releases them.
+func decoding(ctx context.Context, e engine.Engine, batch, context int) (step func() error, release func(), err error) {
 	cfg := e.Config()
 	rng := rand.New(rand.NewPCG(3, uint64(batch)))
-	entries := make([]*engine.Entry, batch)
-	for i := range entries {
+	entries := make([]*engine.Entry, 0, batch)
+	release = func() {
+		for _, en := range entries {
+			en.Seq.Release()
+		}
+	}
+	for range batch {
 		s, err := e.NewSequence()
 		if err != nil {
-			return 0, err
+			release()
+			return nil, nil, err
 		}
-		defer s.Release()
 		p := make([]int, context)
 		for j := range p {
 			p[j] = rng.IntN(cfg.VocabSize)
 		}
-		entries[i] = &engine.Entry{Seq: s, Tokens: p}
-		if err := e.Step(ctx, entries[i:i+1]); err != nil {
-			return 0, fmt.Errorf("prefill: %w", err)
+		en := &engine.Entry{Seq: s, Tokens: p}
+		entries = append(entries, en)
+		if err := e.Step(ctx, []*engine.Entry{en}); err != nil {
+			release()
+			return nil, nil, fmt.Errorf("prefill: %w", err)
 		}
-		entries[i].Tokens = []int{entries[i].Next}
+		en.Tokens = []int{en.Next}
 	}
-	step := func() error {
+	step = func() error {
 		if err := e.Step(ctx, entries); err != nil {
 			return err
 		}
@@ -176,6 +183,18 @@ func Decode(ctx context.Context, e engine.Engine, batch, context, steps int) (ti
 		}
 		return nil
 	}
+	return step, release, nil
+}
+
+// Decode prefills batch sequences with context random tokens each, then
+// times steps decode steps of all of them together; it returns the time per
+// step.
+func Decode(ctx context.Context, e engine.Engine, batch, context, steps int) (time.Duration, error) {
+	step, release, err := decoding(ctx, e, batch, context)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	for range 2 { // warm up
 		if err := step(); err != nil {
 			return 0, err
@@ -328,35 +347,12 @@ type Kernel struct {
 // ProfileDecode times, kernel by kernel on the GPU, one decode step of
 // batch sequences at the given context (after a warm-up step).
 func ProfileDecode(ctx context.Context, e *webgpu.Engine, batch, context int, period float64) ([]Kernel, error) {
-	cfg := e.Config()
-	rng := rand.New(rand.NewPCG(5, uint64(batch)))
-	entries := make([]*engine.Entry, batch)
-	for i := range entries {
-		s, err := e.NewSequence()
-		if err != nil {
-			return nil, err
-		}
-		defer s.Release()
-		p := make([]int, context)
-		for j := range p {
-			p[j] = rng.IntN(cfg.VocabSize)
-		}
-		entries[i] = &engine.Entry{Seq: s, Tokens: p}
-		if err := e.Step(ctx, entries[i:i+1]); err != nil {
-			return nil, err
-		}
-		entries[i].Tokens = []int{entries[i].Next}
+	step, release, err := decoding(ctx, e, batch, context)
+	if err != nil {
+		return nil, err
 	}
-	step := func() error {
-		if err := e.Step(ctx, entries); err != nil {
-			return err
-		}
-		for _, en := range entries {
-			en.Tokens = []int{en.Next}
-		}
-		return nil
-	}
-	if err := step(); err != nil {
+	defer release()
+	if err := step(); err != nil { // warm up
 		return nil, err
 	}
 	prof, err := e.Profile(step)

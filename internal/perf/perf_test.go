@@ -1,0 +1,50 @@
+package perf
+
+import (
+	"context"
+	"testing"
+
+	"webdraft/engine/webgpu"
+	"webdraft/gpu/gputest"
+	"webdraft/internal/synth"
+)
+
+// TestMeasurements runs each measurement of `webdraft bench engine` once on
+// a tiny random model: they complete and report plausible figures.
+func TestMeasurements(t *testing.T) {
+	d := gputest.Device(t)
+	cfg := synth.Shapes["tiny"]
+	e, err := webgpu.New(d, cfg, synth.Int4Weights(cfg, 1, 0.02), webgpu.Options{KVBytes: 8 << 20, MaxSequences: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	if bw, _, err := CopyBandwidth(d, 1<<20, 2); err != nil || bw <= 0 {
+		t.Errorf("copy: %v, %v", bw, err)
+	}
+	if step, err := Decode(ctx, e, 3, 10, 2); err != nil || step <= 0 {
+		t.Errorf("decode: %v, %v", step, err)
+	}
+	if pre, err := Prefill(ctx, e, 12, 1); err != nil || pre <= 0 {
+		t.Errorf("prefill: %v, %v", pre, err)
+	}
+	if !d.Timestamps() {
+		t.Skip("no timestamp queries: profiling not checked")
+	}
+	period, err := TickPeriod(d)
+	if err != nil || period <= 0 {
+		t.Fatalf("tick period: %v, %v", period, err)
+	}
+	kernels, err := ProfileDecode(ctx, e, 2, 10, period)
+	if err != nil || len(kernels) == 0 {
+		t.Fatalf("profile: %v, %v", kernels, err)
+	}
+	names := map[string]bool{}
+	for _, k := range kernels {
+		names[k.Name] = true
+	}
+	if !names["matmul_int4.wgsl:main"] || !names["attention_decode.wgsl:main"] {
+		t.Errorf("profile lacks the matmul or attention kernels: %v", kernels)
+	}
+}

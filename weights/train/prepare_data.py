@@ -1,103 +1,207 @@
 #!/usr/bin/env python3
-"""Stage 1: the corpus. Collects the Python standard library's sources on
-the GPU machine (PSF License 2.0), splits them by file into train and
-held-out sets (2 % of files, by a hash of the path: never trained on),
-tokenizes them with the Qwen3 tokenizer, and writes:
+"""Stage 1: the corpus. Collects Python sources present on the GPU machine —
+the standard library (PSF-2.0) and every installed package whose metadata
+declares a permissive license (MIT, BSD, Apache-2.0, PSF, ISC, …; packages
+with copyleft, proprietary or unknown licenses are left out) — drops exact
+duplicates (vendored copies), splits by file into train and held-out sets
+(2 % of files, by a hash of the path: never trained on), tokenizes with the
+Qwen3 tokenizer, and writes:
 
   DATA/train.bin, DATA/heldout.bin   uint32 token ids, files separated by <|endoftext|>
   DATA/heldout_prompts.jsonl          prompts for `webdraft bench spec` (held-out files)
-  DATA/manifest.json                  every file, its split, size and license
-  DATA/DATA_MANIFEST.md               the same for people (weights/DATA_MANIFEST.md)
+  DATA/files.tsv                      every file: source, split, bytes, tokens
+  DATA/DATA_MANIFEST.md               every source with its license, the split, the
+                                      held-out files and the command (weights/DATA_MANIFEST.md)
 
     python3 weights/train/prepare_data.py --out /tmp/data
 """
 import argparse
 import hashlib
+import importlib.metadata as md
 import json
 import os
+import re
 import sysconfig
 
 import numpy as np
 
 import common
 
+PERMISSIVE = re.compile(r"\b(MIT|BSD|Apache|PSF|Python Software Foundation|ISC|Unlicense|zlib|HPND|CC0|0BSD)\b", re.I)
+COPYLEFT = re.compile(r"GPL|MPL|Mozilla|EPL|Eclipse|CDDL|proprietary|commercial|NVIDIA|Other/", re.I)
+MAX_FILE_BYTES = 512 << 10  # larger .py files are generated tables, not code
+HELDOUT_EVERY = 50          # 2 % of files
 
-def sources(root):
+
+def package_license(dist):
+    """The license a distribution declares, or None when it is not clearly
+    permissive: License-Expression, else License (first line), else the
+    trove classifiers; every one that is present must be permissive."""
+    m = dist.metadata
+    found = []
+    if m.get("License-Expression"):
+        found.append(m["License-Expression"].strip())
+    lic = (m.get("License") or "").strip().splitlines()
+    if lic and len(lic[0]) < 80 and lic[0] not in ("UNKNOWN", ""):
+        found.append(lic[0].strip())
+    found += [c.split("::")[-1].strip() for c in (m.get_all("Classifier") or []) if c.startswith("License ::")
+              and "OSI Approved" != c.split("::")[-1].strip()]
+    if not found or any(COPYLEFT.search(f) or not PERMISSIVE.search(f) for f in found):
+        return None
+    return "; ".join(dict.fromkeys(found))
+
+
+def stdlib_sources():
+    root = sysconfig.get_paths()["stdlib"]
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
         for name in sorted(filenames):
             if name.endswith(".py"):
-                yield os.path.join(dirpath, name)
+                path = os.path.join(dirpath, name)
+                yield "stdlib/" + os.path.relpath(path, root), path
+
+
+def package_sources(dist):
+    for f in sorted(dist.files or [], key=str):
+        if f.suffix == ".py" and "__pycache__" not in f.parts:
+            path = str(f.locate())
+            yield f"{dist.metadata['Name']}/{f}", path
+
+
+def sources():
+    """(source name, version, license, [(file name, path)]) for every source."""
+    yield ("python-stdlib", sysconfig.get_python_version(), "PSF-2.0 (Python Software Foundation License)",
+           list(stdlib_sources()))
+    seen = set()
+    for dist in sorted(md.distributions(), key=lambda d: (d.metadata["Name"] or "").lower()):
+        name = dist.metadata["Name"]
+        if not name or name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        lic = package_license(dist)
+        files = list(package_sources(dist))
+        if files:
+            yield name, dist.version, lic, files
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--max-files", type=int, default=0, help="for smoke tests")
+    ap.add_argument("--max-files", type=int, default=0, help="at most this many files (smoke tests)")
+    ap.add_argument("--max-source-mb", type=float, default=24,
+                    help="at most this many MB of code from one source, so no package dominates")
     ap.add_argument("--prompts", type=int, default=256, help="held-out prompts to write")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-
-    root = sysconfig.get_paths()["stdlib"]
     tok = common.tokenizer()
     eot = tok.token_to_id("<|endoftext|>")
-    files = list(sources(root))
-    if args.max_files:
-        files = files[:args.max_files]
-    split_ids = {"train": [], "heldout": []}
-    manifest = []
-    for path in files:
-        try:
-            text = open(path, encoding="utf-8").read()
-        except (UnicodeDecodeError, OSError):
+
+    kept, skipped, digests = [], [], set()  # kept: (source, file, split, text)
+    table = []
+    budget = args.max_files or None
+    for name, version, lic, files in sources():
+        if lic is None:
+            skipped.append((name, version, len(files)))
             continue
-        rel = os.path.relpath(path, root)
-        split = "heldout" if int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 50 == 0 else "train"
-        ids = tok.encode(text, add_special_tokens=False).ids
-        split_ids[split].append(ids + [eot])
-        manifest.append({"file": "stdlib/" + rel, "split": split, "bytes": len(text.encode()),
-                         "tokens": len(ids), "license": "PSF-2.0 (Python standard library)"})
+        # A fixed pseudo-random order, so the per-source cap takes a spread of files.
+        files.sort(key=lambda f: hashlib.sha1(f[0].encode()).digest())
+        size = nfiles = 0
+        for fname, path in files:
+            if budget is not None and len(kept) >= budget:
+                break
+            try:
+                if os.path.getsize(path) > MAX_FILE_BYTES:
+                    continue
+                text = open(path, encoding="utf-8").read()
+            except (UnicodeDecodeError, OSError):
+                continue
+            digest = hashlib.sha1(text.encode()).digest()
+            if not text.strip() or digest in digests:
+                continue
+            if size + len(text) > args.max_source_mb * 1e6:
+                break
+            digests.add(digest)
+            size += len(text)
+            nfiles += 1
+            split = "heldout" if int(hashlib.sha1(fname.encode()).hexdigest(), 16) % HELDOUT_EVERY == 0 else "train"
+            kept.append((name, fname, split, text))
+        if nfiles:
+            table.append({"source": name, "version": version, "license": lic, "files": nfiles, "bytes": size})
+
+    encoded = tok.encode_batch([t for _, _, _, t in kept], add_special_tokens=False)
+    split_ids = {"train": [], "heldout": []}
+    files_out = []
+    tokens = {}
+    for (name, fname, split, text), enc in zip(kept, encoded):
+        split_ids[split].append(enc.ids + [eot])
+        files_out.append((fname, split, len(text.encode()), len(enc.ids)))
+        tokens[name] = tokens.get(name, 0) + len(enc.ids)
+    for row in table:
+        row["tokens"] = tokens[row["source"]]
     if not split_ids["heldout"] or not split_ids["train"]:
-        raise SystemExit(f"{len(files)} files gave no held-out or no training file: take more files")
+        raise SystemExit(f"{len(kept)} files gave no held-out or no training file: take more files")
     for split, docs in split_ids.items():
         arr = np.fromiter((t for d in docs for t in d), dtype=np.uint32)
         arr.tofile(os.path.join(args.out, f"{split}.bin"))
         common.log(split=split, files=len(docs), tokens=int(arr.size))
 
-    # Held-out prompts: windows that start at a line start of held-out files.
+    # Held-out prompts: windows of held-out files, each file at most once
+    # per round, so that the prompts spread over many files.
     rng = np.random.default_rng(1)
     prompts = []
     docs = [d for d in split_ids["heldout"] if len(d) > 4 * args.prompt_tokens]
+    order = []
     while docs and len(prompts) < args.prompts:
-        d = docs[rng.integers(len(docs))]
-        s = int(rng.integers(0, len(d) - 2 * args.prompt_tokens))
+        if not order:
+            order = list(rng.permutation(len(docs)))
+        d = docs[order.pop()]
+        s = int(rng.integers(0, len(d) - 3 * args.prompt_tokens))
         prompts.append({"ids": [int(t) for t in d[s:s + args.prompt_tokens]]})
     with open(os.path.join(args.out, "heldout_prompts.jsonl"), "w") as f:
         for p in prompts:
             f.write(json.dumps(p) + "\n")
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump({"root": root, "python": sysconfig.get_python_version(), "files": manifest}, f, indent=1)
-    write_markdown(os.path.join(args.out, "DATA_MANIFEST.md"), root, sysconfig.get_python_version(), manifest, args)
-    common.log(prompts=len(prompts), files=len(manifest))
+    with open(os.path.join(args.out, "files.tsv"), "w") as f:
+        f.write("file\tsplit\tbytes\ttokens\n")
+        for row in files_out:
+            f.write("\t".join(map(str, row)) + "\n")
+    write_markdown(os.path.join(args.out, "DATA_MANIFEST.md"), table, skipped, files_out, args)
+    common.log(prompts=len(prompts), files=len(files_out), sources=len(table), skipped_sources=len(skipped))
 
 
-def write_markdown(path, root, version, manifest, args):
-    """The manifest as weights/DATA_MANIFEST.md: sources, licenses, commands."""
-    train = [m for m in manifest if m["split"] == "train"]
-    held = [m for m in manifest if m["split"] == "heldout"]
+def write_markdown(path, table, skipped, files, args):
+    """The manifest for people: every source and its license, the split, the
+    held-out files, and the command that made it."""
+    cmd = "python3 weights/train/prepare_data.py --out DATA"
+    if args.max_files:
+        cmd += f" --max-files {args.max_files}"
+    if args.max_source_mb != 24:
+        cmd += f" --max-source-mb {args.max_source_mb:g}"
+    train = [f for f in files if f[1] == "train"]
+    held = [f for f in files if f[1] == "heldout"]
     with open(path, "w") as f:
         f.write("# Training data of the shipped pair\n\n")
-        f.write(f"Every file below comes from the Python {version} standard library as installed "
-                f"on the GPU machine (`{root}`), under the PSF License 2.0. Nothing else was trained on.\n\n")
-        f.write("Made by:\n\n```sh\npython3 weights/train/prepare_data.py --out DATA"
-                + (f" --max-files {args.max_files}" if args.max_files else "") + "\n```\n\n")
-        f.write(f"Split by file (2 % held out by a hash of the path, never trained on): "
-                f"{len(train)} training files ({sum(m['tokens'] for m in train):,} tokens), "
-                f"{len(held)} held-out files ({sum(m['tokens'] for m in held):,} tokens).\n\n")
-        f.write("| file | split | bytes | tokens | license |\n| --- | --- | --- | --- | --- |\n")
-        for m in manifest:
-            f.write(f"| {m['file']} | {m['split']} | {m['bytes']} | {m['tokens']} | {m['license']} |\n")
+        f.write("Python source files present on the GPU machine: the standard library and the installed packages "
+                "whose metadata declares a permissive license. Packages with a copyleft, proprietary or unstated "
+                "license were left out (listed at the end). Exact duplicate files were kept once; files over "
+                f"{MAX_FILE_BYTES >> 10} KiB (generated tables) and more than {args.max_source_mb:g} MB from one "
+                "source were left out. Nothing else was trained on.\n\n")
+        f.write(f"Made by (see weights/train/README.md for every stage):\n\n```sh\n{cmd}\n```\n\n")
+        f.write(f"Split by file — {100 / HELDOUT_EVERY:g} % held out by a hash of the file's name, never trained "
+                f"on: {len(train):,} training files ({sum(x[3] for x in train):,} tokens), {len(held):,} held-out "
+                f"files ({sum(x[3] for x in held):,} tokens). `files.tsv.gz` beside this file lists every file "
+                "with its split.\n\n")
+        f.write("## Sources\n\n| source | version | license (as its metadata declares) | files | bytes | tokens |\n"
+                "| --- | --- | --- | ---: | ---: | ---: |\n")
+        for r in table:
+            f.write(f"| {r['source']} | {r['version']} | {r['license']} | {r['files']:,} | {r['bytes']:,} | "
+                    f"{r['tokens']:,} |\n")
+        f.write("\n## Held-out files\n\n")
+        for x in held:
+            f.write(f"- {x[0]}\n")
+        f.write("\n## Left out for their license\n\n")
+        for name, version, n in skipped:
+            f.write(f"- {name} {version} ({n} .py files)\n")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,12 @@ import (
 type Options struct {
 	K         int // draft length per step
 	NewTokens int // length of the target's continuation per prompt
-	// Progress, when set, is called after each prompt.
-	Progress func()
+	// Batch is how many prompts run side by side, each in its own sequence
+	// of a batched forward pass (default 32). The result does not depend on
+	// it: prompts never see each other.
+	Batch int
+	// Progress, when set, is called with the number of prompts finished.
+	Progress func(done int)
 }
 
 // Result accumulates a measurement over prompts.
@@ -60,7 +64,6 @@ func Run(ctx context.Context, target, drafter engine.Engine, prompts [][]int, o 
 		return nil, fmt.Errorf("specdec: k = %d, new tokens = %d: want both ≥ 1", o.K, o.NewTokens)
 	}
 	tc, dc := target.Config(), drafter.Config()
-	r := &Result{K: o.K, Hist: make([]int, o.K+1), Reached: make([]int, o.K), Accepted: make([]int, o.K)}
 	for i, p := range prompts {
 		if len(p) == 0 {
 			return nil, fmt.Errorf("specdec: prompt %d is empty", i)
@@ -73,65 +76,148 @@ func Run(ctx context.Context, target, drafter engine.Engine, prompts [][]int, o 
 				return nil, fmt.Errorf("specdec: prompt %d: token %d at %d is outside a model's vocabulary", i, t, j)
 			}
 		}
-		cont, err := continuation(ctx, target, p, o.NewTokens)
+	}
+	batch := o.Batch
+	if batch <= 0 {
+		batch = 32
+	}
+	r := &Result{K: o.K, Hist: make([]int, o.K+1), Reached: make([]int, o.K), Accepted: make([]int, o.K)}
+	for lo := 0; lo < len(prompts); lo += batch {
+		group := prompts[lo:min(lo+batch, len(prompts))]
+		conts, err := continuations(ctx, target, group, o.NewTokens)
 		if err != nil {
-			return nil, fmt.Errorf("target, prompt %d: %w", i, err)
+			return nil, fmt.Errorf("target, prompts %d…%d: %w", lo, lo+len(group)-1, err)
 		}
-		if err := r.prompt(ctx, drafter, p, cont); err != nil {
-			return nil, fmt.Errorf("drafter, prompt %d: %w", i, err)
+		if err := r.verify(ctx, drafter, group, conts); err != nil {
+			return nil, fmt.Errorf("drafter, prompts %d…%d: %w", lo, lo+len(group)-1, err)
 		}
-		r.Prompts++
+		r.Prompts += len(group)
 		if o.Progress != nil {
-			o.Progress()
+			o.Progress(r.Prompts)
 		}
 	}
 	return r, nil
 }
 
-// continuation is the target's n greedy tokens after p.
-func continuation(ctx context.Context, target engine.Engine, p []int, n int) ([]int, error) {
-	seq, err := target.NewSequence()
+// continuations are the target's n greedy tokens after each prompt,
+// decoded side by side.
+func continuations(ctx context.Context, target engine.Engine, prompts [][]int, n int) ([][]int, error) {
+	entries, release, err := newEntries(target, len(prompts))
+	defer release()
 	if err != nil {
 		return nil, err
 	}
-	defer seq.Release()
-	return engine.Draft(ctx, target, seq, p, n)
+	out := make([][]int, len(prompts))
+	for i, p := range prompts {
+		entries[i].Tokens = p
+		out[i] = make([]int, 0, n)
+	}
+	for range n {
+		if err := target.Step(ctx, entries); err != nil {
+			return nil, err
+		}
+		for i, en := range entries {
+			out[i] = append(out[i], en.Next)
+			en.Tokens = []int{en.Next}
+		}
+	}
+	return out, nil
 }
 
-// prompt plays the verification steps of one prompt, keeping the drafter's
-// KV cache across steps and rolling it back to what was accepted.
-func (r *Result) prompt(ctx context.Context, drafter engine.Engine, p, cont []int) error {
-	seq, err := drafter.NewSequence()
+// newEntries makes n batch entries, each with a fresh sequence of e;
+// release frees them (also after an error).
+func newEntries(e engine.Engine, n int) ([]*engine.Entry, func(), error) {
+	entries := make([]*engine.Entry, 0, n)
+	release := func() {
+		for _, en := range entries {
+			en.Seq.Release()
+		}
+	}
+	for range n {
+		seq, err := e.NewSequence()
+		if err != nil {
+			return nil, release, err
+		}
+		entries = append(entries, &engine.Entry{Seq: seq})
+	}
+	return entries, release, nil
+}
+
+// game is one prompt's verification: the context so far (prompt and
+// accepted continuation) and how far into the target's continuation it is.
+type game struct {
+	entry   *engine.Entry
+	context []int
+	cont    []int
+	pos     int
+	draft   []int
+}
+
+// verify plays the verification steps of a group of prompts side by side:
+// each step, every unfinished prompt's drafter sequence drafts K tokens
+// (one batched forward pass per token), then each keeps the prefix its
+// target agrees with. Drafter KV caches persist across steps, rolled back
+// to what was accepted.
+func (r *Result) verify(ctx context.Context, drafter engine.Engine, prompts, conts [][]int) error {
+	entries, release, err := newEntries(drafter, len(prompts))
+	defer release()
 	if err != nil {
 		return err
 	}
-	defer seq.Release()
-	ctxTokens := append([]int(nil), p...) // prompt + accepted continuation
-	pos := 0
-	for pos < len(cont) {
-		draft, err := engine.Draft(ctx, drafter, seq, ctxTokens[seq.Len():], r.K)
-		if err != nil {
-			return err
-		}
-		left := len(cont) - pos
-		a := 0
-		for a < r.K && a < left && draft[a] == cont[pos+a] {
-			r.Reached[a]++
-			r.Accepted[a]++
-			a++
-		}
-		if a < r.K && a < left {
-			r.Reached[a]++
-		}
-		gained := min(a+1, left) // the accepted tokens and the target's own
-		r.Hist[a]++
-		r.Steps++
-		r.Gained += gained
-		// The cache holds the old context and draft[:K-1]; keep the context
-		// and the accepted draft tokens, leaving at least one token to feed.
-		seq.Truncate(min(seq.Len(), len(ctxTokens)+a, len(ctxTokens)+gained-1))
-		ctxTokens = append(ctxTokens, cont[pos:pos+gained]...)
-		pos += gained
+	games := make([]*game, len(prompts))
+	for i, p := range prompts {
+		games[i] = &game{entry: entries[i], context: append([]int(nil), p...), cont: conts[i], draft: make([]int, 0, r.K)}
 	}
-	return nil
+	for {
+		var batch []*engine.Entry
+		var playing []*game
+		for _, g := range games {
+			if g.pos < len(g.cont) {
+				g.entry.Tokens = g.context[g.entry.Seq.Len():]
+				g.draft = g.draft[:0]
+				batch = append(batch, g.entry)
+				playing = append(playing, g)
+			}
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		for range r.K {
+			if err := drafter.Step(ctx, batch); err != nil {
+				return err
+			}
+			for _, g := range playing {
+				g.draft = append(g.draft, g.entry.Next)
+				g.entry.Tokens = []int{g.entry.Next}
+			}
+		}
+		for _, g := range playing {
+			r.accept(g)
+		}
+	}
+}
+
+// accept compares a game's draft with the target's continuation, counts the
+// step and moves the game on.
+func (r *Result) accept(g *game) {
+	left := len(g.cont) - g.pos
+	a := 0
+	for a < r.K && a < left && g.draft[a] == g.cont[g.pos+a] {
+		r.Reached[a]++
+		r.Accepted[a]++
+		a++
+	}
+	if a < r.K && a < left {
+		r.Reached[a]++
+	}
+	gained := min(a+1, left) // the accepted tokens and the target's own
+	r.Hist[a]++
+	r.Steps++
+	r.Gained += gained
+	// The cache holds the old context and draft[:K-1]; keep the context
+	// and the accepted draft tokens, leaving at least one token to feed.
+	seq := g.entry.Seq
+	seq.Truncate(min(seq.Len(), len(g.context)+a, len(g.context)+gained-1))
+	g.context = append(g.context, g.cont[g.pos:g.pos+gained]...)
+	g.pos += gained
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/xml"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"webdraft/checkpoint"
@@ -97,6 +98,26 @@ func TestRejects(t *testing.T) {
 	} {
 		if _, err := Run(context.Background(), e, e, c.prompts, c.o); err == nil {
 			t.Errorf("accepted %v with %+v", c.prompts, c.o)
+		}
+	}
+}
+
+// TestBatchedEqualsAlone: prompts measured side by side give exactly the
+// counts they give one at a time.
+func TestBatchedEqualsAlone(t *testing.T) {
+	target, drafter := cpuEngine(t, "untied", checkpoint.F32), cpuEngine(t, "untied", checkpoint.Int4)
+	many := append(append([][]int{}, prompts...), []int{9, 8, 7, 6, 5}, []int{3, 3}, []int{77, 1})
+	var results []*Result
+	for _, b := range []int{1, 2, len(many)} {
+		r, err := Run(context.Background(), target, drafter, many, Options{K: 5, NewTokens: 30, Batch: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		results = append(results, r)
+	}
+	for i, r := range results[1:] {
+		if !reflect.DeepEqual(r, results[0]) {
+			t.Errorf("batched run %d: %+v, one at a time: %+v", i+1, r, results[0])
 		}
 	}
 }

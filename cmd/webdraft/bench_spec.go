@@ -21,6 +21,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	k := fs.Int("k", 16, "draft length per verification step")
 	newTokens := fs.Int("new-tokens", 128, "length of the target's greedy continuation per prompt")
 	maxPrompts := fs.Int("max-prompts", 0, "use at most this many prompts (0: all)")
+	batch := fs.Int("batch", 32, "prompts measured side by side (batched forward passes; the result does not depend on it)")
 	backendFlag := fs.String("backend", "auto", "auto, webgpu or cpu, for both models")
 	svg := fs.String("svg", "", "also write the acceptance-length histogram as SVG to this file")
 	if err := parseFlags(fs, args); err != nil {
@@ -29,8 +30,8 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if *targetDir == "" || *drafterDir == "" || *promptsFile == "" {
 		return usagef("--target, --drafter and --prompts are required")
 	}
-	if *k < 1 || *k > maxDraft || *newTokens < 1 {
-		return usagef("--k must be 1…%d and --new-tokens positive", maxDraft)
+	if *k < 1 || *k > maxDraft || *newTokens < 1 || *batch < 1 || *batch > 128 {
+		return usagef("--k must be 1…%d, --new-tokens positive and --batch 1…128", maxDraft)
 	}
 	backend, err := parseBackend(*backendFlag)
 	if err != nil {
@@ -61,10 +62,10 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	}
 	defer de.Close()
 
-	opts := specdec.Options{K: *k, NewTokens: *newTokens}
+	opts := specdec.Options{K: *k, NewTokens: *newTokens, Batch: *batch}
 	if bar := newProgressBar(e, "prompts"); bar != nil {
 		bar.ChangeMax(len(prompts))
-		opts.Progress = func() { bar.Add(1) }
+		opts.Progress = func(done int) { bar.Set(done) }
 		defer bar.Finish()
 	}
 	r, err := specdec.Run(ctx, te, de, prompts, opts)

@@ -272,3 +272,97 @@ func TestAttentionDecodeShortMaxLen(t *testing.T) {
 		t.Errorf("out[0] = %v, want NaN", got[0])
 	}
 }
+
+// TestQKVRopeKV: q/k norms and RoPE from stacked projection rows, with the
+// keys and values appended to the cache, against the reference's RMSNorm
+// and Rope — rows of several sequences at scattered positions, as a batch
+// of decode and prefill rows has them.
+func TestQKVRopeKV(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for i := range 6 {
+		s := randAttnShape(r)
+		s.D = []int{64, 128, 256}[r.IntN(3)]
+		half := i%2 == 1
+		heads, kvHeads, D, bs := s.kvHeads*s.group, s.kvHeads, s.D, s.blockSize
+		t.Run(fmt.Sprintf("heads%d_kv%d_D%d_f16=%v", heads, kvHeads, D, half), func(t *testing.T) {
+			const eps, theta, slots, maxBlocks = 1e-6, 1000000, 3, 8
+			c, err := NewKVCache(d, 2, kvHeads, D, bs, slots*maxBlocks, slots, maxBlocks, half)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Release()
+			perm := r.Perm(slots * maxBlocks)
+			for sl := range slots {
+				blocks := make([]uint32, maxBlocks)
+				for j := range blocks {
+					blocks[j] = uint32(perm[sl*maxBlocks+j])
+				}
+				if err := c.SetBlocks(sl, blocks); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Rows: a run of positions per slot, from a random start.
+			var seq, pos []uint32
+			for sl := range slots {
+				start, n := r.IntN(maxBlocks*bs/2), 1+r.IntN(20)
+				for j := range n {
+					seq, pos = append(seq, uint32(sl)), append(pos, uint32(start+j))
+				}
+			}
+			T, width := len(seq), (heads+2*kvHeads)*D
+			qkv := randVec(r, T*width, 2)
+			qn, kn := randVec(r, D, 0.5), randVec(r, D, 0.5)
+			invFreq := reference.RopeInvFreq(D, theta)
+			wantQ := make([]float32, T*heads*D)
+			wantK, wantV := make([]float32, T*kvHeads*D), make([]float32, T*kvHeads*D)
+			for t := range T {
+				row := qkv[t*width : (t+1)*width]
+				copy(wantQ[t*heads*D:], row[:heads*D])
+				copy(wantK[t*kvHeads*D:], row[heads*D:(heads+kvHeads)*D])
+				copy(wantV[t*kvHeads*D:], row[(heads+kvHeads)*D:])
+			}
+			for _, c := range []struct{ v, w []float32 }{{wantQ, qn}, {wantK, kn}} {
+				for i := 0; i < len(c.v); i += D {
+					reference.RMSNorm(c.v[i:i+D], c.v[i:i+D], c.w, eps)
+					reference.Rope(c.v[i:i+D], int(pos[i/(len(c.v)/T)]), invFreq)
+				}
+			}
+			consts, err := UploadQKNormRope(d, "consts", qn, kn, theta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer consts.Release()
+			qb, qkvb := poisoned(t, d, "q", T*heads*D), upload(t, d, "qkv", qkv)
+			sb, pb := uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
+			run(t, d, "qkv_rope_kv", func(b *gpu.Batch) error {
+				return QKVRopeKV(b, qb, qkvb, consts, c, 1, sb, pb, T, heads, eps)
+			})
+			checkClose(t, "q", readF32(t, qb, T*heads*D), wantQ, tolF32)
+			table, err := c.Table.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			tol := tolF32
+			if half {
+				tol = tolF16
+			}
+			for name, cc := range map[string]struct {
+				buf  *gpu.Buffer
+				want []float32
+			}{"k": {c.K[1], wantK}, "v": {c.V[1], wantV}} {
+				layer := readCache(t, c, cc.buf)
+				for t_ := range T {
+					block := int(table[int(seq[t_])*maxBlocks+int(pos[t_])/bs])
+					for h := range kvHeads {
+						at := ((block*kvHeads+h)*bs + int(pos[t_])%bs) * D
+						want := cc.want[(t_*kvHeads+h)*D : (t_*kvHeads+h+1)*D]
+						if relErr(layer[at:at+D], want) > tol {
+							t.Fatalf("%s: row %d head %d: got %v…, want %v…", name, t_, h, layer[at:at+2], want[:2])
+						}
+					}
+				}
+			}
+		})
+	}
+}

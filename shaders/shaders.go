@@ -98,3 +98,9 @@ var AttentionPrefill string
 //
 //go:embed qk_norm_rope.wgsl
 var QKNormRope string
+
+// QKVRopeKV is qkv_rope_kv.wgsl: q/k norms and RoPE from the stacked q/k/v
+// projection, with the keys and values appended to the KV cache.
+//
+//go:embed qkv_rope_kv.wgsl
+var QKVRopeKV string

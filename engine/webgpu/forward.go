@@ -201,7 +201,7 @@ func (e *Engine) submit(b *gpu.Batch) error {
 func (e *Engine) steps(ps pass, maxLen int) []step {
 	c, a, w := &e.cfg, e.act, e.w
 	R, H, I := ps.rows, c.HiddenSize, c.IntermediateSize
-	heads, kvHeads, D, eps := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim, c.RMSNormEps
+	heads, eps := c.NumAttentionHeads, c.RMSNormEps
 	steps := []step{
 		// hidden = embed_tokens(input_ids): (R, H)
 		func(b *gpu.Batch) error { return kernels.Embed(b, a.x, a.ids, w.embed, R) },
@@ -211,16 +211,12 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 		steps = append(steps,
 			// h = input_layernorm(hidden)
 			func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.h, a.x, lw.inputNorm, R, H, eps) },
-			// q, k, v = q_proj(h), k_proj(h), v_proj(h)
-			func(b *gpu.Batch) error { return kernels.MatMul(b, a.q, a.h, lw.q, R, false) },
-			func(b *gpu.Batch) error { return kernels.MatMul(b, a.k, a.h, lw.k, R, false) },
-			func(b *gpu.Batch) error { return kernels.MatMul(b, a.v, a.h, lw.v, R, false) },
-			// q, k = rope(q_norm(q)), rope(k_norm(k)), per head
+			// q | k | v = qkv_proj(h): (R, (heads + 2·kv_heads)·D)
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.qkv, a.h, lw.qkv, R, false) },
+			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)
 			func(b *gpu.Batch) error {
-				return kernels.QKNormRope(b, a.q, a.k, lw.qNorm, lw.kNorm, a.pos, w.invFreq, R, heads, kvHeads, D, eps)
+				return kernels.QKVRopeKV(b, a.q, a.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, eps)
 			},
-			// past_key_values.update(k, v)
-			func(b *gpu.Batch) error { return kernels.KVWrite(b, e.kv, l, a.k, a.v, a.seq, a.pos, R) },
 			// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
 			func(b *gpu.Batch) error {
 				if ps.decode == 0 {
@@ -268,7 +264,7 @@ type activations struct {
 	last, next    *gpu.Buffer // (lasts) u32: rows to read out, greedy tokens
 	x, h          *gpu.Buffer // (rows, H)
 	q, attn       *gpu.Buffer // (rows, heads*D)
-	k, v          *gpu.Buffer // (rows, kv_heads*D)
+	qkv           *gpu.Buffer // (rows, (heads + 2·kv_heads)·D)
 	gateUp        *gpu.Buffer // (rows, 2I)
 	mlp           *gpu.Buffer // (rows, I)
 	hLast         *gpu.Buffer // (lasts, H)
@@ -301,7 +297,7 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 		{&a.last, "last", a.maxLasts}, {&a.next, "next", a.maxLasts},
 		{&a.x, "hidden", rows * H}, {&a.h, "normed", rows * H},
 		{&a.q, "q", rows * q}, {&a.attn, "attn", rows * q},
-		{&a.k, "k", rows * kv}, {&a.v, "v", rows * kv},
+		{&a.qkv, "qkv", rows * (q + 2*kv)},
 		{&a.gateUp, "gate_up", rows * 2 * I}, {&a.mlp, "mlp", rows * I},
 		{&a.hLast, "hidden_last", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
 	} {

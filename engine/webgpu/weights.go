@@ -15,15 +15,14 @@ type weights struct {
 	layers  []layerWeights
 	norm    *gpu.Buffer     // model.norm (H)
 	head    *kernels.Matrix // lm_head (vocab, H); embed when tied
-	invFreq *gpu.Buffer     // RoPE inverse frequencies (D/2)
 	buffers []*gpu.Buffer   // everything above, for Release
 	mats    []*kernels.Matrix
 }
 
 type layerWeights struct {
 	inputNorm, postNorm *gpu.Buffer // (H)
-	qNorm, kNorm        *gpu.Buffer // (D)
-	q, k, v             *kernels.Matrix
+	qkNormRope          *gpu.Buffer     // q_norm, k_norm (D each), RoPE's inv_freq (D/2)
+	qkv                 *kernels.Matrix // q_proj, k_proj, v_proj stacked: ((heads + 2·kv_heads)·D, H)
 	o                   *kernels.Matrix // (H, heads*D)
 	gateUp              *kernels.Matrix // gate_proj stacked over up_proj: (2I, H)
 	down                *kernels.Matrix // (H, I)
@@ -62,10 +61,6 @@ func upload(d *gpu.Device, c *qwen3.Config, w *qwen3.Weights) (_ *weights, err e
 	if gw.norm, err = vec("model.norm.weight", w.Norm); err != nil {
 		return nil, err
 	}
-	if gw.invFreq, err = kernels.UploadRopeInvFreq(d, c.HeadDim, c.RopeTheta); err != nil {
-		return nil, err
-	}
-	gw.buffers = append(gw.buffers, gw.invFreq)
 	for i, l := range w.Layers {
 		p := fmt.Sprintf("model.layers.%d.", i)
 		g := &gw.layers[i]
@@ -76,20 +71,16 @@ func upload(d *gpu.Device, c *qwen3.Config, w *qwen3.Weights) (_ *weights, err e
 		}{
 			{&g.inputNorm, "input_layernorm.weight", l.InputLayernorm},
 			{&g.postNorm, "post_attention_layernorm.weight", l.PostAttentionLayernorm},
-			{&g.qNorm, "self_attn.q_norm.weight", l.QNorm},
-			{&g.kNorm, "self_attn.k_norm.weight", l.KNorm},
 		} {
 			if *v.dst, err = vec(p+v.name, v.data); err != nil {
 				return nil, err
 			}
 		}
-		if g.q, err = mat(kernels.UploadMatrix(d, p+"self_attn.q_proj.weight", l.QProj)); err != nil {
+		if g.qkNormRope, err = kernels.UploadQKNormRope(d, p+"self_attn.qk_norm_rope", l.QNorm, l.KNorm, c.RopeTheta); err != nil {
 			return nil, err
 		}
-		if g.k, err = mat(kernels.UploadMatrix(d, p+"self_attn.k_proj.weight", l.KProj)); err != nil {
-			return nil, err
-		}
-		if g.v, err = mat(kernels.UploadMatrix(d, p+"self_attn.v_proj.weight", l.VProj)); err != nil {
+		gw.buffers = append(gw.buffers, g.qkNormRope)
+		if g.qkv, err = mat(kernels.UploadStacked(d, p+"self_attn.qkv_proj", l.QProj, l.KProj, l.VProj)); err != nil {
 			return nil, err
 		}
 		if g.o, err = mat(kernels.UploadMatrix(d, p+"self_attn.o_proj.weight", l.OProj)); err != nil {

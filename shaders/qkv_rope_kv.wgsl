@@ -1,0 +1,152 @@
+// qkv_rope_kv.wgsl: everything between the stacked q/k/v projection and
+// attention, in one pass — Qwen3's q_norm/k_norm and RoPE, and the append of
+// keys and values to the paged KV cache:
+//   q[t]        ← rope(rmsnorm(qkv[t].q_h) · q_norm)     for each query head h
+//   kcache[t]   ← rope(rmsnorm(qkv[t].k_h) · k_norm)     for each kv head h
+//   vcache[t]   ← qkv[t].v_h
+//   rope: y[i], y[i + D/2] ← y[i]·cos a − y[i + D/2]·sin a, y[i + D/2]·cos a + y[i]·sin a,
+//         a = pos[t] · inv_freq[i] (i < D/2; split-halves layout)
+// The normalized value is rounded to f32 before the rotation, exactly as
+// reference.RMSNorm then reference.Rope compute it; the angle is reduced as
+// in rope.wgsl. Cache slots are as in kv_write.wgsl: kv head h of position
+// j of sequence slot s lives at ((block · kv_heads + h) · BS + j % BS) · D,
+// block = table[s · max_blocks + j / BS].
+//
+// Buffers:
+//   qkv     (T, heads·D + 2·kv_heads·D) f32: rows of q_proj | k_proj | v_proj
+//   consts  (2·D + D/2) f32: q_norm (D), k_norm (D), inv_freq (D/2)
+//   pos     (T) u32 positions; seq (T) u32 block-table rows
+//   table   (seqs, max_blocks) u32 block tables
+//   q       (T, heads, D) f32, written
+//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32, or f16 packed
+//           in pairs (KV_F16)
+//
+// Dispatch: (heads + 2·kv_heads, T, 1) workgroups of WG threads, one head
+// vector each. Thread i holds the pairs (i, i + D/2), (i + WG, …), … in
+// registers across the sum of squares (reduced in workgroup memory) and the
+// rotation; cache writes go through workgroup memory so that f16 halves are
+// packed in neighbouring pairs. WG = 64 = D/2 for Qwen3's head_dim 128.
+
+const WG: u32 = 64u;
+const PAIRS: u32 = 2u;  // pairs per thread at most: D/2 ≤ WG·PAIRS
+const KV_F16: u32 = 0u; // 1: the KV cache holds f16 pairs (specialized by the host)
+
+struct Params {
+    T: u32,
+    heads: u32,
+    kv_heads: u32,
+    D: u32,
+    eps: f32,
+    BS: u32,         // positions per cache block
+    max_blocks: u32, // row stride of table
+    _pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> consts: array<f32>;
+@group(0) @binding(3) var<storage, read> pos: array<u32>;
+@group(0) @binding(4) var<storage, read> seq: array<u32>;
+@group(0) @binding(5) var<storage, read> table: array<u32>;
+@group(0) @binding(6) var<storage, read_write> q: array<f32>;
+@group(0) @binding(7) var<storage, read_write> kcache: array<u32>;
+@group(0) @binding(8) var<storage, read_write> vcache: array<u32>;
+
+var<workgroup> sums: array<f32, WG>;
+var<workgroup> head: array<f32, 256>; // 2·WG·PAIRS: one head vector for the cache write
+
+// reduced returns pos·f minus the nearest multiple of 2π (see rope.wgsl).
+fn reduced(pos: u32, f: f32) -> f32 {
+    let a = f32(pos) * f;
+    let kk = round(a * 0.15915494309189535);
+    return (a - kk * 6.28125) - kk * 0.0019353071795864769;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.y;
+    let h = wid.x;
+    let D = p.D;
+    let half = D / 2u;
+    let is_q = h < p.heads;
+    let is_v = h >= p.heads + p.kv_heads;
+    let width = (p.heads + 2u * p.kv_heads) * D;
+    let src = t * width + h * D; // head h's vector in the qkv row
+
+    if !is_v {
+        var x1 = array<f32, PAIRS>();
+        var x2 = array<f32, PAIRS>();
+        var ss = 0.0;
+        for (var j = 0u; j < PAIRS; j++) {
+            let i = lid + j * WG;
+            if i < half {
+                x1[j] = qkv[src + i];
+                x2[j] = qkv[src + i + half];
+                ss += x1[j] * x1[j] + x2[j] * x2[j];
+            }
+        }
+        sums[lid] = ss;
+        workgroupBarrier();
+        for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+            if lid < stride {
+                sums[lid] += sums[lid + stride];
+            }
+            workgroupBarrier();
+        }
+        let inv = 1.0 / sqrt(sums[0] / f32(D) + p.eps);
+        let w0 = select(D, 0u, is_q); // q_norm or k_norm
+        let position = pos[t];
+        for (var j = 0u; j < PAIRS; j++) {
+            let i = lid + j * WG;
+            if i < half {
+                let n1 = consts[w0 + i] * (x1[j] * inv);
+                let n2 = consts[w0 + i + half] * (x2[j] * inv);
+                let a = reduced(position, consts[2u * D + i]);
+                let c = cos(a);
+                let s = sin(a);
+                let y1 = n1 * c - n2 * s;
+                let y2 = n2 * c + n1 * s;
+                if is_q {
+                    let dst = (t * p.heads + h) * D;
+                    q[dst + i] = y1;
+                    q[dst + i + half] = y2;
+                } else {
+                    head[i] = y1;
+                    head[i + half] = y2;
+                }
+            }
+        }
+        if is_q {
+            return; // uniform per workgroup
+        }
+    } else {
+        for (var i = lid; i < D; i += WG) {
+            head[i] = qkv[src + i];
+        }
+    }
+    workgroupBarrier();
+
+    // Append the key or value head to the cache.
+    let kvh = select(h - p.heads, h - p.heads - p.kv_heads, is_v);
+    let j = pos[t];
+    let block = table[seq[t] * p.max_blocks + j / p.BS];
+    let dst = ((block * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
+    if KV_F16 == 1u {
+        for (var i = 2u * lid; i < D; i += 2u * WG) {
+            let v = pack2x16float(vec2<f32>(head[i], head[i + 1u]));
+            if is_v {
+                vcache[(dst + i) >> 1u] = v;
+            } else {
+                kcache[(dst + i) >> 1u] = v;
+            }
+        }
+        return;
+    }
+    for (var i = lid; i < D; i += WG) {
+        if is_v {
+            vcache[dst + i] = bitcast<u32>(head[i]);
+        } else {
+            kcache[dst + i] = bitcast<u32>(head[i]);
+        }
+    }
+}

@@ -20,7 +20,7 @@ type weights struct {
 }
 
 type layerWeights struct {
-	inputNorm, postNorm *gpu.Buffer // (H)
+	inputNorm, postNorm *gpu.Buffer     // (H)
 	qkNormRope          *gpu.Buffer     // q_norm, k_norm (D each), RoPE's inv_freq (D/2)
 	qkv                 *kernels.Matrix // q_proj, k_proj, v_proj stacked: ((heads + 2·kv_heads)·D, H)
 	o                   *kernels.Matrix // (H, heads*D)

@@ -50,12 +50,26 @@ func matMulTT(T int) uint32 {
 // T is 1…64 in practice (any T ≥ 1 works). A matrix too large for one
 // storage binding is split into row blocks, one dispatch each.
 func MatMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool) error {
-	return matMul(b, out, x, w, T, accumulate, b.Device().Limits().MaxStorageBufferBindingSize)
+	return matMul(b, out, x, w, T, accumulate, false, b.Device().Limits().MaxStorageBufferBindingSize)
 }
 
-// matMul is MatMul with the binding limit as a parameter, so that tests can
-// exercise the row-block split on small matrices.
-func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool, maxBinding uint64) error {
+// MatMulSwiGLU records out (+)= (silu(gate) · up) · Wᵀ — Qwen3's down_proj
+// of its MLP activation, the activation computed on the fly — from the
+// output of the stacked gate/up projection:
+//
+//	gateUp (T, 2K) f32: gate_proj(h) | up_proj(h)
+//	w      (N, K) any Format
+//	out    (T, N) f32
+//
+// It equals SwiGLUFused then MatMul, with one dispatch instead of two.
+func MatMulSwiGLU(b *gpu.Batch, out, gateUp *gpu.Buffer, w *Matrix, T int, accumulate bool) error {
+	return matMul(b, out, gateUp, w, T, accumulate, true, b.Device().Limits().MaxStorageBufferBindingSize)
+}
+
+// matMul is MatMul (MatMulSwiGLU when swiglu) with the binding limit as a
+// parameter, so that tests can exercise the row-block split on small
+// matrices.
+func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate, swiglu bool, maxBinding uint64) error {
 	if w == nil {
 		return fmt.Errorf("kernels: matmul: nil matrix")
 	}
@@ -63,13 +77,17 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool,
 	if T <= 0 {
 		return fmt.Errorf("kernels: %s: T = %d", op, T)
 	}
-	if err := need(op, "x", x, T*w.K); err != nil {
+	xCols := w.K
+	if swiglu {
+		xCols = 2 * w.K
+	}
+	if err := need(op, "x", x, T*xCols); err != nil {
 		return err
 	}
 	if err := need(op, "out", out, T*w.N); err != nil {
 		return err
 	}
-	if uint64(T)*uint64(w.K)*4 > maxBinding || uint64(T)*uint64(w.N)*4 > maxBinding {
+	if uint64(T)*uint64(xCols)*4 > maxBinding || uint64(T)*uint64(w.N)*4 > maxBinding {
 		return fmt.Errorf("kernels: %s: %d activation rows exceed one binding", op, T)
 	}
 	var k gpu.Kernel
@@ -93,7 +111,11 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool,
 	if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
 		rows = 1
 	}
-	p, err := d.Pipeline(k, gpu.Consts{"TT": tt, "ROWS": uint32(rows)})
+	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows), "SWIGLU": 0}
+	if swiglu {
+		consts["SWIGLU"] = 1
+	}
+	p, err := d.Pipeline(k, consts)
 	if err != nil {
 		return err
 	}
@@ -110,7 +132,7 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool,
 		// out[t][n0 + n] for t < T, n < blk.n: the binding starts at column
 		// n0 of row 0 and ends after column n0+n-1 of row T-1.
 		outBind := out.Slice(uint64(blk.n0)*4, uint64((T-1)*w.N+blk.n)*4)
-		binds := append([]gpu.Binding{x.Slice(0, uint64(T*w.K)*4)}, w.bindRows(blk)...)
+		binds := append([]gpu.Binding{x.Slice(0, uint64(T*xCols)*4)}, w.bindRows(blk)...)
 		binds = append(binds, outBind)
 		params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), acc, 0, 0}
 		if err := b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, int(tt)), 1); err != nil {

@@ -300,8 +300,8 @@ func TestQKNormRope(t *testing.T) {
 }
 
 // TestMLPFused runs Qwen3's MLP block the fused way — one matmul over
-// gate_proj stacked on up_proj, SwiGLUFused, then down_proj added into the
-// residual — in one batch, against the reference's three matmuls.
+// gate_proj stacked on up_proj, then down_proj of silu(gate) · up added
+// into the residual — in one batch, against the reference's three matmuls.
 func TestMLPFused(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -330,15 +330,12 @@ func TestMLPFused(t *testing.T) {
 			}
 			defer downW.Release()
 			hb, xb := upload(t, d, "h", h), upload(t, d, "x", x)
-			gu, act := poisoned(t, d, "gate_up_out", T*2*I), poisoned(t, d, "act", T*I)
+			gu := poisoned(t, d, "gate_up_out", T*2*I)
 			run(t, d, "mlp", func(b *gpu.Batch) error {
 				if err := MatMul(b, gu, hb, gateUp, T, false); err != nil {
 					return err
 				}
-				if err := SwiGLUFused(b, act, gu, T, I); err != nil {
-					return err
-				}
-				return MatMul(b, xb, act, downW, T, true)
+				return MatMulSwiGLU(b, xb, gu, downW, T, true)
 			})
 			checkClose(t, "hidden", readF32(t, xb, T*H), want, tolF32)
 		})

@@ -4,8 +4,12 @@
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x[t*K + k] · W[n][k]
 //
+// With SWIGLU = 1 the input is Qwen3's MLP activation computed on the fly,
+// x[t][k] = silu(gu[t][k]) · gu[t][K + k], from the (T, 2K) output of the
+// stacked gate/up projection (down_proj without a separate SwiGLU pass).
+//
 // Buffers:
-//   x   (T, K) f32, read as vec4s
+//   x   (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
 //   w   (N, K) as vec4<u32>: f16 — eight halves per vec4, read with
 //       unpack2x16float (no shader-f16 needed); f32 — four floats per vec4
 //   out rows of ldo f32; this call writes columns [0, N) of rows [0, T)
@@ -18,6 +22,7 @@
 const WG: u32 = 64u;
 const ROWS: u32 = 4u;
 const TT: u32 = 1u;
+const SWIGLU: u32 = 0u;          // 1: x is gate | up, and the input silu(gate)·up
 const ACC: u32 = ROWS * TT;       // partial sums per thread
 const PARTIAL: u32 = WG * ROWS * TT;
 
@@ -42,8 +47,18 @@ var<workgroup> partial: array<f32, PARTIAL>;
 // load_x returns x[t][8u, 8u+8) as two vec4s, for the TT rows from t0
 // (rows past T repeat row T-1; their sums are dropped by store).
 fn load_x(t0: u32, u: u32, t: u32) -> array<vec4<f32>, 2> {
-    let base = min(t0 + t, p.T - 1u) * (p.K / 4u) + 2u * u;
+    let row = min(t0 + t, p.T - 1u);
+    if SWIGLU == 1u {
+        let g = row * (p.K / 2u) + 2u * u; // gate; up is K/4 vec4s further
+        return array<vec4<f32>, 2>(swiglu(x[g], x[g + p.K / 4u]), swiglu(x[g + 1u], x[g + 1u + p.K / 4u]));
+    }
+    let base = row * (p.K / 4u) + 2u * u;
     return array<vec4<f32>, 2>(x[base], x[base + 1u]);
+}
+
+// swiglu is silu(g) · u, as swiglu.wgsl computes it.
+fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    return g / (1.0 + exp(-g)) * u;
 }
 
 // store reduces the workgroup's partial sums and writes its outputs.

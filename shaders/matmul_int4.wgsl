@@ -6,8 +6,12 @@
 //   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
 // The accumulate form adds a residual in place (hidden += o_proj(attn)).
 //
+// With SWIGLU = 1 the input is Qwen3's MLP activation computed on the fly,
+// x[t][k] = silu(gu[t][k]) · gu[t][K + k], from the (T, 2K) output of the
+// stacked gate/up projection (down_proj without a separate SwiGLU pass).
+//
 // Buffers:
-//   x       (T, K) f32, read as vec4s
+//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
 //   qweight (N, K/8) u32: column k's code is bits 4(k%8)…4(k%8)+3 of word k/8
 //   scales  (N, K/G) f16, read as u32 pairs (no shader-f16 needed): scale i
 //           is the low half of word i/2 when i is even, the high half if odd
@@ -34,6 +38,7 @@
 const WG: u32 = 64u;
 const ROWS: u32 = 4u;
 const TT: u32 = 1u;
+const SWIGLU: u32 = 0u;          // 1: x is gate | up, and the input silu(gate)·up
 const ACC: u32 = ROWS * TT;       // partial sums per thread
 const PARTIAL: u32 = WG * ROWS * TT;
 
@@ -56,6 +61,11 @@ struct Params {
 
 var<workgroup> partial: array<f32, PARTIAL>;
 
+// swiglu is silu(g) · u, as swiglu.wgsl computes it.
+fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    return g / (1.0 + exp(-g)) * u;
+}
+
 // scale returns the i-th f16 scale of the scales array.
 fn scale(i: u32) -> f32 {
     let pair = unpack2x16float(scales[i >> 1u]);
@@ -77,9 +87,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var xa: array<vec4<f32>, TT>;
         var xb: array<vec4<f32>, TT>;
         for (var t = 0u; t < TT; t++) {
-            let base = min(t0 + t, p.T - 1u) * (p.K / 4u) + 2u * w;
-            xa[t] = x[base];
-            xb[t] = x[base + 1u];
+            let row = min(t0 + t, p.T - 1u);
+            if SWIGLU == 1u {
+                let g = row * (p.K / 2u) + 2u * w; // gate; up is K/4 vec4s further
+                xa[t] = swiglu(x[g], x[g + p.K / 4u]);
+                xb[t] = swiglu(x[g + 1u], x[g + 1u + p.K / 4u]);
+            } else {
+                let base = row * (p.K / 4u) + 2u * w;
+                xa[t] = x[base];
+                xb[t] = x[base + 1u];
+            }
         }
         for (var r = 0u; r < ROWS; r++) {
             let n = min(n0 + r, p.N - 1u);

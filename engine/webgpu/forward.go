@@ -200,7 +200,7 @@ func (e *Engine) submit(b *gpu.Batch) error {
 // step. R = rows of the pass, H hidden, D head_dim.
 func (e *Engine) steps(ps pass, maxLen int) []step {
 	c, a, w := &e.cfg, e.act, e.w
-	R, H, I := ps.rows, c.HiddenSize, c.IntermediateSize
+	R, H := ps.rows, c.HiddenSize
 	heads, eps := c.NumAttentionHeads, c.RMSNormEps
 	steps := []step{
 		// hidden = embed_tokens(input_ids): (R, H)
@@ -240,8 +240,7 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 			func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.h, a.x, lw.postNorm, R, H, eps) },
 			// hidden += down_proj(silu(gate_proj(h)) * up_proj(h))
 			func(b *gpu.Batch) error { return kernels.MatMul(b, a.gateUp, a.h, lw.gateUp, R, false) },
-			func(b *gpu.Batch) error { return kernels.SwiGLUFused(b, a.mlp, a.gateUp, R, I) },
-			func(b *gpu.Batch) error { return kernels.MatMul(b, a.x, a.mlp, lw.down, R, true) },
+			func(b *gpu.Batch) error { return kernels.MatMulSwiGLU(b, a.x, a.gateUp, lw.down, R, true) },
 		)
 	}
 	if ps.lasts > 0 {
@@ -266,7 +265,6 @@ type activations struct {
 	q, attn       *gpu.Buffer // (rows, heads*D)
 	qkv           *gpu.Buffer // (rows, (heads + 2·kv_heads)·D)
 	gateUp        *gpu.Buffer // (rows, 2I)
-	mlp           *gpu.Buffer // (rows, I)
 	hLast         *gpu.Buffer // (lasts, H)
 	logits        *gpu.Buffer // (lasts, vocab)
 	scratch       *gpu.Buffer // decode attention's splits, grown on demand
@@ -298,7 +296,7 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 		{&a.x, "hidden", rows * H}, {&a.h, "normed", rows * H},
 		{&a.q, "q", rows * q}, {&a.attn, "attn", rows * q},
 		{&a.qkv, "qkv", rows * (q + 2*kv)},
-		{&a.gateUp, "gate_up", rows * 2 * I}, {&a.mlp, "mlp", rows * I},
+		{&a.gateUp, "gate_up", rows * 2 * I},
 		{&a.hLast, "hidden_last", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
 	} {
 		if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {

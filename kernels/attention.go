@@ -9,11 +9,6 @@ import (
 )
 
 var (
-	kvWrite = gpu.Kernel{
-		Module: "kv_write.wgsl", Source: shaders.KVWrite, Entry: "main", ParamsSize: 32,
-		// k, v, table, seq, pos, kcache, vcache
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
-	}
 	attnDecode = gpu.Kernel{
 		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", ParamsSize: 32,
 		// q, kcache, vcache, table, seq, pos, part
@@ -31,7 +26,6 @@ var (
 )
 
 const (
-	kvWriteWG        = 64
 	decodeMaxGroup   = 8    // MAX_GROUP in attention_decode.wgsl
 	prefillRows      = 16   // BR in attention_prefill.wgsl
 	prefillKeys      = 16   // BC
@@ -41,7 +35,7 @@ const (
 )
 
 // KVCache is the paged key/value cache of every layer, shared by many
-// sequences (see kv_write.wgsl for the layout). The pool holds Blocks
+// sequences (see qkv_rope_kv.wgsl for the layout). The pool holds Blocks
 // blocks of BlockSize positions per layer; each sequence slot has a row of
 // MaxBlocks entries in Table mapping its logical blocks to pool blocks.
 // Which blocks a sequence gets is the engine's business (SetBlocks).
@@ -162,37 +156,6 @@ func (c *KVCache) checkRows(op string, layer, T int, rows map[string]*gpu.Buffer
 	return nil
 }
 
-// KVWrite records the append of T rows of keys and values to the cache of
-// one layer, row t at position pos[t] of sequence slot seq[t]:
-//
-//	k, v     (T, kv_heads, D) f32 (k after k_norm and RoPE)
-//	seq, pos (T) u32; every position's block must be in the slot's table
-func KVWrite(b *gpu.Batch, c *KVCache, layer int, k, v, seq, pos *gpu.Buffer, T int) error {
-	op := "kv_write"
-	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
-		return err
-	}
-	width := c.KVHeads * c.D
-	if err := need(op, "k", k, T*width); err != nil {
-		return err
-	}
-	if err := need(op, "v", v, T*width); err != nil {
-		return err
-	}
-	p, err := b.Device().Pipeline(kvWrite, c.consts(nil))
-	if err != nil {
-		return err
-	}
-	kc, vc := c.layer(layer)
-	rows := uint64(T) * 4
-	binds := []gpu.Binding{k.Slice(0, rows*uint64(width)), v.Slice(0, rows*uint64(width)), c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), kc, vc}
-	params := []uint32{uint32(T), uint32(c.KVHeads), uint32(c.D), uint32(c.BlockSize), uint32(c.MaxBlocks), 0, 0, 0}
-	if err := b.Dispatch(p, params, binds, divCeil(width, kvWriteWG), uint32(T), 1); err != nil {
-		return fmt.Errorf("kernels: %s: %w", op, err)
-	}
-	return nil
-}
-
 // attentionScale is 1/sqrt(D) as reference.Attention computes it.
 func attentionScale(D int) uint32 { return math.Float32bits(float32(1 / math.Sqrt(float64(D)))) }
 
@@ -240,7 +203,7 @@ func (c *KVCache) decodeChunk(T, maxLen int) int {
 //	scratch  ≥ c.DecodeScratch(T, heads, maxLen) f32 values
 //	out      (T, heads, D) f32
 //
-// The rows' own keys and values must already be in the cache (KVWrite).
+// The rows' own keys and values must already be in the cache (QKVRopeKV).
 func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos, scratch *gpu.Buffer, T, heads, maxLen int) error {
 	op := "attention_decode"
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
@@ -307,7 +270,7 @@ func (c *KVCache) PrefillSupported() bool { return c.D%prefillKeys == 0 }
 //	out  (row0+T, heads, D) f32; only the T rows are written
 //
 // Every position up to the largest pos, the rows' own included, must be in
-// the cache (KVWrite). D must be a multiple of 16.
+// the cache (QKVRopeKV). D must be a multiple of 16.
 func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq int, pos *gpu.Buffer, row0, T, heads int) error {
 	op := "attention_prefill"
 	if row0 < 0 {

@@ -61,7 +61,8 @@ func MatMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool)
 //	w      (N, K) any Format
 //	out    (T, N) f32
 //
-// It equals SwiGLUFused then MatMul, with one dispatch instead of two.
+// It equals MatMul of the (T, K) input x[t][k] = silu(gate[t][k]) ·
+// up[t][k], silu(g) = g / (1 + exp(−g)), without writing x out.
 func MatMulSwiGLU(b *gpu.Batch, out, gateUp *gpu.Buffer, w *Matrix, T int, accumulate bool) error {
 	return matMul(b, out, gateUp, w, T, accumulate, true, b.Device().Limits().MaxStorageBufferBindingSize)
 }

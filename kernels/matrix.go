@@ -84,8 +84,8 @@ func UploadMatrix(d *gpu.Device, name string, m tensor.Matrix) (*Matrix, error) 
 
 // UploadStacked uploads matrices of one format and input width as one
 // matrix whose rows are theirs in order — e.g. gate_proj over up_proj, so
-// that one MatMul writes both (T, 2I) for SwiGLUFused, a dispatch fewer per
-// layer. Rows are independent in every format, so stacking is a
+// that one MatMul writes both (T, 2I) for MatMulSwiGLU, a dispatch fewer
+// per layer. Rows are independent in every format, so stacking is a
 // concatenation.
 func UploadStacked(d *gpu.Device, name string, ms ...tensor.Matrix) (*Matrix, error) {
 	if len(ms) == 0 {

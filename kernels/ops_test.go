@@ -143,65 +143,6 @@ func TestRMSNorm(t *testing.T) {
 	}
 }
 
-func TestRope(t *testing.T) {
-	d := gputest.Device(t)
-	r := newRand(t)
-	for range 6 {
-		T, heads, D := []int{1, 3, 64}[r.IntN(3)], 1+r.IntN(16), []int{32, 64, 128}[r.IntN(3)]
-		theta := []float64{10000, 1000000}[r.IntN(2)]
-		maxPos := []int{16, 512, 40960}[r.IntN(3)]
-		t.Run(fmt.Sprintf("T%d_heads%d_D%d_maxpos%d", T, heads, D, maxPos), func(t *testing.T) {
-			y := randVec(r, T*heads*D, 1)
-			pos := make([]uint32, T)
-			for i := range pos {
-				pos[i] = uint32(r.IntN(maxPos))
-			}
-			invFreq := reference.RopeInvFreq(D, theta)
-			want := append([]float32(nil), y...)
-			for i := 0; i < len(want); i += D {
-				reference.Rope(want[i:i+D], int(pos[i/(heads*D)]), invFreq)
-			}
-			yb, pb := upload(t, d, "y", y), uploadU32(t, d, "pos", pos)
-			fb, err := UploadRopeInvFreq(d, D, theta)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer fb.Release()
-			run(t, d, "rope", func(b *gpu.Batch) error { return Rope(b, yb, pb, fb, T, heads, D) })
-			checkClose(t, "y", readF32(t, yb, len(y)), want, tolF32)
-		})
-	}
-}
-
-func TestSwiGLU(t *testing.T) {
-	d := gputest.Device(t)
-	r := newRand(t)
-	for _, fused := range []bool{false, true} {
-		T, I := []int{1, 9, 64}[r.IntN(3)], 1+r.IntN(3000)
-		t.Run(fmt.Sprintf("fused=%v/T%d_I%d", fused, T, I), func(t *testing.T) {
-			gate, up := randVec(r, T*I, 4), randVec(r, T*I, 1)
-			want := make([]float32, T*I)
-			for i := range want {
-				want[i] = reference.SiLU(gate[i]) * up[i]
-			}
-			out := poisoned(t, d, "out", T*I)
-			if fused {
-				gu := make([]float32, 0, 2*T*I)
-				for row := range T {
-					gu = append(gu, gate[row*I:(row+1)*I]...)
-					gu = append(gu, up[row*I:(row+1)*I]...)
-				}
-				gub := upload(t, d, "gate_up", gu)
-				run(t, d, "swiglu", func(b *gpu.Batch) error { return SwiGLUFused(b, out, gub, T, I) })
-			} else {
-				gb, ub := upload(t, d, "gate", gate), upload(t, d, "up", up)
-				run(t, d, "swiglu", func(b *gpu.Batch) error { return SwiGLU(b, out, gb, ub, T, I) })
-			}
-			checkClose(t, "out", readF32(t, out, T*I), want, tolF32)
-		})
-	}
-}
-
 func TestAdd(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -254,47 +195,6 @@ func TestArgmax(t *testing.T) {
 					t.Errorf("row %d: id %#x, want %#x", row, got[row], want[row])
 				}
 			}
-		})
-	}
-}
-
-func TestQKNormRope(t *testing.T) {
-	d := gputest.Device(t)
-	r := newRand(t)
-	for range 4 {
-		T, kvHeads, group, D := []int{1, 7, 64}[r.IntN(3)], 1+r.IntN(8), []int{1, 2, 4}[r.IntN(3)], []int{64, 128, 256}[r.IntN(3)]
-		heads := kvHeads * group
-		t.Run(fmt.Sprintf("T%d_heads%d_kv%d_D%d", T, heads, kvHeads, D), func(t *testing.T) {
-			const eps, theta = 1e-6, 1000000
-			q, k := randVec(r, T*heads*D, 2), randVec(r, T*kvHeads*D, 2)
-			qn, kn := randVec(r, D, 0.5), randVec(r, D, 0.5)
-			pos := make([]uint32, T)
-			for i := range pos {
-				pos[i] = uint32(r.IntN(40960))
-			}
-			invFreq := reference.RopeInvFreq(D, theta)
-			wantQ, wantK := append([]float32(nil), q...), append([]float32(nil), k...)
-			for _, c := range []struct {
-				v, w  []float32
-				heads int
-			}{{wantQ, qn, heads}, {wantK, kn, kvHeads}} {
-				for i := 0; i < len(c.v); i += D {
-					reference.RMSNorm(c.v[i:i+D], c.v[i:i+D], c.w, eps)
-					reference.Rope(c.v[i:i+D], int(pos[i/(c.heads*D)]), invFreq)
-				}
-			}
-			qb, kb := upload(t, d, "q", q), upload(t, d, "k", k)
-			qnb, knb, pb := upload(t, d, "q_norm", qn), upload(t, d, "k_norm", kn), uploadU32(t, d, "pos", pos)
-			fb, err := UploadRopeInvFreq(d, D, theta)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer fb.Release()
-			run(t, d, "qk_norm_rope", func(b *gpu.Batch) error {
-				return QKNormRope(b, qb, kb, qnb, knb, pb, fb, T, heads, kvHeads, D, eps)
-			})
-			checkClose(t, "q", readF32(t, qb, len(q)), wantQ, tolF32)
-			checkClose(t, "k", readF32(t, kb, len(k)), wantK, tolF32)
 		})
 	}
 }

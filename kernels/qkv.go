@@ -15,6 +15,13 @@ var qkvRopeKV = gpu.Kernel{
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
 }
 
+// qkNormRopeWG and qkNormRopePairs (WG and PAIRS in qkv_rope_kv.wgsl) bound
+// head_dim: D/2 ≤ WG·PAIRS.
+const (
+	qkNormRopeWG    = 64
+	qkNormRopePairs = 2
+)
+
 // UploadQKNormRope uploads what QKVRopeKV needs of one layer besides the
 // activations: q_norm (D), k_norm (D) and RoPE's inverse frequencies (D/2,
 // computed exactly as reference.RopeInvFreq), in one buffer.
@@ -37,7 +44,9 @@ func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm []float32, theta 
 //	         position's block must be in its slot's table
 //	q        (T, heads, D) f32, written: rope(q_norm(q))
 //
-// It equals QKNormRope followed by KVWrite of k and v.
+// It equals RMSNorm (over head_dim, with q_norm or k_norm) then RoPE on
+// each query and key head, followed by writing the keys and values to the
+// cache slots of their positions, with one dispatch instead of several.
 func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
 	op := "qkv_rope_kv"
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {

@@ -12,7 +12,7 @@
 //
 // Buffers:
 //   q       (T, heads, D) f32, after q_norm and RoPE
-//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs (see kv_write.wgsl)
+//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs (see qkv_rope_kv.wgsl)
 //   table   (seqs, max_blocks) u32, seq (T) u32, pos (T) u32
 //   part    (T, heads, splits, D + 2) f32: o, then m and l
 //

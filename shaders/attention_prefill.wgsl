@@ -4,13 +4,13 @@
 //
 // Row t (position pos[t]) attends to the positions 0 … pos[t] of sequence
 // `seq` (its block-table row): the cache must already hold every position up
-// to the largest pos, including the rows' own (kv_write.wgsl). Query head h
+// to the largest pos, including the rows' own (qkv_rope_kv.wgsl). Query head h
 // reads kv head h / group. For each row:
 //   out[t][h] = Σ_j softmax_j((q[t][h] · k_j) · scale) · v_j
 //
 // Buffers:
 //   q       (row0+T, heads, D) f32, after q_norm and RoPE
-//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs (see kv_write.wgsl)
+//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs (see qkv_rope_kv.wgsl)
 //   table   (seqs, max_blocks) u32
 //   pos     (row0+T) u32, the rows' positions
 //   out     (row0+T, heads, D) f32

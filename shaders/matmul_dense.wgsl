@@ -6,7 +6,7 @@
 //
 // With SWIGLU = 1 the input is Qwen3's MLP activation computed on the fly,
 // x[t][k] = silu(gu[t][k]) · gu[t][K + k], from the (T, 2K) output of the
-// stacked gate/up projection (down_proj without a separate SwiGLU pass).
+// stacked gate/up projection (down_proj without a separate pass for the activation).
 //
 // Buffers:
 //   x   (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
@@ -56,7 +56,7 @@ fn load_x(t0: u32, u: u32, t: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(x[base], x[base + 1u]);
 }
 
-// swiglu is silu(g) · u, as swiglu.wgsl computes it.
+// swiglu is silu(g) · u with silu(g) = g / (1 + exp(−g)).
 fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
     return g / (1.0 + exp(-g)) * u;
 }

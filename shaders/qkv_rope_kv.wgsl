@@ -7,10 +7,22 @@
 //   rope: y[i], y[i + D/2] ← y[i]·cos a − y[i + D/2]·sin a, y[i + D/2]·cos a + y[i]·sin a,
 //         a = pos[t] · inv_freq[i] (i < D/2; split-halves layout)
 // The normalized value is rounded to f32 before the rotation, exactly as
-// reference.RMSNorm then reference.Rope compute it; the angle is reduced as
-// in rope.wgsl. Cache slots are as in kv_write.wgsl: kv head h of position
-// j of sequence slot s lives at ((block · kv_heads + h) · BS + j % BS) · D,
-// block = table[s · max_blocks + j / BS].
+// reference.RMSNorm then reference.Rope compute it. inv_freq is
+// theta^(−2i/D), computed on the host exactly as reference.RopeInvFreq
+// does. The angle is reduced to about [−π, π] with a two-constant 2π
+// (Cody–Waite, see reduced) before sin and cos, because GPU sin/cos are only
+// accurate near zero and angles reach the thousands of radians.
+//
+// The KV cache (one layer's slice, bound here) is a pool of blocks of BS
+// positions; kv head h of position j of sequence slot s lives at
+//   ((block · kv_heads + h) · BS + j % BS) · D
+// where block = table[s · max_blocks + j / BS] is the physical block the
+// slot's block table maps its logical block j / BS to. Keys and values
+// share the layout. Within a block one head's positions are contiguous, so
+// attention reads a head's keys as runs of BS·D values. Sequences share
+// nothing but the pool, and a prefix shared by two sequences can map to the
+// same blocks. An f16 cache packs two halves per u32 word, the even element
+// in the low half (pack2x16float).
 //
 // Buffers:
 //   qkv     (T, heads·D + 2·kv_heads·D) f32: rows of q_proj | k_proj | v_proj
@@ -55,7 +67,8 @@ struct Params {
 var<workgroup> sums: array<f32, WG>;
 var<workgroup> head: array<f32, 256>; // 2·WG·PAIRS: one head vector for the cache write
 
-// reduced returns pos·f minus the nearest multiple of 2π (see rope.wgsl).
+// reduced returns pos·f minus the nearest multiple of 2π. 2π = HI + LO,
+// where HI = 6.28125 has 8 significant bits, so k·HI is exact for k < 2^16.
 fn reduced(pos: u32, f: f32) -> f32 {
     let a = f32(pos) * f;
     let kk = round(a * 0.15915494309189535);

@@ -46,16 +46,6 @@ var EmbedDense string
 //go:embed rmsnorm.wgsl
 var RMSNorm string
 
-// Rope is rope.wgsl: rotary embedding in place, split-halves layout.
-//
-//go:embed rope.wgsl
-var Rope string
-
-// SwiGLU is swiglu.wgsl: silu(gate) · up.
-//
-//go:embed swiglu.wgsl
-var SwiGLU string
-
 // Add is add.wgsl: x += y.
 //
 //go:embed add.wgsl
@@ -70,12 +60,6 @@ var Copy string
 //
 //go:embed argmax.wgsl
 var Argmax string
-
-// KVWrite is kv_write.wgsl: appends keys and values to the paged KV cache
-// (its header documents the cache layout).
-//
-//go:embed kv_write.wgsl
-var KVWrite string
 
 // AttentionDecode is attention_decode.wgsl: split attention of single query
 // rows over the KV cache (flash-decoding).
@@ -94,13 +78,9 @@ var AttentionMerge string
 //go:embed attention_prefill.wgsl
 var AttentionPrefill string
 
-// QKNormRope is qk_norm_rope.wgsl: q_norm/k_norm and RoPE fused, in place.
-//
-//go:embed qk_norm_rope.wgsl
-var QKNormRope string
-
 // QKVRopeKV is qkv_rope_kv.wgsl: q/k norms and RoPE from the stacked q/k/v
-// projection, with the keys and values appended to the KV cache.
+// projection, with the keys and values appended to the KV cache (its header
+// documents the cache layout).
 //
 //go:embed qkv_rope_kv.wgsl
 var QKVRopeKV string

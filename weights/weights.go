@@ -1,22 +1,26 @@
-// Package weights ships the model webdraft serves when no --model is given,
-// embedded in the binary.
+// Package weights ships webdraft's default model pair, embedded in the
+// binary: a small Qwen3 target and the int4 drafter distilled from it, both
+// with the real Qwen3 tokenizer and its full 151,936-token vocabulary,
+// trained by the recipe in weights/train on the data of DATA_MANIFEST.md.
 //
-// default/ holds a webdraft folder (config.json, model.safetensors). Until the
-// trained demo pair lands it is the small random Qwen3 checkpoint of
-// testdata/golden/tied (built by Hugging Face transformers), converted to int4
-// with `webdraft convert` (see Taskfile.yml, task weights:default).
+//	drafter/  the drafter `webdraft serve` and `webdraft draft` run when no
+//	          --model is given (a webdraft int4 folder)
+//	target/   its target, for the speculative demo and `webdraft bench spec`
+//
+// A binary built with the tag webdraft_noembed carries neither (for
+// machines that get the folders some other way); Embedded then says so.
 package weights
 
-import (
-	"embed"
-	"io/fs"
+import "io/fs"
+
+// The folders of the pair within FS.
+const (
+	DrafterDir = "drafter"
+	TargetDir  = "target"
 )
 
-// DefaultDir is the embedded default model's folder within Default's file system.
-const DefaultDir = "default"
+// FS is the file system holding the embedded pair.
+func FS() fs.FS { return files }
 
-//go:embed default/config.json default/model.safetensors
-var files embed.FS
-
-// Default returns the file system holding the default model and its folder.
-func Default() (fs.FS, string) { return files, DefaultDir }
+// Embedded reports whether this binary carries the pair.
+func Embedded() bool { return embedded }

@@ -60,7 +60,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	var w *qwen3.Weights
 	label := *shape + " (random int4)"
 	if *modelDir != "" {
-		m, err := loadModel(*modelDir)
+		m, _, err := loadModel(*modelDir)
 		if err != nil {
 			return err
 		}

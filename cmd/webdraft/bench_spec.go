@@ -11,12 +11,13 @@ import (
 
 	"webdraft/checkpoint"
 	"webdraft/specdec"
+	"webdraft/weights"
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--target DIR --drafter DIR --prompts FILE [--k 16] [--new-tokens 128] [--svg FILE]")
-	targetDir := fs.String("target", "", "target model folder")
-	drafterDir := fs.String("drafter", "", "drafter model folder")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE]")
+	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
+	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter)")
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
 	k := fs.Int("k", 16, "draft length per verification step")
 	newTokens := fs.Int("new-tokens", 128, "length of the target's greedy continuation per prompt")
@@ -27,8 +28,8 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *targetDir == "" || *drafterDir == "" || *promptsFile == "" {
-		return usagef("--target, --drafter and --prompts are required")
+	if *promptsFile == "" {
+		return usagef("--prompts is required")
 	}
 	if *k < 1 || *k > maxDraft || *newTokens < 1 || *batch < 1 || *batch > 128 {
 		return usagef("--k must be 1…%d, --new-tokens positive and --batch 1…128", maxDraft)
@@ -37,12 +38,18 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	target, err := loadModel(*targetDir)
+	load := func(dir, embedded string) (*checkpoint.Model, string, error) {
+		if dir == "" {
+			return loadEmbedded(embedded)
+		}
+		return loadModel(dir)
+	}
+	target, targetName, err := load(*targetDir, weights.TargetDir)
 	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
 	defer target.Close()
-	drafter, err := loadModel(*drafterDir)
+	drafter, drafterName, err := load(*drafterDir, weights.DrafterDir)
 	if err != nil {
 		return fmt.Errorf("drafter: %w", err)
 	}
@@ -72,7 +79,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, k = %d, %d target tokens each\n", *targetDir, *drafterDir, r.Prompts, *k, *newTokens)
+	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, k = %d, %d target tokens each\n", targetName, drafterName, r.Prompts, *k, *newTokens)
 	fmt.Fprintf(e.stdout, "τ (mean tokens per verification step) = %.3f over %d steps\n\n", r.Tau(), r.Steps)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "accepted\tsteps\tshare\tdraft position\taccept rate")
@@ -87,7 +94,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *svg != "" {
-		title := fmt.Sprintf("acceptance lengths: %s drafting for %s", *drafterDir, *targetDir)
+		title := fmt.Sprintf("acceptance lengths: %s drafting for %s", drafterName, targetName)
 		if err := os.WriteFile(*svg, r.HistogramSVG(title), 0o644); err != nil {
 			return err
 		}

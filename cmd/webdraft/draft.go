@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
@@ -39,7 +38,7 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 
-	model, err := loadModel(*modelDir)
+	model, name, err := loadModel(*modelDir)
 	if err != nil {
 		return err
 	}
@@ -75,7 +74,7 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer seq.Release()
-	e.log.Info("drafting", "model", modelName(model), "tokens", len(ids), "n", *n)
+	e.log.Info("drafting", "model", name, "tokens", len(ids), "n", *n)
 	draft, err := engine.Draft(ctx, eng, seq, ids, *n)
 	if err != nil {
 		return err
@@ -120,20 +119,27 @@ func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64) (en
 	return eng, nil
 }
 
-// loadModel loads --model, or the embedded default when dir is "".
-func loadModel(dir string) (*checkpoint.Model, error) {
+// loadModel loads the model folder dir, or the embedded drafter when dir is
+// "". The name is what logs and /health call it.
+func loadModel(dir string) (*checkpoint.Model, string, error) {
 	if dir == "" {
-		fsys, root := weights.Default()
-		return checkpoint.LoadFS(fsys, root, checkpoint.LoadOptions{})
+		return loadEmbedded(weights.DrafterDir)
 	}
-	return checkpoint.Load(dir, checkpoint.LoadOptions{})
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{})
+	return m, dir, err
 }
 
-func modelName(m *checkpoint.Model) string {
-	if strings.HasPrefix(m.Dir, weights.DefaultDir) {
-		return "embedded:" + m.Dir
+// loadEmbedded loads a model of the embedded pair (weights.DrafterDir or
+// weights.TargetDir).
+func loadEmbedded(name string) (*checkpoint.Model, string, error) {
+	if !weights.Embedded() {
+		return nil, "", fmt.Errorf("this webdraft was built without the embedded models (tag webdraft_noembed): name a model folder")
 	}
-	return m.Dir
+	m, err := checkpoint.LoadFS(weights.FS(), name, checkpoint.LoadOptions{})
+	if err != nil {
+		return nil, "", fmt.Errorf("embedded %s: %w", name, err)
+	}
+	return m, "embedded:" + name, nil
 }
 
 // modelTokenizer returns the model folder's tokenizer, or the embedded Qwen3

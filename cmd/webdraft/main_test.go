@@ -138,7 +138,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"draft", "--ids", "1", "--n", "0"}, 2, "--n"},
 		{[]string{"draft", "--ids", "1", "--n", "65"}, 2, "--n"},
 		{[]string{"draft", "--ids", "1,x"}, 2, "--ids"},
-		{[]string{"draft", "--ids", "1,99999"}, 1, "vocabulary"},
+		{[]string{"draft", "--ids", "1,999999"}, 1, "vocabulary"},
 		{[]string{"draft", "--ids", "1", "--backend", "tpu"}, 2, "--backend"},
 		{[]string{"draft", "--ids", "1", "stray"}, 2, "stray"},
 		{[]string{"bench", "nope"}, 2, "unknown benchmark"},

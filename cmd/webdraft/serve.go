@@ -48,7 +48,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 
 	// Load while /health answers "loading".
 	start := time.Now()
-	model, err := loadModel(*modelDir)
+	model, name, err := loadModel(*modelDir)
 	if err != nil {
 		httpSrv.Close()
 		return err
@@ -73,7 +73,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() {
-		ran <- srv.Run(runCtx, server.Model{Name: modelName(model), Engine: eng, Tokenizer: tok}, opts)
+		ran <- srv.Run(runCtx, server.Model{Name: name, Engine: eng, Tokenizer: tok}, opts)
 	}()
 	e.log.Info("loaded", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "cache_tokens", eng.KVCapacity())
 

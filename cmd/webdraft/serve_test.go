@@ -34,7 +34,7 @@ func TestServeDrainsOnShutdown(t *testing.T) {
 	go func() { exit <- run(ctx, []string{"serve", "--addr", addr, "--backend", "cpu"}, io.Discard, &stderr) }()
 
 	ready := false
-	for i := 0; i < 400 && !ready; i++ {
+	for i := 0; i < 3000 && !ready; i++ {
 		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
 			ready = resp.StatusCode == 200
 			resp.Body.Close()

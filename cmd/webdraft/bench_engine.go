@@ -10,14 +10,16 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"webdraft/engine"
 	"webdraft/engine/webgpu"
 	"webdraft/internal/perf"
+	"webdraft/internal/svgplot"
 	"webdraft/internal/synth"
 	"webdraft/qwen3"
 )
 
 func benchEngine(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--context 1024] [--batches 1,32] [--prefill 512]")
+	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--context 1024] [--batches 1,32] [--prefill 512] [--svg FILE]")
 	shape := fs.String("shape", "qwen3-1.7b", "published shape, with random int4 weights: "+strings.Join(shapeNames(), ", "))
 	modelDir := fs.String("model", "", "measure this model folder instead of random weights")
 	context := fs.Int("context", 1024, "context length of each sequence before the timed decode steps")
@@ -27,6 +29,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	copyMB := fs.Int("copy-mb", 1024, "buffer size of the copy-bandwidth measurement (capped by the device)")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measurements to this file")
 	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size kernel by kernel on the GPU (timestamp queries)")
+	svg := fs.String("svg", "", "also plot milliseconds per decode step against batch size, as SVG, to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -110,15 +113,30 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		row(fmt.Sprintf("int4 matvec %s %d×%d", m.Name, m.N, m.K),
 			fmt.Sprintf("%.1f µs, %.0f GB/s", float64(m.Duration.Nanoseconds())/1e3, m.GBps()), gbps(bw), pct(m.GBps()*1e9/bw))
 	}
-	floor := time.Duration(float64(perf.WeightBytes(&cfg)) / bw * 1e9)
+	plot := svgplot.Bars{
+		Title:    fmt.Sprintf("decode step time against batch size: %s, context %d", label, *context),
+		Subtitle: dev.Info().String(),
+		XLabel:   "sequences decoded together (batch)", YLabel: "ms per decode step",
+	}
 	for _, b := range batches {
 		step, err := perf.Decode(ctx, eng, b, *context, *steps)
 		if err != nil {
 			return fmt.Errorf("decode batch %d: %w", b, err)
 		}
+		// The floor: every weight and every sequence's KV cache read once.
+		kv := uint64(b) * uint64(*context) * uint64(engine.KVBytesPerToken(&cfg, eng.KVElemBytes()))
+		floor := time.Duration(float64(perf.WeightBytes(&cfg)+kv) / bw * 1e9)
 		row(fmt.Sprintf("decode step, batch %d, context %d", b, *context),
 			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(step), float64(b)/step.Seconds()),
-			fmt.Sprintf("%.3f ms (weights/copy bw)", ms64(floor)), pct(floor.Seconds()/step.Seconds()))
+			fmt.Sprintf("%.3f ms (weights + KV at copy bw)", ms64(floor)), pct(floor.Seconds()/step.Seconds()))
+		plot.Labels = append(plot.Labels, strconv.Itoa(b))
+		plot.Values = append(plot.Values, ms64(step))
+		plot.Notes = append(plot.Notes, fmt.Sprintf("%.0f tok/s", float64(b)/step.Seconds()))
+	}
+	if *svg != "" {
+		if err := os.WriteFile(*svg, plot.SVG(), 0o644); err != nil {
+			return err
+		}
 	}
 	pre, err := perf.Prefill(ctx, eng, *prefill, 3)
 	if err != nil {

@@ -148,6 +148,9 @@ func (e *Engine) Config() qwen3.Config { return e.cfg }
 // Device is the engine's device (for benchmarks that measure it alongside).
 func (e *Engine) Device() *gpu.Device { return e.dev }
 
+// KVElemBytes is the size of one cached key or value: 2 (f16) or 4 (f32).
+func (e *Engine) KVElemBytes() int { return e.kv.ElemBytes() }
+
 func (e *Engine) Info() engine.Info {
 	kv := "f32"
 	if e.kv.F16 {

@@ -26,7 +26,7 @@ var (
 )
 
 const (
-	decodeMaxGroup   = 8    // MAX_GROUP in attention_decode.wgsl
+	decodeWG         = 64   // WG in attention_decode.wgsl
 	prefillRows      = 16   // BR in attention_prefill.wgsl
 	prefillKeys      = 16   // BC
 	decodeMinChunk   = 16   // context positions per split, at least
@@ -54,12 +54,14 @@ type KVCache struct {
 	F16                                   bool
 	K, V                                  []*gpu.Buffer // per layer
 	Table                                 *gpu.Buffer
+	wgMemory                              int // the device's workgroup memory, bytes
 }
 
 // NewKVCache allocates a zeroed cache (f32, or f16 when half) and an
 // all-zero block table.
 func NewKVCache(d *gpu.Device, layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks int, half bool) (*KVCache, error) {
-	c := &KVCache{Layers: layers, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: blocks, Seqs: seqs, MaxBlocks: maxBlocks, F16: half}
+	c := &KVCache{Layers: layers, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: blocks, Seqs: seqs, MaxBlocks: maxBlocks, F16: half,
+		wgMemory: int(d.Limits().MaxComputeWorkgroupStorageSize)}
 	for _, v := range []int{layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks} {
 		if v <= 0 {
 			return nil, fmt.Errorf("kernels: kv cache: non-positive size in %+v", *c)
@@ -167,10 +169,10 @@ func (c *KVCache) checkHeads(op string, heads int) error {
 	return nil
 }
 
-// DecodeSplits is the number of splits AttentionDecode uses for T rows with
-// contexts of up to maxLen positions.
-func (c *KVCache) DecodeSplits(T, maxLen int) int {
-	chunk := c.decodeChunk(T, maxLen)
+// DecodeSplits is the number of splits AttentionDecode uses for T rows of
+// heads query heads with contexts of up to maxLen positions.
+func (c *KVCache) DecodeSplits(T, heads, maxLen int) int {
+	chunk := c.decodeChunk(T, heads, maxLen)
 	return (maxLen + chunk - 1) / chunk
 }
 
@@ -178,19 +180,29 @@ func (c *KVCache) DecodeSplits(T, maxLen int) int {
 // buffer needs for T rows of heads query heads and contexts of up to maxLen
 // positions: (T, heads, splits, D + 2).
 func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
-	return T * heads * c.DecodeSplits(T, maxLen) * (c.D + 2)
+	return T * heads * c.DecodeSplits(T, heads, maxLen) * (c.D + 2)
 }
 
 // decodeChunk is the context positions per split: the longest power of two
 // (16 … 256) that still gives about decodeWorkgroups workgroups — a
 // workgroup per kv head, split and row — so that a single sequence's
-// decode spreads over the whole GPU while a large batch keeps merges few.
-func (c *KVCache) decodeChunk(T, maxLen int) int {
+// decode spreads over the whole GPU while a large batch keeps merges few,
+// and whose workgroup memory the device has.
+func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 	chunk := decodeMaxChunk
-	for chunk > decodeMinChunk && c.KVHeads*T*((maxLen+chunk-1)/chunk) < decodeWorkgroups {
+	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < decodeWorkgroups ||
+		c.decodeMemory(heads, chunk) > c.wgMemory) {
 		chunk /= 2
 	}
 	return chunk
+}
+
+// decodeMemory is attention_decode.wgsl's workgroup memory in bytes: the
+// group's queries and value sums (GROUP·D each), scores (GROUP·CHUNK), key
+// offsets (CHUNK) and the reduction (GROUP·WG).
+func (c *KVCache) decodeMemory(heads, chunk int) int {
+	group := heads / c.KVHeads
+	return 4 * (2*group*c.D + group*chunk + chunk + group*decodeWG)
 }
 
 // AttentionDecode records causal GQA attention for T single query rows,
@@ -212,15 +224,15 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	if err := c.checkHeads(op, heads); err != nil {
 		return err
 	}
-	if group := heads / c.KVHeads; group > decodeMaxGroup {
-		return fmt.Errorf("kernels: %s: %d query heads per kv head, at most %d", op, group, decodeMaxGroup)
+	if c.D%8 != 0 || c.D/8 > decodeWG {
+		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*decodeWG)
 	}
 	if maxLen <= 0 {
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}
 	n := T * heads * c.D
-	chunk := c.decodeChunk(T, maxLen)
-	splits := c.DecodeSplits(T, maxLen)
+	chunk := c.decodeChunk(T, heads, maxLen)
+	splits := c.DecodeSplits(T, heads, maxLen)
 	for _, x := range []struct {
 		name string
 		buf  *gpu.Buffer
@@ -230,11 +242,11 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 			return err
 		}
 	}
-	consts := gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
-	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(decodeMaxGroup*c.D+decodeMaxGroup*chunk+chunk+16)); err != nil {
+	if err := c.checkWorkgroupMemory(b.Device(), op, c.decodeMemory(heads, chunk)); err != nil {
 		return err
 	}
-	split, err := b.Device().Pipeline(attnDecode, c.consts(consts))
+	consts := gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
+	split, err := b.Device().Pipeline(attnDecode, c.consts(gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(heads / c.KVHeads)}))
 	if err != nil {
 		return err
 	}

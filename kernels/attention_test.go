@@ -167,8 +167,11 @@ func TestAttentionDecode(t *testing.T) {
 		if i == 0 { // one long context: 256-position splits
 			s, lens = attnShape{kvHeads: 1, group: 2, D: 64, blockSize: 16}, []int{1500}
 		}
-		if i == 1 { // a head_dim that is not a multiple of 8: the scalar key loads
-			s.D = 36
+		if i == 1 { // D/8 lanes a value vector that do not divide the workgroup
+			s.D = 40
+		}
+		if i == 2 { // the largest group: its workgroup memory bounds the chunk
+			s.kvHeads, s.group = 1, 8
 		}
 		T := []int{1, 1, 3, 8}[r.IntN(4)]
 		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v", s.kvHeads, s.group, s.D, s.blockSize, T, lens)
@@ -203,7 +206,7 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 	run(t, d, "decode", func(b *gpu.Batch) error {
 		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, scratch, T, cfg.NumAttentionHeads, maxLen)
 	})
-	t.Logf("%d splits, f16 cache %v", tc.c.DecodeSplits(T, maxLen), tc.c.F16)
+	t.Logf("%d splits, f16 cache %v", tc.c.DecodeSplits(T, cfg.NumAttentionHeads, maxLen), tc.c.F16)
 	checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
 }
 

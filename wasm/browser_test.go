@@ -69,7 +69,8 @@ func TestBrowser(t *testing.T) {
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /models/sharded/", http.StripPrefix("/models/sharded/", http.FileServer(http.Dir(sharded))))
-	mux.Handle("GET /models/default/", http.StripPrefix("/models/default/", http.FileServer(http.Dir(filepath.Join("..", "weights", "default")))))
+	drafter := filepath.Join("..", "weights", "drafter") // the shipped drafter (vocab 151,936)
+	mux.Handle("GET /models/drafter/", http.StripPrefix("/models/drafter/", http.FileServer(http.Dir(drafter))))
 	mux.Handle("GET /models/", http.StripPrefix("/models/", http.FileServer(http.Dir(filepath.Join("..", "testdata", "golden")))))
 	mux.Handle("GET /shaders/", http.StripPrefix("/shaders/", http.FileServer(http.Dir(filepath.Join("..", "shaders")))))
 	mux.Handle("GET /", http.FileServer(http.Dir(site)))
@@ -112,7 +113,7 @@ func TestBrowser(t *testing.T) {
 		{"tied", "int4", false, golden("tied", "int4", 40)},
 		{"untied", "int4", false, golden("untied", "int4", 300)}, // prefill over several attention tiles
 		{"untied", "dense", false, golden("untied", "dense", 1)},
-		{"default", "int4", true, golden("tied", "int4", 1)}, // weights/default: tied, converted to int4
+		{"drafter", "int4", true, referenceCase(drafter, []int{750, 75698, 1445, 982, 262}, 12)}, // "def fibonacci(n):\n   "
 		{"sharded", "int4", false, referenceCase(sharded, []int{5, 17, 200, 3, 99}, 8)},
 	} {
 		t.Run(fmt.Sprintf("%s/%s", c.folder, c.weights), func(t *testing.T) {

@@ -58,12 +58,12 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	te, err := openEngine(e, target, backend, 1<<30)
+	te, err := openEngine(e, target, backend, 1<<30, *batch)
 	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
 	defer te.Close()
-	de, err := openEngine(e, drafter, backend, 1<<30)
+	de, err := openEngine(e, drafter, backend, 1<<30, *batch)
 	if err != nil {
 		return fmt.Errorf("drafter: %w", err)
 	}

@@ -64,7 +64,7 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 		}
 	}
 
-	eng, err := openEngine(e, model, backend, draftKVBytes)
+	eng, err := openEngine(e, model, backend, draftKVBytes, 1)
 	if err != nil {
 		return err
 	}
@@ -97,10 +97,11 @@ func parseBackend(s string) (backendChoice, error) {
 const draftKVBytes = 256 << 20
 
 // openEngine starts the engine --backend asks for, with kvBytes of KV
-// cache, and logs what it runs on.
-func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64) (eng engine.Engine, err error) {
+// cache for up to seqs sequences at once (0: the engine's default), and
+// logs what it runs on.
+func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64, seqs int) (eng engine.Engine, err error) {
 	if b != "cpu" {
-		eng, err = webgpu.Open(m.Config, m.Weights, webgpu.Options{KVBytes: kvBytes})
+		eng, err = webgpu.Open(m.Config, m.Weights, webgpu.Options{KVBytes: kvBytes, MaxSequences: seqs})
 		switch {
 		case err == nil:
 		case b == "auto" && errors.Is(err, gpu.ErrNoAdapter):

@@ -59,7 +59,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		httpSrv.Close()
 		return err
 	}
-	eng, err := openEngine(e, model, backend, int64(*cacheMB)<<20)
+	eng, err := openEngine(e, model, backend, int64(*cacheMB)<<20, 0)
 	if err != nil {
 		httpSrv.Close()
 		return err

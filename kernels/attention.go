@@ -29,7 +29,7 @@ const (
 	decodeWG         = 64   // WG in attention_decode.wgsl
 	prefillRows      = 16   // BR in attention_prefill.wgsl
 	prefillKeys      = 16   // BC
-	decodeMinChunk   = 16   // context positions per split, at least
+	decodeMinChunk   = 64   // context positions per split, at least (fewer splits: a shorter merge)
 	decodeMaxChunk   = 256  // and at most
 	decodeWorkgroups = 1024 // enough workgroups to keep a large GPU busy
 )
@@ -184,7 +184,7 @@ func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
 }
 
 // decodeChunk is the context positions per split: the longest power of two
-// (16 … 256) that still gives about decodeWorkgroups workgroups — a
+// (64 … 256) that still gives about decodeWorkgroups workgroups — a
 // workgroup per kv head, split and row — so that a single sequence's
 // decode spreads over the whole GPU while a large batch keeps merges few,
 // and whose workgroup memory the device has.

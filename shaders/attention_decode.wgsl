@@ -30,7 +30,7 @@
 //           summed side by side into registers, then added up in workgroup
 //           memory in KP rounds.
 // D (head_dim, a multiple of 8), GROUP (query heads per kv head) and CHUNK
-// (16 … 256, picked by package kernels so that there are enough workgroups
+// (64 … 256, picked by package kernels so that there are enough workgroups
 // and the workgroup memory fits) are constants, so every loop over them has
 // a fixed count. WG = 64 threads.
 

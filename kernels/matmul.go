@@ -12,10 +12,6 @@ var (
 		Module: "matmul_int4.wgsl", Source: shaders.MatMulInt4, Entry: "main", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, qweight, scales, out
 	}
-	matMulInt4Tiled = gpu.Kernel{
-		Module: "matmul_int4_tiled.wgsl", Source: shaders.MatMulInt4Tiled, Entry: "main", ParamsSize: 32,
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, qweight, scales, out
-	}
 	matMulF16 = gpu.Kernel{
 		Module: "matmul_dense.wgsl", Source: shaders.MatMulDense, Entry: "dense_f16", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, w, out
@@ -26,16 +22,10 @@ var (
 	}
 )
 
-// The matmul kernels' tiling (see the headers of matmul_int4.wgsl and
-// matmul_int4_tiled.wgsl).
+// The matmul kernels' tiling (see the header of matmul_int4.wgsl).
 const (
 	matMulWG   = 64 // threads per workgroup
 	matMulRows = 4  // output features per workgroup for prefill (T > 1)
-
-	tiledMinT = 8  // int4 matmuls of at least this many rows use the tiled kernel
-	tiledBN   = 16 // its output features a workgroup
-	tiledBT   = 32 // its activation rows a workgroup
-	tiledBK   = 32 // its input columns a step: K and G must be multiples
 )
 
 // matMulTT returns the activation rows per workgroup for T rows: 1 for
@@ -113,23 +103,16 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate, swig
 		return fmt.Errorf("kernels: %s: unknown format %v", op, w.Format)
 	}
 	d := b.Device()
-	// Many rows of an int4 matrix: the tiled kernel (weights dequantized
-	// once per 32 rows). Otherwise a workgroup takes ROWS output features
-	// × TT rows; decode (T = 1) reads each weight once and reuses nothing:
-	// a row per workgroup gives the GPU four times the workgroups to hide
-	// latency with (as long as the rows fit the grid's x dimension; a
-	// vocabulary-sized head keeps four).
-	tiled := w.Format == Int4 && T >= tiledMinT && w.G%tiledBK == 0
-	tt, rows := matMulTT(T), matMulRows
-	if tiled {
-		k, tt, rows = matMulInt4Tiled, tiledBT, tiledBN
-	} else if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
+	tt := matMulTT(T)
+	// Decode (T = 1) reads each weight once and reuses nothing: a row per
+	// workgroup gives the GPU four times the workgroups to hide latency with
+	// (as long as the rows fit the grid's x dimension; a vocabulary-sized
+	// head keeps four).
+	rows := matMulRows
+	if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
 		rows = 1
 	}
-	consts := gpu.Consts{"SWIGLU": 0}
-	if !tiled {
-		consts["TT"], consts["ROWS"] = tt, uint32(rows)
-	}
+	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows), "SWIGLU": 0}
 	if swiglu {
 		consts["SWIGLU"] = 1
 	}

@@ -50,7 +50,7 @@ func TestMatMul(t *testing.T) {
 func TestMatMulTallHead(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, T := range []int{1, 2, 9} {
+	for _, T := range []int{1, 2} {
 		s := matMulShape{T: T, N: 70001, K: 32, G: 32}
 		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, false, 0) })
 	}
@@ -65,9 +65,6 @@ func TestMatMulRowBlocks(t *testing.T) {
 		s := matMulShape{T: 3, N: 1000, K: 64, G: 32}
 		t.Run(f.String(), func(t *testing.T) { testMatMul(t, d, r, f, s, true, f == Int4, 32<<10) })
 	}
-	// The tiled int4 kernel: 256 KiB of weights, 160 KiB of output.
-	s := matMulShape{T: 40, N: 1000, K: 512, G: 32}
-	t.Run("int4_tiled", func(t *testing.T) { testMatMul(t, d, r, Int4, s, true, true, 200<<10) })
 }
 
 // testMatMul checks MatMul (MatMulSwiGLU when swiglu) against

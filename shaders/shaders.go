@@ -26,12 +26,6 @@ import _ "embed"
 //go:embed matmul_int4.wgsl
 var MatMulInt4 string
 
-// MatMulInt4Tiled is matmul_int4_tiled.wgsl: out (+)= x · Wᵀ for int4 W and
-// many activation rows, in 16 × 32 output tiles.
-//
-//go:embed matmul_int4_tiled.wgsl
-var MatMulInt4Tiled string
-
 // MatMulDense is matmul_dense.wgsl: out (+)= x · Wᵀ for dense f16 or f32 W.
 //
 //go:embed matmul_dense.wgsl

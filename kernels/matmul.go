@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 
 	"webdraft/gpu"
 	"webdraft/shaders"
@@ -10,15 +11,15 @@ import (
 var (
 	matMulInt4 = gpu.Kernel{
 		Module: "matmul_int4.wgsl", Source: shaders.MatMulInt4, Entry: "main", ParamsSize: 32,
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, qweight, scales, out
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
 	}
 	matMulF16 = gpu.Kernel{
 		Module: "matmul_dense.wgsl", Source: shaders.MatMulDense, Entry: "dense_f16", ParamsSize: 32,
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, w, out
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, w, out, norm
 	}
 	matMulF32 = gpu.Kernel{
 		Module: "matmul_dense.wgsl", Source: shaders.MatMulDense, Entry: "dense_f32", ParamsSize: 32,
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, w, out
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, w, out, norm
 	}
 )
 
@@ -50,7 +51,21 @@ func matMulTT(T int) uint32 {
 // T is 1…64 in practice (any T ≥ 1 works). A matrix too large for one
 // storage binding is split into row blocks, one dispatch each.
 func MatMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool) error {
-	return matMul(b, out, x, w, T, accumulate, false, b.Device().Limits().MaxStorageBufferBindingSize)
+	return matMul(b, out, x, w, T, matMulInput{accumulate: accumulate}, b.Device().Limits().MaxStorageBufferBindingSize)
+}
+
+// MatMulNorm records out = rmsnorm(x) · Wᵀ — a projection after one of
+// Qwen3's RMSNorms, the normalization computed on the fly:
+//
+//	x      (T, K) f32, not normalized
+//	weight (K) f32 RMSNorm weight
+//	w      (N, K) any Format
+//	out    (T, N) f32
+//
+// It equals RMSNorm (x[t][k] · weight[k] / sqrt(mean_k x[t][k]² + eps))
+// then MatMul, without writing the normalized rows out.
+func MatMulNorm(b *gpu.Batch, out, x, weight *gpu.Buffer, w *Matrix, T int, eps float64) error {
+	return matMul(b, out, x, w, T, matMulInput{norm: weight, eps: eps}, b.Device().Limits().MaxStorageBufferBindingSize)
 }
 
 // MatMulSwiGLU records out (+)= (silu(gate) · up) · Wᵀ — Qwen3's down_proj
@@ -64,13 +79,22 @@ func MatMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate bool)
 // It equals MatMul of the (T, K) input x[t][k] = silu(gate[t][k]) ·
 // up[t][k], silu(g) = g / (1 + exp(−g)), without writing x out.
 func MatMulSwiGLU(b *gpu.Batch, out, gateUp *gpu.Buffer, w *Matrix, T int, accumulate bool) error {
-	return matMul(b, out, gateUp, w, T, accumulate, true, b.Device().Limits().MaxStorageBufferBindingSize)
+	return matMul(b, out, gateUp, w, T, matMulInput{accumulate: accumulate, swiglu: true}, b.Device().Limits().MaxStorageBufferBindingSize)
 }
 
-// matMul is MatMul (MatMulSwiGLU when swiglu) with the binding limit as a
-// parameter, so that tests can exercise the row-block split on small
-// matrices.
-func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate, swiglu bool, maxBinding uint64) error {
+// matMulInput says what a matmul computes from x before the product, and
+// whether it adds into out.
+type matMulInput struct {
+	accumulate bool
+	swiglu     bool        // x is gate | up: the input is silu(gate) · up
+	norm       *gpu.Buffer // non-nil: the input is RMSNorm(x) with this weight
+	eps        float64
+}
+
+// matMul is MatMul, MatMulNorm or MatMulSwiGLU (as in says) with the binding
+// limit as a parameter, so that tests can exercise the row-block split on
+// small matrices.
+func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, maxBinding uint64) error {
 	if w == nil {
 		return fmt.Errorf("kernels: matmul: nil matrix")
 	}
@@ -79,11 +103,19 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate, swig
 		return fmt.Errorf("kernels: %s: T = %d", op, T)
 	}
 	xCols := w.K
-	if swiglu {
+	if in.swiglu {
 		xCols = 2 * w.K
 	}
 	if err := need(op, "x", x, T*xCols); err != nil {
 		return err
+	}
+	if in.norm != nil {
+		if in.swiglu || in.accumulate {
+			return fmt.Errorf("kernels: %s: a normalized input neither adds into out nor takes SwiGLU", op)
+		}
+		if err := need(op, "norm weight", in.norm, w.K); err != nil {
+			return err
+		}
 	}
 	if err := need(op, "out", out, T*w.N); err != nil {
 		return err
@@ -112,9 +144,12 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate, swig
 	if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
 		rows = 1
 	}
-	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows), "SWIGLU": 0}
-	if swiglu {
+	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows), "SWIGLU": 0, "NORM": 0}
+	if in.swiglu {
 		consts["SWIGLU"] = 1
+	}
+	if in.norm != nil {
+		consts["NORM"] = 1
 	}
 	p, err := d.Pipeline(k, consts)
 	if err != nil {
@@ -126,16 +161,21 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, accumulate, swig
 		return err
 	}
 	acc := uint32(0)
-	if accumulate {
+	if in.accumulate {
 		acc = 1
+	}
+	// The norm weight; without NORM the binding is unread, and x stands in.
+	norm := x.Slice(0, 16)
+	if in.norm != nil {
+		norm = in.norm.Slice(0, uint64(w.K)*4)
 	}
 	for _, blk := range blocks {
 		// out[t][n0 + n] for t < T, n < blk.n: the binding starts at column
 		// n0 of row 0 and ends after column n0+n-1 of row T-1.
 		outBind := out.Slice(uint64(blk.n0)*4, uint64((T-1)*w.N+blk.n)*4)
 		binds := append([]gpu.Binding{x.Slice(0, uint64(T*xCols)*4)}, w.bindRows(blk)...)
-		binds = append(binds, outBind)
-		params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), acc, 0, 0}
+		binds = append(binds, outBind, norm)
+		params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), acc, math.Float32bits(float32(in.eps)), 0}
 		if err := b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, int(tt)), 1); err != nil {
 			return fmt.Errorf("kernels: %s: %w", op, err)
 		}

@@ -37,9 +37,13 @@ func TestMatMul(t *testing.T) {
 	for _, f := range []Format{Int4, F16, F32} {
 		for _, s := range randMatMulShapes(r, 10) {
 			for _, accumulate := range []bool{false, true} {
-				swiglu := r.IntN(2) == 0 // the input computed from gate | up
-				name := fmt.Sprintf("%v/T%d_N%d_K%d_G%d/acc=%v/swiglu=%v", f, s.T, s.N, s.K, s.G, accumulate, swiglu)
-				t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, swiglu, 0) })
+				// The input as it is, computed from gate | up, or normalized.
+				in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
+				if accumulate && in == "norm" {
+					in = "x"
+				}
+				name := fmt.Sprintf("%v/T%d_N%d_K%d_G%d/acc=%v/%s", f, s.T, s.N, s.K, s.G, accumulate, in)
+				t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, in, 0) })
 			}
 		}
 	}
@@ -52,7 +56,7 @@ func TestMatMulTallHead(t *testing.T) {
 	r := newRand(t)
 	for _, T := range []int{1, 2} {
 		s := matMulShape{T: T, N: 70001, K: 32, G: 32}
-		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, false, 0) })
+		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, "x", 0) })
 	}
 }
 
@@ -63,23 +67,32 @@ func TestMatMulRowBlocks(t *testing.T) {
 	r := newRand(t)
 	for _, f := range []Format{Int4, F16, F32} {
 		s := matMulShape{T: 3, N: 1000, K: 64, G: 32}
-		t.Run(f.String(), func(t *testing.T) { testMatMul(t, d, r, f, s, true, f == Int4, 32<<10) })
+		t.Run(f.String()+"/swiglu", func(t *testing.T) { testMatMul(t, d, r, f, s, true, "swiglu", 32<<10) })
+		t.Run(f.String()+"/norm", func(t *testing.T) { testMatMul(t, d, r, f, s, false, "norm", 32<<10) })
 	}
 }
 
-// testMatMul checks MatMul (MatMulSwiGLU when swiglu) against
-// reference.MatMul on fresh random inputs; maxBinding 0 means the device's
-// own limit.
-func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate, swiglu bool, maxBinding uint64) {
+// testMatMul checks MatMul (MatMulSwiGLU when in is "swiglu", MatMulNorm
+// when "norm") against the reference on fresh random inputs; maxBinding 0
+// means the device's own limit.
+func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, in string, maxBinding uint64) {
 	m := randMatrix(t, r, f, s.N, s.K, s.G)
 	x := randVec(r, s.T*s.K, 1)
-	input := x
-	if swiglu { // x = silu(gate) · up, from random gate | up rows
-		input = randVec(r, s.T*2*s.K, 2)
+	input, how := x, matMulInput{accumulate: accumulate}
+	switch in {
+	case "swiglu": // x = silu(gate) · up, from random gate | up rows
+		input, how.swiglu = randVec(r, s.T*2*s.K, 2), true
 		for row := range s.T {
 			for k := range s.K {
 				x[row*s.K+k] = reference.SiLU(input[row*2*s.K+k]) * input[row*2*s.K+s.K+k]
 			}
+		}
+	case "norm": // x = rmsnorm(input) · g
+		input = randVec(r, s.T*s.K, 3)
+		g := randVec(r, s.K, 1)
+		how.norm, how.eps = upload(t, d, "norm", g), 1e-6
+		for row := range s.T {
+			reference.RMSNorm(x[row*s.K:(row+1)*s.K], input[row*s.K:(row+1)*s.K], g, how.eps)
 		}
 	}
 	want := make([]float32, s.T*s.N)
@@ -102,7 +115,7 @@ func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulSha
 	if maxBinding == 0 {
 		maxBinding = d.Limits().MaxStorageBufferBindingSize
 	}
-	run(t, d, "matmul", func(b *gpu.Batch) error { return matMul(b, out, xb, w, s.T, accumulate, swiglu, maxBinding) })
+	run(t, d, "matmul", func(b *gpu.Batch) error { return matMul(b, out, xb, w, s.T, how, maxBinding) })
 	checkClose(t, "out", readF32(t, out, s.T*s.N), want, tolF32)
 }
 

@@ -4,6 +4,8 @@
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x[t*K + k] · W[n][k]
 //
+// With NORM = 1 the input is Qwen3's RMSNorm of x computed on the fly, as
+// in matmul_int4.wgsl.
 // With SWIGLU = 1 the input is Qwen3's MLP activation computed on the fly,
 // x[t][k] = silu(gu[t][k]) · gu[t][K + k], from the (T, 2K) output of the
 // stacked gate/up projection (down_proj without a separate pass for the activation).
@@ -13,6 +15,7 @@
 //   w   (N, K) as vec4<u32>: f16 — eight halves per vec4, read with
 //       unpack2x16float (no shader-f16 needed); f32 — four floats per vec4
 //   out rows of ldo f32; this call writes columns [0, N) of rows [0, T)
+//   norm (K) f32 RMSNorm weight g, read as vec4s (bound but unread when NORM = 0)
 //
 // Dispatch, tiling and sizes: as matmul_int4.wgsl — (ceil(N / ROWS),
 // ceil(T / TT), 1) workgroups of WG threads; each thread takes eight input
@@ -23,8 +26,10 @@ const WG: u32 = 64u;
 const ROWS: u32 = 4u;
 const TT: u32 = 1u;
 const SWIGLU: u32 = 0u;          // 1: x is gate | up, and the input silu(gate)·up
+const NORM: u32 = 0u;            // 1: the input is rmsnorm(x) · g
 const ACC: u32 = ROWS * TT;       // partial sums per thread
-const PARTIAL: u32 = WG * ROWS * TT;
+const SUMS: u32 = ACC + TT * NORM; // and with NORM the sums of squares of the TT rows
+const PARTIAL: u32 = WG * SUMS;
 
 struct Params {
     T: u32,          // activation rows
@@ -33,7 +38,7 @@ struct Params {
     _unused: u32,    // (the group size in matmul_int4.wgsl)
     ldo: u32,        // row stride of out, ≥ N
     accumulate: u32, // 1: add into out
-    _pad0: u32,
+    eps: f32,        // RMSNorm's epsilon (NORM = 1)
     _pad1: u32,
 }
 
@@ -41,6 +46,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> norm: array<vec4<f32>>;
 
 var<workgroup> partial: array<f32, PARTIAL>;
 
@@ -61,16 +67,23 @@ fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
     return g / (1.0 + exp(-g)) * u;
 }
 
-// store reduces the workgroup's partial sums and writes its outputs.
-fn store(sums: array<f32, ACC>, lid: u32, n0: u32, t0: u32) {
+// store reduces the workgroup's partial sums (and sums of squares) and
+// writes its outputs.
+fn store(sums: array<f32, ACC>, squares: array<f32, TT>, lid: u32, n0: u32, t0: u32) {
     var acc = sums; // naga indexes only variables with a dynamic index
+    var ss = squares;
     for (var i = 0u; i < ACC; i++) {
         partial[i * WG + lid] = acc[i];
+    }
+    if NORM == 1u {
+        for (var t = 0u; t < TT; t++) {
+            partial[(ACC + t) * WG + lid] = ss[t];
+        }
     }
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
         if lid < stride {
-            for (var i = 0u; i < ACC; i++) {
+            for (var i = 0u; i < SUMS; i++) {
                 partial[i * WG + lid] += partial[i * WG + lid + stride];
             }
         }
@@ -82,6 +95,9 @@ fn store(sums: array<f32, ACC>, lid: u32, n0: u32, t0: u32) {
         if n < p.N && t < p.T {
             let o = t * p.ldo + n;
             var v = partial[lid * WG];
+            if NORM == 1u {
+                v *= 1.0 / sqrt(partial[(ACC + lid % TT) * WG] / f32(p.K) + p.eps);
+            }
             if p.accumulate != 0u {
                 v += out[o];
             }
@@ -96,10 +112,16 @@ fn dense_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let t0 = wid.y * TT;
     let units = p.K / 8u; // vec4<u32> per weight row
     var acc = array<f32, ACC>();
+    var ss = array<f32, TT>();
     for (var u = lid; u < units; u += WG) {
         var xs: array<array<vec4<f32>, 2>, TT>;
         for (var t = 0u; t < TT; t++) {
             xs[t] = load_x(t0, u, t);
+            if NORM == 1u { // add the squares, then multiply by g
+                ss[t] += dot(xs[t][0], xs[t][0]) + dot(xs[t][1], xs[t][1]);
+                xs[t][0] *= norm[2u * u];
+                xs[t][1] *= norm[2u * u + 1u];
+            }
         }
         for (var r = 0u; r < ROWS; r++) {
             let h = w[min(n0 + r, p.N - 1u) * units + u];
@@ -110,7 +132,7 @@ fn dense_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             }
         }
     }
-    store(acc, lid, n0, t0);
+    store(acc, ss, lid, n0, t0);
 }
 
 @compute @workgroup_size(WG)
@@ -119,10 +141,16 @@ fn dense_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let t0 = wid.y * TT;
     let units = p.K / 8u; // pairs of vec4<u32> per weight row
     var acc = array<f32, ACC>();
+    var ss = array<f32, TT>();
     for (var u = lid; u < units; u += WG) {
         var xs: array<array<vec4<f32>, 2>, TT>;
         for (var t = 0u; t < TT; t++) {
             xs[t] = load_x(t0, u, t);
+            if NORM == 1u { // add the squares, then multiply by g
+                ss[t] += dot(xs[t][0], xs[t][0]) + dot(xs[t][1], xs[t][1]);
+                xs[t][0] *= norm[2u * u];
+                xs[t][1] *= norm[2u * u + 1u];
+            }
         }
         for (var r = 0u; r < ROWS; r++) {
             let base = min(n0 + r, p.N - 1u) * (2u * units) + 2u * u;
@@ -133,5 +161,5 @@ fn dense_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             }
         }
     }
-    store(acc, lid, n0, t0);
+    store(acc, ss, lid, n0, t0);
 }

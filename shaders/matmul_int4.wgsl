@@ -6,6 +6,11 @@
 //   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
 // The accumulate form adds a residual in place (hidden += o_proj(attn)).
 //
+// With NORM = 1 the input is Qwen3's RMSNorm of x computed on the fly,
+// rmsnorm(x)[t][k] = x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps): each
+// workgroup sums the squares of its rows while it reads them, multiplies
+// x by g on the fly and scales its sums by the inverse RMS at the end (the
+// projection after a norm without a separate normalization pass).
 // With SWIGLU = 1 the input is Qwen3's MLP activation computed on the fly,
 // x[t][k] = silu(gu[t][k]) · gu[t][K + k], from the (T, 2K) output of the
 // stacked gate/up projection (down_proj without a separate pass for the activation).
@@ -16,6 +21,7 @@
 //   scales  (N, K/G) f16, read as u32 pairs (no shader-f16 needed): scale i
 //           is the low half of word i/2 when i is even, the high half if odd
 //   out     rows of ldo f32; this call writes columns [0, N) of rows [0, T)
+//   norm    (K) f32 RMSNorm weight g, read as vec4s (bound but unread when NORM = 0)
 //           (ldo > N lets a matrix too large for one binding be split into
 //           row blocks that write column slices of one output)
 //
@@ -33,14 +39,16 @@
 // and TT is 4 or 8; for decode (T = 1) ROWS = TT = 1, since nothing is
 // reused and more workgroups hide more latency (package kernels picks both
 // with gpu.Specialize, as it would pick pipeline overrides). Workgroup memory is
-// WG·ROWS·TT·4 bytes (8 KiB at TT = 8).
+// WG·(ROWS + NORM)·TT·4 bytes (8 KiB at TT = 8, 10 KiB with NORM).
 
 const WG: u32 = 64u;
 const ROWS: u32 = 4u;
 const TT: u32 = 1u;
 const SWIGLU: u32 = 0u;          // 1: x is gate | up, and the input silu(gate)·up
+const NORM: u32 = 0u;            // 1: the input is rmsnorm(x) · g
 const ACC: u32 = ROWS * TT;       // partial sums per thread
-const PARTIAL: u32 = WG * ROWS * TT;
+const SUMS: u32 = ACC + TT * NORM; // and with NORM the sums of squares of the TT rows
+const PARTIAL: u32 = WG * SUMS;
 
 struct Params {
     T: u32,          // activation rows
@@ -49,7 +57,7 @@ struct Params {
     G: u32,          // group size
     ldo: u32,        // row stride of out, ≥ N
     accumulate: u32, // 1: add into out
-    _pad0: u32,
+    eps: f32,        // RMSNorm's epsilon (NORM = 1)
     _pad1: u32,
 }
 
@@ -58,6 +66,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> qweight: array<u32>;
 @group(0) @binding(3) var<storage, read> scales: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
 
 var<workgroup> partial: array<f32, PARTIAL>;
 
@@ -81,6 +90,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let words_per_group = p.G / 8u;
 
     var acc = array<f32, ACC>();
+    var ss = array<f32, TT>();
     for (var w = lid; w < words; w += WG) {
         // x[t][8w, 8w+8) for the TT activation rows; rows past T repeat
         // row T-1 and their sums are dropped below.
@@ -97,6 +107,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 xa[t] = x[base];
                 xb[t] = x[base + 1u];
             }
+            if NORM == 1u {
+                ss[t] += dot(xa[t], xa[t]) + dot(xb[t], xb[t]);
+                xa[t] *= norm[2u * w];
+                xb[t] *= norm[2u * w + 1u];
+            }
         }
         for (var r = 0u; r < ROWS; r++) {
             let n = min(n0 + r, p.N - 1u);
@@ -110,14 +125,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
 
-    // Tree reduction of the WG partial sums of each (row, activation row).
+    // Tree reduction of the WG partial sums of each (row, activation row),
+    // and of the sums of squares.
     for (var i = 0u; i < ACC; i++) {
         partial[i * WG + lid] = acc[i];
+    }
+    if NORM == 1u {
+        for (var t = 0u; t < TT; t++) {
+            partial[(ACC + t) * WG + lid] = ss[t];
+        }
     }
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
         if lid < stride {
-            for (var i = 0u; i < ACC; i++) {
+            for (var i = 0u; i < SUMS; i++) {
                 partial[i * WG + lid] += partial[i * WG + lid + stride];
             }
         }
@@ -129,6 +150,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if n < p.N && t < p.T {
             let o = t * p.ldo + n;
             var v = partial[lid * WG];
+            if NORM == 1u {
+                v *= 1.0 / sqrt(partial[(ACC + lid % TT) * WG] / f32(p.K) + p.eps);
+            }
             if p.accumulate != 0u {
                 v += out[o];
             }

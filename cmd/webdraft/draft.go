@@ -19,7 +19,7 @@ const maxDraft = 64
 
 func runDraft(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "draft", "[--model DIR] (--ids 1,2,3 | --text \"…\") [--n 16] [--backend auto|webgpu|cpu]")
-	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded model")
+	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	idsFlag := fs.String("ids", "", "input token ids, comma-separated")
 	text := fs.String("text", "", "input text (tokenized with the model's tokenizer)")
 	n := fs.Int("n", 16, fmt.Sprintf("number of tokens to draft (1…%d)", maxDraft))

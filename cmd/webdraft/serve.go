@@ -18,7 +18,7 @@ const drainTimeout = 30 * time.Second
 
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "serve", "[--model DIR] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N]")
-	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded model")
+	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	target := fs.String("target", "", "target model folder for the speculative demo page (not in this build yet)")
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", "auto (WebGPU when an adapter exists, else cpu), webgpu or cpu")

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 
 	"webdraft/gpu"
 	"webdraft/shaders"
@@ -34,6 +35,40 @@ func Copy(b *gpu.Batch, dst, src *gpu.Buffer, bytes uint64) error {
 	y := (groups + x - 1) / x
 	binds := []gpu.Binding{src.Slice(0, bytes), dst.Slice(0, bytes)}
 	if err := b.Dispatch(p, []uint32{uint32(words), 0, 0, 0}, binds, uint32(x), uint32(y), 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}
+
+var fmaKernel = gpu.Kernel{
+	Module: "fma.wgsl", Source: shaders.FMA, Entry: "main", ParamsSize: 16,
+	Storage: []gpu.Access{gpu.ReadWrite}, // out
+}
+
+const (
+	fmaWG    = 256
+	fmaIters = 1024
+	// FMAFlops is the flops one FMA thread does: ITERS rounds of eight
+	// vec4 multiply-adds.
+	FMAFlops = fmaIters * 8 * 4 * 2
+)
+
+// FMA records groups workgroups of the arithmetic yardstick (fma.wgsl):
+// groups·256 threads of FMAFlops flops each, one f32 each written to out.
+func FMA(b *gpu.Batch, out *gpu.Buffer, groups int) error {
+	op := "fma"
+	if groups <= 0 || groups > int(b.Device().Limits().MaxComputeWorkgroupsPerDimension) {
+		return fmt.Errorf("kernels: %s: %d workgroups", op, groups)
+	}
+	if err := need(op, "out", out, groups*fmaWG); err != nil {
+		return err
+	}
+	p, err := b.Device().Pipeline(fmaKernel, gpu.Consts{"ITERS": fmaIters})
+	if err != nil {
+		return err
+	}
+	params := []uint32{math.Float32bits(0.999), math.Float32bits(0.001), 0, 0}
+	if err := b.Dispatch(p, params, []gpu.Binding{out.Slice(0, uint64(groups*fmaWG)*4)}, uint32(groups), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

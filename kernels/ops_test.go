@@ -269,3 +269,29 @@ func TestCopy(t *testing.T) {
 		}
 	}
 }
+
+// TestFMA: the arithmetic yardstick computes what its header says (so its
+// rounds cannot have been optimized away).
+func TestFMA(t *testing.T) {
+	d := gputest.Device(t)
+	const groups = 2
+	out := poisoned(t, d, "out", groups*fmaWG)
+	run(t, d, "fma", func(b *gpu.Batch) error { return FMA(b, out, groups) })
+	got := readF32(t, out, groups*fmaWG)
+	want := make([]float32, len(got))
+	for i := range want {
+		seed := float64(i&255) * 0.001
+		var sum float64
+		for acc := range 8 {
+			for lane := range 4 {
+				a := seed + 0.1*float64(lane) + float64(acc)
+				for range fmaIters {
+					a = a*float64(float32(0.999)) + float64(float32(0.001))
+				}
+				sum += a
+			}
+		}
+		want[i] = float32(sum)
+	}
+	checkClose(t, "out", got, want, 1e-4)
+}

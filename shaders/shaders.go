@@ -84,3 +84,8 @@ var AttentionPrefill string
 //
 //go:embed qkv_rope_kv.wgsl
 var QKVRopeKV string
+
+// FMA is fma.wgsl: the device's f32 multiply-add rate (webdraft bench).
+//
+//go:embed fma.wgsl
+var FMA string

@@ -99,6 +99,12 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	row("figure", "measured", "limit", "ratio")
 	row(fmt.Sprintf("copy, %d MiB buffers (read+write)", copyBytes>>20), gbps(bw), "", "")
 
+	fma, err := perf.FMARate(dev, 5)
+	if err != nil {
+		return fmt.Errorf("fma: %w", err)
+	}
+	row("f32 multiply-add rate (registers only)", fmt.Sprintf("%.1f TFLOP/s", fma/1e12), "", "")
+
 	overhead, err := perf.DispatchOverhead(dev, 256)
 	if err != nil {
 		return fmt.Errorf("dispatch overhead: %w", err)
@@ -144,7 +150,8 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	}
 	flops := 2 * float64(perf.Params(&cfg)) * float64(*prefill)
 	row(fmt.Sprintf("prefill %d tokens", *prefill),
-		fmt.Sprintf("%.1f ms, %.0f tok/s, %.2f TFLOP/s", ms64(pre), float64(*prefill)/pre.Seconds(), flops/pre.Seconds()/1e12), "", "")
+		fmt.Sprintf("%.1f ms, %.0f tok/s, %.2f TFLOP/s", ms64(pre), float64(*prefill)/pre.Seconds(), flops/pre.Seconds()/1e12),
+		fmt.Sprintf("%.1f TFLOP/s (f32 multiply-add rate)", fma/1e12), pct(flops/pre.Seconds()/fma))
 	if err := tw.Flush(); err != nil {
 		return err
 	}

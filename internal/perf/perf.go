@@ -75,6 +75,35 @@ func CopyBandwidth(d *gpu.Device, bytes uint64, reps int) (float64, uint64, erro
 	return float64(2*bytes*perBatch) / t.Seconds(), bytes, nil
 }
 
+// FMARate runs the arithmetic yardstick (kernels.FMA) and returns f32
+// flops per second: the limit compute-bound work (a prefill's matmuls) is
+// compared with. A first short run sizes the grid so that a dispatch takes
+// a few milliseconds (up to 4,096 workgroups, enough to fill a large GPU;
+// far fewer on a CPU implementation such as lavapipe).
+func FMARate(d *gpu.Device, reps int) (float64, error) {
+	maxGroups := min(4096, int(d.Limits().MaxComputeWorkgroupsPerDimension))
+	out, err := d.NewBuffer("fma_out", uint64(maxGroups)*256*4)
+	if err != nil {
+		return 0, err
+	}
+	defer out.Release()
+	rate := func(groups, reps int) (float64, error) {
+		t, err := run(d, out, reps, func(b *gpu.Batch) error { return kernels.FMA(b, out, groups) })
+		if err != nil {
+			return 0, err
+		}
+		return float64(groups*256*kernels.FMAFlops) / t.Seconds(), nil
+	}
+	const probe = 16
+	r, err := rate(probe, 1)
+	if err != nil {
+		return 0, err
+	}
+	perGroup := float64(256*kernels.FMAFlops) / r // seconds a workgroup at the probe's rate
+	groups := max(probe, min(maxGroups, int(0.005/perGroup)))
+	return rate(groups, reps)
+}
+
 // MatVec is one int4 matrix × vector measurement.
 type MatVec struct {
 	Name     string

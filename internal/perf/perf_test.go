@@ -23,6 +23,9 @@ func TestMeasurements(t *testing.T) {
 	if bw, _, err := CopyBandwidth(d, 1<<20, 2); err != nil || bw <= 0 {
 		t.Errorf("copy: %v, %v", bw, err)
 	}
+	if r, err := FMARate(d, 2); err != nil || r <= 0 {
+		t.Errorf("fma: %v, %v", r, err)
+	}
 	if step, err := Decode(ctx, e, 3, 10, 2); err != nil || step <= 0 {
 		t.Errorf("decode: %v, %v", step, err)
 	}

@@ -83,22 +83,60 @@ func CheckBatch(c *qwen3.Config, batch []*Entry) error {
 	return nil
 }
 
+// Chainer is an Engine that runs several greedy steps in one call, each
+// entry fed its own greedy token on the device: no round trip to the host
+// between steps, so the host records a step while the device runs the one
+// before.
+type Chainer interface {
+	// StepN equals n calls of Step, each after the first with every entry's
+	// tokens replaced by its Next: it returns each entry's n greedy tokens.
+	// The caches then hold the entries' tokens and the first n-1 of those;
+	// entry.Next is the last. Entries' Tokens are left as they were.
+	StepN(ctx context.Context, batch []*Entry, n int) ([][]int, error)
+}
+
+// StepN runs n greedy steps over batch (see Chainer): through the engine's
+// own StepN when it has one, else as n Steps.
+func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]int, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("step n: n = %d, want > 0", n)
+	}
+	if c, ok := e.(Chainer); ok {
+		return c.StepN(ctx, batch, n)
+	}
+	tokens := make([][]int, len(batch))
+	for i, en := range batch {
+		tokens[i] = en.Tokens
+	}
+	defer func() {
+		for i, en := range batch {
+			en.Tokens = tokens[i]
+		}
+	}()
+	out := make([][]int, len(batch))
+	for range n {
+		if err := e.Step(ctx, batch); err != nil {
+			return out, err
+		}
+		for i, en := range batch {
+			out[i] = append(out[i], en.Next)
+			en.Tokens = []int{en.Next}
+		}
+	}
+	return out, nil
+}
+
 // Draft feeds tokens to seq and returns the n greedy tokens that follow; the
 // cache then holds tokens and the first n-1 drafted ones.
 func Draft(ctx context.Context, e Engine, seq Sequence, tokens []int, n int) ([]int, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("draft: n = %d, want > 0", n)
 	}
-	entry := &Entry{Seq: seq, Tokens: tokens}
-	out := make([]int, 0, n)
-	for len(out) < n {
-		if err := e.Step(ctx, []*Entry{entry}); err != nil {
-			return out, err
-		}
-		out = append(out, entry.Next)
-		entry.Tokens = []int{entry.Next}
+	out, err := StepN(ctx, e, []*Entry{{Seq: seq, Tokens: tokens}}, n)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	return out[0], nil
 }
 
 // KVBytesPerToken is the KV-cache memory of one position: keys and values of

@@ -18,9 +18,15 @@ const copyWG = 256
 // Copy records dst = src over the first bytes of each (a multiple of 16):
 // the device's bandwidth yardstick (webdraft bench).
 func Copy(b *gpu.Batch, dst, src *gpu.Buffer, bytes uint64) error {
+	return CopyTo(b, dst, 0, src, bytes)
+}
+
+// CopyTo records dst[at : at+bytes] = src[:bytes] (bytes a multiple of 16,
+// at a multiple of the device's minStorageBufferOffsetAlignment).
+func CopyTo(b *gpu.Batch, dst *gpu.Buffer, at uint64, src *gpu.Buffer, bytes uint64) error {
 	op := "copy"
-	if bytes == 0 || bytes%16 != 0 || bytes > src.Size() || bytes > dst.Size() {
-		return fmt.Errorf("kernels: %s: %d bytes (need a positive multiple of 16 within both buffers)", op, bytes)
+	if bytes == 0 || bytes%16 != 0 || bytes > src.Size() || at+bytes > dst.Size() {
+		return fmt.Errorf("kernels: %s: %d bytes to offset %d (need a positive multiple of 16 within both buffers)", op, bytes, at)
 	}
 	words := bytes / 16
 	if words > 1<<32-1 {
@@ -33,7 +39,7 @@ func Copy(b *gpu.Batch, dst, src *gpu.Buffer, bytes uint64) error {
 	groups := (words + copyWG - 1) / copyWG
 	x := min(groups, 65535)
 	y := (groups + x - 1) / x
-	binds := []gpu.Binding{src.Slice(0, bytes), dst.Slice(0, bytes)}
+	binds := []gpu.Binding{src.Slice(0, bytes), dst.Slice(at, bytes)}
 	if err := b.Dispatch(p, []uint32{uint32(words), 0, 0, 0}, binds, uint32(x), uint32(y), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

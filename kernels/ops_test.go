@@ -270,6 +270,43 @@ func TestCopy(t *testing.T) {
 	}
 }
 
+// TestCopyTo: a copy into a later part of a buffer leaves the rest alone.
+func TestCopyTo(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	src := []uint32{r.Uint32(), r.Uint32(), r.Uint32(), r.Uint32()}
+	sb := uploadU32(t, d, "src", src)
+	at := uint64(d.Limits().MinStorageBufferOffsetAlignment)
+	dst, err := d.NewBuffer("dst", at+64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Release()
+	if err := dst.Fill(0xdeadbeef); err != nil {
+		t.Fatal(err)
+	}
+	run(t, d, "copy", func(b *gpu.Batch) error { return CopyTo(b, dst, at, sb, 16) })
+	got, err := dst.ReadU32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range got {
+		want := uint32(0xdeadbeef)
+		if k := i - int(at/4); k >= 0 && k < 4 {
+			want = src[k]
+		}
+		if w != want {
+			t.Fatalf("word %d: %#x, want %#x", i, w, want)
+		}
+	}
+	run(t, d, "copy", func(b *gpu.Batch) error {
+		if err := CopyTo(b, dst, at+64-8, sb, 16); err == nil {
+			t.Error("a copy past the end was accepted")
+		}
+		return nil
+	})
+}
+
 // TestFMA: the arithmetic yardstick computes what its header says (so its
 // rounds cannot have been optimized away).
 func TestFMA(t *testing.T) {

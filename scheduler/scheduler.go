@@ -23,6 +23,11 @@ type Options struct {
 	PrefillChunk  int // prompt tokens of one sequence per pass (default 256)
 	PrefillBudget int // prompt tokens of all sequences per pass (default 1024)
 	MaxQueue      int // requests waiting to start before Submit refuses (default 256)
+	// ChainSteps is how many decode passes may run chained on the device
+	// (engine.StepN) when every running request is decoding and none is
+	// waiting: a new request then waits at most that many passes (default
+	// 8; 1 turns chaining off).
+	ChainSteps int
 	// CacheTokens is the KV budget in positions, for running and cached
 	// sequences together (default and maximum: the engine's KVCapacity).
 	CacheTokens int
@@ -40,13 +45,15 @@ func (o *Options) defaults() {
 	def(&o.PrefillChunk, 256)
 	def(&o.PrefillBudget, 1024)
 	def(&o.MaxQueue, 256)
+	def(&o.ChainSteps, 8)
 }
 
 // StepStats describes one forward pass.
 type StepStats struct {
 	Sequences int // entries in the batch
 	Tokens    int // tokens fed
-	Duration  time.Duration
+	// Duration is the pass's time; chained passes share their time evenly.
+	Duration time.Duration
 }
 
 // Request asks for the N greedy tokens that follow Tokens.
@@ -290,10 +297,17 @@ func (r *runner) newSequence() (engine.Sequence, error) {
 
 // step runs one forward pass over the active jobs: one token for each
 // decoding job, a chunk of prompt for prefilling ones within the budget.
+// When every job is decoding and none waits, it chains several passes on
+// the device instead (up to the fewest tokens a job still needs, at most
+// ChainSteps).
 func (r *runner) step(ctx context.Context) error {
 	var batch []*engine.Entry
 	var jobs []*job
 	prefill := r.s.opts.PrefillBudget
+	chain := r.s.opts.ChainSteps
+	if len(r.waiting) > 0 || len(r.s.queue) > 0 {
+		chain = 1
+	}
 	for _, j := range r.active {
 		if j.canceled.Load() {
 			continue
@@ -306,22 +320,31 @@ func (r *runner) step(ctx context.Context) error {
 			}
 			prefill -= n
 			tokens = j.pending[:n]
+			chain = 1
 		} else {
 			tokens = j.draft[len(j.draft)-1:]
+			chain = min(chain, j.req.N-len(j.draft))
 		}
 		batch = append(batch, &engine.Entry{Seq: j.seq, Tokens: tokens})
 		jobs = append(jobs, j)
 	}
 	var err error
+	var chained [][]int // each entry's greedy tokens, chain > 1
 	if len(batch) > 0 {
 		start := time.Now()
-		err = r.s.eng.Step(ctx, batch)
+		if chain > 1 {
+			chained, err = engine.StepN(ctx, r.s.eng, batch, chain)
+		} else {
+			chain, err = 1, r.s.eng.Step(ctx, batch)
+		}
 		if r.s.opts.OnStep != nil {
 			tokens := 0
 			for _, e := range batch {
 				tokens += len(e.Tokens)
 			}
-			r.s.opts.OnStep(StepStats{Sequences: len(batch), Tokens: tokens, Duration: time.Since(start)})
+			for range chain {
+				r.s.opts.OnStep(StepStats{Sequences: len(batch), Tokens: tokens, Duration: time.Since(start) / time.Duration(chain)})
+			}
 		}
 	}
 	jobErr := err
@@ -339,14 +362,19 @@ func (r *runner) step(ctx context.Context) error {
 		}
 		e := batch[i]
 		j.fed = append(j.fed, e.Tokens...)
-		if len(j.pending) > 0 {
-			j.pending = j.pending[len(e.Tokens):]
+		if chained != nil { // decoding jobs only: fed the first chain-1 tokens
+			j.fed = append(j.fed, chained[i][:chain-1]...)
+			j.draft = append(j.draft, chained[i]...)
+		} else {
 			if len(j.pending) > 0 {
-				continue // still prefilling: this pass's logits are not needed
+				j.pending = j.pending[len(e.Tokens):]
+				if len(j.pending) > 0 {
+					continue // still prefilling: this pass's logits are not needed
+				}
+				j.first = now
 			}
-			j.first = now
+			j.draft = append(j.draft, e.Next)
 		}
-		j.draft = append(j.draft, e.Next)
 		if len(j.draft) == j.req.N {
 			j.result.Draft = j.draft
 			j.result.Prefill = j.first.Sub(j.started)

@@ -135,6 +135,13 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		row(fmt.Sprintf("decode step, batch %d, context %d", b, *context),
 			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(step), float64(b)/step.Seconds()),
 			fmt.Sprintf("%.3f ms (weights + KV at copy bw)", ms64(floor)), pct(floor.Seconds()/step.Seconds()))
+		chained, err := perf.Drafts(ctx, eng, b, *context, *steps, 16)
+		if err != nil {
+			return fmt.Errorf("chained decode batch %d: %w", b, err)
+		}
+		row(fmt.Sprintf("  chained 16 a draft (StepN), batch %d", b),
+			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(chained), float64(b)/chained.Seconds()),
+			fmt.Sprintf("%.3f ms", ms64(floor)), pct(floor.Seconds()/chained.Seconds()))
 		plot.Labels = append(plot.Labels, strconv.Itoa(b))
 		plot.Values = append(plot.Values, ms64(step))
 		plot.Notes = append(plot.Notes, fmt.Sprintf("%.0f tok/s", float64(b)/step.Seconds()))

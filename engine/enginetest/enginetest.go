@@ -114,6 +114,66 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		}
 	})
 
+	t.Run("steps chained equal steps", func(t *testing.T) {
+		// engine.StepN (the engine's own when it chains steps on the
+		// device) over entries of different lengths, one prefilling.
+		prompts := [][]int{prompt(5), prompt(1), prompt(23)}
+		entries := make([]*engine.Entry, len(prompts))
+		for i, p := range prompts {
+			seq, err := e.NewSequence()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seq.Release()
+			entries[i] = &engine.Entry{Seq: seq, Tokens: p}
+		}
+		got, err := engine.StepN(ctx, e, entries, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range prompts {
+			if want := refDraft(p, 7); !slices.Equal(got[i], want) {
+				t.Errorf("entry %d: %v, reference %v", i, got[i], want)
+			}
+			if n := entries[i].Seq.Len(); n != len(p)+6 {
+				t.Errorf("entry %d: Len = %d, want %d", i, n, len(p)+6)
+			}
+			if entries[i].Next != got[i][6] || !slices.Equal(entries[i].Tokens, p) {
+				t.Errorf("entry %d: Next %d (want %d), Tokens changed", i, entries[i].Next, got[i][6])
+			}
+		}
+		// And on from there, one entry rolled back.
+		entries[0].Seq.Truncate(len(prompts[0]) + 2)
+		entries[0].Tokens = got[0][2:3]
+		entries[1].Tokens, entries[2].Tokens = []int{got[1][6]}, []int{got[2][6]}
+		more, err := engine.StepN(ctx, e, entries, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := refDraft(prompts[0], 6)[3:6]; !slices.Equal(more[0], want) {
+			t.Errorf("after rollback: %v, reference %v", more[0], want)
+		}
+		if want := refDraft(prompts[2], 10)[7:10]; !slices.Equal(more[2], want) {
+			t.Errorf("continued: %v, reference %v", more[2], want)
+		}
+	})
+
+	t.Run("chained steps past the context", func(t *testing.T) {
+		seq, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seq.Release()
+		p := prompt(c.MaxPositionEmbeddings - 3)
+		_, err = engine.StepN(ctx, e, []*engine.Entry{{Seq: seq, Tokens: p}}, 6)
+		if !errors.Is(err, engine.ErrContextFull) {
+			t.Errorf("6 steps after %d of %d positions: %v", len(p), c.MaxPositionEmbeddings, err)
+		}
+		if n := seq.Len(); n > c.MaxPositionEmbeddings {
+			t.Errorf("Len = %d past max_position_embeddings", n)
+		}
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		seq, err := e.NewSequence()
 		if err != nil {

@@ -263,6 +263,7 @@ type activations struct {
 	hLast         *gpu.Buffer // (lasts, H)
 	logits        *gpu.Buffer // (lasts, vocab)
 	scratch       *gpu.Buffer // decode attention's splits, grown on demand
+	chained       *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
 	hiddenRows    *kernels.Matrix
 	scratchLen    int
 	all           []*gpu.Buffer
@@ -286,8 +287,9 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 		name  string
 		words int
 	}{
-		{&a.ids, "ids", rows}, {&a.seq, "seq", rows}, {&a.pos, "pos", rows},
-		{&a.last, "last", a.maxLasts}, {&a.next, "next", a.maxLasts},
+		// ids and next in whole 16-byte words: StepN copies one to the other.
+		{&a.ids, "ids", (rows + 3) &^ 3}, {&a.seq, "seq", rows}, {&a.pos, "pos", rows},
+		{&a.last, "last", a.maxLasts}, {&a.next, "next", (a.maxLasts + 3) &^ 3},
 		{&a.x, "hidden", rows * H}, {&a.h, "normed", H},
 		{&a.q, "q", rows * q}, {&a.attn, "attn", rows * q},
 		{&a.qkv, "qkv", rows * (q + 2*kv)},
@@ -319,6 +321,25 @@ func (a *activations) normMatMul(b *gpu.Batch, out, x, weight *gpu.Buffer, w *ke
 	return kernels.MatMul(b, out, a.h, w, 1, false)
 }
 
+// ensureChain returns StepN's results buffer, grown to at least n bytes.
+func (a *activations) ensureChain(d *gpu.Device, n uint64) (*gpu.Buffer, error) {
+	if a.chained != nil && a.chained.Size() >= n {
+		return a.chained, nil
+	}
+	if a.chained != nil {
+		n = max(n, 2*a.chained.Size())
+	}
+	buf, err := d.NewBuffer("chained_tokens", n)
+	if err != nil {
+		return nil, err
+	}
+	if a.chained != nil {
+		a.chained.Release()
+	}
+	a.chained = buf
+	return buf, nil
+}
+
 // ensureScratch grows the decode-attention scratch to n f32 values.
 func (a *activations) ensureScratch(d *gpu.Device, n int) error {
 	if n <= a.scratchLen {
@@ -340,10 +361,12 @@ func (a *activations) release() {
 	for _, b := range a.all {
 		b.Release()
 	}
-	if a.scratch != nil {
-		a.scratch.Release()
+	for _, b := range []*gpu.Buffer{a.scratch, a.chained} {
+		if b != nil {
+			b.Release()
+		}
 	}
-	a.all, a.scratch = nil, nil
+	a.all, a.scratch, a.chained = nil, nil, nil
 }
 
 func u32s(b []byte) []uint32 {

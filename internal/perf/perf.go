@@ -176,7 +176,7 @@ func MatVecs(d *gpu.Device, c *qwen3.Config, reps int) ([]MatVec, error) {
 // decoding prefills batch sequences with context random tokens each and
 // returns a function that runs one decode step of all of them, and one
 // that releases them.
-func decoding(ctx context.Context, e engine.Engine, batch, context int) (step func() error, release func(), err error) {
+func decoding(ctx context.Context, e engine.Engine, batch, context int) (step func(n int) error, release func(), err error) {
 	cfg := e.Config()
 	rng := rand.New(rand.NewPCG(3, uint64(batch)))
 	entries := make([]*engine.Entry, 0, batch)
@@ -203,8 +203,14 @@ func decoding(ctx context.Context, e engine.Engine, batch, context int) (step fu
 		}
 		en.Tokens = []int{en.Next}
 	}
-	step = func() error {
-		if err := e.Step(ctx, entries); err != nil {
+	// step runs n decode steps: one Step each, or, n > 1, chained on the
+	// device (engine.StepN).
+	step = func(n int) error {
+		if n > 1 {
+			if _, err := engine.StepN(ctx, e, entries, n); err != nil {
+				return err
+			}
+		} else if err := e.Step(ctx, entries); err != nil {
 			return err
 		}
 		for _, en := range entries {
@@ -216,26 +222,35 @@ func decoding(ctx context.Context, e engine.Engine, batch, context int) (step fu
 }
 
 // Decode prefills batch sequences with context random tokens each, then
-// times steps decode steps of all of them together; it returns the time per
-// step.
+// times steps decode steps of all of them together, each its own Step (a
+// round trip to the host per token); it returns the time per step.
 func Decode(ctx context.Context, e engine.Engine, batch, context, steps int) (time.Duration, error) {
+	return decode(ctx, e, batch, context, steps, 1)
+}
+
+// Drafts is Decode with the steps chained on the device, draft tokens at a
+// time (engine.StepN, as the server drafts): the time per step of a draft.
+func Drafts(ctx context.Context, e engine.Engine, batch, context, steps, draft int) (time.Duration, error) {
+	return decode(ctx, e, batch, context, steps, draft)
+}
+
+func decode(ctx context.Context, e engine.Engine, batch, context, steps, chain int) (time.Duration, error) {
 	step, release, err := decoding(ctx, e, batch, context)
 	if err != nil {
 		return 0, err
 	}
 	defer release()
-	for range 2 { // warm up
-		if err := step(); err != nil {
-			return 0, err
-		}
+	if err := step(chain); err != nil { // warm up
+		return 0, err
 	}
+	rounds := max(1, steps/chain)
 	start := time.Now()
-	for range steps {
-		if err := step(); err != nil {
+	for range rounds {
+		if err := step(chain); err != nil {
 			return 0, err
 		}
 	}
-	return time.Since(start) / time.Duration(steps), nil
+	return time.Since(start) / time.Duration(rounds*chain), nil
 }
 
 // Prefill times feeding a fresh sequence n random tokens in one Step.
@@ -381,10 +396,11 @@ func ProfileDecode(ctx context.Context, e *webgpu.Engine, batch, context int, pe
 		return nil, err
 	}
 	defer release()
-	if err := step(); err != nil { // warm up
+	one := func() error { return step(1) }
+	if err := one(); err != nil { // warm up
 		return nil, err
 	}
-	prof, err := e.Profile(step)
+	prof, err := e.Profile(one)
 	if err != nil {
 		return nil, err
 	}

@@ -29,6 +29,9 @@ func TestMeasurements(t *testing.T) {
 	if step, err := Decode(ctx, e, 3, 10, 2); err != nil || step <= 0 {
 		t.Errorf("decode: %v, %v", step, err)
 	}
+	if step, err := Drafts(ctx, e, 2, 10, 8, 4); err != nil || step <= 0 {
+		t.Errorf("chained decode: %v, %v", step, err)
+	}
 	if pre, err := Prefill(ctx, e, 12, 1); err != nil || pre <= 0 {
 		t.Errorf("prefill: %v, %v", pre, err)
 	}

@@ -106,17 +106,26 @@ func FMARate(d *gpu.Device, reps int) (float64, error) {
 
 // MatVec is one int4 matrix × vector measurement.
 type MatVec struct {
-	Name     string
-	N, K     int
-	Bytes    uint64 // weights and scales read
-	Duration time.Duration
+	Name  string
+	N, K  int
+	Bytes uint64 // weights and scales read
+	// Dependent is the time of one matvec among dependent ones (each
+	// writes what the next overwrites), as in a decode step: dispatch
+	// latency included. Streamed is the time per matvec of independent
+	// ones over distinct copies of the matrix (more bytes than the GPU's
+	// caches hold, distinct outputs): the kernel's bandwidth.
+	Dependent, Streamed time.Duration
 }
 
-// GBps is the effective bandwidth over the weights.
-func (m MatVec) GBps() float64 { return float64(m.Bytes) / m.Duration.Seconds() / 1e9 }
+// GBps is the effective bandwidth over the weights, streamed.
+func (m MatVec) GBps() float64 { return float64(m.Bytes) / m.Streamed.Seconds() / 1e9 }
+
+// streamBytes is how many bytes of matrix copies the streamed measurement
+// reads a batch: more than a GPU's last-level cache (the H200's is 60 MB).
+const streamBytes = 256 << 20
 
 // MatVecs times out = x·Wᵀ at T = 1 for each of a layer's int4 matrices
-// (random weights), and for the head.
+// (random weights), and for the head: dependent and streamed (see MatVec).
 func MatVecs(d *gpu.Device, c *qwen3.Config, reps int) ([]MatVec, error) {
 	shapes := []MatVec{
 		{Name: "q_proj", N: c.QDim(), K: c.HiddenSize},
@@ -128,49 +137,77 @@ func MatVecs(d *gpu.Device, c *qwen3.Config, reps int) ([]MatVec, error) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range shapes {
-		s := &shapes[i]
-		m := &tensor.Int4{Rows: s.N, Cols: s.K, GroupSize: tensor.DefaultGroupSize,
-			QWeight: make([]uint32, s.N*s.K/8), Scales: make([]uint16, s.N*s.K/tensor.DefaultGroupSize)}
-		for j := range m.QWeight {
-			m.QWeight[j] = rng.Uint32()
+		if err := matVec(d, &shapes[i], rng, reps); err != nil {
+			return nil, fmt.Errorf("%s: %w", shapes[i].Name, err)
 		}
-		for j := range m.Scales {
-			m.Scales[j] = tensor.F32ToF16(0.01)
-		}
-		w, err := kernels.UploadMatrix(d, s.Name, m)
-		if err != nil {
-			return nil, err
-		}
-		x, err := d.UploadF32("x", make([]float32, s.K))
-		if err != nil {
-			w.Release()
-			return nil, err
-		}
-		out, err := d.NewBuffer("out", uint64(s.N)*4)
-		if err != nil {
-			w.Release()
-			x.Release()
-			return nil, err
-		}
-		const perBatch = 16
-		s.Bytes = uint64(len(m.QWeight))*4 + uint64(len(m.Scales))*2
-		t, err := run(d, out, reps, func(b *gpu.Batch) error {
-			for range perBatch {
-				if err := kernels.MatMul(b, out, x, w, 1, false); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		w.Release()
-		x.Release()
-		out.Release()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", s.Name, err)
-		}
-		s.Duration = t / perBatch
 	}
 	return shapes, nil
+}
+
+func matVec(d *gpu.Device, s *MatVec, rng *rand.Rand, reps int) error {
+	m := &tensor.Int4{Rows: s.N, Cols: s.K, GroupSize: tensor.DefaultGroupSize,
+		QWeight: make([]uint32, s.N*s.K/8), Scales: make([]uint16, s.N*s.K/tensor.DefaultGroupSize)}
+	for j := range m.QWeight {
+		m.QWeight[j] = rng.Uint32()
+	}
+	for j := range m.Scales {
+		m.Scales[j] = tensor.F32ToF16(0.01)
+	}
+	s.Bytes = uint64(len(m.QWeight))*4 + uint64(len(m.Scales))*2
+	copies := int(min(64, max(1, streamBytes/s.Bytes)))
+	var ws []*kernels.Matrix
+	var outs []*gpu.Buffer
+	defer func() {
+		for _, w := range ws {
+			w.Release()
+		}
+		for _, o := range outs {
+			o.Release()
+		}
+	}()
+	for range copies {
+		w, err := kernels.UploadMatrix(d, s.Name, m)
+		if err != nil {
+			return err
+		}
+		ws = append(ws, w)
+		out, err := d.NewBuffer("out", uint64(s.N)*4)
+		if err != nil {
+			return err
+		}
+		outs = append(outs, out)
+	}
+	x, err := d.UploadF32("x", make([]float32, s.K))
+	if err != nil {
+		return err
+	}
+	defer x.Release()
+	const perBatch = 16
+	t, err := run(d, outs[0], reps, func(b *gpu.Batch) error {
+		for range perBatch {
+			if err := kernels.MatMul(b, outs[0], x, ws[0], 1, false); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.Dependent = t / perBatch
+	t, err = run(d, outs[0], reps, func(b *gpu.Batch) error {
+		for i, w := range ws {
+			if err := kernels.MatMul(b, outs[i], x, w, 1, false); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.Streamed = t / time.Duration(copies)
+	return nil
 }
 
 // decoding prefills batch sequences with context random tokens each and

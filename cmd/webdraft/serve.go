@@ -17,12 +17,13 @@ import (
 const drainTimeout = 30 * time.Second
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N]")
+	fs := newFlags(e, "serve", "[--model DIR] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N] [--chain-steps 8]")
 	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	target := fs.String("target", "", "target model folder for the speculative demo page (not in this build yet)")
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", "auto (WebGPU when an adapter exists, else cpu), webgpu or cpu")
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory for running and cached sequences, in MiB")
+	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -31,6 +32,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *cacheMB < 1 {
 		return usagef("--cache-mb %d: want at least 1", *cacheMB)
+	}
+	if *chainSteps < 1 || *chainSteps > maxDraft {
+		return usagef("--chain-steps %d: want 1…%d", *chainSteps, maxDraft)
 	}
 	backend, err := parseBackend(*backendFlag)
 	if err != nil {
@@ -69,7 +73,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		httpSrv.Close()
 		return fmt.Errorf("warm-up: %w", err)
 	}
-	opts := scheduler.Options{}
+	opts := scheduler.Options{ChainSteps: *chainSteps}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() {

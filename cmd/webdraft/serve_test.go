@@ -83,6 +83,7 @@ func TestServeDrainsOnShutdown(t *testing.T) {
 func TestServeUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"serve", "--cache-mb", "0"},
+		{"serve", "--chain-steps", "0"},
 		{"serve", "--target", "x"},
 		{"serve", "--backend", "quantum"},
 	} {

@@ -65,15 +65,7 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		for _, p := range prompts {
 			want = append(want, refDraft(p, 6))
 		}
-		entries := make([]*engine.Entry, len(prompts))
-		for i, p := range prompts {
-			seq, err := e.NewSequence()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer seq.Release()
-			entries[i] = &engine.Entry{Seq: seq, Tokens: p}
-		}
+		entries := newEntries(t, e, prompts)
 		got := make([][]int, len(prompts))
 		for step := 0; step < 6; step++ {
 			if err := e.Step(ctx, entries); err != nil {
@@ -118,15 +110,7 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		// engine.StepN (the engine's own when it chains steps on the
 		// device) over entries of different lengths, one prefilling.
 		prompts := [][]int{prompt(5), prompt(1), prompt(23)}
-		entries := make([]*engine.Entry, len(prompts))
-		for i, p := range prompts {
-			seq, err := e.NewSequence()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer seq.Release()
-			entries[i] = &engine.Entry{Seq: seq, Tokens: p}
-		}
+		entries := newEntries(t, e, prompts)
 		got, err := engine.StepN(ctx, e, entries, 7)
 		if err != nil {
 			t.Fatal(err)
@@ -194,4 +178,20 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 			t.Errorf("a refused step changed the cache: Len = %d", seq.Len())
 		}
 	})
+}
+
+// newEntries gives each prompt a fresh sequence of e, released when the
+// test ends.
+func newEntries(t *testing.T, e engine.Engine, prompts [][]int) []*engine.Entry {
+	t.Helper()
+	entries := make([]*engine.Entry, len(prompts))
+	for i, p := range prompts {
+		seq, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(seq.Release)
+		entries[i] = &engine.Entry{Seq: seq, Tokens: p}
+	}
+	return entries
 }

@@ -91,7 +91,7 @@ type matMulInput struct {
 	eps        float64
 }
 
-// matMul is MatMul, MatMulNorm or MatMulSwiGLU (as in says) with the binding
+// matMul is MatMul, MatMulNorm or MatMulSwiGLU (as `in` says) with the binding
 // limit as a parameter, so that tests can exercise the row-block split on
 // small matrices.
 func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, maxBinding uint64) error {

@@ -1,0 +1,58 @@
+package webgpu
+
+import (
+	"context"
+	"testing"
+
+	"webdraft/engine"
+	"webdraft/gpu/gputest"
+	"webdraft/internal/synth"
+)
+
+// BenchmarkRecordDecodeStep is the host's share of a decode step: recording
+// one batch-1 forward pass of a 28-layer model (Qwen3-1.7B's layer count,
+// tiny widths) into command buffers, without submitting them. On the H200
+// the host records while the GPU runs, so this cost bounds a step from
+// below whatever the kernels do; the metric is per dispatch.
+func BenchmarkRecordDecodeStep(b *testing.B) {
+	cfg := synth.Shapes["tiny"]
+	cfg.NumHiddenLayers = 28
+	e, err := New(gputest.Device(b), cfg, synth.Int4Weights(cfg, 1, 0.02), Options{KVBytes: 8 << 20, MaxSequences: 4})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	seq, err := e.NewSequence()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer seq.Release()
+	entry := &engine.Entry{Seq: seq, Tokens: []int{1, 2, 3}}
+	if err := e.Step(context.Background(), []*engine.Entry{entry}); err != nil {
+		b.Fatal(err)
+	}
+	s := seq.(*sequence)
+	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}}}
+	ps := e.plan(work)
+	if err := e.act.ensureScratch(e.dev, e.kv.DecodeScratch(1, cfg.NumAttentionHeads, s.len+1)); err != nil {
+		b.Fatal(err)
+	}
+	steps := e.steps(ps, s.len+1)
+	dispatches := 0
+	b.ResetTimer()
+	for range b.N {
+		batch, err := e.newBatch()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, st := range steps {
+			if err := st(batch); err != nil {
+				b.Fatal(err)
+			}
+		}
+		dispatches = batch.Len()
+		batch.Discard()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*dispatches), "ns/dispatch")
+	b.ReportMetric(float64(dispatches), "dispatches")
+}

@@ -45,6 +45,9 @@ type Batch struct {
 	n      int
 	err    error // the first recording error; Submit returns it
 	ended  bool
+	// Reused by every dispatch (wgpu-native copies what it keeps).
+	entries []wgpu.BindGroupEntry
+	offsets [1]uint32
 }
 
 // paramsChunk is a uniform buffer and its host image.
@@ -102,7 +105,7 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 	if x == 0 || y == 0 || z == 0 {
 		return nil
 	}
-	entries := make([]wgpu.BindGroupEntry, 0, len(bufs)+1)
+	entries := b.entries[:0]
 	var offsets []uint32
 	if k.ParamsSize > 0 {
 		chunk, off, err := b.params(params)
@@ -110,7 +113,8 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 			return fail("%v", err)
 		}
 		entries = append(entries, wgpu.BindGroupEntry{Binding: 0, Buffer: chunk, Offset: 0, Size: uint64(k.ParamsSize)})
-		offsets = []uint32{uint32(off)}
+		b.offsets[0] = uint32(off)
+		offsets = b.offsets[:]
 	}
 	for i, bind := range bufs {
 		if err := d.checkBinding(bind); err != nil {
@@ -118,6 +122,7 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 		}
 		entries = append(entries, wgpu.BindGroupEntry{Binding: uint32(i + 1), Buffer: bind.Buf.buf, Offset: bind.Offset, Size: bind.Size})
 	}
+	b.entries = entries
 	group, err := d.binds.get(d.dev, k.Module, p.bgl, entries)
 	if err != nil {
 		return fail("%v", err)

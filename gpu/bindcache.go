@@ -1,7 +1,7 @@
 package gpu
 
 import (
-	"strconv"
+	"encoding/binary"
 	"unsafe"
 
 	"github.com/cogentcore/webgpu/wgpu"
@@ -23,7 +23,8 @@ type bindCache struct {
 	// retired groups wait for the batches being recorded, which may use
 	// them, to end: wgpu-native aborts on a pass whose group was released.
 	retired []*wgpu.BindGroup
-	open    int // batches being recorded
+	open    int    // batches being recorded
+	buf     []byte // the key being looked up, reused
 }
 
 type cachedGroup struct {
@@ -39,27 +40,27 @@ func newBindCache() *bindCache {
 	return &bindCache{groups: map[string]*cachedGroup{}, byBuffer: map[*wgpu.Buffer][]string{}}
 }
 
-// key names a bind group: the layout, then (buffer, offset, size) per entry.
-func (c *bindCache) key(bgl *wgpu.BindGroupLayout, entries []wgpu.BindGroupEntry) string {
-	k := make([]byte, 0, 16+len(entries)*40)
-	k = strconv.AppendUint(k, uint64(uintptr(unsafe.Pointer(bgl))), 36)
+// key names a bind group: the layout, then (buffer, offset, size) per
+// entry, as raw 8-byte words. It is built in c.buf, reused: a lookup that
+// hits allocates nothing (every dispatch makes one).
+func (c *bindCache) key(bgl *wgpu.BindGroupLayout, entries []wgpu.BindGroupEntry) []byte {
+	k := binary.LittleEndian.AppendUint64(c.buf[:0], uint64(uintptr(unsafe.Pointer(bgl))))
 	for _, e := range entries {
-		k = append(k, '|')
-		k = strconv.AppendUint(k, uint64(uintptr(unsafe.Pointer(e.Buffer))), 36)
-		k = append(k, ',')
-		k = strconv.AppendUint(k, e.Offset, 36)
-		k = append(k, ',')
-		k = strconv.AppendUint(k, e.Size, 36)
+		k = binary.LittleEndian.AppendUint64(k, uint64(uintptr(unsafe.Pointer(e.Buffer))))
+		k = binary.LittleEndian.AppendUint64(k, e.Offset)
+		k = binary.LittleEndian.AppendUint64(k, e.Size)
 	}
-	return string(k)
+	c.buf = k
+	return k
 }
 
 // get returns the cached group for entries, creating it on a miss.
 func (c *bindCache) get(dev *wgpu.Device, label string, bgl *wgpu.BindGroupLayout, entries []wgpu.BindGroupEntry) (*wgpu.BindGroup, error) {
-	key := c.key(bgl, entries)
-	if g, ok := c.groups[key]; ok {
+	k := c.key(bgl, entries)
+	if g, ok := c.groups[string(k)]; ok {
 		return g.group, nil
 	}
+	key := string(k)
 	if len(c.groups) >= maxCachedGroups {
 		c.clear()
 	}

@@ -93,13 +93,15 @@ type Device struct {
 	f16    bool
 	scopes errorScopes // backend-specific: catch-all error scopes and the lost state
 
-	modules    map[string]*wgpu.ShaderModule // by module name + constants
-	sources    map[string]string             // module name → the source it was first given
-	pipelines  map[string]*Pipeline          // by module name + entry + constants
-	chunks     []*wgpu.Buffer                // free uniform chunks for Batch params
-	binds      *bindCache                    // bind groups reused across batches
-	timestamps bool                          // timestamp queries enabled (natively, where offered)
-	closed     bool
+	modules   map[string]*wgpu.ShaderModule // by module name + constants
+	sources   map[string]string             // module name → the source it was first given
+	pipelines map[string]*Pipeline          // by module name + entry + constants
+	// pipelinesByKey holds the same pipelines for the per-dispatch lookup.
+	pipelinesByKey map[pipelineKey]*Pipeline
+	chunks         []*wgpu.Buffer // free uniform chunks for Batch params
+	binds          *bindCache     // bind groups reused across batches
+	timestamps     bool           // timestamp queries enabled (natively, where offered)
+	closed         bool
 }
 
 // Info describes the adapter in use.
@@ -130,7 +132,7 @@ func (d *Device) Close() {
 		c.Destroy()
 		c.Release()
 	}
-	d.pipelines, d.modules, d.chunks = nil, nil, nil
+	d.pipelines, d.pipelinesByKey, d.modules, d.chunks = nil, nil, nil, nil
 	d.scopes.close()
 	d.queue.Release()
 	d.dev.Release()
@@ -152,7 +154,7 @@ func (d *Device) check(op string) error {
 func newDevice(dev *wgpu.Device, info AdapterInfo, limits Limits, f16 bool, scopes errorScopes) (*Device, error) {
 	d := &Device{
 		dev: dev, queue: dev.GetQueue(), info: info, limits: limits, f16: f16, scopes: scopes,
-		modules: map[string]*wgpu.ShaderModule{}, sources: map[string]string{}, pipelines: map[string]*Pipeline{},
+		modules: map[string]*wgpu.ShaderModule{}, sources: map[string]string{}, pipelines: map[string]*Pipeline{}, pipelinesByKey: map[pipelineKey]*Pipeline{},
 		binds: newBindCache(),
 	}
 	if err := limits.check(); err != nil {

@@ -65,17 +65,58 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 		return nil, fmt.Errorf("gpu: pipeline %s:%s: module name reused for a different source", k.Module, k.Entry)
 	}
 	d.sources[k.Module] = k.Source
+	// Every dispatch asks for its pipeline: a comparable key, no allocation.
+	fast, ok := newPipelineKey(k, consts)
+	if ok {
+		if p, ok := d.pipelinesByKey[fast]; ok {
+			return p, nil
+		}
+	}
 	modKey := k.Module + constsKey(consts)
 	key := modKey + ":" + k.Entry
-	if p, ok := d.pipelines[key]; ok {
-		return p, nil
+	p, ok := d.pipelines[key]
+	if !ok {
+		var err error
+		if p, err = d.newPipeline(k, consts, modKey); err != nil {
+			return nil, fmt.Errorf("gpu: pipeline %s:%s%s: %w", k.Module, k.Entry, constsKey(consts), err)
+		}
+		d.pipelines[key] = p
 	}
-	p, err := d.newPipeline(k, consts, modKey)
-	if err != nil {
-		return nil, fmt.Errorf("gpu: pipeline %s:%s%s: %w", k.Module, k.Entry, constsKey(consts), err)
+	if fast.n >= 0 {
+		d.pipelinesByKey[fast] = p
 	}
-	d.pipelines[key] = p
 	return p, nil
+}
+
+// maxKeyConsts is how many constants a pipelineKey holds; a pipeline with
+// more is found by its string key alone.
+const maxKeyConsts = 8
+
+// pipelineKey names a pipeline like its string key, as a comparable value:
+// module, entry and the constants sorted by name.
+type pipelineKey struct {
+	module, entry string
+	n             int
+	names         [maxKeyConsts]string
+	values        [maxKeyConsts]uint32
+}
+
+func newPipelineKey(k Kernel, consts Consts) (pipelineKey, bool) {
+	key := pipelineKey{module: k.Module, entry: k.Entry, n: -1}
+	if len(consts) > maxKeyConsts {
+		return key, false
+	}
+	key.n = 0
+	for name, v := range consts { // insertion sort by name: a handful of entries
+		i := key.n
+		for i > 0 && key.names[i-1] > name {
+			key.names[i], key.values[i] = key.names[i-1], key.values[i-1]
+			i--
+		}
+		key.names[i], key.values[i] = name, v
+		key.n++
+	}
+	return key, true
 }
 
 func (d *Device) newPipeline(k Kernel, consts Consts, modKey string) (*Pipeline, error) {

@@ -107,21 +107,10 @@ func continuations(ctx context.Context, target engine.Engine, prompts [][]int, n
 	if err != nil {
 		return nil, err
 	}
-	out := make([][]int, len(prompts))
 	for i, p := range prompts {
 		entries[i].Tokens = p
-		out[i] = make([]int, 0, n)
 	}
-	for range n {
-		if err := target.Step(ctx, entries); err != nil {
-			return nil, err
-		}
-		for i, en := range entries {
-			out[i] = append(out[i], en.Next)
-			en.Tokens = []int{en.Next}
-		}
-	}
-	return out, nil
+	return engine.StepN(ctx, target, entries, n)
 }
 
 // newEntries makes n batch entries, each with a fresh sequence of e;
@@ -182,14 +171,12 @@ func (r *Result) verify(ctx context.Context, drafter engine.Engine, prompts, con
 		if len(batch) == 0 {
 			return nil
 		}
-		for range r.K {
-			if err := drafter.Step(ctx, batch); err != nil {
-				return err
-			}
-			for _, g := range playing {
-				g.draft = append(g.draft, g.entry.Next)
-				g.entry.Tokens = []int{g.entry.Next}
-			}
+		drafts, err := engine.StepN(ctx, drafter, batch, r.K)
+		if err != nil {
+			return err
+		}
+		for i, g := range playing {
+			g.draft = append(g.draft, drafts[i]...)
 		}
 		for _, g := range playing {
 			r.accept(g)

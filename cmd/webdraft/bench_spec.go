@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"webdraft/checkpoint"
+	"webdraft/engine"
 	"webdraft/specdec"
 	"webdraft/weights"
 )
@@ -58,12 +59,22 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	te, err := openEngine(e, target, backend, 1<<30, *batch)
+	// KV memory for a batch of the longest prompt, its continuation and a
+	// draft, f32, with a block of slack per sequence.
+	longest := 0
+	for _, p := range prompts {
+		longest = max(longest, len(p))
+	}
+	kvFor := func(m *checkpoint.Model) int64 {
+		positions := int64(*batch) * int64(longest+*newTokens+*k+32)
+		return positions * int64(engine.KVBytesPerToken(&m.Config, 4))
+	}
+	te, err := openEngine(e, target, backend, kvFor(target), *batch)
 	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
 	defer te.Close()
-	de, err := openEngine(e, drafter, backend, 1<<30, *batch)
+	de, err := openEngine(e, drafter, backend, kvFor(drafter), *batch)
 	if err != nil {
 		return fmt.Errorf("drafter: %w", err)
 	}

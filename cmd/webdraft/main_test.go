@@ -180,6 +180,20 @@ func TestBenchSpec(t *testing.T) {
 	if b, err := os.ReadFile(svg); err != nil || !strings.HasPrefix(string(b), "<svg") {
 		t.Errorf("svg: %v", err)
 	}
+	// The WebGPU engine (chained draft steps) measures the same, with the
+	// int4 model drafting for the f32 one.
+	var taus []string
+	for _, backend := range []string{"cpu", "webgpu"} {
+		code, stdout, stderr := webdraft(t, "bench", "spec", "--target", model, "--drafter", goldenTied, "--prompts", prompts,
+			"--k", "5", "--new-tokens", "20", "--backend", backend)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", backend, code, stderr)
+		}
+		taus = append(taus, stdout[strings.Index(stdout, "τ"):strings.Index(stdout, "accepted")])
+	}
+	if taus[0] != taus[1] {
+		t.Errorf("cpu %q, webgpu %q", taus[0], taus[1])
+	}
 	if code, _, _ := webdraft(t, "bench", "spec", "--target", model, "--drafter", model, "--prompts", filepath.Join(dir, "none")); code != 1 {
 		t.Errorf("missing prompts file: exit %d", code)
 	}

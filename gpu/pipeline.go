@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/cogentcore/webgpu/wgpu"
 )
@@ -61,10 +62,6 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 	if k.ParamsSize%16 != 0 || k.ParamsSize < 0 {
 		return nil, fmt.Errorf("gpu: pipeline %s:%s: params size %d is not a multiple of 16", k.Module, k.Entry, k.ParamsSize)
 	}
-	if src, ok := d.sources[k.Module]; ok && src != k.Source {
-		return nil, fmt.Errorf("gpu: pipeline %s:%s: module name reused for a different source", k.Module, k.Entry)
-	}
-	d.sources[k.Module] = k.Source
 	// Every dispatch asks for its pipeline: a comparable key, no allocation.
 	fast, ok := newPipelineKey(k, consts)
 	if ok {
@@ -72,6 +69,10 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 			return p, nil
 		}
 	}
+	if src, ok := d.sources[k.Module]; ok && src != k.Source {
+		return nil, fmt.Errorf("gpu: pipeline %s:%s: module name reused for a different source", k.Module, k.Entry)
+	}
+	d.sources[k.Module] = k.Source
 	modKey := k.Module + constsKey(consts)
 	key := modKey + ":" + k.Entry
 	p, ok := d.pipelines[key]
@@ -93,16 +94,19 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 const maxKeyConsts = 8
 
 // pipelineKey names a pipeline like its string key, as a comparable value:
-// module, entry and the constants sorted by name.
+// module, entry and the constants sorted by name — and where the source
+// text lies, so that a module name given another source misses and is
+// refused on the slow path.
 type pipelineKey struct {
 	module, entry string
+	source        *byte
 	n             int
 	names         [maxKeyConsts]string
 	values        [maxKeyConsts]uint32
 }
 
 func newPipelineKey(k Kernel, consts Consts) (pipelineKey, bool) {
-	key := pipelineKey{module: k.Module, entry: k.Entry, n: -1}
+	key := pipelineKey{module: k.Module, entry: k.Entry, source: unsafe.StringData(k.Source), n: -1}
 	if len(consts) > maxKeyConsts {
 		return key, false
 	}

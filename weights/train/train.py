@@ -33,7 +33,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--role", choices=sorted(common.SHAPES), required=True)
     ap.add_argument("--stage", choices=["raw", "distill", "qat"], required=True)
-    ap.add_argument("--data", required=True, help="prepare_data.py's folder (and distill.npy for distill/qat)")
+    ap.add_argument("--data", required=True, help="prepare_data.py's folder (and distill_data.py's distill-*.npy for distill/qat)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--init", help="checkpoint to start from")
     ap.add_argument("--minutes", type=float, default=8)

@@ -101,6 +101,8 @@ type Device struct {
 	chunks         []*wgpu.Buffer // free uniform chunks for Batch params
 	binds          *bindCache     // bind groups reused across batches
 	timestamps     bool           // timestamp queries enabled (natively, where offered)
+	scratch        *Buffer        // see Scratch
+	retired        []*Buffer      // grown-out scratch buffers, kept until Close
 	closed         bool
 }
 
@@ -119,6 +121,7 @@ func (d *Device) Close() {
 	if d.closed {
 		return
 	}
+	d.releaseScratch()
 	d.closed = true
 	d.binds.open = 0 // batches left unsubmitted die with the device
 	d.binds.clear()

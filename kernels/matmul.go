@@ -13,6 +13,18 @@ var (
 		Module: "matmul_int4.wgsl", Source: shaders.MatMulInt4, Entry: "main", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
 	}
+	matVecInt4 = gpu.Kernel{
+		Module: "matvec_int4.wgsl", Source: shaders.MatVecInt4, Entry: "main", ParamsSize: 32,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
+	}
+	gemmInt4 = gpu.Kernel{
+		Module: "gemm_int4.wgsl", Source: shaders.GEMMInt4, Entry: "main", ParamsSize: 48,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
+	}
+	matMulReduce = gpu.Kernel{
+		Module: "matmul_reduce.wgsl", Source: shaders.MatMulReduce, Entry: "main", ParamsSize: 32,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // partial sums, out
+	}
 	matMulF16 = gpu.Kernel{
 		Module: "matmul_dense.wgsl", Source: shaders.MatMulDense, Entry: "dense_f16", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, w, out, norm
@@ -28,6 +40,32 @@ const (
 	matMulWG   = 64 // threads per workgroup
 	matMulRows = 4  // output features per workgroup for prefill (T > 1)
 )
+
+// The matrix-vector kernel's tiling (see the header of matvec_int4.wgsl):
+// up to matVecMaxT activation rows, staged matVecStaged floats at a time.
+const (
+	matVecLanes  = 16
+	matVecRows   = 16
+	matVecMaxT   = 4
+	matVecStaged = 2048
+)
+
+// matVecTT returns the activation rows a matvec workgroup holds for T rows
+// (T ≤ matVecMaxT), or 0 when the matrix-vector kernel does not apply: it
+// reads 32 codes at a time, which must lie in one scale group.
+func matVecTT(w *Matrix, T int, maxGroups uint32) uint32 {
+	if w.Format != Int4 || w.K%32 != 0 || w.G%32 != 0 || T > matVecMaxT ||
+		divCeil(w.N, matVecRows) > maxGroups {
+		return 0
+	}
+	if T == 1 {
+		return 1
+	}
+	if T == 2 {
+		return 2
+	}
+	return 4
+}
 
 // matMulTT returns the activation rows per workgroup for T rows: 1 for
 // decode, a tile of 4 or 8 for prefill.
@@ -123,6 +161,67 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	if uint64(T)*uint64(xCols)*4 > maxBinding || uint64(T)*uint64(w.N)*4 > maxBinding {
 		return fmt.Errorf("kernels: %s: %d activation rows exceed one binding", op, T)
 	}
+	d := b.Device()
+	blocks, err := w.rowBlocks(maxBinding, d.Limits().MinStorageBufferOffsetAlignment)
+	if err != nil {
+		return err
+	}
+	call := matMulCall{b: b, op: op, w: w, T: T, in: in,
+		x: x.Slice(0, uint64(T*xCols)*4),
+		// The norm weight; without NORM the binding is unread, and x stands in.
+		norm: x.Slice(0, 16),
+	}
+	if in.norm != nil {
+		call.norm = in.norm.Slice(0, uint64(w.K)*4)
+	}
+	record := call.rowKernel
+	if gemmApplies(w, T) {
+		record = call.gemm
+	}
+	for _, blk := range blocks {
+		// out[t][n0 + n] for t < T, n < blk.n: the binding starts at column
+		// n0 of row 0 and ends after column n0+n-1 of row T-1.
+		if err := record(blk, out.Slice(uint64(blk.n0)*4, uint64((T-1)*w.N+blk.n)*4)); err != nil {
+			return fmt.Errorf("kernels: %s: %w", op, err)
+		}
+	}
+	return nil
+}
+
+// matMulCall is one MatMul's arguments, bound, for each row block.
+type matMulCall struct {
+	b       *gpu.Batch
+	op      string
+	w       *Matrix
+	T       int
+	in      matMulInput
+	x, norm gpu.Binding
+}
+
+// consts returns the SWIGLU and NORM constants of the input, with others.
+func (c *matMulCall) consts(others gpu.Consts) gpu.Consts {
+	others["SWIGLU"], others["NORM"] = 0, 0
+	if c.in.swiglu {
+		others["SWIGLU"] = 1
+	}
+	if c.in.norm != nil {
+		others["NORM"] = 1
+	}
+	return others
+}
+
+func (c *matMulCall) accumulate() uint32 {
+	if c.in.accumulate {
+		return 1
+	}
+	return 0
+}
+
+// rowKernel records one row block with the kernels that give each thread
+// whole weight rows' words (matvec_int4.wgsl for a few rows, else
+// matmul_int4.wgsl or matmul_dense.wgsl).
+func (c *matMulCall) rowKernel(blk rowBlock, out gpu.Binding) error {
+	w, T, d := c.w, c.T, c.b.Device()
 	var k gpu.Kernel
 	switch w.Format {
 	case Int4:
@@ -132,9 +231,8 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	case F32:
 		k = matMulF32
 	default:
-		return fmt.Errorf("kernels: %s: unknown format %v", op, w.Format)
+		return fmt.Errorf("unknown format %v", w.Format)
 	}
-	d := b.Device()
 	tt := matMulTT(T)
 	// Decode (T = 1) reads each weight once and reuses nothing: a row per
 	// workgroup gives the GPU four times the workgroups to hide latency with
@@ -144,41 +242,88 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
 		rows = 1
 	}
-	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows), "SWIGLU": 0, "NORM": 0}
-	if in.swiglu {
-		consts["SWIGLU"] = 1
+	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows)}
+	if vt := matVecTT(w, T, d.Limits().MaxComputeWorkgroupsPerDimension); vt > 0 {
+		k, tt, rows = matVecInt4, vt, matVecRows
+		consts = gpu.Consts{"TT": tt, "KC": matVecStaged / tt}
 	}
-	if in.norm != nil {
-		consts["NORM"] = 1
-	}
-	p, err := d.Pipeline(k, consts)
+	p, err := d.Pipeline(k, c.consts(consts))
 	if err != nil {
 		return err
 	}
-	align := d.Limits().MinStorageBufferOffsetAlignment
-	blocks, err := w.rowBlocks(maxBinding, align)
+	binds := append([]gpu.Binding{c.x}, w.bindRows(blk)...)
+	binds = append(binds, out, c.norm)
+	params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), c.accumulate(), math.Float32bits(float32(c.in.eps)), 0}
+	return c.b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, int(tt)), 1)
+}
+
+// gemmApplies reports whether gemm_int4.wgsl computes x · Wᵀ: int4 weights
+// whose 32-column tiles each lie in one scale group, and more rows than
+// the matrix-vector kernel takes.
+func gemmApplies(w *Matrix, T int) bool {
+	return w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0 && T > matVecMaxT
+}
+
+// gemmTargetGroups is how many workgroups a matmul should have at least:
+// fewer leave a large GPU's SMs idle (the H200 has 132, each holding
+// several), so a matrix of few row tiles is split along K (split-K).
+const gemmTargetGroups = 512
+
+// gemm records one row block with gemm_int4.wgsl, split along K (and then
+// summed by matmul_reduce.wgsl) when the tiles alone are too few.
+func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding) error {
+	w, T, d := c.w, c.T, c.b.Device()
+	tm := 2
+	if T > 32 && d.Limits().MaxComputeWorkgroupStorageSize >= gemmMemory(4) {
+		tm = 4
+	}
+	bm := 16 * tm
+	tiles := int(divCeil(blk.n, 64)) * int(divCeil(T, bm))
+	kTiles := w.K / 32
+	splits := min(kTiles, max(1, (gemmTargetGroups+tiles-1)/tiles))
+	kps := (kTiles + splits - 1) / splits * 32
+	splits = (w.K + kps - 1) / kps
+	partials := uint64(splits) * uint64(T) * uint64(blk.n+1) * 4 // sums, then sums of squares
+	if splits > 1 && partials > d.Limits().MaxStorageBufferBindingSize {
+		splits, kps = 1, w.K
+	}
+	p, err := d.Pipeline(gemmInt4, c.consts(gpu.Consts{"TM": uint32(tm)}))
 	if err != nil {
 		return err
 	}
-	acc := uint32(0)
-	if in.accumulate {
-		acc = 1
-	}
-	// The norm weight; without NORM the binding is unread, and x stands in.
-	norm := x.Slice(0, 16)
-	if in.norm != nil {
-		norm = in.norm.Slice(0, uint64(w.K)*4)
-	}
-	for _, blk := range blocks {
-		// out[t][n0 + n] for t < T, n < blk.n: the binding starts at column
-		// n0 of row 0 and ends after column n0+n-1 of row T-1.
-		outBind := out.Slice(uint64(blk.n0)*4, uint64((T-1)*w.N+blk.n)*4)
-		binds := append([]gpu.Binding{x.Slice(0, uint64(T*xCols)*4)}, w.bindRows(blk)...)
-		binds = append(binds, outBind, norm)
-		params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), acc, math.Float32bits(float32(in.eps)), 0}
-		if err := b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, int(tt)), 1); err != nil {
-			return fmt.Errorf("kernels: %s: %w", op, err)
+	binds := append([]gpu.Binding{c.x}, w.bindRows(blk)...)
+	dst := out
+	if splits > 1 {
+		scratch, err := d.Scratch(partials)
+		if err != nil {
+			return err
 		}
+		dst = scratch.Slice(0, partials)
 	}
-	return nil
+	binds = append(binds, dst, c.norm)
+	params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), c.accumulate(),
+		math.Float32bits(float32(c.in.eps)), uint32(splits), uint32(kps), 0, 0, 0}
+	if err := c.b.Dispatch(p, params, binds, divCeil(blk.n, 64), divCeil(T, bm), uint32(splits)); err != nil {
+		return err
+	}
+	if splits == 1 {
+		return nil
+	}
+	r, err := d.Pipeline(matMulReduce, nil)
+	if err != nil {
+		return err
+	}
+	norm := uint32(0)
+	if c.in.norm != nil {
+		norm = 1
+	}
+	params = []uint32{uint32(T), uint32(blk.n), uint32(splits), uint32(w.N), c.accumulate(), norm, uint32(w.K), math.Float32bits(float32(c.in.eps))}
+	return c.b.Dispatch(r, params, []gpu.Binding{dst, out}, divCeil(blk.n, 256), uint32(T), 1)
+}
+
+// gemmMemory returns the workgroup memory gemm_int4.wgsl takes at tm rows a
+// thread (see its header).
+func gemmMemory(tm int) uint32 {
+	bm := 16 * tm
+	return uint32(4 * (32*(bm+4) + 32*64 + 8*bm + bm))
 }

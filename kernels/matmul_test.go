@@ -13,12 +13,15 @@ import (
 // matMulShape is one random case: T activation rows, W (N, K), group G.
 type matMulShape struct{ T, N, K, G int }
 
-// randMatMulShapes returns the extremes of T with an odd N, and n random
-// shapes. Outputs number at least 16: the contract's error measure is
+// randMatMulShapes returns the extremes of T with an odd N, inputs longer
+// than what the matrix-vector kernel stages at once (several chunks, the
+// last one short), and n random shapes. Outputs number at least 16: the contract's error measure is
 // relative to max|ref|, which a single output can make tiny by cancellation
 // (and so fail on rounding alone).
+const fixedMatMulShapes = 4
+
 func randMatMulShapes(r *rand.Rand, n int) []matMulShape {
-	shapes := []matMulShape{{1, 17, 32, 32}, {64, 67, 96, 32}}
+	shapes := []matMulShape{{1, 17, 32, 32}, {64, 67, 96, 32}, {1, 33, 4160, 32}, {3, 29, 1088, 64}}[:fixedMatMulShapes]
 	for range n {
 		g := []int{32, 32, 64, 128}[r.IntN(4)]
 		shapes = append(shapes, matMulShape{
@@ -35,15 +38,21 @@ func TestMatMul(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	for _, f := range []Format{Int4, F16, F32} {
-		for _, s := range randMatMulShapes(r, 10) {
-			for _, accumulate := range []bool{false, true} {
-				// The input as it is, computed from gate | up, or normalized.
-				in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
-				if accumulate && in == "norm" {
-					in = "x"
+		for i, s := range randMatMulShapes(r, 10) {
+			// The input as it is, computed from gate | up, or normalized:
+			// every one for the fixed shapes, one at random for the others.
+			ins := []string{"x", "swiglu", "norm"}
+			if i >= fixedMatMulShapes {
+				ins = []string{ins[r.IntN(3)]}
+			}
+			for _, in := range ins {
+				for _, accumulate := range []bool{false, true} {
+					if accumulate && in == "norm" {
+						continue
+					}
+					name := fmt.Sprintf("%v/T%d_N%d_K%d_G%d/acc=%v/%s", f, s.T, s.N, s.K, s.G, accumulate, in)
+					t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, in, 0) })
 				}
-				name := fmt.Sprintf("%v/T%d_N%d_K%d_G%d/acc=%v/%s", f, s.T, s.N, s.K, s.G, accumulate, in)
-				t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, in, 0) })
 			}
 		}
 	}
@@ -57,6 +66,17 @@ func TestMatMulTallHead(t *testing.T) {
 	for _, T := range []int{1, 2} {
 		s := matMulShape{T: T, N: 70001, K: 32, G: 32}
 		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, "x", 0) })
+	}
+}
+
+// TestMatMulUnsplit: a matrix with enough column tiles that gemm_int4.wgsl
+// runs unsplit, writing (and normalizing, and accumulating) out itself.
+func TestMatMulUnsplit(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	s := matMulShape{T: 40, N: 64*gemmTargetGroups + 17, K: 64, G: 32}
+	for _, in := range []string{"x", "swiglu", "norm"} {
+		t.Run(in, func(t *testing.T) { testMatMul(t, d, r, Int4, s, in != "norm", in, 0) })
 	}
 }
 

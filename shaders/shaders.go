@@ -26,6 +26,22 @@ import _ "embed"
 //go:embed matmul_int4.wgsl
 var MatMulInt4 string
 
+// MatVecInt4 is matvec_int4.wgsl: out (+)= x · Wᵀ for int4 W and T ≤ 4 rows.
+//
+//go:embed matvec_int4.wgsl
+var MatVecInt4 string
+
+// GEMMInt4 is gemm_int4.wgsl: out (+)= x · Wᵀ for int4 W and many rows,
+// tiled in workgroup memory, optionally split along K.
+//
+//go:embed gemm_int4.wgsl
+var GEMMInt4 string
+
+// MatMulReduce is matmul_reduce.wgsl: the sum of a split-K matmul's parts.
+//
+//go:embed matmul_reduce.wgsl
+var MatMulReduce string
+
 // MatMulDense is matmul_dense.wgsl: out (+)= x · Wᵀ for dense f16 or f32 W.
 //
 //go:embed matmul_dense.wgsl

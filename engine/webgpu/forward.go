@@ -210,7 +210,7 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 		lw := &w.layers[l]
 		steps = append(steps,
 			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D)
-			func(b *gpu.Batch) error { return a.normMatMul(b, a.qkv, a.x, lw.inputNorm, lw.qkv, R, eps) },
+			func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.qkv, a.x, lw.inputNorm, lw.qkv, R, eps) },
 			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)
 			func(b *gpu.Batch) error {
 				return kernels.QKVRopeKV(b, a.q, a.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, eps)
@@ -235,7 +235,7 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 			// hidden += o_proj(attn)
 			func(b *gpu.Batch) error { return kernels.MatMul(b, a.x, a.attn, lw.o, R, true) },
 			// hidden += down_proj(silu(gate_proj(h)) * up_proj(h)), h = post_attention_layernorm(hidden)
-			func(b *gpu.Batch) error { return a.normMatMul(b, a.gateUp, a.x, lw.postNorm, lw.gateUp, R, eps) },
+			func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.gateUp, a.x, lw.postNorm, lw.gateUp, R, eps) },
 			func(b *gpu.Batch) error { return kernels.MatMulSwiGLU(b, a.x, a.gateUp, lw.down, R, true) },
 		)
 	}
@@ -243,7 +243,13 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 		steps = append(steps,
 			// The last row of each complete entry: norm, lm_head, argmax.
 			func(b *gpu.Batch) error { return kernels.Embed(b, a.hLast, a.last, a.hiddenRows, ps.lasts) },
-			func(b *gpu.Batch) error { return a.normMatMul(b, a.logits, a.hLast, w.norm, w.head, ps.lasts, eps) },
+			// The vocabulary-sized head normalizes first: its thousands of
+			// workgroups would each normalize the rows again (on lavapipe a
+			// batch-1 step 1.4× slower).
+			func(b *gpu.Batch) error {
+				return kernels.RMSNorm(b, a.hNorm, a.hLast, w.norm, ps.lasts, c.HiddenSize, eps)
+			},
+			func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.hNorm, w.head, ps.lasts, false) },
 			func(b *gpu.Batch) error { return kernels.Argmax(b, a.next, a.logits, ps.lasts, c.VocabSize) },
 		)
 	}
@@ -256,11 +262,11 @@ type activations struct {
 	maxLasts      int
 	ids, seq, pos *gpu.Buffer // (rows) u32
 	last, next    *gpu.Buffer // (lasts) u32: rows to read out, greedy tokens
-	x, h          *gpu.Buffer // (rows, H): the hidden states, and one row normalized
+	x             *gpu.Buffer // (rows, H): the hidden states
 	q, attn       *gpu.Buffer // (rows, heads*D)
 	qkv           *gpu.Buffer // (rows, (heads + 2·kv_heads)·D)
 	gateUp        *gpu.Buffer // (rows, 2I)
-	hLast         *gpu.Buffer // (lasts, H)
+	hLast, hNorm  *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
 	logits        *gpu.Buffer // (lasts, vocab)
 	scratch       *gpu.Buffer // decode attention's splits, grown on demand
 	chained       *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
@@ -290,11 +296,11 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 		// ids and next in whole 16-byte words: StepN copies one to the other.
 		{&a.ids, "ids", (rows + 3) &^ 3}, {&a.seq, "seq", rows}, {&a.pos, "pos", rows},
 		{&a.last, "last", a.maxLasts}, {&a.next, "next", (a.maxLasts + 3) &^ 3},
-		{&a.x, "hidden", rows * H}, {&a.h, "normed", H},
+		{&a.x, "hidden", rows * H},
 		{&a.q, "q", rows * q}, {&a.attn, "attn", rows * q},
 		{&a.qkv, "qkv", rows * (q + 2*kv)},
 		{&a.gateUp, "gate_up", rows * 2 * I},
-		{&a.hLast, "hidden_last", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
+		{&a.hLast, "hidden_last", a.maxLasts * H}, {&a.hNorm, "hidden_last_normed", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
 	} {
 		if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {
 			return nil, fmt.Errorf("activations: %w", err)
@@ -304,21 +310,6 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 	// The hidden states seen as an f32 matrix, so Embed can gather rows.
 	a.hiddenRows = &kernels.Matrix{Name: "hidden", Format: kernels.F32, N: rows, K: H, W: a.x}
 	return a, nil
-}
-
-// normMatMul records out = rmsnorm(x) · Wᵀ for R rows: in one matmul that
-// normalizes as it reads (MatMulNorm) for several rows; for one row, a
-// separate RMSNorm first, so that each of the matvec's many workgroups
-// reads one vector, not x and the norm weight (on lavapipe the fused form
-// was 20 % slower for a decode step at batch 1, 1.9× faster at batch 8).
-func (a *activations) normMatMul(b *gpu.Batch, out, x, weight *gpu.Buffer, w *kernels.Matrix, R int, eps float64) error {
-	if R > 1 {
-		return kernels.MatMulNorm(b, out, x, weight, w, R, eps)
-	}
-	if err := kernels.RMSNorm(b, a.h, x, weight, 1, w.K, eps); err != nil {
-		return err
-	}
-	return kernels.MatMul(b, out, a.h, w, 1, false)
 }
 
 // ensureChain returns StepN's results buffer, grown to at least n bytes.

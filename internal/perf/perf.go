@@ -77,9 +77,11 @@ func CopyBandwidth(d *gpu.Device, bytes uint64, reps int) (float64, uint64, erro
 
 // FMARate runs the arithmetic yardstick (kernels.FMA) and returns f32
 // flops per second: the limit compute-bound work (a prefill's matmuls) is
-// compared with. A first short run sizes the grid so that a dispatch takes
-// a few milliseconds (up to 4,096 workgroups, enough to fill a large GPU;
-// far fewer on a CPU implementation such as lavapipe).
+// compared with. The grid grows fourfold from 16 workgroups until a
+// dispatch takes a few milliseconds or reaches 4,096 workgroups, enough to
+// fill a large GPU (a CPU implementation such as lavapipe stops far
+// earlier). A single probe is not enough to size it: a handful of
+// workgroups on a large GPU measures launch latency, not arithmetic.
 func FMARate(d *gpu.Device, reps int) (float64, error) {
 	maxGroups := min(4096, int(d.Limits().MaxComputeWorkgroupsPerDimension))
 	out, err := d.NewBuffer("fma_out", uint64(maxGroups)*256*4)
@@ -87,21 +89,25 @@ func FMARate(d *gpu.Device, reps int) (float64, error) {
 		return 0, err
 	}
 	defer out.Release()
-	rate := func(groups, reps int) (float64, error) {
-		t, err := run(d, out, reps, func(b *gpu.Batch) error { return kernels.FMA(b, out, groups) })
+	timed := func(groups, reps int) (time.Duration, error) {
+		return run(d, out, reps, func(b *gpu.Batch) error { return kernels.FMA(b, out, groups) })
+	}
+	groups := 16
+	for groups < maxGroups {
+		t, err := timed(groups, 1)
 		if err != nil {
 			return 0, err
 		}
-		return float64(groups*256*kernels.FMAFlops) / t.Seconds(), nil
+		if t > 2*time.Millisecond {
+			break
+		}
+		groups = min(maxGroups, 4*groups)
 	}
-	const probe = 16
-	r, err := rate(probe, 1)
+	t, err := timed(groups, reps)
 	if err != nil {
 		return 0, err
 	}
-	perGroup := float64(256*kernels.FMAFlops) / r // seconds a workgroup at the probe's rate
-	groups := max(probe, min(maxGroups, int(0.005/perGroup)))
-	return rate(groups, reps)
+	return float64(groups*256*kernels.FMAFlops) / t.Seconds(), nil
 }
 
 // MatVec is one int4 matrix × vector measurement.

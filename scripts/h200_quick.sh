@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A shorter performance run on the GPU machine (about 4 minutes) for
+# measuring a kernel change: a random HF-built Qwen3-1.7B in int4, the
+# WebGPU engine's greedy drafts against the CPU reference's, `webdraft
+# bench engine` with the batch plot and the per-kernel profile, and the
+# server under load at concurrency 1 and 32. scripts/h200_perf.sh adds
+# Hugging Face's baseline and the unchained server.
+#
+#   WEBDRAFT=.gpu/webdraft OUT=$OUT bash scripts/h200_quick.sh
+set -u
+W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary}
+OUT=${OUT:?set OUT to a results folder}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+python3 scripts/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/q17hf > "$OUT/ckpt.txt" 2>&1 || { cat "$OUT/ckpt.txt"; exit 1; }
+"$W" convert --in /tmp/q17hf --out /tmp/q17 --quant int4 2>&1 | tail -1
+for ids in 785,3974,13876 1,2,3,4,5,6,7,8,9,10; do
+  a=$("$W" draft --model /tmp/q17 --ids "$ids" --n 16 --backend webgpu 2>>"$OUT/e2e.err")
+  b=$(timeout 100 "$W" draft --model /tmp/q17 --ids "$ids" --n 16 --backend cpu 2>>"$OUT/e2e.err")
+  echo "draft $ids: webgpu $a cpu $b $([ "$a" = "$b" ] && echo SAME || echo DIFFERENT)"
+done | tee "$OUT/e2e.txt"
+"$W" bench engine --model /tmp/q17 --context 1024 --batches ${BATCHES:-1,2,4,8,16,32,64} --steps 32 --prefill 1024 \
+  --svg "$OUT/steps.svg" 2>&1 | grep -v '^time=' | tee "$OUT/engine.txt"
+"$W" bench engine --model /tmp/q17 --context 1024 --batches 1,32 --steps 4 --prefill 64 --copy-mb 256 --profile 2>&1 |
+  sed -n '/GPU time/,$p' | tee "$OUT/profile.txt"
+"$W" serve --model /tmp/q17 --cache-mb 20000 --addr 127.0.0.1:8080 > "$OUT/serve.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/health')" 2>/dev/null && break; sleep 0.5; done
+for c in 1 32; do
+  echo "concurrency $c:"
+  timeout 120 "$W" loadtest --concurrency $c --conversations $((c == 1 ? 8 : 64)) --turns $((c == 1 ? 10 : 4)) --min-prompt 1000 --max-prompt 1024 2>&1 |
+    tee "$OUT/load-c$c.txt"
+done
+kill $pid; wait $pid

@@ -1,0 +1,220 @@
+// gemm_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and many activation
+// rows (batched decode, prefill) — the compute-bound case: each weight is
+// dequantized once per workgroup into workgroup memory and used for BM
+// activation rows, and each thread keeps a TM × 4 tile of outputs in
+// registers, so that one multiply-add costs well under one load.
+//
+// For t < T, n < N:
+//   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
+//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
+// where x' is x, or with SWIGLU = 1 silu(gate) · up from the (T, 2K) output
+// of the stacked gate/up projection, or with NORM = 1 Qwen3's RMSNorm
+// x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps) — the inputs of
+// matmul_int4.wgsl, which handles the shapes this kernel does not.
+//
+// Split-K: with splits > 1, workgroup z sums only inputs [z·kps, (z+1)·kps)
+// and writes its partial sums, unscaled, to out as (splits, T, N), followed
+// by NORM's partial sums of squares as (splits, T) (written by the
+// workgroups of the first column tile); matmul_reduce.wgsl adds them up.
+// That gives a matrix of few rows enough workgroups to fill the GPU.
+//
+// Buffers:
+//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
+//   qweight (N, K/8) u32: column k's code is bits 4(k%8)…4(k%8)+3 of word k/8
+//   scales  (N, K/G) f16, read as u32 pairs
+//   out     rows of ldo f32 (splits = 1), or the split-K partials
+//   norm    (K) f32 RMSNorm weight g (bound but unread when NORM = 0)
+// The Go side uses it when K % 32 = 0 and G % 32 = 0 (a BK-column tile of
+// a row lies in one scale group).
+//
+// Dispatch: (ceil(N / BN), ceil(T / BM), splits) workgroups of 256 threads
+// as a 16 × 16 grid: thread (ty, tx) owns activation rows ty·TM … +TM and
+// features 4tx … 4tx+3 of the workgroup's BM × BN tile. Per BK = 32 inputs,
+// the workgroup stages x' (BM × 32, transposed to [k][t] so a thread reads
+// its TM rows as one vector) and W dequantized (32 × 64 as [k][n]: code −
+// 8 by the exponent trick, bitcast(0x4B000000 | code) − (2²³ + 8), with no
+// int→float conversion) in workgroup memory, then multiplies.
+//
+// Why these sizes: BN = 64 features × BK = 32 inputs is 256 u32 words, one
+// per thread; TM = 4 (BM = 64) for prefill gives 16 outputs a thread, two
+// 16-byte loads per 16 multiply-adds; TM = 2 (BM = 32) for batched decode
+// fits 32 sequences in one tile. Workgroup memory: 32·(BM + 4)·4 bytes of x'
+// (4 of padding per k row spread the transposed stores over the banks) +
+// 8 KiB of W: 12.5 KiB at TM = 2, 16.5 KiB at TM = 4 (the Go side picks
+// TM = 4 only where the device allows it).
+
+const TM: u32 = 2u;                   // activation rows per thread: 2 or 4
+const BM: u32 = 16u * TM;             // activation rows per workgroup
+const BN: u32 = 64u;                  // features per workgroup (4 per thread)
+const BK: u32 = 32u;                  // inputs per stage
+const SX: u32 = BM + 4u;              // the staged x' row stride, floats
+const XS4: u32 = BK * SX / 4u;        // vec4s of staged x'
+const WS4: u32 = BK * BN / 4u;        // vec4s of staged W
+const XLOADS: u32 = BM * BK / 4u / 256u; // vec4s of x' each thread stages (TM / 2)
+const SWIGLU: u32 = 0u;               // 1: x is gate | up, and the input silu(gate)·up
+const NORM: u32 = 0u;                 // 1: the input is rmsnorm(x) · g
+const SQ: u32 = BM * 8u;              // NORM: per row, 8 threads' sums of squares
+
+struct Params {
+    T: u32,          // activation rows
+    N: u32,          // output features (rows of W) in this call
+    K: u32,          // input features, a multiple of 32
+    G: u32,          // group size, a multiple of 32
+    ldo: u32,        // row stride of out, ≥ N (splits = 1)
+    accumulate: u32, // 1: add into out (splits = 1)
+    eps: f32,        // RMSNorm's epsilon (NORM = 1, splits = 1)
+    splits: u32,     // workgroups along K (grid z)
+    kps: u32,        // inputs per split, a multiple of BK
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> qweight: array<u32>;
+@group(0) @binding(3) var<storage, read> scales: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
+
+var<workgroup> xs: array<vec4<f32>, XS4>; // x'[t0 + t][k0 + k] at float k·SX + t
+var<workgroup> ws: array<vec4<f32>, WS4>; // W[n0 + n][k0 + k] at float k·BN + n
+var<workgroup> sq: array<f32, SQ>;
+var<workgroup> inv_rms: array<f32, BM>;
+
+const MAGIC: u32 = 0x4B000000u; // the bits of 2²³: a code ORed in is 2²³ + code
+const BIAS: f32 = 8388616.0;    // 2²³ + 8
+
+fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    return g / (1.0 + exp(-g)) * u;
+}
+
+fn scale(i: u32) -> f32 {
+    let pair = unpack2x16float(scales[i >> 1u]);
+    return select(pair.x, pair.y, (i & 1u) == 1u);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    let n0 = wid.x * BN;
+    let t0 = wid.y * BM;
+    let kbeg = wid.z * p.kps;
+    let kend = min(p.K, kbeg + p.kps);
+    let words = p.K / 8u;
+    let groups = p.K / p.G;
+    // The W word this thread stages: row wn, word wj of the tile's 4.
+    let wn = lid % BN;
+    let wj = lid / BN;
+    let wrow = min(n0 + wn, p.N - 1u); // rows past N repeat row N-1; not written
+
+    var acc: array<vec4<f32>, TM>;
+    var ss: array<f32, XLOADS>;
+    for (var k0 = kbeg; k0 < kend; k0 += BK) {
+        // x'[t0 + t][k0 + 4kq … +4] → xs, transposed; rows past T repeat row T-1.
+        for (var i = 0u; i < XLOADS; i++) {
+            let idx = lid + i * 256u;
+            let t = idx / 8u;
+            let kq = idx % 8u;
+            let row = min(t0 + t, p.T - 1u);
+            var v: vec4<f32>;
+            if SWIGLU == 1u {
+                let g = row * (p.K / 2u) + k0 / 4u + kq; // gate; up is K/4 vec4s further
+                v = swiglu(x[g], x[g + p.K / 4u]);
+            } else {
+                v = x[row * (p.K / 4u) + k0 / 4u + kq];
+            }
+            if NORM == 1u {
+                ss[i] += dot(v, v);
+                v *= norm[k0 / 4u + kq];
+            }
+            for (var e = 0u; e < 4u; e++) {
+                let f = (4u * kq + e) * SX + t;
+                xs[f / 4u][f % 4u] = v[e];
+            }
+        }
+        // W[wrow][k0 + 8wj … +8], dequantized → ws.
+        let q = qweight[wrow * words + k0 / 8u + wj];
+        let s = scale(wrow * groups + k0 / p.G);
+        let lo = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
+        let hi = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
+        for (var e = 0u; e < 4u; e++) {
+            let f = (8u * wj + e) * BN + wn;
+            ws[f / 4u][f % 4u] = lo[e] * s;
+            let h = f + 4u * BN;
+            ws[h / 4u][h % 4u] = hi[e] * s;
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < BK; k++) {
+            let b = ws[k * (BN / 4u) + tx];
+            let a = xs[(k * SX + ty * TM) / 4u];
+            for (var m = 0u; m < TM; m++) {
+                acc[m] += a[(ty * TM) % 4u + m] * b;
+            }
+        }
+        workgroupBarrier();
+    }
+
+    if p.splits > 1u {
+        // Partial sums (and sums of squares) for matmul_reduce.wgsl.
+        let base = wid.z * p.T * p.N;
+        for (var m = 0u; m < TM; m++) {
+            let t = t0 + ty * TM + m;
+            for (var e = 0u; e < 4u; e++) {
+                let n = n0 + 4u * tx + e;
+                if t < p.T && n < p.N {
+                    out[base + t * p.N + n] = acc[m][e];
+                }
+            }
+        }
+        if NORM == 1u && wid.x == 0u {
+            for (var i = 0u; i < XLOADS; i++) {
+                sq[lid + i * 256u] = ss[i]; // row (lid + 256i) / 8's eighth
+            }
+            workgroupBarrier();
+            if lid < BM && t0 + lid < p.T {
+                var v = 0.0;
+                for (var j = 0u; j < 8u; j++) {
+                    v += sq[lid * 8u + j];
+                }
+                out[p.splits * p.T * p.N + wid.z * p.T + t0 + lid] = v;
+            }
+        }
+        return;
+    }
+
+    if NORM == 1u {
+        // inv_rms of each row from the 8 threads that staged it.
+        for (var i = 0u; i < XLOADS; i++) {
+            sq[lid + i * 256u] = ss[i]; // row (lid + 256i) / 8's eighth
+        }
+        workgroupBarrier();
+        if lid < BM {
+            var v = 0.0;
+            for (var j = 0u; j < 8u; j++) {
+                v += sq[lid * 8u + j];
+            }
+            inv_rms[lid] = 1.0 / sqrt(v / f32(p.K) + p.eps);
+        }
+        workgroupBarrier();
+    }
+    for (var m = 0u; m < TM; m++) {
+        let t = t0 + ty * TM + m;
+        var v = acc[m];
+        if NORM == 1u {
+            v *= inv_rms[ty * TM + m];
+        }
+        for (var e = 0u; e < 4u; e++) {
+            let n = n0 + 4u * tx + e;
+            if t < p.T && n < p.N {
+                let o = t * p.ldo + n;
+                var r = v[e];
+                if p.accumulate != 0u {
+                    r += out[o];
+                }
+                out[o] = r;
+            }
+        }
+    }
+}

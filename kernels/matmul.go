@@ -46,7 +46,7 @@ const (
 const (
 	matVecLanes  = 16
 	matVecRows   = 16
-	matVecMaxT   = 4
+	matVecMaxT   = 8
 	matVecStaged = 2048
 )
 
@@ -58,13 +58,23 @@ func matVecTT(w *Matrix, T int, maxGroups uint32) uint32 {
 		divCeil(w.N, matVecRows) > maxGroups {
 		return 0
 	}
-	if T == 1 {
-		return 1
+	tt := uint32(1)
+	for tt < uint32(T) {
+		tt *= 2
 	}
-	if T == 2 {
-		return 2
+	return tt
+}
+
+// matVecChunk returns how many input columns matvec_int4.wgsl stages at a
+// time for tt rows: matVecStaged values in all, fewer where the device's
+// workgroup memory (staged input, then tt·WG partial sums and the norm's
+// tt·ROWS sums) would not hold them.
+func matVecChunk(tt, limit uint32) uint32 {
+	kc := uint32(matVecStaged) / tt
+	for kc > 32 && 4*(tt*kc+tt*matVecLanes*matVecRows+tt*matVecRows+tt) > limit {
+		kc /= 2
 	}
-	return 4
+	return kc
 }
 
 // matMulTT returns the activation rows per workgroup for T rows: 1 for
@@ -245,7 +255,7 @@ func (c *matMulCall) rowKernel(blk rowBlock, out gpu.Binding) error {
 	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows)}
 	if vt := matVecTT(w, T, d.Limits().MaxComputeWorkgroupsPerDimension); vt > 0 {
 		k, tt, rows = matVecInt4, vt, matVecRows
-		consts = gpu.Consts{"TT": tt, "KC": matVecStaged / tt}
+		consts = gpu.Consts{"TT": tt, "KC": matVecChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize)}
 	}
 	p, err := d.Pipeline(k, c.consts(consts))
 	if err != nil {

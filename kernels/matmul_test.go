@@ -69,6 +69,16 @@ func TestMatMulTallHead(t *testing.T) {
 	}
 }
 
+func TestMatVecChunk(t *testing.T) {
+	for _, c := range []struct{ tt, limit, want uint32 }{
+		{1, 16 << 10, 2048}, {4, 16 << 10, 512}, {8, 16 << 10, 128}, {8, 48 << 10, 256},
+	} {
+		if got := matVecChunk(c.tt, c.limit); got != c.want {
+			t.Errorf("matVecChunk(%d, %d) = %d, want %d", c.tt, c.limit, got, c.want)
+		}
+	}
+}
+
 // TestMatMulUnsplit: a matrix with enough column tiles that gemm_int4.wgsl
 // runs unsplit, writing (and normalizing, and accumulating) out itself.
 func TestMatMulUnsplit(t *testing.T) {

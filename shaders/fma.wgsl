@@ -39,14 +39,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let m = vec4<f32>(p.m);
     let c = vec4<f32>(p.c);
     for (var i = 0u; i < ITERS; i++) {
-        a0 = fma(a0, m, c);
-        a1 = fma(a1, m, c);
-        a2 = fma(a2, m, c);
-        a3 = fma(a3, m, c);
-        a4 = fma(a4, m, c);
-        a5 = fma(a5, m, c);
-        a6 = fma(a6, m, c);
-        a7 = fma(a7, m, c);
+        a0 = a0 * m + c;
+        a1 = a1 * m + c;
+        a2 = a2 * m + c;
+        a3 = a3 * m + c;
+        a4 = a4 * m + c;
+        a5 = a5 * m + c;
+        a6 = a6 * m + c;
+        a7 = a7 * m + c;
     }
     let s = (a0 + a1) + (a2 + a3) + (a4 + a5) + (a6 + a7);
     out[gid.x] = s.x + s.y + s.z + s.w;

@@ -148,9 +148,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
         for (var k = 0u; k < BK; k++) {
             let b = ws[k * (BN / 4u) + tx];
-            let a = xs[(k * SX + ty * TM) / 4u];
+            // This thread's TM rows of x'[k]: a whole vec4 at TM = 4, its
+            // half at TM = 2 — picked by select, not by a lane-dependent
+            // index into a vector (which would go through local memory).
+            var a = xs[(k * SX + ty * TM) / 4u];
+            if TM == 2u {
+                let h = select(a.xy, a.zw, (ty & 1u) == 1u);
+                a = vec4<f32>(h, h);
+            }
             for (var m = 0u; m < TM; m++) {
-                acc[m] += a[(ty * TM) % 4u + m] * b;
+                acc[m] += a[m] * b;
             }
         }
         workgroupBarrier();

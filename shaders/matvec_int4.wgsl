@@ -1,5 +1,5 @@
 // matvec_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and a few
-// activation rows (T ≤ TT ≤ 4: decode at small batch, the logits head) —
+// activation rows (T ≤ TT ≤ 8: decode at small batch, the logits head) —
 // the memory-bound case, where the whole job is to stream W at full
 // bandwidth and spend as few instructions as possible per weight.
 //
@@ -30,20 +30,21 @@
 // the exponent trick — bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8
 // exactly in two integer ops and a subtraction, no int→float conversion
 // (a quarter-rate instruction) — and multiplies them with x' from
-// workgroup memory. Lanes read x' rotated by their lane index, so the eight
-// lanes of a quarter-warp touch eight different bank quads. Finally each
-// (row, activation row) adds up its LANES partial sums.
+// workgroup memory, stored swizzled so that the eight lanes of a
+// quarter-warp touch eight different bank quads. Finally each (row,
+// activation row) adds up its LANES partial sums.
 //
 // Why these sizes: 16 lanes of 16-byte loads read a Qwen3-1.7B row of 2048
 // inputs (1 KiB) in 4 independent loads per thread, and 16 rows a
 // workgroup give 128…768 workgroups for its projections (the H200 has 132
-// SMs); KC·TT·4 bytes of staged input (8 KiB) leave room for several
-// workgroups per SM within any device's 16 KiB default.
+// SMs); KC·TT·4 bytes of staged input (8 KiB; less at TT = 8 where the
+// device's workgroup memory would not also hold the TT·WG partial sums)
+// leave room for several workgroups per SM.
 
 const LANES: u32 = 16u;             // threads per weight row
 const ROWS: u32 = 16u;              // weight rows per workgroup
 const WG: u32 = 256u;               // ROWS · LANES
-const TT: u32 = 1u;                 // activation rows the workgroup holds (T ≤ TT)
+const TT: u32 = 1u;                 // activation rows the workgroup holds (T ≤ TT ≤ 8)
 const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32
 const SWIGLU: u32 = 0u;             // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;               // 1: the input is rmsnorm(x) · g
@@ -84,6 +85,15 @@ fn codes(w: u32, shift: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - BIAS;
 }
 
+// swizzle places vec4 j = 8v + m of a staged row at 8v + (m + v) % 8: the
+// eight lanes of a quarter-warp read the same m of eight consecutive v at
+// once, which would otherwise all fall in one bank quad (a stride of 128
+// bytes). The weights' own order stays fixed, so no register is indexed
+// by a lane-dependent value (which would send the vector to local memory).
+fn swizzle(j: u32) -> u32 {
+    return (j & ~7u) | ((j + (j >> 3u)) & 7u);
+}
+
 fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
     return g / (1.0 + exp(-g)) * u;
 }
@@ -101,7 +111,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let row_vec4s = p.K / 32u;
     let groups = p.K / p.G;
     let vec4s_per_group = p.G / 32u;
-    let rot = lane & 7u;
 
     var acc = array<f32, TT>();
     var ss = array<f32, TT>();
@@ -122,7 +131,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     ss[t] += dot(v, v);
                     v *= norm[c0 / 4u + j];
                 }
-                xs[t * (KC / 4u) + j] = v;
+                xs[t * (KC / 4u) + swizzle(j)] = v;
             }
         }
         workgroupBarrier();
@@ -131,11 +140,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let q = qweight[n * row_vec4s + gv];
             let s = scale(n * groups + gv / vec4s_per_group);
             var dots = array<f32, TT>();
-            for (var m = 0u; m < 8u; m++) {
-                let mm = (m + rot) & 7u; // x'[8v+mm] holds columns 32v + 4mm …
-                let w = codes(q[mm >> 1u], (mm & 1u) * 16u);
+            for (var m = 0u; m < 8u; m++) { // columns 32v + 4m … 32v + 4m + 3
+                let w = codes(q[m >> 1u], (m & 1u) * 16u);
                 for (var t = 0u; t < TT; t++) {
-                    dots[t] += dot(w, xs[t * (KC / 4u) + v * 8u + mm]);
+                    dots[t] += dot(w, xs[t * (KC / 4u) + swizzle(8u * v + m)]);
                 }
             }
             for (var t = 0u; t < TT; t++) {

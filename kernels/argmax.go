@@ -7,10 +7,20 @@ import (
 	"webdraft/shaders"
 )
 
-var argmax = gpu.Kernel{
-	Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "main", ParamsSize: 16,
-	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // logits, ids
-}
+var (
+	argmaxPartial = gpu.Kernel{
+		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "partial", ParamsSize: 16,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids
+	}
+	argmaxMerge = gpu.Kernel{
+		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "merge", ParamsSize: 16,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids
+	}
+)
+
+// argmaxChunk is how many logits one workgroup of argmax.wgsl's first
+// pass covers (its CHUNK).
+const argmaxChunk = 4096
 
 // ArgmaxNaN is the id Argmax writes for a row that holds a NaN.
 const ArgmaxNaN = 0xffffffff
@@ -31,13 +41,25 @@ func Argmax(b *gpu.Batch, ids, logits *gpu.Buffer, T, V int) error {
 	if err := need(op, "ids", ids, T); err != nil {
 		return err
 	}
-	p, err := b.Device().Pipeline(argmax, nil)
+	d := b.Device()
+	chunks := (V + argmaxChunk - 1) / argmaxChunk
+	scratch, err := d.Scratch(uint64(T*chunks) * 8)
 	if err != nil {
 		return err
 	}
-	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), ids.Slice(0, uint64(T)*4)}
-	if err := b.Dispatch(p, []uint32{uint32(T), uint32(V), 0, 0}, binds, uint32(T), 1, 1); err != nil {
-		return fmt.Errorf("kernels: %s: %w", op, err)
+	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*8), ids.Slice(0, uint64(T)*4)}
+	params := []uint32{uint32(T), uint32(V), uint32(chunks), 0}
+	for _, pass := range []struct {
+		k    gpu.Kernel
+		x, y int
+	}{{argmaxPartial, chunks, T}, {argmaxMerge, T, 1}} {
+		p, err := d.Pipeline(pass.k, nil)
+		if err != nil {
+			return err
+		}
+		if err := b.Dispatch(p, params, binds, uint32(pass.x), uint32(pass.y), 1); err != nil {
+			return fmt.Errorf("kernels: %s: %w", op, err)
+		}
 	}
 	return nil
 }

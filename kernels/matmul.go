@@ -46,7 +46,7 @@ const (
 const (
 	matVecLanes  = 16
 	matVecRows   = 16
-	matVecMaxT   = 8
+	matVecMaxT   = 4
 	matVecStaged = 2048
 )
 
@@ -68,10 +68,11 @@ func matVecTT(w *Matrix, T int, maxGroups uint32) uint32 {
 // matVecChunk returns how many input columns matvec_int4.wgsl stages at a
 // time for tt rows: matVecStaged values in all, fewer where the device's
 // workgroup memory (staged input, then tt·WG partial sums and the norm's
-// tt·ROWS sums) would not hold them.
+// tt·ROWS sums) would not hold them — but at least one 32-column vec4 per
+// lane (at tt ≤ 4 WebGPU's default 16 KiB always holds that).
 func matVecChunk(tt, limit uint32) uint32 {
 	kc := uint32(matVecStaged) / tt
-	for kc > 32 && 4*(tt*kc+tt*matVecLanes*matVecRows+tt*matVecRows+tt) > limit {
+	for kc > 32*matVecLanes && 4*(tt*kc+tt*matVecLanes*matVecRows+tt*matVecRows+tt) > limit {
 		kc /= 2
 	}
 	return kc
@@ -255,7 +256,11 @@ func (c *matMulCall) rowKernel(blk rowBlock, out gpu.Binding) error {
 	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows)}
 	if vt := matVecTT(w, T, d.Limits().MaxComputeWorkgroupsPerDimension); vt > 0 {
 		k, tt, rows = matVecInt4, vt, matVecRows
-		consts = gpu.Consts{"TT": tt, "KC": matVecChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize)}
+		// No longer than the row (rounded to a vec4 a lane): each thread
+		// loads KC / 32 / LANES weight vec4s a chunk, and one past the row
+		// would only be skipped.
+		kc := min(matVecChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), 32*matVecLanes)))
+		consts = gpu.Consts{"TT": tt, "KC": kc}
 	}
 	p, err := d.Pipeline(k, c.consts(consts))
 	if err != nil {

@@ -71,7 +71,7 @@ func TestMatMulTallHead(t *testing.T) {
 
 func TestMatVecChunk(t *testing.T) {
 	for _, c := range []struct{ tt, limit, want uint32 }{
-		{1, 16 << 10, 2048}, {4, 16 << 10, 512}, {8, 16 << 10, 128}, {8, 48 << 10, 256},
+		{1, 16 << 10, 2048}, {2, 16 << 10, 1024}, {4, 16 << 10, 512}, {4, 8 << 10, 512},
 	} {
 		if got := matVecChunk(c.tt, c.limit); got != c.want {
 			t.Errorf("matVecChunk(%d, %d) = %d, want %d", c.tt, c.limit, got, c.want)

@@ -160,18 +160,22 @@ func TestArgmax(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	for _, V := range []int{1, 1 + r.IntN(5000), 151936} {
-		T := []int{1, 3, 17}[r.IntN(3)]
+		T := []int{4, 5, 17}[r.IntN(3)] // every kind of row below
 		t.Run(fmt.Sprintf("T%d_V%d", T, V), func(t *testing.T) {
 			logits := randVec(r, T*V, 5)
 			for row := range T {
 				l := logits[row*V : (row+1)*V]
-				switch row % 3 {
+				switch row % 4 {
 				case 1: // a tie for the maximum: the first index must win
 					i, j := r.IntN(V), r.IntN(V)
 					l[i], l[j] = 100, 100
 				case 2:
 					if V > 1 {
 						l[r.IntN(V)] = float32(math.NaN())
+					}
+				case 3: // all equal, across every chunk: index 0
+					for i := range l {
+						l[i] = -2
 					}
 				}
 			}

@@ -27,7 +27,7 @@ pid=$!
 for _ in $(seq 100); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/health')" 2>/dev/null && break; sleep 0.5; done
 for c in 1 32; do
   echo "concurrency $c:"
-  timeout 120 "$W" loadtest --concurrency $c --conversations $((c == 1 ? 8 : 64)) --turns $((c == 1 ? 10 : 4)) --min-prompt 1000 --max-prompt 1024 2>&1 |
+  timeout 120 "$W" loadtest --concurrency $c --conversations $((c == 1 ? 8 : 64)) --turns 10 --min-prompt 1000 --max-prompt 1024 2>&1 |
     tee "$OUT/load-c$c.txt"
 done
 kill $pid; wait $pid

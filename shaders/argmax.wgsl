@@ -3,67 +3,120 @@
 // torch.argmax and reference.Argmax). A row holding a NaN yields
 // 0xffffffff, which the host turns into an error.
 //
+// Two entry points, dispatched one after the other, so that a
+// vocabulary-sized row is read by many workgroups at once rather than by
+// one (which spent ~85 µs on a 151,936-logit row on the H200, waiting on
+// one load after another):
+//   partial: workgroup (c, t) finds the best of logits[t][c·CHUNK, (c+1)·CHUNK)
+//            — each thread PER values, independent loads, coalesced — and
+//            writes it as cand[t·chunks + c] = (value bits, index), index
+//            NAN_SEEN if the chunk holds a NaN.
+//   merge:   workgroup t merges the row's chunks candidates into ids[t].
+// Both reduce through a tree in workgroup memory, ties to the lower index.
+//
 // Buffers:
 //   logits (T, V) f32
+//   cand   (T, chunks) vec2<u32>
 //   ids    (T) u32
 //
-// Dispatch: (T, 1, 1) workgroups of WG threads, one row each: thread i
-// scans v = i, i+WG, … (coalesced) keeping its best (value, index), then a
-// tree in workgroup memory merges the WG candidates, ties to the lower
-// index. WG = 256: a 151936-word row is ~600 strided loads per thread, and
-// 256 threads keep enough loads in flight on one compute unit.
+// Dispatch: partial (chunks, T, 1), merge (T, 1, 1); WG = 256 threads, and
+// CHUNK = WG·PER = 4,096 logits (a 151,936-word row: 38 workgroups).
 
 const WG: u32 = 256u;
-const NONE: u32 = 0xffffffffu;
+const PER: u32 = 16u;
+const CHUNK: u32 = WG * PER;
+const NONE: u32 = 0xffffffffu;     // no candidate; ids' NaN mark
+const NAN_SEEN: u32 = 0xfffffffeu; // a candidate's index when its chunk held a NaN
 
 struct Params {
     T: u32,
     V: u32,
+    chunks: u32, // ceil(V / CHUNK)
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(2) var<storage, read_write> cand: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read_write> ids: array<u32>;
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 var<workgroup> nan_seen: array<u32, WG>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let base = wid.x * p.V;
-    var bv = 0.0;
-    var bi = NONE; // no candidate yet
-    var nan = 0u;
-    for (var v = lid; v < p.V; v += WG) {
-        let x = logits[base + v];
-        if (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u { // NaN (x != x may be folded away)
-            nan = 1u;
-        } else if bi == NONE || x > bv {
-            bv = x;
-            bi = v;
-        }
-    }
+// better reports whether candidate (ov, oi) beats (v, i): NONE loses to
+// everything; a larger value wins, an equal one with a lower index.
+fn better(ov: f32, oi: u32, v: f32, i: u32) -> bool {
+    return oi != NONE && (i == NONE || ov > v || (ov == v && oi < i));
+}
+
+// reduce merges the WG threads' candidates (and NaN flags) into slot 0.
+fn reduce(lid: u32, bv: f32, bi: u32, nan: u32) {
     best_v[lid] = bv;
     best_i[lid] = bi;
     nan_seen[lid] = nan;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
         if lid < stride {
-            let ov = best_v[lid + stride];
-            let oi = best_i[lid + stride];
-            let mine = best_i[lid];
-            if oi != NONE && (mine == NONE || ov > best_v[lid] || (ov == best_v[lid] && oi < mine)) {
-                best_v[lid] = ov;
-                best_i[lid] = oi;
+            if better(best_v[lid + stride], best_i[lid + stride], best_v[lid], best_i[lid]) {
+                best_v[lid] = best_v[lid + stride];
+                best_i[lid] = best_i[lid + stride];
             }
             nan_seen[lid] |= nan_seen[lid + stride];
         }
         workgroupBarrier();
     }
+}
+
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; // (x != x may be folded away)
+}
+
+@compute @workgroup_size(WG)
+fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.y;
+    let v0 = wid.x * CHUNK + lid;
+    var xs: array<f32, PER>;
+    for (var i = 0u; i < PER; i++) { // all loads first, then the compares
+        xs[i] = logits[t * p.V + min(v0 + i * WG, p.V - 1u)];
+    }
+    var bv = 0.0;
+    var bi = NONE;
+    var nan = 0u;
+    for (var i = 0u; i < PER; i++) {
+        let v = v0 + i * WG;
+        if v < p.V {
+            if is_nan(xs[i]) {
+                nan = 1u;
+            } else if better(xs[i], v, bv, bi) {
+                bv = xs[i];
+                bi = v;
+            }
+        }
+    }
+    reduce(lid, bv, bi, nan);
     if lid == 0u {
-        ids[wid.x] = select(best_i[0], NONE, nan_seen[0] != 0u);
+        cand[t * p.chunks + wid.x] = vec2<u32>(bitcast<u32>(best_v[0]), select(best_i[0], NAN_SEEN, nan_seen[0] != 0u));
+    }
+}
+
+@compute @workgroup_size(WG)
+fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x;
+    var bv = 0.0;
+    var bi = NONE;
+    var nan = 0u;
+    for (var c = lid; c < p.chunks; c += WG) { // chunks in order: ties keep the lower index
+        let o = cand[t * p.chunks + c];
+        if o.y == NAN_SEEN {
+            nan = 1u;
+        } else if better(bitcast<f32>(o.x), o.y, bv, bi) {
+            bv = bitcast<f32>(o.x);
+            bi = o.y;
+        }
+    }
+    reduce(lid, bv, bi, nan);
+    if lid == 0u {
+        ids[t] = select(best_i[0], NONE, nan_seen[0] != 0u);
     }
 }

@@ -33,7 +33,9 @@
 // the workgroup stages x' (BM × 32, transposed to [k][t] so a thread reads
 // its TM rows as one vector) and W dequantized (32 × 64 as [k][n]: code −
 // 8 by the exponent trick, bitcast(0x4B000000 | code) − (2²³ + 8), with no
-// int→float conversion) in workgroup memory, then multiplies.
+// int→float conversion) in workgroup memory, then multiplies — with the
+// next tile's global loads already issued into registers, so that their
+// latency hides behind the multiply.
 //
 // Why these sizes: BN = 64 features × BK = 32 inputs is 256 u32 words, one
 // per thread; TM = 4 (BM = 64) for prefill gives 16 outputs a thread, two
@@ -94,6 +96,40 @@ fn scale(i: u32) -> f32 {
     return select(pair.x, pair.y, (i & 1u) == 1u);
 }
 
+// The next tile's global loads, held in registers (private variables):
+// prefetch issues them before the multiply of the current tile so that
+// their latency hides behind it. xa is x (or gate), xb up (SWIGLU), xg the
+// norm weight (NORM), for each staging slot of the thread; q and s its W
+// word and scale.
+var<private> xa: array<vec4<f32>, XLOADS>;
+var<private> xb: array<vec4<f32>, XLOADS>;
+var<private> xg: array<vec4<f32>, XLOADS>;
+var<private> q: u32;
+var<private> s: f32;
+
+// prefetch loads tile k0's inputs for thread lid of the workgroup whose
+// tile starts at row t0 (rows past T repeat row T-1) and W row wrow.
+fn prefetch(k0: u32, t0: u32, lid: u32, wrow: u32) {
+    for (var i = 0u; i < XLOADS; i++) {
+        let idx = lid + i * 256u;
+        let row = min(t0 + idx / 8u, p.T - 1u);
+        let kq = idx % 8u;
+        if SWIGLU == 1u {
+            let g = row * (p.K / 2u) + k0 / 4u + kq; // gate; up is K/4 vec4s further
+            xa[i] = x[g];
+            xb[i] = x[g + p.K / 4u];
+        } else {
+            xa[i] = x[row * (p.K / 4u) + k0 / 4u + kq];
+        }
+        if NORM == 1u {
+            xg[i] = norm[k0 / 4u + kq];
+        }
+    }
+    let wj = lid / BN;
+    q = qweight[wrow * (p.K / 8u) + k0 / 8u + wj];
+    s = scale(wrow * (p.K / p.G) + k0 / p.G);
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let tx = lid % 16u;
@@ -102,8 +138,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t0 = wid.y * BM;
     let kbeg = wid.z * p.kps;
     let kend = min(p.K, kbeg + p.kps);
-    let words = p.K / 8u;
-    let groups = p.K / p.G;
     // The W word this thread stages: row wn, word wj of the tile's 4.
     let wn = lid % BN;
     let wj = lid / BN;
@@ -112,22 +146,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var acc: array<vec4<f32>, TM>;
     var ss: array<f32, XLOADS>;
     for (var k0 = kbeg; k0 < kend; k0 += BK) {
-        // x'[t0 + t][k0 + 4kq … +4] → xs, transposed; rows past T repeat row T-1.
+        if k0 == kbeg { // the first tile: nothing to hide its loads behind
+            prefetch(k0, t0, lid, wrow);
+        }
+        // x'[t0 + t][k0 + 4kq … +4] → xs, transposed.
         for (var i = 0u; i < XLOADS; i++) {
             let idx = lid + i * 256u;
             let t = idx / 8u;
             let kq = idx % 8u;
-            let row = min(t0 + t, p.T - 1u);
-            var v: vec4<f32>;
+            var v = xa[i];
             if SWIGLU == 1u {
-                let g = row * (p.K / 2u) + k0 / 4u + kq; // gate; up is K/4 vec4s further
-                v = swiglu(x[g], x[g + p.K / 4u]);
-            } else {
-                v = x[row * (p.K / 4u) + k0 / 4u + kq];
+                v = swiglu(xa[i], xb[i]);
             }
             if NORM == 1u {
                 ss[i] += dot(v, v);
-                v *= norm[k0 / 4u + kq];
+                v *= xg[i];
             }
             for (var e = 0u; e < 4u; e++) {
                 let f = (4u * kq + e) * SX + t;
@@ -135,8 +168,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         // W[wrow][k0 + 8wj … +8], dequantized → ws.
-        let q = qweight[wrow * words + k0 / 8u + wj];
-        let s = scale(wrow * groups + k0 / p.G);
         let lo = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
         let hi = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
         for (var e = 0u; e < 4u; e++) {
@@ -146,6 +177,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             ws[h / 4u][h % 4u] = hi[e] * s;
         }
         workgroupBarrier();
+        let k1 = k0 + BK;
+        if k1 < kend {
+            prefetch(k1, t0, lid, wrow);
+        }
         for (var k = 0u; k < BK; k++) {
             let b = ws[k * (BN / 4u) + tx];
             // This thread's TM rows of x'[k]: a whole vec4 at TM = 4, its

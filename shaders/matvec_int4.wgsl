@@ -1,5 +1,5 @@
 // matvec_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and a few
-// activation rows (T ≤ TT ≤ 8: decode at small batch, the logits head) —
+// activation rows (T ≤ TT ≤ 4: decode at small batch, the logits head) —
 // the memory-bound case, where the whole job is to stream W at full
 // bandwidth and spend as few instructions as possible per weight.
 //
@@ -37,18 +37,19 @@
 // Why these sizes: 16 lanes of 16-byte loads read a Qwen3-1.7B row of 2048
 // inputs (1 KiB) in 4 independent loads per thread, and 16 rows a
 // workgroup give 128…768 workgroups for its projections (the H200 has 132
-// SMs); KC·TT·4 bytes of staged input (8 KiB; less at TT = 8 where the
-// device's workgroup memory would not also hold the TT·WG partial sums)
-// leave room for several workgroups per SM.
+// SMs); KC·TT·4 bytes of staged input (8 KiB) leave room for several
+// workgroups per SM. A thread loads its weights of a chunk (KC / 32 /
+// LANES vec4s) before staging x', so that their latency overlaps it.
 
 const LANES: u32 = 16u;             // threads per weight row
 const ROWS: u32 = 16u;              // weight rows per workgroup
 const WG: u32 = 256u;               // ROWS · LANES
-const TT: u32 = 1u;                 // activation rows the workgroup holds (T ≤ TT ≤ 8)
+const TT: u32 = 1u;                 // activation rows the workgroup holds (T ≤ TT ≤ 4)
 const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32
 const SWIGLU: u32 = 0u;             // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;               // 1: the input is rmsnorm(x) · g
 const STAGED: u32 = TT * KC / 4u;   // vec4s of staged input
+const WPT: u32 = KC / 32u / LANES;  // weight vec4s a thread reads per chunk (KC a multiple of 32·LANES)
 const PARTIAL: u32 = TT * WG;       // one partial sum per (activation row, thread)
 const SUMSQ: u32 = TT * ROWS;       // NORM's sums of squares, LANES threads' each
 
@@ -114,8 +115,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     var acc = array<f32, TT>();
     var ss = array<f32, TT>();
+    var wq: array<vec4<u32>, WPT>; // this thread's weights of a chunk
+    var wscale: array<f32, WPT>;   // and their scales
     for (var c0 = 0u; c0 < p.K; c0 += KC) {
         let kc4 = min(KC, p.K - c0) / 4u; // vec4s of x' per row in this chunk
+        // This thread's weights of the chunk, loaded first: they do not
+        // depend on x', so their latency hides behind its staging.
+        for (var j = 0u; j < WPT; j++) {
+            let v = lane + j * LANES;
+            if v < kc4 / 8u {
+                let gv = c0 / 32u + v; // the vec4's index within the row
+                wq[j] = qweight[n * row_vec4s + gv];
+                wscale[j] = scale(n * groups + gv / vec4s_per_group);
+            }
+        }
         // Stage x'[t][c0 … c0+kc) for t < TT; rows past T repeat row T-1.
         for (var t = 0u; t < TT; t++) {
             let row = min(t, p.T - 1u);
@@ -135,19 +148,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         workgroupBarrier();
-        for (var v = lane; v < kc4 / 8u; v += LANES) {
-            let gv = c0 / 32u + v; // the vec4's index within the row
-            let q = qweight[n * row_vec4s + gv];
-            let s = scale(n * groups + gv / vec4s_per_group);
-            var dots = array<f32, TT>();
-            for (var m = 0u; m < 8u; m++) { // columns 32v + 4m … 32v + 4m + 3
-                let w = codes(q[m >> 1u], (m & 1u) * 16u);
-                for (var t = 0u; t < TT; t++) {
-                    dots[t] += dot(w, xs[t * (KC / 4u) + swizzle(8u * v + m)]);
+        for (var j = 0u; j < WPT; j++) {
+            let v = lane + j * LANES;
+            if v < kc4 / 8u {
+                var dots = array<f32, TT>();
+                for (var m = 0u; m < 8u; m++) { // columns 32v + 4m … 32v + 4m + 3
+                    let w = codes(wq[j][m >> 1u], (m & 1u) * 16u);
+                    for (var t = 0u; t < TT; t++) {
+                        dots[t] += dot(w, xs[t * (KC / 4u) + swizzle(8u * v + m)]);
+                    }
                 }
-            }
-            for (var t = 0u; t < TT; t++) {
-                acc[t] += s * dots[t];
+                for (var t = 0u; t < TT; t++) {
+                    acc[t] += wscale[j] * dots[t];
+                }
             }
         }
         workgroupBarrier();

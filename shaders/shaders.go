@@ -26,7 +26,7 @@ import _ "embed"
 //go:embed matmul_int4.wgsl
 var MatMulInt4 string
 
-// MatVecInt4 is matvec_int4.wgsl: out (+)= x · Wᵀ for int4 W and T ≤ 8 rows.
+// MatVecInt4 is matvec_int4.wgsl: out (+)= x · Wᵀ for int4 W and T ≤ 4 rows.
 //
 //go:embed matvec_int4.wgsl
 var MatVecInt4 string

@@ -176,9 +176,10 @@ func (c *KVCache) DecodeSplits(T, heads, maxLen int) int {
 	return (maxLen + chunk - 1) / chunk
 }
 
-// DecodeScratch is the number of f32 values AttentionDecode's scratch
-// buffer needs for T rows of heads query heads and contexts of up to maxLen
-// positions: (T, heads, splits, D + 2).
+// DecodeScratch is the number of f32 values AttentionDecode keeps in the
+// device's scratch buffer between its two dispatches, for T rows of heads
+// query heads and contexts of up to maxLen positions: (T, heads, splits,
+// D + 2).
 func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
 	return T * heads * c.DecodeSplits(T, heads, maxLen) * (c.D + 2)
 }
@@ -212,11 +213,11 @@ func (c *KVCache) decodeMemory(heads, chunk int) int {
 //	q        (T, heads, D) f32, after q_norm and RoPE
 //	seq, pos (T) u32: row t attends to positions 0 … pos[t] of slot seq[t]
 //	maxLen   ≥ pos[t]+1 for every row (a row beyond it comes out NaN)
-//	scratch  ≥ c.DecodeScratch(T, heads, maxLen) f32 values
 //	out      (T, heads, D) f32
 //
-// The rows' own keys and values must already be in the cache (QKVRopeKV).
-func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos, scratch *gpu.Buffer, T, heads, maxLen int) error {
+// The splits' partial results pass through the device's scratch buffer
+// (gpu.Device.Scratch, c.DecodeScratch values). The rows' own keys and values must already be in the cache (QKVRopeKV).
+func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
 	op := "attention_decode"
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
 		return err
@@ -237,7 +238,7 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 		name string
 		buf  *gpu.Buffer
 		n    int
-	}{{"q", q, n}, {"out", out, n}, {"scratch", scratch, c.DecodeScratch(T, heads, maxLen)}} {
+	}{{"q", q, n}, {"out", out, n}} {
 		if err := need(op, x.name, x.buf, x.n); err != nil {
 			return err
 		}
@@ -256,7 +257,12 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	}
 	kc, vc := c.layer(layer)
 	rows := uint64(T) * 4
-	part := scratch.Slice(0, uint64(c.DecodeScratch(T, heads, maxLen))*4)
+	partBytes := uint64(c.DecodeScratch(T, heads, maxLen)) * 4
+	scratch, err := b.Device().Scratch(partBytes)
+	if err != nil {
+		return err
+	}
+	part := scratch.Slice(0, partBytes)
 	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), 0}
 	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part}
 	if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {

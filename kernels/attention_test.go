@@ -201,10 +201,10 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 		reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[slot][:kv], tc.v[slot][:kv], 1, p, cfg)
 	}
 	qb, sb, pb := upload(t, d, "q", q), uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
-	scratch := poisoned(t, d, "scratch", tc.c.DecodeScratch(T, cfg.NumAttentionHeads, maxLen))
+	poisonScratch(t, d, tc.c.DecodeScratch(T, cfg.NumAttentionHeads, maxLen))
 	out := poisoned(t, d, "out", T*qDim)
 	run(t, d, "decode", func(b *gpu.Batch) error {
-		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, scratch, T, cfg.NumAttentionHeads, maxLen)
+		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, cfg.NumAttentionHeads, maxLen)
 	})
 	t.Logf("%d splits, f16 cache %v", tc.c.DecodeSplits(T, cfg.NumAttentionHeads, maxLen), tc.c.F16)
 	checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
@@ -256,13 +256,13 @@ func TestAttentionDecodeShortMaxLen(t *testing.T) {
 	cfg := s.config()
 	qb := upload(t, d, "q", randVec(r, cfg.QDim(), 1))
 	sb, pb := uploadU32(t, d, "seq", []uint32{0}), uploadU32(t, d, "pos", []uint32{99})
-	scratch := poisoned(t, d, "scratch", tc.c.DecodeScratch(1, 2, 64))
+	poisonScratch(t, d, tc.c.DecodeScratch(1, 2, 64))
 	out := poisoned(t, d, "out", cfg.QDim())
 	if err := out.Fill(0); err != nil {
 		t.Fatal(err)
 	}
 	run(t, d, "decode", func(b *gpu.Batch) error {
-		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, scratch, 1, 2, 64)
+		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, 1, 2, 64)
 	})
 	if got := readF32(t, out, cfg.QDim()); got[0] == got[0] {
 		t.Errorf("out[0] = %v, want NaN", got[0])

@@ -90,6 +90,19 @@ func poisoned(t *testing.T, d *gpu.Device, name string, n int) *gpu.Buffer {
 	return b
 }
 
+// poisonScratch fills the device's scratch buffer (at least n f32 values)
+// with NaN, so that a kernel reading scratch it did not write fails.
+func poisonScratch(t *testing.T, d *gpu.Device, n int) {
+	t.Helper()
+	b, err := d.Scratch(uint64(n) * 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Fill(gpu.NaN32); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // run records ops into one batch and submits it.
 func run(t *testing.T, d *gpu.Device, label string, record func(b *gpu.Batch) error) {
 	t.Helper()

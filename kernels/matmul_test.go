@@ -145,6 +145,7 @@ func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulSha
 	if maxBinding == 0 {
 		maxBinding = d.Limits().MaxStorageBufferBindingSize
 	}
+	poisonScratch(t, d, s.T*(s.N+1)*(s.K/8)) // more than any split-K's partial sums
 	run(t, d, "matmul", func(b *gpu.Batch) error { return matMul(b, out, xb, w, s.T, how, maxBinding) })
 	checkClose(t, "out", readF32(t, out, s.T*s.N), want, tolF32)
 }

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# The performance issue's measurements on the GPU machine, in one run (about
-# 7 minutes): a random HF-built Qwen3-1.7B converted to int4; the WebGPU
-# engine's greedy drafts against the CPU reference's; `webdraft bench
-# engine` with the batch plot and the per-kernel profile; Hugging Face
-# transformers on the same checkpoint (eager, then static cache +
-# torch.compile); the server under load at concurrency 1 and 32, with steps
-# chained on the GPU and without. Results land in OUT.
+# The performance issue's measurements on the GPU machine, in one run: a
+# random HF-built Qwen3-1.7B converted to int4; the WebGPU engine's greedy
+# drafts against the CPU reference's; `webdraft bench engine` with the batch
+# plot and the per-kernel profile; the server under load at concurrency 1
+# and 32 (10 turns a conversation, ~1k-token contexts). Unless QUICK=1 (a
+# kernel change's check, about 4 minutes), also Hugging Face transformers on
+# the same checkpoint (eager, then static cache + torch.compile) and the
+# server without steps chained on the GPU (about 12 minutes in all: more
+# than one 10-minute device call, so run those parts on their own).
+# Results land in OUT.
 #
-#   WEBDRAFT=.gpu/webdraft OUT=$OUT bash scripts/h200_perf.sh
+#   WEBDRAFT=.gpu/webdraft OUT=$OUT [QUICK=1] bash scripts/h200_perf.sh
 set -u
 W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary}
 OUT=${OUT:?set OUT to a results folder}
+QUICK=${QUICK:-0}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 scripts/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/q17hf > "$OUT/ckpt.txt" 2>&1 || { cat "$OUT/ckpt.txt"; exit 1; }
@@ -24,16 +28,17 @@ done | tee "$OUT/e2e.txt"
   --svg "$OUT/steps.svg" 2>&1 | grep -v '^time=' | tee "$OUT/engine.txt"
 "$W" bench engine --model /tmp/q17 --context 1024 --batches 1,32 --steps 4 --prefill 64 --copy-mb 256 --profile 2>&1 |
   sed -n '/GPU time/,$p' | tee "$OUT/profile.txt"
-timeout 300 python3 scripts/hf_draft_bench.py --model /tmp/q17hf --context 1024 --batches 1,32 2>&1 | grep '^{' | tee "$OUT/hf.txt"
-for chain in 8 1; do
+[ "$QUICK" = 1 ] || timeout 300 python3 scripts/hf_draft_bench.py --model /tmp/q17hf --context 1024 --batches 1,32 2>&1 | grep '^{' | tee "$OUT/hf.txt"
+chains="8 1"
+[ "$QUICK" = 1 ] && chains=8
+for chain in $chains; do
   "$W" serve --model /tmp/q17 --cache-mb 20000 --chain-steps $chain --addr 127.0.0.1:8080 > "$OUT/serve-$chain.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/health')" 2>/dev/null && break; sleep 0.5; done
   for c in 1 32; do
     echo "chain-steps $chain, concurrency $c:"
-    "$W" loadtest --concurrency $c --conversations $((c == 1 ? 8 : 64)) --turns 10 --min-prompt 1000 --max-prompt 1024 2>&1 |
+    timeout 120 "$W" loadtest --concurrency $c --conversations $((c == 1 ? 8 : 64)) --turns 10 --min-prompt 1000 --max-prompt 1024 2>&1 |
       tee "$OUT/load-chain$chain-c$c.txt"
   done
   kill $pid; wait $pid
 done
-ls -la "$OUT"

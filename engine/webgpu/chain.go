@@ -104,10 +104,6 @@ func (e *Engine) chain(ctx context.Context, batch []*engine.Entry, m int) ([][]i
 		undo()
 		return nil, err
 	}
-	if err := a.ensureScratch(e.dev, e.kv.DecodeScratch(B, c.NumAttentionHeads, maxLen)); err != nil {
-		undo()
-		return nil, err
-	}
 	for _, up := range []struct {
 		buf *gpu.Buffer
 		v   []uint32

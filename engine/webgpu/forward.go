@@ -111,12 +111,6 @@ func (e *Engine) forward(ps pass) error {
 			}
 		}
 	}
-	if ps.decode > 0 {
-		if err := a.ensureScratch(e.dev, e.kv.DecodeScratch(ps.decode, c.NumAttentionHeads, maxLen)); err != nil {
-			return err
-		}
-	}
-
 	if err := e.run(e.steps(ps, maxLen)); err != nil {
 		return fmt.Errorf("forward pass: %w", err)
 	}
@@ -220,7 +214,7 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 				if ps.decode == 0 {
 					return nil
 				}
-				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, a.scratch, ps.decode, heads, maxLen)
+				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, ps.decode, heads, maxLen)
 			},
 			func(b *gpu.Batch) error {
 				for _, pe := range ps.entries {
@@ -268,10 +262,8 @@ type activations struct {
 	gateUp        *gpu.Buffer // (rows, 2I)
 	hLast, hNorm  *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
 	logits        *gpu.Buffer // (lasts, vocab)
-	scratch       *gpu.Buffer // decode attention's splits, grown on demand
 	chained       *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
 	hiddenRows    *kernels.Matrix
-	scratchLen    int
 	all           []*gpu.Buffer
 }
 
@@ -331,33 +323,14 @@ func (a *activations) ensureChain(d *gpu.Device, n uint64) (*gpu.Buffer, error) 
 	return buf, nil
 }
 
-// ensureScratch grows the decode-attention scratch to n f32 values.
-func (a *activations) ensureScratch(d *gpu.Device, n int) error {
-	if n <= a.scratchLen {
-		return nil
-	}
-	n = max(n, 2*a.scratchLen)
-	buf, err := d.NewBuffer("attention_scratch", uint64(n)*4)
-	if err != nil {
-		return err
-	}
-	if a.scratch != nil {
-		a.scratch.Release()
-	}
-	a.scratch, a.scratchLen = buf, n
-	return nil
-}
-
 func (a *activations) release() {
 	for _, b := range a.all {
 		b.Release()
 	}
-	for _, b := range []*gpu.Buffer{a.scratch, a.chained} {
-		if b != nil {
-			b.Release()
-		}
+	if a.chained != nil {
+		a.chained.Release()
 	}
-	a.all, a.scratch, a.chained = nil, nil, nil
+	a.all, a.chained = nil, nil
 }
 
 func u32s(b []byte) []uint32 {

@@ -34,9 +34,6 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 	s := seq.(*sequence)
 	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}}}
 	ps := e.plan(work)
-	if err := e.act.ensureScratch(e.dev, e.kv.DecodeScratch(1, cfg.NumAttentionHeads, s.len+1)); err != nil {
-		b.Fatal(err)
-	}
 	steps := e.steps(ps, s.len+1)
 	dispatches := 0
 	b.ResetTimer()

@@ -274,7 +274,7 @@ func (c *matMulCall) rowKernel(blk rowBlock, out gpu.Binding) error {
 
 // gemmMinT is the fewest activation rows gemm_int4.wgsl takes. Below it —
 // 5 to 8 rows, past the matrix-vector kernel's 4 — matmul_int4.wgsl's
-// 8-row tile was faster on the H200: a batch-8 decode step took 8.3 ms
+// 8-row tile is faster on the H200: a batch-8 decode step took 7.5 ms
 // with it, 12.8 ms with the GEMM (whose 32-row tile costs the same at 8
 // rows as at 32) and 12.5 ms with the matrix-vector kernel at 8 rows.
 const gemmMinT = 9

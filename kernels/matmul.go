@@ -186,7 +186,7 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 		call.norm = in.norm.Slice(0, uint64(w.K)*4)
 	}
 	record := call.rowKernel
-	if gemmApplies(w, T) {
+	if gemmApplies(w, T, d.Limits().MaxComputeWorkgroupsPerDimension) {
 		record = call.gemm
 	}
 	for _, blk := range blocks {
@@ -280,10 +280,10 @@ func (c *matMulCall) rowKernel(blk rowBlock, out gpu.Binding) error {
 const gemmMinT = 9
 
 // gemmApplies reports whether gemm_int4.wgsl computes x · Wᵀ: int4 weights
-// whose 32-column tiles each lie in one scale group, and at least gemmMinT
-// rows.
-func gemmApplies(w *Matrix, T int) bool {
-	return w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0 && T >= gemmMinT
+// whose 32-column tiles each lie in one scale group, at least gemmMinT
+// rows, and 64-row tiles that fit the grid.
+func gemmApplies(w *Matrix, T int, maxGroups uint32) bool {
+	return w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0 && T >= gemmMinT && divCeil(w.N, 64) <= maxGroups
 }
 
 // gemmTargetGroups is how many workgroups a matmul should have at least:

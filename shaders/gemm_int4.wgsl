@@ -42,8 +42,9 @@
 // 16-byte loads per 16 multiply-adds; TM = 2 (BM = 32) for batched decode
 // fits 32 sequences in one tile. Workgroup memory: 32·(BM + 4)·4 bytes of x'
 // (4 of padding per k row spread the transposed stores over the banks) +
-// 8 KiB of W: 12.5 KiB at TM = 2, 16.5 KiB at TM = 4 (the Go side picks
-// TM = 4 only where the device allows it).
+// 8 KiB of W + 36·BM bytes for the norm's sums: 13.6 KiB at TM = 2,
+// 18.8 KiB at TM = 4 (the Go side, gemmMemory, picks TM = 4 only where the
+// device allows it; WebGPU's default is 16 KiB).
 
 const TM: u32 = 2u;                   // activation rows per thread: 2 or 4
 const BM: u32 = 16u * TM;             // activation rows per workgroup

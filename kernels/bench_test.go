@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/tensor"
 )
@@ -52,35 +53,96 @@ func BenchmarkMatMulInt4(b *testing.B) {
 				}
 				defer out.Release()
 				bytes := float64(len(m.QWeight)*4 + len(m.Scales)*2 + 4*T*(s.K+s.N))
-				batch := func() {
-					bt, err := d.NewBatch("bench")
-					if err != nil {
-						b.Fatal(err)
-					}
-					for range reps {
-						if err := MatMul(bt, out, x, w, T, false); err != nil {
-							b.Fatal(err)
-						}
-					}
-					if err := bt.Submit(); err != nil {
-						b.Fatal(err)
-					}
-					if _, err := out.Read(0, 4); err != nil { // waits for the batch
-						b.Fatal(err)
-					}
-				}
-				batch() // compile the pipeline and warm up
-				b.ResetTimer()
-				for b.Loop() {
-					batch()
-				}
-				sec := b.Elapsed().Seconds() / float64(b.N*reps)
+				sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error { return MatMul(bt, out, x, w, T, false) })
 				b.ReportMetric(bytes/sec/1e9, "GB/s")
 				b.ReportMetric(sec*1e6, "µs/matmul")
 			})
 		}
 		w.Release()
 	}
+}
+
+// BenchmarkMatMulKernels times every int4 matmul kernel that takes the
+// shape at Qwen3-1.7B's four projections (q|k|v stacked, o, gate|up
+// stacked, down) for 1 to 64 activation rows: the measurements behind
+// pickMatMul's thresholds, redone in one run (on the GPU machine: build
+// with `go test -c ./kernels`, run `kernels.test -test.run '^$' -test.bench
+// MatMulKernels`). Each reports µs a matmul (reps dependent ones in one
+// batch, as in a forward pass) and TFLOP/s.
+func BenchmarkMatMulKernels(b *testing.B) {
+	d := gputest.Device(b)
+	const reps = 16
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, s := range []struct {
+		name string
+		N, K int
+	}{
+		{"qkv_2048x4096", 4096, 2048},
+		{"o_2048x2048", 2048, 2048},
+		{"gate_up_2048x12288", 12288, 2048},
+		{"down_6144x2048", 2048, 6144},
+	} {
+		w, err := UploadMatrix(d, s.name, randInt4(r, s.N, s.K, tensor.DefaultGroupSize))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, T := range []int{1, 2, 4, 8, 16, 32, 64} {
+			x, err := d.UploadF32("x", make([]float32, T*s.K))
+			if err != nil {
+				b.Fatal(err)
+			}
+			out, err := d.NewBuffer("out", uint64(T*s.N)*4)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM4} {
+				if !k.fits(w, T, d.Limits()) {
+					continue
+				}
+				b.Run(fmt.Sprintf("%s/T%d/%v", s.name, T, k), func(b *testing.B) {
+					how := matMulInput{kernel: k}
+					sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
+						return matMul(bt, out, x, w, T, how, d.Limits().MaxStorageBufferBindingSize)
+					})
+					b.ReportMetric(sec*1e6, "µs/matmul")
+					b.ReportMetric(2*float64(T*s.N*s.K)/sec/1e12, "TFLOP/s")
+				})
+			}
+			x.Release()
+			out.Release()
+		}
+		w.Release()
+	}
+}
+
+// benchMatMuls runs the benchmark's loop over batches of reps matmuls
+// (record records one), each batch submitted and waited for by reading
+// out, after one batch that compiles the pipelines and warms up; it returns
+// the seconds one matmul took.
+func benchMatMuls(b *testing.B, d *gpu.Device, out *gpu.Buffer, reps int, record func(*gpu.Batch) error) float64 {
+	batch := func() {
+		bt, err := d.NewBatch("bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for range reps {
+			if err := record(bt); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := bt.Submit(); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := out.Read(0, 4); err != nil { // waits for the batch
+			b.Fatal(err)
+		}
+	}
+	batch()
+	b.ResetTimer()
+	for b.Loop() {
+		batch()
+	}
+	return b.Elapsed().Seconds() / float64(b.N*reps)
 }
 
 // randInt4 returns an int4 matrix of random codes and scales (quantizing a

@@ -41,30 +41,6 @@ const (
 	matMulRows = 4  // output features per workgroup for prefill (T > 1)
 )
 
-// The matrix-vector kernel's tiling (see the header of matvec_int4.wgsl):
-// up to matVecMaxT activation rows, staged matVecStaged floats at a time.
-const (
-	matVecLanes  = 16
-	matVecRows   = 16
-	matVecMaxT   = 4
-	matVecStaged = 2048
-)
-
-// matVecTT returns the activation rows a matvec workgroup holds for T rows
-// (T ≤ matVecMaxT), or 0 when the matrix-vector kernel does not apply: it
-// reads 32 codes at a time, which must lie in one scale group.
-func matVecTT(w *Matrix, T int, maxGroups uint32) uint32 {
-	if w.Format != Int4 || w.K%32 != 0 || w.G%32 != 0 || T > matVecMaxT ||
-		divCeil(w.N, matVecRows) > maxGroups {
-		return 0
-	}
-	tt := uint32(1)
-	for tt < uint32(T) {
-		tt *= 2
-	}
-	return tt
-}
-
 // matVecChunk returns how many input columns matvec_int4.wgsl stages at a
 // time for tt rows: matVecStaged values in all, fewer where the device's
 // workgroup memory (staged input, then tt·WG partial sums and the norm's
@@ -138,6 +114,7 @@ type matMulInput struct {
 	swiglu     bool        // x is gate | up: the input is silu(gate) · up
 	norm       *gpu.Buffer // non-nil: the input is RMSNorm(x) with this weight
 	eps        float64
+	kernel     matMulKernel // zero: pickMatMul's choice (benchmarks force others)
 }
 
 // matMul is MatMul, MatMulNorm or MatMulSwiGLU (as `in` says) with the binding
@@ -185,9 +162,22 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	if in.norm != nil {
 		call.norm = in.norm.Slice(0, uint64(w.K)*4)
 	}
-	record := call.rowKernel
-	if gemmApplies(w, T, d.Limits().MaxComputeWorkgroupsPerDimension) {
-		record = call.gemm
+	kernel := in.kernel
+	if kernel == kernelAuto {
+		kernel = pickMatMul(w, T, d.Limits())
+	} else if !kernel.fits(w, T, d.Limits()) {
+		return fmt.Errorf("kernels: %s: %v does not take %d rows of this matrix", op, kernel, T)
+	}
+	var record func(rowBlock, gpu.Binding) error
+	switch kernel {
+	case kernelMatVec:
+		record = call.matVec
+	case kernelGEMM2:
+		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, 2) }
+	case kernelGEMM4:
+		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, 4) }
+	default:
+		record = call.rowTile
 	}
 	for _, blk := range blocks {
 		// out[t][n0 + n] for t < T, n < blk.n: the binding starts at column
@@ -228,10 +218,9 @@ func (c *matMulCall) accumulate() uint32 {
 	return 0
 }
 
-// rowKernel records one row block with the kernels that give each thread
-// whole weight rows' words (matvec_int4.wgsl for a few rows, else
-// matmul_int4.wgsl or matmul_dense.wgsl).
-func (c *matMulCall) rowKernel(blk rowBlock, out gpu.Binding) error {
+// rowTile records one row block with the kernels that give each thread
+// whole weight rows' words: matmul_int4.wgsl or matmul_dense.wgsl.
+func (c *matMulCall) rowTile(blk rowBlock, out gpu.Binding) error {
 	w, T, d := c.w, c.T, c.b.Device()
 	var k gpu.Kernel
 	switch w.Format {
@@ -253,37 +242,32 @@ func (c *matMulCall) rowKernel(blk rowBlock, out gpu.Binding) error {
 	if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
 		rows = 1
 	}
-	consts := gpu.Consts{"TT": tt, "ROWS": uint32(rows)}
-	if vt := matVecTT(w, T, d.Limits().MaxComputeWorkgroupsPerDimension); vt > 0 {
-		k, tt, rows = matVecInt4, vt, matVecRows
-		// No longer than the row (rounded to a vec4 a lane): each thread
-		// loads KC / 32 / LANES weight vec4s a chunk, and one past the row
-		// would only be skipped.
-		kc := min(matVecChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), 32*matVecLanes)))
-		consts = gpu.Consts{"TT": tt, "KC": kc}
-	}
-	p, err := d.Pipeline(k, c.consts(consts))
+	return c.rowDispatch(blk, out, k, gpu.Consts{"TT": tt, "ROWS": uint32(rows)}, rows, int(tt))
+}
+
+// matVec records one row block with matvec_int4.wgsl.
+func (c *matMulCall) matVec(blk rowBlock, out gpu.Binding) error {
+	w, d := c.w, c.b.Device()
+	tt := matVecTT(c.T)
+	// No longer than the row (rounded to a vec4 a lane): each thread loads
+	// KC / 32 / LANES weight vec4s a chunk, and one past the row would only
+	// be skipped.
+	kc := min(matVecChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), 32*matVecLanes)))
+	return c.rowDispatch(blk, out, matVecInt4, gpu.Consts{"TT": tt, "KC": kc}, matVecRows, int(tt))
+}
+
+// rowDispatch records kernel k, which shares matmul_int4.wgsl's bindings and
+// params, over rows output features and tt activation rows a workgroup.
+func (c *matMulCall) rowDispatch(blk rowBlock, out gpu.Binding, k gpu.Kernel, consts gpu.Consts, rows, tt int) error {
+	w, T := c.w, c.T
+	p, err := c.b.Device().Pipeline(k, c.consts(consts))
 	if err != nil {
 		return err
 	}
 	binds := append([]gpu.Binding{c.x}, w.bindRows(blk)...)
 	binds = append(binds, out, c.norm)
 	params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), c.accumulate(), math.Float32bits(float32(c.in.eps)), 0}
-	return c.b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, int(tt)), 1)
-}
-
-// gemmMinT is the fewest activation rows gemm_int4.wgsl takes. Below it —
-// 5 to 8 rows, past the matrix-vector kernel's 4 — matmul_int4.wgsl's
-// 8-row tile is faster on the H200: a batch-8 decode step took 7.5 ms
-// with it, 12.8 ms with the GEMM (whose 32-row tile costs the same at 8
-// rows as at 32) and 12.5 ms with the matrix-vector kernel at 8 rows.
-const gemmMinT = 9
-
-// gemmApplies reports whether gemm_int4.wgsl computes x · Wᵀ: int4 weights
-// whose 32-column tiles each lie in one scale group, at least gemmMinT
-// rows, and 64-row tiles that fit the grid.
-func gemmApplies(w *Matrix, T int, maxGroups uint32) bool {
-	return w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0 && T >= gemmMinT && divCeil(w.N, 64) <= maxGroups
+	return c.b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, tt), 1)
 }
 
 // gemmTargetGroups is how many workgroups a matmul should have at least:
@@ -291,14 +275,11 @@ func gemmApplies(w *Matrix, T int, maxGroups uint32) bool {
 // several), so a matrix of few row tiles is split along K (split-K).
 const gemmTargetGroups = 512
 
-// gemm records one row block with gemm_int4.wgsl, split along K (and then
-// summed by matmul_reduce.wgsl) when the tiles alone are too few.
-func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding) error {
+// gemm records one row block with gemm_int4.wgsl at tm rows a thread,
+// split along K (and then summed by matmul_reduce.wgsl) when the tiles
+// alone are too few.
+func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, tm int) error {
 	w, T, d := c.w, c.T, c.b.Device()
-	tm := 2
-	if T > 32 && d.Limits().MaxComputeWorkgroupStorageSize >= gemmMemory(4) {
-		tm = 4
-	}
 	bm := 16 * tm
 	tiles := int(divCeil(blk.n, 64)) * int(divCeil(T, bm))
 	kTiles := w.K / 32
@@ -341,11 +322,4 @@ func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding) error {
 	}
 	params = []uint32{uint32(T), uint32(blk.n), uint32(splits), uint32(w.N), c.accumulate(), norm, uint32(w.K), math.Float32bits(float32(c.in.eps))}
 	return c.b.Dispatch(r, params, []gpu.Binding{dst, out}, divCeil(blk.n, 256), uint32(T), 1)
-}
-
-// gemmMemory returns the workgroup memory gemm_int4.wgsl takes at tm rows a
-// thread (see its header).
-func gemmMemory(tm int) uint32 {
-	bm := 16 * tm
-	return uint32(4 * (32*(bm+4) + 32*64 + 8*bm + bm))
 }

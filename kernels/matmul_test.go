@@ -51,7 +51,7 @@ func TestMatMul(t *testing.T) {
 						continue
 					}
 					name := fmt.Sprintf("%v/T%d_N%d_K%d_G%d/acc=%v/%s", f, s.T, s.N, s.K, s.G, accumulate, in)
-					t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, in, 0) })
+					t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, in, kernelAuto, 0) })
 				}
 			}
 		}
@@ -65,7 +65,7 @@ func TestMatMulTallHead(t *testing.T) {
 	r := newRand(t)
 	for _, T := range []int{1, 2} {
 		s := matMulShape{T: T, N: 70001, K: 32, G: 32}
-		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, "x", 0) })
+		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, "x", kernelAuto, 0) })
 	}
 }
 
@@ -86,7 +86,64 @@ func TestMatMulUnsplit(t *testing.T) {
 	r := newRand(t)
 	s := matMulShape{T: 40, N: 64*gemmTargetGroups + 17, K: 64, G: 32}
 	for _, in := range []string{"x", "swiglu", "norm"} {
-		t.Run(in, func(t *testing.T) { testMatMul(t, d, r, Int4, s, in != "norm", in, 0) })
+		t.Run(in, func(t *testing.T) { testMatMul(t, d, r, Int4, s, in != "norm", in, kernelAuto, 0) })
+	}
+}
+
+// TestMatMulEachKernel runs every int4 kernel on row counts pickMatMul
+// gives to another one, so each is exact at every T it takes, not only
+// at the ones it is picked for.
+func TestMatMulEachKernel(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, c := range []struct {
+		kernel matMulKernel
+		Ts     []int
+	}{
+		{kernelRowTile, []int{1, 2, 11}},
+		{kernelMatVec, []int{1, 2, 3, 4}},
+		{kernelGEMM2, []int{1, 3, 8, 40}},
+		{kernelGEMM4, []int{2, 9, 31, 65}},
+	} {
+		for _, T := range c.Ts {
+			s := matMulShape{T: T, N: 16 + r.IntN(150), K: 32 * (1 + r.IntN(40)), G: 32}
+			in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
+			name := fmt.Sprintf("%v/T%d_N%d_K%d/%s", c.kernel, T, s.N, s.K, in)
+			t.Run(name, func(t *testing.T) {
+				if !c.kernel.fits(&Matrix{Format: Int4, N: s.N, K: s.K, G: s.G}, T, d.Limits()) {
+					t.Skipf("this device does not take %v", c.kernel)
+				}
+				testMatMul(t, d, r, Int4, s, in != "norm", in, c.kernel, 0)
+			})
+		}
+	}
+}
+
+func TestPickMatMul(t *testing.T) {
+	small := gpu.Limits{MaxComputeWorkgroupsPerDimension: 65535, MaxComputeWorkgroupStorageSize: 16 << 10}
+	large := small
+	large.MaxComputeWorkgroupStorageSize = 48 << 10
+	int4 := &Matrix{Format: Int4, N: 4096, K: 2048, G: 32}
+	for _, c := range []struct {
+		w      *Matrix
+		T      int
+		limits gpu.Limits
+		want   matMulKernel
+	}{
+		{int4, 1, large, kernelMatVec}, {int4, 4, large, kernelMatVec},
+		{int4, 5, large, kernelRowTile}, {int4, 8, large, kernelRowTile},
+		{int4, 9, large, kernelGEMM2}, {int4, 32, large, kernelGEMM2},
+		{int4, 33, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},
+		{int4, 1024, small, kernelGEMM2},                                      // 4 rows a thread need more than 16 KiB
+		{&Matrix{Format: Int4, N: 64, K: 48, G: 16}, 1, large, kernelRowTile}, // 32 codes span two groups
+		{&Matrix{Format: Int4, N: 64, K: 96, G: 32}, 64, large, kernelGEMM4},
+		{&Matrix{Format: F16, N: 64, K: 64}, 1, large, kernelRowTile},
+		{&Matrix{Format: F32, N: 64, K: 64}, 64, large, kernelRowTile},
+	} {
+		if got := pickMatMul(c.w, c.T, c.limits); got != c.want {
+			t.Errorf("%v (%d×%d, G %d), T = %d, %d B workgroup memory: %v, want %v",
+				c.w.Format, c.w.N, c.w.K, c.w.G, c.T, c.limits.MaxComputeWorkgroupStorageSize, got, c.want)
+		}
 	}
 }
 
@@ -97,18 +154,19 @@ func TestMatMulRowBlocks(t *testing.T) {
 	r := newRand(t)
 	for _, f := range []Format{Int4, F16, F32} {
 		s := matMulShape{T: 3, N: 1000, K: 64, G: 32}
-		t.Run(f.String()+"/swiglu", func(t *testing.T) { testMatMul(t, d, r, f, s, true, "swiglu", 32<<10) })
-		t.Run(f.String()+"/norm", func(t *testing.T) { testMatMul(t, d, r, f, s, false, "norm", 32<<10) })
+		t.Run(f.String()+"/swiglu", func(t *testing.T) { testMatMul(t, d, r, f, s, true, "swiglu", kernelAuto, 32<<10) })
+		t.Run(f.String()+"/norm", func(t *testing.T) { testMatMul(t, d, r, f, s, false, "norm", kernelAuto, 32<<10) })
 	}
 }
 
 // testMatMul checks MatMul (MatMulSwiGLU when in is "swiglu", MatMulNorm
-// when "norm") against the reference on fresh random inputs; maxBinding 0
-// means the device's own limit.
-func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, in string, maxBinding uint64) {
+// when "norm") against the reference on fresh random inputs, with the
+// given kernel (kernelAuto: the one pickMatMul picks); maxBinding 0 means
+// the device's own limit.
+func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, in string, kernel matMulKernel, maxBinding uint64) {
 	m := randMatrix(t, r, f, s.N, s.K, s.G)
 	x := randVec(r, s.T*s.K, 1)
-	input, how := x, matMulInput{accumulate: accumulate}
+	input, how := x, matMulInput{accumulate: accumulate, kernel: kernel}
 	switch in {
 	case "swiglu": // x = silu(gate) · up, from random gate | up rows
 		input, how.swiglu = randVec(r, s.T*2*s.K, 2), true

@@ -54,7 +54,7 @@ var fmaKernel = gpu.Kernel{
 const (
 	fmaWG    = 256
 	fmaIters = 1024
-	// FMAFlops is the flops one FMA thread does: ITERS rounds of eight
+	// FMAFlops is the flops one FMA thread does: fmaIters rounds of eight
 	// vec4 multiply-adds.
 	FMAFlops = fmaIters * 8 * 4 * 2
 )
@@ -69,11 +69,11 @@ func FMA(b *gpu.Batch, out *gpu.Buffer, groups int) error {
 	if err := need(op, "out", out, groups*fmaWG); err != nil {
 		return err
 	}
-	p, err := b.Device().Pipeline(fmaKernel, gpu.Consts{"ITERS": fmaIters})
+	p, err := b.Device().Pipeline(fmaKernel, nil)
 	if err != nil {
 		return err
 	}
-	params := []uint32{math.Float32bits(0.999), math.Float32bits(0.001), 0, 0}
+	params := []uint32{math.Float32bits(0.999), math.Float32bits(0.001), fmaIters, 0}
 	if err := b.Dispatch(p, params, []gpu.Binding{out.Slice(0, uint64(groups*fmaWG)*4)}, uint32(groups), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

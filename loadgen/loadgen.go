@@ -28,6 +28,11 @@ type Options struct {
 	MaxPrompt     int
 	Accept        float64 // probability the verifier accepts each next draft token
 	Seed          uint64
+	// Warm plays every conversation's first turn before the clock starts
+	// and leaves it out of the report: the figures are then those of
+	// /draft on contexts the server has cached (given a cache that holds
+	// them all), not of their first prefill.
+	Warm bool
 	// Progress, when set, is called after each request.
 	Progress func()
 }
@@ -98,28 +103,25 @@ func Run(ctx context.Context, client *http.Client, o Options) (Report, error) {
 			o.Progress()
 		}
 	}
-	convs := make(chan int)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range o.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for c := range convs {
-				converse(ctx, client, o, h, c, record)
+	convs := make([]*conversation, o.Conversations)
+	for id := range convs {
+		convs[id] = newConversation(o, h, id)
+	}
+	if o.Warm {
+		warm := func(time.Duration, *draftResponse, string) {
+			if o.Progress != nil {
+				mu.Lock()
+				o.Progress()
+				mu.Unlock()
 			}
-		}()
-	}
-feed:
-	for c := range o.Conversations {
-		select {
-		case convs <- c:
-		case <-ctx.Done():
-			break feed
 		}
+		play(ctx, o.Concurrency, convs, func(c *conversation) { c.turn(ctx, client, o, h, warm) })
 	}
-	close(convs)
-	wg.Wait()
+	start := time.Now()
+	play(ctx, o.Concurrency, convs, func(c *conversation) {
+		for c.turn(ctx, client, o, h, record) {
+		}
+	})
 	rep.Wall = time.Since(start)
 	slices.Sort(latencies)
 	if len(latencies) > 0 {
@@ -129,31 +131,72 @@ feed:
 	return rep, ctx.Err()
 }
 
-// converse plays one conversation.
-func converse(ctx context.Context, client *http.Client, o Options, h health, id int, record func(time.Duration, *draftResponse, string)) {
+// play runs f on every conversation, concurrency at a time, until ctx ends.
+func play(ctx context.Context, concurrency int, convs []*conversation, f func(*conversation)) {
+	next := make(chan *conversation)
+	var wg sync.WaitGroup
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range next {
+				f(c)
+			}
+		}()
+	}
+feed:
+	for _, c := range convs {
+		select {
+		case next <- c:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+}
+
+// conversation is one simulated verifier's session: its context so far and
+// the turns it has played.
+type conversation struct {
+	rng    *rand.Rand
+	tokens []int
+	turns  int
+	over   bool // a failure ended it
+}
+
+// newConversation starts conversation id with a random first-turn context.
+func newConversation(o Options, h health, id int) *conversation {
 	rng := rand.New(rand.NewPCG(o.Seed, uint64(id)))
 	tokens := make([]int, o.MinPrompt+rng.IntN(o.MaxPrompt-o.MinPrompt+1))
 	for i := range tokens {
 		tokens[i] = rng.IntN(h.VocabSize)
 	}
-	for range o.Turns {
-		if ctx.Err() != nil || len(tokens)+o.N-1 > h.MaxContext {
-			return // the conversation has filled the model's context
-		}
-		start := time.Now()
-		res, failure := draft(ctx, client, o.URL, tokens, o.N)
-		record(time.Since(start), res, failure)
-		if failure != "" {
-			return
-		}
-		// Verify: keep the longest prefix the "target" agrees with, then its own token.
-		k := 0
-		for k < len(res.Draft) && rng.Float64() < o.Accept {
-			k++
-		}
-		tokens = append(tokens, res.Draft[:k]...)
-		tokens = append(tokens, rng.IntN(h.VocabSize))
+	return &conversation{rng: rng, tokens: tokens}
+}
+
+// turn plays the conversation's next /draft call, then verifies like a
+// target would: it keeps the longest prefix the "target" agrees with, then
+// one token of its own. It reports whether the conversation goes on.
+func (c *conversation) turn(ctx context.Context, client *http.Client, o Options, h health, record func(time.Duration, *draftResponse, string)) bool {
+	if c.over || c.turns == o.Turns || ctx.Err() != nil || len(c.tokens)+o.N-1 > h.MaxContext {
+		return false // done, failed, or the context is full
 	}
+	start := time.Now()
+	res, failure := draft(ctx, client, o.URL, c.tokens, o.N)
+	record(time.Since(start), res, failure)
+	c.turns++
+	if failure != "" {
+		c.over = true
+		return false
+	}
+	k := 0
+	for k < len(res.Draft) && c.rng.Float64() < o.Accept {
+		k++
+	}
+	c.tokens = append(c.tokens, res.Draft[:k]...)
+	c.tokens = append(c.tokens, c.rng.IntN(h.VocabSize))
+	return true
 }
 
 func draft(ctx context.Context, client *http.Client, url string, tokens []int, n int) (*draftResponse, string) {

@@ -72,4 +72,21 @@ func TestAgainstServer(t *testing.T) {
 	if rep.CacheReuse() < 0.6 {
 		t.Errorf("cache reuse %.2f, want ≥ 0.6", rep.CacheReuse())
 	}
+
+	// Warm: the first turns are played but not reported, so every reported
+	// call finds all but the verifier's last few tokens cached.
+	progress = 0
+	warm, err := loadgen.Run(context.Background(), http.DefaultClient, loadgen.Options{
+		URL: ts.URL, Concurrency: 8, Conversations: 16, Turns: 6, N: 8,
+		MinPrompt: 20, MaxPrompt: 60, Accept: 0.7, Seed: 2, Progress: func() { progress++ }, Warm: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if warm.Requests != 16*5 || warm.Failures != 0 || progress != 16*6 {
+		t.Errorf("warm: requests %d failures %d (%v) progress %d", warm.Requests, warm.Failures, warm.FailureCodes, progress)
+	}
+	if min := 1 - 9.0/(20+8); warm.CacheReuse() < min {
+		t.Errorf("warm: cache reuse %.2f, want ≥ %.2f (at most 9 new tokens a call on ≥ 20 cached)", warm.CacheReuse(), min)
+	}
 }

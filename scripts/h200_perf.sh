@@ -3,7 +3,8 @@
 # random HF-built Qwen3-1.7B converted to int4; the WebGPU engine's greedy
 # drafts against the CPU reference's; `webdraft bench engine` with the batch
 # plot and the per-kernel profile; the server under load at concurrency 1
-# and 32 (10 turns a conversation, ~1k-token contexts). Unless QUICK=1 (a
+# and 32 (10 turns a conversation, ~1k-token contexts; timed on contexts
+# already cached, and at 32 also cold). Unless QUICK=1 (a
 # kernel change's check, about 4 minutes), also Hugging Face transformers on
 # the same checkpoint (eager, then static cache + torch.compile) and the
 # server without steps chained on the GPU (about 12 minutes in all: more
@@ -35,10 +36,13 @@ for chain in $chains; do
   "$W" serve --model /tmp/q17 --cache-mb 20000 --chain-steps $chain --addr 127.0.0.1:8080 > "$OUT/serve-$chain.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/health')" 2>/dev/null && break; sleep 0.5; done
-  for c in 1 32; do
-    echo "chain-steps $chain, concurrency $c:"
-    timeout 120 "$W" loadtest --concurrency $c --conversations $((c == 1 ? 8 : 64)) --turns 10 --min-prompt 1000 --max-prompt 1024 2>&1 |
-      tee "$OUT/load-chain$chain-c$c.txt"
+  # --warm: the issue's figures, /draft on ~1k-token contexts already
+  # cached; then concurrency 32 cold, new conversations' prefills included.
+  for run in "1 --warm" "32 --warm" "32"; do
+    set -- $run
+    echo "chain-steps $chain, concurrency $*:"
+    timeout 120 "$W" loadtest --concurrency $1 --conversations $(($1 == 1 ? 8 : 64)) --turns 10 --min-prompt 1000 --max-prompt 1024 ${2:-} 2>&1 |
+      tee "$OUT/load-chain$chain-c$1${2:-}.txt"
   done
   kill $pid; wait $pid
 done

@@ -1,25 +1,27 @@
 // fma.wgsl: the arithmetic yardstick beside copy.wgsl — each thread runs
-// ITERS rounds of dependent-free f32 multiply-adds on eight vec4
+// p.iters rounds of dependent-free f32 multiply-adds on eight vec4
 // accumulators in registers (32 independent chains, 8·4·2 = 64 flops a
 // round) and stores one word, so that the time is the device's f32
 // multiply-add rate, the limit a prefill's matmuls are compared with.
 //
-//   out[i] = Σ over the accumulators after ITERS rounds of a ← a·m + c
+//   out[i] = Σ over the accumulators after p.iters rounds of a ← a·m + c
 //
 // Buffers:
 //   out (threads) f32: one word a thread (kept so no round is optimized away)
 //
-// Dispatch: (groups, 1, 1) workgroups of WG threads. WG = 256, ITERS a
-// constant (specialized by the host) so the loop has a fixed count.
+// Dispatch: (groups, 1, 1) workgroups of WG = 256 threads. The round count
+// is a uniform, not a constant: with a constant count the H200's compiler
+// may unroll all 1,024 rounds into ~8k instructions, which no instruction
+// cache holds — the yardstick read 0.3–0.5 TFLOP/s there, below the GEMM it
+// is meant to bound (the likely cause; not yet re-measured).
 
 const WG: u32 = 256u;
-const ITERS: u32 = 1024u;
 
 struct Params {
-    m: f32, // multiplier, just below 1 so values stay finite
+    m: f32,     // multiplier, just below 1 so values stay finite
     c: f32,
+    iters: u32, // rounds
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -38,7 +40,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var a7 = a0 + 7.0;
     let m = vec4<f32>(p.m);
     let c = vec4<f32>(p.c);
-    for (var i = 0u; i < ITERS; i++) {
+    for (var i = 0u; i < p.iters; i++) {
         a0 = a0 * m + c;
         a1 = a1 * m + c;
         a2 = a2 * m + c;

@@ -25,6 +25,7 @@ func runLoadtest(ctx context.Context, e *env, args []string) error {
 	maxPrompt := fs.Int("max-prompt", 256, "longest first-turn context, in tokens")
 	accept := fs.Float64("accept", 0.7, "chance the simulated verifier accepts each next draft token")
 	seed := fs.Uint64("seed", 1, "random seed")
+	warm := fs.Bool("warm", false, "play each conversation's first turn before timing and leave it out: figures for contexts already cached")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -39,7 +40,7 @@ func runLoadtest(ctx context.Context, e *env, args []string) error {
 		return usagef("--accept %g: want 0…1", *accept)
 	}
 	opts := loadgen.Options{URL: strings.TrimRight(*url, "/"), Concurrency: *conc, Conversations: *convs, Turns: *turns,
-		N: *n, MinPrompt: *minPrompt, MaxPrompt: *maxPrompt, Accept: *accept, Seed: *seed}
+		N: *n, MinPrompt: *minPrompt, MaxPrompt: *maxPrompt, Accept: *accept, Seed: *seed, Warm: *warm}
 	if bar := newProgressBar(e, "requests"); bar != nil {
 		bar.ChangeMax(*convs * *turns)
 		progressbar.OptionShowBytes(false)(bar)

@@ -64,7 +64,7 @@ func BenchmarkMatMulInt4(b *testing.B) {
 
 // BenchmarkMatMulKernels times every int4 matmul kernel that takes the
 // shape at Qwen3-1.7B's four projections (q|k|v stacked, o, gate|up
-// stacked, down) for 1 to 64 activation rows: the measurements behind
+// stacked, down) for 1 to 1,024 activation rows: the measurements behind
 // pickMatMul's thresholds, redone in one run (on the GPU machine: build
 // with `go test -c ./kernels`, run `kernels.test -test.run '^$' -test.bench
 // MatMulKernels`). Each reports µs a matmul (reps dependent ones in one
@@ -86,7 +86,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, T := range []int{1, 2, 4, 8, 16, 32, 64} {
+		for _, T := range []int{1, 2, 4, 8, 16, 32, 64, 256, 1024} {
 			x, err := d.UploadF32("x", make([]float32, T*s.K))
 			if err != nil {
 				b.Fatal(err)
@@ -95,7 +95,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM4} {
+			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM4, kernelGEMM8} {
 				if !k.fits(w, T, d.Limits()) {
 					continue
 				}

@@ -172,10 +172,9 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	switch kernel {
 	case kernelMatVec:
 		record = call.matVec
-	case kernelGEMM2:
-		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, 2) }
-	case kernelGEMM4:
-		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, 4) }
+	case kernelGEMM2, kernelGEMM4, kernelGEMM8:
+		tm, tn := kernel.gemmTile()
+		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, tm, tn) }
 	default:
 		record = call.rowTile
 	}
@@ -275,22 +274,22 @@ func (c *matMulCall) rowDispatch(blk rowBlock, out gpu.Binding, k gpu.Kernel, co
 // several), so a matrix of few row tiles is split along K (split-K).
 const gemmTargetGroups = 512
 
-// gemm records one row block with gemm_int4.wgsl at tm rows a thread,
-// split along K (and then summed by matmul_reduce.wgsl) when the tiles
-// alone are too few.
-func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, tm int) error {
+// gemm records one row block with gemm_int4.wgsl at tm × tn outputs a
+// thread, split along K (and then summed by matmul_reduce.wgsl) when the
+// tiles alone are too few.
+func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, tm, tn int) error {
 	w, T, d := c.w, c.T, c.b.Device()
-	bm := 16 * tm
-	tiles := int(divCeil(blk.n, 64)) * int(divCeil(T, bm))
-	kTiles := w.K / 32
+	bm, bn, bk := 16*tm, 16*tn, 128/tn
+	tiles := int(divCeil(blk.n, bn)) * int(divCeil(T, bm))
+	kTiles := w.K / bk
 	splits := min(kTiles, max(1, (gemmTargetGroups+tiles-1)/tiles))
-	kps := (kTiles + splits - 1) / splits * 32
+	kps := (kTiles + splits - 1) / splits * bk
 	splits = (w.K + kps - 1) / kps
 	partials := uint64(splits) * uint64(T) * uint64(blk.n+1) * 4 // sums, then sums of squares
 	if splits > 1 && partials > d.Limits().MaxStorageBufferBindingSize {
 		splits, kps = 1, w.K
 	}
-	p, err := d.Pipeline(gemmInt4, c.consts(gpu.Consts{"TM": uint32(tm)}))
+	p, err := d.Pipeline(gemmInt4, c.consts(gpu.Consts{"TM": uint32(tm), "TN": uint32(tn)}))
 	if err != nil {
 		return err
 	}
@@ -306,7 +305,7 @@ func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, tm int) error {
 	binds = append(binds, dst, c.norm)
 	params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), c.accumulate(),
 		math.Float32bits(float32(c.in.eps)), uint32(splits), uint32(kps), 0, 0, 0}
-	if err := c.b.Dispatch(p, params, binds, divCeil(blk.n, 64), divCeil(T, bm), uint32(splits)); err != nil {
+	if err := c.b.Dispatch(p, params, binds, divCeil(blk.n, bn), divCeil(T, bm), uint32(splits)); err != nil {
 		return err
 	}
 	if splits == 1 {

@@ -16,8 +16,9 @@ const (
 	kernelAuto    matMulKernel = iota // pickMatMul's choice
 	kernelRowTile                     // matmul_int4.wgsl / matmul_dense.wgsl: any shape, 1 or 4–8-row tiles
 	kernelMatVec                      // matvec_int4.wgsl: 1–4 rows
-	kernelGEMM2                       // gemm_int4.wgsl, 2 rows a thread (32-row tiles)
-	kernelGEMM4                       // gemm_int4.wgsl, 4 rows a thread (64-row tiles)
+	kernelGEMM2                       // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
+	kernelGEMM4                       // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
+	kernelGEMM8                       // gemm_int4.wgsl, 8 × 8 outputs a thread (128 × 128 tiles); not picked until measured
 )
 
 func (k matMulKernel) String() string {
@@ -32,6 +33,8 @@ func (k matMulKernel) String() string {
 		return "gemm-2"
 	case kernelGEMM4:
 		return "gemm-4"
+	case kernelGEMM8:
+		return "gemm-8x8"
 	}
 	return fmt.Sprintf("matMulKernel(%d)", int(k))
 }
@@ -79,15 +82,24 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 		return true
 	case kernelMatVec:
 		return int4 && T <= matVecMaxT && divCeil(w.N, matVecRows) <= l.MaxComputeWorkgroupsPerDimension
-	case kernelGEMM2, kernelGEMM4:
-		tm := 2
-		if k == kernelGEMM4 {
-			tm = 4
-		}
-		return int4 && divCeil(w.N, 64) <= l.MaxComputeWorkgroupsPerDimension &&
-			gemmMemory(tm) <= l.MaxComputeWorkgroupStorageSize
+	case kernelGEMM2, kernelGEMM4, kernelGEMM8:
+		tm, tn := k.gemmTile()
+		return int4 && divCeil(w.N, 16*tn) <= l.MaxComputeWorkgroupsPerDimension &&
+			gemmMemory(tm, tn) <= l.MaxComputeWorkgroupStorageSize
 	}
 	return false
+}
+
+// gemmTile returns a GEMM kernel's outputs a thread: tm activation rows ×
+// tn features.
+func (k matMulKernel) gemmTile() (tm, tn int) {
+	switch k {
+	case kernelGEMM4:
+		return 4, 4
+	case kernelGEMM8:
+		return 8, 8
+	}
+	return 2, 4
 }
 
 // matVecTT returns the activation rows a matvec workgroup holds for T rows
@@ -100,9 +112,9 @@ func matVecTT(T int) uint32 {
 	return tt
 }
 
-// gemmMemory returns the workgroup memory gemm_int4.wgsl takes at tm rows a
-// thread (see its header).
-func gemmMemory(tm int) uint32 {
-	bm := 16 * tm
-	return uint32(4 * (32*(bm+4) + 32*64 + 8*bm + bm))
+// gemmMemory returns the workgroup memory gemm_int4.wgsl takes at tm × tn
+// outputs a thread (see its header).
+func gemmMemory(tm, tn int) uint32 {
+	bm, bn, bk := 16*tm, 16*tn, 128/tn
+	return uint32(4*bk*(bm+4) + 4*bk*bn + bm*bk + 4*bm)
 }

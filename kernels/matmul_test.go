@@ -79,14 +79,17 @@ func TestMatVecChunk(t *testing.T) {
 	}
 }
 
-// TestMatMulUnsplit: a matrix with enough column tiles that gemm_int4.wgsl
+// TestMatMulUnsplit: matrices with enough column tiles that gemm_int4.wgsl
 // runs unsplit, writing (and normalizing, and accumulating) out itself.
 func TestMatMulUnsplit(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	s := matMulShape{T: 40, N: 64*gemmTargetGroups + 17, K: 64, G: 32}
-	for _, in := range []string{"x", "swiglu", "norm"} {
-		t.Run(in, func(t *testing.T) { testMatMul(t, d, r, Int4, s, in != "norm", in, kernelAuto, 0) })
+	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM8} {
+		_, tn := k.gemmTile()
+		s := matMulShape{T: 40, N: 16*tn*gemmTargetGroups + 17, K: 64, G: 32}
+		for _, in := range []string{"x", "swiglu", "norm"} {
+			t.Run(fmt.Sprintf("%v/%s", k, in), func(t *testing.T) { testMatMul(t, d, r, Int4, s, in != "norm", in, k, 0) })
+		}
 	}
 }
 
@@ -104,6 +107,7 @@ func TestMatMulEachKernel(t *testing.T) {
 		{kernelMatVec, []int{1, 2, 3, 4}},
 		{kernelGEMM2, []int{1, 3, 8, 40}},
 		{kernelGEMM4, []int{2, 9, 31, 65}},
+		{kernelGEMM8, []int{1, 7, 64, 129}},
 	} {
 		for _, T := range c.Ts {
 			s := matMulShape{T: T, N: 16 + r.IntN(150), K: 32 * (1 + r.IntN(40)), G: 32}

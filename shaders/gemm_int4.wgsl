@@ -1,7 +1,7 @@
 // gemm_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and many activation
 // rows (batched decode, prefill) — the compute-bound case: each weight is
 // dequantized once per workgroup into workgroup memory and used for BM
-// activation rows, and each thread keeps a TM × 4 tile of outputs in
+// activation rows, and each thread keeps a TM × TN tile of outputs in
 // registers, so that one multiply-add costs well under one load.
 //
 // For t < T, n < N:
@@ -29,34 +29,38 @@
 //
 // Dispatch: (ceil(N / BN), ceil(T / BM), splits) workgroups of 256 threads
 // as a 16 × 16 grid: thread (ty, tx) owns activation rows ty·TM … +TM and
-// features 4tx … 4tx+3 of the workgroup's BM × BN tile. Per BK = 32 inputs,
-// the workgroup stages x' (BM × 32, transposed to [k][t] so a thread reads
-// its TM rows as one vector) and W dequantized (32 × 64 as [k][n]: code −
-// 8 by the exponent trick, bitcast(0x4B000000 | code) − (2²³ + 8), with no
-// int→float conversion) in workgroup memory, then multiplies — with the
-// next tile's global loads already issued into registers, so that their
-// latency hides behind the multiply.
+// features 4tx … 4tx+3 (and, at TN = 8, 64 + 4tx … +3) of the workgroup's
+// BM × BN tile, BM = 16·TM, BN = 16·TN. Per BK = 128 / TN inputs, the
+// workgroup stages x' (BM × BK, transposed to [k][t] so a thread reads its
+// rows as vectors) and W dequantized (BK × BN as [k][n]: code − 8 by the
+// exponent trick, bitcast(0x4B000000 | code) − (2²³ + 8), with no
+// int→float conversion) in workgroup memory — one u32 word of W (8 codes)
+// a thread — then multiplies, with the next tile's global loads already
+// issued into registers, so that their latency hides behind the multiply.
 //
-// Why these sizes: BN = 64 features × BK = 32 inputs is 256 u32 words, one
-// per thread; TM = 4 (BM = 64) for prefill gives 16 outputs a thread, two
-// 16-byte loads per 16 multiply-adds; TM = 2 (BM = 32) for batched decode
-// fits 32 sequences in one tile. Workgroup memory: 32·(BM + 4)·4 bytes of x'
+// Why these sizes: TM × TN = 2 × 4 for batched decode fits 32 sequences in
+// one tile; 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
+// 16-byte loads per 16 multiply-adds; 8 × 8 (128 × 128 tiles, BK = 16)
+// four loads per 64 multiply-adds, the classic register tile of an f32
+// GEMM, for long prefills. Workgroup memory: BK·(BM + 4)·4 bytes of x'
 // (4 of padding per k row spread the transposed stores over the banks) +
-// 8 KiB of W + 36·BM bytes for the norm's sums: 13.6 KiB at TM = 2,
-// 18.8 KiB at TM = 4 (the Go side, gemmMemory, picks TM = 4 only where the
+// BK·BN·4 of W + BM·BK + 4·BM for the norm's sums: 13.6 KiB at 2 × 4,
+// 18.8 KiB at 4 × 4 and 8 × 8 (package kernels picks a size only where the
 // device allows it; WebGPU's default is 16 KiB).
 
-const TM: u32 = 2u;                   // activation rows per thread: 2 or 4
-const BM: u32 = 16u * TM;             // activation rows per workgroup
-const BN: u32 = 64u;                  // features per workgroup (4 per thread)
-const BK: u32 = 32u;                  // inputs per stage
-const SX: u32 = BM + 4u;              // the staged x' row stride, floats
-const XS4: u32 = BK * SX / 4u;        // vec4s of staged x'
-const WS4: u32 = BK * BN / 4u;        // vec4s of staged W
-const XLOADS: u32 = BM * BK / 4u / 256u; // vec4s of x' each thread stages (TM / 2)
-const SWIGLU: u32 = 0u;               // 1: x is gate | up, and the input silu(gate)·up
-const NORM: u32 = 0u;                 // 1: the input is rmsnorm(x) · g
-const SQ: u32 = BM * 8u;              // NORM: per row, 8 threads' sums of squares
+const TM: u32 = 2u;                  // activation rows per thread: 2, 4 or 8
+const TN: u32 = 4u;                  // features per thread: 4 or 8
+const BM: u32 = 16u * TM;            // activation rows per workgroup
+const BN: u32 = 16u * TN;            // features per workgroup
+const BK: u32 = 128u / TN;           // inputs per stage: BN·BK/8 = 256 words of W, one a thread
+const KQ: u32 = BK / 4u;             // vec4s of a staged row of x'
+const SX: u32 = BM + 4u;             // the staged x' row stride, floats
+const XS4: u32 = BK * SX / 4u;       // vec4s of staged x'
+const WS4: u32 = BK * BN / 4u;       // vec4s of staged W
+const XLOADS: u32 = BM * KQ / 256u;  // vec4s of x' each thread stages (2·TM / TN)
+const SWIGLU: u32 = 0u;              // 1: x is gate | up, and the input silu(gate)·up
+const NORM: u32 = 0u;                // 1: the input is rmsnorm(x) · g
+const SQ: u32 = BM * KQ;             // NORM: per row, KQ threads' sums of squares
 
 struct Params {
     T: u32,          // activation rows
@@ -107,14 +111,15 @@ var<private> xb: array<vec4<f32>, XLOADS>;
 var<private> xg: array<vec4<f32>, XLOADS>;
 var<private> q: u32;
 var<private> s: f32;
+var<private> ss: array<f32, XLOADS>; // NORM: the sums of squares of the thread's staging slots
 
 // prefetch loads tile k0's inputs for thread lid of the workgroup whose
 // tile starts at row t0 (rows past T repeat row T-1) and W row wrow.
 fn prefetch(k0: u32, t0: u32, lid: u32, wrow: u32) {
     for (var i = 0u; i < XLOADS; i++) {
         let idx = lid + i * 256u;
-        let row = min(t0 + idx / 8u, p.T - 1u);
-        let kq = idx % 8u;
+        let row = min(t0 + idx / KQ, p.T - 1u);
+        let kq = idx % KQ;
         if SWIGLU == 1u {
             let g = row * (p.K / 2u) + k0 / 4u + kq; // gate; up is K/4 vec4s further
             xa[i] = x[g];
@@ -131,6 +136,14 @@ fn prefetch(k0: u32, t0: u32, lid: u32, wrow: u32) {
     s = scale(wrow * (p.K / p.G) + k0 / p.G);
 }
 
+// rows_sumsq leaves in sq[t·KQ + j] the KQ staging threads' sums of squares
+// of row t (NORM).
+fn rows_sumsq(lid: u32) {
+    for (var i = 0u; i < XLOADS; i++) {
+        sq[lid + i * 256u] = ss[i]; // slot lid + 256i: row (lid + 256i) / KQ
+    }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let tx = lid % 16u;
@@ -139,13 +152,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t0 = wid.y * BM;
     let kbeg = wid.z * p.kps;
     let kend = min(p.K, kbeg + p.kps);
-    // The W word this thread stages: row wn, word wj of the tile's 4.
+    // The W word this thread stages: row wn, word wj of the tile's BK / 8.
     let wn = lid % BN;
     let wj = lid / BN;
     let wrow = min(n0 + wn, p.N - 1u); // rows past N repeat row N-1; not written
 
-    var acc: array<vec4<f32>, TM>;
-    var ss: array<f32, XLOADS>;
+    // acc0[m]: row ty·TM + m, features 4tx … +3; acc1[m] the same at 64 + 4tx (TN = 8).
+    var acc0: array<vec4<f32>, TM>;
+    var acc1: array<vec4<f32>, TM>;
     for (var k0 = kbeg; k0 < kend; k0 += BK) {
         if k0 == kbeg { // the first tile: nothing to hide its loads behind
             prefetch(k0, t0, lid, wrow);
@@ -153,8 +167,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // x'[t0 + t][k0 + 4kq … +4] → xs, transposed.
         for (var i = 0u; i < XLOADS; i++) {
             let idx = lid + i * 256u;
-            let t = idx / 8u;
-            let kq = idx % 8u;
+            let t = idx / KQ;
+            let kq = idx % KQ;
             var v = xa[i];
             if SWIGLU == 1u {
                 v = swiglu(xa[i], xb[i]);
@@ -183,17 +197,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             prefetch(k1, t0, lid, wrow);
         }
         for (var k = 0u; k < BK; k++) {
-            let b = ws[k * (BN / 4u) + tx];
-            // This thread's TM rows of x'[k]: a whole vec4 at TM = 4, its
-            // half at TM = 2 — picked by select, not by a lane-dependent
-            // index into a vector (which would go through local memory).
-            var a = xs[(k * SX + ty * TM) / 4u];
+            let b0 = ws[k * (BN / 4u) + tx];
+            var b1 = b0;
+            if TN == 8u {
+                b1 = ws[k * (BN / 4u) + 16u + tx];
+            }
+            // This thread's TM rows of x'[k]: half a vec4 at TM = 2 — picked
+            // by select, not by a lane-dependent index into a vector (which
+            // would go through local memory) —, one at 4, two at 8.
+            let ai = (k * SX + ty * TM) / 4u;
+            var a0 = xs[ai];
+            var a1 = a0;
             if TM == 2u {
-                let h = select(a.xy, a.zw, (ty & 1u) == 1u);
-                a = vec4<f32>(h, h);
+                let h = select(a0.xy, a0.zw, (ty & 1u) == 1u);
+                a0 = vec4<f32>(h, h);
+            }
+            if TM == 8u {
+                a1 = xs[ai + 1u];
             }
             for (var m = 0u; m < TM; m++) {
-                acc[m] += a[m] * b;
+                let a = select(a0[m & 3u], a1[m & 3u], m >= 4u);
+                acc0[m] += a * b0;
+                if TN == 8u {
+                    acc1[m] += a * b1;
+                }
             }
         }
         workgroupBarrier();
@@ -204,22 +231,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let base = wid.z * p.T * p.N;
         for (var m = 0u; m < TM; m++) {
             let t = t0 + ty * TM + m;
-            for (var e = 0u; e < 4u; e++) {
-                let n = n0 + 4u * tx + e;
-                if t < p.T && n < p.N {
-                    out[base + t * p.N + n] = acc[m][e];
+            for (var j = 0u; j < TN / 4u; j++) {
+                let v = select(acc0[m], acc1[m], j == 1u);
+                for (var e = 0u; e < 4u; e++) {
+                    let n = n0 + 64u * j + 4u * tx + e;
+                    if t < p.T && n < p.N {
+                        out[base + t * p.N + n] = v[e];
+                    }
                 }
             }
         }
         if NORM == 1u && wid.x == 0u {
-            for (var i = 0u; i < XLOADS; i++) {
-                sq[lid + i * 256u] = ss[i]; // row (lid + 256i) / 8's eighth
-            }
+            rows_sumsq(lid);
             workgroupBarrier();
             if lid < BM && t0 + lid < p.T {
                 var v = 0.0;
-                for (var j = 0u; j < 8u; j++) {
-                    v += sq[lid * 8u + j];
+                for (var j = 0u; j < KQ; j++) {
+                    v += sq[lid * KQ + j];
                 }
                 out[p.splits * p.T * p.N + wid.z * p.T + t0 + lid] = v;
             }
@@ -228,15 +256,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 
     if NORM == 1u {
-        // inv_rms of each row from the 8 threads that staged it.
-        for (var i = 0u; i < XLOADS; i++) {
-            sq[lid + i * 256u] = ss[i]; // row (lid + 256i) / 8's eighth
-        }
+        // inv_rms of each row from the KQ threads that staged it.
+        rows_sumsq(lid);
         workgroupBarrier();
         if lid < BM {
             var v = 0.0;
-            for (var j = 0u; j < 8u; j++) {
-                v += sq[lid * 8u + j];
+            for (var j = 0u; j < KQ; j++) {
+                v += sq[lid * KQ + j];
             }
             inv_rms[lid] = 1.0 / sqrt(v / f32(p.K) + p.eps);
         }
@@ -244,19 +270,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     for (var m = 0u; m < TM; m++) {
         let t = t0 + ty * TM + m;
-        var v = acc[m];
-        if NORM == 1u {
-            v *= inv_rms[ty * TM + m];
-        }
-        for (var e = 0u; e < 4u; e++) {
-            let n = n0 + 4u * tx + e;
-            if t < p.T && n < p.N {
-                let o = t * p.ldo + n;
-                var r = v[e];
-                if p.accumulate != 0u {
-                    r += out[o];
+        for (var j = 0u; j < TN / 4u; j++) {
+            var v = select(acc0[m], acc1[m], j == 1u);
+            if NORM == 1u {
+                v *= inv_rms[ty * TM + m];
+            }
+            for (var e = 0u; e < 4u; e++) {
+                let n = n0 + 64u * j + 4u * tx + e;
+                if t < p.T && n < p.N {
+                    let o = t * p.ldo + n;
+                    var r = v[e];
+                    if p.accumulate != 0u {
+                        r += out[o];
+                    }
+                    out[o] = r;
                 }
-                out[o] = r;
             }
         }
     }

@@ -95,7 +95,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM4, kernelGEMM8} {
+			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4, kernelGEMM8} {
 				if !k.fits(w, T, d.Limits()) {
 					continue
 				}

@@ -172,7 +172,7 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	switch kernel {
 	case kernelMatVec:
 		record = call.matVec
-	case kernelGEMM2, kernelGEMM4, kernelGEMM8:
+	case kernelGEMM2, kernelGEMM4, kernelGEMM8, kernelGEMM2x8:
 		tm, tn := kernel.gemmTile()
 		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, tm, tn) }
 	default:

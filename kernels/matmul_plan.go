@@ -19,6 +19,7 @@ const (
 	kernelGEMM2                       // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
 	kernelGEMM4                       // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
 	kernelGEMM8                       // gemm_int4.wgsl, 8 × 8 outputs a thread (128 × 128 tiles); not picked until measured
+	kernelGEMM2x8                     // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles); not picked until measured
 )
 
 func (k matMulKernel) String() string {
@@ -35,6 +36,8 @@ func (k matMulKernel) String() string {
 		return "gemm-4"
 	case kernelGEMM8:
 		return "gemm-8x8"
+	case kernelGEMM2x8:
+		return "gemm-2x8"
 	}
 	return fmt.Sprintf("matMulKernel(%d)", int(k))
 }
@@ -82,7 +85,7 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 		return true
 	case kernelMatVec:
 		return int4 && T <= matVecMaxT && divCeil(w.N, matVecRows) <= l.MaxComputeWorkgroupsPerDimension
-	case kernelGEMM2, kernelGEMM4, kernelGEMM8:
+	case kernelGEMM2, kernelGEMM4, kernelGEMM8, kernelGEMM2x8:
 		tm, tn := k.gemmTile()
 		return int4 && divCeil(w.N, 16*tn) <= l.MaxComputeWorkgroupsPerDimension &&
 			gemmMemory(tm, tn) <= l.MaxComputeWorkgroupStorageSize
@@ -98,6 +101,8 @@ func (k matMulKernel) gemmTile() (tm, tn int) {
 		return 4, 4
 	case kernelGEMM8:
 		return 8, 8
+	case kernelGEMM2x8:
+		return 2, 8
 	}
 	return 2, 4
 }

@@ -84,7 +84,7 @@ func TestMatVecChunk(t *testing.T) {
 func TestMatMulUnsplit(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM8} {
+	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM8, kernelGEMM2x8} {
 		_, tn := k.gemmTile()
 		s := matMulShape{T: 40, N: 16*tn*gemmTargetGroups + 17, K: 64, G: 32}
 		for _, in := range []string{"x", "swiglu", "norm"} {
@@ -108,6 +108,7 @@ func TestMatMulEachKernel(t *testing.T) {
 		{kernelGEMM2, []int{1, 3, 8, 40}},
 		{kernelGEMM4, []int{2, 9, 31, 65}},
 		{kernelGEMM8, []int{1, 7, 64, 129}},
+		{kernelGEMM2x8, []int{1, 5, 32, 33}},
 	} {
 		for _, T := range c.Ts {
 			s := matMulShape{T: T, N: 16 + r.IntN(150), K: 32 * (1 + r.IntN(40)), G: 32}

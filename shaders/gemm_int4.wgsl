@@ -39,16 +39,17 @@
 // issued into registers, so that their latency hides behind the multiply.
 //
 // Why these sizes: TM × TN = 2 × 4 for batched decode fits 32 sequences in
-// one tile; 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
+// one tile (2 × 8, 32 × 128 tiles, half the loads a multiply-add, is a
+// candidate); 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
 // 16-byte loads per 16 multiply-adds; 8 × 8 (128 × 128 tiles, BK = 16)
 // four loads per 64 multiply-adds, the classic register tile of an f32
 // GEMM, for long prefills. Workgroup memory: BK·(BM + 4)·4 bytes of x'
 // (4 of padding per k row spread the transposed stores over the banks) +
 // BK·BN·4 of W + BM·BK + 4·BM for the norm's sums: 13.6 KiB at 2 × 4,
-// 18.8 KiB at 4 × 4 and 8 × 8 (package kernels picks a size only where the
+// 11.1 KiB at 2 × 8, 18.8 KiB at 4 × 4 and 8 × 8 (package kernels picks a size only where the
 // device allows it; WebGPU's default is 16 KiB).
 
-const TM: u32 = 2u;                  // activation rows per thread: 2, 4 or 8
+const TM: u32 = 2u;                  // activation rows per thread: 2, 4 or 8 (TM ≤ TN)
 const TN: u32 = 4u;                  // features per thread: 4 or 8
 const BM: u32 = 16u * TM;            // activation rows per workgroup
 const BN: u32 = 16u * TN;            // features per workgroup
@@ -57,7 +58,8 @@ const KQ: u32 = BK / 4u;             // vec4s of a staged row of x'
 const SX: u32 = BM + 4u;             // the staged x' row stride, floats
 const XS4: u32 = BK * SX / 4u;       // vec4s of staged x'
 const WS4: u32 = BK * BN / 4u;       // vec4s of staged W
-const XLOADS: u32 = BM * KQ / 256u;  // vec4s of x' each thread stages (2·TM / TN)
+const XVEC4S: u32 = BM * KQ;         // vec4s of x' a stage
+const XLOADS: u32 = (XVEC4S + 255u) / 256u; // … each thread stages (at 2 × 8 half the threads one)
 const SWIGLU: u32 = 0u;              // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;                // 1: the input is rmsnorm(x) · g
 const SQ: u32 = BM * KQ;             // NORM: per row, KQ threads' sums of squares
@@ -117,7 +119,7 @@ var<private> ss: array<f32, XLOADS>; // NORM: the sums of squares of the thread'
 // tile starts at row t0 (rows past T repeat row T-1) and W row wrow.
 fn prefetch(k0: u32, t0: u32, lid: u32, wrow: u32) {
     for (var i = 0u; i < XLOADS; i++) {
-        let idx = lid + i * 256u;
+        let idx = min(lid + i * 256u, XVEC4S - 1u); // past the stage: a copy of its last slot, not stored
         let row = min(t0 + idx / KQ, p.T - 1u);
         let kq = idx % KQ;
         if SWIGLU == 1u {
@@ -140,7 +142,9 @@ fn prefetch(k0: u32, t0: u32, lid: u32, wrow: u32) {
 // of row t (NORM).
 fn rows_sumsq(lid: u32) {
     for (var i = 0u; i < XLOADS; i++) {
-        sq[lid + i * 256u] = ss[i]; // slot lid + 256i: row (lid + 256i) / KQ
+        if lid + i * 256u < XVEC4S {
+            sq[lid + i * 256u] = ss[i]; // slot lid + 256i: row (lid + 256i) / KQ
+        }
     }
 }
 
@@ -167,6 +171,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // x'[t0 + t][k0 + 4kq … +4] → xs, transposed.
         for (var i = 0u; i < XLOADS; i++) {
             let idx = lid + i * 256u;
+            if idx >= XVEC4S {
+                break;
+            }
             let t = idx / KQ;
             let kq = idx % KQ;
             var v = xa[i];

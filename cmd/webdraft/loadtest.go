@@ -15,7 +15,7 @@ import (
 )
 
 func runLoadtest(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "loadtest", "--url URL [--concurrency 32] [--conversations 100] [--turns 20] [--n 16]")
+	fs := newFlags(e, "loadtest", "--url URL [--concurrency 32] [--conversations 100] [--turns 20] [--n 16] [--warm]")
 	url := fs.String("url", "http://127.0.0.1:8080", "webdraft server to load")
 	conc := fs.Int("concurrency", 32, "conversations in flight")
 	convs := fs.Int("conversations", 100, "conversations in all")

@@ -20,7 +20,9 @@ var rmsNorm = gpu.Kernel{
 //	weight (n) f32
 //	out    (R, n) f32, a different buffer from x
 //
-// Hidden norms are R = T, n = H; the per-head q/k norms R = T·heads, n = D.
+// Hidden norms are R = T, n = H (the engine uses it for the final norm
+// before the head; the layers' norms happen inside MatMulNorm and the q/k
+// norms inside QKVRopeKV); per-head rows would be R = T·heads, n = D.
 func RMSNorm(b *gpu.Batch, out, x, weight *gpu.Buffer, R, n int, eps float64) error {
 	op := "rmsnorm"
 	if R <= 0 || n <= 0 {

@@ -158,6 +158,27 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		}
 	})
 
+	t.Run("chained decode past the context", func(t *testing.T) {
+		// Single tokens only (the engine may chain every step): nothing is
+		// fed past max_position_embeddings.
+		seq, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seq.Release()
+		p := prompt(c.MaxPositionEmbeddings - 3)
+		if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: p}}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = engine.StepN(ctx, e, []*engine.Entry{{Seq: seq, Tokens: p[:1]}}, 6)
+		if !errors.Is(err, engine.ErrContextFull) {
+			t.Errorf("6 steps after %d of %d positions: %v", len(p), c.MaxPositionEmbeddings, err)
+		}
+		if n := seq.Len(); n > c.MaxPositionEmbeddings {
+			t.Errorf("Len = %d past max_position_embeddings", n)
+		}
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		seq, err := e.NewSequence()
 		if err != nil {
@@ -168,6 +189,21 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 			if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: tokens}}); err == nil {
 				t.Errorf("Step accepted tokens %v", tokens)
 			}
+			if _, err := engine.StepN(ctx, e, []*engine.Entry{{Seq: seq, Tokens: tokens}}, 3); err == nil {
+				t.Errorf("StepN accepted tokens %v", tokens)
+			}
+		}
+		other, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Release()
+		twice := []*engine.Entry{{Seq: other, Tokens: []int{1}}, {Seq: other, Tokens: []int{2}}}
+		if _, err := engine.StepN(ctx, e, twice, 3); err == nil {
+			t.Error("StepN accepted one sequence twice in a batch")
+		}
+		if other.Len() != 0 {
+			t.Errorf("a refused StepN changed the cache: Len = %d", other.Len())
 		}
 		long := make([]int, c.MaxPositionEmbeddings+1)
 		err = e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: long}})

@@ -9,16 +9,20 @@ import (
 	"webdraft/kernels"
 )
 
-// StepN is n Steps in one (engine.Chainer). The first is an ordinary Step
-// (any tokens, read back); the n-1 that follow are decode passes chained on
-// the GPU: each pass's greedy tokens are copied into the next pass's input
-// ids and into a results buffer, positions are written to the queue ahead
-// of each pass, and the results are read back once at the end. So the host
-// records pass j+1 while the GPU runs pass j, instead of waiting for each
-// token. On an error the sequences hold what the steps before it fed.
+// StepN is n Steps in one (engine.Chainer): decode passes chained on the
+// GPU, each pass's greedy tokens copied into the next pass's input ids and
+// into a results buffer, positions written to the queue ahead of each pass,
+// and the results read back once at the end — so the host records pass
+// j+1 while the GPU runs pass j, instead of waiting for each token. When
+// every entry feeds one token, all n passes chain; otherwise the first is
+// an ordinary Step (prompts, read back) and the n-1 after it chain. On an
+// error the sequences hold what the steps before it fed.
 func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]int, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("webgpu engine: step n: n = %d, want > 0", n)
+	}
+	if decodeOnly(batch) && len(batch) <= e.opts.MaxRows && len(batch) <= e.act.maxLasts {
+		return e.chainAll(ctx, batch, n)
 	}
 	if err := e.Step(ctx, batch); err != nil {
 		return nil, err
@@ -36,8 +40,12 @@ func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]i
 		// More entries than one pass holds: one Step at a time.
 		next, err = engine.StepN(ctx, stepsOnly{e}, withNext(batch), n-1)
 	} else {
+		first := make([]int, len(batch))
+		for i, en := range batch {
+			first[i] = en.Next
+		}
 		e.mu.Lock()
-		next, err = e.chain(ctx, batch, n-1)
+		next, err = e.chain(ctx, batch, first, n-1)
 		e.mu.Unlock()
 	}
 	if err != nil {
@@ -50,10 +58,49 @@ func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]i
 	return out, nil
 }
 
-// chain runs m decode passes after a Step: entry i feeds its Next, then its
-// own greedy tokens. It returns each entry's m new tokens; on an error the
-// sequences are as they were.
-func (e *Engine) chain(ctx context.Context, batch []*engine.Entry, m int) ([][]int, error) {
+// decodeOnly reports whether every entry feeds exactly one token.
+func decodeOnly(batch []*engine.Entry) bool {
+	for _, en := range batch {
+		if len(en.Tokens) != 1 {
+			return false
+		}
+	}
+	return len(batch) > 0
+}
+
+// chainAll is StepN for a batch of single tokens: n chained passes, the
+// first feeding each entry's token.
+func (e *Engine) chainAll(ctx context.Context, batch []*engine.Entry, n int) ([][]int, error) {
+	if err := engine.CheckBatch(&e.cfg, batch); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errReleased
+	}
+	if _, err := e.sequences(batch); err != nil {
+		return nil, err
+	}
+	first := make([]int, len(batch))
+	for i, en := range batch {
+		first[i] = en.Tokens[0]
+	}
+	out, err := e.chain(ctx, batch, first, n)
+	if err != nil {
+		return nil, err
+	}
+	for i, en := range batch {
+		en.Next = out[i][n-1]
+	}
+	return out, nil
+}
+
+// chain runs m decode passes: entry i feeds first[i], then its own greedy
+// tokens. It returns each entry's m new tokens; on an error the sequences
+// are as they were. The batch's sequences must have been checked (Step,
+// chainAll).
+func (e *Engine) chain(ctx context.Context, batch []*engine.Entry, first []int, m int) ([][]int, error) {
 	if e.closed {
 		return nil, errReleased
 	}
@@ -62,7 +109,7 @@ func (e *Engine) chain(ctx context.Context, batch []*engine.Entry, m int) ([][]i
 	lens := make([]int, B)
 	maxLen := 0
 	for i, en := range batch {
-		s := en.Seq.(*sequence) // Step checked the batch
+		s := en.Seq.(*sequence) // checked by the caller
 		seqs[i], lens[i] = s, s.len
 		if s.len+m > c.MaxPositionEmbeddings {
 			return nil, fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, s.len+m, engine.ErrContextFull, c.MaxPositionEmbeddings)
@@ -94,7 +141,7 @@ func (e *Engine) chain(ctx context.Context, batch []*engine.Entry, m int) ([][]i
 			}
 			s.dirty = false
 		}
-		ids[i], slots[i], lasts[i] = uint32(batch[i].Next), uint32(s.slot), uint32(i)
+		ids[i], slots[i], lasts[i] = uint32(first[i]), uint32(s.slot), uint32(i)
 	}
 	words := (B + 3) &^ 3 // copies move 16-byte words
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)

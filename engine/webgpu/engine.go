@@ -264,18 +264,9 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 	if e.closed {
 		return errReleased
 	}
-	seqs := make([]*sequence, len(batch))
-	seen := map[*sequence]bool{}
-	for i, en := range batch {
-		s, ok := en.Seq.(*sequence)
-		if !ok || s.e != e {
-			return fmt.Errorf("webgpu engine: batch entry %d: a sequence of another engine", i)
-		}
-		if seen[s] {
-			return fmt.Errorf("webgpu engine: batch entry %d repeats a sequence", i)
-		}
-		seen[s] = true
-		seqs[i] = s
+	seqs, err := e.sequences(batch)
+	if err != nil {
+		return err
 	}
 	// Map every block the batch needs first, so a full pool changes nothing.
 	for i, s := range seqs {
@@ -302,6 +293,25 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 			return err
 		}
 	}
+}
+
+// sequences returns the batch's sequences, checking that each is this
+// engine's and appears once.
+func (e *Engine) sequences(batch []*engine.Entry) ([]*sequence, error) {
+	seqs := make([]*sequence, len(batch))
+	seen := map[*sequence]bool{}
+	for i, en := range batch {
+		s, ok := en.Seq.(*sequence)
+		if !ok || s.e != e {
+			return nil, fmt.Errorf("webgpu engine: batch entry %d: a sequence of another engine", i)
+		}
+		if seen[s] {
+			return nil, fmt.Errorf("webgpu engine: batch entry %d repeats a sequence", i)
+		}
+		seen[s] = true
+		seqs[i] = s
+	}
+	return seqs, nil
 }
 
 // shrinkTo returns blocks mapped beyond n positions (undoing grow).

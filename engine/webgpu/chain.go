@@ -21,7 +21,7 @@ func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]i
 	if n <= 0 {
 		return nil, fmt.Errorf("webgpu engine: step n: n = %d, want > 0", n)
 	}
-	if decodeOnly(batch) && len(batch) <= e.opts.MaxRows && len(batch) <= e.act.maxLasts {
+	if n > 1 && decodeOnly(batch) && len(batch) <= e.opts.MaxRows && len(batch) <= e.act.maxLasts {
 		return e.chainAll(ctx, batch, n)
 	}
 	if err := e.Step(ctx, batch); err != nil {

@@ -163,12 +163,10 @@ func (b *Buffer) Read(offset, size uint64) ([]byte, error) {
 		return nil, nil
 	}
 	d := b.d
-	staging, err := d.dev.CreateBuffer(&wgpu.BufferDescriptor{Label: "readback " + b.label, Size: size, Usage: wgpu.BufferUsageMapRead | wgpu.BufferUsageCopyDst})
+	staging, err := d.readbackBuffer(size)
 	if err != nil {
 		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
 	}
-	defer staging.Release()
-	defer staging.Destroy()
 	enc, err := d.dev.CreateCommandEncoder(nil)
 	if err != nil {
 		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
@@ -184,6 +182,9 @@ func (b *Buffer) Read(offset, size uint64) ([]byte, error) {
 	defer cmd.Release()
 	d.queue.Submit(cmd)
 	out, err := d.mapRead(staging, size)
+	if err != nil {
+		d.dropReadback() // its mapping state is unknown now
+	}
 	if cerr := d.check("reading buffer " + b.label); cerr != nil {
 		return nil, cerr
 	}
@@ -191,6 +192,36 @@ func (b *Buffer) Read(offset, size uint64) ([]byte, error) {
 		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
 	}
 	return out, nil
+}
+
+// readbackBuffer returns the device's MapRead staging buffer, at least size
+// bytes: one, reused by every Read rather than one created and destroyed a
+// Read, grown to the next power of two when too small.
+func (d *Device) readbackBuffer(size uint64) (*wgpu.Buffer, error) {
+	if d.readback != nil && d.readbackSize >= size {
+		return d.readback, nil
+	}
+	grown := uint64(4096)
+	for grown < size {
+		grown *= 2
+	}
+	staging, err := d.dev.CreateBuffer(&wgpu.BufferDescriptor{Label: "readback", Size: grown, Usage: wgpu.BufferUsageMapRead | wgpu.BufferUsageCopyDst})
+	if err != nil {
+		return nil, err
+	}
+	d.dropReadback()
+	d.readback, d.readbackSize = staging, grown
+	return staging, nil
+}
+
+// dropReadback frees the readback staging buffer (Close, growth, a failed
+// mapping).
+func (d *Device) dropReadback() {
+	if d.readback != nil {
+		d.readback.Destroy()
+		d.readback.Release()
+		d.readback, d.readbackSize = nil, 0
+	}
 }
 
 // ReadF32 returns the whole buffer as f32s.

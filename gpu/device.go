@@ -103,6 +103,8 @@ type Device struct {
 	timestamps     bool           // timestamp queries enabled (natively, where offered)
 	scratch        *Buffer        // see Scratch
 	retired        []*Buffer      // grown-out scratch buffers, kept until Close
+	readback       *wgpu.Buffer   // MapRead staging for Read, grown on demand
+	readbackSize   uint64
 	closed         bool
 }
 
@@ -122,6 +124,7 @@ func (d *Device) Close() {
 		return
 	}
 	d.releaseScratch()
+	d.dropReadback()
 	d.closed = true
 	d.binds.open = 0 // batches left unsubmitted die with the device
 	d.binds.clear()

@@ -4,9 +4,16 @@ package gpu
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/cogentcore/webgpu/wgpu"
 )
+
+// spinPoll makes mapRead wait for the GPU by polling without sleeping (up
+// to spinTimeout, then blocking) instead of blocking in the driver at once.
+var spinPoll = false
+
+const spinTimeout = 10 * time.Second
 
 // mapRead maps staging (MapRead, size bytes) once the queue is done with it
 // and returns a copy of its contents.
@@ -17,6 +24,13 @@ func (d *Device) mapRead(staging *wgpu.Buffer, size uint64) ([]byte, error) {
 		status, done = s, true
 	}); err != nil {
 		return nil, err
+	}
+	if spinPoll {
+		// Poll(false) checks for finished work and runs the callbacks
+		// without sleeping.
+		for deadline := time.Now().Add(spinTimeout); !done && time.Now().Before(deadline); {
+			d.dev.Poll(false, nil)
+		}
 	}
 	// Poll(true) blocks until the queue is idle and runs the callbacks; a
 	// second round covers a callback that lands just after.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
@@ -14,8 +15,8 @@ import (
 // (q/o_proj 2048→2048, gate/up 2048→6144, down 6144→2048, the tied head
 // 2048→151936) for decode (T=1) and, but for the head, a prefill tile
 // (T=64), reporting the effective bandwidth: the bytes of weights, scales,
-// x and out per matmul over its time. Each batch holds reps matmuls (one
-// submit and one wait). On lavapipe (128 MiB bindings) the head runs as two
+// x and out per matmul over its time. Each matmul's time is the slope
+// between batches of reps and 4·reps (benchMatMuls). On lavapipe (128 MiB bindings) the head runs as two
 // row blocks.
 func BenchmarkMatMulInt4(b *testing.B) {
 	d := gputest.Device(b)
@@ -67,8 +68,8 @@ func BenchmarkMatMulInt4(b *testing.B) {
 // stacked, down) for 1 to 1,024 activation rows: the measurements behind
 // pickMatMul's thresholds, redone in one run (on the GPU machine: build
 // with `go test -c ./kernels`, run `kernels.test -test.run '^$' -test.bench
-// MatMulKernels`). Each reports µs a matmul (reps dependent ones in one
-// batch, as in a forward pass) and TFLOP/s.
+// MatMulKernels`). Each reports µs a matmul (dependent ones in one batch,
+// as in a forward pass: see benchMatMuls), TFLOP/s and GB/s of weights.
 func BenchmarkMatMulKernels(b *testing.B) {
 	d := gputest.Device(b)
 	const reps = 16
@@ -76,17 +77,24 @@ func BenchmarkMatMulKernels(b *testing.B) {
 	for _, s := range []struct {
 		name string
 		N, K int
+		Ts   []int
 	}{
-		{"qkv_2048x4096", 4096, 2048},
-		{"o_2048x2048", 2048, 2048},
-		{"gate_up_2048x12288", 12288, 2048},
-		{"down_6144x2048", 2048, 6144},
+		{"qkv_2048x4096", 4096, 2048, benchTs},
+		{"o_2048x2048", 2048, 2048, benchTs},
+		{"gate_up_2048x12288", 12288, 2048, benchTs},
+		{"down_6144x2048", 2048, 6144, benchTs},
+		{"head_2048x151936", 151936, 2048, []int{1, 2, 4}},
 	} {
-		w, err := UploadMatrix(d, s.name, randInt4(r, s.N, s.K, tensor.DefaultGroupSize))
+		m := randInt4(r, s.N, s.K, tensor.DefaultGroupSize)
+		if size := uint64(len(m.QWeight)) * 4; size > d.Limits().MaxBufferSize {
+			b.Logf("%s: skipped: %d-byte weights exceed this adapter's maxBufferSize %d", s.name, size, d.Limits().MaxBufferSize)
+			continue
+		}
+		w, err := UploadMatrix(d, s.name, m)
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, T := range []int{1, 2, 4, 8, 16, 32, 64, 256, 1024} {
+		for _, T := range s.Ts {
 			x, err := d.UploadF32("x", make([]float32, T*s.K))
 			if err != nil {
 				b.Fatal(err)
@@ -95,17 +103,29 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4, kernelGEMM8} {
-				if !k.fits(w, T, d.Limits()) {
-					continue
+			var hows []matMulInput
+			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4} {
+				if k.fits(w, T, d.Limits()) {
+					hows = append(hows, matMulInput{kernel: k})
 				}
-				b.Run(fmt.Sprintf("%s/T%d/%v", s.name, T, k), func(b *testing.B) {
-					how := matMulInput{kernel: k}
+			}
+			for _, l := range benchMatVecLayouts {
+				if _, ok := matVecFor(w, T, l, d.Limits()); ok && T <= matVecMaxT {
+					hows = append(hows, matMulInput{kernel: kernelMatVec, matVec: l})
+				}
+			}
+			for _, how := range hows {
+				name := how.kernel.String()
+				if how.matVec != (matVecLayout{}) {
+					name = how.matVec.String()
+				}
+				b.Run(fmt.Sprintf("%s/T%d/%s", s.name, T, name), func(b *testing.B) {
 					sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
 						return matMul(bt, out, x, w, T, how, d.Limits().MaxStorageBufferBindingSize)
 					})
 					b.ReportMetric(sec*1e6, "µs/matmul")
 					b.ReportMetric(2*float64(T*s.N*s.K)/sec/1e12, "TFLOP/s")
+					b.ReportMetric(float64(len(m.QWeight)*4+len(m.Scales)*2)/sec/1e9, "GB/s")
 				})
 			}
 			x.Release()
@@ -115,17 +135,32 @@ func BenchmarkMatMulKernels(b *testing.B) {
 	}
 }
 
-// benchMatMuls runs the benchmark's loop over batches of reps matmuls
-// (record records one), each batch submitted and waited for by reading
-// out, after one batch that compiles the pipelines and warms up; it returns
-// the seconds one matmul took.
+// benchTs are the activation rows BenchmarkMatMulKernels times the layers'
+// projections at.
+var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 256, 1024}
+
+// benchMatVecLayouts are the matrix-vector layouts BenchmarkMatMulKernels
+// tries besides pickMatVecLayout's.
+var benchMatVecLayouts = []matVecLayout{
+	{16, 1, 256}, {16, 2, 128}, {16, 4, 64}, {16, 4, 128}, {16, 4, 256}, {16, 8, 128},
+	{32, 4, 128}, {32, 2, 64}, {64, 4, 128}, {64, 2, 64},
+}
+
+// benchMatMuls runs the benchmark's loop over pairs of batches, one of reps
+// dependent matmuls (record records one) and one of 4·reps, each submitted
+// and waited for by reading out, after a batch that compiles the pipelines
+// and warms up. It returns the seconds one more matmul adds to a batch —
+// the slope between the two, what a matmul costs inside a forward pass —
+// free of the fixed cost of submitting and waiting for a batch (on the
+// H200 a few milliseconds, more than 16 small matmuls take).
 func benchMatMuls(b *testing.B, d *gpu.Device, out *gpu.Buffer, reps int, record func(*gpu.Batch) error) float64 {
-	batch := func() {
+	batch := func(n int) time.Duration {
+		start := time.Now()
 		bt, err := d.NewBatch("bench")
 		if err != nil {
 			b.Fatal(err)
 		}
-		for range reps {
+		for range n {
 			if err := record(bt); err != nil {
 				b.Fatal(err)
 			}
@@ -136,13 +171,15 @@ func benchMatMuls(b *testing.B, d *gpu.Device, out *gpu.Buffer, reps int, record
 		if _, err := out.Read(0, 4); err != nil { // waits for the batch
 			b.Fatal(err)
 		}
+		return time.Since(start)
 	}
-	batch()
-	b.ResetTimer()
+	batch(4 * reps)
+	var short, long time.Duration
 	for b.Loop() {
-		batch()
+		short += batch(reps)
+		long += batch(4 * reps)
 	}
-	return b.Elapsed().Seconds() / float64(b.N*reps)
+	return max(0, (long - short).Seconds()) / float64(b.N*3*reps)
 }
 
 // randInt4 returns an int4 matrix of random codes and scales (quantizing a

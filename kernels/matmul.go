@@ -41,19 +41,6 @@ const (
 	matMulRows = 4  // output features per workgroup for prefill (T > 1)
 )
 
-// matVecChunk returns how many input columns matvec_int4.wgsl stages at a
-// time for tt rows: matVecStaged values in all, fewer where the device's
-// workgroup memory (staged input, then tt·WG partial sums and the norm's
-// tt·ROWS sums) would not hold them — but at least one 32-column vec4 per
-// lane (at tt ≤ 4 WebGPU's default 16 KiB always holds that).
-func matVecChunk(tt, limit uint32) uint32 {
-	kc := uint32(matVecStaged) / tt
-	for kc > 32*matVecLanes && 4*(tt*kc+tt*matVecLanes*matVecRows+tt*matVecRows+tt) > limit {
-		kc /= 2
-	}
-	return kc
-}
-
 // matMulTT returns the activation rows per workgroup for T rows: 1 for
 // decode, a tile of 4 or 8 for prefill.
 func matMulTT(T int) uint32 {
@@ -115,6 +102,7 @@ type matMulInput struct {
 	norm       *gpu.Buffer // non-nil: the input is RMSNorm(x) with this weight
 	eps        float64
 	kernel     matMulKernel // zero: pickMatMul's choice (benchmarks force others)
+	matVec     matVecLayout // zero: pickMatVecLayout's choice
 }
 
 // matMul is MatMul, MatMulNorm or MatMulSwiGLU (as `in` says) with the binding
@@ -172,7 +160,7 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	switch kernel {
 	case kernelMatVec:
 		record = call.matVec
-	case kernelGEMM2, kernelGEMM4, kernelGEMM8, kernelGEMM2x8:
+	case kernelGEMM2, kernelGEMM4, kernelGEMM2x8:
 		tm, tn := kernel.gemmTile()
 		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, tm, tn) }
 	default:
@@ -246,13 +234,13 @@ func (c *matMulCall) rowTile(blk rowBlock, out gpu.Binding) error {
 
 // matVec records one row block with matvec_int4.wgsl.
 func (c *matMulCall) matVec(blk rowBlock, out gpu.Binding) error {
-	w, d := c.w, c.b.Device()
-	tt := matVecTT(c.T)
-	// No longer than the row (rounded to a vec4 a lane): each thread loads
-	// KC / 32 / LANES weight vec4s a chunk, and one past the row would only
-	// be skipped.
-	kc := min(matVecChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), 32*matVecLanes)))
-	return c.rowDispatch(blk, out, matVecInt4, gpu.Consts{"TT": tt, "KC": kc}, matVecRows, int(tt))
+	p, ok := matVecFor(c.w, c.T, c.in.matVec, c.b.Device().Limits())
+	if !ok {
+		return fmt.Errorf("%v does not take %d rows of this matrix on this device", p.matVecLayout, c.T)
+	}
+	l := p.matVecLayout
+	consts := gpu.Consts{"LANES": uint32(l.lanes), "RT": uint32(l.rt), "WG": uint32(l.wg), "TT": p.tt, "KC": p.kc, "SHM": p.shm}
+	return c.rowDispatch(blk, out, matVecInt4, consts, l.rows(), int(p.tt))
 }
 
 // rowDispatch records kernel k, which shares matmul_int4.wgsl's bindings and

@@ -18,7 +18,6 @@ const (
 	kernelMatVec                      // matvec_int4.wgsl: 1–4 rows
 	kernelGEMM2                       // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
 	kernelGEMM4                       // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
-	kernelGEMM8                       // gemm_int4.wgsl, 8 × 8 outputs a thread (128 × 128 tiles); not picked until measured
 	kernelGEMM2x8                     // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles); not picked until measured
 )
 
@@ -34,22 +33,108 @@ func (k matMulKernel) String() string {
 		return "gemm-2"
 	case kernelGEMM4:
 		return "gemm-4"
-	case kernelGEMM8:
-		return "gemm-8x8"
 	case kernelGEMM2x8:
 		return "gemm-2x8"
 	}
 	return fmt.Sprintf("matMulKernel(%d)", int(k))
 }
 
-// The matrix-vector kernel's tiling (see the header of matvec_int4.wgsl):
-// up to matVecMaxT activation rows, staged matVecStaged floats at a time.
+// matVecLayout is matvec_int4.wgsl's tiling (see its header): lanes
+// threads along K share rt neighbouring weight rows, wg threads a
+// workgroup.
+type matVecLayout struct{ lanes, rt, wg int }
+
+func (l matVecLayout) String() string { return fmt.Sprintf("matvec-%dx%d/%d", l.lanes, l.rt, l.wg) }
+
+// rows is the weight rows a workgroup computes.
+func (l matVecLayout) rows() int { return l.wg / l.lanes * l.rt }
+
+// valid reports whether the kernel takes the layout.
+func (l matVecLayout) valid() bool {
+	return l.lanes >= 16 && l.wg >= l.lanes && l.wg%l.lanes == 0 && l.wg <= 256 &&
+		l.rt >= 1 && l.rt <= l.lanes
+}
+
+// The matrix-vector kernel takes up to matVecMaxT activation rows; a
+// thread holds at most matVecMaxWeights weight vec4s of a chunk in
+// registers (64 of them).
 const (
-	matVecLanes  = 16
-	matVecRows   = 16
-	matVecMaxT   = 4
-	matVecStaged = 2048
+	matVecMaxT       = 4
+	matVecMaxWeights = 16
 )
+
+// matVecTargetGroups is how many workgroups the matrix-vector kernel
+// aims for at least (the H200 has 132 SMs): its workgroups shrink until a
+// matrix has that many, or are as small as they go.
+const matVecTargetGroups = 256
+
+// pickMatVecLayout returns the layout for an N × K matrix: 4 rows a
+// thread (each staged input read serves four weight rows), the fewest
+// lanes that take a row in one chunk of matVecMaxWeights vec4s a thread,
+// and the largest workgroup that still gives matVecTargetGroups
+// workgroups.
+func pickMatVecLayout(n, k int) matVecLayout {
+	l := matVecLayout{lanes: 16, rt: 4, wg: 256}
+	for l.lanes < 64 && k > 32*l.lanes*matVecMaxWeights/l.rt {
+		l.lanes *= 2
+	}
+	for l.wg > 64 && l.wg > l.lanes && divCeil(n, l.rows()) < matVecTargetGroups {
+		l.wg /= 2
+	}
+	return l
+}
+
+// matVecFor plans T rows of w with layout l, or pickMatVecLayout's
+// (with smaller workgroups where the device's workgroup memory needs them)
+// when l is zero.
+func matVecFor(w *Matrix, T int, l matVecLayout, limits gpu.Limits) (matVecPlan, bool) {
+	auto := l == matVecLayout{}
+	if auto {
+		l = pickMatVecLayout(w.N, w.K)
+	}
+	for {
+		p, ok := planMatVec(l, T, w.K, limits.MaxComputeWorkgroupStorageSize)
+		if ok && divCeil(w.N, l.rows()) <= limits.MaxComputeWorkgroupsPerDimension {
+			return p, true
+		}
+		if !auto || l.wg/2 < l.lanes {
+			return p, false
+		}
+		l.wg /= 2
+	}
+}
+
+// matVecPlan is a matvec_int4.wgsl dispatch's constants: tt activation
+// rows a workgroup, kc input columns staged a chunk, shm vec4s of
+// workgroup memory.
+type matVecPlan struct {
+	matVecLayout
+	tt, kc, shm uint32
+}
+
+// planMatVec sizes the chunk for T rows of a K-column matrix on a device
+// with limit bytes of workgroup memory: the whole row when it fits both
+// the workgroup memory and a thread's matVecMaxWeights registers, else
+// equal chunks that do. It fails when not even one vec4 a lane fits.
+func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
+	p := matVecPlan{matVecLayout: l, tt: matVecTT(T)}
+	step := 32 * l.lanes
+	memory := func(kc int) uint32 {
+		shm := max(int(p.tt)*kc/4, l.rt*l.wg)
+		return uint32(16 * (shm + l.wg + l.wg/16))
+	}
+	kc := int(alignUp(uint64(k), uint64(step)))
+	for kc > step && (kc/step*l.rt > matVecMaxWeights || memory(kc) > limit) {
+		kc -= step
+	}
+	if !l.valid() || kc/step*l.rt > matVecMaxWeights || memory(kc) > limit {
+		return p, false
+	}
+	chunks := divCeil(k, kc)
+	p.kc = uint32(alignUp(uint64(divCeil(k, int(chunks))), uint64(step)))
+	p.shm = uint32(max(int(p.tt)*int(p.kc)/4, l.rt*l.wg))
+	return p, true
+}
 
 // gemmMinT is the fewest activation rows pickMatMul gives gemm_int4.wgsl.
 // Below it — 5 to 8 rows, past the matrix-vector kernel's 4 —
@@ -84,8 +169,12 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 	case kernelRowTile:
 		return true
 	case kernelMatVec:
-		return int4 && T <= matVecMaxT && divCeil(w.N, matVecRows) <= l.MaxComputeWorkgroupsPerDimension
-	case kernelGEMM2, kernelGEMM4, kernelGEMM8, kernelGEMM2x8:
+		if !int4 || T > matVecMaxT {
+			return false
+		}
+		_, ok := matVecFor(w, T, matVecLayout{}, l)
+		return ok
+	case kernelGEMM2, kernelGEMM4, kernelGEMM2x8:
 		tm, tn := k.gemmTile()
 		return int4 && divCeil(w.N, 16*tn) <= l.MaxComputeWorkgroupsPerDimension &&
 			gemmMemory(tm, tn) <= l.MaxComputeWorkgroupStorageSize
@@ -99,8 +188,6 @@ func (k matMulKernel) gemmTile() (tm, tn int) {
 	switch k {
 	case kernelGEMM4:
 		return 4, 4
-	case kernelGEMM8:
-		return 8, 8
 	case kernelGEMM2x8:
 		return 2, 8
 	}

@@ -69,12 +69,40 @@ func TestMatMulTallHead(t *testing.T) {
 	}
 }
 
-func TestMatVecChunk(t *testing.T) {
-	for _, c := range []struct{ tt, limit, want uint32 }{
-		{1, 16 << 10, 2048}, {2, 16 << 10, 1024}, {4, 16 << 10, 512}, {4, 8 << 10, 512},
+func TestPlanMatVec(t *testing.T) {
+	for _, c := range []struct {
+		l       matVecLayout
+		T, K    int
+		limit   uint32
+		ok      bool
+		kc, shm uint32
+	}{
+		{matVecLayout{16, 4, 256}, 1, 2048, 48 << 10, true, 2048, 1024}, // one chunk, partials the larger
+		{matVecLayout{16, 4, 64}, 4, 2048, 48 << 10, true, 2048, 2048},  // four rows staged
+		{matVecLayout{16, 4, 64}, 3, 6144, 48 << 10, true, 2048, 2048},  // registers: three chunks
+		{matVecLayout{64, 4, 128}, 1, 6144, 48 << 10, true, 6144, 1536}, // one chunk of 64 lanes
+		{matVecLayout{16, 4, 64}, 4, 2048, 16 << 10, true, 512, 512},    // memory: four chunks
+		{matVecLayout{16, 2, 64}, 1, 100, 48 << 10, true, 512, 128},     // a short row: one vec4 a lane
+		{matVecLayout{16, 4, 256}, 4, 2048, 16 << 10, false, 0, 0},      // partials alone exceed 16 KiB
+		{matVecLayout{16, 32, 256}, 1, 2048, 48 << 10, false, 0, 0},     // more rows a thread than lanes
 	} {
-		if got := matVecChunk(c.tt, c.limit); got != c.want {
-			t.Errorf("matVecChunk(%d, %d) = %d, want %d", c.tt, c.limit, got, c.want)
+		p, ok := planMatVec(c.l, c.T, c.K, c.limit)
+		if ok != c.ok || ok && (p.kc != c.kc || p.shm != c.shm) {
+			t.Errorf("planMatVec(%v, T %d, K %d, %d B) = %+v, %v; want kc %d shm %d, %v", c.l, c.T, c.K, c.limit, p, ok, c.kc, c.shm, c.ok)
+		}
+	}
+	for _, c := range []struct {
+		n, k int
+		want matVecLayout
+	}{
+		{2048, 2048, matVecLayout{16, 4, 64}},    // o_proj: 128 workgroups of 16 rows
+		{4096, 2048, matVecLayout{16, 4, 64}},    // q|k|v
+		{12288, 2048, matVecLayout{16, 4, 128}},  // gate|up
+		{2048, 6144, matVecLayout{64, 4, 128}},   // down_proj: its row in one chunk
+		{151936, 2048, matVecLayout{16, 4, 256}}, // the head
+	} {
+		if got := pickMatVecLayout(c.n, c.k); got != c.want {
+			t.Errorf("pickMatVecLayout(%d, %d) = %v, want %v", c.n, c.k, got, c.want)
 		}
 	}
 }
@@ -84,7 +112,7 @@ func TestMatVecChunk(t *testing.T) {
 func TestMatMulUnsplit(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM8, kernelGEMM2x8} {
+	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM2x8} {
 		_, tn := k.gemmTile()
 		s := matMulShape{T: 40, N: 16*tn*gemmTargetGroups + 17, K: 64, G: 32}
 		for _, in := range []string{"x", "swiglu", "norm"} {
@@ -107,7 +135,6 @@ func TestMatMulEachKernel(t *testing.T) {
 		{kernelMatVec, []int{1, 2, 3, 4}},
 		{kernelGEMM2, []int{1, 3, 8, 40}},
 		{kernelGEMM4, []int{2, 9, 31, 65}},
-		{kernelGEMM8, []int{1, 7, 64, 129}},
 		{kernelGEMM2x8, []int{1, 5, 32, 33}},
 	} {
 		for _, T := range c.Ts {

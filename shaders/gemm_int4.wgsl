@@ -41,9 +41,9 @@
 // Why these sizes: TM × TN = 2 × 4 for batched decode fits 32 sequences in
 // one tile (2 × 8, 32 × 128 tiles, half the loads a multiply-add, is a
 // candidate); 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
-// 16-byte loads per 16 multiply-adds; 8 × 8 (128 × 128 tiles, BK = 16)
-// four loads per 64 multiply-adds, the classic register tile of an f32
-// GEMM, for long prefills. Workgroup memory: BK·(BM + 4)·4 bytes of x'
+// 16-byte loads per 16 multiply-adds. (8 × 8, the classic register tile of
+// an f32 GEMM, compiles too but ran 5–10× slower than 4 × 4 on the H200 at
+// every shape: the Go side does not offer it.) Workgroup memory: BK·(BM + 4)·4 bytes of x'
 // (4 of padding per k row spread the transposed stores over the banks) +
 // BK·BN·4 of W + BM·BK + 4·BM for the norm's sums: 13.6 KiB at 2 × 4,
 // 11.1 KiB at 2 × 8, 18.8 KiB at 4 × 4 and 8 × 8 (package kernels picks a size only where the

@@ -21,37 +21,47 @@
 // The Go side uses it when K % 32 = 0 and G % 32 = 0, so that a vec4 of
 // codes lies in one scale group.
 //
-// Dispatch: (ceil(N / ROWS), 1, 1) workgroups of WG = ROWS·LANES threads.
-// Per chunk of KC input columns, the workgroup first stages x' for its TT
-// rows in workgroup memory (computing SwiGLU or the norm's sum of squares
-// once, not once per weight row), then LANES threads share each weight row:
-// lane l reads the row's vec4s l, l+LANES, … (neighbouring lanes,
-// neighbouring 16-byte words: coalesced), turns each into 32 weights with
-// the exponent trick — bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8
-// exactly in two integer ops and a subtraction, no int→float conversion
-// (a quarter-rate instruction) — and multiplies them with x' from
-// workgroup memory, stored swizzled so that the eight lanes of a
-// quarter-warp touch eight different bank quads. Finally each (row,
-// activation row) adds up its LANES partial sums.
+// Dispatch: (ceil(N / ROWS), 1, 1) workgroups of WG threads; ROWS =
+// WG / LANES · RT weight rows a workgroup. LANES threads (a "row group")
+// share RT neighbouring weight rows: lane l reads vec4s l, l+LANES, … of
+// each of them (neighbouring lanes, neighbouring 16-byte words: coalesced).
+// Per chunk of KC input columns:
+//   1. each thread loads its weights of the chunk (WPT vec4s of each of its
+//      RT rows) into registers — they do not depend on x', so their latency
+//      hides behind step 2;
+//   2. the workgroup stages x' for its TT activation rows in workgroup
+//      memory (SwiGLU, and the norm's weight and sum of squares, computed
+//      once a workgroup, not once a weight row), swizzled so that the eight
+//      lanes of a quarter-warp reading vec4s 128 bytes apart touch eight
+//      different bank quads;
+//   3. each thread turns its codes into floats with the exponent trick —
+//      bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8 exactly, no
+//      int→float conversion (a quarter-rate instruction) — and multiplies
+//      them with x'. Each staged vec4 read serves RT weight rows: the
+//      workgroup-memory traffic is 8/RT times the weight bytes (at RT = 1
+//      it would equal the L1's bandwidth at the H200's DRAM rate).
+// Finally each (weight row, activation row) adds up its LANES partial sums
+// (kept as vec4s over the activation rows, in the memory the staged x'
+// used) and, with NORM, scales them by 1 / rms; the residual it adds into
+// (accumulate) was read at the start, off the critical path.
 //
-// Why these sizes: 16 lanes of 16-byte loads read a Qwen3-1.7B row of 2048
-// inputs (1 KiB) in 4 independent loads per thread, and 16 rows a
-// workgroup give 128…768 workgroups for its projections (the H200 has 132
-// SMs); KC·TT·4 bytes of staged input (8 KiB) leave room for several
-// workgroups per SM. A thread loads its weights of a chunk (KC / 32 /
-// LANES vec4s) before staging x', so that their latency overlaps it.
+// Sizes (set by the Go side, kernels/matmul_plan.go): LANES, RT, WG per
+// matrix shape; KC ≤ K so that TT·KC floats fit the workgroup memory and a
+// thread's WPT·RT weight vec4s its registers.
 
-const LANES: u32 = 16u;             // threads per weight row
-const ROWS: u32 = 16u;              // weight rows per workgroup
-const WG: u32 = 256u;               // ROWS · LANES
-const TT: u32 = 1u;                 // activation rows the workgroup holds (T ≤ TT ≤ 4)
-const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32
+const LANES: u32 = 16u;             // threads per row group (along K)
+const RT: u32 = 4u;                 // weight rows a thread
+const WG: u32 = 64u;                // threads per workgroup, a multiple of LANES
+const TT: u32 = 1u;                 // activation rows the workgroup holds: 1, 2 or 4 (T ≤ TT)
+const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
 const SWIGLU: u32 = 0u;             // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;               // 1: the input is rmsnorm(x) · g
-const STAGED: u32 = TT * KC / 4u;   // vec4s of staged input
-const WPT: u32 = KC / 32u / LANES;  // weight vec4s a thread reads per chunk (KC a multiple of 32·LANES)
-const PARTIAL: u32 = TT * WG;       // one partial sum per (activation row, thread)
-const SUMSQ: u32 = TT * ROWS;       // NORM's sums of squares, LANES threads' each
+const SHM: u32 = 512u;              // vec4s of workgroup memory: max(TT·KC/4, RT·WG)
+const ROWS: u32 = WG / LANES * RT;  // weight rows per workgroup
+const WPT: u32 = KC / 32u / LANES;  // weight vec4s a thread reads per chunk and row
+const WG16: u32 = WG / 16u;        // groups of 16 threads
+const WR: u32 = WPT * RT;           // weight vec4s a thread holds
+const SPT: u32 = (TT * KC / 4u + WG - 1u) / WG; // staged vec4s a thread per chunk, at most
 
 struct Params {
     T: u32,          // activation rows, ≤ TT
@@ -71,10 +81,13 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
 
-var<workgroup> xs: array<vec4<f32>, STAGED>;
-var<workgroup> partial: array<f32, PARTIAL>;
-var<workgroup> sumsq: array<f32, SUMSQ>;
-var<workgroup> inv_rms: array<f32, TT>;
+// Staged x' (TT rows of KC/4 vec4s), then the partial sums (ROWS·LANES
+// vec4s over the activation rows).
+var<workgroup> shm: array<vec4<f32>, SHM>;
+// NORM: each thread's sums of squares (over the activation rows), then
+// those of WG/16 groups of 16 threads.
+var<workgroup> sq: array<vec4<f32>, WG>;
+var<workgroup> sq16: array<vec4<f32>, WG16>;
 
 const MAGIC: u32 = 0x4B000000u;  // the bits of 2²³: a code ORed in is 2²³ + code
 const BIAS: f32 = 8388616.0;     // 2²³ + 8
@@ -104,35 +117,71 @@ fn scale(i: u32) -> f32 {
     return select(pair.x, pair.y, (i & 1u) == 1u);
 }
 
+// dots returns w · xv[t] for the activation rows t < TT (zero beyond).
+fn dots(w: vec4<f32>, xv: array<vec4<f32>, 4>) -> vec4<f32> {
+    var d = vec4<f32>(dot(w, xv[0]), 0.0, 0.0, 0.0);
+    if TT > 1u {
+        d.y = dot(w, xv[1]);
+    }
+    if TT > 2u {
+        d.z = dot(w, xv[2]);
+        d.w = dot(w, xv[3]);
+    }
+    return d;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let lane = lid % LANES;
-    let r = lid / LANES;
-    let n = min(wid.x * ROWS + r, p.N - 1u); // rows past N repeat row N-1; not written
+    let n0 = wid.x * ROWS + (lid / LANES) * RT; // this thread's first weight row
     let row_vec4s = p.K / 32u;
     let groups = p.K / p.G;
     let vec4s_per_group = p.G / 32u;
 
-    var acc = array<f32, TT>();
-    var ss = array<f32, TT>();
-    var wq: array<vec4<u32>, WPT>; // this thread's weights of a chunk
-    var wscale: array<f32, WPT>;   // and their scales
+    // The residual this thread's output adds to, read now: nothing before
+    // the end depends on it.
+    let nout = wid.x * ROWS + lid; // with lid < ROWS: the row this thread writes
+    var residual = vec4<f32>();
+    if p.accumulate != 0u && lid < ROWS && nout < p.N {
+        residual.x = out[nout];
+        if TT > 1u && p.T > 1u {
+            residual.y = out[p.ldo + nout];
+        }
+        if TT > 2u && p.T > 2u {
+            residual.z = out[2u * p.ldo + nout];
+        }
+        if TT > 2u && p.T > 3u {
+            residual.w = out[3u * p.ldo + nout];
+        }
+    }
+
+    var acc = array<vec4<f32>, RT>(); // acc[r][t]: row n0 + r, activation row t
+    var ss = vec4<f32>();          // NORM: sums of squares of the staged x, by activation row
+    var wq: array<vec4<u32>, WR>; // this thread's weights of a chunk: [j·RT + r]
+    var wscale: array<f32, WR>;   // and their scales
     for (var c0 = 0u; c0 < p.K; c0 += KC) {
         let kc4 = min(KC, p.K - c0) / 4u; // vec4s of x' per row in this chunk
-        // This thread's weights of the chunk, loaded first: they do not
-        // depend on x', so their latency hides behind its staging.
+        let last = c0 + KC >= p.K;
+        // 1. This thread's weights of the chunk; rows past N repeat row
+        // N − 1 (never written).
         for (var j = 0u; j < WPT; j++) {
             let v = lane + j * LANES;
             if v < kc4 / 8u {
                 let gv = c0 / 32u + v; // the vec4's index within the row
-                wq[j] = qweight[n * row_vec4s + gv];
-                wscale[j] = scale(n * groups + gv / vec4s_per_group);
+                for (var r = 0u; r < RT; r++) {
+                    let n = min(n0 + r, p.N - 1u);
+                    wq[j * RT + r] = qweight[n * row_vec4s + gv];
+                    wscale[j * RT + r] = scale(n * groups + gv / vec4s_per_group);
+                }
             }
         }
-        // Stage x'[t][c0 … c0+kc) for t < TT; rows past T repeat row T-1.
-        for (var t = 0u; t < TT; t++) {
-            let row = min(t, p.T - 1u);
-            for (var j = lid; j < kc4; j += WG) {
+        // 2. Stage x'[t][c0 … c0+kc) for t < TT; rows past T repeat row T−1.
+        for (var i = 0u; i < SPT; i++) {
+            let e = lid + i * WG;   // (t, j): t = e / (KC/4), j = e % (KC/4)
+            let t = e / (KC / 4u);
+            let j = e % (KC / 4u);
+            if t < TT && j < kc4 {
+                let row = min(t, p.T - 1u);
                 var v: vec4<f32>;
                 if SWIGLU == 1u {
                     let g = row * (p.K / 2u) + c0 / 4u + j; // gate; up is K/4 vec4s further
@@ -141,79 +190,73 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     v = x[row * (p.K / 4u) + c0 / 4u + j];
                 }
                 if NORM == 1u {
-                    ss[t] += dot(v, v);
+                    let s = dot(v, v);
+                    ss += select(vec4<f32>(), vec4<f32>(s), vec4<u32>(0u, 1u, 2u, 3u) == vec4<u32>(t));
                     v *= norm[c0 / 4u + j];
                 }
-                xs[t * (KC / 4u) + swizzle(j)] = v;
+                shm[t * (KC / 4u) + swizzle(j)] = v;
             }
         }
+        if NORM == 1u && last {
+            sq[lid] = ss;
+        }
         workgroupBarrier();
+        if NORM == 1u && last && lid < WG16 {
+            var s = vec4<f32>();
+            for (var i = 0u; i < 16u; i++) {
+                s += sq[lid * 16u + i];
+            }
+            sq16[lid] = s; // read after the barriers below
+        }
+        // 3. Multiply: each staged vec4 serves RT weight rows.
         for (var j = 0u; j < WPT; j++) {
             let v = lane + j * LANES;
             if v < kc4 / 8u {
-                var dots = array<f32, TT>();
+                var d = array<vec4<f32>, RT>(); // (initialized: naga zeroes uninitialized vars once, not per iteration)
                 for (var m = 0u; m < 8u; m++) { // columns 32v + 4m … 32v + 4m + 3
-                    let w = codes(wq[j][m >> 1u], (m & 1u) * 16u);
+                    var xv = array<vec4<f32>, 4>();
                     for (var t = 0u; t < TT; t++) {
-                        dots[t] += dot(w, xs[t * (KC / 4u) + swizzle(8u * v + m)]);
+                        xv[t] = shm[t * (KC / 4u) + swizzle(8u * v + m)];
+                    }
+                    for (var r = 0u; r < RT; r++) {
+                        d[r] += dots(codes(wq[j * RT + r][m >> 1u], (m & 1u) * 16u), xv);
                     }
                 }
-                for (var t = 0u; t < TT; t++) {
-                    acc[t] += wscale[j] * dots[t];
+                for (var r = 0u; r < RT; r++) {
+                    acc[r] += wscale[j * RT + r] * d[r];
                 }
             }
         }
         workgroupBarrier();
     }
 
-    if NORM == 1u {
-        // inv_rms[t] = 1 / sqrt(mean x[t]² + eps), from the threads' sums of
-        // squares: ROWS threads add LANES each, then one thread adds those
-        // (two barriers, not a tree's eight).
-        for (var t = 0u; t < TT; t++) {
-            partial[t * WG + lid] = ss[t];
-        }
-        workgroupBarrier();
-        if lid < TT * ROWS {
-            var v = 0.0;
-            for (var l = 0u; l < LANES; l++) {
-                v += partial[(lid / ROWS) * WG + (lid % ROWS) * LANES + l];
-            }
-            sumsq[lid] = v;
-        }
-        workgroupBarrier();
-        if lid < TT {
-            var v = 0.0;
-            for (var i = 0u; i < ROWS; i++) {
-                v += sumsq[lid * ROWS + i];
-            }
-            inv_rms[lid] = 1.0 / sqrt(v / f32(p.K) + p.eps);
-        }
-        workgroupBarrier();
-    }
-
-    // Each (activation row, weight row) adds its LANES partial sums.
-    for (var t = 0u; t < TT; t++) {
-        partial[(t * ROWS + r) * LANES + lane] = acc[t];
+    // Each (weight row, activation row) adds its LANES partial sums.
+    for (var r = 0u; r < RT; r++) {
+        shm[((lid / LANES) * RT + r) * LANES + lane] = acc[r];
     }
     workgroupBarrier();
-    if lid < TT * ROWS {
-        let t = lid / ROWS;
-        let rr = lid % ROWS;
-        let nn = wid.x * ROWS + rr;
-        if t < p.T && nn < p.N {
-            var v = 0.0;
-            for (var l = 0u; l < LANES; l++) {
-                v += partial[(t * ROWS + rr) * LANES + ((l + lid) % LANES)];
+    if lid < ROWS && nout < p.N {
+        var s = vec4<f32>();
+        for (var l = 0u; l < LANES; l++) {
+            s += shm[lid * LANES + (l + lid) % LANES];
+        }
+        if NORM == 1u {
+            var sum = vec4<f32>();
+            for (var i = 0u; i < WG16; i++) {
+                sum += sq16[i];
             }
-            if NORM == 1u {
-                v *= inv_rms[t];
-            }
-            let o = t * p.ldo + nn;
-            if p.accumulate != 0u {
-                v += out[o];
-            }
-            out[o] = v;
+            s *= 1.0 / sqrt(sum / f32(p.K) + p.eps);
+        }
+        s += residual;
+        out[nout] = s.x;
+        if TT > 1u && p.T > 1u {
+            out[p.ldo + nout] = s.y;
+        }
+        if TT > 2u && p.T > 2u {
+            out[2u * p.ldo + nout] = s.z;
+        }
+        if TT > 2u && p.T > 3u {
+            out[3u * p.ldo + nout] = s.w;
         }
     }
 }

@@ -1,0 +1,9 @@
+package gpu
+
+// SetSpinPoll switches how Read waits for the GPU (see spinPoll) and
+// returns the previous setting, for benchmarks.
+func SetSpinPoll(spin bool) bool {
+	old := spinPoll
+	spinPoll = spin
+	return old
+}

@@ -109,6 +109,15 @@ func BenchmarkMatMulKernels(b *testing.B) {
 					hows = append(hows, matMulInput{kernel: k})
 				}
 			}
+			if T >= 16 && T <= 64 {
+				for _, g := range []int{128, 256, 1024} {
+					for _, k := range []matMulKernel{kernelGEMM2x8, kernelGEMM4} {
+						if k.fits(w, T, d.Limits()) {
+							hows = append(hows, matMulInput{kernel: k, groups: g})
+						}
+					}
+				}
+			}
 			for _, l := range benchMatVecLayouts {
 				if _, ok := matVecFor(w, T, l, d.Limits()); ok && T <= matVecMaxT {
 					hows = append(hows, matMulInput{kernel: kernelMatVec, matVec: l})
@@ -118,6 +127,9 @@ func BenchmarkMatMulKernels(b *testing.B) {
 				name := how.kernel.String()
 				if how.matVec != (matVecLayout{}) {
 					name = how.matVec.String()
+				}
+				if how.groups > 0 {
+					name += fmt.Sprintf("/groups=%d", how.groups)
 				}
 				b.Run(fmt.Sprintf("%s/T%d/%s", s.name, T, name), func(b *testing.B) {
 					sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
@@ -179,7 +191,7 @@ func benchMatMuls(b *testing.B, d *gpu.Device, out *gpu.Buffer, reps int, record
 		short += batch(reps)
 		long += batch(4 * reps)
 	}
-	return max(0, (long - short).Seconds()) / float64(b.N*3*reps)
+	return max(0, (long-short).Seconds()) / float64(b.N*3*reps)
 }
 
 // randInt4 returns an int4 matrix of random codes and scales (quantizing a

@@ -103,6 +103,7 @@ type matMulInput struct {
 	eps        float64
 	kernel     matMulKernel // zero: pickMatMul's choice (benchmarks force others)
 	matVec     matVecLayout // zero: pickMatVecLayout's choice
+	groups     int          // the GEMM's split-K target; zero: gemmTargetGroups
 }
 
 // matMul is MatMul, MatMulNorm or MatMulSwiGLU (as `in` says) with the binding
@@ -270,7 +271,11 @@ func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, tm, tn int) error {
 	bm, bn, bk := 16*tm, 16*tn, 128/tn
 	tiles := int(divCeil(blk.n, bn)) * int(divCeil(T, bm))
 	kTiles := w.K / bk
-	splits := min(kTiles, max(1, (gemmTargetGroups+tiles-1)/tiles))
+	target := gemmTargetGroups
+	if c.in.groups > 0 {
+		target = c.in.groups
+	}
+	splits := min(kTiles, max(1, (target+tiles-1)/tiles))
 	kps := (kTiles + splits - 1) / splits * bk
 	splits = (w.K + kps - 1) / kps
 	partials := uint64(splits) * uint64(T) * uint64(blk.n+1) * 4 // sums, then sums of squares

@@ -18,7 +18,7 @@ const (
 	kernelMatVec                      // matvec_int4.wgsl: 1–4 rows
 	kernelGEMM2                       // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
 	kernelGEMM4                       // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
-	kernelGEMM2x8                     // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles); not picked until measured
+	kernelGEMM2x8                     // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles)
 )
 
 func (k matMulKernel) String() string {
@@ -63,25 +63,29 @@ const (
 	matVecMaxWeights = 16
 )
 
-// matVecTargetGroups is how many workgroups the matrix-vector kernel
-// aims for at least (the H200 has 132 SMs): its workgroups shrink until a
-// matrix has that many, or are as small as they go.
-const matVecTargetGroups = 256
-
-// pickMatVecLayout returns the layout for an N × K matrix: 4 rows a
-// thread (each staged input read serves four weight rows), the fewest
-// lanes that take a row in one chunk of matVecMaxWeights vec4s a thread,
-// and the largest workgroup that still gives matVecTargetGroups
-// workgroups.
-func pickMatVecLayout(n, k int) matVecLayout {
-	l := matVecLayout{lanes: 16, rt: 4, wg: 256}
-	for l.lanes < 64 && k > 32*l.lanes*matVecMaxWeights/l.rt {
-		l.lanes *= 2
+// pickMatVecLayout returns the layout for T rows of an N × K matrix, the
+// fastest of ten measured on the H200 (BenchmarkMatMulKernels, dependent
+// matmuls as in a decode pass; BENCHMARKS.md) at Qwen3-1.7B's shapes, as
+// a rule: tall matrices (the stacked gate/up projection, the head) want
+// few lanes a row and, from two rows on, 8 rows a thread; long rows
+// (down_proj) 32 lanes or, from two rows on, one row a thread; the rest
+// 64 lanes of 4 rows. The differences are small at one row — every
+// layout's dependent time there is mostly latency (7–16 µs for 2–12 MB) —
+// and up to 3× at four.
+func pickMatVecLayout(n, k, T int) matVecLayout {
+	switch {
+	case n >= 8192 && T == 1:
+		return matVecLayout{lanes: 16, rt: 2, wg: 128}
+	case n >= 8192:
+		return matVecLayout{lanes: 16, rt: 8, wg: 128}
+	case k > 2048 && T == 1:
+		return matVecLayout{lanes: 32, rt: 4, wg: 128}
+	case k > 2048:
+		return matVecLayout{lanes: 16, rt: 1, wg: 256}
+	case T <= 2:
+		return matVecLayout{lanes: 64, rt: 4, wg: 128}
 	}
-	for l.wg > 64 && l.wg > l.lanes && divCeil(n, l.rows()) < matVecTargetGroups {
-		l.wg /= 2
-	}
-	return l
+	return matVecLayout{lanes: 32, rt: 4, wg: 128}
 }
 
 // matVecFor plans T rows of w with layout l, or pickMatVecLayout's
@@ -90,7 +94,7 @@ func pickMatVecLayout(n, k int) matVecLayout {
 func matVecFor(w *Matrix, T int, l matVecLayout, limits gpu.Limits) (matVecPlan, bool) {
 	auto := l == matVecLayout{}
 	if auto {
-		l = pickMatVecLayout(w.N, w.K)
+		l = pickMatVecLayout(w.N, w.K, T)
 	}
 	for {
 		p, ok := planMatVec(l, T, w.K, limits.MaxComputeWorkgroupStorageSize)
@@ -136,24 +140,32 @@ func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
 	return p, true
 }
 
-// gemmMinT is the fewest activation rows pickMatMul gives gemm_int4.wgsl.
-// Below it — 5 to 8 rows, past the matrix-vector kernel's 4 —
-// matmul_int4.wgsl's 8-row tile is faster on the H200: a batch-8 decode
-// step took 7.5 ms with it, 12.8 ms with the GEMM (whose 32-row tile costs
-// the same at 8 rows as at 32) and 12.5 ms with the matrix-vector kernel
-// at 8 rows.
-const gemmMinT = 9
+// The row counts where pickMatMul moves from one kernel to the next,
+// from BenchmarkMatMulKernels on the H200 (dependent matmuls at
+// Qwen3-1.7B's four projections, summed over a layer; BENCHMARKS.md):
+// 5–16 rows are fastest on matmul_int4.wgsl's 8-row tile (a layer at 16
+// rows 190 µs, against 317 µs on the GEMM's 32-row tile, which costs as
+// much at 1 row as at 32); 17–40 on the GEMM at 2 × 8 outputs a thread
+// (a layer at 32 rows 289 µs; 2 × 4 320 µs, the 8-row tile 324 µs); more
+// on 4 × 4 (a layer at 64 rows 387 µs; 2 × 8 509 µs).
+const (
+	gemmMinT  = 17
+	gemm4MinT = 41
+)
 
 // pickMatMul returns the kernel for T rows of w on a device with limits l:
-// the matrix-vector kernel for 1–4 rows, the 8-row tile for 5–8, the GEMM
-// beyond (4 rows a thread past 32 rows, where its workgroup memory fits),
-// and the row-tile kernels for whatever the int4 kernels do not take.
+// the matrix-vector kernel for 1–4 rows, the 8-row tile for 5–16, the GEMM
+// beyond (2 × 8 outputs a thread, 4 × 4 past 40 rows where its workgroup
+// memory fits), and the row-tile kernels for whatever the int4 kernels do
+// not take.
 func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 	switch {
 	case T <= matVecMaxT && kernelMatVec.fits(w, T, l):
 		return kernelMatVec
-	case T > 32 && kernelGEMM4.fits(w, T, l):
+	case T >= gemm4MinT && kernelGEMM4.fits(w, T, l):
 		return kernelGEMM4
+	case T >= gemmMinT && kernelGEMM2x8.fits(w, T, l):
+		return kernelGEMM2x8
 	case T >= gemmMinT && kernelGEMM2.fits(w, T, l):
 		return kernelGEMM2
 	}

@@ -92,17 +92,19 @@ func TestPlanMatVec(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		n, k int
-		want matVecLayout
+		n, k, T int
+		want    matVecLayout
 	}{
-		{2048, 2048, matVecLayout{16, 4, 64}},    // o_proj: 128 workgroups of 16 rows
-		{4096, 2048, matVecLayout{16, 4, 64}},    // q|k|v
-		{12288, 2048, matVecLayout{16, 4, 128}},  // gate|up
-		{2048, 6144, matVecLayout{64, 4, 128}},   // down_proj: its row in one chunk
-		{151936, 2048, matVecLayout{16, 4, 256}}, // the head
+		{2048, 2048, 1, matVecLayout{64, 4, 128}},   // o_proj
+		{4096, 2048, 2, matVecLayout{64, 4, 128}},   // q|k|v
+		{4096, 2048, 4, matVecLayout{32, 4, 128}},   // q|k|v
+		{12288, 2048, 1, matVecLayout{16, 2, 128}},  // gate|up
+		{151936, 2048, 4, matVecLayout{16, 8, 128}}, // the head
+		{2048, 6144, 1, matVecLayout{32, 4, 128}},   // down_proj
+		{2048, 6144, 3, matVecLayout{16, 1, 256}},   // down_proj
 	} {
-		if got := pickMatVecLayout(c.n, c.k); got != c.want {
-			t.Errorf("pickMatVecLayout(%d, %d) = %v, want %v", c.n, c.k, got, c.want)
+		if got := pickMatVecLayout(c.n, c.k, c.T); got != c.want {
+			t.Errorf("pickMatVecLayout(%d, %d, %d) = %v, want %v", c.n, c.k, c.T, got, c.want)
 		}
 	}
 }
@@ -163,10 +165,10 @@ func TestPickMatMul(t *testing.T) {
 		want   matMulKernel
 	}{
 		{int4, 1, large, kernelMatVec}, {int4, 4, large, kernelMatVec},
-		{int4, 5, large, kernelRowTile}, {int4, 8, large, kernelRowTile},
-		{int4, 9, large, kernelGEMM2}, {int4, 32, large, kernelGEMM2},
-		{int4, 33, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},
-		{int4, 1024, small, kernelGEMM2},                                      // 4 rows a thread need more than 16 KiB
+		{int4, 5, large, kernelRowTile}, {int4, 16, large, kernelRowTile},
+		{int4, 17, large, kernelGEMM2x8}, {int4, 40, large, kernelGEMM2x8},
+		{int4, 41, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},
+		{int4, 1024, small, kernelGEMM2x8},                                    // 4 × 4 outputs a thread need more than 16 KiB
 		{&Matrix{Format: Int4, N: 64, K: 48, G: 16}, 1, large, kernelRowTile}, // 32 codes span two groups
 		{&Matrix{Format: Int4, N: 64, K: 96, G: 32}, 64, large, kernelGEMM4},
 		{&Matrix{Format: F16, N: 64, K: 64}, 1, large, kernelRowTile},

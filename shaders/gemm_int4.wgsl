@@ -39,8 +39,8 @@
 // issued into registers, so that their latency hides behind the multiply.
 //
 // Why these sizes: TM × TN = 2 × 4 for batched decode fits 32 sequences in
-// one tile (2 × 8, 32 × 128 tiles, half the loads a multiply-add, is a
-// candidate); 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
+// one tile (2 × 8, 32 × 128 tiles, half the loads a multiply-add, is
+// faster from 17 to 40 rows on the H200); 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
 // 16-byte loads per 16 multiply-adds. (8 × 8, the classic register tile of
 // an f32 GEMM, compiles too but ran 5–10× slower than 4 × 4 on the H200 at
 // every shape: the Go side does not offer it.) Workgroup memory: BK·(BM + 4)·4 bytes of x'

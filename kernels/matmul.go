@@ -161,11 +161,11 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	switch kernel {
 	case kernelMatVec:
 		record = call.matVec
-	case kernelGEMM2, kernelGEMM4, kernelGEMM2x8:
-		tm, tn := kernel.gemmTile()
-		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, tm, tn) }
-	default:
+	case kernelRowTile:
 		record = call.rowTile
+	default:
+		g := kernel.gemmTile()
+		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, g) }
 	}
 	for _, blk := range blocks {
 		// out[t][n0 + n] for t < T, n < blk.n: the binding starts at column
@@ -263,12 +263,11 @@ func (c *matMulCall) rowDispatch(blk rowBlock, out gpu.Binding, k gpu.Kernel, co
 // several), so a matrix of few row tiles is split along K (split-K).
 const gemmTargetGroups = 512
 
-// gemm records one row block with gemm_int4.wgsl at tm × tn outputs a
-// thread, split along K (and then summed by matmul_reduce.wgsl) when the
+// gemm records one row block with gemm_int4.wgsl at tiling g, split along K (and then summed by matmul_reduce.wgsl) when the
 // tiles alone are too few.
-func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, tm, tn int) error {
+func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, g gemmTile) error {
 	w, T, d := c.w, c.T, c.b.Device()
-	bm, bn, bk := 16*tm, 16*tn, 128/tn
+	bm, bn, bk := g.bm(), g.bn(), g.bk()
 	tiles := int(divCeil(blk.n, bn)) * int(divCeil(T, bm))
 	kTiles := w.K / bk
 	target := gemmTargetGroups
@@ -282,7 +281,7 @@ func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, tm, tn int) error {
 	if splits > 1 && partials > d.Limits().MaxStorageBufferBindingSize {
 		splits, kps = 1, w.K
 	}
-	p, err := d.Pipeline(gemmInt4, c.consts(gpu.Consts{"TM": uint32(tm), "TN": uint32(tn)}))
+	p, err := d.Pipeline(gemmInt4, c.consts(gpu.Consts{"TM": uint32(g.tm), "TN": uint32(g.tn), "KW": uint32(g.kw)}))
 	if err != nil {
 		return err
 	}

@@ -13,12 +13,14 @@ import (
 type matMulKernel int
 
 const (
-	kernelAuto    matMulKernel = iota // pickMatMul's choice
-	kernelRowTile                     // matmul_int4.wgsl / matmul_dense.wgsl: any shape, 1 or 4–8-row tiles
-	kernelMatVec                      // matvec_int4.wgsl: 1–4 rows
-	kernelGEMM2                       // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
-	kernelGEMM4                       // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
-	kernelGEMM2x8                     // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles)
+	kernelAuto      matMulKernel = iota // pickMatMul's choice
+	kernelRowTile                       // matmul_int4.wgsl / matmul_dense.wgsl: any shape, 1 or 4–8-row tiles
+	kernelMatVec                        // matvec_int4.wgsl: 1–4 rows
+	kernelGEMM2                         // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
+	kernelGEMM4                         // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
+	kernelGEMM2x8                       // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles)
+	kernelGEMM2x8K2                     // gemm_int4.wgsl, 2 × 8 outputs a thread, two W words a thread a stage
+	kernelGEMM4K2                       // gemm_int4.wgsl, 4 × 4 outputs a thread, two W words a thread a stage
 )
 
 func (k matMulKernel) String() string {
@@ -35,6 +37,10 @@ func (k matMulKernel) String() string {
 		return "gemm-4"
 	case kernelGEMM2x8:
 		return "gemm-2x8"
+	case kernelGEMM2x8K2:
+		return "gemm-2x8-k2"
+	case kernelGEMM4K2:
+		return "gemm-4-k2"
 	}
 	return fmt.Sprintf("matMulKernel(%d)", int(k))
 }
@@ -154,12 +160,18 @@ const (
 )
 
 // pickMatMul returns the kernel for T rows of w on a device with limits l:
-// the matrix-vector kernel for 1–4 rows, the 8-row tile for 5–16, the GEMM
+// the matrix-vector kernel for 1–4 rows (but a single row of more than 4,096
+// inputs), the 8-row tile for 5–16, the GEMM
 // beyond (2 × 8 outputs a thread, 4 × 4 past 40 rows where its workgroup
 // memory fits), and the row-tile kernels for whatever the int4 kernels do
 // not take.
 func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 	switch {
+	case T == 1 && w.K > 4096:
+		// One row of long inputs (down_proj): the row-tile kernel's 64
+		// threads a weight row were faster than every matrix-vector
+		// layout (11.9 µs against 14.8–16.2 µs in two runs).
+		return kernelRowTile
 	case T <= matVecMaxT && kernelMatVec.fits(w, T, l):
 		return kernelMatVec
 	case T >= gemm4MinT && kernelGEMM4.fits(w, T, l):
@@ -186,24 +198,53 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 		}
 		_, ok := matVecFor(w, T, matVecLayout{}, l)
 		return ok
-	case kernelGEMM2, kernelGEMM4, kernelGEMM2x8:
-		tm, tn := k.gemmTile()
-		return int4 && divCeil(w.N, 16*tn) <= l.MaxComputeWorkgroupsPerDimension &&
-			gemmMemory(tm, tn) <= l.MaxComputeWorkgroupStorageSize
+	case kernelGEMM2, kernelGEMM4, kernelGEMM2x8, kernelGEMM2x8K2, kernelGEMM4K2:
+		g := k.gemmTile()
+		return int4 && w.K%g.bk() == 0 && divCeil(w.N, 16*g.tn) <= l.MaxComputeWorkgroupsPerDimension &&
+			g.memory() <= l.MaxComputeWorkgroupStorageSize
 	}
 	return false
 }
 
-// gemmTile returns a GEMM kernel's outputs a thread: tm activation rows ×
-// tn features.
-func (k matMulKernel) gemmTile() (tm, tn int) {
+// isGEMM reports whether k is gemm_int4.wgsl at some tiling.
+func (k matMulKernel) isGEMM() bool {
+	switch k {
+	case kernelGEMM2, kernelGEMM4, kernelGEMM2x8, kernelGEMM2x8K2, kernelGEMM4K2:
+		return true
+	}
+	return false
+}
+
+// gemmTile is a gemm_int4.wgsl tiling: tm activation rows × tn features a
+// thread, kw W words a thread a stage.
+type gemmTile struct{ tm, tn, kw int }
+
+// gemmTile returns the GEMM kernel's tiling.
+func (k matMulKernel) gemmTile() gemmTile {
 	switch k {
 	case kernelGEMM4:
-		return 4, 4
+		return gemmTile{4, 4, 1}
 	case kernelGEMM2x8:
-		return 2, 8
+		return gemmTile{2, 8, 1}
+	case kernelGEMM2x8K2:
+		return gemmTile{2, 8, 2}
+	case kernelGEMM4K2:
+		return gemmTile{4, 4, 2}
 	}
-	return 2, 4
+	return gemmTile{2, 4, 1}
+}
+
+// bm, bn and bk are a workgroup's tile: activation rows, features, and
+// inputs a stage.
+func (g gemmTile) bm() int { return 16 * g.tm }
+func (g gemmTile) bn() int { return 16 * g.tn }
+func (g gemmTile) bk() int { return g.kw * 128 / g.tn }
+
+// memory returns the workgroup memory gemm_int4.wgsl takes (see its
+// header).
+func (g gemmTile) memory() uint32 {
+	bm, bn, bk := g.bm(), g.bn(), g.bk()
+	return uint32(4*bk*(bm+4) + 4*bk*bn + bm*bk + 4*bm)
 }
 
 // matVecTT returns the activation rows a matvec workgroup holds for T rows
@@ -214,11 +255,4 @@ func matVecTT(T int) uint32 {
 		tt *= 2
 	}
 	return tt
-}
-
-// gemmMemory returns the workgroup memory gemm_int4.wgsl takes at tm × tn
-// outputs a thread (see its header).
-func gemmMemory(tm, tn int) uint32 {
-	bm, bn, bk := 16*tm, 16*tn, 128/tn
-	return uint32(4*bk*(bm+4) + 4*bk*bn + bm*bk + 4*bm)
 }

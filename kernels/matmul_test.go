@@ -114,11 +114,15 @@ func TestPlanMatVec(t *testing.T) {
 func TestMatMulUnsplit(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM2x8} {
-		_, tn := k.gemmTile()
-		s := matMulShape{T: 40, N: 16*tn*gemmTargetGroups + 17, K: 64, G: 32}
+	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM2x8, kernelGEMM2x8K2, kernelGEMM4K2} {
+		s := matMulShape{T: 40, N: k.gemmTile().bn()*gemmTargetGroups + 17, K: 128, G: 32}
 		for _, in := range []string{"x", "swiglu", "norm"} {
-			t.Run(fmt.Sprintf("%v/%s", k, in), func(t *testing.T) { testMatMul(t, d, r, Int4, s, in != "norm", in, k, 0) })
+			t.Run(fmt.Sprintf("%v/%s", k, in), func(t *testing.T) {
+				if !k.fits(&Matrix{Format: Int4, N: s.N, K: s.K, G: s.G}, s.T, d.Limits()) {
+					t.Skipf("this device does not take %v", k)
+				}
+				testMatMul(t, d, r, Int4, s, in != "norm", in, k, 0)
+			})
 		}
 	}
 }
@@ -138,9 +142,15 @@ func TestMatMulEachKernel(t *testing.T) {
 		{kernelGEMM2, []int{1, 3, 8, 40}},
 		{kernelGEMM4, []int{2, 9, 31, 65}},
 		{kernelGEMM2x8, []int{1, 5, 32, 33}},
+		{kernelGEMM2x8K2, []int{1, 17, 32, 40}},
+		{kernelGEMM4K2, []int{3, 41, 64, 100}},
 	} {
 		for _, T := range c.Ts {
-			s := matMulShape{T: T, N: 16 + r.IntN(150), K: 32 * (1 + r.IntN(40)), G: 32}
+			step := 32 // K's step: a GEMM's stage, at least
+			if c.kernel.isGEMM() {
+				step = max(step, c.kernel.gemmTile().bk())
+			}
+			s := matMulShape{T: T, N: 16 + r.IntN(150), K: step * (1 + r.IntN(40*32/step)), G: 32}
 			in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
 			name := fmt.Sprintf("%v/T%d_N%d_K%d/%s", c.kernel, T, s.N, s.K, in)
 			t.Run(name, func(t *testing.T) {
@@ -165,6 +175,8 @@ func TestPickMatMul(t *testing.T) {
 		want   matMulKernel
 	}{
 		{int4, 1, large, kernelMatVec}, {int4, 4, large, kernelMatVec},
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelRowTile}, // down_proj, one row
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVec},
 		{int4, 5, large, kernelRowTile}, {int4, 16, large, kernelRowTile},
 		{int4, 17, large, kernelGEMM2x8}, {int4, 40, large, kernelGEMM2x8},
 		{int4, 41, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},

@@ -104,14 +104,14 @@ func BenchmarkMatMulKernels(b *testing.B) {
 				b.Fatal(err)
 			}
 			var hows []matMulInput
-			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4, kernelGEMM2x8K2, kernelGEMM4K2} {
+			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4} {
 				if k.fits(w, T, d.Limits()) {
 					hows = append(hows, matMulInput{kernel: k})
 				}
 			}
 			if T >= 16 && T <= 64 {
 				for _, g := range []int{128, 256, 1024} {
-					for _, k := range []matMulKernel{kernelGEMM2x8, kernelGEMM4, kernelGEMM2x8K2} {
+					for _, k := range []matMulKernel{kernelGEMM2x8, kernelGEMM4} {
 						if k.fits(w, T, d.Limits()) {
 							hows = append(hows, matMulInput{kernel: k, groups: g})
 						}

@@ -103,7 +103,7 @@ type matMulInput struct {
 	eps        float64
 	kernel     matMulKernel // zero: pickMatMul's choice (benchmarks force others)
 	matVec     matVecLayout // zero: pickMatVecLayout's choice
-	groups     int          // the GEMM's split-K target; zero: gemmTargetGroups
+	groups     int          // the GEMM's split-K target; zero: gemmTile.targetGroups
 }
 
 // matMul is MatMul, MatMulNorm or MatMulSwiGLU (as `in` says) with the binding
@@ -258,11 +258,6 @@ func (c *matMulCall) rowDispatch(blk rowBlock, out gpu.Binding, k gpu.Kernel, co
 	return c.b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, tt), 1)
 }
 
-// gemmTargetGroups is how many workgroups a matmul should have at least:
-// fewer leave a large GPU's SMs idle (the H200 has 132, each holding
-// several), so a matrix of few row tiles is split along K (split-K).
-const gemmTargetGroups = 512
-
 // gemm records one row block with gemm_int4.wgsl at tiling g, split along K (and then summed by matmul_reduce.wgsl) when the
 // tiles alone are too few.
 func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, g gemmTile) error {
@@ -270,7 +265,7 @@ func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, g gemmTile) error {
 	bm, bn, bk := g.bm(), g.bn(), g.bk()
 	tiles := int(divCeil(blk.n, bn)) * int(divCeil(T, bm))
 	kTiles := w.K / bk
-	target := gemmTargetGroups
+	target := g.targetGroups()
 	if c.in.groups > 0 {
 		target = c.in.groups
 	}
@@ -281,7 +276,7 @@ func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, g gemmTile) error {
 	if splits > 1 && partials > d.Limits().MaxStorageBufferBindingSize {
 		splits, kps = 1, w.K
 	}
-	p, err := d.Pipeline(gemmInt4, c.consts(gpu.Consts{"TM": uint32(g.tm), "TN": uint32(g.tn), "KW": uint32(g.kw)}))
+	p, err := d.Pipeline(gemmInt4, c.consts(gpu.Consts{"TM": uint32(g.tm), "TN": uint32(g.tn)}))
 	if err != nil {
 		return err
 	}

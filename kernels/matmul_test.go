@@ -114,8 +114,8 @@ func TestPlanMatVec(t *testing.T) {
 func TestMatMulUnsplit(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM2x8, kernelGEMM2x8K2, kernelGEMM4K2} {
-		s := matMulShape{T: 40, N: k.gemmTile().bn()*gemmTargetGroups + 17, K: 128, G: 32}
+	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM2x8} {
+		s := matMulShape{T: 40, N: k.gemmTile().bn()*k.gemmTile().targetGroups() + 17, K: 128, G: 32}
 		for _, in := range []string{"x", "swiglu", "norm"} {
 			t.Run(fmt.Sprintf("%v/%s", k, in), func(t *testing.T) {
 				if !k.fits(&Matrix{Format: Int4, N: s.N, K: s.K, G: s.G}, s.T, d.Limits()) {
@@ -142,8 +142,6 @@ func TestMatMulEachKernel(t *testing.T) {
 		{kernelGEMM2, []int{1, 3, 8, 40}},
 		{kernelGEMM4, []int{2, 9, 31, 65}},
 		{kernelGEMM2x8, []int{1, 5, 32, 33}},
-		{kernelGEMM2x8K2, []int{1, 17, 32, 40}},
-		{kernelGEMM4K2, []int{3, 41, 64, 100}},
 	} {
 		for _, T := range c.Ts {
 			step := 32 // K's step: a GEMM's stage, at least
@@ -177,6 +175,8 @@ func TestPickMatMul(t *testing.T) {
 		{int4, 1, large, kernelMatVec}, {int4, 4, large, kernelMatVec},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelRowTile}, // down_proj, one row
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVec},
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelRowTile},
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},
 		{int4, 5, large, kernelRowTile}, {int4, 16, large, kernelRowTile},
 		{int4, 17, large, kernelGEMM2x8}, {int4, 40, large, kernelGEMM2x8},
 		{int4, 41, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},

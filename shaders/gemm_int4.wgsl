@@ -24,40 +24,36 @@
 //   scales  (N, K/G) f16, read as u32 pairs
 //   out     rows of ldo f32 (splits = 1), or the split-K partials
 //   norm    (K) f32 RMSNorm weight g (bound but unread when NORM = 0)
-// The Go side uses it when K % BK = 0 and G % 32 = 0 (a W word's 8 codes
-// lie in one scale group).
+// The Go side uses it when K % 32 = 0 and G % 32 = 0 (a BK-column tile of
+// a row lies in one scale group).
 //
 // Dispatch: (ceil(N / BN), ceil(T / BM), splits) workgroups of 256 threads
 // as a 16 × 16 grid: thread (ty, tx) owns activation rows ty·TM … +TM and
 // features 4tx … 4tx+3 (and, at TN = 8, 64 + 4tx … +3) of the workgroup's
-// BM × BN tile, BM = 16·TM, BN = 16·TN. Per BK = KW·128 / TN inputs, the
+// BM × BN tile, BM = 16·TM, BN = 16·TN. Per BK = 128 / TN inputs, the
 // workgroup stages x' (BM × BK, transposed to [k][t] so a thread reads its
 // rows as vectors) and W dequantized (BK × BN as [k][n]: code − 8 by the
 // exponent trick, bitcast(0x4B000000 | code) − (2²³ + 8), with no
-// int→float conversion) in workgroup memory — KW u32 words of W (8 codes
-// each) a thread — then multiplies, with the next tile's global loads already
+// int→float conversion) in workgroup memory — one u32 word of W (8 codes)
+// a thread — then multiplies, with the next tile's global loads already
 // issued into registers, so that their latency hides behind the multiply.
 //
-// Why these sizes: TM × TN = 2 × 4 fits 32 sequences of batched decode in
-// one tile; 2 × 8 (32 × 128 tiles) needs half the loads a multiply-add
-// and is the faster from 17 to 40 rows on the H200; 4 × 4 (64-row tiles)
-// gives prefill 16 outputs a thread, two 16-byte loads per 16
-// multiply-adds. KW = 2 doubles BK: twice the multiply-adds between two
-// barriers, and twice the time for the next tile's loads to arrive. (8 ×
-// 8, the classic register tile of an f32 GEMM, compiles too but ran 5–10×
-// slower than 4 × 4 on the H200 at every shape: the Go side does not offer
-// it.) Workgroup memory: BK·(BM + 4)·4 bytes of x' (4 of padding per k row
-// spread the transposed stores over the banks) + BK·BN·4 of W + BM·BK +
-// 4·BM for the norm's sums: at KW = 1 13.6 KiB at 2 × 4, 11.1 KiB at 2 ×
-// 8, 18.8 KiB at 4 × 4; at KW = 2 22.2 KiB at 2 × 8 (package kernels picks
-// a size only where the device allows it; WebGPU's default is 16 KiB).
+// Why these sizes: TM × TN = 2 × 4 for batched decode fits 32 sequences in
+// one tile (2 × 8, 32 × 128 tiles, half the loads a multiply-add, is
+// faster from 17 to 40 rows on the H200); 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
+// 16-byte loads per 16 multiply-adds. (8 × 8, the classic register tile of
+// an f32 GEMM, compiles too but ran 5–10× slower than 4 × 4 on the H200 at
+// every shape: the Go side does not offer it.) Workgroup memory: BK·(BM + 4)·4 bytes of x'
+// (4 of padding per k row spread the transposed stores over the banks) +
+// BK·BN·4 of W + BM·BK + 4·BM for the norm's sums: 13.6 KiB at 2 × 4,
+// 11.1 KiB at 2 × 8, 18.8 KiB at 4 × 4 and 8 × 8 (package kernels picks a size only where the
+// device allows it; WebGPU's default is 16 KiB).
 
 const TM: u32 = 2u;                  // activation rows per thread: 2, 4 or 8 (TM ≤ TN)
 const TN: u32 = 4u;                  // features per thread: 4 or 8
 const BM: u32 = 16u * TM;            // activation rows per workgroup
 const BN: u32 = 16u * TN;            // features per workgroup
-const KW: u32 = 1u;                  // W words a thread stages per stage: 1 or 2
-const BK: u32 = KW * 128u / TN;      // inputs per stage: BN·BK/8 = 256·KW words of W, KW a thread
+const BK: u32 = 128u / TN;           // inputs per stage: BN·BK/8 = 256 words of W, one a thread
 const KQ: u32 = BK / 4u;             // vec4s of a staged row of x'
 const SX: u32 = BM + 4u;             // the staged x' row stride, floats
 const XS4: u32 = BK * SX / 4u;       // vec4s of staged x'
@@ -115,8 +111,8 @@ fn scale(i: u32) -> f32 {
 var<private> xa: array<vec4<f32>, XLOADS>;
 var<private> xb: array<vec4<f32>, XLOADS>;
 var<private> xg: array<vec4<f32>, XLOADS>;
-var<private> q: array<u32, KW>;
-var<private> s: array<f32, KW>;
+var<private> q: u32;
+var<private> s: f32;
 var<private> ss: array<f32, XLOADS>; // NORM: the sums of squares of the thread's staging slots
 
 // prefetch loads tile k0's inputs for thread lid of the workgroup whose
@@ -137,11 +133,9 @@ fn prefetch(k0: u32, t0: u32, lid: u32, wrow: u32) {
             xg[i] = norm[k0 / 4u + kq];
         }
     }
-    for (var j = 0u; j < KW; j++) {
-        let wj = lid / BN + j * (256u / BN); // the word's index in the tile's row
-        q[j] = qweight[wrow * (p.K / 8u) + k0 / 8u + wj];
-        s[j] = scale(wrow * (p.K / p.G) + (k0 + 8u * wj) / p.G);
-    }
+    let wj = lid / BN;
+    q = qweight[wrow * (p.K / 8u) + k0 / 8u + wj];
+    s = scale(wrow * (p.K / p.G) + k0 / p.G);
 }
 
 // rows_sumsq leaves in sq[t·KQ + j] the KQ staging threads' sums of squares
@@ -162,9 +156,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t0 = wid.y * BM;
     let kbeg = wid.z * p.kps;
     let kend = min(p.K, kbeg + p.kps);
-    // The W words this thread stages: row wn, words lid / BN + j·256/BN
-    // (j < KW) of the tile's BK / 8.
+    // The W word this thread stages: row wn, word wj of the tile's BK / 8.
     let wn = lid % BN;
+    let wj = lid / BN;
     let wrow = min(n0 + wn, p.N - 1u); // rows past N repeat row N-1; not written
 
     // acc0[m]: row ty·TM + m, features 4tx … +3; acc1[m] the same at 64 + 4tx (TN = 8).
@@ -196,16 +190,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         // W[wrow][k0 + 8wj … +8], dequantized → ws.
-        for (var j = 0u; j < KW; j++) {
-            let wj = lid / BN + j * (256u / BN);
-            let lo = bitcast<vec4<f32>>(((vec4<u32>(q[j]) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
-            let hi = bitcast<vec4<f32>>(((vec4<u32>(q[j]) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
-            for (var e = 0u; e < 4u; e++) {
-                let f = (8u * wj + e) * BN + wn;
-                ws[f / 4u][f % 4u] = lo[e] * s[j];
-                let h = f + 4u * BN;
-                ws[h / 4u][h % 4u] = hi[e] * s[j];
-            }
+        let lo = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
+        let hi = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
+        for (var e = 0u; e < 4u; e++) {
+            let f = (8u * wj + e) * BN + wn;
+            ws[f / 4u][f % 4u] = lo[e] * s;
+            let h = f + 4u * BN;
+            ws[h / 4u][h % 4u] = hi[e] * s;
         }
         workgroupBarrier();
         let k1 = k0 + BK;

@@ -104,7 +104,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 				b.Fatal(err)
 			}
 			var hows []matMulInput
-			for _, k := range []matMulKernel{kernelMatVec, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4} {
+			for _, k := range []matMulKernel{kernelMatVec, kernelMatVecBatch, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4} {
 				if k.fits(w, T, d.Limits()) {
 					hows = append(hows, matMulInput{kernel: k})
 				}

@@ -13,6 +13,10 @@ var (
 		Module: "matmul_int4.wgsl", Source: shaders.MatMulInt4, Entry: "main", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
 	}
+	matVecBatchInt4 = gpu.Kernel{
+		Module: "matvec_batch_int4.wgsl", Source: shaders.MatVecBatchInt4, Entry: "main", ParamsSize: 32,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
+	}
 	matVecInt4 = gpu.Kernel{
 		Module: "matvec_int4.wgsl", Source: shaders.MatVecInt4, Entry: "main", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
@@ -161,6 +165,8 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	switch kernel {
 	case kernelMatVec:
 		record = call.matVec
+	case kernelMatVecBatch:
+		record = call.matVecBatch
 	case kernelRowTile:
 		record = call.rowTile
 	default:
@@ -242,6 +248,17 @@ func (c *matMulCall) matVec(blk rowBlock, out gpu.Binding) error {
 	l := p.matVecLayout
 	consts := gpu.Consts{"LANES": uint32(l.lanes), "RT": uint32(l.rt), "WG": uint32(l.wg), "TT": p.tt, "KC": p.kc, "SHM": p.shm}
 	return c.rowDispatch(blk, out, matVecInt4, consts, l.rows(), int(p.tt))
+}
+
+// matVecBatch records one row block with matvec_batch_int4.wgsl.
+func (c *matMulCall) matVecBatch(blk rowBlock, out gpu.Binding) error {
+	w, d := c.w, c.b.Device()
+	tt := matVecTT(c.T)
+	// No longer than the row (rounded to a vec4 a lane): each thread loads
+	// KC / 32 / LANES weight vec4s a chunk, and one past the row would only
+	// be skipped.
+	kc := min(matVecBatchChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), 32*matVecBatchLanes)))
+	return c.rowDispatch(blk, out, matVecBatchInt4, gpu.Consts{"TT": tt, "KC": kc}, matVecBatchRows, int(tt))
 }
 
 // rowDispatch records kernel k, which shares matmul_int4.wgsl's bindings and

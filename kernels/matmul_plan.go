@@ -13,12 +13,13 @@ import (
 type matMulKernel int
 
 const (
-	kernelAuto    matMulKernel = iota // pickMatMul's choice
-	kernelRowTile                     // matmul_int4.wgsl / matmul_dense.wgsl: any shape, 1 or 4–8-row tiles
-	kernelMatVec                      // matvec_int4.wgsl: 1–4 rows
-	kernelGEMM2                       // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
-	kernelGEMM4                       // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
-	kernelGEMM2x8                     // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles)
+	kernelAuto        matMulKernel = iota // pickMatMul's choice
+	kernelRowTile                         // matmul_int4.wgsl / matmul_dense.wgsl: any shape, 1 or 4–8-row tiles
+	kernelMatVec                          // matvec_int4.wgsl: 1–4 rows
+	kernelMatVecBatch                     // matvec_batch_int4.wgsl: 1–4 rows, one weight row a thread
+	kernelGEMM2                           // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
+	kernelGEMM4                           // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
+	kernelGEMM2x8                         // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles)
 )
 
 func (k matMulKernel) String() string {
@@ -29,6 +30,8 @@ func (k matMulKernel) String() string {
 		return "row-tile"
 	case kernelMatVec:
 		return "matvec"
+	case kernelMatVecBatch:
+		return "matvec-batch"
 	case kernelGEMM2:
 		return "gemm-2"
 	case kernelGEMM4:
@@ -154,8 +157,10 @@ const (
 )
 
 // pickMatMul returns the kernel for T rows of w on a device with limits l:
-// the matrix-vector kernel for 1–4 rows (but a single row of more than 4,096
-// inputs), the 8-row tile for 5–16 (and rows of more than 4,096 inputs up
+// the matrix-vector kernels for 1–4 rows (matvec_int4.wgsl for one, but a
+// single row of more than 4,096 inputs; matvec_batch_int4.wgsl for 2–4:
+// decode steps of 2 and 4 sequences took 2.67 and 3.74 ms with it against
+// 3.3 and 4.35 with matvec_int4.wgsl's layouts, in runs on the H200), the 8-row tile for 5–16 (and rows of more than 4,096 inputs up
 // to 40), the GEMM beyond (2 × 8 outputs a thread, 4 × 4 past 40 rows where its workgroup
 // memory fits), and the row-tile kernels for whatever the int4 kernels do
 // not take.
@@ -166,8 +171,10 @@ func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 		// threads a weight row were faster than every matrix-vector
 		// layout (11.9 µs against 14.8–16.2 µs in two runs).
 		return kernelRowTile
-	case T <= matVecMaxT && kernelMatVec.fits(w, T, l):
+	case T == 1 && kernelMatVec.fits(w, T, l):
 		return kernelMatVec
+	case T <= matVecMaxT && kernelMatVecBatch.fits(w, T, l):
+		return kernelMatVecBatch
 	case T >= gemm4MinT && kernelGEMM4.fits(w, T, l):
 		return kernelGEMM4
 	case w.K > 4096:
@@ -190,6 +197,8 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 	switch k {
 	case kernelRowTile:
 		return true
+	case kernelMatVecBatch:
+		return int4 && T <= matVecMaxT && divCeil(w.N, matVecBatchRows) <= l.MaxComputeWorkgroupsPerDimension
 	case kernelMatVec:
 		if !int4 || T > matVecMaxT {
 			return false
@@ -251,6 +260,29 @@ func (g gemmTile) targetGroups() int {
 		return 256
 	}
 	return 512
+}
+
+// matvec_batch_int4.wgsl's tiling (see its header): matVecBatchLanes
+// threads a weight row, matVecBatchRows rows a workgroup, the input staged
+// matVecBatchStaged floats at a time.
+const (
+	matVecBatchLanes  = 16
+	matVecBatchRows   = 16
+	matVecBatchStaged = 2048
+)
+
+// matVecBatchChunk returns how many input columns matvec_batch_int4.wgsl
+// stages at a time for tt rows: matVecBatchStaged values in all, fewer
+// where the device's workgroup memory (staged input, then tt·WG partial
+// sums and the norm's tt·ROWS sums) would not hold them — but at least one
+// 32-column vec4 a lane (at tt ≤ 4 WebGPU's default 16 KiB always holds
+// that).
+func matVecBatchChunk(tt, limit uint32) uint32 {
+	kc := uint32(matVecBatchStaged) / tt
+	for kc > 32*matVecBatchLanes && 4*(tt*kc+tt*matVecBatchLanes*matVecBatchRows+tt*matVecBatchRows+tt) > limit {
+		kc /= 2
+	}
+	return kc
 }
 
 // matVecTT returns the activation rows a matvec workgroup holds for T rows

@@ -69,6 +69,16 @@ func TestMatMulTallHead(t *testing.T) {
 	}
 }
 
+func TestMatVecBatchChunk(t *testing.T) {
+	for _, c := range []struct{ tt, limit, want uint32 }{
+		{1, 16 << 10, 2048}, {2, 16 << 10, 1024}, {4, 16 << 10, 512}, {4, 8 << 10, 512},
+	} {
+		if got := matVecBatchChunk(c.tt, c.limit); got != c.want {
+			t.Errorf("matVecBatchChunk(%d, %d) = %d, want %d", c.tt, c.limit, got, c.want)
+		}
+	}
+}
+
 func TestPlanMatVec(t *testing.T) {
 	for _, c := range []struct {
 		l       matVecLayout
@@ -139,6 +149,7 @@ func TestMatMulEachKernel(t *testing.T) {
 	}{
 		{kernelRowTile, []int{1, 2, 11}},
 		{kernelMatVec, []int{1, 2, 3, 4}},
+		{kernelMatVecBatch, []int{1, 2, 3, 4}},
 		{kernelGEMM2, []int{1, 3, 8, 40}},
 		{kernelGEMM4, []int{2, 9, 31, 65}},
 		{kernelGEMM2x8, []int{1, 5, 32, 33}},
@@ -172,9 +183,9 @@ func TestPickMatMul(t *testing.T) {
 		limits gpu.Limits
 		want   matMulKernel
 	}{
-		{int4, 1, large, kernelMatVec}, {int4, 4, large, kernelMatVec},
+		{int4, 1, large, kernelMatVec}, {int4, 2, large, kernelMatVecBatch}, {int4, 4, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelRowTile}, // down_proj, one row
-		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVec},
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelRowTile},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},
 		{int4, 5, large, kernelRowTile}, {int4, 16, large, kernelRowTile},

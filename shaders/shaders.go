@@ -31,6 +31,12 @@ var MatMulInt4 string
 //go:embed matvec_int4.wgsl
 var MatVecInt4 string
 
+// MatVecBatchInt4 is matvec_batch_int4.wgsl: out (+)= x · Wᵀ for int4 W and
+// 2–4 rows, one weight row a thread.
+//
+//go:embed matvec_batch_int4.wgsl
+var MatVecBatchInt4 string
+
 // GEMMInt4 is gemm_int4.wgsl: out (+)= x · Wᵀ for int4 W and many rows,
 // tiled in workgroup memory, optionally split along K.
 //

@@ -64,7 +64,7 @@ func BenchmarkMatMulInt4(b *testing.B) {
 }
 
 // BenchmarkMatMulKernels times every int4 matmul kernel that takes the
-// shape at Qwen3-1.7B's four projections (q|k|v stacked, o, gate|up
+// shape, with the input the engine gives it, at Qwen3-1.7B's four projections (q|k|v stacked, o, gate|up
 // stacked, down) for 1 to 1,024 activation rows: the measurements behind
 // pickMatMul's thresholds, redone in one run (on the GPU machine: build
 // with `go test -c ./kernels`, run `kernels.test -test.run '^$' -test.bench
@@ -74,16 +74,21 @@ func BenchmarkMatMulKernels(b *testing.B) {
 	d := gputest.Device(b)
 	const reps = 16
 	r := rand.New(rand.NewPCG(3, 4))
+	// Each projection takes its input as the engine gives it: q|k|v and
+	// gate|up normalize it (RMSNorm fused), down_proj computes SwiGLU from
+	// gate|up, o_proj and down_proj add into the residual.
 	for _, s := range []struct {
-		name string
-		N, K int
-		Ts   []int
+		name   string
+		N, K   int
+		Ts     []int
+		in     matMulInput
+		xWidth int // x's columns per K
 	}{
-		{"qkv_2048x4096", 4096, 2048, benchTs},
-		{"o_2048x2048", 2048, 2048, benchTs},
-		{"gate_up_2048x12288", 12288, 2048, benchTs},
-		{"down_6144x2048", 2048, 6144, benchTs},
-		{"head_2048x151936", 151936, 2048, []int{1, 2, 4}},
+		{"qkv_2048x4096", 4096, 2048, benchTs, matMulInput{norm: &gpu.Buffer{}}, 1},
+		{"o_2048x2048", 2048, 2048, benchTs, matMulInput{accumulate: true}, 1},
+		{"gate_up_2048x12288", 12288, 2048, benchTs, matMulInput{norm: &gpu.Buffer{}}, 1},
+		{"down_6144x2048", 2048, 6144, benchTs, matMulInput{swiglu: true, accumulate: true}, 2},
+		{"head_2048x151936", 151936, 2048, []int{1, 2, 4}, matMulInput{}, 1},
 	} {
 		m := randInt4(r, s.N, s.K, tensor.DefaultGroupSize)
 		if size := uint64(len(m.QWeight)) * 4; size > d.Limits().MaxBufferSize {
@@ -94,8 +99,16 @@ func BenchmarkMatMulKernels(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		norm, err := d.UploadF32("norm", ones(s.K))
+		if err != nil {
+			b.Fatal(err)
+		}
+		in := s.in
+		if in.norm != nil {
+			in.norm, in.eps = norm, 1e-6
+		}
 		for _, T := range s.Ts {
-			x, err := d.UploadF32("x", make([]float32, T*s.K))
+			x, err := d.UploadF32("x", ones(T*s.K*s.xWidth))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -106,21 +119,27 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			var hows []matMulInput
 			for _, k := range []matMulKernel{kernelMatVec, kernelMatVecBatch, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4} {
 				if k.fits(w, T, d.Limits()) {
-					hows = append(hows, matMulInput{kernel: k})
+					how := in
+					how.kernel = k
+					hows = append(hows, how)
 				}
 			}
 			if T >= 16 && T <= 64 {
 				for _, g := range []int{128, 256, 1024} {
 					for _, k := range []matMulKernel{kernelGEMM2x8, kernelGEMM4} {
 						if k.fits(w, T, d.Limits()) {
-							hows = append(hows, matMulInput{kernel: k, groups: g})
+							how := in
+							how.kernel, how.groups = k, g
+							hows = append(hows, how)
 						}
 					}
 				}
 			}
 			for _, l := range benchMatVecLayouts {
 				if _, ok := matVecFor(w, T, l, d.Limits()); ok && T <= matVecMaxT {
-					hows = append(hows, matMulInput{kernel: kernelMatVec, matVec: l})
+					how := in
+					how.kernel, how.matVec = kernelMatVec, l
+					hows = append(hows, how)
 				}
 			}
 			for _, how := range hows {
@@ -144,7 +163,17 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			out.Release()
 		}
 		w.Release()
+		norm.Release()
 	}
+}
+
+// ones returns n ones: inputs whose SwiGLU and norm stay finite.
+func ones(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = 1
+	}
+	return v
 }
 
 // benchTs are the activation rows BenchmarkMatMulKernels times the layers'

@@ -159,11 +159,11 @@ const (
 // pickMatMul returns the kernel for T rows of w on a device with limits l:
 // the matrix-vector kernels for 1–4 rows (matvec_int4.wgsl for one, but a
 // single row of more than 4,096 inputs; matvec_batch_int4.wgsl for 2–4:
-// decode steps of 2 and 4 sequences took 2.67 and 3.74 ms with it against
-// 3.3 and 4.35 with matvec_int4.wgsl's layouts, in runs on the H200), the 8-row tile for 5–16 (and rows of more than 4,096 inputs up
-// to 40), the GEMM beyond (2 × 8 outputs a thread, 4 × 4 past 40 rows where its workgroup
-// memory fits), and the row-tile kernels for whatever the int4 kernels do
-// not take.
+// decode steps of 2 and 4 sequences took 2.49 and 3.63 ms with it against
+// 3.3 and 4.35 with matvec_int4.wgsl's layouts, in runs on the H200), the
+// 8-row tile for 5–16, the GEMM beyond (2 × 8 outputs a thread, 4 × 4 past
+// 40 rows where its workgroup memory fits), and the row-tile kernels for
+// whatever the int4 kernels do not take.
 func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 	switch {
 	case T == 1 && w.K > 4096:
@@ -177,10 +177,6 @@ func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 		return kernelMatVecBatch
 	case T >= gemm4MinT && kernelGEMM4.fits(w, T, l):
 		return kernelGEMM4
-	case w.K > 4096:
-		// Long rows (down_proj) stay on the row tile up to 40 rows: 63 µs
-		// at 32 rows in three runs, against 70 µs on the GEMM at 2 × 8.
-		return kernelRowTile
 	case T >= gemmMinT && kernelGEMM2x8.fits(w, T, l):
 		return kernelGEMM2x8
 	case T >= gemmMinT && kernelGEMM2.fits(w, T, l):

@@ -186,7 +186,7 @@ func TestPickMatMul(t *testing.T) {
 		{int4, 1, large, kernelMatVec}, {int4, 2, large, kernelMatVecBatch}, {int4, 4, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelRowTile}, // down_proj, one row
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVecBatch},
-		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelRowTile},
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelGEMM2x8},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},
 		{int4, 5, large, kernelRowTile}, {int4, 16, large, kernelRowTile},
 		{int4, 17, large, kernelGEMM2x8}, {int4, 40, large, kernelGEMM2x8},

@@ -1,3 +1,5 @@
+//go:build !js
+
 package gpu
 
 // SetSpinPoll switches how Read waits for the GPU (see spinPoll) and

@@ -166,6 +166,43 @@ func TestFillAndPartialRead(t *testing.T) {
 	}
 }
 
+// TestReadsShareStaging: reads of growing and shrinking sizes, from two
+// buffers, through the device's one reused staging buffer — each sees its
+// own bytes, none a previous read's.
+func TestReadsShareStaging(t *testing.T) {
+	d := gputest.Device(t)
+	const n = 300000 // 1.2 MB: past the first staging buffer's 4 KiB
+	a, b := make([]uint32, n), make([]uint32, n)
+	for i := range a {
+		a[i], b[i] = uint32(i), uint32(3*i+1)
+	}
+	bufA, err := d.UploadU32("a", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bufA.Release()
+	bufB, err := d.UploadU32("b", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bufB.Release()
+	for _, c := range []struct {
+		buf    *gpu.Buffer
+		want   []uint32
+		at, of int // words
+	}{{bufA, a, 5, 1}, {bufB, b, 0, n}, {bufA, a, 7, 3}, {bufB, b, n - 2, 2}, {bufA, a, 0, n}} {
+		raw, err := c.buf.Read(uint64(4*c.at), uint64(4*c.of))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range c.of {
+			if got := uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24; got != c.want[c.at+i] {
+				t.Fatalf("%d words at %d: word %d = %d, want %d", c.of, c.at, i, got, c.want[c.at+i])
+			}
+		}
+	}
+}
+
 func TestSpecialize(t *testing.T) {
 	src := "const WG: u32 = 64u;\nconst TT: u32 = 1u; // rows\nconst K = 3;\n"
 	got, err := gpu.Specialize(src, gpu.Consts{"TT": 8})

@@ -32,14 +32,9 @@ func BenchmarkMatMulInt4(b *testing.B) {
 		{"down_proj_6144x2048", 2048, 6144, []int{1, 64}},
 		{"lm_head_2048x151936", 151936, 2048, []int{1}}, // drafting needs the last row's logits only
 	} {
-		m := randInt4(r, s.N, s.K, tensor.DefaultGroupSize)
-		if size := uint64(len(m.QWeight)) * 4; size > d.Limits().MaxBufferSize {
-			b.Logf("%s: skipped: %d-byte weights exceed this adapter's maxBufferSize %d", s.name, size, d.Limits().MaxBufferSize)
+		m, w := benchMatrix(b, d, r, s.name, s.N, s.K)
+		if w == nil {
 			continue
-		}
-		w, err := UploadMatrix(d, s.name, m)
-		if err != nil {
-			b.Fatal(err)
 		}
 		for _, T := range s.Ts {
 			b.Run(fmt.Sprintf("%s/T%d", s.name, T), func(b *testing.B) {
@@ -90,14 +85,9 @@ func BenchmarkMatMulKernels(b *testing.B) {
 		{"down_6144x2048", 2048, 6144, benchTs, matMulInput{swiglu: true, accumulate: true}, 2},
 		{"head_2048x151936", 151936, 2048, []int{1, 2, 4}, matMulInput{}, 1},
 	} {
-		m := randInt4(r, s.N, s.K, tensor.DefaultGroupSize)
-		if size := uint64(len(m.QWeight)) * 4; size > d.Limits().MaxBufferSize {
-			b.Logf("%s: skipped: %d-byte weights exceed this adapter's maxBufferSize %d", s.name, size, d.Limits().MaxBufferSize)
+		m, w := benchMatrix(b, d, r, s.name, s.N, s.K)
+		if w == nil {
 			continue
-		}
-		w, err := UploadMatrix(d, s.name, m)
-		if err != nil {
-			b.Fatal(err)
 		}
 		norm, err := d.UploadF32("norm", ones(s.K))
 		if err != nil {
@@ -174,6 +164,21 @@ func ones(n int) []float32 {
 		v[i] = 1
 	}
 	return v
+}
+
+// benchMatrix uploads a random int4 N × K matrix, or returns a nil Matrix
+// (logged) when the adapter's buffers cannot hold it.
+func benchMatrix(b *testing.B, d *gpu.Device, r *rand.Rand, name string, n, k int) (*tensor.Int4, *Matrix) {
+	m := randInt4(r, n, k, tensor.DefaultGroupSize)
+	if size := uint64(len(m.QWeight)) * 4; size > d.Limits().MaxBufferSize {
+		b.Logf("%s: skipped: %d-byte weights exceed this adapter's maxBufferSize %d", name, size, d.Limits().MaxBufferSize)
+		return m, nil
+	}
+	w, err := UploadMatrix(d, name, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m, w
 }
 
 // benchTs are the activation rows BenchmarkMatMulKernels times the layers'

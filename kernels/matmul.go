@@ -193,16 +193,59 @@ type matMulCall struct {
 	x, norm gpu.Binding
 }
 
-// consts returns the SWIGLU and NORM constants of the input, with others.
-func (c *matMulCall) consts(others gpu.Consts) gpu.Consts {
-	others["SWIGLU"], others["NORM"] = 0, 0
+// specialization is a matmul kernel's tuning constants: vals[i] for
+// names[i], besides the input's SWIGLU and NORM.
+type specialization struct {
+	names []string
+	vals  [6]uint32
+}
+
+// The constants each matmul kernel is specialized by, in order.
+var (
+	rowTileConsts     = []string{"TT", "ROWS"}
+	matVecConsts      = []string{"LANES", "RT", "WG", "TT", "KC", "SHM"}
+	matVecBatchConsts = []string{"TT", "KC"}
+	gemmConsts        = []string{"TM", "TN"}
+)
+
+// pipelineMemo finds a matrix's pipelines by a comparable key: a decode
+// pass asks for one per matmul (over a hundred), and building the
+// constants map for gpu.Device.Pipeline each time was a tenth of the
+// host's recording time.
+type pipelineMemo map[pipelineMemoKey]*gpu.Pipeline
+
+type pipelineMemoKey struct {
+	module, entry string
+	vals          [6]uint32
+	swiglu, norm  bool
+}
+
+// pipeline returns kernel k specialized by s and the input's SWIGLU and
+// NORM, from the matrix's memo once it has been asked for.
+func (c *matMulCall) pipeline(k gpu.Kernel, s specialization) (*gpu.Pipeline, error) {
+	key := pipelineMemoKey{k.Module, k.Entry, s.vals, c.in.swiglu, c.in.norm != nil}
+	if p, ok := c.w.pipes[key]; ok {
+		return p, nil
+	}
+	consts := gpu.Consts{"SWIGLU": 0, "NORM": 0}
+	for i, name := range s.names {
+		consts[name] = s.vals[i]
+	}
 	if c.in.swiglu {
-		others["SWIGLU"] = 1
+		consts["SWIGLU"] = 1
 	}
 	if c.in.norm != nil {
-		others["NORM"] = 1
+		consts["NORM"] = 1
 	}
-	return others
+	p, err := c.b.Device().Pipeline(k, consts)
+	if err != nil {
+		return nil, err
+	}
+	if c.w.pipes == nil {
+		c.w.pipes = pipelineMemo{}
+	}
+	c.w.pipes[key] = p
+	return p, nil
 }
 
 func (c *matMulCall) accumulate() uint32 {
@@ -236,7 +279,7 @@ func (c *matMulCall) rowTile(blk rowBlock, out gpu.Binding) error {
 	if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
 		rows = 1
 	}
-	return c.rowDispatch(blk, out, k, gpu.Consts{"TT": tt, "ROWS": uint32(rows)}, rows, int(tt))
+	return c.rowDispatch(blk, out, k, specialization{rowTileConsts, [6]uint32{tt, uint32(rows)}}, rows, int(tt))
 }
 
 // matVec records one row block with matvec_int4.wgsl.
@@ -246,7 +289,7 @@ func (c *matMulCall) matVec(blk rowBlock, out gpu.Binding) error {
 		return fmt.Errorf("%v does not take %d rows of this matrix on this device", p.matVecLayout, c.T)
 	}
 	l := p.matVecLayout
-	consts := gpu.Consts{"LANES": uint32(l.lanes), "RT": uint32(l.rt), "WG": uint32(l.wg), "TT": p.tt, "KC": p.kc, "SHM": p.shm}
+	consts := specialization{matVecConsts, [6]uint32{uint32(l.lanes), uint32(l.rt), uint32(l.wg), p.tt, p.kc, p.shm}}
 	return c.rowDispatch(blk, out, matVecInt4, consts, l.rows(), int(p.tt))
 }
 
@@ -258,14 +301,14 @@ func (c *matMulCall) matVecBatch(blk rowBlock, out gpu.Binding) error {
 	// KC / 32 / LANES weight vec4s a chunk, and one past the row would only
 	// be skipped.
 	kc := min(matVecBatchChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), 32*matVecBatchLanes)))
-	return c.rowDispatch(blk, out, matVecBatchInt4, gpu.Consts{"TT": tt, "KC": kc}, matVecBatchRows, int(tt))
+	return c.rowDispatch(blk, out, matVecBatchInt4, specialization{matVecBatchConsts, [6]uint32{tt, kc}}, matVecBatchRows, int(tt))
 }
 
 // rowDispatch records kernel k, which shares matmul_int4.wgsl's bindings and
 // params, over rows output features and tt activation rows a workgroup.
-func (c *matMulCall) rowDispatch(blk rowBlock, out gpu.Binding, k gpu.Kernel, consts gpu.Consts, rows, tt int) error {
+func (c *matMulCall) rowDispatch(blk rowBlock, out gpu.Binding, k gpu.Kernel, consts specialization, rows, tt int) error {
 	w, T := c.w, c.T
-	p, err := c.b.Device().Pipeline(k, c.consts(consts))
+	p, err := c.pipeline(k, consts)
 	if err != nil {
 		return err
 	}
@@ -293,7 +336,7 @@ func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, g gemmTile) error {
 	if splits > 1 && partials > d.Limits().MaxStorageBufferBindingSize {
 		splits, kps = 1, w.K
 	}
-	p, err := d.Pipeline(gemmInt4, c.consts(gpu.Consts{"TM": uint32(g.tm), "TN": uint32(g.tn)}))
+	p, err := c.pipeline(gemmInt4, specialization{gemmConsts, [6]uint32{uint32(g.tm), uint32(g.tn)}})
 	if err != nil {
 		return err
 	}

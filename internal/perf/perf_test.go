@@ -2,6 +2,7 @@ package perf
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"webdraft/engine/webgpu"
@@ -49,10 +50,11 @@ func TestMeasurements(t *testing.T) {
 	// Whichever int4 matmul kernel the batch size picks, and attention.
 	var matmul, attention bool
 	for _, k := range kernels {
-		switch k.Name {
-		case "matvec_int4.wgsl:main", "matmul_int4.wgsl:main", "gemm_int4.wgsl:main":
+		module, _, _ := strings.Cut(k.Name, ":")
+		switch {
+		case strings.HasSuffix(module, "_int4.wgsl") && !strings.HasPrefix(module, "embed"):
 			matmul = true
-		case "attention_decode.wgsl:main":
+		case module == "attention_decode.wgsl":
 			attention = true
 		}
 	}

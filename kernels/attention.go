@@ -55,6 +55,39 @@ type KVCache struct {
 	K, V                                  []*gpu.Buffer // per layer
 	Table                                 *gpu.Buffer
 	wgMemory                              int // the device's workgroup memory, bytes
+
+	pipes map[cachePipelineKey]*gpu.Pipeline // see pipeline
+}
+
+// cachePipelineKey names a pipeline of a kernel over the cache by the
+// constants its call sites vary.
+type cachePipelineKey struct {
+	module, entry string
+	chunk, group  int
+}
+
+// pipeline returns kernel k specialized by consts() — the cache's
+// element type among them when withKV —, memoized by key: a decode pass
+// asks for three of these a layer, and building their constants maps each
+// time is most of what it costs.
+func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, chunk, group int, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
+	key := cachePipelineKey{k.Module, k.Entry, chunk, group}
+	if p, ok := c.pipes[key]; ok {
+		return p, nil
+	}
+	cs := consts()
+	if withKV {
+		cs = c.consts(cs)
+	}
+	p, err := d.Pipeline(k, cs)
+	if err != nil {
+		return nil, err
+	}
+	if c.pipes == nil {
+		c.pipes = map[cachePipelineKey]*gpu.Pipeline{}
+	}
+	c.pipes[key] = p
+	return p, nil
 }
 
 // NewKVCache allocates a zeroed cache (f32, or f16 when half) and an
@@ -246,12 +279,16 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	if err := c.checkWorkgroupMemory(b.Device(), op, c.decodeMemory(heads, chunk)); err != nil {
 		return err
 	}
-	consts := gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
-	split, err := b.Device().Pipeline(attnDecode, c.consts(gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(heads / c.KVHeads)}))
+	group := heads / c.KVHeads
+	split, err := c.pipeline(b.Device(), attnDecode, chunk, group, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group)}
+	})
 	if err != nil {
 		return err
 	}
-	merge, err := b.Device().Pipeline(attnMerge, consts)
+	merge, err := c.pipeline(b.Device(), attnMerge, chunk, 0, false, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
+	})
 	if err != nil {
 		return err
 	}
@@ -313,7 +350,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(prefillKeys*c.D+prefillRows*prefillKeys+3*prefillRows+1)); err != nil {
 		return err
 	}
-	p, err := b.Device().Pipeline(attnPrefill, c.consts(gpu.Consts{"D": uint32(c.D)}))
+	p, err := c.pipeline(b.Device(), attnPrefill, 0, 0, true, func() gpu.Consts { return gpu.Consts{"D": uint32(c.D)} })
 	if err != nil {
 		return err
 	}

@@ -318,8 +318,9 @@ func (c *matMulCall) rowDispatch(blk rowBlock, out gpu.Binding, k gpu.Kernel, co
 	return c.b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, tt), 1)
 }
 
-// gemm records one row block with gemm_int4.wgsl at tiling g, split along K (and then summed by matmul_reduce.wgsl) when the
-// tiles alone are too few.
+// gemm records one row block with gemm_int4.wgsl at tiling g, split along
+// K (and then summed by matmul_reduce.wgsl) when the tiles alone are too
+// few.
 func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, g gemmTile) error {
 	w, T, d := c.w, c.T, c.b.Device()
 	bm, bn, bk := g.bm(), g.bn(), g.bk()

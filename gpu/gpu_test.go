@@ -217,6 +217,33 @@ func TestSpecialize(t *testing.T) {
 	}
 }
 
+// TestPipelineMemo: a key's constants are built once; keys apart give the
+// pipelines their constants ask for; a failed build is not remembered.
+func TestPipelineMemo(t *testing.T) {
+	d := gputest.Device(t)
+	var memo gpu.PipelineMemo[uint32]
+	built := 0
+	get := func(wg uint32) (*gpu.Pipeline, error) {
+		return memo.Get(d, wg, affine, func() gpu.Consts { built++; return gpu.Consts{"WG": wg} })
+	}
+	a, err := get(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := get(64)
+	c, _ := get(128)
+	want, _ := d.Pipeline(affine, gpu.Consts{"WG": 128})
+	if a != b || c != want || built != 2 {
+		t.Errorf("memo: %p %p (want equal), %p (want %p), %d builds (want 2)", a, b, c, want, built)
+	}
+	if _, err := memo.Get(d, 7, affine, func() gpu.Consts { return gpu.Consts{"NOPE": 1} }); err == nil {
+		t.Fatal("an unknown constant was accepted")
+	}
+	if _, err := memo.Get(d, 7, affine, func() gpu.Consts { return nil }); err != nil {
+		t.Errorf("after a failed build: %v", err)
+	}
+}
+
 func TestPipelineCache(t *testing.T) {
 	d := gputest.Device(t)
 	a, err := d.Pipeline(affine, nil)

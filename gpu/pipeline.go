@@ -89,6 +89,30 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 	return p, nil
 }
 
+// PipelineMemo finds pipelines by a caller's comparable key — the
+// constants its call site varies, with the kernel where several share the
+// memo — before Device.Pipeline: a forward pass asks for hundreds, and
+// building a Consts map for each lookup cost a tenth of the host's
+// recording time. The zero value is ready; it belongs to one device.
+type PipelineMemo[K comparable] struct{ m map[K]*Pipeline }
+
+// Get returns the pipeline remembered for key, or d.Pipeline(k, consts())
+// the first time.
+func (p *PipelineMemo[K]) Get(d *Device, key K, k Kernel, consts func() Consts) (*Pipeline, error) {
+	if pl, ok := p.m[key]; ok {
+		return pl, nil
+	}
+	pl, err := d.Pipeline(k, consts())
+	if err != nil {
+		return nil, err
+	}
+	if p.m == nil {
+		p.m = map[K]*Pipeline{}
+	}
+	p.m[key] = pl
+	return pl, nil
+}
+
 // maxKeyConsts is how many constants a pipelineKey holds; a pipeline with
 // more is found by its string key alone.
 const maxKeyConsts = 8

@@ -56,7 +56,7 @@ type KVCache struct {
 	Table                                 *gpu.Buffer
 	wgMemory                              int // the device's workgroup memory, bytes
 
-	pipes map[cachePipelineKey]*gpu.Pipeline // see pipeline
+	pipes gpu.PipelineMemo[cachePipelineKey] // see pipeline
 }
 
 // cachePipelineKey names a pipeline of a kernel over the cache by the
@@ -66,28 +66,15 @@ type cachePipelineKey struct {
 	chunk, group  int
 }
 
-// pipeline returns kernel k specialized by consts() — the cache's
-// element type among them when withKV —, memoized by key: a decode pass
-// asks for three of these a layer, and building their constants maps each
-// time is most of what it costs.
+// pipeline returns kernel k specialized by consts() — and by the cache's
+// element type when withKV —, through the cache's memo.
 func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, chunk, group int, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
-	key := cachePipelineKey{k.Module, k.Entry, chunk, group}
-	if p, ok := c.pipes[key]; ok {
-		return p, nil
-	}
-	cs := consts()
-	if withKV {
-		cs = c.consts(cs)
-	}
-	p, err := d.Pipeline(k, cs)
-	if err != nil {
-		return nil, err
-	}
-	if c.pipes == nil {
-		c.pipes = map[cachePipelineKey]*gpu.Pipeline{}
-	}
-	c.pipes[key] = p
-	return p, nil
+	return c.pipes.Get(d, cachePipelineKey{k.Module, k.Entry, chunk, group}, k, func() gpu.Consts {
+		if withKV {
+			return c.consts(consts())
+		}
+		return consts()
+	})
 }
 
 // NewKVCache allocates a zeroed cache (f32, or f16 when half) and an

@@ -208,44 +208,30 @@ var (
 	gemmConsts        = []string{"TM", "TN"}
 )
 
-// pipelineMemo finds a matrix's pipelines by a comparable key: a decode
-// pass asks for one per matmul (over a hundred), and building the
-// constants map for gpu.Device.Pipeline each time was a tenth of the
-// host's recording time.
-type pipelineMemo map[pipelineMemoKey]*gpu.Pipeline
-
-type pipelineMemoKey struct {
+// matMulPipelineKey names a matmul pipeline in its matrix's memo.
+type matMulPipelineKey struct {
 	module, entry string
 	vals          [6]uint32
 	swiglu, norm  bool
 }
 
 // pipeline returns kernel k specialized by s and the input's SWIGLU and
-// NORM, from the matrix's memo once it has been asked for.
+// NORM, through the matrix's memo.
 func (c *matMulCall) pipeline(k gpu.Kernel, s specialization) (*gpu.Pipeline, error) {
-	key := pipelineMemoKey{k.Module, k.Entry, s.vals, c.in.swiglu, c.in.norm != nil}
-	if p, ok := c.w.pipes[key]; ok {
-		return p, nil
-	}
-	consts := gpu.Consts{"SWIGLU": 0, "NORM": 0}
-	for i, name := range s.names {
-		consts[name] = s.vals[i]
-	}
-	if c.in.swiglu {
-		consts["SWIGLU"] = 1
-	}
-	if c.in.norm != nil {
-		consts["NORM"] = 1
-	}
-	p, err := c.b.Device().Pipeline(k, consts)
-	if err != nil {
-		return nil, err
-	}
-	if c.w.pipes == nil {
-		c.w.pipes = pipelineMemo{}
-	}
-	c.w.pipes[key] = p
-	return p, nil
+	key := matMulPipelineKey{k.Module, k.Entry, s.vals, c.in.swiglu, c.in.norm != nil}
+	return c.w.pipes.Get(c.b.Device(), key, k, func() gpu.Consts {
+		consts := gpu.Consts{"SWIGLU": 0, "NORM": 0}
+		for i, name := range s.names {
+			consts[name] = s.vals[i]
+		}
+		if c.in.swiglu {
+			consts["SWIGLU"] = 1
+		}
+		if c.in.norm != nil {
+			consts["NORM"] = 1
+		}
+		return consts
+	})
 }
 
 func (c *matMulCall) accumulate() uint32 {

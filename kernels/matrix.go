@@ -38,7 +38,7 @@ type Matrix struct {
 	W      *gpu.Buffer // int4: (N, K/8) u32 words; f16: (N, K) halves; f32: (N, K)
 	Scales *gpu.Buffer // int4: (N, K/G) f16 scales; nil for dense formats
 
-	pipes pipelineMemo // the matmul pipelines asked for with this matrix (see matMulCall.pipeline)
+	pipes gpu.PipelineMemo[matMulPipelineKey] // the matmul pipelines asked for with this matrix
 }
 
 // UploadMatrix uploads m (a *tensor.Int4, *tensor.F16 or *tensor.F32). K

@@ -74,7 +74,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 	// gate|up, o_proj and down_proj add into the residual.
 	// A CPU adapter (lavapipe) would take hours over every row count: it
 	// gets two, and no head.
-	ts, headTs := benchTs, []int{1, 2, 4}
+	ts, headTs := benchTs, []int{1, 2, 4, 8, 16, 32}
 	if d.Info().Type == "cpu" {
 		ts, headTs = []int{1, 16}, nil
 	}
@@ -116,10 +116,24 @@ func BenchmarkMatMulKernels(b *testing.B) {
 				b.Fatal(err)
 			}
 			var hows []matMulInput
-			for _, k := range []matMulKernel{kernelMatVec, kernelMatVecBatch, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4} {
+			for _, k := range []matMulKernel{kernelMatVec, kernelMatVecBatch, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4, kernelSkinny} {
 				if k.fits(w, T, d.Limits()) {
 					how := in
 					how.kernel = k
+					hows = append(hows, how)
+				}
+			}
+			if T >= 8 && T <= 64 {
+				for _, l := range benchSkinnyLayouts {
+					if l.tt <= 2*T && l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) > 0 {
+						how := in
+						how.kernel, how.skinny = kernelSkinny, l
+						hows = append(hows, how)
+					}
+				}
+				for _, g := range []int{512, 1024} {
+					how := in
+					how.kernel, how.groups = kernelSkinny, g
 					hows = append(hows, how)
 				}
 			}
@@ -145,6 +159,9 @@ func BenchmarkMatMulKernels(b *testing.B) {
 				name := how.kernel.String()
 				if how.matVec != (matVecLayout{}) {
 					name = how.matVec.String()
+				}
+				if how.skinny != (skinnyLayout{}) {
+					name = how.skinny.String()
 				}
 				if how.groups > 0 {
 					name += fmt.Sprintf("/groups=%d", how.groups)
@@ -193,6 +210,13 @@ func benchMatrix(b *testing.B, d *gpu.Device, r *rand.Rand, name string, n, k in
 // benchTs are the activation rows BenchmarkMatMulKernels times the layers'
 // projections at.
 var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 256, 1024}
+
+// benchSkinnyLayouts are the skinny_int4.wgsl layouts
+// BenchmarkMatMulKernels tries besides pickSkinnyLayout's.
+var benchSkinnyLayouts = []skinnyLayout{
+	{8, 2, 128}, {8, 4, 64}, {16, 2, 64}, {16, 2, 128}, {16, 4, 64},
+	{32, 1, 128}, {32, 2, 64}, {32, 2, 128}, {32, 4, 64}, {32, 2, 256},
+}
 
 // benchMatVecLayouts are the matrix-vector layouts BenchmarkMatMulKernels
 // tries besides pickMatVecLayout's.

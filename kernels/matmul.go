@@ -25,6 +25,10 @@ var (
 		Module: "gemm_int4.wgsl", Source: shaders.GEMMInt4, Entry: "main", ParamsSize: 48,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
 	}
+	skinnyInt4 = gpu.Kernel{
+		Module: "skinny_int4.wgsl", Source: shaders.SkinnyInt4, Entry: "main", ParamsSize: 48,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, qweight, scales, out, norm
+	}
 	matMulReduce = gpu.Kernel{
 		Module: "matmul_reduce.wgsl", Source: shaders.MatMulReduce, Entry: "main", ParamsSize: 32,
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // partial sums, out
@@ -107,7 +111,8 @@ type matMulInput struct {
 	eps        float64
 	kernel     matMulKernel // zero: pickMatMul's choice (benchmarks force others)
 	matVec     matVecLayout // zero: pickMatVecLayout's choice
-	groups     int          // the GEMM's split-K target; zero: gemmTile.targetGroups
+	skinny     skinnyLayout // zero: pickSkinnyLayout's choice
+	groups     int          // the split-K target of the GEMM or the skinny kernel; zero: their default
 }
 
 // matMul is MatMul, MatMulNorm or MatMulSwiGLU (as `in` says) with the binding
@@ -169,6 +174,8 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 		record = call.matVecBatch
 	case kernelRowTile:
 		record = call.rowTile
+	case kernelSkinny:
+		record = call.skinny
 	default:
 		g := kernel.gemmTile()
 		record = func(blk rowBlock, out gpu.Binding) error { return call.gemm(blk, out, g) }
@@ -206,6 +213,7 @@ var (
 	matVecConsts      = []string{"LANES", "RT", "WG", "TT", "KC", "SHM"}
 	matVecBatchConsts = []string{"TT", "KC"}
 	gemmConsts        = []string{"TM", "TN"}
+	skinnyConsts      = []string{"TT", "RT", "WG", "KC"}
 )
 
 // matMulPipelineKey names a matmul pipeline in its matrix's memo.
@@ -304,28 +312,56 @@ func (c *matMulCall) rowDispatch(blk rowBlock, out gpu.Binding, k gpu.Kernel, co
 	return c.b.Dispatch(p, params, binds, divCeil(blk.n, rows), divCeil(T, tt), 1)
 }
 
-// gemm records one row block with gemm_int4.wgsl at tiling g, split along
-// K (and then summed by matmul_reduce.wgsl) when the tiles alone are too
-// few.
+// gemm records one row block with gemm_int4.wgsl at tiling g.
 func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding, g gemmTile) error {
-	w, T, d := c.w, c.T, c.b.Device()
-	bm, bn, bk := g.bm(), g.bn(), g.bk()
-	tiles := int(divCeil(blk.n, bn)) * int(divCeil(T, bm))
-	kTiles := w.K / bk
+	p, err := c.pipeline(gemmInt4, specialization{gemmConsts, [6]uint32{uint32(g.tm), uint32(g.tn)}})
+	if err != nil {
+		return err
+	}
 	target := g.targetGroups()
 	if c.in.groups > 0 {
 		target = c.in.groups
 	}
-	splits := min(kTiles, max(1, (target+tiles-1)/tiles))
-	kps := (kTiles + splits - 1) / splits * bk
+	return c.splitDispatch(p, blk, out, g.bn(), g.bm(), g.bk(), target)
+}
+
+// skinny records one row block with skinny_int4.wgsl.
+func (c *matMulCall) skinny(blk rowBlock, out gpu.Binding) error {
+	l := c.in.skinny
+	if l == (skinnyLayout{}) {
+		l = pickSkinnyLayout(c.w.N, c.T)
+	}
+	kc := l.chunk(c.b.Device().Limits().MaxComputeWorkgroupStorageSize)
+	if !l.valid() || kc == 0 {
+		return fmt.Errorf("%v does not fit this device", l)
+	}
+	consts := specialization{skinnyConsts, [6]uint32{uint32(l.tt), uint32(l.rt), uint32(l.wg), uint32(kc)}}
+	p, err := c.pipeline(skinnyInt4, consts)
+	if err != nil {
+		return err
+	}
+	target := l.targetGroups()
+	if c.in.groups > 0 {
+		target = c.in.groups
+	}
+	return c.splitDispatch(p, blk, out, l.rows(), l.tt, 32, target)
+}
+
+// splitDispatch records pipeline p — gemm_int4.wgsl or skinny_int4.wgsl,
+// which share bindings, params and the split-K protocol — over tiles of
+// bn output features × bm activation rows, split along K into parts of a
+// multiple of step inputs (then summed by matmul_reduce.wgsl) when the
+// tiles alone are fewer than target workgroups.
+func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Binding, bn, bm, step, target int) error {
+	w, T, d := c.w, c.T, c.b.Device()
+	tiles := int(divCeil(blk.n, bn)) * int(divCeil(T, bm))
+	kSteps := w.K / step
+	splits := min(kSteps, max(1, (target+tiles-1)/tiles))
+	kps := (kSteps + splits - 1) / splits * step
 	splits = (w.K + kps - 1) / kps
 	partials := uint64(splits) * uint64(T) * uint64(blk.n+1) * 4 // sums, then sums of squares
 	if splits > 1 && partials > d.Limits().MaxStorageBufferBindingSize {
 		splits, kps = 1, w.K
-	}
-	p, err := c.pipeline(gemmInt4, specialization{gemmConsts, [6]uint32{uint32(g.tm), uint32(g.tn)}})
-	if err != nil {
-		return err
 	}
 	binds := append([]gpu.Binding{c.x}, w.bindRows(blk)...)
 	dst := out

@@ -20,6 +20,7 @@ const (
 	kernelGEMM2                           // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
 	kernelGEMM4                           // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
 	kernelGEMM2x8                         // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles)
+	kernelSkinny                          // skinny_int4.wgsl: weights in registers, activations broadcast
 )
 
 func (k matMulKernel) String() string {
@@ -38,6 +39,8 @@ func (k matMulKernel) String() string {
 		return "gemm-4"
 	case kernelGEMM2x8:
 		return "gemm-2x8"
+	case kernelSkinny:
+		return "skinny"
 	}
 	return fmt.Sprintf("matMulKernel(%d)", int(k))
 }
@@ -152,8 +155,9 @@ func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
 // (a layer at 32 rows 289 µs; 2 × 4 320 µs, the 8-row tile 324 µs); more
 // on 4 × 4 (a layer at 64 rows 387 µs; 2 × 8 509 µs).
 const (
-	gemmMinT  = 17
-	gemm4MinT = 41
+	gemmMinT   = 17
+	gemm4MinT  = 41
+	skinnyMaxT = 40
 )
 
 // pickMatMul returns the kernel for T rows of w on a device with limits l:
@@ -175,6 +179,8 @@ func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 		return kernelMatVec
 	case T <= matVecMaxT && kernelMatVecBatch.fits(w, T, l):
 		return kernelMatVecBatch
+	case T <= skinnyMaxT && kernelSkinny.fits(w, T, l):
+		return kernelSkinny
 	case T >= gemm4MinT && kernelGEMM4.fits(w, T, l):
 		return kernelGEMM4
 	case T >= gemmMinT && kernelGEMM2x8.fits(w, T, l):
@@ -201,6 +207,10 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 		}
 		_, ok := matVecFor(w, T, matVecLayout{}, l)
 		return ok
+	case kernelSkinny:
+		s := pickSkinnyLayout(w.N, T)
+		return int4 && divCeil(w.N, s.rows()) <= l.MaxComputeWorkgroupsPerDimension &&
+			s.chunk(l.MaxComputeWorkgroupStorageSize) > 0
 	case kernelGEMM2, kernelGEMM4, kernelGEMM2x8:
 		g := k.gemmTile()
 		return int4 && w.K%g.bk() == 0 && divCeil(w.N, 16*g.tn) <= l.MaxComputeWorkgroupsPerDimension &&
@@ -289,4 +299,63 @@ func matVecTT(T int) uint32 {
 		tt *= 2
 	}
 	return tt
+}
+
+// skinnyLayout is skinny_int4.wgsl's tiling (see its header): tt
+// activation rows a workgroup, rt weight rows a thread, wg threads.
+type skinnyLayout struct{ tt, rt, wg int }
+
+func (l skinnyLayout) String() string { return fmt.Sprintf("skinny-%dx%d/%d", l.tt, l.rt, l.wg) }
+
+// rows is the weight rows a workgroup computes.
+func (l skinnyLayout) rows() int { return l.wg * l.rt }
+
+// valid reports whether the kernel takes the layout.
+func (l skinnyLayout) valid() bool {
+	return l.tt >= 4 && l.tt%4 == 0 && l.wg >= l.tt && l.wg%l.tt == 0 && l.wg <= 256 && l.rt >= 1 && l.rt <= 4
+}
+
+// chunk returns the inputs a chunk (KC) for a device with limit bytes of
+// workgroup memory: the most, up to 128, whose staged activations fit it;
+// 0 when none does.
+func (l skinnyLayout) chunk(limit uint32) int {
+	for kc := 128; kc >= 32; kc -= 32 {
+		if uint32(4*(kc*l.tt+l.wg+l.tt)) <= limit {
+			return kc
+		}
+	}
+	return 0
+}
+
+// pickSkinnyLayout returns skinny_int4.wgsl's layout for T activation rows
+// of an N-row matrix, the fastest measured on the H200 at Qwen3-1.7B's
+// shapes (BenchmarkMatMulKernels; BENCHMARKS.md), as a rule: two weight
+// rows a thread; 8 or 16 activation rows a workgroup up to 8 or 16, 32
+// beyond — but 16 for a vocabulary-sized head, whose tiles fill the GPU
+// anyway; 64 threads, or more for tall matrices (gate|up, the head).
+func pickSkinnyLayout(n, T int) skinnyLayout {
+	tall := n >= 8192
+	wg := 64
+	if tall {
+		wg = 128
+	}
+	switch {
+	case T <= 8:
+		return skinnyLayout{tt: 8, rt: 2, wg: wg}
+	case T <= 16 || n >= 65536:
+		return skinnyLayout{tt: 16, rt: 2, wg: wg}
+	case tall:
+		return skinnyLayout{tt: 32, rt: 2, wg: 256}
+	}
+	return skinnyLayout{tt: 32, rt: 2, wg: 128}
+}
+
+// skinnyTargetGroups is how many workgroups a skinny_int4.wgsl matmul at
+// layout l should have at least (split-K below that), as
+// gemmTile.targetGroups: 512 up to 16 rows a workgroup, 256 at 32.
+func (l skinnyLayout) targetGroups() int {
+	if l.tt <= 16 {
+		return 512
+	}
+	return 256
 }

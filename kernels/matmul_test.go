@@ -124,8 +124,13 @@ func TestPlanMatVec(t *testing.T) {
 func TestMatMulUnsplit(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM2x8} {
-		s := matMulShape{T: 40, N: k.gemmTile().bn()*k.gemmTile().targetGroups() + 17, K: 128, G: 32}
+	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM2x8, kernelSkinny} {
+		l := pickSkinnyLayout(1, 40)
+		n := l.rows() * l.targetGroups()
+		if k.isGEMM() {
+			n = k.gemmTile().bn() * k.gemmTile().targetGroups()
+		}
+		s := matMulShape{T: 40, N: n + 17, K: 128, G: 32}
 		for _, in := range []string{"x", "swiglu", "norm"} {
 			t.Run(fmt.Sprintf("%v/%s", k, in), func(t *testing.T) {
 				if !k.fits(&Matrix{Format: Int4, N: s.N, K: s.K, G: s.G}, s.T, d.Limits()) {
@@ -153,6 +158,7 @@ func TestMatMulEachKernel(t *testing.T) {
 		{kernelGEMM2, []int{1, 3, 8, 40}},
 		{kernelGEMM4, []int{2, 9, 31, 65}},
 		{kernelGEMM2x8, []int{1, 5, 32, 33}},
+		{kernelSkinny, []int{1, 5, 17, 33}},
 	} {
 		for _, T := range c.Ts {
 			step := 32 // K's step: a GEMM's stage, at least
@@ -172,6 +178,26 @@ func TestMatMulEachKernel(t *testing.T) {
 	}
 }
 
+// TestSkinnyLayouts runs skinny_int4.wgsl at layouts pickSkinnyLayout
+// does not choose (the benchmark's), each exact, split along K or not.
+func TestSkinnyLayouts(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, l := range []skinnyLayout{{4, 1, 64}, {8, 4, 64}, {16, 1, 128}, {32, 4, 64}, {32, 2, 128}} {
+		for _, groups := range []int{1, 64} {
+			T := 1 + r.IntN(2*l.tt)
+			s := matMulShape{T: T, N: 16 + r.IntN(300), K: 32 * (1 + r.IntN(40)), G: 32}
+			in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
+			t.Run(fmt.Sprintf("%v/groups%d/T%d_N%d_K%d/%s", l, groups, T, s.N, s.K, in), func(t *testing.T) {
+				if l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) == 0 {
+					t.Skipf("this device does not take %v", l)
+				}
+				testMatMulHow(t, d, r, Int4, s, in != "norm", in, matMulInput{kernel: kernelSkinny, skinny: l, groups: groups}, 0)
+			})
+		}
+	}
+}
+
 func TestPickMatMul(t *testing.T) {
 	small := gpu.Limits{MaxComputeWorkgroupsPerDimension: 65535, MaxComputeWorkgroupStorageSize: 16 << 10}
 	large := small
@@ -186,10 +212,10 @@ func TestPickMatMul(t *testing.T) {
 		{int4, 1, large, kernelMatVec}, {int4, 2, large, kernelMatVecBatch}, {int4, 4, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelRowTile}, // down_proj, one row
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVecBatch},
-		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelGEMM2x8},
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelSkinny},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},
-		{int4, 5, large, kernelRowTile}, {int4, 16, large, kernelRowTile},
-		{int4, 17, large, kernelGEMM2x8}, {int4, 40, large, kernelGEMM2x8},
+		{int4, 5, large, kernelSkinny}, {int4, 16, large, kernelSkinny},
+		{int4, 17, large, kernelSkinny}, {int4, 40, large, kernelSkinny}, {int4, 40, small, kernelSkinny},
 		{int4, 41, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},
 		{int4, 1024, small, kernelGEMM2x8},                                    // 4 × 4 outputs a thread need more than 16 KiB
 		{&Matrix{Format: Int4, N: 64, K: 48, G: 16}, 1, large, kernelRowTile}, // 32 codes span two groups
@@ -221,9 +247,16 @@ func TestMatMulRowBlocks(t *testing.T) {
 // given kernel (kernelAuto: the one pickMatMul picks); maxBinding 0 means
 // the device's own limit.
 func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, in string, kernel matMulKernel, maxBinding uint64) {
+	testMatMulHow(t, d, r, f, s, accumulate, in, matMulInput{kernel: kernel}, maxBinding)
+}
+
+// testMatMulHow is testMatMul with the kernel's tuning forced by how
+// (its kernel, layouts and split-K target).
+func testMatMulHow(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, in string, how matMulInput, maxBinding uint64) {
 	m := randMatrix(t, r, f, s.N, s.K, s.G)
 	x := randVec(r, s.T*s.K, 1)
-	input, how := x, matMulInput{accumulate: accumulate, kernel: kernel}
+	input := x
+	how.accumulate = accumulate
 	switch in {
 	case "swiglu": // x = silu(gate) · up, from random gate | up rows
 		input, how.swiglu = randVec(r, s.T*2*s.K, 2), true

@@ -43,6 +43,12 @@ var MatVecBatchInt4 string
 //go:embed gemm_int4.wgsl
 var GEMMInt4 string
 
+// SkinnyInt4 is skinny_int4.wgsl: out (+)= x · Wᵀ for int4 W and a few
+// to some tens of rows, weights in registers, optionally split along K.
+//
+//go:embed skinny_int4.wgsl
+var SkinnyInt4 string
+
 // MatMulReduce is matmul_reduce.wgsl: the sum of a split-K matmul's parts.
 //
 //go:embed matmul_reduce.wgsl

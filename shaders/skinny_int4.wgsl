@@ -1,0 +1,279 @@
+// skinny_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and a few to some
+// tens of activation rows (the decode of a batch of sequences) — the
+// "skinny" GEMM, compute-bound but with too few rows for gemm_int4.wgsl's
+// tiles to pay for their workgroup-memory traffic. Here each thread keeps
+// its own weight rows in registers, dequantizes each weight once, and uses
+// it for TT activation rows that every thread of the workgroup reads at the
+// same address of workgroup memory (a broadcast: no bank conflicts, one
+// transaction a warp), so a multiply-add costs 1/(RT·4) of a load.
+//
+// For t < T, n < N:
+//   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
+//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
+// where x' is x, or with SWIGLU = 1 silu(gate) · up from the (T, 2K) output
+// of the stacked gate/up projection, or with NORM = 1 Qwen3's RMSNorm
+// x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps) — the inputs of
+// matmul_int4.wgsl.
+//
+// Split-K (as gemm_int4.wgsl): with splits > 1, workgroup z sums only inputs
+// [z·kps, (z+1)·kps) and writes its partial sums, unscaled, to out as
+// (splits, T, N), followed by NORM's partial sums of squares as (splits, T)
+// (written by the workgroups of the first column tile); matmul_reduce.wgsl
+// adds them up.
+//
+// Buffers:
+//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
+//   qweight (N, K/32) vec4<u32>: 32 codes, column k's in bits 4(k%8)… of
+//           word (k%32)/8 of vec4 k/32
+//   scales  (N, K/G) f16, read as u32 pairs
+//   out     rows of ldo f32 (splits = 1), or the split-K partials
+//   norm    (K) f32 RMSNorm weight g (bound but unread when NORM = 0)
+// The Go side uses it when K % 32 = 0 and G % 32 = 0 (a vec4 of codes lies
+// in one scale group).
+//
+// Dispatch: (ceil(N / ROWS), ceil(T / TT), splits) workgroups of WG
+// threads, ROWS = WG · RT. Thread lid owns weight rows n0 + lid + r·WG,
+// r < RT (neighbouring lanes, neighbouring rows: their stores coalesce), and
+// activation rows t0 … t0 + TT − 1. Per chunk of KC inputs:
+//   1. each thread loads its rows' first vec4 of codes (32 inputs) and
+//      their scales into registers — they do not depend on x', so their
+//      latency hides behind step 2;
+//   2. the workgroup stages x' (SwiGLU, and the norm's weight and sums of
+//      squares, computed here) transposed, as xs[k][t] in vec4s over t;
+//      thread lid stages row t0 + lid % TT throughout (WG is a multiple of
+//      TT), so a warp's stores of one k fall in consecutive banks;
+//   3. 32 inputs at a time, the next 32's codes loading meanwhile, each
+//      thread turns its codes into floats once — the exponent trick,
+//      bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8 exactly — and
+//      multiplies each into the TT/4 vec4s of x'[k] it reads from xs.
+// Registers are indexed only by loops over RT and TV, short enough for the
+// compiler to unroll (an array indexed by a rolled loop lives in local
+// memory: a layout of 4 × 32 accumulators ran 7× slower on the H200).
+// Rows past T are staged as zeros and never written; rows past N repeat
+// row N − 1 and are never written.
+//
+// Sizes (set by the Go side, kernels/matmul_plan.go): TT, RT, WG by the
+// rows of the batch; KC so that KC·TT floats fit the workgroup memory.
+// Registers: RT·TT accumulators plus 2·RT vec4s of codes a thread.
+
+const TT: u32 = 32u;       // activation rows a workgroup: a multiple of 4 dividing WG
+const RT: u32 = 2u;        // weight rows a thread
+const WG: u32 = 64u;       // threads a workgroup
+const KC: u32 = 128u;      // inputs staged a chunk, a multiple of 32
+const SWIGLU: u32 = 0u;    // 1: x is gate | up, and the input silu(gate)·up
+const NORM: u32 = 0u;      // 1: the input is rmsnorm(x) · g
+const ROWS: u32 = WG * RT; // weight rows a workgroup
+const TV: u32 = TT / 4u;   // vec4s of activation rows
+const ACC: u32 = RT * TV;  // accumulator vec4s a thread holds
+const XS: u32 = KC * TV;   // vec4s of staged x'
+const SPT: u32 = (TT * KC / 4u + WG - 1u) / WG; // x' vec4s a thread stages a chunk, at most
+
+struct Params {
+    T: u32,          // activation rows
+    N: u32,          // output features (rows of W) in this call
+    K: u32,          // input features, a multiple of 32
+    G: u32,          // group size, a multiple of 32
+    ldo: u32,        // row stride of out, ≥ N (splits = 1)
+    accumulate: u32, // 1: add into out (splits = 1)
+    eps: f32,        // RMSNorm's epsilon (NORM = 1, splits = 1)
+    splits: u32,     // workgroups along K (grid z)
+    kps: u32,        // inputs per split, a multiple of 32
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> qweight: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> scales: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
+
+var<workgroup> xs: array<vec4<f32>, XS>; // x'[t0 + 4v + e][c0 + k] at xs[k·TV + v][e]
+var<workgroup> sq: array<f32, WG>;       // NORM: each thread's sum of squares
+var<workgroup> inv_rms: array<f32, TT>;  // NORM, splits = 1: each activation row's 1 / rms
+
+const MAGIC: u32 = 0x4B000000u; // the bits of 2²³: a code ORed in is 2²³ + code
+const BIAS: f32 = 8388616.0;    // 2²³ + 8
+
+// codes returns the four codes of nibbles shift/4 … shift/4+3 of word w,
+// minus 8, as floats.
+fn codes(w: u32, shift: u32) -> vec4<f32> {
+    let n = (vec4<u32>(w) >> vec4<u32>(shift, shift + 4u, shift + 8u, shift + 12u)) & vec4<u32>(15u);
+    return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - BIAS;
+}
+
+fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    return g / (1.0 + exp(-g)) * u;
+}
+
+fn scale(i: u32) -> f32 {
+    let pair = unpack2x16float(scales[i >> 1u]);
+    return select(pair.x, pair.y, (i & 1u) == 1u);
+}
+
+// component returns word c of v — by selects, so that a loop over c that
+// the compiler keeps rolled indexes no register array.
+fn component(v: vec4<u32>, c: u32) -> u32 {
+    return select(select(v.x, v.y, c == 1u), select(v.z, v.w, c == 3u), c >= 2u);
+}
+
+// load_codes loads the code vec4 gv (inputs 32gv … 32gv + 31) of this
+// thread's RT weight rows n0 + r·WG, and its scale; rows past N repeat row
+// N − 1 (never written).
+fn load_codes(q: ptr<function, array<vec4<u32>, RT>>, s: ptr<function, array<f32, RT>>, n0: u32, gv: u32) {
+    for (var r = 0u; r < RT; r++) {
+        let n = min(n0 + r * WG, p.N - 1u);
+        (*q)[r] = qweight[n * (p.K / 32u) + gv];
+        (*s)[r] = scale(n * (p.K / p.G) + gv / (p.G / 32u));
+    }
+}
+
+// row_sumsq returns the sum of squares activation row t (< TT) of the
+// workgroup staged, from the WG/TT threads that staged it.
+fn row_sumsq(t: u32) -> f32 {
+    var s = 0.0;
+    for (var i = t; i < WG; i += TT) {
+        s += sq[i];
+    }
+    return s;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * ROWS + lid; // this thread's weight rows: n0 + r·WG
+    let t0 = wid.y * TT;
+    let kbeg = wid.z * p.kps;
+    let kend = min(p.K, kbeg + p.kps);
+    let st = lid % TT;                  // the activation row this thread stages
+    let staged = t0 + st < p.T;
+    let srow = min(t0 + st, p.T - 1u);
+
+    var acc = array<vec4<f32>, ACC>(); // acc[r·TV + v][e]: weight row n0 + r·WG, activation row t0 + 4v + e
+    var ss = 0.0;                          // NORM: the sum of squares of what this thread staged
+    for (var c0 = kbeg; c0 < kend; c0 += KC) {
+        let words = min(KC, kend - c0) / 32u; // code vec4s of a row in this chunk
+        // 1. This thread's codes of the chunk's first 32 inputs.
+        var cur: array<vec4<u32>, RT>;
+        var cur_scale: array<f32, RT>;
+        load_codes(&cur, &cur_scale, n0, c0 / 32u);
+        // 2. Stage x'[t0 + st][c0 + 4q … +3] for the chunk's q.
+        for (var i = 0u; i < SPT; i++) {
+            let q = (lid + i * WG) / TT;
+            if q < 8u * words {
+                var v = vec4<f32>();
+                if staged {
+                    if SWIGLU == 1u {
+                        let g = srow * (p.K / 2u) + c0 / 4u + q; // gate; up is K/4 vec4s further
+                        v = swiglu(x[g], x[g + p.K / 4u]);
+                    } else {
+                        v = x[srow * (p.K / 4u) + c0 / 4u + q];
+                    }
+                    if NORM == 1u {
+                        ss += dot(v, v);
+                        v *= norm[c0 / 4u + q];
+                    }
+                }
+                for (var e = 0u; e < 4u; e++) {
+                    xs[(4u * q + e) * TV + st / 4u][st % 4u] = v[e];
+                }
+            }
+        }
+        workgroupBarrier();
+        // 3. Multiply, 32 inputs at a time, the next 32's codes loading
+        // meanwhile: each weight serves TT activation rows.
+        for (var j = 0u; j < words; j++) {
+            var next: array<vec4<u32>, RT>;
+            var next_scale: array<f32, RT>;
+            if j + 1u < words {
+                load_codes(&next, &next_scale, n0, c0 / 32u + j + 1u);
+            }
+            for (var c = 0u; c < 4u; c++) { // word c of the vec4: inputs k … k+7
+                let k = 32u * j + 8u * c;
+                var lo: array<vec4<f32>, RT>;
+                var hi: array<vec4<f32>, RT>;
+                for (var r = 0u; r < RT; r++) {
+                    let w = component(cur[r], c);
+                    lo[r] = codes(w, 0u) * cur_scale[r];
+                    hi[r] = codes(w, 16u) * cur_scale[r];
+                }
+                for (var v = 0u; v < TV; v++) {
+                    let x0 = xs[k * TV + v];
+                    let x1 = xs[(k + 1u) * TV + v];
+                    let x2 = xs[(k + 2u) * TV + v];
+                    let x3 = xs[(k + 3u) * TV + v];
+                    let x4 = xs[(k + 4u) * TV + v];
+                    let x5 = xs[(k + 5u) * TV + v];
+                    let x6 = xs[(k + 6u) * TV + v];
+                    let x7 = xs[(k + 7u) * TV + v];
+                    for (var r = 0u; r < RT; r++) {
+                        var a = acc[r * TV + v];
+                        a += lo[r].x * x0;
+                        a += lo[r].y * x1;
+                        a += lo[r].z * x2;
+                        a += lo[r].w * x3;
+                        a += hi[r].x * x4;
+                        a += hi[r].y * x5;
+                        a += hi[r].z * x6;
+                        a += hi[r].w * x7;
+                        acc[r * TV + v] = a;
+                    }
+                }
+            }
+            cur = next;
+            cur_scale = next_scale;
+        }
+        workgroupBarrier();
+    }
+
+    if NORM == 1u {
+        sq[lid] = ss;
+        workgroupBarrier();
+    }
+    if p.splits > 1u {
+        // Partial sums (and sums of squares) for matmul_reduce.wgsl.
+        let base = wid.z * p.T * p.N;
+        for (var r = 0u; r < RT; r++) {
+            let n = n0 + r * WG;
+            for (var v = 0u; v < TV; v++) {
+                for (var e = 0u; e < 4u; e++) {
+                    let t = t0 + 4u * v + e;
+                    if t < p.T && n < p.N {
+                        out[base + t * p.N + n] = acc[r * TV + v][e];
+                    }
+                }
+            }
+        }
+        if NORM == 1u && wid.x == 0u && lid < TT && t0 + lid < p.T {
+            out[p.splits * p.T * p.N + wid.z * p.T + t0 + lid] = row_sumsq(lid);
+        }
+        return;
+    }
+
+    if NORM == 1u {
+        if lid < TT {
+            inv_rms[lid] = 1.0 / sqrt(row_sumsq(lid) / f32(p.K) + p.eps);
+        }
+        workgroupBarrier();
+    }
+    for (var r = 0u; r < RT; r++) {
+        let n = n0 + r * WG;
+        for (var v = 0u; v < TV; v++) {
+            for (var e = 0u; e < 4u; e++) {
+                let t = t0 + 4u * v + e;
+                if t < p.T && n < p.N {
+                    let o = t * p.ldo + n;
+                    var s = acc[r * TV + v][e];
+                    if NORM == 1u {
+                        s *= inv_rms[4u * v + e];
+                    }
+                    if p.accumulate != 0u {
+                        s += out[o];
+                    }
+                    out[o] = s;
+                }
+            }
+        }
+    }
+}

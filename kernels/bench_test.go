@@ -123,7 +123,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 					hows = append(hows, how)
 				}
 			}
-			if T >= 8 && T <= 64 {
+			if T >= 2 && T <= 64 {
 				for _, l := range benchSkinnyLayouts {
 					if l.tt <= 2*T && l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) > 0 {
 						how := in
@@ -214,7 +214,7 @@ var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 256, 1024}
 // benchSkinnyLayouts are the skinny_int4.wgsl layouts
 // BenchmarkMatMulKernels tries besides pickSkinnyLayout's.
 var benchSkinnyLayouts = []skinnyLayout{
-	{8, 2, 128}, {8, 4, 64}, {16, 2, 64}, {16, 2, 128}, {16, 4, 64},
+	{4, 2, 64}, {4, 2, 128}, {8, 2, 128}, {8, 4, 64}, {16, 2, 64}, {16, 2, 128}, {16, 4, 64},
 	{32, 1, 128}, {32, 2, 64}, {32, 2, 128}, {32, 4, 64}, {32, 2, 256},
 }
 

@@ -149,24 +149,23 @@ func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
 // The row counts where pickMatMul moves from one kernel to the next,
 // from BenchmarkMatMulKernels on the H200 (dependent matmuls at
 // Qwen3-1.7B's four projections, summed over a layer; BENCHMARKS.md):
-// 5–16 rows are fastest on matmul_int4.wgsl's 8-row tile (a layer at 16
-// rows 190 µs, against 317 µs on the GEMM's 32-row tile, which costs as
-// much at 1 row as at 32); 17–40 on the GEMM at 2 × 8 outputs a thread
-// (a layer at 32 rows 289 µs; 2 × 4 320 µs, the 8-row tile 324 µs); more
-// on 4 × 4 (a layer at 64 rows 387 µs; 2 × 8 509 µs).
+// 5–64 rows are fastest on skinny_int4.wgsl (a layer at 16 rows 130 µs
+// against 257 µs on the 8-row tile; at 32 rows 190 µs against 295 µs on
+// the GEMM at 2 × 8; at 64 rows 339 µs against 374 µs on the GEMM at
+// 4 × 4); more on the GEMM at 4 × 4 — or at 2 × 8 from 17 rows, or 2 × 4,
+// where the device's workgroup memory does not take 4 × 4.
 const (
 	gemmMinT   = 17
 	gemm4MinT  = 41
-	skinnyMaxT = 40
+	skinnyMaxT = 64
 )
 
 // pickMatMul returns the kernel for T rows of w on a device with limits l:
 // the matrix-vector kernels for 1–4 rows (matvec_int4.wgsl for one, but a
 // single row of more than 4,096 inputs; matvec_batch_int4.wgsl for 2–4:
 // decode steps of 2 and 4 sequences took 2.49 and 3.63 ms with it against
-// 3.3 and 4.35 with matvec_int4.wgsl's layouts, in runs on the H200), the
-// 8-row tile for 5–16, the GEMM beyond (2 × 8 outputs a thread, 4 × 4 past
-// 40 rows where its workgroup memory fits), and the row-tile kernels for
+// 3.3 and 4.35 with matvec_int4.wgsl's layouts, in runs on the H200),
+// skinny_int4.wgsl for 5–64, the GEMM beyond, and the row-tile kernels for
 // whatever the int4 kernels do not take.
 func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 	switch {

@@ -27,9 +27,8 @@
 //           the threads in workgroup memory (a tree, not a serial loop);
 //   values  D/8 threads cover one value vector, eight elements each from
 //           one 16-byte load (f16) or two (f32), so KP = WG·8/D keys are
-//           summed side by side into registers — four keys' loads in
-//           flight at once —, then added up in workgroup memory in KP
-//           rounds.
+//           summed side by side into registers, then added up in workgroup
+//           memory in KP rounds.
 // D (head_dim, a multiple of 8), GROUP (query heads per kv head) and CHUNK
 // (64 … 256, picked by package kernels so that there are enough workgroups
 // and the workgroup memory fits) are constants, so every loop over them has
@@ -185,25 +184,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var lo = array<vec4<f32>, GROUP>();
     var hi = array<vec4<f32>, GROUP>();
     if kp < KP {
-        // Four keys a round, their four loads issued together: one 16-byte
-        // load in flight a thread left attention at a batch of 32 sequences
-        // at ~43 % of the copy bandwidth, waiting on DRAM latency.
-        var c = kp;
-        for (; c + 3u * KP < n; c += 4u * KP) {
-            let v0 = load8(base[c] + 8u * lane, true);
-            let v1 = load8(base[c + KP] + 8u * lane, true);
-            let v2 = load8(base[c + 2u * KP] + 8u * lane, true);
-            let v3 = load8(base[c + 3u * KP] + 8u * lane, true);
-            for (var hh = 0u; hh < GROUP; hh++) {
-                let e0 = sc[hh * CHUNK + c];
-                let e1 = sc[hh * CHUNK + c + KP];
-                let e2 = sc[hh * CHUNK + c + 2u * KP];
-                let e3 = sc[hh * CHUNK + c + 3u * KP];
-                lo[hh] += e0 * v0.lo + e1 * v1.lo + e2 * v2.lo + e3 * v3.lo;
-                hi[hh] += e0 * v0.hi + e1 * v1.hi + e2 * v2.hi + e3 * v3.hi;
-            }
-        }
-        for (; c < n; c += KP) {
+        for (var c = kp; c < n; c += KP) {
             let v = load8(base[c] + 8u * lane, true);
             for (var hh = 0u; hh < GROUP; hh++) {
                 let e = sc[hh * CHUNK + c];

@@ -149,15 +149,17 @@ func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
 // The row counts where pickMatMul moves from one kernel to the next,
 // from BenchmarkMatMulKernels on the H200 (dependent matmuls at
 // Qwen3-1.7B's four projections, summed over a layer; BENCHMARKS.md):
-// 5–64 rows are fastest on skinny_int4.wgsl (a layer at 16 rows 130 µs
+// 5–40 rows are fastest on skinny_int4.wgsl (a layer at 16 rows 130 µs
 // against 257 µs on the 8-row tile; at 32 rows 190 µs against 295 µs on
-// the GEMM at 2 × 8; at 64 rows 339 µs against 374 µs on the GEMM at
-// 4 × 4); more on the GEMM at 4 × 4 — or at 2 × 8 from 17 rows, or 2 × 4,
-// where the device's workgroup memory does not take 4 × 4.
+// the GEMM at 2 × 8); more on the GEMM at 4 × 4 — or at 2 × 8 from 17 rows,
+// or 2 × 4, where the device's workgroup memory does not take 4 × 4. At 64
+// rows the benchmark favoured skinny_int4.wgsl too (339 µs a layer against
+// 374 µs), but a decode step of 64 sequences took 16.3 ms with it against
+// 15.4 ms with the GEMM, so the GEMM keeps 41 rows on.
 const (
 	gemmMinT   = 17
 	gemm4MinT  = 41
-	skinnyMaxT = 64
+	skinnyMaxT = 40
 )
 
 // pickMatMul returns the kernel for T rows of w on a device with limits l:
@@ -165,7 +167,7 @@ const (
 // single row of more than 4,096 inputs; matvec_batch_int4.wgsl for 2–4:
 // decode steps of 2 and 4 sequences took 2.49 and 3.63 ms with it against
 // 3.3 and 4.35 with matvec_int4.wgsl's layouts, in runs on the H200),
-// skinny_int4.wgsl for 5–64, the GEMM beyond, and the row-tile kernels for
+// skinny_int4.wgsl for 5–40, the GEMM beyond, and the row-tile kernels for
 // whatever the int4 kernels do not take.
 func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 	switch {

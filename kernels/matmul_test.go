@@ -213,13 +213,13 @@ func TestPickMatMul(t *testing.T) {
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelRowTile}, // down_proj, one row
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelSkinny},
-		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 65, large, kernelGEMM4},
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},
 		{int4, 5, large, kernelSkinny}, {int4, 16, large, kernelSkinny},
 		{int4, 17, large, kernelSkinny}, {int4, 40, large, kernelSkinny}, {int4, 40, small, kernelSkinny},
-		{int4, 64, large, kernelSkinny}, {int4, 65, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},
+		{int4, 40, large, kernelSkinny}, {int4, 41, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},
 		{int4, 1024, small, kernelGEMM2x8},                                    // 4 × 4 outputs a thread need more than 16 KiB
 		{&Matrix{Format: Int4, N: 64, K: 48, G: 16}, 1, large, kernelRowTile}, // 32 codes span two groups
-		{&Matrix{Format: Int4, N: 64, K: 96, G: 32}, 96, large, kernelGEMM4},
+		{&Matrix{Format: Int4, N: 64, K: 96, G: 32}, 64, large, kernelGEMM4},
 		{&Matrix{Format: F16, N: 64, K: 64}, 1, large, kernelRowTile},
 		{&Matrix{Format: F32, N: 64, K: 64}, 64, large, kernelRowTile},
 	} {

@@ -1,5 +1,6 @@
 // gemm_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and many activation
-// rows (batched decode, prefill) — the compute-bound case: each weight is
+// rows (prefill; package kernels gives 5–64 rows to skinny_int4.wgsl, which
+// was faster there on the H200) — the compute-bound case: each weight is
 // dequantized once per workgroup into workgroup memory and used for BM
 // activation rows, and each thread keeps a TM × TN tile of outputs in
 // registers, so that one multiply-add costs well under one load.
@@ -38,9 +39,10 @@
 // a thread — then multiplies, with the next tile's global loads already
 // issued into registers, so that their latency hides behind the multiply.
 //
-// Why these sizes: TM × TN = 2 × 4 for batched decode fits 32 sequences in
-// one tile (2 × 8, 32 × 128 tiles, half the loads a multiply-add, is
-// faster from 17 to 40 rows on the H200); 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
+// Why these sizes: TM × TN = 2 × 4 fits 32 sequences of a batched decode in
+// one tile (2 × 8, 32 × 128 tiles, half the loads a multiply-add, was
+// faster from 17 to 40 rows on the H200; both now serve only devices whose
+// workgroup memory does not take 4 × 4); 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
 // 16-byte loads per 16 multiply-adds. (8 × 8, the classic register tile of
 // an f32 GEMM, compiles too but ran 5–10× slower than 4 × 4 on the H200 at
 // every shape: the Go side does not offer it.) Workgroup memory: BK·(BM + 4)·4 bytes of x'

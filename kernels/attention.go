@@ -10,9 +10,9 @@ import (
 
 var (
 	attnDecode = gpu.Kernel{
-		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", ParamsSize: 48,
-		// qkv, consts, kcache, vcache, table, seq, pos, part
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
+		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", ParamsSize: 32,
+		// q, kcache, vcache, table, seq, pos, part
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
 	}
 	attnMerge = gpu.Kernel{
 		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", ParamsSize: 16,
@@ -178,13 +178,6 @@ func (c *KVCache) checkRows(op string, layer, T int, rows map[string]*gpu.Buffer
 	return nil
 }
 
-func boolU32(b bool) uint32 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // attentionScale is 1/sqrt(D) as reference.Attention computes it.
 func attentionScale(D int) uint32 { return math.Float32bits(float32(1 / math.Sqrt(float64(D)))) }
 
@@ -227,31 +220,24 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 
 // decodeMemory is attention_decode.wgsl's workgroup memory in bytes: the
 // group's queries and value sums (GROUP·D each), scores (GROUP·CHUNK), key
-// offsets (CHUNK), the reductions (GROUP·WG, and (GROUP + 1)·WG for the
-// norms) and the row's own key and value (2·D).
+// offsets (CHUNK) and the reduction (GROUP·WG).
 func (c *KVCache) decodeMemory(heads, chunk int) int {
 	group := heads / c.KVHeads
-	return 4 * (2*group*c.D + group*chunk + chunk + (2*group+1)*decodeWG + 2*c.D)
+	return 4 * (2*group*c.D + group*chunk + chunk + group*decodeWG)
 }
 
 // AttentionDecode records causal GQA attention for T single query rows,
-// each of its own sequence slot and position, over layer's cache — with
-// the row's q_norm/k_norm and RoPE, and the append of its key and value to
-// the cache, done on the way (what QKVRopeKV does for prompt rows) — split
+// each of its own sequence slot and position, over layer's cache — split
 // over the context, then merged:
 //
-//	qkv      (T, (heads + 2·kv_heads)·D) f32: rows of q_proj | k_proj | v_proj
-//	consts   the layer's q_norm, k_norm and RoPE frequencies (UploadQKNormRope)
+//	q        (T, heads, D) f32, after q_norm and RoPE
 //	seq, pos (T) u32: row t attends to positions 0 … pos[t] of slot seq[t]
 //	maxLen   ≥ pos[t]+1 for every row (a row beyond it comes out NaN)
 //	out      (T, heads, D) f32
 //
-// With appendKV it writes each row's key and value at pos[t] itself, which
-// needs every row in a slot of its own (a decode step); without, QKVRopeKV
-// must have written them (rows of one prompt read each other's keys).
 // The splits' partial results pass through the device's scratch buffer
-// (gpu.Device.Scratch, c.DecodeScratch values).
-func AttentionDecode(b *gpu.Batch, out, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int, eps float64, appendKV bool) error {
+// (gpu.Device.Scratch, c.DecodeScratch values). The rows' own keys and values must already be in the cache (QKVRopeKV).
+func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
 	op := "attention_decode"
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
 		return err
@@ -266,14 +252,13 @@ func AttentionDecode(b *gpu.Batch, out, qkv, consts *gpu.Buffer, c *KVCache, lay
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}
 	n := T * heads * c.D
-	width := (heads + 2*c.KVHeads) * c.D
 	chunk := c.decodeChunk(T, heads, maxLen)
 	splits := c.DecodeSplits(T, heads, maxLen)
 	for _, x := range []struct {
 		name string
 		buf  *gpu.Buffer
 		n    int
-	}{{"qkv", qkv, T * width}, {"consts", consts, 2*c.D + c.D/2}, {"out", out, n}} {
+	}{{"q", q, n}, {"out", out, n}} {
 		if err := need(op, x.name, x.buf, x.n); err != nil {
 			return err
 		}
@@ -302,10 +287,8 @@ func AttentionDecode(b *gpu.Batch, out, qkv, consts *gpu.Buffer, c *KVCache, lay
 		return err
 	}
 	part := scratch.Slice(0, partBytes)
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits),
-		attentionScale(c.D), math.Float32bits(float32(eps)), boolU32(appendKV), 0, 0, 0}
-	binds := []gpu.Binding{qkv.Slice(0, uint64(T*width)*4), consts.Slice(0, uint64(2*c.D+c.D/2)*4), kc, vc, c.Table.All(),
-		seq.Slice(0, rows), pos.Slice(0, rows), part}
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), 0}
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part}
 	if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

@@ -34,30 +34,24 @@ func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm []float32, theta 
 	return d.UploadF32(name, consts)
 }
 
-// QKVRopeKV records, for rows row0 … row0+T−1 of the stacked q/k/v
-// projection, Qwen3's per-head q_norm/k_norm and RoPE (row t at position
-// pos[t]) and the append of keys and values to layer's cache, in one
-// dispatch:
+// QKVRopeKV records, for T rows of the stacked q/k/v projection, Qwen3's
+// per-head q_norm/k_norm and RoPE (row t at position pos[t]) and the append
+// of keys and values to layer's cache, in one dispatch:
 //
-//	qkv      (row0+T, (heads + 2·kv_heads)·D) f32: q_proj | k_proj | v_proj
+//	qkv      (T, (heads + 2·kv_heads)·D) f32: q_proj | k_proj | v_proj
 //	consts   from UploadQKNormRope
-//	seq, pos (row0+T) u32: block-table row and position of each row; every
+//	seq, pos (T) u32: block-table row and position of each row; every
 //	         position's block must be in its slot's table
-//	q        (row0+T, heads, D) f32, rows row0… written: rope(q_norm(q))
+//	q        (T, heads, D) f32, written: rope(q_norm(q))
 //
 // It equals RMSNorm (over head_dim, with q_norm or k_norm) then RoPE on
 // each query and key head, followed by writing the keys and values to the
 // cache slots of their positions, with one dispatch instead of several.
-// A pass's decode rows skip it: AttentionDecode does the same on the way.
-func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, row0, T, heads int, eps float64) error {
+func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
 	op := "qkv_rope_kv"
-	if row0 < 0 {
-		return fmt.Errorf("kernels: %s: row0 = %d", op, row0)
-	}
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
 		return err
 	}
-	R := row0 + T // rows bound
 	if err := c.checkHeads(op, heads); err != nil {
 		return err
 	}
@@ -70,7 +64,7 @@ func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, 
 		name string
 		buf  *gpu.Buffer
 		n    int
-	}{{"qkv", qkv, R * width}, {"consts", consts, 2*D + D/2}, {"q", q, R * heads * D}, {"seq", seq, R}, {"pos", pos, R}} {
+	}{{"qkv", qkv, T * width}, {"consts", consts, 2*D + D/2}, {"q", q, T * heads * D}} {
 		if err := need(op, n.name, n.buf, n.n); err != nil {
 			return err
 		}
@@ -81,8 +75,8 @@ func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, 
 	}
 	kc, vc := c.layer(layer)
 	f := func(buf *gpu.Buffer, n int) gpu.Binding { return buf.Slice(0, uint64(n)*4) }
-	binds := []gpu.Binding{f(qkv, R*width), f(consts, 2*D+D/2), f(pos, R), f(seq, R), c.Table.All(), f(q, R*heads*D), kc, vc}
-	params := []uint32{uint32(R), uint32(heads), uint32(c.KVHeads), uint32(D), math.Float32bits(float32(eps)), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(row0)}
+	binds := []gpu.Binding{f(qkv, T*width), f(consts, 2*D+D/2), f(pos, T), f(seq, T), c.Table.All(), f(q, T*heads*D), kc, vc}
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(D), math.Float32bits(float32(eps)), uint32(c.BlockSize), uint32(c.MaxBlocks), 0}
 	if err := b.Dispatch(p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

@@ -1,40 +1,25 @@
 // attention_decode.wgsl: causal GQA attention of single query rows over the
-// paged KV cache, split over the context (flash-decoding), with the steps
-// before it fused in: Qwen3's q_norm/k_norm and RoPE of the row's own
-// query and key, and the append of its key and value to the cache (what
-// qkv_rope_kv.wgsl does for prompt rows). The splits are merged by
-// attention_merge.wgsl.
+// paged KV cache, split over the context (flash-decoding); the splits are
+// merged by attention_merge.wgsl.
 //
-// Row t (stacked projections qkv[t], position pos[t], sequence seq[t])
-// attends to the positions 0 … pos[t] of its sequence. With append = 1 each
-// row is a different sequence and the kernel writes its key and value;
-// with append = 0 (rows of one prompt, whose later rows read the earlier
-// ones' keys) qkv_rope_kv.wgsl has written them before. Query head h reads
-// kv head h / GROUP (repeat_kv).
-// Split s covers positions [s·CHUNK, (s+1)·CHUNK); for each query head it
-// stores, unnormalized,
+// Row t (query q[t], position pos[t], sequence seq[t]) attends to the
+// positions 0 … pos[t] of its sequence. Query head h reads kv head
+// h / GROUP (repeat_kv). Split s covers positions [s·CHUNK, (s+1)·CHUNK);
+// for each query head it stores, unnormalized,
 //   m = max_j score_j,  l = Σ_j exp(score_j − m),  o = Σ_j exp(score_j − m) · v_j
 // with score_j = (q · k_j) · scale. A split past the row's context stores
 // m = −inf, l = 0, o = 0.
 //
 // Buffers:
-//   qkv     (T, heads·D + 2·kv_heads·D) f32: rows of q_proj | k_proj | v_proj
-//   consts  (2·D + D/2) f32: q_norm (D), k_norm (D), inv_freq (D/2)
+//   q       (T, heads, D) f32, after q_norm and RoPE
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs
-//           (layout in qkv_rope_kv.wgsl), read and written as 16-byte words
+//           (layout in qkv_rope_kv.wgsl), read as 16-byte words
 //   table   (seqs, max_blocks) u32, seq (T) u32, pos (T) u32
 //   part    (T, heads, splits, D + 2) f32: o, then m and l
 //
 // Dispatch: (kv_heads, splits, T) workgroups of WG threads. A workgroup
 // takes one kv head for the GROUP query heads that share it, so each key
-// and value is read once for all of them, in four phases:
-//   rope    the group's queries and the row's key, normalized (sums of
-//           squares reduced as a tree, in the order qkv_rope_kv.wgsl sums
-//           them, so both give the same bits) and rotated exactly as there;
-//           with append, the workgroup whose split holds pos[t] writes the
-//           key and the value to the cache, and a storage barrier makes
-//           them visible to its own reads below (no other workgroup reads
-//           that position);
+// and value is read once for all of them, in three phases:
 //   scores  thread c scores keys c, c + WG, … of the chunk against the
 //           group's queries (in workgroup memory), reading each key in
 //           16-byte loads, its GROUP dot products in registers;
@@ -60,12 +45,6 @@ const QS: u32 = GROUP * D / 4u;    // vec4s of the group's queries
 const SC: u32 = GROUP * CHUNK;     // scores, then exp(score − m)
 const RED: u32 = GROUP * WG;       // per-thread maxima, then sums
 const OV: u32 = GROUP * D / 4u;    // vec4s of the value sums
-const HALF: u32 = D / 2u;          // RoPE rotates pairs (i, i + D/2)
-const PAIRS: u32 = (HALF + WG - 1u) / WG; // pairs a thread
-const NH: u32 = GROUP + 1u;        // heads normalized: the group's queries, then the key
-const XP: u32 = NH * PAIRS;        // a thread's pairs over those heads
-const SQN: u32 = NH * WG;          // their sums of squares, per thread
-const KVN: u32 = 2u * D;           // the row's own key (rotated) and value
 
 struct Params {
     T: u32,
@@ -75,30 +54,23 @@ struct Params {
     max_blocks: u32, // row stride of table
     splits: u32,
     scale: f32,      // 1/sqrt(D)
-    eps: f32,        // q_norm's and k_norm's epsilon
-    append: u32,     // 1: write the rows' keys and values to the cache (0: already there)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> consts: array<f32>;
-@group(0) @binding(3) var<storage, read_write> kcache: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read_write> vcache: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read> table: array<u32>;
-@group(0) @binding(6) var<storage, read> seq: array<u32>;
-@group(0) @binding(7) var<storage, read> pos: array<u32>;
-@group(0) @binding(8) var<storage, read_write> part: array<f32>;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> kcache: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> vcache: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> table: array<u32>;
+@group(0) @binding(5) var<storage, read> seq: array<u32>;
+@group(0) @binding(6) var<storage, read> pos: array<u32>;
+@group(0) @binding(7) var<storage, read_write> part: array<f32>;
 
 var<workgroup> qs: array<vec4<f32>, QS>;
 var<workgroup> sc: array<f32, SC>;
 var<workgroup> base: array<u32, CHUNK>; // cache offset of each key of the chunk
 var<workgroup> red: array<f32, RED>;
 var<workgroup> ov: array<vec4<f32>, OV>;
-var<workgroup> sumsq: array<f32, SQN>;
-var<workgroup> kv_new: array<f32, KVN>;
 
 // Eight cache elements e … e+7 (e a multiple of 8) in 16-byte loads.
 struct Vec8 {
@@ -120,113 +92,6 @@ fn load8(e: u32, values: bool) -> Vec8 {
         return Vec8(bitcast<vec4<f32>>(vcache[e >> 2u]), bitcast<vec4<f32>>(vcache[(e >> 2u) + 1u]));
     }
     return Vec8(bitcast<vec4<f32>>(kcache[e >> 2u]), bitcast<vec4<f32>>(kcache[(e >> 2u) + 1u]));
-}
-
-// reduced returns pos·f minus the nearest multiple of 2π, as
-// qkv_rope_kv.wgsl's reduced does (see there).
-fn reduced(pos: u32, f: f32) -> f32 {
-    let a = f32(pos) * f;
-    let kk = round(a * 0.15915494309189535);
-    return (a - kk * 6.28125) - kk * 0.0019353071795864769;
-}
-
-// store8 writes cache elements e … e+7 (e a multiple of 8) of keys or
-// values from kv_new[src …], in 16-byte words.
-fn store8(e: u32, src: u32, values: bool) {
-    if KV_F16 == 1u {
-        let w = vec4<u32>(pack2x16float(vec2<f32>(kv_new[src], kv_new[src + 1u])),
-            pack2x16float(vec2<f32>(kv_new[src + 2u], kv_new[src + 3u])),
-            pack2x16float(vec2<f32>(kv_new[src + 4u], kv_new[src + 5u])),
-            pack2x16float(vec2<f32>(kv_new[src + 6u], kv_new[src + 7u])));
-        if values {
-            vcache[e >> 3u] = w;
-        } else {
-            kcache[e >> 3u] = w;
-        }
-        return;
-    }
-    for (var h = 0u; h < 2u; h++) {
-        let w = bitcast<vec4<u32>>(vec4<f32>(kv_new[src + 4u * h], kv_new[src + 4u * h + 1u],
-            kv_new[src + 4u * h + 2u], kv_new[src + 4u * h + 3u]));
-        if values {
-            vcache[(e >> 2u) + h] = w;
-        } else {
-            kcache[(e >> 2u) + h] = w;
-        }
-    }
-}
-
-// rope_row leaves in qs the group's queries of row t and in kv_new the
-// row's key, each rmsnorm(x) · weight then rotated, and its value; the
-// workgroup holding position pos[t] (its split's range) appends the key and
-// the value to the cache. All threads call it (it holds barriers).
-fn rope_row(lid: u32, g: u32, t: u32, h0: u32, appends: bool) {
-    let position = pos[t];
-    let row = t * (p.heads + 2u * p.kv_heads) * D;
-    var x1 = array<f32, XP>();
-    var x2 = array<f32, XP>();
-    for (var hh = 0u; hh < NH; hh++) {
-        let src = row + select((h0 + hh) * D, (p.heads + g) * D, hh == GROUP);
-        var ss = 0.0;
-        for (var j = 0u; j < PAIRS; j++) {
-            let i = lid + j * WG;
-            if i < HALF {
-                let a = qkv[src + i];
-                let b = qkv[src + i + HALF];
-                x1[hh * PAIRS + j] = a;
-                x2[hh * PAIRS + j] = b;
-                ss += a * a + b * b;
-            }
-        }
-        sumsq[hh * WG + lid] = ss;
-    }
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        workgroupBarrier();
-        if lid < stride {
-            for (var hh = 0u; hh < NH; hh++) {
-                sumsq[hh * WG + lid] += sumsq[hh * WG + lid + stride];
-            }
-        }
-    }
-    workgroupBarrier();
-    for (var j = 0u; j < PAIRS; j++) {
-        let i = lid + j * WG;
-        if i < HALF {
-            let a = reduced(position, consts[2u * D + i]);
-            let c = cos(a);
-            let s = sin(a);
-            for (var hh = 0u; hh < NH; hh++) {
-                let inv = 1.0 / sqrt(sumsq[hh * WG] / f32(D) + p.eps);
-                let w0 = select(0u, D, hh == GROUP); // q_norm or k_norm
-                let n1 = consts[w0 + i] * (x1[hh * PAIRS + j] * inv);
-                let n2 = consts[w0 + i + HALF] * (x2[hh * PAIRS + j] * inv);
-                let y1 = n1 * c - n2 * s;
-                let y2 = n2 * c + n1 * s;
-                if hh < GROUP {
-                    let f = hh * D + i;
-                    qs[f >> 2u][f & 3u] = y1;
-                    qs[(f + HALF) >> 2u][(f + HALF) & 3u] = y2;
-                } else {
-                    kv_new[i] = y1;
-                    kv_new[i + HALF] = y2;
-                }
-            }
-        }
-    }
-    let vsrc = row + (p.heads + p.kv_heads + g) * D;
-    for (var i = lid; i < D; i += WG) {
-        kv_new[D + i] = qkv[vsrc + i];
-    }
-    workgroupBarrier();
-    if appends {
-        let block = table[seq[t] * p.max_blocks + position / p.BS];
-        let dst = ((block * p.kv_heads + g) * p.BS + position % p.BS) * D;
-        for (var e = 8u * lid; e < D; e += 8u * WG) {
-            store8(dst + e, e, false);
-            store8(dst + e, D + e, true);
-        }
-    }
-    storageBarrier();
 }
 
 // reduce combines red[hh·WG + i] over i for every head, max or sum, into
@@ -255,7 +120,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let j0 = s * CHUNK;
     let n = select(0u, min(CHUNK, L - j0), j0 < L); // keys of this split: 0 past the context
 
-    rope_row(lid, g, t, h0, p.append != 0u && j0 <= L - 1u && L - 1u < j0 + CHUNK);
+    for (var i = lid; i < GROUP * D; i += WG) {
+        qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
+    }
+    workgroupBarrier();
 
     // Scores, and each thread's maximum per head.
     var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf

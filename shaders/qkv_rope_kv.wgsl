@@ -33,9 +33,8 @@
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32, or f16 packed
 //           in pairs (KV_F16)
 //
-// Dispatch: (heads + 2·kv_heads, rows, 1) workgroups of WG threads, one head
-// vector each, for rows row0 … row0 + rows − 1 (the prompt rows of a pass:
-// attention_decode.wgsl does the same for its decode rows itself). Thread i holds the pairs (i, i + D/2), (i + WG, …), … in
+// Dispatch: (heads + 2·kv_heads, T, 1) workgroups of WG threads, one head
+// vector each. Thread i holds the pairs (i, i + D/2), (i + WG, …), … in
 // registers across the sum of squares (reduced in workgroup memory) and the
 // rotation; cache writes go through workgroup memory so that f16 halves are
 // packed in neighbouring pairs. WG = 64 = D/2 for Qwen3's head_dim 128.
@@ -52,7 +51,7 @@ struct Params {
     eps: f32,
     BS: u32,         // positions per cache block
     max_blocks: u32, // row stride of table
-    row0: u32,       // the first row: rows row0 … row0 + (grid y) − 1
+    _pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -78,7 +77,7 @@ fn reduced(pos: u32, f: f32) -> f32 {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = p.row0 + wid.y;
+    let t = wid.y;
     let h = wid.x;
     let D = p.D;
     let half = D / 2u;

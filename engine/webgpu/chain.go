@@ -161,7 +161,7 @@ func (e *Engine) chain(ctx context.Context, batch []*engine.Entry, first []int, 
 		}
 	}
 	pos := make([]uint32, B)
-	ps := pass{rows: B, singles: B, decode: B, lasts: B}
+	ps := pass{rows: B, decode: B, lasts: B}
 	for j := range m {
 		if err := ctx.Err(); err != nil {
 			undo()

@@ -29,8 +29,7 @@ type passEntry struct {
 type pass struct {
 	entries []passEntry
 	rows    int
-	singles int // rows 0 … singles-1 are single-token entries, a sequence each
-	decode  int // rows 0 … decode-1 go through decode attention: the singles, or every row (see forward)
+	decode  int // rows 0 … decode-1 are single-token entries (decode attention)
 	lasts   int
 }
 
@@ -55,7 +54,7 @@ func (e *Engine) plan(work []pending) pass {
 			add(p, 1)
 		}
 	}
-	ps.singles, ps.decode = ps.rows, ps.rows
+	ps.decode = ps.rows
 	for i := range work {
 		p := &work[i]
 		if len(p.tokens) <= 1 || rows == 0 {
@@ -197,15 +196,6 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 	c, a, w := &e.cfg, e.act, e.w
 	R := ps.rows
 	heads, eps := c.NumAttentionHeads, c.RMSNormEps
-	// The decode attention appends its rows' keys and values when they are
-	// all single-token entries, a sequence each; where prompt rows go
-	// through it too (a head_dim the prefill kernel does not take) they
-	// read each other's keys, which QKVRopeKV must have written first.
-	appendKV := ps.decode == ps.singles
-	ropeFrom := 0
-	if appendKV {
-		ropeFrom = ps.decode
-	}
 	steps := []step{
 		// hidden = embed_tokens(input_ids): (R, H)
 		func(b *gpu.Batch) error { return kernels.Embed(b, a.x, a.ids, w.embed, R) },
@@ -215,20 +205,16 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 		steps = append(steps,
 			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D)
 			func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.qkv, a.x, lw.inputNorm, lw.qkv, R, eps) },
-			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v):
-			// for prompt rows here; a decode step's attention does it on the way
+			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)
 			func(b *gpu.Batch) error {
-				if R == ropeFrom {
-					return nil
-				}
-				return kernels.QKVRopeKV(b, a.q, a.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, ropeFrom, R-ropeFrom, heads, eps)
+				return kernels.QKVRopeKV(b, a.q, a.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, eps)
 			},
 			// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
 			func(b *gpu.Batch) error {
 				if ps.decode == 0 {
 					return nil
 				}
-				return kernels.AttentionDecode(b, a.attn, a.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, ps.decode, heads, maxLen, eps, appendKV)
+				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, ps.decode, heads, maxLen)
 			},
 			func(b *gpu.Batch) error {
 				for _, pe := range ps.entries {

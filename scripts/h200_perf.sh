@@ -41,7 +41,7 @@ for ids in 785,3974,13876 1,2,3,4,5,6,7,8,9,10; do
 done | tee "$R/e2e.txt"
 "$W" bench engine --model /tmp/q17 --context 1024 --batches 1,2,4,8,16,32,64 --steps 32 --prefill 1024 \
   --svg "$R/steps.svg" 2>&1 | grep -v '^time=' | tee "$R/engine.txt"
-"$W" bench engine --model /tmp/q17 --context 1024 --batches 1,32 --steps 4 --prefill 64 --copy-mb 256 --profile 2>&1 |
+"$W" bench engine --model /tmp/q17 --context 1024 --batches 1,32 --steps 4 --prefill 1024 --copy-mb 256 --profile 2>&1 |
   sed -n '/GPU time/,$p' | tee "$R/profile.txt"
 "$W" serve --model /tmp/q17 --cache-mb 20000 --addr 127.0.0.1:8080 > "$R/serve.log" 2>&1 &
 pid=$!

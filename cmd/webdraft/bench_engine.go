@@ -28,7 +28,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	prefill := fs.Int("prefill", 512, "prompt length of the prefill measurement")
 	copyMB := fs.Int("copy-mb", 1024, "buffer size of the copy-bandwidth measurement (capped by the device)")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measurements to this file")
-	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size kernel by kernel on the GPU (timestamp queries)")
+	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size and the prefill kernel by kernel on the GPU (timestamp queries)")
 	svg := fs.String("svg", "", "also plot milliseconds per decode step against batch size, as SVG, to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -169,7 +169,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *gpuProfile {
-		if err := profileDecode(ctx, e, eng, batches, *context); err != nil {
+		if err := profileKernels(ctx, e, eng, batches, *context, *prefill); err != nil {
 			return err
 		}
 	}
@@ -177,9 +177,10 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-// profileDecode prints the GPU time of one decode step per kernel, for each
-// batch size (each dispatch in a pass of its own between timestamps).
-func profileDecode(ctx context.Context, e *env, eng *webgpu.Engine, batches []int, context int) error {
+// profileKernels prints the GPU time per kernel of one decode step for each
+// batch size, then of the prefill (each dispatch in a pass of its own
+// between timestamps).
+func profileKernels(ctx context.Context, e *env, eng *webgpu.Engine, batches []int, context, prefill int) error {
 	period, err := perf.TickPeriod(eng.Device())
 	if err != nil {
 		return fmt.Errorf("profile: %w", err)
@@ -189,23 +190,30 @@ func profileDecode(ctx context.Context, e *env, eng *webgpu.Engine, batches []in
 		if err != nil {
 			return fmt.Errorf("profile batch %d: %w", b, err)
 		}
-		var total time.Duration
-		for _, k := range kernels {
-			total += k.Time
-		}
-		fmt.Fprintf(e.stdout, "\nGPU time of one decode step, batch %d, context %d: %.3f ms in kernels (timestamps, %.3g ns a tick)\n",
-			b, context, ms64(total), period*1e9)
-		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "kernel\tdispatches\tGPU time\tper dispatch\tshare")
-		for _, k := range kernels {
-			fmt.Fprintf(tw, "%s\t%d\t%.3f ms\t%.1f µs\t%s\n", k.Name, k.Dispatches, ms64(k.Time),
-				float64(k.Time.Nanoseconds())/1e3/float64(k.Dispatches), pct(k.Time.Seconds()/total.Seconds()))
-		}
-		if err := tw.Flush(); err != nil {
+		if err := printProfile(e, fmt.Sprintf("one decode step, batch %d, context %d", b, context), kernels, period); err != nil {
 			return err
 		}
 	}
-	return nil
+	kernels, err := perf.ProfilePrefill(ctx, eng, prefill, period)
+	if err != nil {
+		return fmt.Errorf("profile prefill: %w", err)
+	}
+	return printProfile(e, fmt.Sprintf("the prefill of %d tokens", prefill), kernels, period)
+}
+
+func printProfile(e *env, what string, kernels []perf.Kernel, period float64) error {
+	var total time.Duration
+	for _, k := range kernels {
+		total += k.Time
+	}
+	fmt.Fprintf(e.stdout, "\nGPU time of %s: %.3f ms in kernels (timestamps, %.3g ns a tick)\n", what, ms64(total), period*1e9)
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "kernel\tdispatches\tGPU time\tper dispatch\tshare")
+	for _, k := range kernels {
+		fmt.Fprintf(tw, "%s\t%d\t%.3f ms\t%.1f µs\t%s\n", k.Name, k.Dispatches, ms64(k.Time),
+			float64(k.Time.Nanoseconds())/1e3/float64(k.Dispatches), pct(k.Time.Seconds()/total.Seconds()))
+	}
+	return tw.Flush()
 }
 
 func gbps(bytesPerSecond float64) string {

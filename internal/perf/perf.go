@@ -296,24 +296,15 @@ func decode(ctx context.Context, e engine.Engine, batch, context, steps, chain i
 	return time.Since(start) / time.Duration(rounds*chain), nil
 }
 
-// Prefill times feeding a fresh sequence n random tokens in one Step.
+// Prefill times feeding a fresh sequence n random tokens in one Step: the
+// mean of reps runs after a warm-up run.
 func Prefill(ctx context.Context, e engine.Engine, n, reps int) (time.Duration, error) {
-	cfg := e.Config()
-	rng := rand.New(rand.NewPCG(4, uint64(n)))
-	p := make([]int, n)
-	for j := range p {
-		p[j] = rng.IntN(cfg.VocabSize)
+	if reps < 1 {
+		return 0, fmt.Errorf("prefill: %d repetitions", reps)
 	}
 	var total time.Duration
 	for i := range reps + 1 {
-		s, err := e.NewSequence()
-		if err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		err = e.Step(ctx, []*engine.Entry{{Seq: s, Tokens: p}})
-		d := time.Since(start)
-		s.Release()
+		d, err := prefillOnce(ctx, e, n)
 		if err != nil {
 			return 0, err
 		}
@@ -322,6 +313,26 @@ func Prefill(ctx context.Context, e engine.Engine, n, reps int) (time.Duration, 
 		}
 	}
 	return total / time.Duration(reps), nil
+}
+
+// prefillOnce feeds a fresh sequence n random tokens (the same ones for the
+// same n) in one Step and releases it.
+func prefillOnce(ctx context.Context, e engine.Engine, n int) (time.Duration, error) {
+	rng := rand.New(rand.NewPCG(4, uint64(n)))
+	p := make([]int, n)
+	for j := range p {
+		p[j] = rng.IntN(e.Config().VocabSize)
+	}
+	s, err := e.NewSequence()
+	if err != nil {
+		return 0, err
+	}
+	defer s.Release()
+	start := time.Now()
+	if err := e.Step(ctx, []*engine.Entry{{Seq: s, Tokens: p}}); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
 }
 
 // WeightBytes is what one decode step must read: every matrix's int4 words
@@ -443,7 +454,22 @@ func ProfileDecode(ctx context.Context, e *webgpu.Engine, batch, context int, pe
 	if err := one(); err != nil { // warm up
 		return nil, err
 	}
-	prof, err := e.Profile(one)
+	return profile(e, one, period)
+}
+
+// ProfilePrefill times, kernel by kernel on the GPU, the prefill of an
+// n-token prompt (after a warm-up prefill).
+func ProfilePrefill(ctx context.Context, e *webgpu.Engine, n int, period float64) ([]Kernel, error) {
+	one := func() error { _, err := prefillOnce(ctx, e, n); return err }
+	if err := one(); err != nil {
+		return nil, err
+	}
+	return profile(e, one, period)
+}
+
+// profile runs f with every dispatch timed, and sums the time per kernel.
+func profile(e *webgpu.Engine, f func() error, period float64) ([]Kernel, error) {
+	prof, err := e.Profile(f)
 	if err != nil {
 		return nil, err
 	}

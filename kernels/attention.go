@@ -27,8 +27,8 @@ var (
 
 const (
 	decodeWG         = 64   // WG in attention_decode.wgsl
-	prefillRows      = 16   // BR in attention_prefill.wgsl
-	prefillKeys      = 16   // BC
+	prefillRows      = 64   // BR in attention_prefill.wgsl: query rows a workgroup
+	prefillKeys      = 32   // BC: keys a tile
 	decodeMinChunk   = 64   // context positions per split, at least (fewer splits: a shorter merge)
 	decodeMaxChunk   = 256  // and at most
 	decodeWorkgroups = 1024 // enough workgroups to keep a large GPU busy
@@ -300,9 +300,44 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 }
 
 // PrefillSupported reports whether AttentionPrefill handles this cache's
-// head_dim (a multiple of its key tile); AttentionDecode handles any, row
-// by row.
-func (c *KVCache) PrefillSupported() bool { return c.D%prefillKeys == 0 }
+// head_dim (a multiple of 32, whose staging fits the device's workgroup
+// memory); AttentionDecode handles any, row by row.
+func (c *KVCache) PrefillSupported() bool {
+	_, ok := c.prefillChunks()
+	return ok
+}
+
+// prefillChunks returns attention_prefill.wgsl's staging chunks for this
+// cache's head_dim and device: the inputs of the queries and keys (DK) and
+// of the values (DV) staged at a time — the values whole where they fit
+// (their chunk loop indexes each thread's output registers), then the
+// longest query/key chunk that fits.
+func (c *KVCache) prefillChunks() (prefillChunks, bool) {
+	if c.D%32 != 0 {
+		return prefillChunks{}, false
+	}
+	for dv := c.D; dv >= 32; dv /= 2 {
+		for dk := c.D; dk >= 8; dk /= 2 {
+			ch := prefillChunks{dk: dk, dv: dv}
+			if c.D%dv == 0 && c.D%dk == 0 && ch.memory() <= c.wgMemory {
+				return ch, true
+			}
+		}
+	}
+	return prefillChunks{}, false
+}
+
+// prefillChunks is attention_prefill.wgsl's DK and DV.
+type prefillChunks struct{ dk, dv int }
+
+// kvs is the vec4s of the staged keys or values (KVS).
+func (ch prefillChunks) kvs() int { return max(ch.dk*prefillKeys, prefillKeys*ch.dv) / 4 }
+
+// memory is the kernel's workgroup memory in bytes: staged queries, keys
+// or values, and scores.
+func (ch prefillChunks) memory() int {
+	return 4 * (ch.dk*prefillRows + 4*ch.kvs() + prefillRows*prefillKeys)
+}
 
 // AttentionPrefill records causal GQA attention for the T query rows
 // row0 … row0+T-1 (one sequence's part of a batch) over layer's cache, tiled:
@@ -312,7 +347,7 @@ func (c *KVCache) PrefillSupported() bool { return c.D%prefillKeys == 0 }
 //	out  (row0+T, heads, D) f32; only the T rows are written
 //
 // Every position up to the largest pos, the rows' own included, must be in
-// the cache (QKVRopeKV). D must be a multiple of 16.
+// the cache (QKVRopeKV). The cache must be PrefillSupported.
 func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq int, pos *gpu.Buffer, row0, T, heads int) error {
 	op := "attention_prefill"
 	if row0 < 0 {
@@ -324,8 +359,9 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 	if err := c.checkHeads(op, heads); err != nil {
 		return err
 	}
-	if seq < 0 || seq >= c.Seqs || c.D%prefillKeys != 0 {
-		return fmt.Errorf("kernels: %s: slot %d of %d, head_dim %d (need a multiple of %d)", op, seq, c.Seqs, c.D, prefillKeys)
+	ch, ok := c.prefillChunks()
+	if seq < 0 || seq >= c.Seqs || !ok {
+		return fmt.Errorf("kernels: %s: slot %d of %d, head_dim %d (need a multiple of 32 whose tiles fit %d bytes of workgroup memory)", op, seq, c.Seqs, c.D, c.wgMemory)
 	}
 	n := (row0 + T) * heads * c.D
 	if err := need(op, "q", q, n); err != nil {
@@ -334,17 +370,17 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 	if err := need(op, "out", out, n); err != nil {
 		return err
 	}
-	if err := c.checkWorkgroupMemory(b.Device(), op, 4*(prefillKeys*c.D+prefillRows*prefillKeys+3*prefillRows+1)); err != nil {
-		return err
-	}
-	p, err := c.pipeline(b.Device(), attnPrefill, 0, 0, true, func() gpu.Consts { return gpu.Consts{"D": uint32(c.D)} })
+	group := heads / c.KVHeads
+	p, err := c.pipeline(b.Device(), attnPrefill, ch.dk<<16|ch.dv, group, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "DK": uint32(ch.dk), "DV": uint32(ch.dv), "KVS": uint32(ch.kvs()), "GROUP": uint32(group)}
+	})
 	if err != nil {
 		return err
 	}
 	kc, vc := c.layer(layer)
 	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(seq), attentionScale(c.D), uint32(row0)}
 	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), pos.Slice(0, uint64(row0+T)*4), out.Slice(0, uint64(n)*4)}
-	if err := b.Dispatch(p, params, binds, uint32(heads), divCeil(T, prefillRows), 1); err != nil {
+	if err := b.Dispatch(p, params, binds, uint32(c.KVHeads), divCeil(T*group, prefillRows), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

@@ -213,14 +213,20 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 func TestAttentionPrefill(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for range 10 {
+	for range 14 {
 		s := randAttnShape(r)
-		T := []int{1, 5, 16, 17, 64}[r.IntN(5)]
+		T := []int{1, 5, 16, 17, 64, 130}[r.IntN(6)]
 		P := []int{0, r.IntN(200)}[r.IntN(2)]
 		row0 := []int{0, 1 + r.IntN(7)}[r.IntN(2)] // the sequence's rows start here in the batch
-		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d_row%d", s.kvHeads, s.group, s.D, s.blockSize, T, P, row0), func(t *testing.T) {
+		// The device's workgroup memory, or WebGPU's default 16 KiB: other
+		// staging chunks (and value chunks the output registers loop over).
+		memory := []int{int(d.Limits().MaxComputeWorkgroupStorageSize), 16 << 10}[r.IntN(2)]
+		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d_row%d_mem%d", s.kvHeads, s.group, s.D, s.blockSize, T, P, row0, memory), func(t *testing.T) {
 			// Slot 1 is the sequence; slot 0 holds another one's blocks.
 			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{1 + r.IntN(50), P + T}, r.IntN(2) == 1)
+			tc.c.wgMemory = memory
+			ch, _ := tc.c.prefillChunks()
+			t.Logf("staging chunks DK = %d, DV = %d; f16 cache %v", ch.dk, ch.dv, tc.c.F16)
 			cfg := s.config()
 			qDim := cfg.QDim()
 			q := randVec(r, (row0+T)*qDim, 1) // rows before row0 belong to other sequences

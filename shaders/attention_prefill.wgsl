@@ -1,37 +1,62 @@
 // attention_prefill.wgsl: causal GQA attention for T query rows of one
-// sequence (rows row0 … row0+T-1 of a batch's buffers) over the paged KV cache, tiled (flash-attention style: online
-// softmax, the score matrix never leaves workgroup memory).
+// sequence (rows row0 … row0+T-1 of a batch's buffers) over the paged KV
+// cache, tiled flash-attention style: online softmax, the score matrix
+// never leaves the workgroup.
 //
 // Row t (position pos[t]) attends to the positions 0 … pos[t] of sequence
-// `seq` (its block-table row): the cache must already hold every position up
-// to the largest pos, including the rows' own (qkv_rope_kv.wgsl). Query head h
-// reads kv head h / group. For each row:
+// `seq` (its block-table row): the cache must already hold every position
+// up to the largest pos, the rows' own included (qkv_rope_kv.wgsl). Query
+// head h reads kv head h / GROUP. For each row and head:
 //   out[t][h] = Σ_j softmax_j((q[t][h] · k_j) · scale) · v_j
 //
 // Buffers:
-//   q       (row0+T, heads, D) f32, after q_norm and RoPE
-//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs (see qkv_rope_kv.wgsl)
+//   q       (row0+T, heads, D) f32, after q_norm and RoPE, read as vec4s
+//   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs
+//           (layout in qkv_rope_kv.wgsl)
 //   table   (seqs, max_blocks) u32
 //   pos     (row0+T) u32, the rows' positions
-//   out     (row0+T, heads, D) f32
+//   out     (row0+T, heads, D) f32, written as vec4s
 //
-// Dispatch: (heads, ceil(T / BR), 1) workgroups of WG = BR·BC threads. A
-// workgroup takes BR rows of one query head and walks the keys in tiles of
-// BC: all threads load the tile's keys into workgroup memory; thread (r, c)
-// scores row r against key c; one thread per row updates the running max
-// and sum and turns scores into weights while all threads load the values
-// into the same memory; then thread (r, ·) adds the weighted values into
-// its D/BC output values (kept in registers). BR = BC = 16 gives 256
-// threads, and the tile (BC·D floats) plus scores stay at 9 KiB for
-// D = 128, under WebGPU's 16 KiB default workgroup memory.
+// Dispatch: (kv_heads, ceil(T·GROUP / BR), 1) workgroups of WG = 256
+// threads. A workgroup takes one kv head and BR = 64 query rows of it —
+// the (position, head) pairs t·GROUP + g of the GROUP heads sharing it, so
+// each key and value it stages serves all of them — and walks the keys in
+// tiles of BC = 32, in three phases a tile:
+//   scores  S = Q·Kᵀ (64 × 32), thread (r, c) = (lid / 8, lid % 8) owning
+//           rows 2r, 2r+1 and keys 4c … 4c+3 in registers; Q and K are
+//           staged DK inputs at a time, transposed, so each step of the
+//           dot products is one 8-byte and one 16-byte read of workgroup
+//           memory for eight multiply-adds;
+//   softmax the scores go to workgroup memory; each thread reads its two
+//           rows' 32 scores for the running max, turns its own eight into
+//           weights exp(s − m) and rescales its output (every thread of a
+//           row computes the same max; each keeps a partial row sum,
+//           added up at the end);
+//   values  O += P·V, the values staged DV inputs at a time; the thread
+//           keeps its rows' outputs at inputs 4(c + 8j) … +3, so a warp
+//           reads 128 consecutive bytes of a value row.
+// Workgroups whose rows come later (more keys) start first.
+//
+// Workgroup memory (specialized by the host to the device's limit): Q
+// staged (DK, BR) as pairs of rows, K staged (DK, BC) or V staged (BC, DV)
+// in the same KVS vec4s, and the (BR, BC) scores: 4·(64·DK + max(32·DK,
+// 32·DV) + 2,048) bytes — 40 KiB at DK = 64, DV = 128 (the H200), 16 KiB
+// at DK = 16, DV = 32 (WebGPU's default). D is a multiple of DK and of DV;
+// DK of 8, DV of 32.
 
-const BR: u32 = 16u;
-const BC: u32 = 16u;
-const WG: u32 = BR * BC;
+const BR: u32 = 64u;
+const BC: u32 = 32u;
+const WG: u32 = 256u;
 const D: u32 = 128u;
-const TILE: u32 = BC * D;
-const OUT: u32 = D / BC; // output values per thread
-const KV_F16: u32 = 0u; // 1: the KV cache holds f16 pairs (specialized by the host)
+const DK: u32 = 64u;
+const DV: u32 = 128u;
+const GROUP: u32 = 2u;
+const KVS: u32 = 1024u;           // max(DK·BC, BC·DV) / 4, set by the host with DK and DV
+const KV_F16: u32 = 0u;           // 1: the KV cache holds f16 pairs (specialized by the host)
+const QS: u32 = DK * BR / 2u;     // staged queries, pairs of rows
+const PS: u32 = BR * BC / 4u;     // scores, then weights, as vec4s of keys
+const OV: u32 = D / 32u;          // output vec4s a thread keeps for each of its rows
+const VJ: u32 = DV / 32u;         // of which one value chunk covers
 
 struct Params {
     T: u32,
@@ -45,124 +70,198 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> kcache: array<u32>;
 @group(0) @binding(3) var<storage, read> vcache: array<u32>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 @group(0) @binding(5) var<storage, read> pos: array<u32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
-// The KV cache holds f32 words, or with KV_F16 = 1 IEEE halves packed two
-// to a u32 (pack2x16float; no shader-f16 needed): element i of either cache.
-fn kv_load(i: u32, values: bool) -> f32 {
-    var w: u32;
-    if values {
-        w = vcache[select(i, i >> 1u, KV_F16 == 1u)];
-    } else {
-        w = kcache[select(i, i >> 1u, KV_F16 == 1u)];
-    }
+var<workgroup> qs: array<vec2<f32>, QS>; // qs[d·BR/2 + j] = rows 2j, 2j+1 at input d0 + d
+var<workgroup> kv: array<vec4<f32>, KVS>; // keys: kv[d·BC/4 + j] = keys 4j … 4j+3 at input d0 + d; values: kv[c·DV/4 + j] = key c's inputs dv0 + 4j … +3
+var<workgroup> ps: array<vec4<f32>, PS>;  // ps[r·BC/4 + j] = row r's scores (weights) of keys 4j … 4j+3
+
+// key_base is the cache element index of position j's input 0 for kv head
+// kvh.
+fn key_base(j: u32, kvh: u32) -> u32 {
+    return ((table[p.seq * p.max_blocks + j / p.BS] * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
+}
+
+// k_pair reads the key cache's elements i and i + 1 (i even).
+fn k_pair(i: u32) -> vec2<f32> {
     if KV_F16 == 1u {
-        let pair = unpack2x16float(w);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
+        return unpack2x16float(kcache[i >> 1u]);
     }
-    return bitcast<f32>(w);
+    return vec2(bitcast<f32>(kcache[i]), bitcast<f32>(kcache[i + 1u]));
 }
 
-var<workgroup> tile: array<f32, TILE>; // (BC, D) keys, then values
-var<workgroup> w: array<f32, WG>;      // (BR, BC) scores, then weights
-var<workgroup> m: array<f32, BR>;      // running max per row
-var<workgroup> l: array<f32, BR>;      // running sum per row
-var<workgroup> alpha: array<f32, BR>;  // rescale of the row's output this tile
-var<workgroup> keys: u32;              // keys the tile walk must cover
-
-// load fills tile with the D values of kv head kvh for keys c0 … c0+BC-1,
-// from the key cache or the value cache (keys from `keys` on as 0).
-fn load(c0: u32, kvh: u32, lid: u32, values: bool) {
-    for (var i = lid; i < TILE; i += WG) {
-        let j = c0 + i / D;
-        var x = 0.0;
-        if j < keys {
-            let b = ((table[p.seq * p.max_blocks + j / p.BS] * p.kv_heads + kvh) * p.BS + j % p.BS) * D + i % D;
-            x = kv_load(b, values);
-        }
-        tile[i] = x;
+// v_quad reads the value cache's elements i … i + 3 (i a multiple of 4).
+fn v_quad(i: u32) -> vec4<f32> {
+    if KV_F16 == 1u {
+        return vec4(unpack2x16float(vcache[i >> 1u]), unpack2x16float(vcache[(i >> 1u) + 1u]));
     }
+    return vec4(bitcast<f32>(vcache[i]), bitcast<f32>(vcache[i + 1u]), bitcast<f32>(vcache[i + 2u]), bitcast<f32>(vcache[i + 3u]));
 }
+
+// q_index is the vec4 index of input d of the tile's row i (flat index
+// base + i over the T·GROUP rows, clamped to the last).
+fn q_index(base: u32, i: u32, kvh: u32, d: u32) -> u32 {
+    let flat = min(base + i, p.T * GROUP - 1u);
+    return (((p.row0 + flat / GROUP) * p.heads + kvh * GROUP + flat % GROUP) * D + d) / 4u;
+}
+
+fn max4(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.x;
-    let kvh = h / (p.heads / p.kv_heads);
-    let r0 = wid.y * BR;
-    let r = lid / BC;              // this thread's row of the tile
-    let c = lid % BC;              // its key (scores), its output slice (values)
-    let t = p.row0 + min(r0 + r, p.T - 1u); // rows past T redo row T-1, unwritten
-    let visible = pos[t] + 1u;     // keys row t may see
-    let qbase = (t * p.heads + h) * D;
-
-    if lid == 0u {
-        var most = 0u;
-        for (var rr = 0u; rr < BR; rr++) {
-            most = max(most, pos[p.row0 + min(r0 + rr, p.T - 1u)] + 1u);
-        }
-        keys = most;
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let kvh = wid.x;
+    let base = (nwg.y - 1u - wid.y) * BR; // later rows (more keys) first
+    let rows = p.T * GROUP;
+    let sr = lid / 8u; // rows 2sr, 2sr + 1 of the tile
+    let sc = lid % 8u; // keys 4sc … 4sc + 3; output vec4s sc + 8j
+    let fa = min(base + 2u * sr, rows - 1u);
+    let fb = min(base + 2u * sr + 1u, rows - 1u);
+    let vis_a = pos[p.row0 + fa / GROUP] + 1u; // keys row 2sr may see
+    let vis_b = pos[p.row0 + fb / GROUP] + 1u;
+    var nkeys = 0u; // keys any row of the tile may see
+    for (var t = base / GROUP; t <= min(base + BR, rows) / GROUP && t < p.T; t++) {
+        nkeys = max(nkeys, pos[p.row0 + t] + 1u);
     }
-    if lid < BR {
-        var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
-        m[lid] = bitcast<f32>(neg_inf_bits);
-        l[lid] = 0.0;
-    }
-    let nkeys = workgroupUniformLoad(&keys); // (a barrier too)
 
-    var o = array<f32, OUT>();
+    var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
+    let neg_inf = bitcast<f32>(neg_inf_bits);
+    var m_a = neg_inf; // running max of the row
+    var m_b = neg_inf;
+    var l_a = 0.0; // running sum of this thread's weights of the row
+    var l_b = 0.0;
+    var o_a = array<vec4<f32>, OV>();
+    var o_b = array<vec4<f32>, OV>();
+
     for (var c0 = 0u; c0 < nkeys; c0 += BC) {
-        load(c0, kvh, lid, false);
-        workgroupBarrier();
-        var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
-        var s = bitcast<f32>(neg_inf_bits);
-        if c0 + c < visible {
-            var acc = 0.0;
-            for (var d = 0u; d < D; d++) {
-                acc += q[qbase + d] * tile[c * D + d];
+        // scores: S = Q·Kᵀ over D in chunks of DK
+        var s_a = vec4(0.0);
+        var s_b = vec4(0.0);
+        for (var d0 = 0u; d0 < D; d0 += DK) {
+            for (var k = lid; k < DK / 4u * BR / 2u; k += WG) {
+                let j = k % (BR / 2u);
+                let dq = k / (BR / 2u);
+                let x = q[q_index(base, 2u * j, kvh, d0 + 4u * dq)];
+                let y = q[q_index(base, 2u * j + 1u, kvh, d0 + 4u * dq)];
+                let i = 4u * dq * (BR / 2u) + j;
+                qs[i] = vec2(x.x, y.x);
+                qs[i + BR / 2u] = vec2(x.y, y.y);
+                qs[i + BR] = vec2(x.z, y.z);
+                qs[i + 3u * BR / 2u] = vec2(x.w, y.w);
             }
-            s = acc * p.scale;
+            for (var k = lid; k < BC / 4u * DK / 2u; k += WG) {
+                let j = k % (BC / 4u);
+                let d = d0 + 2u * (k / (BC / 4u));
+                var e = array<vec2<f32>, 4>();
+                for (var u = 0u; u < 4u; u++) {
+                    let key = c0 + 4u * j + u;
+                    if key < nkeys {
+                        e[u] = k_pair(key_base(key, kvh) + d);
+                    }
+                }
+                let i = (d - d0) * (BC / 4u) + j;
+                kv[i] = vec4(e[0].x, e[1].x, e[2].x, e[3].x);
+                kv[i + BC / 4u] = vec4(e[0].y, e[1].y, e[2].y, e[3].y);
+            }
+            workgroupBarrier();
+            for (var d = 0u; d < DK; d++) {
+                let qq = qs[d * (BR / 2u) + sr];
+                let kk = kv[d * (BC / 4u) + sc];
+                s_a = fma(vec4(qq.x), kk, s_a);
+                s_b = fma(vec4(qq.y), kk, s_b);
+            }
+            workgroupBarrier();
         }
-        w[lid] = s;
+        let key = vec4(c0 + 4u * sc) + vec4(0u, 1u, 2u, 3u);
+        s_a = select(vec4(neg_inf), s_a * p.scale, key < vec4(vis_a));
+        s_b = select(vec4(neg_inf), s_b * p.scale, key < vec4(vis_b));
+        ps[2u * sr * (BC / 4u) + sc] = s_a;
+        ps[(2u * sr + 1u) * (BC / 4u) + sc] = s_b;
         workgroupBarrier();
-        // Online softmax, one thread per row: key 0 is visible to every
-        // row, so the running max is finite from the first tile on.
-        if lid < BR {
-            var most = m[lid];
-            for (var cc = 0u; cc < BC; cc++) {
-                most = max(most, w[lid * BC + cc]);
-            }
-            var sum = 0.0;
-            for (var cc = 0u; cc < BC; cc++) {
-                let e = exp(w[lid * BC + cc] - most);
-                w[lid * BC + cc] = e;
-                sum += e;
-            }
-            let a = exp(m[lid] - most);
-            l[lid] = l[lid] * a + sum;
-            m[lid] = most;
-            alpha[lid] = a;
+
+        // softmax: the rows' new max from all their scores (key 0 is
+        // visible to every row, so it is finite from the first tile on)
+        var mx_a = m_a;
+        var mx_b = m_b;
+        for (var j = 0u; j < BC / 4u; j++) {
+            mx_a = max(mx_a, max4(ps[2u * sr * (BC / 4u) + j]));
+            mx_b = max(mx_b, max4(ps[(2u * sr + 1u) * (BC / 4u) + j]));
         }
-        load(c0, kvh, lid, true); // the keys are no longer needed
-        workgroupBarrier();
-        let a = alpha[r];
-        for (var i = 0u; i < OUT; i++) {
-            let d = c + i * BC;
-            var acc = o[i] * a;
-            for (var cc = 0u; cc < BC; cc++) {
-                acc += w[r * BC + cc] * tile[cc * D + d];
-            }
-            o[i] = acc;
+        if DV == D { // stage all the values now: kv is free
+            stage_values(c0, 0u, kvh, nkeys, lid);
         }
+        workgroupBarrier(); // every thread has read the scores
+        let w_a = exp(s_a - mx_a);
+        let w_b = exp(s_b - mx_b);
+        let al_a = exp(m_a - mx_a);
+        let al_b = exp(m_b - mx_b);
+        m_a = mx_a;
+        m_b = mx_b;
+        l_a = l_a * al_a + dot(w_a, vec4(1.0));
+        l_b = l_b * al_b + dot(w_b, vec4(1.0));
+        for (var j = 0u; j < OV; j++) {
+            o_a[j] *= al_a;
+            o_b[j] *= al_b;
+        }
+        ps[2u * sr * (BC / 4u) + sc] = w_a;
+        ps[(2u * sr + 1u) * (BC / 4u) + sc] = w_b;
         workgroupBarrier();
+
+        // values: O += P·V, DV inputs at a time
+        for (var dv0 = 0u; dv0 < D; dv0 += DV) {
+            if DV < D {
+                stage_values(c0, dv0, kvh, nkeys, lid);
+                workgroupBarrier();
+            }
+            for (var c4 = 0u; c4 < BC / 4u; c4++) {
+                let wa = ps[2u * sr * (BC / 4u) + c4];
+                let wb = ps[(2u * sr + 1u) * (BC / 4u) + c4];
+                for (var u = 0u; u < 4u; u++) {
+                    for (var j = 0u; j < VJ; j++) {
+                        let v = kv[(4u * c4 + u) * (DV / 4u) + sc + 8u * j];
+                        o_a[dv0 / 32u + j] = fma(vec4(wa[u]), v, o_a[dv0 / 32u + j]);
+                        o_b[dv0 / 32u + j] = fma(vec4(wb[u]), v, o_b[dv0 / 32u + j]);
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
     }
-    if r0 + r < p.T {
-        for (var i = 0u; i < OUT; i++) {
-            out[qbase + c + i * BC] = o[i] / l[r];
+
+    // the rows' sums: each of its 8 threads holds a part
+    ps[4u * sr + sc / 4u][sc % 4u] = l_a;
+    ps[4u * sr + 2u + sc / 4u][sc % 4u] = l_b;
+    workgroupBarrier();
+    let sum_a = dot(ps[4u * sr] + ps[4u * sr + 1u], vec4(1.0));
+    let sum_b = dot(ps[4u * sr + 2u] + ps[4u * sr + 3u], vec4(1.0));
+    if base + 2u * sr < rows {
+        for (var j = 0u; j < OV; j++) {
+            out[q_index(base, 2u * sr, kvh, 4u * (sc + 8u * j))] = o_a[j] / sum_a;
         }
+    }
+    if base + 2u * sr + 1u < rows {
+        for (var j = 0u; j < OV; j++) {
+            out[q_index(base, 2u * sr + 1u, kvh, 4u * (sc + 8u * j))] = o_b[j] / sum_b;
+        }
+    }
+}
+
+// stage_values fills kv with the values of keys c0 … c0+BC-1 at inputs
+// dv0 … dv0+DV-1 (keys from nkeys on as zeros: their weights are zero, and
+// a zero weight must not meet a NaN).
+fn stage_values(c0: u32, dv0: u32, kvh: u32, nkeys: u32, lid: u32) {
+    for (var k = lid; k < BC * DV / 4u; k += WG) {
+        let c = k / (DV / 4u);
+        let j = k % (DV / 4u);
+        var v = vec4(0.0);
+        if c0 + c < nkeys {
+            v = v_quad(key_base(c0 + c, kvh) + dv0 + 4u * j);
+        }
+        kv[k] = v;
     }
 }

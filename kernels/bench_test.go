@@ -209,7 +209,7 @@ func benchMatrix(b *testing.B, d *gpu.Device, r *rand.Rand, name string, n, k in
 
 // benchTs are the activation rows BenchmarkMatMulKernels times the layers'
 // projections at.
-var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 256, 1024}
+var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}
 
 // benchSkinnyLayouts are the skinny_int4.wgsl layouts
 // BenchmarkMatMulKernels tries besides pickSkinnyLayout's.

@@ -155,11 +155,16 @@ func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
 // or 2 × 4, where the device's workgroup memory does not take 4 × 4. At 64
 // rows the benchmark favoured skinny_int4.wgsl too (339 µs a layer against
 // 374 µs), but a decode step of 64 sequences took 16.3 ms with it against
-// 15.4 ms with the GEMM, so the GEMM keeps 41 rows on.
+// 15.4 ms with the GEMM, so the GEMM keeps 41 rows on — up to the
+// prompt chunks of skinnyMinPrefillT rows and more, where the arithmetic
+// bounds both kernels and skinny_int4.wgsl's was the faster at every
+// projection (at 1,024 rows 4.0 ms a layer against 4.9 ms, 25–28
+// TFLOP/s against 21).
 const (
-	gemmMinT   = 17
-	gemm4MinT  = 41
-	skinnyMaxT = 40
+	gemmMinT          = 17
+	gemm4MinT         = 41
+	skinnyMaxT        = 40
+	skinnyMinPrefillT = 128
 )
 
 // pickMatMul returns the kernel for T rows of w on a device with limits l:
@@ -167,7 +172,7 @@ const (
 // single row of more than 4,096 inputs; matvec_batch_int4.wgsl for 2–4:
 // decode steps of 2 and 4 sequences took 2.49 and 3.63 ms with it against
 // 3.3 and 4.35 with matvec_int4.wgsl's layouts, in runs on the H200),
-// skinny_int4.wgsl for 5–40, the GEMM beyond, and the row-tile kernels for
+// skinny_int4.wgsl for 5–40 and for prompt chunks, the GEMM between, and the row-tile kernels for
 // whatever the int4 kernels do not take.
 func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 	switch {
@@ -180,7 +185,7 @@ func pickMatMul(w *Matrix, T int, l gpu.Limits) matMulKernel {
 		return kernelMatVec
 	case T <= matVecMaxT && kernelMatVecBatch.fits(w, T, l):
 		return kernelMatVecBatch
-	case T <= skinnyMaxT && kernelSkinny.fits(w, T, l):
+	case (T <= skinnyMaxT || T >= skinnyMinPrefillT) && kernelSkinny.fits(w, T, l):
 		return kernelSkinny
 	case T >= gemm4MinT && kernelGEMM4.fits(w, T, l):
 		return kernelGEMM4

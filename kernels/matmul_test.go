@@ -158,7 +158,7 @@ func TestMatMulEachKernel(t *testing.T) {
 		{kernelGEMM2, []int{1, 3, 8, 40}},
 		{kernelGEMM4, []int{2, 9, 31, 65}},
 		{kernelGEMM2x8, []int{1, 5, 32, 33}},
-		{kernelSkinny, []int{1, 5, 17, 33}},
+		{kernelSkinny, []int{1, 5, 17, 33, 130}}, // 130: a prompt chunk, five row tiles
 	} {
 		for _, T := range c.Ts {
 			step := 32 // K's step: a GEMM's stage, at least
@@ -216,8 +216,9 @@ func TestPickMatMul(t *testing.T) {
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},
 		{int4, 5, large, kernelSkinny}, {int4, 16, large, kernelSkinny},
 		{int4, 17, large, kernelSkinny}, {int4, 40, large, kernelSkinny}, {int4, 40, small, kernelSkinny},
-		{int4, 40, large, kernelSkinny}, {int4, 41, large, kernelGEMM4}, {int4, 1024, large, kernelGEMM4},
-		{int4, 1024, small, kernelGEMM2x8},                                    // 4 × 4 outputs a thread need more than 16 KiB
+		{int4, 40, large, kernelSkinny}, {int4, 41, large, kernelGEMM4}, {int4, 127, large, kernelGEMM4},
+		{int4, 128, large, kernelSkinny}, {int4, 1024, large, kernelSkinny}, {int4, 1024, small, kernelSkinny}, // prompt chunks
+		{int4, 64, small, kernelGEMM2x8},                                      // 4 × 4 outputs a thread need more than 16 KiB
 		{&Matrix{Format: Int4, N: 64, K: 48, G: 16}, 1, large, kernelRowTile}, // 32 codes span two groups
 		{&Matrix{Format: Int4, N: 64, K: 96, G: 32}, 64, large, kernelGEMM4},
 		{&Matrix{Format: F16, N: 64, K: 64}, 1, large, kernelRowTile},

@@ -55,21 +55,38 @@ type KVCache struct {
 	K, V                                  []*gpu.Buffer // per layer
 	Table                                 *gpu.Buffer
 	wgMemory                              int // the device's workgroup memory, bytes
+	decode                                decodeTuning
 
 	pipes gpu.PipelineMemo[cachePipelineKey] // see pipeline
+}
+
+// decodeTuning is attention_decode.wgsl's tuning: threads a workgroup
+// (WG, a power of two) and the workgroups its splits should add up to at
+// least. Zero fields take the defaults, decodeWG and decodeWorkgroups;
+// BenchmarkAttentionDecode tries others.
+type decodeTuning struct{ wg, workgroups int }
+
+func (t decodeTuning) orDefaults() decodeTuning {
+	if t.wg == 0 {
+		t.wg = decodeWG
+	}
+	if t.workgroups == 0 {
+		t.workgroups = decodeWorkgroups
+	}
+	return t
 }
 
 // cachePipelineKey names a pipeline of a kernel over the cache by the
 // constants its call sites vary.
 type cachePipelineKey struct {
-	module, entry string
-	chunk, group  int
+	module, entry    string
+	chunk, group, wg int
 }
 
 // pipeline returns kernel k specialized by consts() — and by the cache's
 // element type when withKV —, through the cache's memo.
-func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, chunk, group int, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
-	return c.pipes.Get(d, cachePipelineKey{k.Module, k.Entry, chunk, group}, k, func() gpu.Consts {
+func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, chunk, group, wg int, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
+	return c.pipes.Get(d, cachePipelineKey{k.Module, k.Entry, chunk, group, wg}, k, func() gpu.Consts {
 		if withKV {
 			return c.consts(consts())
 		}
@@ -211,7 +228,7 @@ func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
 // and whose workgroup memory the device has.
 func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 	chunk := decodeMaxChunk
-	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < decodeWorkgroups ||
+	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < c.decode.orDefaults().workgroups ||
 		c.decodeMemory(heads, chunk) > c.wgMemory) {
 		chunk /= 2
 	}
@@ -223,7 +240,7 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 // offsets (CHUNK) and the reduction (GROUP·WG).
 func (c *KVCache) decodeMemory(heads, chunk int) int {
 	group := heads / c.KVHeads
-	return 4 * (2*group*c.D + group*chunk + chunk + group*decodeWG)
+	return 4 * (2*group*c.D + group*chunk + chunk + group*c.decode.orDefaults().wg)
 }
 
 // AttentionDecode records causal GQA attention for T single query rows,
@@ -245,8 +262,9 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	if err := c.checkHeads(op, heads); err != nil {
 		return err
 	}
-	if c.D%8 != 0 || c.D/8 > decodeWG {
-		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*decodeWG)
+	wg := c.decode.orDefaults().wg
+	if c.D%8 != 0 || c.D/8 > wg {
+		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*wg)
 	}
 	if maxLen <= 0 {
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
@@ -267,13 +285,13 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 		return err
 	}
 	group := heads / c.KVHeads
-	split, err := c.pipeline(b.Device(), attnDecode, chunk, group, true, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group)}
+	split, err := c.pipeline(b.Device(), attnDecode, chunk, group, wg, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg)}
 	})
 	if err != nil {
 		return err
 	}
-	merge, err := c.pipeline(b.Device(), attnMerge, chunk, 0, false, func() gpu.Consts {
+	merge, err := c.pipeline(b.Device(), attnMerge, chunk, 0, 0, false, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
 	})
 	if err != nil {
@@ -371,7 +389,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 		return err
 	}
 	group := heads / c.KVHeads
-	p, err := c.pipeline(b.Device(), attnPrefill, ch.dk<<16|ch.dv, group, true, func() gpu.Consts {
+	p, err := c.pipeline(b.Device(), attnPrefill, ch.dk<<16|ch.dv, group, 0, true, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "DK": uint32(ch.dk), "DV": uint32(ch.dv), "KVS": uint32(ch.kvs()), "GROUP": uint32(group)}
 	})
 	if err != nil {

@@ -174,15 +174,18 @@ func TestAttentionDecode(t *testing.T) {
 			s.kvHeads, s.group = 1, 8
 		}
 		T := []int{1, 1, 3, 8}[r.IntN(4)]
-		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v", s.kvHeads, s.group, s.D, s.blockSize, T, lens)
-		t.Run(name, func(t *testing.T) { testAttentionDecode(t, d, r, s, lens, T) })
+		// The default tuning, or one BenchmarkAttentionDecode tries.
+		tune := []decodeTuning{{}, {wg: 128, workgroups: 4096}, {wg: 256, workgroups: 256}}[r.IntN(3)]
+		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v_%+v", s.kvHeads, s.group, s.D, s.blockSize, T, lens, tune)
+		t.Run(name, func(t *testing.T) { testAttentionDecode(t, d, r, s, lens, T, tune) })
 	}
 }
 
 // testAttentionDecode runs T decode rows, each on a random slot at a random
 // position of its history, against reference.Attention on that history.
-func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape, lens []int, T int) {
+func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape, lens []int, T int, tune decodeTuning) {
 	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, lens, r.IntN(2) == 1)
+	tc.c.decode = tune
 	cfg := s.config()
 	qDim := cfg.QDim()
 	q := randVec(r, T*qDim, 1)

@@ -273,3 +273,65 @@ func randInt4(r *rand.Rand, n, k, g int) *tensor.Int4 {
 	}
 	return m
 }
+
+// BenchmarkAttentionDecode times decode attention (split and merge) at
+// Qwen3-1.7B's heads (16 query heads on 8 kv heads of 128, an f16 cache)
+// for 1 and 32 rows, each its own sequence at position 1,023, at the
+// default tuning and the others decodeTuning allows: µs a call (dependent
+// calls in one batch, as in a forward pass: see benchMatMuls) and GB/s of
+// keys and values read.
+func BenchmarkAttentionDecode(b *testing.B) {
+	d := gputest.Device(b)
+	const kvHeads, group, D, blockSize, context, reps = 8, 2, 128, 16, 1024, 16
+	heads := kvHeads * group
+	for _, T := range []int{1, 32} {
+		perSeq := context / blockSize
+		c, err := NewKVCache(d, 1, kvHeads, D, blockSize, T*perSeq, T, perSeq, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		seq, pos := make([]uint32, T), make([]uint32, T)
+		for s := range T {
+			blocks := make([]uint32, perSeq)
+			for i := range blocks {
+				blocks[i] = uint32(s*perSeq + i)
+			}
+			if err := c.SetBlocks(s, blocks); err != nil {
+				b.Fatal(err)
+			}
+			seq[s], pos[s] = uint32(s), context-1
+		}
+		sb, err := d.UploadU32("seq", seq)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pb, err := d.UploadU32("pos", pos)
+		if err != nil {
+			b.Fatal(err)
+		}
+		q, err := d.UploadF32("q", ones(T*heads*D))
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, err := d.NewBuffer("out", uint64(T*heads*D)*4)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, tune := range []decodeTuning{{}, {64, 4096}, {128, 1024}, {128, 4096}, {256, 1024}, {256, 4096}, {64, 256}, {256, 256}} {
+			c.decode = tune
+			t := tune.orDefaults()
+			b.Run(fmt.Sprintf("T%d/wg=%d/workgroups=%d", T, t.wg, t.workgroups), func(b *testing.B) {
+				sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
+					return AttentionDecode(bt, out, q, c, 0, sb, pb, T, heads, context)
+				})
+				b.ReportMetric(sec*1e6, "µs/call")
+				b.ReportMetric(float64(2*T*context*kvHeads*D*c.ElemBytes())/sec/1e9, "GB/s")
+				b.ReportMetric(float64(c.DecodeSplits(T, heads, context)), "splits")
+			})
+		}
+		for _, buf := range []*gpu.Buffer{sb, pb, q, out} {
+			buf.Release()
+		}
+		c.Release()
+	}
+}

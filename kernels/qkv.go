@@ -69,7 +69,7 @@ func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, 
 			return err
 		}
 	}
-	p, err := c.pipeline(b.Device(), qkvRopeKV, 0, 0, true, func() gpu.Consts { return nil })
+	p, err := c.pipeline(b.Device(), qkvRopeKV, 0, 0, 0, true, func() gpu.Consts { return nil })
 	if err != nil {
 		return err
 	}

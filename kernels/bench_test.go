@@ -123,6 +123,15 @@ func BenchmarkMatMulKernels(b *testing.B) {
 					hows = append(hows, how)
 				}
 			}
+			if T >= 256 {
+				for _, l := range benchSkinnyPrefillLayouts {
+					if l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) > 0 {
+						how := in
+						how.kernel, how.skinny = kernelSkinny, l
+						hows = append(hows, how)
+					}
+				}
+			}
 			if T >= 2 && T <= 64 {
 				for _, l := range benchSkinnyLayouts {
 					if l.tt <= 2*T && l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) > 0 {
@@ -216,6 +225,15 @@ var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}
 var benchSkinnyLayouts = []skinnyLayout{
 	{4, 2, 64}, {4, 2, 128}, {8, 2, 128}, {8, 4, 64}, {16, 2, 64}, {16, 2, 128}, {16, 4, 64},
 	{32, 1, 128}, {32, 2, 64}, {32, 2, 128}, {32, 4, 64}, {32, 2, 256},
+}
+
+// benchSkinnyPrefillLayouts are the skinny_int4.wgsl layouts
+// BenchmarkMatMulKernels tries for prompt chunks (256 rows and more)
+// besides pickSkinnyLayout's: more weight rows a thread, or 64 activation
+// rows a workgroup, each weight dequantized for more multiply-adds.
+var benchSkinnyPrefillLayouts = []skinnyLayout{
+	{32, 2, 64}, {32, 2, 128}, {32, 2, 256}, {32, 4, 64}, {32, 4, 128},
+	{64, 1, 64}, {64, 1, 128}, {64, 2, 64}, {64, 2, 128}, {64, 2, 256},
 }
 
 // benchMatVecLayouts are the matrix-vector layouts BenchmarkMatMulKernels

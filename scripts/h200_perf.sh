@@ -34,7 +34,8 @@ if [ -n "${KERNELS:-}" ]; then
 fi
 python3 scripts/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/q17hf > "$R/ckpt.txt" 2>&1 || { cat "$R/ckpt.txt"; exit 1; }
 "$W" convert --in /tmp/q17hf --out /tmp/q17 --quant int4 2>&1 | tail -1
-for ids in 785,3974,13876 1,2,3,4,5,6,7,8,9,10; do
+# the last prompt takes the prefill kernels past one tile of rows and keys
+for ids in 785,3974,13876 1,2,3,4,5,6,7,8,9,10 $(seq -s, 1000 7 2400); do
   a=$("$W" draft --model /tmp/q17 --ids "$ids" --n 16 --backend webgpu 2>>"$R/e2e.err")
   b=$(timeout 100 "$W" draft --model /tmp/q17 --ids "$ids" --n 16 --backend cpu 2>>"$R/e2e.err")
   echo "draft $ids: webgpu $a cpu $b $([ "$a" = "$b" ] && echo SAME || echo DIFFERENT)"

@@ -118,6 +118,8 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	for _, m := range mvs {
 		row(fmt.Sprintf("int4 matvec %s %d×%d, streamed (dependent)", m.Name, m.N, m.K),
 			fmt.Sprintf("%.1f µs (%.1f µs), %.0f GB/s", us(m.Streamed), us(m.Dependent), m.GBps()), gbps(bw), pct(m.GBps()*1e9/bw))
+		row("  a copy of as many bytes, streamed", fmt.Sprintf("%.1f µs, %.0f GB/s", us(m.Copy), m.CopyGBps()),
+			"", "matvec "+pct(m.GBps()/m.CopyGBps())+" of it")
 	}
 	plot := svgplot.Bars{
 		Title:    fmt.Sprintf("decode step time against batch size: %s, context %d", label, *context),

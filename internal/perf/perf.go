@@ -121,10 +121,20 @@ type MatVec struct {
 	// ones over distinct copies of the matrix (more bytes than the GPU's
 	// caches hold, distinct outputs): the kernel's bandwidth.
 	Dependent, Streamed time.Duration
+	// Copy is the time per copy of the same number of bytes (half read,
+	// half written), streamed the same way over distinct buffers: what
+	// any one dispatch moving that much memory costs on this device —
+	// for matrices of a few megabytes, launch and ramp-up more than
+	// bandwidth.
+	Copy time.Duration
 }
 
 // GBps is the effective bandwidth over the weights, streamed.
 func (m MatVec) GBps() float64 { return float64(m.Bytes) / m.Streamed.Seconds() / 1e9 }
+
+// CopyGBps is the bandwidth of the copies of the same size (bytes read
+// plus written).
+func (m MatVec) CopyGBps() float64 { return float64(m.Bytes) / m.Copy.Seconds() / 1e9 }
 
 // streamBytes is how many bytes of matrix copies the streamed measurement
 // reads a batch: more than a GPU's last-level cache (the H200's is 60 MB).
@@ -213,7 +223,36 @@ func matVec(d *gpu.Device, s *MatVec, rng *rand.Rand, reps int) error {
 		return err
 	}
 	s.Streamed = t / time.Duration(copies)
-	return nil
+	s.Copy, err = copiesStreamed(d, s.Bytes/2, copies, reps)
+	return err
+}
+
+// copiesStreamed times n independent copies of bytes each (rounded down to
+// 16), over distinct buffers, per copy.
+func copiesStreamed(d *gpu.Device, bytes uint64, n, reps int) (time.Duration, error) {
+	bytes &^= 15
+	var bufs []*gpu.Buffer
+	defer func() {
+		for _, b := range bufs {
+			b.Release()
+		}
+	}()
+	for i := range 2 * n {
+		b, err := d.NewBuffer(fmt.Sprintf("copy_%d", i), bytes)
+		if err != nil {
+			return 0, err
+		}
+		bufs = append(bufs, b)
+	}
+	t, err := run(d, bufs[1], reps, func(b *gpu.Batch) error {
+		for i := range n {
+			if err := kernels.Copy(b, bufs[2*i+1], bufs[2*i], bytes); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return t / time.Duration(n), err
 }
 
 // decoding prefills batch sequences with context random tokens each and

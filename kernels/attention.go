@@ -61,10 +61,11 @@ type KVCache struct {
 }
 
 // decodeTuning is attention_decode.wgsl's tuning: threads a workgroup
-// (WG, a power of two) and the workgroups its splits should add up to at
-// least. Zero fields take the defaults, decodeWG and decodeWorkgroups;
+// (WG, a power of two), the workgroups its splits should add up to at
+// least, and the longest split (a power of two). Zero fields take the
+// defaults, decodeWG, decodeWorkgroups and decodeMaxChunk;
 // BenchmarkAttentionDecode tries others.
-type decodeTuning struct{ wg, workgroups int }
+type decodeTuning struct{ wg, workgroups, maxChunk int }
 
 func (t decodeTuning) orDefaults() decodeTuning {
 	if t.wg == 0 {
@@ -72,6 +73,9 @@ func (t decodeTuning) orDefaults() decodeTuning {
 	}
 	if t.workgroups == 0 {
 		t.workgroups = decodeWorkgroups
+	}
+	if t.maxChunk == 0 {
+		t.maxChunk = decodeMaxChunk
 	}
 	return t
 }
@@ -227,7 +231,7 @@ func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
 // decode spreads over the whole GPU while a large batch keeps merges few,
 // and whose workgroup memory the device has.
 func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
-	chunk := decodeMaxChunk
+	chunk := c.decode.orDefaults().maxChunk
 	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < c.decode.orDefaults().workgroups ||
 		c.decodeMemory(heads, chunk) > c.wgMemory) {
 		chunk /= 2

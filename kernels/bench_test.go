@@ -140,7 +140,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 						hows = append(hows, how)
 					}
 				}
-				for _, g := range []int{512, 1024} {
+				for _, g := range []int{128, 512, 1024} {
 					how := in
 					how.kernel, how.groups = kernelSkinny, g
 					hows = append(hows, how)
@@ -335,10 +335,13 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, tune := range []decodeTuning{{}, {64, 4096}, {128, 1024}, {128, 4096}, {256, 1024}, {256, 4096}, {64, 256}, {256, 256}} {
+		for _, tune := range []decodeTuning{
+			{}, {64, 4096, 0}, {128, 1024, 0}, {128, 4096, 0}, {256, 1024, 0}, {256, 4096, 0}, {64, 256, 0}, {256, 256, 0},
+			{64, 2048, 0}, {64, 256, 512}, {64, 1, 1024}, {128, 256, 512}, {128, 1, 1024},
+		} {
 			c.decode = tune
 			t := tune.orDefaults()
-			b.Run(fmt.Sprintf("T%d/wg=%d/workgroups=%d", T, t.wg, t.workgroups), func(b *testing.B) {
+			b.Run(fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d", T, t.wg, t.workgroups, t.maxChunk), func(b *testing.B) {
 				sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
 					return AttentionDecode(bt, out, q, c, 0, sb, pb, T, heads, context)
 				})

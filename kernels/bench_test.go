@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -98,6 +99,18 @@ func BenchmarkMatMulKernels(b *testing.B) {
 		if w == nil {
 			continue
 		}
+		// With -cold, further copies of the matrix, so that the dependent
+		// matmuls cycle through more bytes than the GPU's last-level cache
+		// holds and each reads its weights from memory, as a forward pass
+		// does; without, every matmul reads the same, cached, copy.
+		ws := []*Matrix{w}
+		for *coldWeights && len(ws)*len(m.QWeight)*4 < coldBytes && len(ws) < 4*16 {
+			c, err := UploadMatrix(d, s.name, m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ws = append(ws, c)
+		}
 		norm, err := d.UploadF32("norm", ones(s.K))
 		if err != nil {
 			b.Fatal(err)
@@ -176,8 +189,10 @@ func BenchmarkMatMulKernels(b *testing.B) {
 					name += fmt.Sprintf("/groups=%d", how.groups)
 				}
 				b.Run(fmt.Sprintf("%s/T%d/%s", s.name, T, name), func(b *testing.B) {
+					i := 0
 					sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
-						return matMul(bt, out, x, w, T, how, d.Limits().MaxStorageBufferBindingSize)
+						i++
+						return matMul(bt, out, x, ws[i%len(ws)], T, how, d.Limits().MaxStorageBufferBindingSize)
 					})
 					b.ReportMetric(sec*1e6, "µs/matmul")
 					b.ReportMetric(2*float64(T*s.N*s.K)/sec/1e12, "TFLOP/s")
@@ -187,10 +202,19 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			x.Release()
 			out.Release()
 		}
-		w.Release()
+		for _, w := range ws {
+			w.Release()
+		}
 		norm.Release()
 	}
 }
+
+// coldWeights makes BenchmarkMatMulKernels read each matmul's weights from
+// memory rather than the last-level cache (go test -bench MatMulKernels
+// -cold): coldBytes of copies, twice the H200's 60 MB L2.
+var coldWeights = flag.Bool("cold", false, "BenchmarkMatMulKernels: cycle through copies of each matrix, more bytes than the GPU's last-level cache holds")
+
+const coldBytes = 128 << 20
 
 // ones returns n ones: inputs whose SwiGLU and norm stay finite.
 func ones(n int) []float32 {

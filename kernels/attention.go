@@ -393,6 +393,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 		return err
 	}
 	group := heads / c.KVHeads
+	// The memo's chunk key holds both chunks (each < 2¹⁶).
 	p, err := c.pipeline(b.Device(), attnPrefill, ch.dk<<16|ch.dv, group, 0, true, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "DK": uint32(ch.dk), "DV": uint32(ch.dv), "KVS": uint32(ch.kvs()), "GROUP": uint32(group)}
 	})

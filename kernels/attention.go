@@ -330,16 +330,17 @@ func (c *KVCache) PrefillSupported() bool {
 }
 
 // prefillChunks returns attention_prefill.wgsl's staging chunks for this
-// cache's head_dim and device: the inputs of the queries and keys (DK) and
-// of the values (DV) staged at a time — the values whole where they fit
-// (their chunk loop indexes each thread's output registers), then the
-// longest query/key chunk that fits.
+// cache's head_dim and device: the inputs of the queries and keys (DK, a
+// multiple of 8) and of the values (DV, of 32) staged at a time, each
+// dividing head_dim — the values whole where they fit (their chunk loop
+// indexes each thread's output registers), then the longest query/key
+// chunk that fits.
 func (c *KVCache) prefillChunks() (prefillChunks, bool) {
 	if c.D%32 != 0 {
 		return prefillChunks{}, false
 	}
-	for dv := c.D; dv >= 32; dv /= 2 {
-		for dk := c.D; dk >= 8; dk /= 2 {
+	for dv := c.D; dv >= 32; dv -= 32 {
+		for dk := c.D; dk >= 8; dk -= 8 {
 			ch := prefillChunks{dk: dk, dv: dv}
 			if c.D%dv == 0 && c.D%dk == 0 && ch.memory() <= c.wgMemory {
 				return ch, true

@@ -181,7 +181,11 @@ func (e *Engine) chain(ctx context.Context, batch []*engine.Entry, first []int, 
 			func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at, a.next, uint64(words)*4) },
 			func(b *gpu.Batch) error { return kernels.Copy(b, a.ids, a.next, uint64(words)*4) },
 		)
-		if err := e.run(steps); err != nil {
+		every := chainedSubmitEvery
+		if j == 0 { // nothing runs yet: start the GPU early
+			every = submitEvery
+		}
+		if err := e.run(steps, every); err != nil {
 			undo()
 			return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 		}

@@ -326,7 +326,14 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	d := gputest.Device(b)
 	const kvHeads, group, D, blockSize, context, reps = 8, 2, 128, 16, 1024, 16
 	heads := kvHeads * group
-	for _, T := range []int{1, 32} {
+	Ts, tunings := []int{1, 32}, []decodeTuning{
+		{}, {64, 4096, 0}, {128, 1024, 0}, {128, 4096, 0}, {256, 1024, 0}, {256, 4096, 0}, {64, 256, 0}, {256, 256, 0},
+		{64, 2048, 0}, {64, 256, 512}, {64, 1, 1024}, {128, 256, 512}, {128, 1, 1024},
+	}
+	if d.Info().Type == "cpu" { // lavapipe would take many minutes over them all
+		Ts, tunings = []int{1}, tunings[:2]
+	}
+	for _, T := range Ts {
 		perSeq := context / blockSize
 		c, err := NewKVCache(d, 1, kvHeads, D, blockSize, T*perSeq, T, perSeq, true)
 		if err != nil {
@@ -359,10 +366,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, tune := range []decodeTuning{
-			{}, {64, 4096, 0}, {128, 1024, 0}, {128, 4096, 0}, {256, 1024, 0}, {256, 4096, 0}, {64, 256, 0}, {256, 256, 0},
-			{64, 2048, 0}, {64, 256, 512}, {64, 1, 1024}, {128, 256, 512}, {128, 1, 1024},
-		} {
+		for _, tune := range tunings {
 			c.decode = tune
 			t := tune.orDefaults()
 			b.Run(fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d", T, t.wg, t.workgroups, t.maxChunk), func(b *testing.B) {

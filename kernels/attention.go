@@ -231,8 +231,9 @@ func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
 // decode spreads over the whole GPU while a large batch keeps merges few,
 // and whose workgroup memory the device has.
 func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
-	chunk := c.decode.orDefaults().maxChunk
-	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < c.decode.orDefaults().workgroups ||
+	tune := c.decode.orDefaults()
+	chunk := tune.maxChunk
+	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < tune.workgroups ||
 		c.decodeMemory(heads, chunk) > c.wgMemory) {
 		chunk /= 2
 	}

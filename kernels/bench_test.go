@@ -384,3 +384,131 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		c.Release()
 	}
 }
+
+// BenchmarkDecodeLayer times a decoder layer's dispatches as a decode step
+// records them — q|k|v with the input norm, q/k norms, RoPE and KV
+// append, decode attention, o_proj into the residual, gate|up with the
+// post-attention norm, down_proj of SwiGLU into the residual — at
+// Qwen3-1.7B's shapes, for 8 and 32 rows (each its own sequence at
+// position 1,023 of an f16 cache), with layers' weights cycled through
+// copies that outgrow the L2 as a forward pass's do. Beside the whole
+// layer ("layer") it times the four projections alone ("matmuls") and the
+// attention half alone ("attention": q/k norms, RoPE, KV append,
+// attention): a layer slower than its parts added up is time the parts'
+// own benchmarks, each kernel chained with itself, do not see. µs a layer,
+// as benchMatMuls. A CPU adapter (lavapipe) gets a small model's shapes.
+func BenchmarkDecodeLayer(b *testing.B) {
+	d := gputest.Device(b)
+	const context, reps = 1024, 8
+	H, I, kvHeads, group, D, copies := 2048, 6144, 8, 2, 128, 8
+	Ts := []int{8, 32}
+	if d.Info().Type == "cpu" {
+		H, I, kvHeads, D, copies, Ts = 256, 512, 2, 64, 2, []int{8}
+	}
+	heads := kvHeads * group
+	qDim, kvDim := heads*D, kvHeads*D
+	r := rand.New(rand.NewPCG(5, 6))
+	type layerWeights struct{ qkv, o, gateUp, down *Matrix }
+	layers := make([]layerWeights, copies)
+	upload := func(name string, n, k int) *Matrix {
+		_, w := benchMatrix(b, d, r, name, n, k)
+		if w == nil {
+			b.Skipf("%s does not fit this adapter's buffers", name)
+		}
+		b.Cleanup(w.Release)
+		return w
+	}
+	for i := range layers {
+		layers[i] = layerWeights{
+			qkv: upload("qkv", qDim+2*kvDim, H), o: upload("o", H, qDim),
+			gateUp: upload("gate_up", 2*I, H), down: upload("down", H, I),
+		}
+	}
+	buffer := func(name string, v []float32) *gpu.Buffer {
+		buf, err := d.UploadF32(name, v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(buf.Release)
+		return buf
+	}
+	norm := buffer("norm", ones(H))
+	qkNormRope, err := UploadQKNormRope(d, "qk_norm_rope", ones(D), ones(D), 1e6)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(qkNormRope.Release)
+	for _, T := range Ts {
+		perSeq := (context + 16) / 16
+		c, err := NewKVCache(d, 1, kvHeads, D, 16, T*perSeq, T, perSeq, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		seq, pos := make([]uint32, T), make([]uint32, T)
+		for s := range T {
+			blocks := make([]uint32, perSeq)
+			for i := range blocks {
+				blocks[i] = uint32(s*perSeq + i)
+			}
+			if err := c.SetBlocks(s, blocks); err != nil {
+				b.Fatal(err)
+			}
+			seq[s], pos[s] = uint32(s), context-1
+		}
+		sb, err := d.UploadU32("seq", seq)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pb, err := d.UploadU32("pos", pos)
+		if err != nil {
+			b.Fatal(err)
+		}
+		x := buffer("x", ones(T*H))
+		qkv, q, attn := buffer("qkv", make([]float32, T*(qDim+2*kvDim))), buffer("q", make([]float32, T*qDim)), buffer("attn", make([]float32, T*qDim))
+		gateUp := buffer("gate_up", make([]float32, T*2*I))
+		const eps = 1e-6
+		attention := func(bt *gpu.Batch) error {
+			if err := QKVRopeKV(bt, q, qkv, qkNormRope, c, 0, sb, pb, T, heads, eps); err != nil {
+				return err
+			}
+			return AttentionDecode(bt, attn, q, c, 0, sb, pb, T, heads, context)
+		}
+		i := 0
+		for _, part := range []struct {
+			name              string
+			matmuls, attnHalf bool
+		}{{"layer", true, true}, {"matmuls", true, false}, {"attention", false, true}} {
+			b.Run(fmt.Sprintf("T%d/%s", T, part.name), func(b *testing.B) {
+				sec := benchMatMuls(b, d, x, reps, func(bt *gpu.Batch) error {
+					i++
+					w := layers[i%len(layers)]
+					if part.matmuls {
+						if err := MatMulNorm(bt, qkv, x, norm, w.qkv, T, eps); err != nil {
+							return err
+						}
+					}
+					if part.attnHalf {
+						if err := attention(bt); err != nil {
+							return err
+						}
+					}
+					if !part.matmuls {
+						return nil
+					}
+					if err := MatMul(bt, x, attn, w.o, T, true); err != nil {
+						return err
+					}
+					if err := MatMulNorm(bt, gateUp, x, norm, w.gateUp, T, eps); err != nil {
+						return err
+					}
+					return MatMulSwiGLU(bt, x, gateUp, w.down, T, true)
+				})
+				b.ReportMetric(sec*1e6, "µs/layer")
+			})
+		}
+		for _, buf := range []*gpu.Buffer{sb, pb} {
+			buf.Release()
+		}
+		c.Release()
+	}
+}

@@ -334,30 +334,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		Ts, tunings = []int{1}, tunings[:2]
 	}
 	for _, T := range Ts {
-		perSeq := context / blockSize
-		c, err := NewKVCache(d, 1, kvHeads, D, blockSize, T*perSeq, T, perSeq, true)
-		if err != nil {
-			b.Fatal(err)
-		}
-		seq, pos := make([]uint32, T), make([]uint32, T)
-		for s := range T {
-			blocks := make([]uint32, perSeq)
-			for i := range blocks {
-				blocks[i] = uint32(s*perSeq + i)
-			}
-			if err := c.SetBlocks(s, blocks); err != nil {
-				b.Fatal(err)
-			}
-			seq[s], pos[s] = uint32(s), context-1
-		}
-		sb, err := d.UploadU32("seq", seq)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pb, err := d.UploadU32("pos", pos)
-		if err != nil {
-			b.Fatal(err)
-		}
+		c, sb, pb := benchDecodeCache(b, d, T, kvHeads, D, blockSize, context)
 		q, err := d.UploadF32("q", ones(T*heads*D))
 		if err != nil {
 			b.Fatal(err)
@@ -439,30 +416,7 @@ func BenchmarkDecodeLayer(b *testing.B) {
 	}
 	b.Cleanup(qkNormRope.Release)
 	for _, T := range Ts {
-		perSeq := (context + 16) / 16
-		c, err := NewKVCache(d, 1, kvHeads, D, 16, T*perSeq, T, perSeq, true)
-		if err != nil {
-			b.Fatal(err)
-		}
-		seq, pos := make([]uint32, T), make([]uint32, T)
-		for s := range T {
-			blocks := make([]uint32, perSeq)
-			for i := range blocks {
-				blocks[i] = uint32(s*perSeq + i)
-			}
-			if err := c.SetBlocks(s, blocks); err != nil {
-				b.Fatal(err)
-			}
-			seq[s], pos[s] = uint32(s), context-1
-		}
-		sb, err := d.UploadU32("seq", seq)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pb, err := d.UploadU32("pos", pos)
-		if err != nil {
-			b.Fatal(err)
-		}
+		c, sb, pb := benchDecodeCache(b, d, T, kvHeads, D, 16, context)
 		x := buffer("x", ones(T*H))
 		qkv, q, attn := buffer("qkv", make([]float32, T*(qDim+2*kvDim))), buffer("q", make([]float32, T*qDim)), buffer("attn", make([]float32, T*qDim))
 		gateUp := buffer("gate_up", make([]float32, T*2*I))
@@ -511,4 +465,36 @@ func BenchmarkDecodeLayer(b *testing.B) {
 		}
 		c.Release()
 	}
+}
+
+// benchDecodeCache makes a one-layer f16 KV cache of T sequence slots, each
+// with the blocks for context positions (its own, in order), and the seq
+// and pos buffers of T decode rows, row t at position context − 1 of slot
+// t. The caller releases all three.
+func benchDecodeCache(b *testing.B, d *gpu.Device, T, kvHeads, D, blockSize, context int) (*KVCache, *gpu.Buffer, *gpu.Buffer) {
+	perSeq := (context + blockSize - 1) / blockSize
+	c, err := NewKVCache(d, 1, kvHeads, D, blockSize, T*perSeq, T, perSeq, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	seq, pos := make([]uint32, T), make([]uint32, T)
+	for s := range T {
+		blocks := make([]uint32, perSeq)
+		for i := range blocks {
+			blocks[i] = uint32(s*perSeq + i)
+		}
+		if err := c.SetBlocks(s, blocks); err != nil {
+			b.Fatal(err)
+		}
+		seq[s], pos[s] = uint32(s), uint32(context-1)
+	}
+	sb, err := d.UploadU32("seq", seq)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pb, err := d.UploadU32("pos", pos)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c, sb, pb
 }

@@ -369,11 +369,13 @@ func BenchmarkAttentionDecode(b *testing.B) {
 // Qwen3-1.7B's shapes, for 8 and 32 rows (each its own sequence at
 // position 1,023 of an f16 cache), with layers' weights cycled through
 // copies that outgrow the L2 as a forward pass's do. Beside the whole
-// layer ("layer") it times the four projections alone ("matmuls") and the
+// layer ("layer") it times the four projections alone ("matmuls"), the
 // attention half alone ("attention": q/k norms, RoPE, KV append,
-// attention): a layer slower than its parts added up is time the parts'
-// own benchmarks, each kernel chained with itself, do not see. µs a layer,
-// as benchMatMuls. A CPU adapter (lavapipe) gets a small model's shapes.
+// attention), and each projection alone and in the pairs that follow each
+// other (decodeLayerParts): a layer slower than its parts added up is time
+// the parts' own benchmarks, each kernel chained with itself, do not see.
+// µs a layer, as benchMatMuls. A CPU adapter (lavapipe) gets a small
+// model's shapes.
 func BenchmarkDecodeLayer(b *testing.B) {
 	d := gputest.Device(b)
 	const context, reps = 1024, 8
@@ -428,34 +430,35 @@ func BenchmarkDecodeLayer(b *testing.B) {
 			return AttentionDecode(bt, attn, q, c, 0, sb, pb, T, heads, context)
 		}
 		i := 0
-		for _, part := range []struct {
-			name              string
-			matmuls, attnHalf bool
-		}{{"layer", true, true}, {"matmuls", true, false}, {"attention", false, true}} {
+		for _, part := range decodeLayerParts {
 			b.Run(fmt.Sprintf("T%d/%s", T, part.name), func(b *testing.B) {
 				sec := benchMatMuls(b, d, x, reps, func(bt *gpu.Batch) error {
 					i++
 					w := layers[i%len(layers)]
-					if part.matmuls {
+					if part.has(projQKV) {
 						if err := MatMulNorm(bt, qkv, x, norm, w.qkv, T, eps); err != nil {
 							return err
 						}
 					}
-					if part.attnHalf {
+					if part.attention {
 						if err := attention(bt); err != nil {
 							return err
 						}
 					}
-					if !part.matmuls {
-						return nil
+					if part.has(projO) {
+						if err := MatMul(bt, x, attn, w.o, T, true); err != nil {
+							return err
+						}
 					}
-					if err := MatMul(bt, x, attn, w.o, T, true); err != nil {
-						return err
+					if part.has(projGateUp) {
+						if err := MatMulNorm(bt, gateUp, x, norm, w.gateUp, T, eps); err != nil {
+							return err
+						}
 					}
-					if err := MatMulNorm(bt, gateUp, x, norm, w.gateUp, T, eps); err != nil {
-						return err
+					if part.has(projDown) {
+						return MatMulSwiGLU(bt, x, gateUp, w.down, T, true)
 					}
-					return MatMulSwiGLU(bt, x, gateUp, w.down, T, true)
+					return nil
 				})
 				b.ReportMetric(sec*1e6, "µs/layer")
 			})
@@ -465,6 +468,37 @@ func BenchmarkDecodeLayer(b *testing.B) {
 		}
 		c.Release()
 	}
+}
+
+// The decoder layer's projections, as bits of decodeLayerPart.projs.
+const (
+	projQKV = 1 << iota
+	projO
+	projGateUp
+	projDown
+	projAll = projQKV | projO | projGateUp | projDown
+)
+
+// decodeLayerPart is a subset of a decoder layer's dispatches, recorded in
+// the layer's order.
+type decodeLayerPart struct {
+	name      string
+	projs     int
+	attention bool
+}
+
+func (p decodeLayerPart) has(proj int) bool { return p.projs&proj != 0 }
+
+// decodeLayerParts are the subsets BenchmarkDecodeLayer times: the whole
+// layer, its projections, its attention half, and each projection alone
+// and in the pairs that follow each other in the layer, so that a layer
+// slower than its parts can be bisected to the pair that costs more
+// together than apart.
+var decodeLayerParts = []decodeLayerPart{
+	{"layer", projAll, true}, {"matmuls", projAll, false}, {"attention", 0, true},
+	{"qkv", projQKV, false}, {"o", projO, false}, {"gate_up", projGateUp, false}, {"down", projDown, false},
+	{"qkv+o", projQKV | projO, false}, {"o+gate_up", projO | projGateUp, false},
+	{"gate_up+down", projGateUp | projDown, false}, {"down+qkv", projDown | projQKV, false},
 }
 
 // benchDecodeCache makes a one-layer f16 KV cache of T sequence slots, each

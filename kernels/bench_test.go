@@ -366,7 +366,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 // records them — q|k|v with the input norm, q/k norms, RoPE and KV
 // append, decode attention, o_proj into the residual, gate|up with the
 // post-attention norm, down_proj of SwiGLU into the residual — at
-// Qwen3-1.7B's shapes, for 8 and 32 rows (each its own sequence at
+// Qwen3-1.7B's shapes, for 1, 8 and 32 rows (each its own sequence at
 // position 1,023 of an f16 cache), with layers' weights cycled through
 // copies that outgrow the L2 as a forward pass's do. Beside the whole
 // layer ("layer") it times the four projections alone ("matmuls"), the
@@ -380,7 +380,7 @@ func BenchmarkDecodeLayer(b *testing.B) {
 	d := gputest.Device(b)
 	const context, reps = 1024, 8
 	H, I, kvHeads, group, D, copies := 2048, 6144, 8, 2, 128, 8
-	Ts := []int{8, 32}
+	Ts := []int{1, 8, 32}
 	if d.Info().Type == "cpu" {
 		H, I, kvHeads, D, copies, Ts = 256, 512, 2, 64, 2, []int{8}
 	}
@@ -429,34 +429,46 @@ func BenchmarkDecodeLayer(b *testing.B) {
 			}
 			return AttentionDecode(bt, attn, q, c, 0, sb, pb, T, heads, context)
 		}
-		i := 0
+		// Each projection from its input to its output, as the layer has them.
+		project := func(bt *gpu.Batch, proj int, w layerWeights, in, out *gpu.Buffer) error {
+			switch proj {
+			case projQKV:
+				return MatMulNorm(bt, out, in, norm, w.qkv, T, eps)
+			case projO:
+				return MatMul(bt, out, in, w.o, T, true)
+			case projGateUp:
+				return MatMulNorm(bt, out, in, norm, w.gateUp, T, eps)
+			}
+			return MatMulSwiGLU(bt, out, in, w.down, T, true)
+		}
+		ins := map[int]*gpu.Buffer{projQKV: x, projO: attn, projGateUp: x, projDown: gateUp}
+		outs := map[int]*gpu.Buffer{projQKV: qkv, projO: x, projGateUp: gateUp, projDown: x}
+		// raw parts pass each projection's output on as the next one's
+		// input, through two buffers wide enough for any of them.
+		pingPong := [2]*gpu.Buffer{buffer("ping", ones(T*max(2*I, qDim+2*kvDim))), buffer("pong", ones(T*max(2*I, qDim+2*kvDim)))}
+		i, j := 0, 0
 		for _, part := range decodeLayerParts {
 			b.Run(fmt.Sprintf("T%d/%s", T, part.name), func(b *testing.B) {
 				sec := benchMatMuls(b, d, x, reps, func(bt *gpu.Batch) error {
 					i++
 					w := layers[i%len(layers)]
-					if part.has(projQKV) {
-						if err := MatMulNorm(bt, qkv, x, norm, w.qkv, T, eps); err != nil {
+					for _, proj := range part.projs {
+						in, out := ins[proj], outs[proj]
+						if part.raw {
+							in, out = pingPong[j%2], pingPong[(j+1)%2]
+							j++
+						}
+						if err := project(bt, proj, w, in, out); err != nil {
 							return err
 						}
-					}
-					if part.attention {
-						if err := attention(bt); err != nil {
-							return err
+						if proj == projQKV && part.attention {
+							if err := attention(bt); err != nil {
+								return err
+							}
 						}
 					}
-					if part.has(projO) {
-						if err := MatMul(bt, x, attn, w.o, T, true); err != nil {
-							return err
-						}
-					}
-					if part.has(projGateUp) {
-						if err := MatMulNorm(bt, gateUp, x, norm, w.gateUp, T, eps); err != nil {
-							return err
-						}
-					}
-					if part.has(projDown) {
-						return MatMulSwiGLU(bt, x, gateUp, w.down, T, true)
+					if len(part.projs) == 0 && part.attention {
+						return attention(bt)
 					}
 					return nil
 				})
@@ -470,35 +482,40 @@ func BenchmarkDecodeLayer(b *testing.B) {
 	}
 }
 
-// The decoder layer's projections, as bits of decodeLayerPart.projs.
+// The decoder layer's projections.
 const (
-	projQKV = 1 << iota
+	projQKV = iota
 	projO
 	projGateUp
 	projDown
-	projAll = projQKV | projO | projGateUp | projDown
 )
 
-// decodeLayerPart is a subset of a decoder layer's dispatches, recorded in
-// the layer's order.
+// decodeLayerPart is a subset of a decoder layer's dispatches.
 type decodeLayerPart struct {
 	name      string
-	projs     int
-	attention bool
+	projs     []int // recorded in this order
+	attention bool  // the attention half, after q|k|v (alone without it)
+	raw       bool  // each projection reads the previous one's output
 }
 
-func (p decodeLayerPart) has(proj int) bool { return p.projs&proj != 0 }
-
 // decodeLayerParts are the subsets BenchmarkDecodeLayer times: the whole
-// layer, its projections, its attention half, and each projection alone
-// and in the pairs that follow each other in the layer, so that a layer
+// layer, its projections, its attention half; each projection alone and
+// in the pairs that follow each other in the layer, so that a layer
 // slower than its parts can be bisected to the pair that costs more
-// together than apart.
+// together than apart; each projection alone again, reading the output
+// the one before wrote ("raw"), as three of the layer's four do; and the
+// projections in an order where only one reads what the one before wrote.
 var decodeLayerParts = []decodeLayerPart{
-	{"layer", projAll, true}, {"matmuls", projAll, false}, {"attention", 0, true},
-	{"qkv", projQKV, false}, {"o", projO, false}, {"gate_up", projGateUp, false}, {"down", projDown, false},
-	{"qkv+o", projQKV | projO, false}, {"o+gate_up", projO | projGateUp, false},
-	{"gate_up+down", projGateUp | projDown, false}, {"down+qkv", projDown | projQKV, false},
+	{name: "layer", projs: []int{projQKV, projO, projGateUp, projDown}, attention: true},
+	{name: "matmuls", projs: []int{projQKV, projO, projGateUp, projDown}},
+	{name: "attention", attention: true},
+	{name: "qkv", projs: []int{projQKV}}, {name: "o", projs: []int{projO}},
+	{name: "gate_up", projs: []int{projGateUp}}, {name: "down", projs: []int{projDown}},
+	{name: "qkv+o", projs: []int{projQKV, projO}}, {name: "o+gate_up", projs: []int{projO, projGateUp}},
+	{name: "gate_up+down", projs: []int{projGateUp, projDown}}, {name: "down+qkv", projs: []int{projDown, projQKV}},
+	{name: "qkv-raw", projs: []int{projQKV}, raw: true}, {name: "o-raw", projs: []int{projO}, raw: true},
+	{name: "gate_up-raw", projs: []int{projGateUp}, raw: true}, {name: "down-raw", projs: []int{projDown}, raw: true},
+	{name: "matmuls-reordered", projs: []int{projQKV, projGateUp, projO, projDown}},
 }
 
 // benchDecodeCache makes a one-layer f16 KV cache of T sequence slots, each

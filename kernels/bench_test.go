@@ -274,8 +274,14 @@ var benchMatVecLayouts = []matVecLayout{
 // the slope between the two, what a matmul costs inside a forward pass —
 // free of the fixed cost of submitting and waiting for a batch (on the
 // H200 a few milliseconds, more than 16 small matmuls take).
+//
+// The batch is recorded before it is submitted, so the slope holds the
+// host's recording as well as the GPU's work; the host's part, the same
+// slope of the recording alone, is reported as "µs-host" (a forward pass
+// records while the GPU runs the passes before, so there only the larger
+// of the two counts).
 func benchMatMuls(b *testing.B, d *gpu.Device, out *gpu.Buffer, reps int, record func(*gpu.Batch) error) float64 {
-	batch := func(n int) time.Duration {
+	batch := func(n int) (total, host time.Duration) {
 		start := time.Now()
 		bt, err := d.NewBatch("bench")
 		if err != nil {
@@ -286,21 +292,26 @@ func benchMatMuls(b *testing.B, d *gpu.Device, out *gpu.Buffer, reps int, record
 				b.Fatal(err)
 			}
 		}
+		host = time.Since(start)
 		if err := bt.Submit(); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := out.Read(0, 4); err != nil { // waits for the batch
 			b.Fatal(err)
 		}
-		return time.Since(start)
+		return time.Since(start), host
 	}
 	batch(4 * reps)
-	var short, long time.Duration
+	var short, long, hostShort, hostLong time.Duration
 	for b.Loop() {
-		short += batch(reps)
-		long += batch(4 * reps)
+		t, h := batch(reps)
+		short, hostShort = short+t, hostShort+h
+		t, h = batch(4 * reps)
+		long, hostLong = long+t, hostLong+h
 	}
-	return max(0, (long-short).Seconds()) / float64(b.N*3*reps)
+	items := float64(b.N * 3 * reps)
+	b.ReportMetric(max(0, (hostLong-hostShort).Seconds())/items*1e6, "µs-host")
+	return max(0, (long-short).Seconds()) / items
 }
 
 // randInt4 returns an int4 matrix of random codes and scales (quantizing a
@@ -438,11 +449,13 @@ func BenchmarkDecodeLayer(b *testing.B) {
 				return MatMul(bt, out, in, w.o, T, true)
 			case projGateUp:
 				return MatMulNorm(bt, out, in, norm, w.gateUp, T, eps)
+			case projONorm:
+				return MatMulNorm(bt, out, in, norm, w.o, T, eps)
 			}
 			return MatMulSwiGLU(bt, out, in, w.down, T, true)
 		}
-		ins := map[int]*gpu.Buffer{projQKV: x, projO: attn, projGateUp: x, projDown: gateUp}
-		outs := map[int]*gpu.Buffer{projQKV: qkv, projO: x, projGateUp: gateUp, projDown: x}
+		ins := map[int]*gpu.Buffer{projQKV: x, projO: attn, projGateUp: x, projDown: gateUp, projONorm: x}
+		outs := map[int]*gpu.Buffer{projQKV: qkv, projO: x, projGateUp: gateUp, projDown: x, projONorm: q}
 		// raw parts pass each projection's output on as the next one's
 		// input, through two buffers wide enough for any of them.
 		pingPong := [2]*gpu.Buffer{buffer("ping", ones(T*max(2*I, qDim+2*kvDim))), buffer("pong", ones(T*max(2*I, qDim+2*kvDim)))}
@@ -488,6 +501,7 @@ const (
 	projO
 	projGateUp
 	projDown
+	projONorm // o_proj's matrix as q|k|v takes its input: normalized, not added
 )
 
 // decodeLayerPart is a subset of a decoder layer's dispatches.
@@ -504,7 +518,9 @@ type decodeLayerPart struct {
 // slower than its parts can be bisected to the pair that costs more
 // together than apart; each projection alone again, reading the output
 // the one before wrote ("raw"), as three of the layer's four do; and the
-// projections in an order where only one reads what the one before wrote.
+// projections in an order where only one reads what the one before wrote;
+// and o_proj's matrix taking q|k|v's input (normalized, not added), so
+// that q|k|v and o share a pipeline, or o runs through two in turn.
 var decodeLayerParts = []decodeLayerPart{
 	{name: "layer", projs: []int{projQKV, projO, projGateUp, projDown}, attention: true},
 	{name: "matmuls", projs: []int{projQKV, projO, projGateUp, projDown}},
@@ -516,6 +532,9 @@ var decodeLayerParts = []decodeLayerPart{
 	{name: "qkv-raw", projs: []int{projQKV}, raw: true}, {name: "o-raw", projs: []int{projO}, raw: true},
 	{name: "gate_up-raw", projs: []int{projGateUp}, raw: true}, {name: "down-raw", projs: []int{projDown}, raw: true},
 	{name: "matmuls-reordered", projs: []int{projQKV, projGateUp, projO, projDown}},
+	// Two matrices through one pipeline, and one matrix through two.
+	{name: "o-norm", projs: []int{projONorm}}, {name: "qkv+o-norm", projs: []int{projQKV, projONorm}},
+	{name: "o+o-norm", projs: []int{projO, projONorm}},
 }
 
 // benchDecodeCache makes a one-layer f16 KV cache of T sequence slots, each

@@ -377,7 +377,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 // records them — q|k|v with the input norm, q/k norms, RoPE and KV
 // append, decode attention, o_proj into the residual, gate|up with the
 // post-attention norm, down_proj of SwiGLU into the residual — at
-// Qwen3-1.7B's shapes, for 1, 8 and 32 rows (each its own sequence at
+// Qwen3-1.7B's shapes, for 1, 8, 16 and 32 rows (each its own sequence at
 // position 1,023 of an f16 cache), with layers' weights cycled through
 // copies that outgrow the L2 as a forward pass's do. Beside the whole
 // layer ("layer") it times the four projections alone ("matmuls"), the
@@ -391,7 +391,7 @@ func BenchmarkDecodeLayer(b *testing.B) {
 	d := gputest.Device(b)
 	const context, reps = 1024, 8
 	H, I, kvHeads, group, D, copies := 2048, 6144, 8, 2, 128, 8
-	Ts := []int{1, 8, 32}
+	Ts := []int{1, 8, 16, 32}
 	if d.Info().Type == "cpu" {
 		H, I, kvHeads, D, copies, Ts = 256, 512, 2, 64, 2, []int{8}
 	}
@@ -441,18 +441,20 @@ func BenchmarkDecodeLayer(b *testing.B) {
 			return AttentionDecode(bt, attn, q, c, 0, sb, pb, T, heads, context)
 		}
 		// Each projection from its input to its output, as the layer has them.
-		project := func(bt *gpu.Batch, proj int, w layerWeights, in, out *gpu.Buffer) error {
-			switch proj {
-			case projQKV:
-				return MatMulNorm(bt, out, in, norm, w.qkv, T, eps)
-			case projO:
-				return MatMul(bt, out, in, w.o, T, true)
-			case projGateUp:
-				return MatMulNorm(bt, out, in, norm, w.gateUp, T, eps)
-			case projONorm:
-				return MatMulNorm(bt, out, in, norm, w.o, T, eps)
+		// (wg: skinny_int4.wgsl at pickSkinnyLayout's layout but wg threads,
+		// where it is pickMatMul's kernel.)
+		limit := d.Limits().MaxStorageBufferBindingSize
+		project := func(bt *gpu.Batch, proj int, w layerWeights, in, out *gpu.Buffer, wg int) error {
+			m := map[int]*Matrix{projQKV: w.qkv, projO: w.o, projGateUp: w.gateUp, projDown: w.down, projONorm: w.o}[proj]
+			how := matMulInput{accumulate: proj == projO || proj == projDown, swiglu: proj == projDown}
+			if proj == projQKV || proj == projGateUp || proj == projONorm {
+				how.norm, how.eps = norm, eps
 			}
-			return MatMulSwiGLU(bt, out, in, w.down, T, true)
+			if wg > 0 && pickMatMul(m, T, d.Limits()) == kernelSkinny {
+				how.kernel, how.skinny = kernelSkinny, pickSkinnyLayout(m.N, T)
+				how.skinny.wg = wg
+			}
+			return matMul(bt, out, in, m, T, how, limit)
 		}
 		ins := map[int]*gpu.Buffer{projQKV: x, projO: attn, projGateUp: x, projDown: gateUp, projONorm: x}
 		outs := map[int]*gpu.Buffer{projQKV: qkv, projO: x, projGateUp: gateUp, projDown: x, projONorm: q}
@@ -466,18 +468,22 @@ func BenchmarkDecodeLayer(b *testing.B) {
 					i++
 					w := layers[i%len(layers)]
 					for _, proj := range part.projs {
+						if proj == projQKV && part.attention { // as the engine records it
+							if err := QKVProjRopeKV(bt, q, qkv, x, norm, w.qkv, qkNormRope, c, 0, sb, pb, T, heads, eps); err != nil {
+								return err
+							}
+							if err := AttentionDecode(bt, attn, q, c, 0, sb, pb, T, heads, context); err != nil {
+								return err
+							}
+							continue
+						}
 						in, out := ins[proj], outs[proj]
 						if part.raw {
 							in, out = pingPong[j%2], pingPong[(j+1)%2]
 							j++
 						}
-						if err := project(bt, proj, w, in, out); err != nil {
+						if err := project(bt, proj, w, in, out, part.wg); err != nil {
 							return err
-						}
-						if proj == projQKV && part.attention {
-							if err := attention(bt); err != nil {
-								return err
-							}
 						}
 					}
 					if len(part.projs) == 0 && part.attention {
@@ -510,6 +516,7 @@ type decodeLayerPart struct {
 	projs     []int // recorded in this order
 	attention bool  // the attention half, after q|k|v (alone without it)
 	raw       bool  // each projection reads the previous one's output
+	wg        int   // > 0: skinny projections at this many threads a workgroup
 }
 
 // decodeLayerParts are the subsets BenchmarkDecodeLayer times: the whole
@@ -519,8 +526,9 @@ type decodeLayerPart struct {
 // together than apart; each projection alone again, reading the output
 // the one before wrote ("raw"), as three of the layer's four do; and the
 // projections in an order where only one reads what the one before wrote;
-// and o_proj's matrix taking q|k|v's input (normalized, not added), so
-// that q|k|v and o share a pipeline, or o runs through two in turn.
+// o_proj's matrix taking q|k|v's input (normalized, not added), so that
+// q|k|v and o share a pipeline, or o runs through two in turn; and the
+// projections with one skinny workgroup size for all.
 var decodeLayerParts = []decodeLayerPart{
 	{name: "layer", projs: []int{projQKV, projO, projGateUp, projDown}, attention: true},
 	{name: "matmuls", projs: []int{projQKV, projO, projGateUp, projDown}},
@@ -535,6 +543,10 @@ var decodeLayerParts = []decodeLayerPart{
 	// Two matrices through one pipeline, and one matrix through two.
 	{name: "o-norm", projs: []int{projONorm}}, {name: "qkv+o-norm", projs: []int{projQKV, projONorm}},
 	{name: "o+o-norm", projs: []int{projO, projONorm}},
+	// Every skinny projection at one workgroup size.
+	{name: "matmuls-wg128", projs: []int{projQKV, projO, projGateUp, projDown}, wg: 128},
+	{name: "matmuls-wg256", projs: []int{projQKV, projO, projGateUp, projDown}, wg: 256},
+	{name: "layer-wg256", projs: []int{projQKV, projO, projGateUp, projDown}, attention: true, wg: 256},
 }
 
 // benchDecodeCache makes a one-layer f16 KV cache of T sequence slots, each

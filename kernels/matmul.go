@@ -119,40 +119,65 @@ type matMulInput struct {
 // limit as a parameter, so that tests can exercise the row-block split on
 // small matrices.
 func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, maxBinding uint64) error {
+	_, err := matMulSplitK(b, out, x, w, T, in, maxBinding, false)
+	return err
+}
+
+// splitK is a split-K matmul's partial sums left for the next kernel to
+// sum as it reads them, instead of matmul_reduce.wgsl first:
+//
+//	part  (splits, T, N) f32 partial sums, then (splits, T) partial sums of
+//	      squares of the input rows (the RMSNorm's, with a norm)
+//
+// splits ≤ 1: the matmul wrote out itself, and part is unset.
+type splitK struct {
+	part   gpu.Binding
+	splits int
+}
+
+// matMulSplitK is matMul that, when deferReduce and the matmul splits
+// along K, records no reduce: it returns the partials instead, and out is
+// left unwritten. A matrix in several row blocks (each block's partials
+// would overwrite the last's in scratch) is reduced into out as matMul
+// does; so is one that does not split.
+func matMulSplitK(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, maxBinding uint64, deferReduce bool) (splitK, error) {
 	if w == nil {
-		return fmt.Errorf("kernels: matmul: nil matrix")
+		return splitK{}, fmt.Errorf("kernels: matmul: nil matrix")
 	}
 	op := "matmul " + w.Name
 	if T <= 0 {
-		return fmt.Errorf("kernels: %s: T = %d", op, T)
+		return splitK{}, fmt.Errorf("kernels: %s: T = %d", op, T)
+	}
+	if deferReduce && in.accumulate {
+		return splitK{}, fmt.Errorf("kernels: %s: a deferred reduce does not add into out", op)
 	}
 	xCols := w.K
 	if in.swiglu {
 		xCols = 2 * w.K
 	}
 	if err := need(op, "x", x, T*xCols); err != nil {
-		return err
+		return splitK{}, err
 	}
 	if in.norm != nil {
 		if in.swiglu || in.accumulate {
-			return fmt.Errorf("kernels: %s: a normalized input neither adds into out nor takes SwiGLU", op)
+			return splitK{}, fmt.Errorf("kernels: %s: a normalized input neither adds into out nor takes SwiGLU", op)
 		}
 		if err := need(op, "norm weight", in.norm, w.K); err != nil {
-			return err
+			return splitK{}, err
 		}
 	}
 	if err := need(op, "out", out, T*w.N); err != nil {
-		return err
+		return splitK{}, err
 	}
 	if uint64(T)*uint64(xCols)*4 > maxBinding || uint64(T)*uint64(w.N)*4 > maxBinding {
-		return fmt.Errorf("kernels: %s: %d activation rows exceed one binding", op, T)
+		return splitK{}, fmt.Errorf("kernels: %s: %d activation rows exceed one binding", op, T)
 	}
 	d := b.Device()
 	blocks, err := w.rowBlocks(maxBinding, d.Limits().MinStorageBufferOffsetAlignment)
 	if err != nil {
-		return err
+		return splitK{}, err
 	}
-	call := matMulCall{b: b, op: op, w: w, T: T, in: in,
+	call := matMulCall{b: b, op: op, w: w, T: T, in: in, deferReduce: deferReduce && len(blocks) == 1,
 		x: x.Slice(0, uint64(T*xCols)*4),
 		// The norm weight; without NORM the binding is unread, and x stands in.
 		norm: x.Slice(0, 16),
@@ -164,7 +189,7 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 	if kernel == kernelAuto {
 		kernel = pickMatMul(w, T, d.Limits())
 	} else if !kernel.fits(w, T, d.Limits()) {
-		return fmt.Errorf("kernels: %s: %v does not take %d rows of this matrix", op, kernel, T)
+		return splitK{}, fmt.Errorf("kernels: %s: %v does not take %d rows of this matrix", op, kernel, T)
 	}
 	var record func(rowBlock, gpu.Binding) error
 	switch kernel {
@@ -184,20 +209,22 @@ func matMul(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput, 
 		// out[t][n0 + n] for t < T, n < blk.n: the binding starts at column
 		// n0 of row 0 and ends after column n0+n-1 of row T-1.
 		if err := record(blk, out.Slice(uint64(blk.n0)*4, uint64((T-1)*w.N+blk.n)*4)); err != nil {
-			return fmt.Errorf("kernels: %s: %w", op, err)
+			return splitK{}, fmt.Errorf("kernels: %s: %w", op, err)
 		}
 	}
-	return nil
+	return call.split, nil
 }
 
 // matMulCall is one MatMul's arguments, bound, for each row block.
 type matMulCall struct {
-	b       *gpu.Batch
-	op      string
-	w       *Matrix
-	T       int
-	in      matMulInput
-	x, norm gpu.Binding
+	b           *gpu.Batch
+	op          string
+	w           *Matrix
+	T           int
+	in          matMulInput
+	x, norm     gpu.Binding
+	deferReduce bool   // a split leaves its partials in split, unreduced
+	split       splitK // set by splitDispatch when deferReduce and it split
 }
 
 // specialization is a matmul kernel's tuning constants: vals[i] for
@@ -223,9 +250,20 @@ type matMulPipelineKey struct {
 	swiglu, norm  bool
 }
 
-// pipeline returns kernel k specialized by s and the input's SWIGLU and
-// NORM, through the matrix's memo.
+// pipeline returns kernel k specialized by s and — but for a kernel that
+// takes them as params (inputInParams) — the input's SWIGLU and NORM,
+// through the matrix's memo.
 func (c *matMulCall) pipeline(k gpu.Kernel, s specialization) (*gpu.Pipeline, error) {
+	if inputInParams(k) {
+		key := matMulPipelineKey{module: k.Module, entry: k.Entry, vals: s.vals}
+		return c.w.pipes.Get(c.b.Device(), key, k, func() gpu.Consts {
+			consts := gpu.Consts{}
+			for i, name := range s.names {
+				consts[name] = s.vals[i]
+			}
+			return consts
+		})
+	}
 	key := matMulPipelineKey{k.Module, k.Entry, s.vals, c.in.swiglu, c.in.norm != nil}
 	return c.w.pipes.Get(c.b.Device(), key, k, func() gpu.Consts {
 		consts := gpu.Consts{"SWIGLU": 0, "NORM": 0}
@@ -240,6 +278,29 @@ func (c *matMulCall) pipeline(k gpu.Kernel, s specialization) (*gpu.Pipeline, er
 		}
 		return consts
 	})
+}
+
+// inputInParams reports whether kernel k takes its input's SwiGLU and norm
+// as params rather than constants: skinny_int4.wgsl and gemm_int4.wgsl,
+// so that one pipeline serves all of a batch's projections of one layout.
+// On the H200 a dependent skinny dispatch at 32 rows cost 5–15 µs more
+// after one of another pipeline (its long unrolled code fetched anew, it
+// seems), which made a layer's four projections 30 % slower than each
+// alone: 261 µs against 198 (BenchmarkDecodeLayer); with the flags as
+// params, 205 µs.
+func inputInParams(k gpu.Kernel) bool {
+	return k.Module == skinnyInt4.Module || k.Module == gemmInt4.Module
+}
+
+// inputParams is the input's SwiGLU and norm flags as params.
+func (c *matMulCall) inputParams() (swiglu, norm uint32) {
+	if c.in.swiglu {
+		swiglu = 1
+	}
+	if c.in.norm != nil {
+		norm = 1
+	}
+	return swiglu, norm
 }
 
 func (c *matMulCall) accumulate() uint32 {
@@ -350,8 +411,9 @@ func (c *matMulCall) skinny(blk rowBlock, out gpu.Binding) error {
 // splitDispatch records pipeline p — gemm_int4.wgsl or skinny_int4.wgsl,
 // which share bindings, params and the split-K protocol — over tiles of
 // bn output features × bm activation rows, split along K into parts of a
-// multiple of step inputs (then summed by matmul_reduce.wgsl) when the
-// tiles alone are fewer than target workgroups.
+// multiple of step inputs (then summed by matmul_reduce.wgsl, or left in
+// c.split when c.deferReduce) when the tiles alone are fewer than target
+// workgroups.
 func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Binding, bn, bm, step, target int) error {
 	w, T, d := c.w, c.T, c.b.Device()
 	tiles := int(divCeil(blk.n, bn)) * int(divCeil(T, bm))
@@ -373,21 +435,22 @@ func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Bindin
 		dst = scratch.Slice(0, partials)
 	}
 	binds = append(binds, dst, c.norm)
+	swiglu, norm := c.inputParams()
 	params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), c.accumulate(),
-		math.Float32bits(float32(c.in.eps)), uint32(splits), uint32(kps), 0, 0, 0}
+		math.Float32bits(float32(c.in.eps)), uint32(splits), uint32(kps), swiglu, norm, 0}
 	if err := c.b.Dispatch(p, params, binds, divCeil(blk.n, bn), divCeil(T, bm), uint32(splits)); err != nil {
 		return err
 	}
 	if splits == 1 {
 		return nil
 	}
+	if c.deferReduce {
+		c.split = splitK{part: dst, splits: splits}
+		return nil
+	}
 	r, err := d.Pipeline(matMulReduce, nil)
 	if err != nil {
 		return err
-	}
-	norm := uint32(0)
-	if c.in.norm != nil {
-		norm = 1
 	}
 	params = []uint32{uint32(T), uint32(blk.n), uint32(splits), uint32(w.N), c.accumulate(), norm, uint32(w.K), math.Float32bits(float32(c.in.eps))}
 	return c.b.Dispatch(r, params, []gpu.Binding{dst, out}, divCeil(blk.n, 256), uint32(T), 1)

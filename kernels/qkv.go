@@ -10,7 +10,7 @@ import (
 )
 
 var qkvRopeKV = gpu.Kernel{
-	Module: "qkv_rope_kv.wgsl", Source: shaders.QKVRopeKV, Entry: "main", ParamsSize: 32,
+	Module: "qkv_rope_kv.wgsl", Source: shaders.QKVRopeKV, Entry: "main", ParamsSize: 48,
 	// qkv, consts, pos, seq, table, q, kcache, vcache
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
 }
@@ -49,6 +49,63 @@ func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm []float32, theta 
 // cache slots of their positions, with one dispatch instead of several.
 func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
 	op := "qkv_rope_kv"
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, seq, pos, T, heads); err != nil {
+		return err
+	}
+	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, seq, pos, T, heads, 0, eps)
+}
+
+// QKVProjRopeKV records a decoder layer's attention input, the q|k|v
+// projection of the normalized hidden states followed by QKVRopeKV:
+//
+//	qkv = qkv_proj(input_layernorm(x))    (MatMulNorm)
+//	q   = rope(q_norm(q)); cache ← rope(k_norm(k)), v    (QKVRopeKV)
+//
+//	x         (T, K) f32 hidden states, not normalized
+//	inputNorm (K) f32 input_layernorm weight
+//	w         ((heads + 2·kv_heads)·D, K) q_proj | k_proj | v_proj stacked
+//	qkv       (T, (heads + 2·kv_heads)·D) f32 scratch rows
+//
+// and the rest as QKVRopeKV; eps is both RMSNorms'. When the projection
+// splits along K, qkv_rope_kv.wgsl sums the partial sums itself (and
+// applies the input RMSNorm), one dispatch fewer than MatMulNorm's reduce
+// then QKVRopeKV, and qkv is left unwritten.
+func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
+	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, seq, pos, T, heads, matMulInput{norm: inputNorm, eps: eps}, b.Device().Limits().MaxStorageBufferBindingSize)
+	return err
+}
+
+// qkvProjRopeKV is QKVProjRopeKV with the input RMSNorm (in.norm, in.eps,
+// which is also q_norm's and k_norm's epsilon), the matmul's tuning and the
+// binding limit given, as tests force them; it returns the splits the
+// projection took (1: none).
+func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, in matMulInput, maxBinding uint64) (int, error) {
+	op := "qkv_proj_rope_kv"
+	if in.norm == nil {
+		return 0, fmt.Errorf("kernels: %s: nil input_layernorm weight", op)
+	}
+	if w == nil {
+		return 0, fmt.Errorf("kernels: %s: nil matrix", op)
+	}
+	// Everything checked before anything is recorded.
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, seq, pos, T, heads); err != nil {
+		return 0, err
+	}
+	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
+		return 0, fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
+	}
+	split, err := matMulSplitK(b, qkv, x, w, T, in, maxBinding, true)
+	if err != nil {
+		return 0, err // it names the matrix
+	}
+	if err := recordQKVRopeKV(b, op, q, qkv, split, consts, c, layer, seq, pos, T, heads, w.K, in.eps); err != nil {
+		return 0, err
+	}
+	return max(split.splits, 1), nil
+}
+
+// checkQKVRopeKV checks QKVRopeKV's arguments.
+func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int) error {
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
 		return err
 	}
@@ -69,14 +126,29 @@ func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, 
 			return err
 		}
 	}
+	return nil
+}
+
+// recordQKVRopeKV records qkv_rope_kv.wgsl over the rows in qkv, or over
+// the partials in split when it has more than one split (K inputs a row,
+// RMSNorm epsilon eps); the arguments are checked.
+func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, K int, eps float64) error {
 	p, err := c.pipeline(b.Device(), qkvRopeKV, 0, 0, 0, true, func() gpu.Consts { return nil })
 	if err != nil {
-		return err
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	D := c.D
+	width := (heads + 2*c.KVHeads) * D
+	f := func(buf *gpu.Buffer, n int) gpu.Binding { return buf.Slice(0, uint64(n)*4) }
+	rows, splits := f(qkv, T*width), 1
+	if split.splits > 1 {
+		rows, splits = split.part, split.splits
 	}
 	kc, vc := c.layer(layer)
-	f := func(buf *gpu.Buffer, n int) gpu.Binding { return buf.Slice(0, uint64(n)*4) }
-	binds := []gpu.Binding{f(qkv, T*width), f(consts, 2*D+D/2), f(pos, T), f(seq, T), c.Table.All(), f(q, T*heads*D), kc, vc}
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(D), math.Float32bits(float32(eps)), uint32(c.BlockSize), uint32(c.MaxBlocks), 0}
+	binds := []gpu.Binding{rows, f(consts, 2*D+D/2), f(pos, T), f(seq, T), c.Table.All(), f(q, T*heads*D), kc, vc}
+	e := math.Float32bits(float32(eps))
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(D), e, uint32(c.BlockSize), uint32(c.MaxBlocks),
+		uint32(splits), uint32(K), e, 0, 0}
 	if err := b.Dispatch(p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

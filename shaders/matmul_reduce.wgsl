@@ -1,6 +1,7 @@
 // matmul_reduce.wgsl: the second half of a split-K matmul (gemm_int4.wgsl
 // with splits > 1): out (+)= Σ_s part[s], scaled by the RMSNorm factor when
-// the input was normalized.
+// the input was normalized. (The q|k|v projection skips it:
+// qkv_rope_kv.wgsl sums its partials the same way as it loads them.)
 //
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0)

@@ -1,6 +1,7 @@
 // qkv_rope_kv.wgsl: everything between the stacked q/k/v projection and
-// attention, in one pass — Qwen3's q_norm/k_norm and RoPE, and the append of
-// keys and values to the paged KV cache:
+// attention, in one pass — the projection's split-K reduce when it split,
+// Qwen3's q_norm/k_norm and RoPE, and the append of keys and values to the
+// paged KV cache:
 //   q[t]        ← rope(rmsnorm(qkv[t].q_h) · q_norm)     for each query head h
 //   kcache[t]   ← rope(rmsnorm(qkv[t].k_h) · k_norm)     for each kv head h
 //   vcache[t]   ← qkv[t].v_h
@@ -24,8 +25,20 @@
 // same blocks. An f16 cache packs two halves per u32 word, the even element
 // in the low half (pack2x16float).
 //
+// The q|k|v rows arrive in one of two forms (binding 1, qkv):
+//   splits = 1: the rows themselves, qkv[t·W + n], W = heads·D + 2·kv_heads·D;
+//   splits > 1: the split-K partials of the projection of the normalized
+//     input (gemm_int4.wgsl or skinny_int4.wgsl, input norm on), summed here
+//     as each head vector is loaded, in the order matmul_reduce.wgsl sums
+//     them, and scaled by the input's RMSNorm factor computed as it does:
+//       qkv[t][n] = r[t] · Σ_{s < splits} part[(s·T + t)·W + n]
+//       r[t]      = 1 / sqrt(Σ_s part[splits·T·W + s·T + t] / K + norm_eps)
+// so that the rows equal what the reduce would have written.
+//
 // Buffers:
 //   qkv     (T, heads·D + 2·kv_heads·D) f32: rows of q_proj | k_proj | v_proj
+//           (splits = 1); or (splits, T, W) f32 partial sums, then
+//           (splits, T) partial sums of squares of the input rows
 //   consts  (2·D + D/2) f32: q_norm (D), k_norm (D), inv_freq (D/2)
 //   pos     (T) u32 positions; seq (T) u32 block-table rows
 //   table   (seqs, max_blocks) u32 block tables
@@ -38,6 +51,9 @@
 // registers across the sum of squares (reduced in workgroup memory) and the
 // rotation; cache writes go through workgroup memory so that f16 halves are
 // packed in neighbouring pairs. WG = 64 = D/2 for Qwen3's head_dim 128.
+// With partials each thread sums its own values' splits (and the row's
+// sums of squares): splits is small (the projection splits only while its
+// tiles are too few to fill the GPU), and no value is read twice.
 
 const WG: u32 = 64u;
 const PAIRS: u32 = 2u;  // pairs per thread at most: D/2 ≤ WG·PAIRS
@@ -51,7 +67,11 @@ struct Params {
     eps: f32,
     BS: u32,         // positions per cache block
     max_blocks: u32, // row stride of table
+    splits: u32,     // 1: qkv holds rows; > 1: split-K partials of that many splits
+    K: u32,          // splits > 1: the input row length the sums of squares cover
+    norm_eps: f32,   // splits > 1: the input RMSNorm's epsilon
     _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -75,6 +95,33 @@ fn reduced(pos: u32, f: f32) -> f32 {
     return (a - kk * 6.28125) - kk * 0.0019353071795864769;
 }
 
+// row_scale returns the input RMSNorm factor r[t] of row t: 1 for plain
+// rows, else from the partial sums of squares (after the partial sums of
+// width values a row).
+fn row_scale(t: u32, width: u32) -> f32 {
+    if p.splits <= 1u {
+        return 1.0;
+    }
+    var sq = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        sq += qkv[p.splits * p.T * width + s * p.T + t];
+    }
+    return 1.0 / sqrt(sq / f32(p.K) + p.norm_eps);
+}
+
+// load returns value n of q|k|v row t (width values): the row's own, or the
+// sum of its partials times r, the row's row_scale.
+fn load(t: u32, n: u32, width: u32, r: f32) -> f32 {
+    if p.splits <= 1u {
+        return qkv[t * width + n];
+    }
+    var v = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        v += qkv[(s * p.T + t) * width + n];
+    }
+    return v * r;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.y;
@@ -84,7 +131,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let is_q = h < p.heads;
     let is_v = h >= p.heads + p.kv_heads;
     let width = (p.heads + 2u * p.kv_heads) * D;
-    let src = t * width + h * D; // head h's vector in the qkv row
+    let src = h * D; // head h's vector in the q|k|v row
+    let r = row_scale(t, width);
 
     if !is_v {
         var x1 = array<f32, PAIRS>();
@@ -93,8 +141,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < PAIRS; j++) {
             let i = lid + j * WG;
             if i < half {
-                x1[j] = qkv[src + i];
-                x2[j] = qkv[src + i + half];
+                x1[j] = load(t, src + i, width, r);
+                x2[j] = load(t, src + i + half, width, r);
                 ss += x1[j] * x1[j] + x2[j] * x2[j];
             }
         }
@@ -134,7 +182,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     } else {
         for (var i = lid; i < D; i += WG) {
-            head[i] = qkv[src + i];
+            head[i] = load(t, src + i, width, r);
         }
     }
     workgroupBarrier();

@@ -107,8 +107,9 @@ var AttentionMerge string
 var AttentionPrefill string
 
 // QKVRopeKV is qkv_rope_kv.wgsl: q/k norms and RoPE from the stacked q/k/v
-// projection, with the keys and values appended to the KV cache (its header
-// documents the cache layout).
+// projection (its rows, or its split-K partial sums, reduced on the way),
+// with the keys and values appended to the KV cache (its header documents
+// the cache layout).
 //
 //go:embed qkv_rope_kv.wgsl
 var QKVRopeKV string

@@ -10,24 +10,25 @@
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
 //   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
-// where x' is x, or with SWIGLU = 1 silu(gate) · up from the (T, 2K) output
-// of the stacked gate/up projection, or with NORM = 1 Qwen3's RMSNorm
+// where x' is x, or with swiglu ≠ 0 silu(gate) · up from the (T, 2K) output
+// of the stacked gate/up projection, or with norm ≠ 0 Qwen3's RMSNorm
 // x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps) — the inputs of
 // matmul_int4.wgsl.
 //
 // Split-K (as gemm_int4.wgsl): with splits > 1, workgroup z sums only inputs
 // [z·kps, (z+1)·kps) and writes its partial sums, unscaled, to out as
-// (splits, T, N), followed by NORM's partial sums of squares as (splits, T)
+// (splits, T, N), followed by the norm's partial sums of squares as (splits, T)
 // (written by the workgroups of the first column tile); matmul_reduce.wgsl
-// adds them up.
+// adds them up (or, for the q|k|v projection, qkv_rope_kv.wgsl as it loads
+// them).
 //
 // Buffers:
-//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
+//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with swiglu
 //   qweight (N, K/32) vec4<u32>: 32 codes, column k's in bits 4(k%8)… of
 //           word (k%32)/8 of vec4 k/32
 //   scales  (N, K/G) f16, read as u32 pairs
 //   out     rows of ldo f32 (splits = 1), or the split-K partials
-//   norm    (K) f32 RMSNorm weight g (bound but unread when NORM = 0)
+//   norm    (K) f32 RMSNorm weight g (bound but unread when norm = 0)
 // The Go side uses it when K % 32 = 0 and G % 32 = 0 (a vec4 of codes lies
 // in one scale group).
 //
@@ -55,13 +56,15 @@
 // Sizes (set by the Go side, kernels/matmul_plan.go): TT, RT, WG by the
 // rows of the batch; KC so that KC·TT floats fit the workgroup memory.
 // Registers: RT·TT accumulators plus 2·RT vec4s of codes a thread.
+// The input (plain, SwiGLU, normalized) and accumulate are params, not
+// constants: one pipeline serves every projection of a layout, since on the
+// H200 a dependent dispatch of another pipeline's long unrolled code cost
+// 5–15 µs more (kernels.inputInParams).
 
 const TT: u32 = 32u;       // activation rows a workgroup: a multiple of 4 dividing WG
 const RT: u32 = 2u;        // weight rows a thread
 const WG: u32 = 64u;       // threads a workgroup
 const KC: u32 = 128u;      // inputs staged a chunk, a multiple of 32
-const SWIGLU: u32 = 0u;    // 1: x is gate | up, and the input silu(gate)·up
-const NORM: u32 = 0u;      // 1: the input is rmsnorm(x) · g
 const ROWS: u32 = WG * RT; // weight rows a workgroup
 const TV: u32 = TT / 4u;   // vec4s of activation rows
 const ACC: u32 = RT * TV;  // accumulator vec4s a thread holds
@@ -75,12 +78,12 @@ struct Params {
     G: u32,          // group size, a multiple of 32
     ldo: u32,        // row stride of out, ≥ N (splits = 1)
     accumulate: u32, // 1: add into out (splits = 1)
-    eps: f32,        // RMSNorm's epsilon (NORM = 1, splits = 1)
+    eps: f32,        // RMSNorm's epsilon (norm ≠ 0, splits = 1)
     splits: u32,     // workgroups along K (grid z)
     kps: u32,        // inputs per split, a multiple of 32
+    swiglu: u32,     // 1: x is gate | up, and the input silu(gate)·up
+    norm: u32,       // 1: the input is rmsnorm(x) · g
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -91,8 +94,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
 
 var<workgroup> xs: array<vec4<f32>, XS>; // x'[t0 + 4v + e][c0 + k] at xs[k·TV + v][e]
-var<workgroup> sq: array<f32, WG>;       // NORM: each thread's sum of squares
-var<workgroup> inv_rms: array<f32, TT>;  // NORM, splits = 1: each activation row's 1 / rms
+var<workgroup> sq: array<f32, WG>;       // norm: each thread's sum of squares
+var<workgroup> inv_rms: array<f32, TT>;  // norm, splits = 1: each activation row's 1 / rms
 
 const MAGIC: u32 = 0x4B000000u; // the bits of 2²³: a code ORed in is 2²³ + code
 const BIAS: f32 = 8388616.0;    // 2²³ + 8
@@ -151,7 +154,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let srow = min(t0 + st, p.T - 1u);
 
     var acc = array<vec4<f32>, ACC>(); // acc[r·TV + v][e]: weight row n0 + r·WG, activation row t0 + 4v + e
-    var ss = 0.0;                          // NORM: the sum of squares of what this thread staged
+    var ss = 0.0;                          // norm: the sum of squares of what this thread staged
     for (var c0 = kbeg; c0 < kend; c0 += KC) {
         let words = min(KC, kend - c0) / 32u; // code vec4s of a row in this chunk
         // 1. This thread's codes of the chunk's first 32 inputs.
@@ -164,13 +167,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if q < 8u * words {
                 var v = vec4<f32>();
                 if staged {
-                    if SWIGLU == 1u {
+                    if p.swiglu != 0u {
                         let g = srow * (p.K / 2u) + c0 / 4u + q; // gate; up is K/4 vec4s further
                         v = swiglu(x[g], x[g + p.K / 4u]);
                     } else {
                         v = x[srow * (p.K / 4u) + c0 / 4u + q];
                     }
-                    if NORM == 1u {
+                    if p.norm != 0u {
                         ss += dot(v, v);
                         v *= norm[c0 / 4u + q];
                     }
@@ -227,7 +230,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
 
-    if NORM == 1u {
+    if p.norm != 0u {
         sq[lid] = ss;
         workgroupBarrier();
     }
@@ -245,13 +248,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
         }
-        if NORM == 1u && wid.x == 0u && lid < TT && t0 + lid < p.T {
+        if p.norm != 0u && wid.x == 0u && lid < TT && t0 + lid < p.T {
             out[p.splits * p.T * p.N + wid.z * p.T + t0 + lid] = row_sumsq(lid);
         }
         return;
     }
 
-    if NORM == 1u {
+    if p.norm != 0u {
         if lid < TT {
             inv_rms[lid] = 1.0 / sqrt(row_sumsq(lid) / f32(p.K) + p.eps);
         }
@@ -265,7 +268,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 if t < p.T && n < p.N {
                     let o = t * p.ldo + n;
                     var s = acc[r * TV + v][e];
-                    if NORM == 1u {
+                    if p.norm != 0u {
                         s *= inv_rms[4u * v + e];
                     }
                     if p.accumulate != 0u {

@@ -211,11 +211,10 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 	for l := range w.layers {
 		lw := &w.layers[l]
 		steps = append(steps,
-			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D)
-			func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.qkv, a.x, lw.inputNorm, lw.qkv, R, eps) },
+			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);
 			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)
 			func(b *gpu.Batch) error {
-				return kernels.QKVRopeKV(b, a.q, a.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, eps)
+				return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, eps)
 			},
 			// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
 			func(b *gpu.Batch) error {
@@ -266,7 +265,7 @@ type activations struct {
 	last, next    *gpu.Buffer // (lasts) u32: rows to read out, greedy tokens
 	x             *gpu.Buffer // (rows, H): the hidden states
 	q, attn       *gpu.Buffer // (rows, heads*D)
-	qkv           *gpu.Buffer // (rows, (heads + 2·kv_heads)·D)
+	qkv           *gpu.Buffer // (rows, (heads + 2·kv_heads)·D); unwritten when the projection splits along K
 	gateUp        *gpu.Buffer // (rows, 2I)
 	hLast, hNorm  *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
 	logits        *gpu.Buffer // (lasts, vocab)

@@ -1,0 +1,318 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"webdraft/gpu"
+	"webdraft/gpu/gputest"
+	"webdraft/reference"
+)
+
+// qkvRows is a batch of T rows for the qkv_rope_kv kernels: a 2-layer
+// cache (f16 when half) of three sequence slots, each slot's blocks mapped
+// to a shuffled set of pool blocks, layer 1 poisoned; and rows of random
+// slots, each slot's rows a run of positions from a random start, as a
+// batch of decode and prefill rows has them.
+type qkvRows struct {
+	c                *KVCache
+	heads, T         int
+	seq, pos         []uint32
+	seqBuf, posBuf   *gpu.Buffer
+	qNorm, kNorm     []float32
+	consts           *gpu.Buffer // UploadQKNormRope
+	theta, eps       float64
+	layer, maxBlocks int
+}
+
+func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs, T int, half bool) *qkvRows {
+	t.Helper()
+	const slots = 3
+	q := &qkvRows{heads: heads, T: T, theta: 1000000, eps: 1e-6, layer: 1}
+	q.maxBlocks = (2*bs + T + bs - 1) / bs // a start below 2·bs, then up to T positions
+	c, err := NewKVCache(d, 2, kvHeads, D, bs, slots*q.maxBlocks, slots, q.maxBlocks, half)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Release)
+	q.c = c
+	perm := r.Perm(slots * q.maxBlocks)
+	for sl := range slots {
+		blocks := make([]uint32, q.maxBlocks)
+		for j := range blocks {
+			blocks[j] = uint32(perm[sl*q.maxBlocks+j])
+		}
+		if err := c.SetBlocks(sl, blocks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var next [slots]uint32
+	for sl := range next {
+		next[sl] = uint32(r.IntN(2 * bs))
+	}
+	for range T {
+		sl := r.IntN(slots)
+		q.seq, q.pos = append(q.seq, uint32(sl)), append(q.pos, next[sl])
+		next[sl]++
+	}
+	q.seqBuf, q.posBuf = uploadU32(t, d, "seq", q.seq), uploadU32(t, d, "pos", q.pos)
+	q.qNorm, q.kNorm = randVec(r, D, 0.5), randVec(r, D, 0.5)
+	if q.consts, err = UploadQKNormRope(d, "consts", q.qNorm, q.kNorm, q.theta); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(q.consts.Release)
+	poison := uint32(gpu.NaN32)
+	if half {
+		poison = 0x7e007e00 // an f16 NaN in both halves
+	}
+	for _, buf := range []*gpu.Buffer{c.K[q.layer], c.V[q.layer]} {
+		if err := buf.Fill(poison); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return q
+}
+
+// width is a q|k|v row's length.
+func (q *qkvRows) width() int { return (q.heads + 2*q.c.KVHeads) * q.c.D }
+
+// check compares the q written to qb and the keys and values in the cache
+// with the reference's RMSNorm and Rope of the q|k|v rows qkv (T, width).
+func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
+	t.Helper()
+	T, heads, kvHeads, D, bs, width := q.T, q.heads, q.c.KVHeads, q.c.D, q.c.BlockSize, q.width()
+	invFreq := reference.RopeInvFreq(D, q.theta)
+	wantQ := make([]float32, T*heads*D)
+	wantK, wantV := make([]float32, T*kvHeads*D), make([]float32, T*kvHeads*D)
+	for t := range T {
+		row := qkv[t*width : (t+1)*width]
+		copy(wantQ[t*heads*D:], row[:heads*D])
+		copy(wantK[t*kvHeads*D:], row[heads*D:(heads+kvHeads)*D])
+		copy(wantV[t*kvHeads*D:], row[(heads+kvHeads)*D:])
+	}
+	for _, c := range []struct{ v, w []float32 }{{wantQ, q.qNorm}, {wantK, q.kNorm}} {
+		for i := 0; i < len(c.v); i += D {
+			reference.RMSNorm(c.v[i:i+D], c.v[i:i+D], c.w, q.eps)
+			reference.Rope(c.v[i:i+D], int(q.pos[i/(len(c.v)/T)]), invFreq)
+		}
+	}
+	checkClose(t, "q", readF32(t, qb, T*heads*D), wantQ, tolF32)
+	table, err := q.c.Table.ReadU32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, cc := range map[string]struct {
+		buf  *gpu.Buffer
+		want []float32
+	}{"k": {q.c.K[q.layer], wantK}, "v": {q.c.V[q.layer], wantV}} {
+		layer := readCache(t, q.c, cc.buf)
+		for t_ := range T {
+			block := int(table[int(q.seq[t_])*q.maxBlocks+int(q.pos[t_])/bs])
+			for h := range kvHeads {
+				at := ((block*kvHeads+h)*bs + int(q.pos[t_])%bs) * D
+				want := cc.want[(t_*kvHeads+h)*D : (t_*kvHeads+h+1)*D]
+				if relErr(layer[at:at+D], want) > kvTol(q.c) {
+					t.Fatalf("%s: row %d head %d: got %v…, want %v…", name, t_, h, layer[at:at+2], want[:2])
+				}
+			}
+		}
+	}
+}
+
+// TestQKVRopeKV: q/k norms and RoPE from stacked projection rows, with the
+// keys and values appended to the cache, against the reference's RMSNorm
+// and Rope.
+func TestQKVRopeKV(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for i := range 6 {
+		s := randAttnShape(r)
+		s.D = []int{64, 128, 256}[r.IntN(3)]
+		half := i%2 == 1
+		heads, kvHeads, D, T := s.kvHeads*s.group, s.kvHeads, s.D, 3+r.IntN(58)
+		t.Run(fmt.Sprintf("heads%d_kv%d_D%d_T%d_f16=%v", heads, kvHeads, D, T, half), func(t *testing.T) {
+			rows := newQKVRows(t, d, r, heads, kvHeads, D, s.blockSize, T, half)
+			qkv := randVec(r, T*rows.width(), 2)
+			qb, qkvb := poisoned(t, d, "q", T*heads*D), upload(t, d, "qkv", qkv)
+			run(t, d, "qkv_rope_kv", func(b *gpu.Batch) error {
+				return QKVRopeKV(b, qb, qkvb, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, rows.eps)
+			})
+			rows.check(t, qb, qkv)
+		})
+	}
+}
+
+// TestQKVProjRopeKV: the q|k|v projection of the normalized input followed
+// by QKVRopeKV, against the reference's RMSNorm, int4 matmul, RMSNorm and
+// Rope — unsplit (a matrix-vector kernel writes qkv), split along K (the
+// skinny kernel and the GEMM, forced to split, leave partial sums that
+// qkv_rope_kv.wgsl reduces), and split in a matrix of several row blocks
+// (reduced into qkv block by block) — and against the two dispatches of
+// MatMulNorm (with its reduce) then QKVRopeKV, which it must equal up to
+// rounding.
+func TestQKVProjRopeKV(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, c := range []struct {
+		name      string
+		T         int
+		kernel    matMulKernel
+		force     bool // a split-K target that makes the kernel split
+		rowBlocks bool // a binding limit that cuts the matrix into row blocks
+		partials  bool // qkv_rope_kv.wgsl must get the partials (else qkv)
+	}{
+		{"auto", 1, kernelAuto, false, false, false},
+		{"auto", 3, kernelAuto, false, false, false},
+		{"skinny", 9, kernelSkinny, true, false, true},
+		{"gemm-4", 45, kernelGEMM4, true, false, true},
+		{"gemm-2x8", 70, kernelGEMM2x8, true, false, true},
+		{"skinny", 130, kernelSkinny, true, false, true}, // a prompt chunk, several row tiles
+		{"skinny-row-blocks", 2, kernelSkinny, true, true, false},
+	} {
+		for _, half := range []bool{false, true} {
+			kvHeads, group, D := []int{1, 2}[r.IntN(2)], []int{1, 2, 4}[r.IntN(3)], []int{64, 128}[r.IntN(2)]
+			if c.rowBlocks { // rows enough for blocks of a multiple of 256 rows
+				kvHeads, group, D = 2, 4, 128
+			}
+			heads, K := kvHeads*group, 128*(2+r.IntN(3))
+			name := fmt.Sprintf("%s/T%d_heads%d_kv%d_D%d_K%d_f16=%v", c.name, c.T, heads, kvHeads, D, K, half)
+			t.Run(name, func(t *testing.T) {
+				T := c.T
+				rows := newQKVRows(t, d, r, heads, kvHeads, D, []int{16, 32}[r.IntN(2)], T, half)
+				N := rows.width()
+				m := randMatrix(t, r, Int4, N, K, 32)
+				w, err := UploadMatrix(d, "qkv_proj", m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer w.Release()
+				if !c.kernel.fits(w, T, d.Limits()) && c.kernel != kernelAuto {
+					t.Skipf("this device does not take %v", c.kernel)
+				}
+				x, g := randVec(r, T*K, 3), randVec(r, K, 1)
+				xn, qkv := make([]float32, T*K), make([]float32, T*N)
+				for row := range T {
+					reference.RMSNorm(xn[row*K:(row+1)*K], x[row*K:(row+1)*K], g, rows.eps)
+				}
+				reference.MatMul(qkv, xn, m, T)
+
+				how := matMulInput{norm: upload(t, d, "input_layernorm", g), eps: rows.eps, kernel: c.kernel}
+				if c.force {
+					how.groups = 1 << 12 // more workgroups than any tiling here has tiles: as many splits as K allows
+				}
+				maxBinding := d.Limits().MaxStorageBufferBindingSize
+				if c.rowBlocks {
+					w4, scales := w.rowBytes()
+					maxBinding = uint64(N) * (w4 + scales) / 3
+					blocks, err := w.rowBlocks(maxBinding, d.Limits().MinStorageBufferOffsetAlignment)
+					if err != nil || len(blocks) < 2 || uint64(T*N*4) > maxBinding {
+						t.Fatalf("a %d-byte binding limit: %d row blocks, %v", maxBinding, len(blocks), err)
+					}
+				}
+				xb, qb, qkvb := upload(t, d, "x", x), poisoned(t, d, "q", T*heads*D), poisoned(t, d, "qkv", T*N)
+				poisonScratch(t, d, K/16*T*(N+1)) // more than any split-K's partials (steps of 16 inputs at least)
+				splits := 0
+				run(t, d, "qkv_proj_rope_kv", func(b *gpu.Batch) error {
+					var err error
+					splits, err = qkvProjRopeKV(b, qb, qkvb, xb, w, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, how, maxBinding)
+					return err
+				})
+				t.Logf("qkv_rope_kv.wgsl read %d splits", splits)
+				if c.partials != (splits > 1) {
+					t.Fatalf("qkv_rope_kv.wgsl read %d splits, want partials = %v", splits, c.partials)
+				}
+				rows.check(t, qb, qkv)
+
+				// The two-dispatch path, into fresh buffers: the same q.
+				fused := readF32(t, qb, T*heads*D)
+				q2, qkv2 := poisoned(t, d, "q2", T*heads*D), poisoned(t, d, "qkv2", T*N)
+				run(t, d, "matmul_norm+qkv_rope_kv", func(b *gpu.Batch) error {
+					if err := matMul(b, qkv2, xb, w, T, how, maxBinding); err != nil {
+						return err
+					}
+					return QKVRopeKV(b, q2, qkv2, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, rows.eps)
+				})
+				checkClose(t, "q against the two-dispatch path", fused, readF32(t, q2, T*heads*D), tolF32)
+			})
+		}
+	}
+}
+
+// TestQKVProjRopeKVRejectsBadInput: wrong sizes and counts are errors,
+// found before anything is recorded.
+func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	const heads, kvHeads, D, K, T = 4, 2, 64, 64, 2
+	rows := newQKVRows(t, d, r, heads, kvHeads, D, 16, T, false)
+	N := rows.width()
+	w, err := UploadMatrix(d, "qkv_proj", randMatrix(t, r, Int4, N, K, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Release()
+	narrow, err := UploadMatrix(d, "narrow", randMatrix(t, r, Int4, N-D, K, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer narrow.Release()
+	type args struct {
+		q, qkv, x, g, consts, seq, pos *gpu.Buffer
+		w                              *Matrix
+		c                              *KVCache
+		layer, T, heads                int
+	}
+	good := args{
+		q: poisoned(t, d, "q", T*heads*D), qkv: poisoned(t, d, "qkv", T*N), x: poisoned(t, d, "x", T*K),
+		g: poisoned(t, d, "input_layernorm", K), consts: rows.consts, seq: rows.seqBuf, pos: rows.posBuf,
+		w: w, c: rows.c, layer: 1, T: T, heads: heads,
+	}
+	small := poisoned(t, d, "small", 1)
+	for _, bad := range []struct {
+		name  string
+		edit  func(a *args)
+		plain bool // QKVRopeKV rather than QKVProjRopeKV
+	}{
+		{"T=0", func(a *args) { a.T = 0 }, false},
+		{"short q", func(a *args) { a.q = small }, false},
+		{"short qkv", func(a *args) { a.qkv = small }, false},
+		{"short x", func(a *args) { a.x = small }, false},
+		{"short input_layernorm", func(a *args) { a.g = small }, false},
+		{"nil input_layernorm", func(a *args) { a.g = nil }, false},
+		{"nil matrix", func(a *args) { a.w = nil }, false},
+		{"narrow matrix", func(a *args) { a.w = narrow }, false},
+		{"short consts", func(a *args) { a.consts = small }, false},
+		{"short seq", func(a *args) { a.seq = small }, false},
+		{"layer 2 of 2", func(a *args) { a.layer = 2 }, false},
+		{"nil cache", func(a *args) { a.c = nil }, false},
+		{"3 heads for 2 kv heads", func(a *args) { a.heads = 3 }, false},
+		{"T=0", func(a *args) { a.T = 0 }, true},
+		{"short qkv", func(a *args) { a.qkv = small }, true},
+	} {
+		a := good
+		bad.edit(&a)
+		name := "QKVProjRopeKV/" + bad.name
+		if bad.plain {
+			name = "QKVRopeKV/" + bad.name
+		}
+		b, err := d.NewBatch(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bad.plain {
+			err = QKVRopeKV(b, a.q, a.qkv, a.consts, a.c, a.layer, a.seq, a.pos, a.T, a.heads, 1e-6)
+		} else {
+			err = QKVProjRopeKV(b, a.q, a.qkv, a.x, a.g, a.w, a.consts, a.c, a.layer, a.seq, a.pos, a.T, a.heads, 1e-6)
+		}
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+		if b.Len() != 0 {
+			t.Errorf("%s: %d dispatches recorded before the error", name, b.Len())
+		}
+		b.Discard()
+	}
+}

@@ -75,9 +75,9 @@ func BenchmarkMatMulKernels(b *testing.B) {
 	// gate|up, o_proj and down_proj add into the residual.
 	// A CPU adapter (lavapipe) would take hours over every row count: it
 	// gets two, and no head.
-	ts, headTs := benchTs, []int{1, 2, 4, 8, 16, 32}
+	ts, headTs, downPlainTs := benchTs, []int{1, 2, 4, 8, 16, 32}, []int{1, 4, 32}
 	if d.Info().Type == "cpu" {
-		ts, headTs = []int{1, 16}, nil
+		ts, headTs, downPlainTs = []int{1, 16}, nil, nil
 	}
 	for _, s := range []struct {
 		name   string
@@ -90,6 +90,9 @@ func BenchmarkMatMulKernels(b *testing.B) {
 		{"o_2048x2048", 2048, 2048, ts, matMulInput{accumulate: true}, 1},
 		{"gate_up_2048x12288", 12288, 2048, ts, matMulInput{norm: &gpu.Buffer{}}, 1},
 		{"down_6144x2048", 2048, 6144, ts, matMulInput{swiglu: true, accumulate: true}, 2},
+		// down_proj of an input already through SwiGLU: what computing it
+		// once, before the matmul, would leave.
+		{"down_plain_6144x2048", 2048, 6144, downPlainTs, matMulInput{accumulate: true}, 1},
 		{"head_2048x151936", 151936, 2048, headTs, matMulInput{}, 1},
 	} {
 		if len(s.Ts) == 0 {
@@ -377,7 +380,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 // records them — q|k|v with the input norm, q/k norms, RoPE and KV
 // append, decode attention, o_proj into the residual, gate|up with the
 // post-attention norm, down_proj of SwiGLU into the residual — at
-// Qwen3-1.7B's shapes, for 1, 8, 16 and 32 rows (each its own sequence at
+// Qwen3-1.7B's shapes, for 1 to 64 rows (each its own sequence at
 // position 1,023 of an f16 cache), with layers' weights cycled through
 // copies that outgrow the L2 as a forward pass's do. Beside the whole
 // layer ("layer") it times the four projections alone ("matmuls"), the
@@ -391,7 +394,7 @@ func BenchmarkDecodeLayer(b *testing.B) {
 	d := gputest.Device(b)
 	const context, reps = 1024, 8
 	H, I, kvHeads, group, D, copies := 2048, 6144, 8, 2, 128, 8
-	Ts := []int{1, 8, 16, 32}
+	Ts := []int{1, 8, 16, 32, 64}
 	if d.Info().Type == "cpu" {
 		H, I, kvHeads, D, copies, Ts = 256, 512, 2, 64, 2, []int{8}
 	}

@@ -281,16 +281,15 @@ func (c *matMulCall) pipeline(k gpu.Kernel, s specialization) (*gpu.Pipeline, er
 }
 
 // inputInParams reports whether kernel k takes its input's SwiGLU and norm
-// as params rather than constants: skinny_int4.wgsl and gemm_int4.wgsl,
-// so that one pipeline serves all of a batch's projections of one layout.
-// On the H200 a dependent skinny dispatch at 32 rows cost 5–15 µs more
-// after one of another pipeline (its long unrolled code fetched anew, it
-// seems), which made a layer's four projections 30 % slower than each
-// alone: 261 µs against 198 (BenchmarkDecodeLayer); with the flags as
-// params, 205 µs.
-func inputInParams(k gpu.Kernel) bool {
-	return k.Module == skinnyInt4.Module || k.Module == gemmInt4.Module
-}
+// as params rather than constants: skinny_int4.wgsl, so that one pipeline
+// serves all of a batch's projections of one layout. On the H200 a
+// dependent skinny dispatch at 32 rows cost 5–15 µs more after one of
+// another pipeline (its long unrolled code fetched anew, it seems), which
+// made a layer's four projections 30 % slower than each alone: 261 µs
+// against 198 (BenchmarkDecodeLayer); with the flags as params, 205 µs and
+// a 32-sequence decode step 10.0 → 8.7 ms. gemm_int4.wgsl keeps them
+// constant: as params they made a 64-sequence step 2 % slower.
+func inputInParams(k gpu.Kernel) bool { return k.Module == skinnyInt4.Module }
 
 // inputParams is the input's SwiGLU and norm flags as params.
 func (c *matMulCall) inputParams() (swiglu, norm uint32) {
@@ -435,7 +434,7 @@ func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Bindin
 		dst = scratch.Slice(0, partials)
 	}
 	binds = append(binds, dst, c.norm)
-	swiglu, norm := c.inputParams()
+	swiglu, norm := c.inputParams() // skinny_int4.wgsl's; gemm_int4.wgsl's padding
 	params := []uint32{uint32(T), uint32(blk.n), uint32(w.K), uint32(w.G), uint32(w.N), c.accumulate(),
 		math.Float32bits(float32(c.in.eps)), uint32(splits), uint32(kps), swiglu, norm, 0}
 	if err := c.b.Dispatch(p, params, binds, divCeil(blk.n, bn), divCeil(T, bm), uint32(splits)); err != nil {

@@ -8,24 +8,24 @@
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
 //   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
-// where x' is x, or with swiglu ≠ 0 silu(gate) · up from the (T, 2K) output
-// of the stacked gate/up projection, or with norm ≠ 0 Qwen3's RMSNorm
+// where x' is x, or with SWIGLU = 1 silu(gate) · up from the (T, 2K) output
+// of the stacked gate/up projection, or with NORM = 1 Qwen3's RMSNorm
 // x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps) — the inputs of
 // matmul_int4.wgsl, which handles the shapes this kernel does not.
 //
 // Split-K: with splits > 1, workgroup z sums only inputs [z·kps, (z+1)·kps)
 // and writes its partial sums, unscaled, to out as (splits, T, N), followed
-// by the norm's partial sums of squares as (splits, T) (written by the
+// by NORM's partial sums of squares as (splits, T) (written by the
 // workgroups of the first column tile); matmul_reduce.wgsl adds them up
 // (or, for the q|k|v projection, qkv_rope_kv.wgsl as it loads them).
 // That gives a matrix of few rows enough workgroups to fill the GPU.
 //
 // Buffers:
-//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with swiglu
+//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
 //   qweight (N, K/8) u32: column k's code is bits 4(k%8)…4(k%8)+3 of word k/8
 //   scales  (N, K/G) f16, read as u32 pairs
 //   out     rows of ldo f32 (splits = 1), or the split-K partials
-//   norm    (K) f32 RMSNorm weight g (bound but unread when norm = 0)
+//   norm    (K) f32 RMSNorm weight g (bound but unread when NORM = 0)
 // The Go side uses it when K % 32 = 0 and G % 32 = 0 (a BK-column tile of
 // a row lies in one scale group).
 //
@@ -52,9 +52,9 @@
 // 11.1 KiB at 2 × 8, 18.8 KiB at 4 × 4 and 8 × 8 (package kernels picks a size only where the
 // device allows it; WebGPU's default is 16 KiB).
 //
-// The input (plain, SwiGLU, normalized) and accumulate are params, not
-// constants: one pipeline serves every projection of a tiling, as in
-// skinny_int4.wgsl (kernels.inputInParams).
+// SWIGLU and NORM stay constants here, unlike in skinny_int4.wgsl: as
+// params they made a 64-sequence decode step 2 % slower on the H200
+// (15.46 against 15.11 ms, alternating binaries in one run).
 
 const TM: u32 = 2u;                  // activation rows per thread: 2, 4 or 8 (TM ≤ TN)
 const TN: u32 = 4u;                  // features per thread: 4 or 8
@@ -67,7 +67,9 @@ const XS4: u32 = BK * SX / 4u;       // vec4s of staged x'
 const WS4: u32 = BK * BN / 4u;       // vec4s of staged W
 const XVEC4S: u32 = BM * KQ;         // vec4s of x' a stage
 const XLOADS: u32 = (XVEC4S + 255u) / 256u; // … each thread stages (at 2 × 8 half the threads one)
-const SQ: u32 = BM * KQ;             // norm: per row, KQ threads' sums of squares
+const SWIGLU: u32 = 0u;              // 1: x is gate | up, and the input silu(gate)·up
+const NORM: u32 = 0u;                // 1: the input is rmsnorm(x) · g
+const SQ: u32 = BM * KQ;             // NORM: per row, KQ threads' sums of squares
 
 struct Params {
     T: u32,          // activation rows
@@ -76,12 +78,12 @@ struct Params {
     G: u32,          // group size, a multiple of 32
     ldo: u32,        // row stride of out, ≥ N (splits = 1)
     accumulate: u32, // 1: add into out (splits = 1)
-    eps: f32,        // RMSNorm's epsilon (norm ≠ 0, splits = 1)
+    eps: f32,        // RMSNorm's epsilon (NORM = 1, splits = 1)
     splits: u32,     // workgroups along K (grid z)
     kps: u32,        // inputs per split, a multiple of BK
-    swiglu: u32,     // 1: x is gate | up, and the input silu(gate)·up
-    norm: u32,       // 1: the input is rmsnorm(x) · g
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -110,15 +112,15 @@ fn scale(i: u32) -> f32 {
 
 // The next tile's global loads, held in registers (private variables):
 // prefetch issues them before the multiply of the current tile so that
-// their latency hides behind it. xa is x (or gate), xb up (swiglu), xg the
-// norm weight (norm), for each staging slot of the thread; q and s its W
+// their latency hides behind it. xa is x (or gate), xb up (SWIGLU), xg the
+// norm weight (NORM), for each staging slot of the thread; q and s its W
 // word and scale.
 var<private> xa: array<vec4<f32>, XLOADS>;
 var<private> xb: array<vec4<f32>, XLOADS>;
 var<private> xg: array<vec4<f32>, XLOADS>;
 var<private> q: u32;
 var<private> s: f32;
-var<private> ss: array<f32, XLOADS>; // norm: the sums of squares of the thread's staging slots
+var<private> ss: array<f32, XLOADS>; // NORM: the sums of squares of the thread's staging slots
 
 // prefetch loads tile k0's inputs for thread lid of the workgroup whose
 // tile starts at row t0 (rows past T repeat row T-1) and W row wrow.
@@ -127,14 +129,14 @@ fn prefetch(k0: u32, t0: u32, lid: u32, wrow: u32) {
         let idx = min(lid + i * 256u, XVEC4S - 1u); // past the stage: a copy of its last slot, not stored
         let row = min(t0 + idx / KQ, p.T - 1u);
         let kq = idx % KQ;
-        if p.swiglu != 0u {
+        if SWIGLU == 1u {
             let g = row * (p.K / 2u) + k0 / 4u + kq; // gate; up is K/4 vec4s further
             xa[i] = x[g];
             xb[i] = x[g + p.K / 4u];
         } else {
             xa[i] = x[row * (p.K / 4u) + k0 / 4u + kq];
         }
-        if p.norm != 0u {
+        if NORM == 1u {
             xg[i] = norm[k0 / 4u + kq];
         }
     }
@@ -144,7 +146,7 @@ fn prefetch(k0: u32, t0: u32, lid: u32, wrow: u32) {
 }
 
 // rows_sumsq leaves in sq[t·KQ + j] the KQ staging threads' sums of squares
-// of row t (norm).
+// of row t (NORM).
 fn rows_sumsq(lid: u32) {
     for (var i = 0u; i < XLOADS; i++) {
         if lid + i * 256u < XVEC4S {
@@ -182,10 +184,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let t = idx / KQ;
             let kq = idx % KQ;
             var v = xa[i];
-            if p.swiglu != 0u {
+            if SWIGLU == 1u {
                 v = swiglu(xa[i], xb[i]);
             }
-            if p.norm != 0u {
+            if NORM == 1u {
                 ss[i] += dot(v, v);
                 v *= xg[i];
             }
@@ -253,7 +255,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
         }
-        if p.norm != 0u && wid.x == 0u {
+        if NORM == 1u && wid.x == 0u {
             rows_sumsq(lid);
             workgroupBarrier();
             if lid < BM && t0 + lid < p.T {
@@ -267,7 +269,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
 
-    if p.norm != 0u {
+    if NORM == 1u {
         // inv_rms of each row from the KQ threads that staged it.
         rows_sumsq(lid);
         workgroupBarrier();
@@ -284,7 +286,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let t = t0 + ty * TM + m;
         for (var j = 0u; j < TN / 4u; j++) {
             var v = select(acc0[m], acc1[m], j == 1u);
-            if p.norm != 0u {
+            if NORM == 1u {
                 v *= inv_rms[ty * TM + m];
             }
             for (var e = 0u; e < 4u; e++) {

@@ -254,27 +254,18 @@ type matMulPipelineKey struct {
 // takes them as params (inputInParams) — the input's SWIGLU and NORM,
 // through the matrix's memo.
 func (c *matMulCall) pipeline(k gpu.Kernel, s specialization) (*gpu.Pipeline, error) {
-	if inputInParams(k) {
-		key := matMulPipelineKey{module: k.Module, entry: k.Entry, vals: s.vals}
-		return c.w.pipes.Get(c.b.Device(), key, k, func() gpu.Consts {
-			consts := gpu.Consts{}
-			for i, name := range s.names {
-				consts[name] = s.vals[i]
-			}
-			return consts
-		})
+	byConsts := !inputInParams(k)
+	key := matMulPipelineKey{module: k.Module, entry: k.Entry, vals: s.vals}
+	if byConsts {
+		key.swiglu, key.norm = c.in.swiglu, c.in.norm != nil
 	}
-	key := matMulPipelineKey{k.Module, k.Entry, s.vals, c.in.swiglu, c.in.norm != nil}
 	return c.w.pipes.Get(c.b.Device(), key, k, func() gpu.Consts {
-		consts := gpu.Consts{"SWIGLU": 0, "NORM": 0}
+		consts := gpu.Consts{}
 		for i, name := range s.names {
 			consts[name] = s.vals[i]
 		}
-		if c.in.swiglu {
-			consts["SWIGLU"] = 1
-		}
-		if c.in.norm != nil {
-			consts["NORM"] = 1
+		if byConsts {
+			consts["SWIGLU"], consts["NORM"] = c.inputParams()
 		}
 		return consts
 	})

@@ -448,7 +448,15 @@ func BenchmarkDecodeLayer(b *testing.B) {
 		// where it is pickMatMul's kernel.)
 		limit := d.Limits().MaxStorageBufferBindingSize
 		project := func(bt *gpu.Batch, proj int, w layerWeights, in, out *gpu.Buffer, wg int) error {
-			m := map[int]*Matrix{projQKV: w.qkv, projO: w.o, projGateUp: w.gateUp, projDown: w.down, projONorm: w.o}[proj]
+			m := w.o // projO, projONorm
+			switch proj {
+			case projQKV:
+				m = w.qkv
+			case projGateUp:
+				m = w.gateUp
+			case projDown:
+				m = w.down
+			}
 			how := matMulInput{accumulate: proj == projO || proj == projDown, swiglu: proj == projDown}
 			if proj == projQKV || proj == projGateUp || proj == projONorm {
 				how.norm, how.eps = norm, eps

@@ -63,8 +63,8 @@ const BN: u32 = 16u * TN;            // features per workgroup
 const BK: u32 = 128u / TN;           // inputs per stage: BN·BK/8 = 256 words of W, one a thread
 const KQ: u32 = BK / 4u;             // vec4s of a staged row of x'
 const SX: u32 = BM + 4u;             // the staged x' row stride, floats
-const XS4: u32 = BK * SX / 4u;       // vec4s of staged x'
-const WS4: u32 = BK * BN / 4u;       // vec4s of staged W
+const SX4: u32 = SX / 4u;            // … in vec4s
+const BN4: u32 = BN / 4u;            // vec4s of a staged row of W
 const XVEC4S: u32 = BM * KQ;         // vec4s of x' a stage
 const XLOADS: u32 = (XVEC4S + 255u) / 256u; // … each thread stages (at 2 × 8 half the threads one)
 const SWIGLU: u32 = 0u;              // 1: x is gate | up, and the input silu(gate)·up
@@ -93,8 +93,13 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
 
-var<workgroup> xs: array<vec4<f32>, XS4>; // x'[t0 + t][k0 + k] at float k·SX + t
-var<workgroup> ws: array<vec4<f32>, WS4>; // W[n0 + n][k0 + k] at float k·BN + n
+// Staged tiles, indexed [k][…] rather than by a flat k·stride + i: naga
+// clamps every dynamic index into a workgroup array (min(i, len − 1)), and
+// with k outermost the multiply loop's clamps depend on the thread only, so
+// the driver hoists them out of the unrolled loop over k (flat, each read
+// cost an add-min and a shift: seen in skinny_int4.wgsl's SASS on the H200).
+var<workgroup> xs: array<array<vec4<f32>, SX4>, BK>; // x'[t0 + t][k0 + k] at xs[k][t / 4][t % 4]
+var<workgroup> ws: array<array<vec4<f32>, BN4>, BK>; // W[n0 + n][k0 + k] at ws[k][n / 4][n % 4]
 var<workgroup> sq: array<f32, SQ>;
 var<workgroup> inv_rms: array<f32, BM>;
 
@@ -192,18 +197,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 v *= xg[i];
             }
             for (var e = 0u; e < 4u; e++) {
-                let f = (4u * kq + e) * SX + t;
-                xs[f / 4u][f % 4u] = v[e];
+                xs[4u * kq + e][t / 4u][t % 4u] = v[e];
             }
         }
         // W[wrow][k0 + 8wj … +8], dequantized → ws.
         let lo = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
         let hi = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
         for (var e = 0u; e < 4u; e++) {
-            let f = (8u * wj + e) * BN + wn;
-            ws[f / 4u][f % 4u] = lo[e] * s;
-            let h = f + 4u * BN;
-            ws[h / 4u][h % 4u] = hi[e] * s;
+            ws[8u * wj + e][wn / 4u][wn % 4u] = lo[e] * s;
+            ws[8u * wj + e + 4u][wn / 4u][wn % 4u] = hi[e] * s;
         }
         workgroupBarrier();
         let k1 = k0 + BK;
@@ -211,23 +213,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             prefetch(k1, t0, lid, wrow);
         }
         for (var k = 0u; k < BK; k++) {
-            let b0 = ws[k * (BN / 4u) + tx];
+            let b0 = ws[k][tx];
             var b1 = b0;
             if TN == 8u {
-                b1 = ws[k * (BN / 4u) + 16u + tx];
+                b1 = ws[k][16u + tx];
             }
             // This thread's TM rows of x'[k]: half a vec4 at TM = 2 — picked
             // by select, not by a lane-dependent index into a vector (which
             // would go through local memory) —, one at 4, two at 8.
-            let ai = (k * SX + ty * TM) / 4u;
-            var a0 = xs[ai];
+            let ai = ty * TM / 4u;
+            var a0 = xs[k][ai];
             var a1 = a0;
             if TM == 2u {
                 let h = select(a0.xy, a0.zw, (ty & 1u) == 1u);
                 a0 = vec4<f32>(h, h);
             }
             if TM == 8u {
-                a1 = xs[ai + 1u];
+                a1 = xs[k][ai + 1u];
             }
             for (var m = 0u; m < TM; m++) {
                 let a = select(a0[m & 3u], a1[m & 3u], m >= 4u);

@@ -68,7 +68,7 @@ const KC: u32 = 128u;      // inputs staged a chunk, a multiple of 32
 const ROWS: u32 = WG * RT; // weight rows a workgroup
 const TV: u32 = TT / 4u;   // vec4s of activation rows
 const ACC: u32 = RT * TV;  // accumulator vec4s a thread holds
-const XS: u32 = KC * TV;   // vec4s of staged x'
+const KC8: u32 = KC / 8u;  // octets of inputs staged a chunk
 const SPT: u32 = (TT * KC / 4u + WG - 1u) / WG; // x' vec4s a thread stages a chunk, at most
 
 struct Params {
@@ -93,7 +93,13 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
 
-var<workgroup> xs: array<vec4<f32>, XS>; // x'[t0 + 4v + e][c0 + k] at xs[k·TV + v][e]
+// x'[t0 + 4v + e][c0 + k] at xs[k / 8][k % 8][v][e]. Nested, so that the
+// multiply loop's reads index it by one octet index a word and constants:
+// naga clamps every dynamic index into a workgroup array (min(i, len − 1)),
+// and a flat index k·TV + v cost each 16-byte read an add-min and a shift
+// the driver could not fold into the load's offset (16 % of the loop's
+// instructions at 32 rows, read from the H200's SASS).
+var<workgroup> xs: array<array<array<vec4<f32>, TV>, 8>, KC8>;
 var<workgroup> sq: array<f32, WG>;       // norm: each thread's sum of squares
 var<workgroup> inv_rms: array<f32, TT>;  // norm, splits = 1: each activation row's 1 / rms
 
@@ -179,7 +185,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     }
                 }
                 for (var e = 0u; e < 4u; e++) {
-                    xs[(4u * q + e) * TV + st / 4u][st % 4u] = v[e];
+                    let k = 4u * q + e;
+                    xs[k / 8u][k % 8u][st / 4u][st % 4u] = v[e];
                 }
             }
         }
@@ -201,15 +208,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     lo[r] = codes(w, 0u) * cur_scale[r];
                     hi[r] = codes(w, 16u) * cur_scale[r];
                 }
+                let o = k / 8u; // the octet k … k+7
                 for (var v = 0u; v < TV; v++) {
-                    let x0 = xs[k * TV + v];
-                    let x1 = xs[(k + 1u) * TV + v];
-                    let x2 = xs[(k + 2u) * TV + v];
-                    let x3 = xs[(k + 3u) * TV + v];
-                    let x4 = xs[(k + 4u) * TV + v];
-                    let x5 = xs[(k + 5u) * TV + v];
-                    let x6 = xs[(k + 6u) * TV + v];
-                    let x7 = xs[(k + 7u) * TV + v];
+                    let x0 = xs[o][0][v];
+                    let x1 = xs[o][1][v];
+                    let x2 = xs[o][2][v];
+                    let x3 = xs[o][3][v];
+                    let x4 = xs[o][4][v];
+                    let x5 = xs[o][5][v];
+                    let x6 = xs[o][6][v];
+                    let x7 = xs[o][7][v];
                     for (var r = 0u; r < RT; r++) {
                         var a = acc[r * TV + v];
                         a += lo[r].x * x0;

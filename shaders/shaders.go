@@ -17,6 +17,14 @@
 //   - binding 0 is a uniform Params struct of u32/f32 fields padded to a
 //     multiple of 16 bytes; storage buffers follow at bindings 1, 2, … in
 //     the order package kernels declares them.
+//
+// And for speed: naga clamps every dynamic index into a workgroup or
+// private array (min(i, len − 1)), which the driver cannot fold into a
+// load's offset. In a hot loop, index workgroup arrays so that what varies
+// from read to read is a constant inner index once the driver unrolls the
+// loop (skinny_int4.wgsl's xs[octet][i][v], not xs[k·TV + v]), and give a
+// loop whose loads should go out together a fixed count. cmd/nvsass shows
+// what the driver made of a kernel.
 package shaders
 
 import _ "embed"

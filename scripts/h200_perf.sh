@@ -8,14 +8,18 @@
 # cache + torch.compile: about 4 more minutes); with KERNELS=a kernels.test
 # binary (`go test -c ./kernels`), BenchmarkMatMulKernels (KBENCH picks
 # its sub-benchmarks; about 1–3 minutes); with RECORD=a webgpu.test binary
-# (`go test -c ./engine/webgpu`), the host's recording time of a pass.
+# (`go test -c ./engine/webgpu`), the host's recording time of a pass; with
+# NVSASS=an nvsass binary (`CGO_ENABLED=0 go build ./cmd/nvsass`) and
+# KERNELS, the machine code NVIDIA's driver made of the main kernels, each
+# from a benchmark run with the driver's shader cache in a fresh folder
+# (sass/NAME.txt: registers and each loop's instructions; under a minute).
 # About 4 minutes without the options.
 #
 # The device call returns at most 8 files: everything lands in one folder,
 # packed into $OUT/results.tgz, and the main figures are printed.
 #
-#   WEBDRAFT=.gpu/webdraft OUT=$OUT [HF=1] [KERNELS=.gpu/kernels.test [KBENCH=regexp]] \
-#     [RECORD=.gpu/webgpu.test] bash scripts/h200_perf.sh
+#   WEBDRAFT=.gpu/webdraft OUT=$OUT [HF=1] [KERNELS=.gpu/kernels.test [KBENCH=regexp]
+#     [NVSASS=.gpu/nvsass]] [RECORD=.gpu/webgpu.test] bash scripts/h200_perf.sh
 set -u
 W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary}
 OUT=${OUT:?set OUT to a results folder}
@@ -31,6 +35,26 @@ fi
 if [ -n "${KERNELS:-}" ]; then
   timeout 240 "$KERNELS" -test.run '^$' -test.bench "${KBENCH:-MatMulKernels}" -test.benchtime 100ms > "$R/kbench.txt" 2>&1
   grep -c '^Benchmark' "$R/kbench.txt"
+fi
+if [ -n "${NVSASS:-}" ]; then
+  : "${KERNELS:?NVSASS needs KERNELS, a kernels.test binary}"
+  mkdir -p "$R/sass"
+  while read -r name bench; do
+    cache=$(mktemp -d)
+    __GL_SHADER_DISK_CACHE=1 __GL_SHADER_DISK_CACHE_SKIP_CLEANUP=1 __GL_SHADER_DISK_CACHE_PATH=$cache \
+      timeout 60 "$KERNELS" -test.run '^$' -test.bench "$bench" -test.benchtime 10ms > /dev/null 2>&1
+    "$NVSASS" -out "$R/sass/$name" "$cache" > "$R/sass/$name.txt" 2>&1
+    echo "sass $name: $(grep -c registers "$R/sass/$name.txt") pipelines, $(grep -c ' loop ' "$R/sass/$name.txt") loops"
+  done <<'EOF'
+matvec-T1 MatMulKernels/qkv_2048x4096/T1/matvec$
+row-tile-T1 MatMulKernels/down_6144x2048/T1/row-tile$
+matvec-batch-T4 MatMulKernels/o_2048x2048/T4/matvec-batch$
+skinny-T8 MatMulKernels/gate_up_2048x12288/T8/skinny$
+skinny-T32 MatMulKernels/gate_up_2048x12288/T32/skinny$
+skinny-T1024 MatMulKernels/gate_up_2048x12288/T1024/skinny$
+gemm-T64 MatMulKernels/gate_up_2048x12288/T64/gemm-4$
+attention-decode-T32 AttentionDecode/T32/wg=64/workgroups=1024/max=256$
+EOF
 fi
 python3 scripts/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/q17hf > "$R/ckpt.txt" 2>&1 || { cat "$R/ckpt.txt"; exit 1; }
 "$W" convert --in /tmp/q17hf --out /tmp/q17 --quant int4 2>&1 | tail -1

@@ -143,6 +143,18 @@ func TestSummarize(t *testing.T) {
 	if !strings.Contains(got, "9 instructions") || strings.Contains(got, "loop") {
 		t.Errorf("summary (loops of 40 and more only):\n%s", got)
 	}
+	// A 40-instruction loop: 30 FFMA (two spellings), 10 others.
+	var long strings.Builder
+	for i := 0; i < 40; i++ {
+		op := [4]string{"FFMA.FTZ R1, R2, R3, R1", "FFMA R4, R5, R6, R4", "FFMA.SAT R7, R8, R9, R7", "LDS.128 R8, [R9+0x10]"}[i%4]
+		if i == 39 {
+			op = "BRA 0x0"
+		}
+		fmt.Fprintf(&long, "        /*%04x*/                   %s ;\n", 16*i, op)
+	}
+	if got := summarize(parseSASS(long.String())); !strings.Contains(got, "40 instructions, 75 % FFMA") {
+		t.Errorf("summary of a 40-instruction loop:\n%s", got)
+	}
 	if got := topOps(ls[1].Ops, 2); got != "FFMA.FTZ 3, BRA 1" {
 		t.Errorf("topOps = %q", got)
 	}

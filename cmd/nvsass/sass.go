@@ -92,8 +92,14 @@ func summarize(ins []instruction) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "  %d instructions\n", len(ins))
 	for _, l := range loops(ins, 40) {
+		ffma := 0 // FFMA with any modifiers (.FTZ, .SAT, …)
+		for op, n := range l.Ops {
+			if op == "FFMA" || strings.HasPrefix(op, "FFMA.") {
+				ffma += n
+			}
+		}
 		fmt.Fprintf(&b, "  loop %#x–%#x: %d instructions, %.0f %% FFMA: %s\n",
-			l.From, l.To, l.N, 100*float64(l.Ops["FFMA"]+l.Ops["FFMA.FTZ"])/float64(l.N), topOps(l.Ops, 10))
+			l.From, l.To, l.N, 100*float64(ffma)/float64(l.N), topOps(l.Ops, 10))
 	}
 	return b.String()
 }

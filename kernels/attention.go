@@ -27,6 +27,7 @@ var (
 
 const (
 	decodeWG         = 64   // WG in attention_decode.wgsl
+	decodeVB         = 8    // VB in attention_decode.wgsl: values a thread loads at once
 	prefillRows      = 64   // BR in attention_prefill.wgsl: query rows a workgroup
 	prefillKeys      = 32   // BC: keys a tile
 	decodeMinChunk   = 64   // context positions per split, at least (fewer splits: a shorter merge)
@@ -62,10 +63,11 @@ type KVCache struct {
 
 // decodeTuning is attention_decode.wgsl's tuning: threads a workgroup
 // (WG, a power of two), the workgroups its splits should add up to at
-// least, and the longest split (a power of two). Zero fields take the
-// defaults, decodeWG, decodeWorkgroups and decodeMaxChunk;
-// BenchmarkAttentionDecode tries others.
-type decodeTuning struct{ wg, workgroups, maxChunk int }
+// least, the longest split (a power of two) and the values a thread loads
+// before it uses them (VB). Zero fields take the defaults, decodeWG,
+// decodeWorkgroups, decodeMaxChunk and decodeVB; BenchmarkAttentionDecode
+// tries others.
+type decodeTuning struct{ wg, workgroups, maxChunk, vb int }
 
 func (t decodeTuning) orDefaults() decodeTuning {
 	if t.wg == 0 {
@@ -77,20 +79,23 @@ func (t decodeTuning) orDefaults() decodeTuning {
 	if t.maxChunk == 0 {
 		t.maxChunk = decodeMaxChunk
 	}
+	if t.vb == 0 {
+		t.vb = decodeVB
+	}
 	return t
 }
 
 // cachePipelineKey names a pipeline of a kernel over the cache by the
 // constants its call sites vary.
 type cachePipelineKey struct {
-	module, entry    string
-	chunk, group, wg int
+	module, entry        string
+	chunk, group, wg, vb int
 }
 
 // pipeline returns kernel k specialized by consts() — and by the cache's
 // element type when withKV —, through the cache's memo.
-func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, chunk, group, wg int, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
-	return c.pipes.Get(d, cachePipelineKey{k.Module, k.Entry, chunk, group, wg}, k, func() gpu.Consts {
+func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, chunk, group, wg, vb int, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
+	return c.pipes.Get(d, cachePipelineKey{k.Module, k.Entry, chunk, group, wg, vb}, k, func() gpu.Consts {
 		if withKV {
 			return c.consts(consts())
 		}
@@ -242,10 +247,10 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 
 // decodeMemory is attention_decode.wgsl's workgroup memory in bytes: the
 // group's queries and value sums (GROUP·D each), scores (GROUP·CHUNK), key
-// offsets (CHUNK) and the reduction (GROUP·WG).
+// offsets (CHUNK) and the reductions (GROUP·WG and GROUP·WG/16).
 func (c *KVCache) decodeMemory(heads, chunk int) int {
-	group := heads / c.KVHeads
-	return 4 * (2*group*c.D + group*chunk + chunk + group*c.decode.orDefaults().wg)
+	group, wg := heads/c.KVHeads, c.decode.orDefaults().wg
+	return 4 * (2*group*c.D + group*chunk + chunk + group*wg + group*wg/16)
 }
 
 // AttentionDecode records causal GQA attention for T single query rows,
@@ -267,7 +272,8 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	if err := c.checkHeads(op, heads); err != nil {
 		return err
 	}
-	wg := c.decode.orDefaults().wg
+	tune := c.decode.orDefaults()
+	wg := tune.wg
 	if c.D%8 != 0 || c.D/8 > wg {
 		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*wg)
 	}
@@ -290,13 +296,13 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 		return err
 	}
 	group := heads / c.KVHeads
-	split, err := c.pipeline(b.Device(), attnDecode, chunk, group, wg, true, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg)}
+	split, err := c.pipeline(b.Device(), attnDecode, chunk, group, wg, tune.vb, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb)}
 	})
 	if err != nil {
 		return err
 	}
-	merge, err := c.pipeline(b.Device(), attnMerge, chunk, 0, 0, false, func() gpu.Consts {
+	merge, err := c.pipeline(b.Device(), attnMerge, chunk, 0, 0, 0, false, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
 	})
 	if err != nil {
@@ -396,7 +402,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 	}
 	group := heads / c.KVHeads
 	// The memo's chunk key holds both chunks (each < 2¹⁶).
-	p, err := c.pipeline(b.Device(), attnPrefill, ch.dk<<16|ch.dv, group, 0, true, func() gpu.Consts {
+	p, err := c.pipeline(b.Device(), attnPrefill, ch.dk<<16|ch.dv, group, 0, 0, true, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "DK": uint32(ch.dk), "DV": uint32(ch.dv), "KVS": uint32(ch.kvs()), "GROUP": uint32(group)}
 	})
 	if err != nil {

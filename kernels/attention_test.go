@@ -175,7 +175,7 @@ func TestAttentionDecode(t *testing.T) {
 		}
 		T := []int{1, 1, 3, 8}[r.IntN(4)]
 		// The default tuning, or one BenchmarkAttentionDecode tries.
-		tune := []decodeTuning{{}, {wg: 128, workgroups: 4096}, {wg: 256, workgroups: 256}, {workgroups: 1, maxChunk: 1024}}[r.IntN(4)]
+		tune := []decodeTuning{{}, {wg: 128, workgroups: 4096, vb: 16}, {wg: 256, workgroups: 256, vb: 4}, {workgroups: 1, maxChunk: 1024, vb: 1}}[r.IntN(4)]
 		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v_%+v", s.kvHeads, s.group, s.D, s.blockSize, T, lens, tune)
 		t.Run(name, func(t *testing.T) { testAttentionDecode(t, d, r, s, lens, T, tune) })
 	}

@@ -341,8 +341,9 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	const kvHeads, group, D, blockSize, context, reps = 8, 2, 128, 16, 1024, 16
 	heads := kvHeads * group
 	Ts, tunings := []int{1, 32}, []decodeTuning{
-		{}, {64, 4096, 0}, {128, 1024, 0}, {128, 4096, 0}, {256, 1024, 0}, {256, 4096, 0}, {64, 256, 0}, {256, 256, 0},
-		{64, 2048, 0}, {64, 256, 512}, {64, 1, 1024}, {128, 256, 512}, {128, 1, 1024},
+		{}, {vb: 1}, {vb: 4}, {vb: 16}, {workgroups: 2048}, {workgroups: 256, maxChunk: 512},
+		{wg: 128}, {wg: 128, vb: 4}, {wg: 128, vb: 16}, {wg: 128, workgroups: 256, maxChunk: 512},
+		{wg: 256, vb: 4}, {wg: 256, vb: 8}, {wg: 256, vb: 16}, {wg: 256, workgroups: 256, maxChunk: 512, vb: 16},
 	}
 	if d.Info().Type == "cpu" { // lavapipe would take many minutes over them all
 		Ts, tunings = []int{1}, tunings[:2]
@@ -360,7 +361,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		for _, tune := range tunings {
 			c.decode = tune
 			t := tune.orDefaults()
-			b.Run(fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d", T, t.wg, t.workgroups, t.maxChunk), func(b *testing.B) {
+			b.Run(fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d/vb=%d", T, t.wg, t.workgroups, t.maxChunk, t.vb), func(b *testing.B) {
 				sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
 					return AttentionDecode(bt, out, q, c, 0, sb, pb, T, heads, context)
 				})

@@ -23,28 +23,35 @@
 //   scores  thread c scores keys c, c + WG, … of the chunk against the
 //           group's queries (in workgroup memory), reading each key in
 //           16-byte loads, its GROUP dot products in registers;
-//   softmax the max and the sum of exponentials of each head, reduced over
-//           the threads in workgroup memory (a tree, not a serial loop);
+//   softmax the max and the sum of exponentials of each head: each thread's
+//           own, then RG = WG/16 partials a head (each folding 16 threads'),
+//           then every thread folds the RG partials — two barriers each;
 //   values  D/8 threads cover one value vector, eight elements each from
 //           one 16-byte load (f16) or two (f32), so KP = WG·8/D keys are
-//           summed side by side into registers, then added up in workgroup
-//           memory in KP rounds.
-// D (head_dim, a multiple of 8), GROUP (query heads per kv head) and CHUNK
+//           summed side by side into registers. A thread loads VB keys'
+//           values before it uses any (keys past the chunk's end repeat its
+//           last key, weighted 0), so VB loads wait on memory together
+//           rather than one after another; then the KP sums are added up
+//           in workgroup memory in KP rounds.
+// D (head_dim, a multiple of 8), GROUP (query heads per kv head), CHUNK
 // (64 … 256, picked by package kernels so that there are enough workgroups
-// and the workgroup memory fits) are constants, so every loop over them has
-// a fixed count. WG = 64 threads.
+// and the workgroup memory fits) and VB are constants, so every loop over
+// them has a fixed count. WG = 64 threads (a power of two, at least 16 and
+// at least D/8).
 
 const WG: u32 = 64u;
 const D: u32 = 128u;
 const GROUP: u32 = 2u;
 const CHUNK: u32 = 64u;
+const VB: u32 = 8u;                // values a thread loads before it uses them
 const KV_F16: u32 = 0u;            // 1: the KV cache holds f16 pairs (specialized by the host)
 const LANES: u32 = D / 8u;         // threads per value vector
 const KP: u32 = WG / LANES;        // value vectors summed side by side
+const RG: u32 = WG / 16u;          // a reduction's partials per head
 const QS: u32 = GROUP * D / 4u;    // vec4s of the group's queries
 const SC: u32 = GROUP * CHUNK;     // scores, then exp(score − m)
 const RED: u32 = GROUP * WG;       // per-thread maxima, then sums
-const OV: u32 = GROUP * D / 4u;    // vec4s of the value sums
+const RED2: u32 = GROUP * RG;      // their partials
 
 struct Params {
     T: u32,
@@ -68,9 +75,10 @@ struct Params {
 
 var<workgroup> qs: array<vec4<f32>, QS>;
 var<workgroup> sc: array<f32, SC>;
-var<workgroup> base: array<u32, CHUNK>; // cache offset of each key of the chunk
-var<workgroup> red: array<f32, RED>;
-var<workgroup> ov: array<vec4<f32>, OV>;
+var<workgroup> base: array<u32, CHUNK>;  // cache offset of each key of the chunk
+var<workgroup> red: array<f32, RED>;     // each thread's value of a reduction
+var<workgroup> red2: array<f32, RED2>;
+var<workgroup> ov: array<array<Vec8, LANES>, GROUP>; // the value sums [head][lane]
 
 // Eight cache elements e … e+7 (e a multiple of 8) in 16-byte loads.
 struct Vec8 {
@@ -94,20 +102,38 @@ fn load8(e: u32, values: bool) -> Vec8 {
     return Vec8(bitcast<vec4<f32>>(kcache[e >> 2u]), bitcast<vec4<f32>>(kcache[(e >> 2u) + 1u]));
 }
 
-// reduce combines red[hh·WG + i] over i for every head, max or sum, into
-// red[hh·WG]. All threads call it (it holds barriers).
-fn reduce(lid: u32, is_max: bool) {
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        workgroupBarrier();
-        if lid < stride {
-            for (var hh = 0u; hh < GROUP; hh++) {
-                let a = red[hh * WG + lid];
-                let b = red[hh * WG + lid + stride];
-                red[hh * WG + lid] = select(a + b, max(a, b), is_max);
-            }
-        }
+fn combine(a: f32, b: f32, is_max: bool) -> f32 {
+    return select(a + b, max(a, b), is_max);
+}
+
+// reduce returns, to every thread, the max or the sum over the workgroup's
+// threads of v[hh], for every head hh. All threads call it (it holds
+// barriers); the first barrier also publishes what they wrote before.
+fn reduce(lid: u32, v: array<f32, GROUP>, is_max: bool) -> array<f32, GROUP> {
+    var mine = v; // naga indexes a value only by constants, a variable by anything
+    for (var hh = 0u; hh < GROUP; hh++) {
+        red[hh * WG + lid] = mine[hh];
     }
     workgroupBarrier();
+    if lid < GROUP * RG { // partial g of head hh folds threads g, g + RG, …
+        let hh = lid / RG;
+        let at = hh * WG + lid % RG;
+        var acc = red[at];
+        for (var i = 1u; i < 16u; i++) {
+            acc = combine(acc, red[at + i * RG], is_max);
+        }
+        red2[lid] = acc;
+    }
+    workgroupBarrier();
+    var r = array<f32, GROUP>();
+    for (var hh = 0u; hh < GROUP; hh++) {
+        var acc = red2[hh * RG];
+        for (var g = 1u; g < RG; g++) {
+            acc = combine(acc, red2[hh * RG + g], is_max);
+        }
+        r[hh] = acc;
+    }
+    return r;
 }
 
 @compute @workgroup_size(WG)
@@ -153,14 +179,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             m[hh] = max(m[hh], score);
         }
     }
-    for (var hh = 0u; hh < GROUP; hh++) {
-        red[hh * WG + lid] = m[hh];
-    }
-    reduce(lid, true);
-    for (var hh = 0u; hh < GROUP; hh++) {
-        m[hh] = red[hh * WG];
-    }
-    workgroupBarrier(); // everyone has read the maxima before red is reused
+    m = reduce(lid, m, true);
 
     // exp(score − m) in place, and each thread's sum per head.
     var l = array<f32, GROUP>();
@@ -171,38 +190,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             l[hh] += e;
         }
     }
-    for (var hh = 0u; hh < GROUP; hh++) {
-        red[hh * WG + lid] = l[hh];
-    }
-    reduce(lid, false); // its barriers also publish sc
+    l = reduce(lid, l, false); // its first barrier also publishes sc
 
     // Values: thread (kp, lane) sums elements 8·lane … 8·lane+7 of the
     // values of keys kp, kp + KP, … for every head (threads past KP·LANES,
-    // when LANES does not divide WG, idle).
+    // when LANES does not divide WG, idle), VB keys a round.
     let lane = lid % LANES;
     let kp = lid / LANES;
-    var lo = array<vec4<f32>, GROUP>();
-    var hi = array<vec4<f32>, GROUP>();
-    if kp < KP {
-        for (var c = kp; c < n; c += KP) {
-            let v = load8(base[c] + 8u * lane, true);
-            for (var hh = 0u; hh < GROUP; hh++) {
-                let e = sc[hh * CHUNK + c];
-                lo[hh] += e * v.lo;
-                hi[hh] += e * v.hi;
+    var o = array<Vec8, GROUP>();
+    if kp < KP && n > 0u {
+        for (var c0 = kp; c0 < n; c0 += KP * VB) {
+            var v: array<Vec8, VB>;
+            for (var i = 0u; i < VB; i++) {
+                v[i] = load8(base[min(c0 + i * KP, n - 1u)] + 8u * lane, true);
+            }
+            for (var i = 0u; i < VB; i++) {
+                let c = c0 + i * KP;
+                for (var hh = 0u; hh < GROUP; hh++) {
+                    let e = select(0.0, sc[hh * CHUNK + min(c, CHUNK - 1u)], c < n);
+                    o[hh].lo += e * v[i].lo;
+                    o[hh].hi += e * v[i].hi;
+                }
             }
         }
     }
+    // Add up the KP key slots' sums in workgroup memory, a slot a round.
     for (var k = 0u; k < KP; k++) {
         if kp == k {
             for (var hh = 0u; hh < GROUP; hh++) {
-                let at = (hh * D + 8u * lane) >> 2u;
                 if k == 0u {
-                    ov[at] = lo[hh];
-                    ov[at + 1u] = hi[hh];
+                    ov[hh][lane] = o[hh];
                 } else {
-                    ov[at] += lo[hh];
-                    ov[at + 1u] += hi[hh];
+                    let w = ov[hh][lane];
+                    ov[hh][lane] = Vec8(w.lo + o[hh].lo, w.hi + o[hh].hi);
                 }
             }
         }
@@ -215,11 +235,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = lid; i < GROUP * D; i += WG) {
         let hh = i / D;
         let d = i % D;
+        let w = ov[hh][d / 8u];
         let dst = out0 + hh * stride;
-        part[dst + d] = ov[i >> 2u][i & 3u];
-        if d == 0u {
-            part[dst + D] = m[hh];
-            part[dst + D + 1u] = red[hh * WG];
+        part[dst + d] = select(w.hi, w.lo, d % 8u < 4u)[d % 4u];
+    }
+    if lid == 0u {
+        for (var hh = 0u; hh < GROUP; hh++) {
+            part[out0 + hh * stride + D] = m[hh];
+            part[out0 + hh * stride + D + 1u] = l[hh];
         }
     }
 }

@@ -53,8 +53,9 @@ const DV: u32 = 128u;
 const GROUP: u32 = 2u;
 const KVS: u32 = 1024u;           // max(DK·BC, BC·DV) / 4, set by the host with DK and DV
 const KV_F16: u32 = 0u;           // 1: the KV cache holds f16 pairs (specialized by the host)
-const QS: u32 = DK * BR / 2u;     // staged queries, pairs of rows
-const PS: u32 = BR * BC / 4u;     // scores, then weights, as vec4s of keys
+const KVR: u32 = KVS / 8u;        // rows of kv: 8 vec4s (BC keys, or 32 value inputs) a row
+const BR2: u32 = BR / 2u;         // pairs of query rows
+const BC4: u32 = BC / 4u;         // vec4s of keys
 const OV: u32 = D / 32u;          // output vec4s a thread keeps for each of its rows
 const VJ: u32 = DV / 32u;         // of which one value chunk covers
 
@@ -77,9 +78,15 @@ struct Params {
 @group(0) @binding(5) var<storage, read> pos: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
-var<workgroup> qs: array<vec2<f32>, QS>; // qs[d·BR/2 + j] = rows 2j, 2j+1 at input d0 + d
-var<workgroup> kv: array<vec4<f32>, KVS>; // keys: kv[d·BC/4 + j] = keys 4j … 4j+3 at input d0 + d; values: kv[c·DV/4 + j] = key c's inputs dv0 + 4j … +3
-var<workgroup> ps: array<vec4<f32>, PS>;  // ps[r·BC/4 + j] = row r's scores (weights) of keys 4j … 4j+3
+// Nested, so that the inner loops index each by a loop constant and the
+// thread's own sr or sc: naga clamps every dynamic index into a workgroup
+// array (min(i, len − 1)), and a flat index costs an add and a min a read
+// that the driver cannot fold into the load (see skinny_int4.wgsl).
+var<workgroup> qs: array<array<vec2<f32>, BR2>, DK>; // qs[d][j] = rows 2j, 2j+1 at input d0 + d
+// keys: kv[d][j] = keys 4j … 4j+3 at input d0 + d; values: kv[c·VJ + i][j]
+// = key c's inputs dv0 + 4(8i + j) … +3
+var<workgroup> kv: array<array<vec4<f32>, BC4>, KVR>;
+var<workgroup> ps: array<array<vec4<f32>, BC4>, BR>; // ps[r][j] = row r's scores (weights) of keys 4j … 4j+3
 
 // key_base is the cache element index of position j's input 0 for kv head
 // kvh.
@@ -148,11 +155,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 let dq = k / (BR / 2u);
                 let x = q[q_index(base, 2u * j, kvh, d0 + 4u * dq)];
                 let y = q[q_index(base, 2u * j + 1u, kvh, d0 + 4u * dq)];
-                let i = 4u * dq * (BR / 2u) + j;
-                qs[i] = vec2(x.x, y.x);
-                qs[i + BR / 2u] = vec2(x.y, y.y);
-                qs[i + BR] = vec2(x.z, y.z);
-                qs[i + 3u * BR / 2u] = vec2(x.w, y.w);
+                qs[4u * dq][j] = vec2(x.x, y.x);
+                qs[4u * dq + 1u][j] = vec2(x.y, y.y);
+                qs[4u * dq + 2u][j] = vec2(x.z, y.z);
+                qs[4u * dq + 3u][j] = vec2(x.w, y.w);
             }
             for (var k = lid; k < BC / 4u * DK / 2u; k += WG) {
                 let j = k % (BC / 4u);
@@ -164,14 +170,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                         e[u] = k_pair(key_base(key, kvh) + d);
                     }
                 }
-                let i = (d - d0) * (BC / 4u) + j;
-                kv[i] = vec4(e[0].x, e[1].x, e[2].x, e[3].x);
-                kv[i + BC / 4u] = vec4(e[0].y, e[1].y, e[2].y, e[3].y);
+                kv[d - d0][j] = vec4(e[0].x, e[1].x, e[2].x, e[3].x);
+                kv[d - d0 + 1u][j] = vec4(e[0].y, e[1].y, e[2].y, e[3].y);
             }
             workgroupBarrier();
             for (var d = 0u; d < DK; d++) {
-                let qq = qs[d * (BR / 2u) + sr];
-                let kk = kv[d * (BC / 4u) + sc];
+                let qq = qs[d][sr];
+                let kk = kv[d][sc];
                 s_a = fma(vec4(qq.x), kk, s_a);
                 s_b = fma(vec4(qq.y), kk, s_b);
             }
@@ -180,8 +185,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let key = vec4(c0 + 4u * sc) + vec4(0u, 1u, 2u, 3u);
         s_a = select(vec4(neg_inf), s_a * p.scale, key < vec4(vis_a));
         s_b = select(vec4(neg_inf), s_b * p.scale, key < vec4(vis_b));
-        ps[2u * sr * (BC / 4u) + sc] = s_a;
-        ps[(2u * sr + 1u) * (BC / 4u) + sc] = s_b;
+        ps[2u * sr][sc] = s_a;
+        ps[2u * sr + 1u][sc] = s_b;
         workgroupBarrier();
 
         // softmax: the rows' new max from all their scores (key 0 is
@@ -189,8 +194,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var mx_a = m_a;
         var mx_b = m_b;
         for (var j = 0u; j < BC / 4u; j++) {
-            mx_a = max(mx_a, max4(ps[2u * sr * (BC / 4u) + j]));
-            mx_b = max(mx_b, max4(ps[(2u * sr + 1u) * (BC / 4u) + j]));
+            mx_a = max(mx_a, max4(ps[2u * sr][j]));
+            mx_b = max(mx_b, max4(ps[2u * sr + 1u][j]));
         }
         if DV == D { // stage all the values now: kv is free
             stage_values(c0, 0u, kvh, nkeys, lid);
@@ -208,8 +213,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             o_a[j] *= al_a;
             o_b[j] *= al_b;
         }
-        ps[2u * sr * (BC / 4u) + sc] = w_a;
-        ps[(2u * sr + 1u) * (BC / 4u) + sc] = w_b;
+        ps[2u * sr][sc] = w_a;
+        ps[2u * sr + 1u][sc] = w_b;
         workgroupBarrier();
 
         // values: O += P·V, DV inputs at a time
@@ -219,11 +224,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 workgroupBarrier();
             }
             for (var c4 = 0u; c4 < BC / 4u; c4++) {
-                let wa = ps[2u * sr * (BC / 4u) + c4];
-                let wb = ps[(2u * sr + 1u) * (BC / 4u) + c4];
+                let wa = ps[2u * sr][c4];
+                let wb = ps[2u * sr + 1u][c4];
                 for (var u = 0u; u < 4u; u++) {
                     for (var j = 0u; j < VJ; j++) {
-                        let v = kv[(4u * c4 + u) * (DV / 4u) + sc + 8u * j];
+                        let v = kv[(4u * c4 + u) * VJ + j][sc];
                         o_a[dv0 / 32u + j] = fma(vec4(wa[u]), v, o_a[dv0 / 32u + j]);
                         o_b[dv0 / 32u + j] = fma(vec4(wb[u]), v, o_b[dv0 / 32u + j]);
                     }
@@ -234,11 +239,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 
     // the rows' sums: each of its 8 threads holds a part
-    ps[4u * sr + sc / 4u][sc % 4u] = l_a;
-    ps[4u * sr + 2u + sc / 4u][sc % 4u] = l_b;
+    ps[2u * sr][sc].x = l_a;
+    ps[2u * sr + 1u][sc].x = l_b;
     workgroupBarrier();
-    let sum_a = dot(ps[4u * sr] + ps[4u * sr + 1u], vec4(1.0));
-    let sum_b = dot(ps[4u * sr + 2u] + ps[4u * sr + 3u], vec4(1.0));
+    var sum_a = 0.0;
+    var sum_b = 0.0;
+    for (var j = 0u; j < BC / 4u; j++) {
+        sum_a += ps[2u * sr][j].x;
+        sum_b += ps[2u * sr + 1u][j].x;
+    }
     if base + 2u * sr < rows {
         for (var j = 0u; j < OV; j++) {
             out[q_index(base, 2u * sr, kvh, 4u * (sc + 8u * j))] = o_a[j] / sum_a;
@@ -262,6 +271,6 @@ fn stage_values(c0: u32, dv0: u32, kvh: u32, nkeys: u32, lid: u32) {
         if c0 + c < nkeys {
             v = v_quad(key_base(c0 + c, kvh) + dv0 + 4u * j);
         }
-        kv[k] = v;
+        kv[k / (BC / 4u)][k % (BC / 4u)] = v;
     }
 }

@@ -88,14 +88,21 @@ func (t decodeTuning) orDefaults() decodeTuning {
 // cachePipelineKey names a pipeline of a kernel over the cache by the
 // constants its call sites vary.
 type cachePipelineKey struct {
-	module, entry        string
+	module, entry string
+	shape         kernelShape
+}
+
+// kernelShape is the constants a kernel over the cache is specialized by
+// at its call sites (zero where a kernel has no such constant).
+type kernelShape struct {
 	chunk, group, wg, vb int
+	direct               bool
 }
 
 // pipeline returns kernel k specialized by consts() — and by the cache's
-// element type when withKV —, through the cache's memo.
-func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, chunk, group, wg, vb int, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
-	return c.pipes.Get(d, cachePipelineKey{k.Module, k.Entry, chunk, group, wg, vb}, k, func() gpu.Consts {
+// element type when withKV —, through the cache's memo, by shape.
+func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, shape kernelShape, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
+	return c.pipes.Get(d, cachePipelineKey{k.Module, k.Entry, shape}, k, func() gpu.Consts {
 		if withKV {
 			return c.consts(consts())
 		}
@@ -255,7 +262,8 @@ func (c *KVCache) decodeMemory(heads, chunk int) int {
 
 // AttentionDecode records causal GQA attention for T single query rows,
 // each of its own sequence slot and position, over layer's cache — split
-// over the context, then merged:
+// over the context, then merged (one dispatch when a single split covers
+// maxLen):
 //
 //	q        (T, heads, D) f32, after q_norm and RoPE
 //	seq, pos (T) u32: row t attends to positions 0 … pos[t] of slot seq[t]
@@ -263,7 +271,8 @@ func (c *KVCache) decodeMemory(heads, chunk int) int {
 //	out      (T, heads, D) f32
 //
 // The splits' partial results pass through the device's scratch buffer
-// (gpu.Device.Scratch, c.DecodeScratch values). The rows' own keys and values must already be in the cache (QKVRopeKV).
+// (gpu.Device.Scratch, c.DecodeScratch values). The rows' own keys and
+// values must already be in the cache (QKVRopeKV).
 func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
 	op := "attention_decode"
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
@@ -296,28 +305,37 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 		return err
 	}
 	group := heads / c.KVHeads
-	split, err := c.pipeline(b.Device(), attnDecode, chunk, group, wg, tune.vb, true, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb)}
-	})
-	if err != nil {
-		return err
-	}
-	merge, err := c.pipeline(b.Device(), attnMerge, chunk, 0, 0, 0, false, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
+	direct := splits == 1 // one split: no merge, the kernel writes out itself
+	split, err := c.pipeline(b.Device(), attnDecode, kernelShape{chunk: chunk, group: group, wg: wg, vb: tune.vb, direct: direct}, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb), "DIRECT": wgslBool(direct)}
 	})
 	if err != nil {
 		return err
 	}
 	kc, vc := c.layer(layer)
 	rows := uint64(T) * 4
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), 0}
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows)}
+	if direct {
+		binds = append(binds, out.Slice(0, uint64(n)*4))
+		if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), 1, uint32(T)); err != nil {
+			return fmt.Errorf("kernels: %s: %w", op, err)
+		}
+		return nil
+	}
+	merge, err := c.pipeline(b.Device(), attnMerge, kernelShape{chunk: chunk}, false, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
+	})
+	if err != nil {
+		return err
+	}
 	partBytes := uint64(c.DecodeScratch(T, heads, maxLen)) * 4
 	scratch, err := b.Device().Scratch(partBytes)
 	if err != nil {
 		return err
 	}
 	part := scratch.Slice(0, partBytes)
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), 0}
-	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part}
+	binds = append(binds, part)
 	if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
@@ -402,7 +420,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 	}
 	group := heads / c.KVHeads
 	// The memo's chunk key holds both chunks (each < 2¹⁶).
-	p, err := c.pipeline(b.Device(), attnPrefill, ch.dk<<16|ch.dv, group, 0, 0, true, func() gpu.Consts {
+	p, err := c.pipeline(b.Device(), attnPrefill, kernelShape{chunk: ch.dk<<16 | ch.dv, group: group}, true, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "DK": uint32(ch.dk), "DV": uint32(ch.dv), "KVS": uint32(ch.kvs()), "GROUP": uint32(group)}
 	})
 	if err != nil {
@@ -424,4 +442,12 @@ func (c *KVCache) checkWorkgroupMemory(d *gpu.Device, op string, bytes int) erro
 		return fmt.Errorf("kernels: %s: head_dim %d needs %d bytes of workgroup memory, the device allows %d", op, c.D, bytes, lim)
 	}
 	return nil
+}
+
+// wgslBool is a boolean WGSL constant's value.
+func wgslBool(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
 }

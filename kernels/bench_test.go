@@ -332,7 +332,7 @@ func randInt4(r *rand.Rand, n, k, g int) *tensor.Int4 {
 
 // BenchmarkAttentionDecode times decode attention (split and merge) at
 // Qwen3-1.7B's heads (16 query heads on 8 kv heads of 128, an f16 cache)
-// for 1 and 32 rows, each its own sequence at position 1,023, at the
+// for 1, 4 and 32 rows, each its own sequence at position 1,023, at the
 // default tuning and the others decodeTuning allows: µs a call (dependent
 // calls in one batch, as in a forward pass: see benchMatMuls) and GB/s of
 // keys and values read.
@@ -340,10 +340,12 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	d := gputest.Device(b)
 	const kvHeads, group, D, blockSize, context, reps = 8, 2, 128, 16, 1024, 16
 	heads := kvHeads * group
-	Ts, tunings := []int{1, 32}, []decodeTuning{
+	Ts, tunings := []int{1, 4, 32}, []decodeTuning{
 		{}, {vb: 1}, {vb: 4}, {vb: 16}, {workgroups: 2048}, {workgroups: 256, maxChunk: 512},
 		{wg: 128}, {wg: 128, vb: 4}, {wg: 128, vb: 16}, {wg: 128, workgroups: 256, maxChunk: 512},
 		{wg: 256, vb: 4}, {wg: 256, vb: 8}, {wg: 256, vb: 16}, {wg: 256, workgroups: 256, maxChunk: 512, vb: 16},
+		// one split of the whole context, which needs no merge
+		{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16}, {wg: 256, workgroups: 1, maxChunk: 1024, vb: 16},
 	}
 	if d.Info().Type == "cpu" { // lavapipe would take many minutes over them all
 		Ts, tunings = []int{1}, tunings[:2]

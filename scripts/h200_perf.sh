@@ -53,7 +53,7 @@ skinny-T8 MatMulKernels/gate_up_2048x12288/T8/skinny$
 skinny-T32 MatMulKernels/gate_up_2048x12288/T32/skinny$
 skinny-T1024 MatMulKernels/gate_up_2048x12288/T1024/skinny$
 gemm-T64 MatMulKernels/gate_up_2048x12288/T64/gemm-4$
-attention-decode-T32 AttentionDecode/T32/wg=64/workgroups=1024/max=256$
+attention-decode-T32 AttentionDecode/T32/wg=64/workgroups=1024/max=256/vb=8$
 EOF
 fi
 python3 scripts/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/q17hf > "$R/ckpt.txt" 2>&1 || { cat "$R/ckpt.txt"; exit 1; }

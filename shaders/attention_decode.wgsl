@@ -1,6 +1,7 @@
 // attention_decode.wgsl: causal GQA attention of single query rows over the
 // paged KV cache, split over the context (flash-decoding); the splits are
-// merged by attention_merge.wgsl.
+// merged by attention_merge.wgsl, or, when there is one split (DIRECT), the
+// kernel writes the output itself.
 //
 // Row t (query q[t], position pos[t], sequence seq[t]) attends to the
 // positions 0 … pos[t] of its sequence. Query head h reads kv head
@@ -15,7 +16,9 @@
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs
 //           (layout in qkv_rope_kv.wgsl), read as 16-byte words
 //   table   (seqs, max_blocks) u32, seq (T) u32, pos (T) u32
-//   part    (T, heads, splits, D + 2) f32: o, then m and l
+//   part    (T, heads, splits, D + 2) f32: o, then m and l; or with
+//           DIRECT (one split) the output itself, (T, heads, D) f32 o / l,
+//           and no merge — NaN for a row the split does not cover
 //
 // Dispatch: (kv_heads, splits, T) workgroups of WG threads. A workgroup
 // takes one kv head for the GROUP query heads that share it, so each key
@@ -45,6 +48,7 @@ const GROUP: u32 = 2u;
 const CHUNK: u32 = 64u;
 const VB: u32 = 8u;                // values a thread loads before it uses them
 const KV_F16: u32 = 0u;            // 1: the KV cache holds f16 pairs (specialized by the host)
+const DIRECT: u32 = 0u;            // 1: one split (splits = 1) writes the output itself to part
 const LANES: u32 = D / 8u;         // threads per value vector
 const KP: u32 = WG / LANES;        // value vectors summed side by side
 const RG: u32 = WG / 16u;          // a reduction's partials per head
@@ -227,6 +231,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         workgroupBarrier();
+    }
+
+    if DIRECT == 1u { // one split: the output itself, o / l
+        var nan_bits = 0x7fc00000u; // a var: Chrome rejects a constant NaN
+        let beyond = L > CHUNK;     // a context the split does not cover: NaN, as attention_merge.wgsl
+        for (var i = lid; i < GROUP * D; i += WG) {
+            let hh = i / D;
+            let d = i % D;
+            let w = ov[hh][d / 8u];
+            let o = select(w.hi, w.lo, d % 8u < 4u)[d % 4u] / l[hh];
+            part[(t * p.heads + h0) * D + i] = select(o, bitcast<f32>(nan_bits), beyond);
+        }
+        return;
     }
 
     // Write o, m, l of each head.

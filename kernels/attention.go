@@ -286,6 +286,9 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	if c.D%8 != 0 || c.D/8 > wg {
 		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*wg)
 	}
+	if wg < 16 || wg&(wg-1) != 0 || tune.vb < 1 {
+		return fmt.Errorf("kernels: %s: tuning %+v: want a power-of-two workgroup of at least 16 threads and VB ≥ 1", op, tune)
+	}
 	if maxLen <= 0 {
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}

@@ -95,8 +95,8 @@ type cachePipelineKey struct {
 // kernelShape is the constants a kernel over the cache is specialized by
 // at its call sites (zero where a kernel has no such constant).
 type kernelShape struct {
-	chunk, group, wg, vb int
-	direct               bool
+	chunk, group, wg, vb, sb int
+	direct                   bool
 }
 
 // pipeline returns kernel k specialized by consts() — and by the cache's

@@ -438,10 +438,28 @@ func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Bindin
 		c.split = splitK{part: dst, splits: splits}
 		return nil
 	}
-	r, err := d.Pipeline(matMulReduce, nil)
+	r, err := d.Pipeline(matMulReduce, reduceConsts[splitBlockLog(splits)])
 	if err != nil {
 		return err
 	}
 	params = []uint32{uint32(T), uint32(blk.n), uint32(splits), uint32(w.N), c.accumulate(), norm, uint32(w.K), math.Float32bits(float32(c.in.eps))}
 	return c.b.Dispatch(r, params, []gpu.Binding{dst, out}, divCeil(blk.n, 256), uint32(T), 1)
 }
+
+// splitBlockLog is log2 of SB in matmul_reduce.wgsl and qkv_rope_kv.wgsl
+// for a split-K of splits parts: the splits a thread loads before it adds
+// them up, the smallest power of two that covers splits, at most 8. (A
+// loop to the param splits went one load at a time; a block of 8 at two or
+// four splits made 64-row steps 0.7 % slower, loading the last split again
+// for the rest.)
+func splitBlockLog(splits int) int {
+	l := 0
+	for l < 3 && 1<<l < splits {
+		l++
+	}
+	return l
+}
+
+// reduceConsts specializes matmul_reduce.wgsl by SB = 1 << i, without a
+// map a dispatch.
+var reduceConsts = [4]gpu.Consts{{"SB": 1}, {"SB": 2}, {"SB": 4}, {"SB": 8}}

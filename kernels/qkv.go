@@ -133,7 +133,8 @@ func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int
 // the partials in split when it has more than one split (K inputs a row,
 // RMSNorm epsilon eps); the arguments are checked.
 func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, K int, eps float64) error {
-	p, err := c.pipeline(b.Device(), qkvRopeKV, kernelShape{}, true, func() gpu.Consts { return nil })
+	sb := splitBlockLog(split.splits)
+	p, err := c.pipeline(b.Device(), qkvRopeKV, kernelShape{sb: sb}, true, func() gpu.Consts { return reduceConsts[sb] })
 	if err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

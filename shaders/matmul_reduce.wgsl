@@ -13,7 +13,11 @@
 //   out   rows of ldo f32
 //
 // Dispatch: (ceil(N / 256), T, 1) workgroups of 256 threads, a thread per
-// output; neighbouring threads read neighbouring partial sums.
+// output; neighbouring threads read neighbouring partial sums. A thread
+// loads SB splits' sums before it adds any (in split order, as before):
+// splits is a param, and a loop to it went one load at a time.
+
+const SB: u32 = 8u; // splits a thread loads at once (specialized by the host)
 
 struct Params {
     T: u32,
@@ -38,13 +42,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     var v = 0.0;
-    for (var s = 0u; s < p.splits; s++) {
-        v += part[(s * p.T + t) * p.N + n];
+    for (var s0 = 0u; s0 < p.splits; s0 += SB) {
+        var x: array<f32, SB>;
+        for (var i = 0u; i < SB; i++) {
+            x[i] = part[(min(s0 + i, p.splits - 1u) * p.T + t) * p.N + n];
+        }
+        for (var i = 0u; i < SB; i++) {
+            if s0 + i < p.splits {
+                v += x[i];
+            }
+        }
     }
     if p.norm != 0u {
         var sq = 0.0;
-        for (var s = 0u; s < p.splits; s++) {
-            sq += part[p.splits * p.T * p.N + s * p.T + t];
+        for (var s0 = 0u; s0 < p.splits; s0 += SB) {
+            var x: array<f32, SB>;
+            for (var i = 0u; i < SB; i++) {
+                x[i] = part[p.splits * p.T * p.N + min(s0 + i, p.splits - 1u) * p.T + t];
+            }
+            for (var i = 0u; i < SB; i++) {
+                if s0 + i < p.splits {
+                    sq += x[i];
+                }
+            }
         }
         v *= 1.0 / sqrt(sq / f32(p.K) + p.eps);
     }

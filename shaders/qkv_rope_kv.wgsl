@@ -58,6 +58,7 @@
 const WG: u32 = 64u;
 const PAIRS: u32 = 2u;  // pairs per thread at most: D/2 ≤ WG·PAIRS
 const KV_F16: u32 = 0u; // 1: the KV cache holds f16 pairs (specialized by the host)
+const SB: u32 = 8u;     // splits' partial sums a thread loads at once (specialized by the host)
 
 struct Params {
     T: u32,
@@ -102,11 +103,26 @@ fn row_scale(t: u32, width: u32) -> f32 {
     if p.splits <= 1u {
         return 1.0;
     }
-    var sq = 0.0;
-    for (var s = 0u; s < p.splits; s++) {
-        sq += qkv[p.splits * p.T * width + s * p.T + t];
+    return 1.0 / sqrt(split_sum(p.splits * p.T * width + t, p.T) / f32(p.K) + p.norm_eps);
+}
+
+// split_sum returns Σ_{s < splits} qkv[at + s·stride], in split order,
+// loading SB values before it adds any (splits is a param: a plain loop to
+// it goes one load at a time).
+fn split_sum(at: u32, stride: u32) -> f32 {
+    var v = 0.0;
+    for (var s0 = 0u; s0 < p.splits; s0 += SB) {
+        var x: array<f32, SB>;
+        for (var i = 0u; i < SB; i++) {
+            x[i] = qkv[at + min(s0 + i, p.splits - 1u) * stride];
+        }
+        for (var i = 0u; i < SB; i++) {
+            if s0 + i < p.splits {
+                v += x[i];
+            }
+        }
     }
-    return 1.0 / sqrt(sq / f32(p.K) + p.norm_eps);
+    return v;
 }
 
 // load returns value n of q|k|v row t (width values): the row's own, or the
@@ -115,11 +131,7 @@ fn load(t: u32, n: u32, width: u32, r: f32) -> f32 {
     if p.splits <= 1u {
         return qkv[t * width + n];
     }
-    var v = 0.0;
-    for (var s = 0u; s < p.splits; s++) {
-        v += qkv[(s * p.T + t) * width + n];
-    }
-    return v * r;
+    return split_sum(t * width + n, p.T * width) * r;
 }
 
 @compute @workgroup_size(WG)

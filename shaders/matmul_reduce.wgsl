@@ -34,18 +34,14 @@ struct Params {
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n = wid.x * 256u + lid;
-    let t = wid.y;
-    if n >= p.N || t >= p.T {
-        return;
-    }
+// split_sum returns Σ_{s < splits} part[at + s·stride], in split order,
+// loading SB values before it adds any.
+fn split_sum(at: u32, stride: u32) -> f32 {
     var v = 0.0;
     for (var s0 = 0u; s0 < p.splits; s0 += SB) {
         var x: array<f32, SB>;
         for (var i = 0u; i < SB; i++) {
-            x[i] = part[(min(s0 + i, p.splits - 1u) * p.T + t) * p.N + n];
+            x[i] = part[at + min(s0 + i, p.splits - 1u) * stride];
         }
         for (var i = 0u; i < SB; i++) {
             if s0 + i < p.splits {
@@ -53,20 +49,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
+    return v;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = wid.x * 256u + lid;
+    let t = wid.y;
+    if n >= p.N || t >= p.T {
+        return;
+    }
+    var v = split_sum(t * p.N + n, p.T * p.N);
     if p.norm != 0u {
-        var sq = 0.0;
-        for (var s0 = 0u; s0 < p.splits; s0 += SB) {
-            var x: array<f32, SB>;
-            for (var i = 0u; i < SB; i++) {
-                x[i] = part[p.splits * p.T * p.N + min(s0 + i, p.splits - 1u) * p.T + t];
-            }
-            for (var i = 0u; i < SB; i++) {
-                if s0 + i < p.splits {
-                    sq += x[i];
-                }
-            }
-        }
-        v *= 1.0 / sqrt(sq / f32(p.K) + p.eps);
+        v *= 1.0 / sqrt(split_sum(p.splits * p.T * p.N + t, p.T) / f32(p.K) + p.eps);
     }
     let o = t * p.ldo + n;
     if p.accumulate != 0u {

@@ -23,6 +23,9 @@ type Options struct {
 	// NoF16 leaves the shader-f16 feature off even where the adapter has it,
 	// to exercise the path every kernel must support without it.
 	NoF16 bool
+	// NoDeviceScopeBarrier makes DeviceScopeBarrier false even where it
+	// holds, to exercise (and time) the kernels' portable path.
+	NoDeviceScopeBarrier bool
 }
 
 // AdapterInfo describes the adapter Open chose.
@@ -101,7 +104,10 @@ type Device struct {
 	chunks         []*wgpu.Buffer // free uniform chunks for Batch params
 	binds          *bindCache     // bind groups reused across batches
 	timestamps     bool           // timestamp queries enabled (natively, where offered)
+	deviceBarrier  bool           // see DeviceScopeBarrier
 	scratch        *Buffer        // see Scratch
+	counted        *Buffer        // see CountedScratch
+	counters       uint64         // counted's counter words
 	retired        []*Buffer      // grown-out scratch buffers, kept until Close
 	readback       *wgpu.Buffer   // MapRead staging for Read, grown on demand
 	readbackSize   uint64
@@ -116,6 +122,19 @@ func (d *Device) Limits() Limits { return d.limits }
 
 // F16 reports whether the shader-f16 feature is enabled on the device.
 func (d *Device) F16() bool { return d.f16 }
+
+// DeviceScopeBarrier reports whether WGSL's storageBarrier orders storage
+// memory across the whole device on this build, not only within a
+// workgroup: then a workgroup that counts its arrival with an atomic after
+// a storageBarrier, and finds it was the last, sees (after another
+// storageBarrier) what every other workgroup of the dispatch wrote before
+// arriving, and can finish their work in the same dispatch. Natively naga
+// compiles storageBarrier to OpControlBarrier with Device memory scope and
+// acquire-release semantics on Vulkan (CUDA's __threadfence with
+// __syncthreads). The WGSL specification promises only workgroup scope, so
+// on other backends and in the browser this is false and such kernels take
+// one more dispatch.
+func (d *Device) DeviceScopeBarrier() bool { return d.deviceBarrier }
 
 // Close releases the device and everything cached on it. Buffers made on it
 // must not be used afterwards.

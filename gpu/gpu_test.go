@@ -419,3 +419,124 @@ func TestProfile(t *testing.T) {
 		t.Errorf("y = %v…%v, want 5 (five dispatches adding 1)", y[0], y[1023])
 	}
 }
+
+// lastSums is a test kernel of the arrival counting DeviceScopeBarrier
+// allows: workgroup (s, g) writes WG values of split s of group g into the
+// scratch space, then counts its arrival in counter g; the last of the
+// group's p.splits workgroups to arrive sums every split's values into
+// out[g] and sets the counter back to zero.
+var lastSums = gpu.Kernel{
+	Module: "last_sums_test.wgsl",
+	Entry:  "main",
+	Source: `
+const WG: u32 = 64u;
+struct Params { splits: u32, part0: u32, round: u32, _pad: u32 }
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> part: array<atomic<u32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+var<workgroup> is_last: bool;
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+	let s = wid.x;
+	let g = wid.y;
+	let first = p.part0 + g * p.splits * WG;
+	atomicStore(&part[first + s * WG + lid], g * 7u + s * 3u + lid + p.round);
+	storageBarrier();
+	if lid == 0u {
+		is_last = atomicAdd(&part[g], 1u) == p.splits - 1u;
+	}
+	if !workgroupUniformLoad(&is_last) {
+		return;
+	}
+	storageBarrier();
+	var sum = 0u;
+	for (var i = lid; i < p.splits * WG; i += WG) {
+		sum += atomicLoad(&part[first + i]);
+	}
+	out[g * WG + lid] = sum;
+	if lid == 0u {
+		atomicStore(&part[g], 0u);
+	}
+}`,
+	ParamsSize: 16,
+	Storage:    []gpu.Access{gpu.ReadWrite, gpu.ReadWrite},
+}
+
+// TestCountedScratch runs lastSums over many workgroups, several times in
+// one pass, where the device's storageBarrier is device-wide, and checks
+// the sums and that the counters are back at zero; and that growing the
+// counters moves the scratch space to a fresh buffer.
+func TestCountedScratch(t *testing.T) {
+	d := gputest.Device(t)
+	if !d.DeviceScopeBarrier() {
+		t.Skipf("%s: storageBarrier is not device-wide here", d.Info())
+	}
+	const wg, splits, groups, rounds = 64, 37, 300, 16
+	buf, off, err := d.CountedScratch(groups, splits*groups*wg*4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off < groups*4 || off%256 != 0 {
+		t.Fatalf("scratch space at byte %d, for %d counters", off, groups)
+	}
+	p, err := d.Pipeline(lastSums, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := make([]*gpu.Buffer, rounds)
+	b, err := d.NewBatch("last-sums")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range rounds {
+		if outs[r], err = d.NewBuffer(fmt.Sprint("out", r), groups*wg*4); err != nil {
+			t.Fatal(err)
+		}
+		defer outs[r].Release()
+		if err := b.Dispatch(p, []uint32{splits, uint32(off / 4), uint32(r), 0}, []gpu.Binding{buf.All(), outs[r].All()}, splits, groups, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
+	}
+	for r := range rounds {
+		got, err := outs[r].ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for g := range groups {
+			for lid := range wg {
+				want := uint32(0)
+				for i := lid; i < splits*wg; i += wg {
+					s, l := i/wg, i%wg
+					want += uint32(g*7 + s*3 + l + r)
+				}
+				if v := got[g*wg+lid]; v != want {
+					t.Fatalf("round %d, group %d, thread %d: sum %d, want %d", r, g, lid, v, want)
+				}
+			}
+		}
+	}
+	all, err := buf.ReadU32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range all[:off/4] {
+		if c != 0 {
+			t.Fatalf("counter %d = %d after the dispatches", i, c)
+		}
+	}
+
+	// More counters: a new buffer, its scratch space after them.
+	buf2, off2, err := d.CountedScratch(int(off/4)+1, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if buf2 == buf || off2 <= off {
+		t.Errorf("%d counters: same buffer or scratch at byte %d (was %d)", off/4+1, off2, off)
+	}
+	if _, _, err := d.CountedScratch(-1, 0); err == nil {
+		t.Error("negative counters accepted")
+	}
+}

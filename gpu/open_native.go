@@ -68,6 +68,9 @@ func Open(opts Options) (*Device, error) {
 	d, err := newDevice(dev, info, granted, f16, newErrorScopes(dev))
 	if err == nil {
 		d.timestamps = timestamps
+		// naga's SPIR-V for storageBarrier: OpControlBarrier(Workgroup,
+		// Device, AcquireRelease | UniformMemory).
+		d.deviceBarrier = wi.BackendType == wgpu.BackendTypeVulkan && !opts.NoDeviceScopeBarrier
 	}
 	return d, err
 }

@@ -11,8 +11,8 @@ import (
 var (
 	attnDecode = gpu.Kernel{
 		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", ParamsSize: 32,
-		// q, kcache, vcache, table, seq, pos, part
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
+		// q, kcache, vcache, table, seq, pos, part, out
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
 	}
 	attnMerge = gpu.Kernel{
 		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", ParamsSize: 16,
@@ -33,6 +33,12 @@ const (
 	decodeMinChunk   = 64   // context positions per split, at least (fewer splits: a shorter merge)
 	decodeMaxChunk   = 256  // and at most
 	decodeWorkgroups = 1024 // enough workgroups to keep a large GPU busy
+	decodeMergeMax   = 64   // MAXS in attention_decode.wgsl: the most splits its last split merges
+	// decodeMergeMinRows is the fewest rows whose splits the last of them
+	// merges. At one row the merge dispatch measured faster on the H200
+	// (chained batch-1 steps 2.15 against 2.25 ms, while batch 2 went 2.24
+	// → 2.19 ms; BENCHMARKS.md, tenth session).
+	decodeMergeMinRows = 2
 )
 
 // KVCache is the paged key/value cache of every layer, shared by many
@@ -66,8 +72,12 @@ type KVCache struct {
 // least, the longest split (a power of two) and the values a thread loads
 // before it uses them (VB). Zero fields take the defaults, decodeWG,
 // decodeWorkgroups, decodeMaxChunk and decodeVB; BenchmarkAttentionDecode
-// tries others.
-type decodeTuning struct{ wg, workgroups, maxChunk, vb int }
+// tries others. mergeDispatch merges the splits in a dispatch of their own
+// even where the last split could (gpu.Device.DeviceScopeBarrier).
+type decodeTuning struct {
+	wg, workgroups, maxChunk, vb int
+	mergeDispatch                bool
+}
 
 func (t decodeTuning) orDefaults() decodeTuning {
 	if t.wg == 0 {
@@ -96,7 +106,7 @@ type cachePipelineKey struct {
 // at its call sites (zero where a kernel has no such constant).
 type kernelShape struct {
 	chunk, group, wg, vb, sb int
-	direct                   bool
+	direct, merge            bool
 }
 
 // pipeline returns kernel k specialized by consts() — and by the cache's
@@ -229,10 +239,10 @@ func (c *KVCache) DecodeSplits(T, heads, maxLen int) int {
 	return (maxLen + chunk - 1) / chunk
 }
 
-// DecodeScratch is the number of f32 values AttentionDecode keeps in the
-// device's scratch buffer between its two dispatches, for T rows of heads
-// query heads and contexts of up to maxLen positions: (T, heads, splits,
-// D + 2).
+// DecodeScratch is the number of f32 values of partial results
+// AttentionDecode keeps in one of the device's scratch buffers, for T rows
+// of heads query heads and contexts of up to maxLen positions: (T, heads,
+// splits, D + 2).
 func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
 	return T * heads * c.DecodeSplits(T, heads, maxLen) * (c.D + 2)
 }
@@ -246,7 +256,7 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 	tune := c.decode.orDefaults()
 	chunk := tune.maxChunk
 	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < tune.workgroups ||
-		c.decodeMemory(heads, chunk) > c.wgMemory) {
+		c.decodeMemory(heads, chunk, false) > c.wgMemory) {
 		chunk /= 2
 	}
 	return chunk
@@ -254,25 +264,44 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 
 // decodeMemory is attention_decode.wgsl's workgroup memory in bytes: the
 // group's queries and value sums (GROUP·D each), scores (GROUP·CHUNK), key
-// offsets (CHUNK) and the reductions (GROUP·WG and GROUP·WG/16).
-func (c *KVCache) decodeMemory(heads, chunk int) int {
+// offsets (CHUNK), the reductions (GROUP·WG and GROUP·WG/16) and MERGE's
+// m and l of each split (2·GROUP·MAXS; MAXS = 1 without MERGE) and its
+// flag.
+func (c *KVCache) decodeMemory(heads, chunk int, merge bool) int {
 	group, wg := heads/c.KVHeads, c.decode.orDefaults().wg
-	return 4 * (2*group*c.D + group*chunk + chunk + group*wg + group*wg/16)
+	maxs := 1
+	if merge {
+		maxs = decodeMergeMax
+	}
+	return 4 * (2*group*c.D + group*chunk + chunk + group*wg + group*wg/16 + 2*group*maxs + 1)
+}
+
+// lastSplitMerges reports whether AttentionDecode's last split merges the
+// splits of T rows (no merge dispatch): where the device orders storage
+// device-wide, the rows are enough, the splits more than one and few
+// enough, and the workgroup memory holds their m and l.
+func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int) bool {
+	splits := c.DecodeSplits(T, heads, maxLen)
+	return d.DeviceScopeBarrier() && !c.decode.mergeDispatch && T >= decodeMergeMinRows && splits > 1 && splits <= decodeMergeMax &&
+		c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen), true) <= c.wgMemory
 }
 
 // AttentionDecode records causal GQA attention for T single query rows,
 // each of its own sequence slot and position, over layer's cache — split
-// over the context, then merged (one dispatch when a single split covers
-// maxLen):
+// over the context, then merged:
 //
 //	q        (T, heads, D) f32, after q_norm and RoPE
 //	seq, pos (T) u32: row t attends to positions 0 … pos[t] of slot seq[t]
 //	maxLen   ≥ pos[t]+1 for every row (a row beyond it comes out NaN)
 //	out      (T, heads, D) f32
 //
-// The splits' partial results pass through the device's scratch buffer
-// (gpu.Device.Scratch, c.DecodeScratch values). The rows' own keys and
-// values must already be in the cache (QKVRopeKV).
+// It is one dispatch when a single split covers maxLen, or when the last
+// split to finish can merge them (gpu.Device.DeviceScopeBarrier, at least
+// decodeMergeMinRows rows, at most decodeMergeMax splits); else a second
+// dispatch merges. The splits'
+// partial results pass through the device's scratch buffers
+// (gpu.Device.CountedScratch or Scratch, c.DecodeScratch values). The
+// rows' own keys and values must already be in the cache (QKVRopeKV).
 func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
 	op := "attention_decode"
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
@@ -304,46 +333,55 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 			return err
 		}
 	}
-	if err := c.checkWorkgroupMemory(b.Device(), op, c.decodeMemory(heads, chunk)); err != nil {
-		return err
-	}
+	d := b.Device()
 	group := heads / c.KVHeads
 	direct := splits == 1 // one split: no merge, the kernel writes out itself
-	split, err := c.pipeline(b.Device(), attnDecode, kernelShape{chunk: chunk, group: group, wg: wg, vb: tune.vb, direct: direct}, true, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb), "DIRECT": wgslBool(direct)}
+	merge := c.lastSplitMerges(d, T, heads, maxLen)
+	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge)); err != nil {
+		return err
+	}
+	maxs := uint32(1)
+	if merge {
+		maxs = decodeMergeMax
+	}
+	split, err := c.pipeline(d, attnDecode, kernelShape{chunk: chunk, group: group, wg: wg, vb: tune.vb, direct: direct, merge: merge}, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb),
+			"DIRECT": wgslBool(direct), "MERGE": wgslBool(merge), "MAXS": maxs}
 	})
+	if err != nil {
+		return err
+	}
+	// The partials: after T·kv_heads arrival counts with merge.
+	partBytes := uint64(c.DecodeScratch(T, heads, maxLen)) * 4
+	var scratch *gpu.Buffer
+	var part0 uint64
+	if merge {
+		scratch, part0, err = d.CountedScratch(T*c.KVHeads, partBytes)
+	} else {
+		scratch, err = d.Scratch(partBytes)
+	}
 	if err != nil {
 		return err
 	}
 	kc, vc := c.layer(layer)
 	rows := uint64(T) * 4
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), 0}
-	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows)}
-	if direct {
-		binds = append(binds, out.Slice(0, uint64(n)*4))
-		if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), 1, uint32(T)); err != nil {
-			return fmt.Errorf("kernels: %s: %w", op, err)
-		}
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), uint32(part0 / 4)}
+	part := scratch.Slice(0, part0+partBytes)
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part, out.Slice(0, uint64(n)*4)}
+	if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	if direct || merge {
 		return nil
 	}
-	merge, err := c.pipeline(b.Device(), attnMerge, kernelShape{chunk: chunk}, false, func() gpu.Consts {
+	mergePipe, err := c.pipeline(d, attnMerge, kernelShape{chunk: chunk}, false, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
 	})
 	if err != nil {
 		return err
 	}
-	partBytes := uint64(c.DecodeScratch(T, heads, maxLen)) * 4
-	scratch, err := b.Device().Scratch(partBytes)
-	if err != nil {
-		return err
-	}
-	part := scratch.Slice(0, partBytes)
-	binds = append(binds, part)
-	if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
-		return fmt.Errorf("kernels: %s: %w", op, err)
-	}
 	binds = []gpu.Binding{part, pos.Slice(0, rows), out.Slice(0, uint64(n)*4)}
-	if err := b.Dispatch(merge, []uint32{uint32(T), uint32(heads), uint32(splits), 0}, binds, uint32(heads), uint32(T), 1); err != nil {
+	if err := b.Dispatch(mergePipe, []uint32{uint32(T), uint32(heads), uint32(splits), 0}, binds, uint32(heads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: merge: %w", op, err)
 	}
 	return nil

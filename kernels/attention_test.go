@@ -174,8 +174,13 @@ func TestAttentionDecode(t *testing.T) {
 			s.kvHeads, s.group = 1, 8
 		}
 		T := []int{1, 1, 3, 8}[r.IntN(4)]
-		// The default tuning, or one BenchmarkAttentionDecode tries.
+		if i%4 == 0 { // rows enough for the last split to merge
+			T = 3
+		}
+		// The default tuning, or one BenchmarkAttentionDecode tries; the
+		// splits merged by the last of them (on Vulkan) or by a dispatch.
 		tune := []decodeTuning{{}, {wg: 128, workgroups: 4096, vb: 16}, {wg: 256, workgroups: 256, vb: 4}, {workgroups: 1, maxChunk: 1024, vb: 1}}[r.IntN(4)]
+		tune.mergeDispatch = i%2 == 1
 		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v_%+v", s.kvHeads, s.group, s.D, s.blockSize, T, lens, tune)
 		t.Run(name, func(t *testing.T) { testAttentionDecode(t, d, r, s, lens, T, tune) })
 	}
@@ -204,13 +209,17 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 		reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[slot][:kv], tc.v[slot][:kv], 1, p, cfg)
 	}
 	qb, sb, pb := upload(t, d, "q", q), uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
-	poisonScratch(t, d, tc.c.DecodeScratch(T, cfg.NumAttentionHeads, maxLen))
+	scratch := tc.c.DecodeScratch(T, cfg.NumAttentionHeads, maxLen)
+	poisonScratch(t, d, scratch)
+	counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, scratch)
 	out := poisoned(t, d, "out", T*qDim)
 	run(t, d, "decode", func(b *gpu.Batch) error {
 		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, cfg.NumAttentionHeads, maxLen)
 	})
-	t.Logf("%d splits, f16 cache %v", tc.c.DecodeSplits(T, cfg.NumAttentionHeads, maxLen), tc.c.F16)
+	t.Logf("%d splits, merged by the last %v, f16 cache %v", tc.c.DecodeSplits(T, cfg.NumAttentionHeads, maxLen),
+		tc.c.lastSplitMerges(d, T, cfg.NumAttentionHeads, maxLen), tc.c.F16)
 	checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
+	checkCountsZero(t, d, counts)
 }
 
 func TestAttentionPrefill(t *testing.T) {
@@ -259,24 +268,39 @@ func TestAttentionPrefill(t *testing.T) {
 }
 
 // TestAttentionDecodeShortMaxLen checks that a row whose context exceeds
-// the maxLen it was recorded with comes out NaN rather than truncated.
+// the maxLen it was recorded with comes out NaN rather than truncated: one
+// split, or two merged by the last (where the device allows) or by a
+// dispatch.
 func TestAttentionDecodeShortMaxLen(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	s := attnShape{kvHeads: 1, group: 2, D: 64, blockSize: 16}
-	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{100}, false)
-	cfg := s.config()
-	qb := upload(t, d, "q", randVec(r, cfg.QDim(), 1))
-	sb, pb := uploadU32(t, d, "seq", []uint32{0}), uploadU32(t, d, "pos", []uint32{99})
-	poisonScratch(t, d, tc.c.DecodeScratch(1, 2, 64))
-	out := poisoned(t, d, "out", cfg.QDim())
-	if err := out.Fill(0); err != nil {
-		t.Fatal(err)
-	}
-	run(t, d, "decode", func(b *gpu.Batch) error {
-		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, 1, 2, 64)
-	})
-	if got := readF32(t, out, cfg.QDim()); got[0] == got[0] {
-		t.Errorf("out[0] = %v, want NaN", got[0])
+	for _, c := range []struct {
+		maxLen        int
+		mergeDispatch bool
+	}{{64, false}, {128, false}, {128, true}} {
+		// Two rows (a merge by the last split needs decodeMergeMinRows), both
+		// of slot 0 at position 199.
+		const T = 2
+		tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{200}, false)
+		tc.c.decode.mergeDispatch = c.mergeDispatch
+		cfg := s.config()
+		qb := upload(t, d, "q", randVec(r, T*cfg.QDim(), 1))
+		sb, pb := uploadU32(t, d, "seq", []uint32{0, 0}), uploadU32(t, d, "pos", []uint32{199, 199})
+		poisonScratch(t, d, tc.c.DecodeScratch(T, 2, c.maxLen))
+		counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, tc.c.DecodeScratch(T, 2, c.maxLen))
+		out := poisoned(t, d, "out", T*cfg.QDim())
+		if err := out.Fill(0); err != nil {
+			t.Fatal(err)
+		}
+		run(t, d, "decode", func(b *gpu.Batch) error {
+			return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, 2, c.maxLen)
+		})
+		for i, v := range readF32(t, out, T*cfg.QDim()) {
+			if v == v {
+				t.Fatalf("%+v: out[%d] = %v, want NaN", c, i, v)
+			}
+		}
+		checkCountsZero(t, d, counts)
 	}
 }

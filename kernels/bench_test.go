@@ -341,7 +341,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	const kvHeads, group, D, blockSize, context, reps = 8, 2, 128, 16, 1024, 16
 	heads := kvHeads * group
 	Ts, tunings := []int{1, 4, 32}, []decodeTuning{
-		{}, {vb: 1}, {vb: 4}, {vb: 16}, {workgroups: 2048}, {workgroups: 256, maxChunk: 512},
+		{}, {mergeDispatch: true}, {vb: 1}, {vb: 4}, {vb: 16}, {workgroups: 2048}, {workgroups: 256, maxChunk: 512},
 		{wg: 128}, {wg: 128, vb: 4}, {wg: 128, vb: 16}, {wg: 128, workgroups: 256, maxChunk: 512},
 		{wg: 256, vb: 4}, {wg: 256, vb: 8}, {wg: 256, vb: 16}, {wg: 256, workgroups: 256, maxChunk: 512, vb: 16},
 		// one split of the whole context, which needs no merge
@@ -363,7 +363,11 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		for _, tune := range tunings {
 			c.decode = tune
 			t := tune.orDefaults()
-			b.Run(fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d/vb=%d", T, t.wg, t.workgroups, t.maxChunk, t.vb), func(b *testing.B) {
+			name := fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d/vb=%d", T, t.wg, t.workgroups, t.maxChunk, t.vb)
+			if t.mergeDispatch { // else merged by the last split where the device allows
+				name += "/merge=dispatch"
+			}
+			b.Run(name, func(b *testing.B) {
 				sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
 					return AttentionDecode(bt, out, q, c, 0, sb, pb, T, heads, context)
 				})

@@ -103,6 +103,47 @@ func poisonScratch(t *testing.T, d *gpu.Device, n int) {
 	}
 }
 
+// poisonCountedScratch fills the scratch space of the device's counted
+// scratch buffer, grown for counters and n f32 values, with NaN, and
+// returns the bytes its counters take.
+func poisonCountedScratch(t *testing.T, d *gpu.Device, counters, n int) uint64 {
+	t.Helper()
+	b, off, err := d.CountedScratch(counters, uint64(n)*4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nan := make([]uint32, (b.Size()-off)/4)
+	for i := range nan {
+		nan[i] = gpu.NaN32
+	}
+	if err := b.WriteU32(off, nan); err != nil {
+		t.Fatal(err)
+	}
+	return off
+}
+
+// checkCountsZero checks that the counted scratch buffer's counters (its
+// first bytes) are all back at zero, as the next dispatch needs them.
+func checkCountsZero(t *testing.T, d *gpu.Device, bytes uint64) {
+	t.Helper()
+	b, off, err := d.CountedScratch(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off != bytes {
+		t.Fatalf("the counters moved: %d bytes, then %d", bytes, off)
+	}
+	all, err := b.ReadU32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range all[:bytes/4] {
+		if c != 0 {
+			t.Fatalf("counter %d = %d after the dispatch, want 0", i, c)
+		}
+	}
+}
+
 // run records ops into one batch and submits it.
 func run(t *testing.T, d *gpu.Device, label string, record func(b *gpu.Batch) error) {
 	t.Helper()

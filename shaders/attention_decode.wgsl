@@ -1,7 +1,8 @@
 // attention_decode.wgsl: causal GQA attention of single query rows over the
-// paged KV cache, split over the context (flash-decoding); the splits are
-// merged by attention_merge.wgsl, or, when there is one split (DIRECT), the
-// kernel writes the output itself.
+// paged KV cache, split over the context (flash-decoding). The splits are
+// merged by attention_merge.wgsl; or, with MERGE, by the last of a row's
+// splits to finish, in this dispatch; or, when there is one split (DIRECT),
+// the kernel writes the output itself.
 //
 // Row t (query q[t], position pos[t], sequence seq[t]) attends to the
 // positions 0 … pos[t] of its sequence. Query head h reads kv head
@@ -16,9 +17,23 @@
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs
 //           (layout in qkv_rope_kv.wgsl), read as 16-byte words
 //   table   (seqs, max_blocks) u32, seq (T) u32, pos (T) u32
-//   part    (T, heads, splits, D + 2) f32: o, then m and l; or with
-//           DIRECT (one split) the output itself, (T, heads, D) f32 o / l,
-//           and no merge — NaN for a row the split does not cover
+//   part    from word part0 on, (T, heads, splits, D + 2) f32 bits: o,
+//           then m and l (unwritten with DIRECT); read and written as
+//           atomics (see MERGE)
+//   out     (T, heads, D) f32, written with MERGE (by the last split) or
+//           DIRECT (one split, no merge: o / l, and NaN for a row the split
+//           does not cover); else left to attention_merge.wgsl
+//
+// MERGE (where gpu.Device.DeviceScopeBarrier holds): words 0 … T·kv_heads − 1
+// of part count the splits of row t and kv head g that have written their
+// partials. Each workgroup writes them, then storageBarrier (a device-scope
+// release there), then one thread adds 1 to the count. The one that finds
+// splits − 1 there is the last: after another storageBarrier (acquire) it
+// reads every split's partials, merges them as attention_merge.wgsl does
+// (the same operations in the same order), writes out, and
+// sets the count back to 0 for the next dispatch. part is read and written
+// only through atomics, which bypass caches that another workgroup's
+// writes would not reach.
 //
 // Dispatch: (kv_heads, splits, T) workgroups of WG threads. A workgroup
 // takes one kv head for the GROUP query heads that share it, so each key
@@ -40,7 +55,7 @@
 // (64 … 256, picked by package kernels so that there are enough workgroups
 // and the workgroup memory fits) and VB are constants, so every loop over
 // them has a fixed count. WG = 64 threads (a power of two, at least 16 and
-// at least D/8).
+// at least D/8). MERGE takes at most MAXS splits.
 
 const WG: u32 = 64u;
 const D: u32 = 128u;
@@ -49,6 +64,8 @@ const CHUNK: u32 = 64u;
 const VB: u32 = 8u;                // values a thread loads before it uses them
 const KV_F16: u32 = 0u;            // 1: the KV cache holds f16 pairs (specialized by the host)
 const DIRECT: u32 = 0u;            // 1: one split (splits = 1) writes the output itself to part
+const MERGE: u32 = 0u;             // 1: the last split merges (specialized by the host)
+const MAXS: u32 = 64u;             // MERGE: the most splits
 const LANES: u32 = D / 8u;         // threads per value vector
 const KP: u32 = WG / LANES;        // value vectors summed side by side
 const RG: u32 = WG / 16u;          // a reduction's partials per head
@@ -56,6 +73,8 @@ const QS: u32 = GROUP * D / 4u;    // vec4s of the group's queries
 const SC: u32 = GROUP * CHUNK;     // scores, then exp(score − m)
 const RED: u32 = GROUP * WG;       // per-thread maxima, then sums
 const RED2: u32 = GROUP * RG;      // their partials
+const SB: u32 = 8u;                // MERGE: splits' values a thread loads at once
+const OUTS: u32 = (GROUP * D + WG - 1u) / WG; // MERGE: outputs a thread
 
 struct Params {
     T: u32,
@@ -65,7 +84,7 @@ struct Params {
     max_blocks: u32, // row stride of table
     splits: u32,
     scale: f32,      // 1/sqrt(D)
-    _pad: u32,
+    part0: u32,      // the first word of the partials in part (after MERGE's counts)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -75,7 +94,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 @group(0) @binding(5) var<storage, read> seq: array<u32>;
 @group(0) @binding(6) var<storage, read> pos: array<u32>;
-@group(0) @binding(7) var<storage, read_write> part: array<f32>;
+@group(0) @binding(7) var<storage, read_write> part: array<atomic<u32>>;
+@group(0) @binding(8) var<storage, read_write> out: array<f32>;
 
 var<workgroup> qs: array<vec4<f32>, QS>;
 var<workgroup> sc: array<f32, SC>;
@@ -83,6 +103,17 @@ var<workgroup> base: array<u32, CHUNK>;  // cache offset of each key of the chun
 var<workgroup> red: array<f32, RED>;     // each thread's value of a reduction
 var<workgroup> red2: array<f32, RED2>;
 var<workgroup> ov: array<array<Vec8, LANES>, GROUP>; // the value sums [head][lane]
+var<workgroup> is_last: bool;                         // MERGE: this workgroup merges
+var<workgroup> ms: array<array<f32, MAXS>, GROUP>;    // MERGE: each split's m, then exp(m − M)
+var<workgroup> ls: array<array<f32, MAXS>, GROUP>;    // MERGE: each split's l
+
+fn store_part(i: u32, v: f32) {
+    atomicStore(&part[i], bitcast<u32>(v));
+}
+
+fn load_part(i: u32) -> f32 {
+    return bitcast<f32>(atomicLoad(&part[i]));
+}
 
 // Eight cache elements e … e+7 (e a multiple of 8) in 16-byte loads.
 struct Vec8 {
@@ -241,25 +272,94 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let d = i % D;
             let w = ov[hh][d / 8u];
             let o = select(w.hi, w.lo, d % 8u < 4u)[d % 4u] / l[hh];
-            part[(t * p.heads + h0) * D + i] = select(o, bitcast<f32>(nan_bits), beyond);
+            out[(t * p.heads + h0) * D + i] = select(o, bitcast<f32>(nan_bits), beyond);
         }
         return;
     }
 
     // Write o, m, l of each head.
-    let stride = p.splits * (D + 2u);                          // to the next head
-    let out0 = ((t * p.heads + h0) * p.splits + s) * (D + 2u); // part of head h0
+    let stride = p.splits * (D + 2u);                                    // to the next head
+    let first = p.part0 + (t * p.heads + h0) * p.splits * (D + 2u);      // split 0 of head h0
+    let out0 = first + s * (D + 2u);                                     // this split
     for (var i = lid; i < GROUP * D; i += WG) {
         let hh = i / D;
         let d = i % D;
         let w = ov[hh][d / 8u];
-        let dst = out0 + hh * stride;
-        part[dst + d] = select(w.hi, w.lo, d % 8u < 4u)[d % 4u];
+        store_part(out0 + hh * stride + d, select(w.hi, w.lo, d % 8u < 4u)[d % 4u]);
     }
     if lid == 0u {
         for (var hh = 0u; hh < GROUP; hh++) {
-            part[out0 + hh * stride + D] = m[hh];
-            part[out0 + hh * stride + D + 1u] = l[hh];
+            store_part(out0 + hh * stride + D, m[hh]);
+            store_part(out0 + hh * stride + D + 1u, l[hh]);
         }
+    }
+    if MERGE == 0u {
+        return;
+    }
+
+    // The last split to arrive merges.
+    let count = t * p.kv_heads + g;
+    storageBarrier(); // release: the partials above before the arrival
+    if lid == 0u {
+        is_last = atomicAdd(&part[count], 1u) == p.splits - 1u;
+    }
+    if !workgroupUniformLoad(&is_last) {
+        return;
+    }
+    storageBarrier(); // acquire: the other splits' partials after their arrivals
+    for (var i = lid; i < GROUP * p.splits; i += WG) {
+        let hh = i / p.splits;
+        let at = first + hh * stride + (i % p.splits) * (D + 2u) + D;
+        ms[hh][i % p.splits] = load_part(at);
+        ls[hh][i % p.splits] = load_part(at + 1u);
+    }
+    workgroupBarrier();
+    // M, the denominator and each split's weight, as attention_merge.wgsl.
+    var M = array<f32, GROUP>();
+    var den = array<f32, GROUP>();
+    for (var hh = 0u; hh < GROUP; hh++) {
+        M[hh] = ms[hh][0];
+        for (var s2 = 1u; s2 < p.splits; s2++) {
+            M[hh] = max(M[hh], ms[hh][s2]);
+        }
+        for (var s2 = 0u; s2 < p.splits; s2++) {
+            den[hh] += exp(ms[hh][s2] - M[hh]) * ls[hh][s2];
+        }
+    }
+    workgroupBarrier();
+    for (var i = lid; i < GROUP * p.splits; i += WG) {
+        let hh = i / p.splits;
+        ms[hh][i % p.splits] = exp(ms[hh][i % p.splits] - M[hh]);
+    }
+    workgroupBarrier();
+    // Each thread's OUTS outputs, SB splits' values loaded at once.
+    var num = array<f32, OUTS>();
+    for (var s0 = 0u; s0 < p.splits; s0 += SB) {
+        var v: array<array<f32, SB>, OUTS>;
+        for (var r = 0u; r < OUTS; r++) {
+            let i = min(lid + r * WG, GROUP * D - 1u);
+            for (var j = 0u; j < SB; j++) {
+                v[r][j] = load_part(first + (i / D) * stride + min(s0 + j, p.splits - 1u) * (D + 2u) + i % D);
+            }
+        }
+        for (var r = 0u; r < OUTS; r++) {
+            let hh = min(lid + r * WG, GROUP * D - 1u) / D;
+            for (var j = 0u; j < SB; j++) {
+                if s0 + j < p.splits {
+                    num[r] += ms[hh][s0 + j] * v[r][j];
+                }
+            }
+        }
+    }
+    var nan_bits = 0x7fc00000u;
+    let beyond = L > p.splits * CHUNK; // as attention_merge.wgsl
+    for (var r = 0u; r < OUTS; r++) {
+        let i = lid + r * WG;
+        if i < GROUP * D {
+            out[(t * p.heads + h0) * D + i] = select(num[r] / den[i / D], bitcast<f32>(nan_bits), beyond);
+        }
+    }
+    if lid == 0u {
+        atomicStore(&part[count], 0u); // for the next dispatch
     }
 }

@@ -10,14 +10,13 @@ import (
 
 var (
 	attnDecode = gpu.Kernel{
-		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", ParamsSize: 48,
+		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", ParamsSize: 32,
 		// q, kcache, vcache, table, seq, pos, part, out
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
 	}
 	attnMerge = gpu.Kernel{
-		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", ParamsSize: 32,
-		// part, pos, out, seq, table, kcache, vcache
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
+		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", ParamsSize: 16,
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // part, pos, out
 	}
 	attnPrefill = gpu.Kernel{
 		Module: "attention_prefill.wgsl", Source: shaders.AttentionPrefill, Entry: "main", ParamsSize: 32,
@@ -74,12 +73,10 @@ type KVCache struct {
 // before it uses them (VB). Zero fields take the defaults, decodeWG,
 // decodeWorkgroups, decodeMaxChunk and decodeVB; BenchmarkAttentionDecode
 // tries others. mergeDispatch merges the splits in a dispatch of their own
-// even where the last split could (gpu.Device.DeviceScopeBarrier); noFold
-// keeps qkv_rope_kv.wgsl's dispatch where QKVProjAttentionDecode would fold
-// it.
+// even where the last split could (gpu.Device.DeviceScopeBarrier).
 type decodeTuning struct {
 	wg, workgroups, maxChunk, vb int
-	mergeDispatch, noFold        bool
+	mergeDispatch                bool
 }
 
 func (t decodeTuning) orDefaults() decodeTuning {
@@ -109,7 +106,7 @@ type cachePipelineKey struct {
 // at its call sites (zero where a kernel has no such constant).
 type kernelShape struct {
 	chunk, group, wg, vb, sb int
-	direct, merge, rope      bool
+	direct, merge            bool
 }
 
 // pipeline returns kernel k specialized by consts() — and by the cache's
@@ -259,7 +256,7 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 	tune := c.decode.orDefaults()
 	chunk := tune.maxChunk
 	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < tune.workgroups ||
-		c.decodeMemory(heads, chunk, false, false) > c.wgMemory) {
+		c.decodeMemory(heads, chunk, false) > c.wgMemory) {
 		chunk /= 2
 	}
 	return chunk
@@ -267,20 +264,16 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 
 // decodeMemory is attention_decode.wgsl's workgroup memory in bytes: the
 // group's queries and value sums (GROUP·D each), scores (GROUP·CHUNK), key
-// offsets (CHUNK), the reductions (GROUP·WG and GROUP·WG/16), MERGE's m
-// and l of each split (2·GROUP·MAXS; MAXS = 1 without MERGE) and its flag,
-// and ROPE's sums of squares ((GROUP + 1)·WG) and own key and value (2·D;
-// one value each without ROPE).
-func (c *KVCache) decodeMemory(heads, chunk int, merge, rope bool) int {
+// offsets (CHUNK), the reductions (GROUP·WG and GROUP·WG/16) and MERGE's
+// m and l of each split (2·GROUP·MAXS; MAXS = 1 without MERGE) and its
+// flag.
+func (c *KVCache) decodeMemory(heads, chunk int, merge bool) int {
 	group, wg := heads/c.KVHeads, c.decode.orDefaults().wg
-	maxs, rwg, own := 1, 1, 1
+	maxs := 1
 	if merge {
 		maxs = decodeMergeMax
 	}
-	if rope {
-		rwg, own = wg, c.D
-	}
-	return 4 * (2*group*c.D + group*chunk + chunk + group*wg + group*wg/16 + 2*group*maxs + 1 + (group+1)*rwg + 2*own)
+	return 4 * (2*group*c.D + group*chunk + chunk + group*wg + group*wg/16 + 2*group*maxs + 1)
 }
 
 // lastSplitMerges reports whether AttentionDecode's last split merges the
@@ -290,16 +283,7 @@ func (c *KVCache) decodeMemory(heads, chunk int, merge, rope bool) int {
 func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int) bool {
 	splits := c.DecodeSplits(T, heads, maxLen)
 	return d.DeviceScopeBarrier() && !c.decode.mergeDispatch && T >= decodeMergeMinRows && splits > 1 && splits <= decodeMergeMax &&
-		c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen), true, false) <= c.wgMemory
-}
-
-// foldsRope reports whether QKVProjAttentionDecode folds qkv_rope_kv.wgsl's
-// work into the attention's dispatches (attention_decode.wgsl's ROPE) for T
-// rows: one row, over more than one split merged by a dispatch (which
-// appends the row's key and value), whose workgroup memory fits.
-func (c *KVCache) foldsRope(d *gpu.Device, T, heads, maxLen int) bool {
-	return T == 1 && !c.decode.noFold && c.DecodeSplits(T, heads, maxLen) > 1 && !c.lastSplitMerges(d, T, heads, maxLen) &&
-		c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen), false, true) <= c.wgMemory
+		c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen), true) <= c.wgMemory
 }
 
 // AttentionDecode records causal GQA attention for T single query rows,
@@ -320,21 +304,6 @@ func (c *KVCache) foldsRope(d *gpu.Device, T, heads, maxLen int) bool {
 // rows' own keys and values must already be in the cache (QKVRopeKV).
 func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
 	op := "attention_decode"
-	if err := checkAttentionDecode(op, b.Device(), out, q, c, layer, seq, pos, T, heads, maxLen); err != nil {
-		return err
-	}
-	return recordAttentionDecode(b, op, out, q, nil, c, layer, seq, pos, T, heads, maxLen)
-}
-
-// ropeInput is what attention_decode.wgsl's ROPE needs besides the q|k|v
-// rows: q_norm | k_norm | inv_freq (UploadQKNormRope) and their epsilon.
-type ropeInput struct {
-	consts *gpu.Buffer
-	eps    float64
-}
-
-// checkAttentionDecode checks AttentionDecode's arguments.
-func checkAttentionDecode(op string, d *gpu.Device, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
 		return err
 	}
@@ -342,16 +311,19 @@ func checkAttentionDecode(op string, d *gpu.Device, out, q *gpu.Buffer, c *KVCac
 		return err
 	}
 	tune := c.decode.orDefaults()
-	if c.D%8 != 0 || c.D/8 > tune.wg {
-		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*tune.wg)
+	wg := tune.wg
+	if c.D%8 != 0 || c.D/8 > wg {
+		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*wg)
 	}
-	if tune.wg < 16 || tune.wg&(tune.wg-1) != 0 || tune.vb < 1 {
+	if wg < 16 || wg&(wg-1) != 0 || tune.vb < 1 {
 		return fmt.Errorf("kernels: %s: tuning %+v: want a power-of-two workgroup of at least 16 threads and VB ≥ 1", op, tune)
 	}
 	if maxLen <= 0 {
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}
 	n := T * heads * c.D
+	chunk := c.decodeChunk(T, heads, maxLen)
+	splits := c.DecodeSplits(T, heads, maxLen)
 	for _, x := range []struct {
 		name string
 		buf  *gpu.Buffer
@@ -361,84 +333,55 @@ func checkAttentionDecode(op string, d *gpu.Device, out, q *gpu.Buffer, c *KVCac
 			return err
 		}
 	}
-	return c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen), false, false))
-}
-
-// recordAttentionDecode records AttentionDecode, its arguments checked;
-// with rope, q holds the q|k|v rows, and the dispatches normalize and
-// rotate them and append the keys and values (c.foldsRope must hold).
-func recordAttentionDecode(b *gpu.Batch, op string, out, q *gpu.Buffer, rope *ropeInput, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
 	d := b.Device()
-	tune := c.decode.orDefaults()
-	n := T * heads * c.D
-	chunk := c.decodeChunk(T, heads, maxLen)
-	splits := c.DecodeSplits(T, heads, maxLen)
 	group := heads / c.KVHeads
 	direct := splits == 1 // one split: no merge, the kernel writes out itself
 	merge := c.lastSplitMerges(d, T, heads, maxLen)
-	if rope != nil && !c.foldsRope(d, T, heads, maxLen) {
-		return fmt.Errorf("kernels: %s: q_norm and RoPE cannot be folded for %d rows over %d splits", op, T, splits)
-	}
-	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge, rope != nil)); err != nil {
+	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge)); err != nil {
 		return err
 	}
 	maxs := uint32(1)
 	if merge {
 		maxs = decodeMergeMax
 	}
-	split, err := c.pipeline(d, attnDecode, kernelShape{chunk: chunk, group: group, wg: tune.wg, vb: tune.vb, direct: direct, merge: merge, rope: rope != nil}, true, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(tune.wg), "VB": uint32(tune.vb),
-			"DIRECT": wgslBool(direct), "MERGE": wgslBool(merge), "MAXS": maxs, "ROPE": wgslBool(rope != nil)}
+	split, err := c.pipeline(d, attnDecode, kernelShape{chunk: chunk, group: group, wg: wg, vb: tune.vb, direct: direct, merge: merge}, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb),
+			"DIRECT": wgslBool(direct), "MERGE": wgslBool(merge), "MAXS": maxs}
 	})
 	if err != nil {
 		return err
 	}
-	// The partials: after T·kv_heads arrival counts with merge; then, with
-	// rope, the rows' own keys and values.
+	// The partials: after T·kv_heads arrival counts with merge.
 	partBytes := uint64(c.DecodeScratch(T, heads, maxLen)) * 4
-	kvBytes := uint64(0)
-	if rope != nil {
-		kvBytes = uint64(T*c.KVHeads*2*c.D) * 4
-	}
 	var scratch *gpu.Buffer
 	var part0 uint64
 	if merge {
 		scratch, part0, err = d.CountedScratch(T*c.KVHeads, partBytes)
 	} else {
-		scratch, err = d.Scratch(partBytes + kvBytes)
+		scratch, err = d.Scratch(partBytes)
 	}
 	if err != nil {
 		return err
 	}
 	kc, vc := c.layer(layer)
 	rows := uint64(T) * 4
-	kv0 := part0 + partBytes
-	eps := uint32(0)
-	qBind, outBind := q.Slice(0, uint64(n)*4), out.Slice(0, uint64(n)*4)
-	if rope != nil {
-		eps = math.Float32bits(float32(rope.eps))
-		qBind = q.Slice(0, uint64(T*(heads+2*c.KVHeads)*c.D)*4)
-		outBind = rope.consts.Slice(0, uint64(2*c.D+c.D/2)*4) // read: q_norm | k_norm | inv_freq
-	}
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D),
-		uint32(part0 / 4), eps, uint32(kv0 / 4), 0, 0}
-	part := scratch.Slice(0, kv0+kvBytes)
-	binds := []gpu.Binding{qBind, kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part, outBind}
+	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), uint32(part0 / 4)}
+	part := scratch.Slice(0, part0+partBytes)
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part, out.Slice(0, uint64(n)*4)}
 	if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	if direct || merge {
 		return nil
 	}
-	mergePipe, err := c.pipeline(d, attnMerge, kernelShape{chunk: chunk, rope: rope != nil}, true, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "APPEND": wgslBool(rope != nil)}
+	mergePipe, err := c.pipeline(d, attnMerge, kernelShape{chunk: chunk}, false, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
 	})
 	if err != nil {
 		return err
 	}
-	binds = []gpu.Binding{part, pos.Slice(0, rows), out.Slice(0, uint64(n)*4), seq.Slice(0, rows), c.Table.All(), kc, vc}
-	params = []uint32{uint32(T), uint32(heads), uint32(splits), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(kv0 / 4), 0}
-	if err := b.Dispatch(mergePipe, params, binds, uint32(heads), uint32(T), 1); err != nil {
+	binds = []gpu.Binding{part, pos.Slice(0, rows), out.Slice(0, uint64(n)*4)}
+	if err := b.Dispatch(mergePipe, []uint32{uint32(T), uint32(heads), uint32(splits), 0}, binds, uint32(heads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: merge: %w", op, err)
 	}
 	return nil

@@ -104,48 +104,6 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	return max(split.splits, 1), nil
 }
 
-// QKVProjAttentionDecode records a decode pass's attention for T single
-// query rows: QKVProjRopeKV (into q and qkv) then AttentionDecode (into
-// out, maxLen as there). For one row whose projection does not split and
-// whose context takes several splits, the attention's two dispatches do
-// qkv_rope_kv.wgsl's work themselves, q_norm and RoPE as the splits load
-// the group's queries and the key and value append with the merge (see
-// attention_decode.wgsl's ROPE): one dispatch fewer, and q is left
-// unwritten.
-func QKVProjAttentionDecode(b *gpu.Batch, out, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int, eps float64) error {
-	op := "qkv_proj_attention_decode"
-	d := b.Device()
-	if err := checkAttentionDecode(op, d, out, q, c, layer, seq, pos, T, heads, maxLen); err != nil {
-		return err
-	}
-	if !c.foldsRope(d, T, heads, maxLen) {
-		if err := QKVProjRopeKV(b, q, qkv, x, inputNorm, w, consts, c, layer, seq, pos, T, heads, eps); err != nil {
-			return err
-		}
-		return recordAttentionDecode(b, op, out, q, nil, c, layer, seq, pos, T, heads, maxLen)
-	}
-	if inputNorm == nil || w == nil {
-		return fmt.Errorf("kernels: %s: nil input_layernorm weight or matrix", op)
-	}
-	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, seq, pos, T, heads); err != nil {
-		return err
-	}
-	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
-		return fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
-	}
-	split, err := matMulSplitK(b, qkv, x, w, T, matMulInput{norm: inputNorm, eps: eps}, d.Limits().MaxStorageBufferBindingSize, true)
-	if err != nil {
-		return err
-	}
-	if split.splits > 1 { // the rows are partial sums: qkv_rope_kv.wgsl adds them up
-		if err := recordQKVRopeKV(b, op, q, qkv, split, consts, c, layer, seq, pos, T, heads, w.K, eps); err != nil {
-			return err
-		}
-		return recordAttentionDecode(b, op, out, q, nil, c, layer, seq, pos, T, heads, maxLen)
-	}
-	return recordAttentionDecode(b, op, out, qkv, &ropeInput{consts: consts, eps: eps}, c, layer, seq, pos, T, heads, maxLen)
-}
-
 // checkQKVRopeKV checks QKVRopeKV's arguments.
 func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int) error {
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {

@@ -2,14 +2,12 @@ package kernels
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"testing"
 
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/reference"
-	"webdraft/tensor"
 )
 
 // qkvRows is a batch of T rows for the qkv_rope_kv kernels: a 2-layer
@@ -316,135 +314,5 @@ func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {
 			t.Errorf("%s: %d dispatches recorded before the error", name, b.Len())
 		}
 		b.Discard()
-	}
-}
-
-// TestQKVProjAttentionDecode: a decode pass's attention from the hidden
-// states — the q|k|v projection of the normalized rows, q_norm/k_norm,
-// RoPE, the key and value append, attention over the history — against the
-// reference, for one row (qkv_rope_kv.wgsl folded into the attention's
-// dispatches) and for more (not folded); and the folded path against the
-// unfolded one, which it must equal bit for bit at the default tuning.
-func TestQKVProjAttentionDecode(t *testing.T) {
-	d := gputest.Device(t)
-	r := newRand(t)
-	for i := range 8 {
-		s := randAttnShape(r)
-		T := []int{1, 1, 2, 3}[i%4]
-		half := i%3 != 0
-		heads, kvHeads, D, K := s.kvHeads*s.group, s.kvHeads, s.D, 128*(1+r.IntN(3))
-		lens := make([]int, T) // row t appends position lens[t] − 1 of slot t
-		for j := range lens {
-			lens[j] = 70 + r.IntN(330)
-		}
-		name := fmt.Sprintf("T%d_heads%d_kv%d_D%d_bs%d_K%d_lens%v_f16=%v", T, heads, kvHeads, D, s.blockSize, K, lens, half)
-		t.Run(name, func(t *testing.T) {
-			tc := newTestCache(t, d, r, kvHeads, D, s.blockSize, lens, half)
-			cfg := s.config()
-			N := (heads + 2*kvHeads) * D
-			m := randMatrix(t, r, Int4, N, K, 32)
-			w, err := UploadMatrix(d, "qkv_proj", m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Release()
-			const theta, eps = 1000000, 1e-6
-			qNorm, kNorm := randVec(r, D, 0.5), randVec(r, D, 0.5)
-			consts, err := UploadQKNormRope(d, "consts", qNorm, kNorm, theta)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer consts.Release()
-			x, g := randVec(r, T*K, 3), randVec(r, K, 1)
-			seq, pos := make([]uint32, T), make([]uint32, T)
-			maxLen := 0
-			for row := range T {
-				seq[row], pos[row] = uint32(row), uint32(lens[row]-1)
-				maxLen = max(maxLen, lens[row])
-			}
-
-			// The reference: projection, norms, RoPE, then attention over the
-			// history and the row's own key and value (as the cache rounds them).
-			xn, qkv := make([]float32, T*K), make([]float32, T*N)
-			for row := range T {
-				reference.RMSNorm(xn[row*K:(row+1)*K], x[row*K:(row+1)*K], g, eps)
-			}
-			reference.MatMul(qkv, xn, m, T)
-			invFreq := reference.RopeInvFreq(D, theta)
-			qDim, kvDim := heads*D, kvHeads*D
-			want := make([]float32, T*qDim)
-			wantKV := make([][2][]float32, T)
-			for row := range T {
-				qkvRow := qkv[row*N : (row+1)*N]
-				q := append([]float32(nil), qkvRow[:qDim]...)
-				k := append([]float32(nil), qkvRow[qDim:qDim+kvDim]...)
-				v := append([]float32(nil), qkvRow[qDim+kvDim:]...)
-				for h := range heads {
-					reference.RMSNorm(q[h*D:(h+1)*D], q[h*D:(h+1)*D], qNorm, eps)
-					reference.Rope(q[h*D:(h+1)*D], int(pos[row]), invFreq)
-				}
-				for h := range kvHeads {
-					reference.RMSNorm(k[h*D:(h+1)*D], k[h*D:(h+1)*D], kNorm, eps)
-					reference.Rope(k[h*D:(h+1)*D], int(pos[row]), invFreq)
-				}
-				if half {
-					for _, h := range [][]float32{k, v} {
-						for i, x := range h {
-							h[i] = tensor.F16ToF32(tensor.F32ToF16(x))
-						}
-					}
-				}
-				wantKV[row] = [2][]float32{k, v}
-				P := int(pos[row])
-				ks := append(append([]float32(nil), tc.k[row][:P*kvDim]...), k...)
-				vs := append(append([]float32(nil), tc.v[row][:P*kvDim]...), v...)
-				reference.Attention(want[row*qDim:(row+1)*qDim], q, ks, vs, 1, P, cfg)
-			}
-
-			xb, gb := upload(t, d, "x", x), upload(t, d, "input_layernorm", g)
-			sb, pb := uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
-			attend := func(noFold bool) []float32 {
-				tc.c.decode.noFold = noFold
-				defer func() { tc.c.decode.noFold = false }()
-				q, qkvb, out := poisoned(t, d, "q", T*qDim), poisoned(t, d, "qkv", T*N), poisoned(t, d, "out", T*qDim)
-				poisonScratch(t, d, tc.c.DecodeScratch(T, heads, maxLen)+T*2*kvDim)
-				run(t, d, "qkv_proj_attention_decode", func(b *gpu.Batch) error {
-					return QKVProjAttentionDecode(b, out, q, qkvb, xb, gb, w, consts, tc.c, tc.layer, sb, pb, T, heads, maxLen, eps)
-				})
-				got := readF32(t, out, T*qDim)
-				checkClose(t, "out", got, want, kvTol(tc.c))
-				table, err := tc.c.Table.ReadU32()
-				if err != nil {
-					t.Fatal(err)
-				}
-				for j, buf := range []*gpu.Buffer{tc.c.K[tc.layer], tc.c.V[tc.layer]} {
-					layer := readCache(t, tc.c, buf)
-					for row := range T {
-						P := int(pos[row])
-						block := int(table[int(seq[row])*tc.c.MaxBlocks+P/s.blockSize])
-						for h := range kvHeads {
-							at := ((block*kvHeads+h)*s.blockSize + P%s.blockSize) * D
-							if e := relErr(layer[at:at+D], wantKV[row][j][h*D:(h+1)*D]); e > kvTol(tc.c) {
-								t.Fatalf("%s cache, row %d, head %d: relative error %.3g", []string{"key", "value"}[j], row, h, e)
-							}
-						}
-					}
-				}
-				return got
-			}
-			folded := tc.c.foldsRope(d, T, heads, maxLen)
-			t.Logf("%d splits, folded %v", tc.c.DecodeSplits(T, heads, maxLen), folded)
-			if folded != (T == 1) {
-				t.Fatalf("folded = %v for %d rows", folded, T)
-			}
-			got := attend(false)
-			if unfolded := attend(true); folded {
-				for i := range got {
-					if math.Float32bits(got[i]) != math.Float32bits(unfolded[i]) {
-						t.Fatalf("out[%d]: folded %v, unfolded %v", i, got[i], unfolded[i])
-					}
-				}
-			}
-		})
 	}
 }

@@ -22,19 +22,7 @@
 //           atomics (see MERGE)
 //   out     (T, heads, D) f32, written with MERGE (by the last split) or
 //           DIRECT (one split, no merge: o / l, and NaN for a row the split
-//           does not cover); else left to attention_merge.wgsl. With ROPE,
-//           read: q_norm | k_norm | inv_freq
-//
-// ROPE (one row, splits > 1, no MERGE): q holds the row's q|k|v projection
-// instead, (T, (heads + 2·kv_heads)·D), and out the layer's q_norm | k_norm
-// | inv_freq (2·D + D/2, from kernels.UploadQKNormRope). Every workgroup
-// applies q_norm and RoPE to its group's query heads itself, as
-// qkv_rope_kv.wgsl does (same operations, same order at WG = 64); the
-// split holding the row's own position (its last key) computes that key
-// (k_norm, RoPE) and value too, uses them from workgroup memory, and leaves
-// them in part from word kv0 on, (T, kv_heads, 2, D), for
-// attention_merge.wgsl to append to the cache: qkv_rope_kv.wgsl's
-// dispatch folded into the two attention already takes.
+//           does not cover); else left to attention_merge.wgsl
 //
 // MERGE (where gpu.Device.DeviceScopeBarrier holds): words 0 … T·kv_heads − 1
 // of part count the splits of row t and kv head g that have written their
@@ -78,7 +66,6 @@ const KV_F16: u32 = 0u;            // 1: the KV cache holds f16 pairs (specializ
 const DIRECT: u32 = 0u;            // 1: one split (splits = 1) writes the output itself to part
 const MERGE: u32 = 0u;             // 1: the last split merges (specialized by the host)
 const MAXS: u32 = 64u;             // MERGE: the most splits
-const ROPE: u32 = 0u;              // 1: q is the q|k|v row, normalized and rotated here (specialized by the host)
 const LANES: u32 = D / 8u;         // threads per value vector
 const KP: u32 = WG / LANES;        // value vectors summed side by side
 const RG: u32 = WG / 16u;          // a reduction's partials per head
@@ -88,11 +75,6 @@ const RED: u32 = GROUP * WG;       // per-thread maxima, then sums
 const RED2: u32 = GROUP * RG;      // their partials
 const SB: u32 = 8u;                // MERGE: splits' values a thread loads at once
 const OUTS: u32 = (GROUP * D + WG - 1u) / WG; // MERGE: outputs a thread
-const HALF: u32 = D / 2u;
-const PAIRS: u32 = (HALF + WG - 1u) / WG;     // ROPE: rotation pairs a thread per head
-const NH: u32 = GROUP + 1u;                   // ROPE: the group's query heads and its key head
-const RWG: u32 = 1u + (WG - 1u) * ROPE;       // ROPE: threads a sum of squares is reduced over
-const NEW: u32 = 1u + (D - 1u) * ROPE;        // ROPE: the row's own key and value
 
 struct Params {
     T: u32,
@@ -103,10 +85,6 @@ struct Params {
     splits: u32,
     scale: f32,      // 1/sqrt(D)
     part0: u32,      // the first word of the partials in part (after MERGE's counts)
-    eps: f32,        // ROPE: q_norm's and k_norm's epsilon
-    kv0: u32,        // ROPE: the first word of the row's own key and value in part
-    _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -128,9 +106,6 @@ var<workgroup> ov: array<array<Vec8, LANES>, GROUP>; // the value sums [head][la
 var<workgroup> is_last: bool;                         // MERGE: this workgroup merges
 var<workgroup> ms: array<array<f32, MAXS>, GROUP>;    // MERGE: each split's m, then exp(m − M)
 var<workgroup> ls: array<array<f32, MAXS>, GROUP>;    // MERGE: each split's l
-var<workgroup> rsq: array<array<f32, RWG>, NH>;       // ROPE: sums of squares per head
-var<workgroup> knew: array<f32, NEW>;                 // ROPE: the row's own key
-var<workgroup> vnew: array<f32, NEW>;                 // ROPE: and value
 
 fn store_part(i: u32, v: f32) {
     atomicStore(&part[i], bitcast<u32>(v));
@@ -160,93 +135,6 @@ fn load8(e: u32, values: bool) -> Vec8 {
         return Vec8(bitcast<vec4<f32>>(vcache[e >> 2u]), bitcast<vec4<f32>>(vcache[(e >> 2u) + 1u]));
     }
     return Vec8(bitcast<vec4<f32>>(kcache[e >> 2u]), bitcast<vec4<f32>>(kcache[(e >> 2u) + 1u]));
-}
-
-// new8 is load8 of the row's own key or value (ROPE), from workgroup memory.
-fn new8(e: u32, values: bool) -> Vec8 {
-    var w: array<f32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        w[i] = select(knew[e + i], vnew[e + i], values);
-    }
-    return Vec8(vec4<f32>(w[0], w[1], w[2], w[3]), vec4<f32>(w[4], w[5], w[6], w[7]));
-}
-
-// as_cached returns v as the cache holds it: rounded to f16 by
-// pack2x16float with KV_F16, so that the row's own key and value weigh in
-// exactly as when read back.
-fn as_cached(v: f32) -> f32 {
-    if KV_F16 == 1u {
-        return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
-    }
-    return v;
-}
-
-// reduced returns pos·f minus the nearest multiple of 2π, as
-// qkv_rope_kv.wgsl's (see there).
-fn reduced(pos: u32, f: f32) -> f32 {
-    let a = f32(pos) * f;
-    let kk = round(a * 0.15915494309189535);
-    return (a - kk * 6.28125) - kk * 0.0019353071795864769;
-}
-
-// rope_prep (ROPE) stages the group's query heads of row t normalized by
-// q_norm and rotated into qs, and the kv head g's key (k_norm, RoPE) and
-// value into knew and vnew, from the q|k|v row in q and the consts in out:
-// qkv_rope_kv.wgsl's arithmetic. All threads call it (it holds barriers).
-fn rope_prep(lid: u32, t: u32, g: u32, h0: u32) {
-    let row = t * (p.heads + 2u * p.kv_heads) * D;
-    var x1: array<array<f32, PAIRS>, NH>;
-    var x2: array<array<f32, PAIRS>, NH>;
-    for (var hh = 0u; hh < NH; hh++) {
-        let src = row + select((p.heads + g) * D, (h0 + hh) * D, hh < GROUP);
-        var ss = 0.0;
-        for (var j = 0u; j < PAIRS; j++) {
-            let i = lid + j * WG;
-            if i < HALF {
-                x1[hh][j] = q[src + i];
-                x2[hh][j] = q[src + i + HALF];
-                ss += x1[hh][j] * x1[hh][j] + x2[hh][j] * x2[hh][j];
-            }
-        }
-        rsq[hh][lid] = ss;
-    }
-    for (var i = lid; i < D; i += WG) {
-        vnew[i] = as_cached(q[row + (p.heads + p.kv_heads + g) * D + i]);
-    }
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if lid < stride {
-            for (var hh = 0u; hh < NH; hh++) {
-                rsq[hh][lid] += rsq[hh][lid + stride];
-            }
-        }
-        workgroupBarrier();
-    }
-    let position = pos[t];
-    for (var hh = 0u; hh < NH; hh++) {
-        let inv = 1.0 / sqrt(rsq[hh][0] / f32(D) + p.eps);
-        let w0 = select(D, 0u, hh < GROUP); // q_norm or k_norm
-        for (var j = 0u; j < PAIRS; j++) {
-            let i = lid + j * WG;
-            if i < HALF {
-                let n1 = out[w0 + i] * (x1[hh][j] * inv);
-                let n2 = out[w0 + i + HALF] * (x2[hh][j] * inv);
-                let a = reduced(position, out[2u * D + i]);
-                let c = cos(a);
-                let s = sin(a);
-                let y1 = n1 * c - n2 * s;
-                let y2 = n2 * c + n1 * s;
-                if hh < GROUP {
-                    let e = hh * D + i;
-                    qs[e >> 2u][e & 3u] = y1;
-                    qs[(e + HALF) >> 2u][(e + HALF) & 3u] = y2;
-                } else {
-                    knew[i] = as_cached(y1);
-                    knew[i + HALF] = as_cached(y2);
-                }
-            }
-        }
-    }
 }
 
 fn combine(a: f32, b: f32, is_max: bool) -> f32 {
@@ -293,27 +181,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let j0 = s * CHUNK;
     let n = select(0u, min(CHUNK, L - j0), j0 < L); // keys of this split: 0 past the context
 
-    // The row's own key, when this split holds it (ROPE), comes from
-    // workgroup memory: key own of the chunk (none: past every key).
-    var own = 0xffffffffu;
-    if ROPE == 1u {
-        rope_prep(lid, t, g, h0);
-        if n > 0u && j0 + n == L {
-            own = n - 1u;
-        }
-    } else {
-        for (var i = lid; i < GROUP * D; i += WG) {
-            qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
-        }
+    for (var i = lid; i < GROUP * D; i += WG) {
+        qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
     }
     workgroupBarrier();
-    if ROPE == 1u && own != 0xffffffffu { // for attention_merge.wgsl to append
-        let at = p.kv0 + (t * p.kv_heads + g) * 2u * D;
-        for (var i = lid; i < D; i += WG) {
-            store_part(at + i, knew[i]);
-            store_part(at + D + i, vnew[i]);
-        }
-    }
 
     // Scores, and each thread's maximum per head.
     var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
@@ -330,14 +201,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // Explicitly zeroed: the bundled naga zeroes an uninitialized
         // variable once per invocation, not at each loop iteration.
         var acc = array<f32, GROUP>();
-        let mine = ROPE == 1u && c == own;
         for (var d = 0u; d < D; d += 8u) {
-            var k: Vec8;
-            if mine {
-                k = new8(d, false);
-            } else {
-                k = load8(b + d, false);
-            }
+            let k = load8(b + d, false);
             for (var hh = 0u; hh < GROUP; hh++) {
                 let qi = (hh * D + d) >> 2u;
                 acc[hh] += dot(qs[qi], k.lo) + dot(qs[qi + 1u], k.hi);
@@ -372,12 +237,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var c0 = kp; c0 < n; c0 += KP * VB) {
             var v: array<Vec8, VB>;
             for (var i = 0u; i < VB; i++) {
-                let c = min(c0 + i * KP, n - 1u);
-                if ROPE == 1u && c == own {
-                    v[i] = new8(8u * lane, true);
-                } else {
-                    v[i] = load8(base[c] + 8u * lane, true);
-                }
+                v[i] = load8(base[min(c0 + i * KP, n - 1u)] + 8u * lane, true);
             }
             for (var i = 0u; i < VB; i++) {
                 let c = c0 + i * KP;

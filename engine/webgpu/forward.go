@@ -210,37 +210,29 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 	}
 	for l := range w.layers {
 		lw := &w.layers[l]
-		// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);
-		// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v);
-		// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
-		if ps.decode == R { // decode rows only: the norms, RoPE and append may fold into the attention
-			steps = append(steps, func(b *gpu.Batch) error {
-				return kernels.QKVProjAttentionDecode(b, a.attn, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, maxLen, eps)
-			})
-		} else {
-			steps = append(steps,
-				func(b *gpu.Batch) error {
-					return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, eps)
-				},
-				func(b *gpu.Batch) error {
-					if ps.decode == 0 {
-						return nil
-					}
-					return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, ps.decode, heads, maxLen)
-				},
-				func(b *gpu.Batch) error {
-					for _, pe := range ps.entries {
-						if pe.row0 >= ps.decode {
-							if err := kernels.AttentionPrefill(b, a.attn, a.q, e.kv, l, pe.p.seq.slot, a.pos, pe.row0, pe.T, heads); err != nil {
-								return err
-							}
+		steps = append(steps,
+			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);
+			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)
+			func(b *gpu.Batch) error {
+				return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, eps)
+			},
+			// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
+			func(b *gpu.Batch) error {
+				if ps.decode == 0 {
+					return nil
+				}
+				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, ps.decode, heads, maxLen)
+			},
+			func(b *gpu.Batch) error {
+				for _, pe := range ps.entries {
+					if pe.row0 >= ps.decode {
+						if err := kernels.AttentionPrefill(b, a.attn, a.q, e.kv, l, pe.p.seq.slot, a.pos, pe.row0, pe.T, heads); err != nil {
+							return err
 						}
 					}
-					return nil
-				},
-			)
-		}
-		steps = append(steps,
+				}
+				return nil
+			},
 			// hidden += o_proj(attn)
 			func(b *gpu.Batch) error { return kernels.MatMul(b, a.x, a.attn, lw.o, R, true) },
 			// hidden += down_proj(silu(gate_proj(h)) * up_proj(h)), h = post_attention_layernorm(hidden)

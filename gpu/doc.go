@@ -22,6 +22,13 @@
 //     data as packed u32 pairs with unpack2x16float, which works with or
 //     without the shader-f16 feature. Open still requests shader-f16 when the
 //     adapter has it and reports it (Device.F16).
+//   - WGSL has no synchronization across the workgroups of a dispatch, and
+//     the specification gives storageBarrier workgroup scope only. naga,
+//     though, compiles it to OpControlBarrier with Device memory scope
+//     (MEMBAR.SC.GPU on an NVIDIA H200), so natively on Vulkan a dispatch's
+//     last workgroup to arrive can finish the others' work: Device.
+//     DeviceScopeBarrier says where, and CountedScratch keeps the arrival
+//     counters. Elsewhere kernels take one more dispatch.
 //   - wgpu-native aborts the process on an error that no error scope catches.
 //     Open therefore keeps catch-all error scopes (validation and
 //     out-of-memory; the browser also gets internal) open on the device for

@@ -298,10 +298,10 @@ func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int) bool {
 // It is one dispatch when a single split covers maxLen, or when the last
 // split to finish can merge them (gpu.Device.DeviceScopeBarrier, at least
 // decodeMergeMinRows rows, at most decodeMergeMax splits); else a second
-// dispatch merges. The splits'
-// partial results pass through the device's scratch buffers
-// (gpu.Device.CountedScratch or Scratch, c.DecodeScratch values). The
-// rows' own keys and values must already be in the cache (QKVRopeKV).
+// dispatch merges. The splits' partial results pass through the device's
+// scratch buffers (gpu.Device.CountedScratch or Scratch, c.DecodeScratch
+// values). The rows' own keys and values must already be in the cache
+// (QKVRopeKV).
 func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
 	op := "attention_decode"
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {

@@ -23,9 +23,6 @@ type Options struct {
 	// NoF16 leaves the shader-f16 feature off even where the adapter has it,
 	// to exercise the path every kernel must support without it.
 	NoF16 bool
-	// NoDeviceScopeBarrier makes DeviceScopeBarrier false even where it
-	// holds, to exercise (and time) the kernels' portable path.
-	NoDeviceScopeBarrier bool
 }
 
 // AdapterInfo describes the adapter Open chose.

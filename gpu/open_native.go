@@ -70,7 +70,7 @@ func Open(opts Options) (*Device, error) {
 		d.timestamps = timestamps
 		// naga's SPIR-V for storageBarrier: OpControlBarrier(Workgroup,
 		// Device, AcquireRelease | UniformMemory).
-		d.deviceBarrier = wi.BackendType == wgpu.BackendTypeVulkan && !opts.NoDeviceScopeBarrier
+		d.deviceBarrier = wi.BackendType == wgpu.BackendTypeVulkan
 	}
 	return d, err
 }

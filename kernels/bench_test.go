@@ -598,3 +598,72 @@ func benchDecodeCache(b *testing.B, d *gpu.Device, T, kvHeads, D, blockSize, con
 	}
 	return c, sb, pb
 }
+
+// BenchmarkDecodeTail times decode_tail.wgsl at Qwen3-1.7B's shapes
+// (dependent calls over eight copies of the weights, L2-cold), whole and
+// phase by phase (the others left out, the barriers kept), beside the four
+// dispatches it replaces: µs a layer's tail.
+func BenchmarkDecodeTail(b *testing.B) {
+	d := gputest.Device(b)
+	H, QD, I, NQKV, copies := 2048, 2048, 6144, 4096, 8
+	if d.Info().Type == "cpu" {
+		H, QD, I, NQKV, copies = 256, 256, 512, 512, 2
+	}
+	tail, err := NewDecodeTail(d, H, QD, I, NQKV, 0)
+	if err != nil {
+		b.Skip(err)
+	}
+	defer tail.Release()
+	r := rand.New(rand.NewPCG(7, 8))
+	type weights struct{ o, gu, down, next *Matrix }
+	ws := make([]weights, copies)
+	for i := range ws {
+		up := func(name string, n, k int) *Matrix {
+			_, w := benchMatrix(b, d, r, name, n, k)
+			if w == nil {
+				b.Skipf("%s does not fit this adapter's buffers", name)
+			}
+			b.Cleanup(w.Release)
+			return w
+		}
+		ws[i] = weights{up("o", H, QD), up("gate_up", 2*I, H), up("down", H, I), up("qkv", NQKV, H)}
+	}
+	buf := func(name string, v []float32) *gpu.Buffer {
+		bf, err := d.UploadF32(name, v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(bf.Release)
+		return bf
+	}
+	x, attn, gu, qkv, norm := buf("x", ones(H)), buf("attn", ones(QD)), buf("gate_up", make([]float32, 2*I)), buf("qkv", make([]float32, NQKV)), buf("norm", ones(H))
+	b.Logf("%d workgroups", tail.Groups())
+	for _, c := range []struct {
+		name   string
+		phases uint32
+	}{{"tail", 0xF}, {"tail/barriers-only", 0}, {"tail/o", 1}, {"tail/gate_up", 2}, {"tail/down", 4}, {"tail/qkv", 8}, {"dispatches", 0}} {
+		b.Run(c.name, func(b *testing.B) {
+			tail.phases = c.phases
+			defer func() { tail.phases = 0xF }()
+			i := 0
+			sec := benchMatMuls(b, d, x, 16, func(bt *gpu.Batch) error {
+				i++
+				w := ws[i%len(ws)]
+				if c.name != "dispatches" {
+					return tail.Record(bt, x, attn, gu, qkv, w.o, w.gu, w.down, w.next, norm, norm, 1e-6)
+				}
+				if err := MatMul(bt, x, attn, w.o, 1, true); err != nil {
+					return err
+				}
+				if err := MatMulNorm(bt, gu, x, norm, w.gu, 1, 1e-6); err != nil {
+					return err
+				}
+				if err := MatMulSwiGLU(bt, x, gu, w.down, 1, true); err != nil {
+					return err
+				}
+				return MatMulNorm(bt, qkv, x, norm, w.next, 1, 1e-6)
+			})
+			b.ReportMetric(sec*1e6, "µs/tail")
+		})
+	}
+}

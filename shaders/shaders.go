@@ -122,13 +122,6 @@ var AttentionPrefill string
 //go:embed qkv_rope_kv.wgsl
 var QKVRopeKV string
 
-// DecodeTail is decode_tail.wgsl: one row's decoder layer after attention
-// (o_proj, the MLP, the next layer's q|k|v) in one persistent dispatch
-// whose phases are separated by grid barriers.
-//
-//go:embed decode_tail.wgsl
-var DecodeTail string
-
 // FMA is fma.wgsl: the device's f32 multiply-add rate (webdraft bench).
 //
 //go:embed fma.wgsl

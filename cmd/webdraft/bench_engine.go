@@ -29,8 +29,6 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	copyMB := fs.Int("copy-mb", 1024, "buffer size of the copy-bandwidth measurement (capped by the device)")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measurements to this file")
 	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size and the prefill kernel by kernel on the GPU (timestamp queries)")
-	decodeTail := fs.String("decode-tail", "auto", "one-row passes' layer tails as persistent dispatches with grid barriers: auto, on or off")
-	tailGroups := fs.Int("tail-groups", 0, "workgroups of the persistent layer tail (0: as many as a probe sees run at once)")
 	svg := fs.String("svg", "", "also plot milliseconds per decode step against batch size, as SVG, to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -83,7 +81,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	}
 	kvPositions := maxBatch*(*context+*steps+8) + 2**prefill
 	kvBytes := int64(kvPositions+(maxBatch+8)*16) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
-	eng, err := webgpu.Open(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: maxBatch + 8, MaxRows: max(*prefill, maxBatch), DecodeTail: *decodeTail, TailGroups: *tailGroups})
+	eng, err := webgpu.Open(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: maxBatch + 8, MaxRows: max(*prefill, maxBatch)})
 	if err != nil {
 		return fmt.Errorf("webgpu: %w", err)
 	}
@@ -97,7 +95,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t") }
-	fmt.Fprintf(e.stdout, "adapter: %s\nmodel: %s\n\n", eng.Info().Adapter, label)
+	fmt.Fprintf(e.stdout, "adapter: %s\nmodel: %s\n\n", dev.Info(), label)
 	row("figure", "measured", "limit", "ratio")
 	row(fmt.Sprintf("copy, %d MiB buffers (read+write)", copyBytes>>20), gbps(bw), "", "")
 

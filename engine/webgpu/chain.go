@@ -203,7 +203,7 @@ func (e *Engine) chain(ctx context.Context, batch []*engine.Entry, first []int, 
 			id := all[uint64(j)*stride/4+uint64(i)]
 			if id == kernels.ArgmaxNaN || int(id) >= c.VocabSize {
 				undo()
-				return nil, e.tailError(fmt.Errorf("chained pass %d: the logits hold NaN (token %d)", j+1, id))
+				return nil, fmt.Errorf("chained pass %d: the logits hold NaN (token %d)", j+1, id)
 			}
 			out[i][j] = int(id)
 		}

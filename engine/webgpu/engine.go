@@ -7,9 +7,7 @@ package webgpu
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 
 	"webdraft/engine"
@@ -28,17 +26,6 @@ type Options struct {
 	// bytes attention reads; the default where the adapter has shader-f16)
 	// or "f32". No kernel needs shader-f16 either way.
 	KV string
-	// DecodeTail runs a one-row pass's layers from the attention's output
-	// on — o_proj, the MLP, the next layer's q|k|v — as one persistent
-	// dispatch a layer whose workgroups meet at grid barriers
-	// (kernels.DecodeTail), instead of four dispatches: "auto" (the
-	// default: on a GPU whose storageBarrier is device-wide, when the model
-	// is int4), "on" (required; on a CPU adapter with one workgroup, for
-	// tests) or "off".
-	DecodeTail string
-	// TailGroups sets the persistent tail's workgroups instead of the
-	// probed count (they must all run at once).
-	TailGroups int
 }
 
 func (o *Options) defaults() {
@@ -69,9 +56,8 @@ type Engine struct {
 	freeBlocks []uint32 // pool blocks no sequence holds
 	freeSlots  []int    // block-table rows no sequence holds
 	closed     bool
-	ownsDevice bool                // Close closes the device (Open made it)
-	profile    *gpu.Profile        // non-nil while Profile runs: GPU time per kernel
-	tail       *kernels.DecodeTail // one-row passes' layer tails; nil: dispatch by dispatch
+	ownsDevice bool         // Close closes the device (Open made it)
+	profile    *gpu.Profile // non-nil while Profile runs: GPU time per kernel
 }
 
 // Profile runs f (which calls Step) with every dispatch timed on the GPU in
@@ -148,10 +134,6 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 		e.Close()
 		return nil, err
 	}
-	if e.tail, err = newTail(dev, &cfg, e.w, opts); err != nil {
-		e.Close()
-		return nil, err
-	}
 	for b := blocks - 1; b >= 0; b-- {
 		e.freeBlocks = append(e.freeBlocks, uint32(b))
 	}
@@ -174,11 +156,7 @@ func (e *Engine) Info() engine.Info {
 	if e.kv.F16 {
 		kv = "f16"
 	}
-	adapter := e.dev.Info().String() + ", " + kv + " KV cache"
-	if e.tail != nil {
-		adapter += fmt.Sprintf(", one-row layer tails persistent (%d workgroups)", e.tail.Groups())
-	}
-	return engine.Info{Backend: "webgpu", Adapter: adapter}
+	return engine.Info{Backend: "webgpu", Adapter: e.dev.Info().String() + ", " + kv + " KV cache"}
 }
 
 // KVCapacity: every sequence wastes less than one block, so the blocks
@@ -200,10 +178,6 @@ func (e *Engine) Close() error {
 	}
 	if e.act != nil {
 		e.act.release()
-	}
-	if e.tail != nil {
-		e.tail.Release()
-		e.tail = nil
 	}
 	if e.ownsDevice {
 		e.dev.Close()
@@ -347,63 +321,4 @@ func (s *sequence) shrinkTo(n int) {
 		s.e.freeBlocks = append(s.e.freeBlocks, s.blocks[keep:]...)
 		s.blocks = s.blocks[:keep]
 	}
-}
-
-// newTail makes the persistent layer tail that opts.DecodeTail asks for,
-// or returns nil where it is off or (with "auto") the device or the
-// model's matrices cannot take it.
-func newTail(dev *gpu.Device, c *qwen3.Config, w *weights, opts Options) (*kernels.DecodeTail, error) {
-	switch opts.DecodeTail {
-	case "off":
-		return nil, nil
-	case "", "auto":
-		if dev.Info().Type == "cpu" {
-			return nil, nil
-		}
-	case "on":
-	default:
-		return nil, fmt.Errorf("decode tail %q: want auto, on or off", opts.DecodeTail)
-	}
-	required := opts.DecodeTail == "on"
-	t, err := kernels.NewDecodeTail(dev, c.HiddenSize, c.QDim(), c.IntermediateSize, c.QDim()+2*c.KVDim(), opts.TailGroups)
-	if errors.Is(err, kernels.ErrNoDecodeTail) && !required {
-		slog.Debug("webgpu engine: layer tails dispatch by dispatch", "reason", err)
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("decode tail: %w", err)
-	}
-	for l, lw := range w.layers {
-		var next *kernels.Matrix
-		if l+1 < len(w.layers) {
-			next = w.layers[l+1].qkv
-		}
-		if err := t.Fits(lw.o, lw.gateUp, lw.down, next); err != nil {
-			t.Release()
-			if required {
-				return nil, fmt.Errorf("decode tail, layer %d: %w", l, err)
-			}
-			slog.Debug("webgpu engine: layer tails dispatch by dispatch", "reason", err)
-			return nil, nil
-		}
-	}
-	slog.Debug("webgpu engine: one-row layer tails as persistent dispatches", "workgroups", t.Groups())
-	return t, nil
-}
-
-// tailError explains a pass's NaN logits when a persistent tail gave up
-// at a grid barrier (its workgroups did not all run at once), and resets
-// the barrier for the next pass; otherwise it returns err.
-func (e *Engine) tailError(err error) error {
-	if e.tail == nil {
-		return err
-	}
-	n, rerr := e.tail.Timeouts()
-	if rerr != nil || n == 0 {
-		return err
-	}
-	if rerr := e.tail.Reset(); rerr != nil {
-		return errors.Join(err, rerr)
-	}
-	return fmt.Errorf("%w: %d of the decode tail's %d workgroups gave up waiting at a grid barrier (try the decode tail off)", err, n, e.tail.Groups())
 }

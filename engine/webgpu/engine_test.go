@@ -54,32 +54,6 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// TestDecodeTailConformance runs the engine suite with one-row passes'
-// layer tails as persistent dispatches (kernels.DecodeTail; on a CPU
-// adapter with one workgroup), and checks that the tail is refused where
-// the model is not int4.
-func TestDecodeTailConformance(t *testing.T) {
-	for _, name := range []string{"tied", "untied"} {
-		for _, kv := range []string{"f32", "f16"} {
-			t.Run(name+"/int4/kv_"+kv, func(t *testing.T) {
-				m := load(t, name, checkpoint.Int4)
-				e := newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: kv, DecodeTail: "on"})
-				if e.tail == nil {
-					t.Fatal("DecodeTail on, but no tail")
-				}
-				enginetest.Run(t, e, m.Config, m.Weights)
-			})
-		}
-	}
-	m := load(t, "tied", checkpoint.F32)
-	if _, err := New(gputest.Device(t), m.Config, m.Weights, Options{KVBytes: 16 << 20, MaxSequences: 16, DecodeTail: "on"}); err == nil {
-		t.Error("DecodeTail on accepted an f32 model")
-	}
-	if _, err := New(gputest.Device(t), m.Config, m.Weights, Options{KVBytes: 16 << 20, MaxSequences: 16, DecodeTail: "sometimes"}); err == nil {
-		t.Error("DecodeTail \"sometimes\" accepted")
-	}
-}
-
 // TestSmallPasses: batches larger than a pass (rows and last-row room) run
 // in several passes with the same result.
 func TestSmallPasses(t *testing.T) {

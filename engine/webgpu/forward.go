@@ -128,7 +128,7 @@ func (e *Engine) forward(ps pass) error {
 		if pe.complete {
 			id := next[pe.last]
 			if id == kernels.ArgmaxNaN || int(id) >= c.VocabSize {
-				return e.tailError(fmt.Errorf("forward pass: the logits hold NaN (token %d)", id))
+				return fmt.Errorf("forward pass: the logits hold NaN (token %d)", id)
 			}
 			pe.p.entry.Next = int(id)
 		}
@@ -208,9 +208,6 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 		// hidden = embed_tokens(input_ids): (R, H)
 		func(b *gpu.Batch) error { return kernels.Embed(b, a.x, a.ids, w.embed, R) },
 	}
-	if e.tail != nil && ps.rows == 1 && ps.decode == 1 {
-		return append(steps, e.tailSteps(ps, maxLen)...)
-	}
 	for l := range w.layers {
 		lw := &w.layers[l]
 		steps = append(steps,
@@ -243,50 +240,6 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 			func(b *gpu.Batch) error { return kernels.MatMulSwiGLU(b, a.x, a.gateUp, lw.down, R, true) },
 		)
 	}
-	return append(steps, e.headSteps(ps)...)
-}
-
-// tailSteps lists a one-row decode pass's layers with persistent tails:
-// q|k|v comes from the layer before's tail (the first layer projects its
-// own), then the norms, RoPE and KV append, attention, and the tail, which
-// computes the next layer's q|k|v.
-func (e *Engine) tailSteps(ps pass, maxLen int) []step {
-	c, a, w := &e.cfg, e.act, e.w
-	heads, eps := c.NumAttentionHeads, c.RMSNormEps
-	var steps []step
-	for l := range w.layers {
-		lw := &w.layers[l]
-		var next *layerWeights
-		if l+1 < len(w.layers) {
-			next = &w.layers[l+1]
-		}
-		steps = append(steps,
-			func(b *gpu.Batch) error {
-				if l == 0 {
-					return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, 1, heads, eps)
-				}
-				return kernels.QKVRopeKV(b, a.q, a.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, 1, heads, eps)
-			},
-			func(b *gpu.Batch) error {
-				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, 1, heads, maxLen)
-			},
-			func(b *gpu.Batch) error {
-				if next == nil {
-					return e.tail.Record(b, a.x, a.attn, a.gateUp, nil, lw.o, lw.gateUp, lw.down, nil, lw.postNorm, nil, eps)
-				}
-				return e.tail.Record(b, a.x, a.attn, a.gateUp, a.qkv, lw.o, lw.gateUp, lw.down, next.qkv, lw.postNorm, next.inputNorm, eps)
-			},
-		)
-	}
-	return append(steps, e.headSteps(ps)...)
-}
-
-// headSteps lists the end of a pass: for the last row of each complete
-// entry, the final norm, lm_head and argmax.
-func (e *Engine) headSteps(ps pass) []step {
-	c, a, w := &e.cfg, e.act, e.w
-	eps := c.RMSNormEps
-	var steps []step
 	if ps.lasts > 0 {
 		steps = append(steps,
 			// The last row of each complete entry: norm, lm_head, argmax.

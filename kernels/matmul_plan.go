@@ -129,10 +129,10 @@ type matVecPlan struct {
 func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
 	p := matVecPlan{matVecLayout: l, tt: matVecTT(T)}
 	step := 32 * l.lanes
-	memory := func(kc int) uint32 {
-		shm := max(int(p.tt)*kc/4, l.rt*l.wg)
-		return uint32(16 * (shm + l.wg + l.wg/16))
-	}
+	// The staged input, then the partial sums and the norm's sums of
+	// squares (matvec_int4.wgsl's shm).
+	shm := func(kc int) int { return max(int(p.tt)*kc/4, l.rt*l.wg+l.wg+l.wg/16) }
+	memory := func(kc int) uint32 { return uint32(16 * shm(kc)) }
 	kc := int(alignUp(uint64(k), uint64(step)))
 	for kc > step && (kc/step*l.rt > matVecMaxWeights || memory(kc) > limit) {
 		kc -= step
@@ -142,7 +142,7 @@ func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
 	}
 	chunks := divCeil(k, kc)
 	p.kc = uint32(alignUp(uint64(divCeil(k, int(chunks))), uint64(step)))
-	p.shm = uint32(max(int(p.tt)*int(p.kc)/4, l.rt*l.wg))
+	p.shm = uint32(shm(int(p.kc)))
 	return p, true
 }
 

@@ -87,12 +87,12 @@ func TestPlanMatVec(t *testing.T) {
 		ok      bool
 		kc, shm uint32
 	}{
-		{matVecLayout{16, 4, 256}, 1, 2048, 48 << 10, true, 2048, 1024}, // one chunk, partials the larger
+		{matVecLayout{16, 4, 256}, 1, 2048, 48 << 10, true, 2048, 1296}, // one chunk, partials and sums of squares the larger
 		{matVecLayout{16, 4, 64}, 4, 2048, 48 << 10, true, 2048, 2048},  // four rows staged
 		{matVecLayout{16, 4, 64}, 3, 6144, 48 << 10, true, 2048, 2048},  // registers: three chunks
 		{matVecLayout{64, 4, 128}, 1, 6144, 48 << 10, true, 6144, 1536}, // one chunk of 64 lanes
-		{matVecLayout{16, 4, 64}, 4, 2048, 16 << 10, true, 512, 512},    // memory: four chunks
-		{matVecLayout{16, 2, 64}, 1, 100, 48 << 10, true, 512, 128},     // a short row: one vec4 a lane
+		{matVecLayout{16, 4, 64}, 4, 2048, 16 << 10, true, 1024, 1024},  // memory: two chunks
+		{matVecLayout{16, 2, 64}, 1, 100, 48 << 10, true, 512, 196},     // a short row: one vec4 a lane
 		{matVecLayout{16, 4, 256}, 4, 2048, 16 << 10, false, 0, 0},      // partials alone exceed 16 KiB
 		{matVecLayout{16, 32, 256}, 1, 2048, 48 << 10, false, 0, 0},     // more rows a thread than lanes
 	} {

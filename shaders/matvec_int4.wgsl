@@ -57,7 +57,7 @@ const TT: u32 = 1u;                 // activation rows the workgroup holds: 1, 2
 const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
 const SWIGLU: u32 = 0u;             // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;               // 1: the input is rmsnorm(x) · g
-const SHM: u32 = 512u;              // vec4s of workgroup memory: max(TT·KC/4, RT·WG)
+const SHM: u32 = 512u;              // vec4s of workgroup memory: max(TT·KC/4, RT·WG + WG + WG16)
 const ROWS: u32 = WG / LANES * RT;  // weight rows per workgroup
 const WPT: u32 = KC / 32u / LANES;  // weight vec4s a thread reads per chunk and row
 const WG16: u32 = WG / 16u;        // groups of 16 threads
@@ -82,13 +82,14 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
 
-// Staged x' (TT rows of KC/4 vec4s), then the partial sums (ROWS·LANES
-// vec4s over the activation rows).
+// Staged x' (TT rows of KC/4 vec4s), then the partial sums (ROWS·LANES =
+// RT·WG vec4s over the activation rows) followed, with NORM, by each
+// thread's sums of squares (WG vec4s over the activation rows) and those
+// of WG/16 groups of 16 threads. One array: on the H200 NVIDIA's driver
+// fits about 56 KB of workgroup memory an SM, so each KB a workgroup takes
+// decides how many share an SM (8 KB: 6, 10 KB: 5; gate|up's 768
+// workgroups fit one wave at 6).
 var<workgroup> shm: array<vec4<f32>, SHM>;
-// NORM: each thread's sums of squares (over the activation rows), then
-// those of WG/16 groups of 16 threads.
-var<workgroup> sq: array<vec4<f32>, WG>;
-var<workgroup> sq16: array<vec4<f32>, WG16>;
 
 const MAGIC: u32 = 0x4B000000u;  // the bits of 2²³: a code ORed in is 2²³ + code
 const BIAS: f32 = 8388616.0;     // 2²³ + 8
@@ -198,17 +199,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 shm[t * (KC / 4u) + swizzle(j)] = v;
             }
         }
-        if NORM == 1u && last {
-            sq[lid] = ss;
-        }
         workgroupBarrier();
-        if NORM == 1u && last && lid < WG16 {
-            var s = vec4<f32>();
-            for (var i = 0u; i < 16u; i++) {
-                s += sq[lid * 16u + i];
-            }
-            sq16[lid] = s; // read after the barriers below
-        }
         // 3. Multiply: each staged vec4 serves RT weight rows.
         for (var j = 0u; j < WPT; j++) {
             let v = lane + j * LANES;
@@ -231,11 +222,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
 
-    // Each (weight row, activation row) adds its LANES partial sums.
+    // Each (weight row, activation row) adds its LANES partial sums; with
+    // NORM the sums of squares follow them, added 16 at a time first.
     for (var r = 0u; r < RT; r++) {
         shm[((lid / LANES) * RT + r) * LANES + lane] = acc[r];
     }
+    if NORM == 1u {
+        shm[RT * WG + lid] = ss;
+    }
     workgroupBarrier();
+    if NORM == 1u {
+        if lid < WG16 {
+            var s = vec4<f32>();
+            for (var i = 0u; i < 16u; i++) {
+                s += shm[RT * WG + lid * 16u + i];
+            }
+            shm[RT * WG + WG + lid] = s;
+        }
+        workgroupBarrier();
+    }
     if lid < ROWS && nout < p.N {
         var s = vec4<f32>();
         for (var l = 0u; l < LANES; l++) {
@@ -244,7 +249,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if NORM == 1u {
             var sum = vec4<f32>();
             for (var i = 0u; i < WG16; i++) {
-                sum += sq16[i];
+                sum += shm[RT * WG + WG + i];
             }
             s *= 1.0 / sqrt(sum / f32(p.K) + p.eps);
         }

@@ -285,3 +285,102 @@ func BenchmarkGridSync(b *testing.B) {
 		}
 	}
 }
+
+// residency is a test kernel that finds how many workgroups of a size and
+// workgroup memory run at once: each takes PAD vec4s of workgroup memory,
+// counts its arrival and polls until p.groups have arrived, or gives up
+// after p.spins polls and counts a timeout.
+var residency = gpu.Kernel{
+	Module: "residency_test.wgsl",
+	Entry:  "main",
+	Source: `
+const WG: u32 = 128u;
+const PAD: u32 = 16u;
+struct Params { groups: u32, spins: u32, _a: u32, _b: u32 }
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> sync: array<atomic<u32>>;
+var<workgroup> pad: array<vec4<f32>, PAD>;
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+	for (var i = lid; i < PAD; i += WG) { pad[i] = vec4<f32>(f32(i)); }
+	workgroupBarrier();
+	if lid == 0u {
+		atomicAdd(&sync[0], 1u);
+		for (var n = 0u; atomicLoad(&sync[0]) < p.groups; n++) {
+			if n == p.spins { atomicAdd(&sync[1], 1u); break; }
+		}
+		if pad[(wid.x * 7u) % PAD].x == 12345.0 { atomicAdd(&sync[2], 1u); }
+	}
+}`,
+	ParamsSize: 16,
+	Storage:    []gpu.Access{gpu.ReadWrite},
+}
+
+// TestResidentWorkgroups measures how many workgroups of 128 and 256
+// threads run at once with 8–40 KB of workgroup memory each (-v prints the
+// table): a kernel whose workgroups wait for each other needs them all
+// resident, and the count is what a dispatch's occupancy is. On the H200
+// (BENCHMARKS.md) NVIDIA's driver fits about 56 KB an SM: 8 KB → 6
+// workgroups an SM, 12 KB → 4, 20–24 KB → 2, 28 KB or more → 1. (With 1
+// KB the probe passed 4,096 workgroups, more than the SMs' thread slots
+// hold, so it is not taken as a count there.)
+func TestResidentWorkgroups(t *testing.T) {
+	d := gridSyncDevice(t)
+	sync, err := d.NewBuffer("sync", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sync.Release()
+	together := func(p *gpu.Pipeline, g int) bool {
+		if err := sync.Fill(0); err != nil {
+			t.Fatal(err)
+		}
+		b, err := d.NewBatch("residency")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Dispatch(p, []uint32{uint32(g), 1 << 16, 0, 0}, []gpu.Binding{sync.All()}, uint32(g), 1, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Submit(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := sync.ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s[1] == 0
+	}
+	for _, wg := range []uint32{128, 256} {
+		for _, kb := range []uint32{8, 12, 16, 20, 24, 28, 40} {
+			if 1024*kb > d.Limits().MaxComputeWorkgroupStorageSize {
+				continue
+			}
+			p, err := d.Pipeline(residency, gpu.Consts{"WG": wg, "PAD": kb * 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Doubling, then bisecting between the last count that ran
+			// at once and the first that did not.
+			pass, fail := 0, 4097
+			for g := 1; g < fail; g *= 2 {
+				if !together(p, g) {
+					fail = g
+					break
+				}
+				pass = g
+			}
+			for fail-pass > 1 {
+				if mid := (pass + fail) / 2; together(p, mid) {
+					pass = mid
+				} else {
+					fail = mid
+				}
+			}
+			if pass == 0 {
+				t.Errorf("%d threads, %d KB: not even one workgroup ran", wg, kb)
+			}
+			t.Logf("%d threads, %2d KB of workgroup memory: %d workgroups at once", wg, kb, pass)
+		}
+	}
+}

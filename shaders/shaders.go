@@ -25,6 +25,11 @@
 // loop (skinny_int4.wgsl's xs[octet][i][v], not xs[k·TV + v]), and give a
 // loop whose loads should go out together a fixed count. cmd/nvsass shows
 // what the driver made of a kernel.
+//
+// And workgroup memory is occupancy: on the H200 NVIDIA's driver fits about
+// 56 KB of it an SM (8 KB a workgroup: 6 an SM; 12 KB: 4; 28 KB or more: 1;
+// gpu's TestResidentWorkgroups), so a kernel's arrays share one region
+// where their lifetimes allow (matvec_int4.wgsl's shm).
 package shaders
 
 import _ "embed"

@@ -28,9 +28,10 @@ import (
 // workgroupBarriers instead (timing only: no order across workgroups).
 //
 // With LOADS > 0 each thread also reads LOADS vec4s of w a phase, slice
-// (p.ph0 + ph) % p.slices (coalesced): with PREFETCH = 0 after the barrier, used at
-// once; with PREFETCH = 1 the next phase's go out before the barrier, as
-// a persistent kernel would load its next weights while it waits.
+// (p.ph0 + ph) % p.slices (coalesced): with PREFETCH = 0 after the
+// barrier, used at once; with PREFETCH = 1 the next phase's go out before
+// the barrier, as a persistent kernel would load its next weights while
+// it waits.
 //
 // Buffers: sync [0] the counter, [1] errors seen; data (groups) the
 // phase values; w the loaded words; out (groups·WG) a sum of them.

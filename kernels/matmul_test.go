@@ -101,6 +101,16 @@ func TestPlanMatVec(t *testing.T) {
 			t.Errorf("planMatVec(%v, T %d, K %d, %d B) = %+v, %v; want kc %d shm %d, %v", c.l, c.T, c.K, c.limit, p, ok, c.kc, c.shm, c.ok)
 		}
 	}
+	// One row of the tall matrices (gate|up, the head) in 8 KiB a
+	// workgroup: on the H200 six share an SM, and gate|up's 768 workgroups
+	// run in one wave (at 10 KiB, five an SM, two waves: 5 % of a batch-1
+	// step; BENCHMARKS.md).
+	for _, n := range []int{12288, 151936} {
+		l := pickMatVecLayout(n, 2048, 1)
+		if p, ok := planMatVec(l, 1, 2048, 48<<10); !ok || 16*p.shm > 8<<10 {
+			t.Errorf("%d×2048 at one row: %v takes %d bytes of workgroup memory, want at most 8 KiB", n, l, 16*p.shm)
+		}
+	}
 	for _, c := range []struct {
 		n, k, T int
 		want    matVecLayout

@@ -43,8 +43,9 @@
 //      it would equal the L1's bandwidth at the H200's DRAM rate).
 // Finally each (weight row, activation row) adds up its LANES partial sums
 // (kept as vec4s over the activation rows, in the memory the staged x'
-// used) and, with NORM, scales them by 1 / rms; the residual it adds into
-// (accumulate) was read at the start, off the critical path.
+// used, followed with NORM by the threads' sums of squares, which the norm
+// needs only now) and, with NORM, scales them by 1 / rms; the residual it
+// adds into (accumulate) was read at the start, off the critical path.
 //
 // Sizes (set by the Go side, kernels/matmul_plan.go): LANES, RT, WG per
 // matrix shape; KC ≤ K so that TT·KC floats fit the workgroup memory and a

@@ -2,8 +2,8 @@
 # Prepares a fresh GPU machine for a run, from the working tree the device
 # tool copied there: Vulkan's loader and GL libraries from .gl/*.deb (the
 # machine has none), and the binaries in .gpu/ unpacked from the .xz files
-# they travel as (`xz --x86 --lzma2=preset=9e,dict=64MiB -c BIN > .gpu/BIN.xz`
-# here; the machine has python3 but no xz). Source it or run it first:
+# they travel as (scripts/h200_pack.sh makes them; the machine has python3
+# but no xz). Run it first:
 #
 #   bash scripts/h200_setup.sh && WEBDRAFT=.gpu/webdraft OUT=$OUT bash scripts/h200_perf.sh
 set -eu

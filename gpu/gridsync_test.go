@@ -213,7 +213,8 @@ func TestGridSync(t *testing.T) {
 // dispatches of many ("barriers"), with and without loads.
 func BenchmarkGridSync(b *testing.B) {
 	d := gridSyncDevice(b)
-	const wBytes = 256 << 20
+	// 256 MB of loads, more than the L2 holds, within one binding.
+	wBytes := min(uint64(256<<20), d.Limits().MaxStorageBufferBindingSize&^0xFFFF)
 	for _, groups := range []int{132, 264, 528} {
 		r := newGridSyncRig(b, d, groups, wBytes)
 		for _, c := range []struct {

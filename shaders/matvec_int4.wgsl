@@ -164,7 +164,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var wscale: array<f32, WR>;   // and their scales
     for (var c0 = 0u; c0 < p.K; c0 += KC) {
         let kc4 = min(KC, p.K - c0) / 4u; // vec4s of x' per row in this chunk
-        let last = c0 + KC >= p.K;
         // 1. This thread's weights of the chunk; rows past N repeat row
         // N − 1 (never written).
         for (var j = 0u; j < WPT; j++) {

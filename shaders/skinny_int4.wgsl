@@ -45,8 +45,10 @@
 //      TT), so a warp's stores of one k fall in consecutive banks;
 //   3. 32 inputs at a time, the next 32's codes loading meanwhile, each
 //      thread turns its codes into floats once — the exponent trick,
-//      bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8 exactly — and
-//      multiplies each into the TT/4 vec4s of x'[k] it reads from xs.
+//      bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8 exactly, each
+//      code in place in its half word, as (code − 8)·16^e against x'
+//      staged times 16^−e (codes_in_place) — and multiplies each into the
+//      TT/4 vec4s of x'[k] it reads from xs.
 // Registers are indexed only by loops over RT and TV, short enough for the
 // compiler to unroll (an array indexed by a rolled loop lives in local
 // memory: a layout of 4 × 32 accumulators ran 7× slower on the H200).
@@ -104,13 +106,19 @@ var<workgroup> sq: array<f32, WG>;       // norm: each thread's sum of squares
 var<workgroup> inv_rms: array<f32, TT>;  // norm, splits = 1: each activation row's 1 / rms
 
 const MAGIC: u32 = 0x4B000000u; // the bits of 2²³: a code ORed in is 2²³ + code
-const BIAS: f32 = 8388616.0;    // 2²³ + 8
 
-// codes returns the four codes of nibbles shift/4 … shift/4+3 of word w,
-// minus 8, as floats.
-fn codes(w: u32, shift: u32) -> vec4<f32> {
-    let n = (vec4<u32>(w) >> vec4<u32>(shift, shift + 4u, shift + 8u, shift + 12u)) & vec4<u32>(15u);
-    return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - BIAS;
+// codes_in_place returns the four codes in bits 0–15 of h, minus 8, each
+// times 16^e for its place e — (h & 0xF·16^e | the bits of 2²³) − (2²³ +
+// 8·16^e), exact, with no shift (matvec_int4.wgsl). The staged input is
+// scaled by 16^−e (PLACE, exact) to match, so that each product is the
+// same float as the code's times the input's (the scale's product too:
+// scaling by a power of two commutes with rounding).
+const PLACE: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+const PLACE_BIAS: vec4<f32> = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376.0);
+
+fn codes_in_place(h: u32) -> vec4<f32> {
+    let n = vec4<u32>(h) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
+    return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - PLACE_BIAS;
 }
 
 fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
@@ -184,6 +192,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                         v *= norm[c0 / 4u + q];
                     }
                 }
+                v *= PLACE;
                 for (var e = 0u; e < 4u; e++) {
                     let k = 4u * q + e;
                     xs[k / 8u][k % 8u][st / 4u][st % 4u] = v[e];
@@ -205,8 +214,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 var hi: array<vec4<f32>, RT>;
                 for (var r = 0u; r < RT; r++) {
                     let w = component(cur[r], c);
-                    lo[r] = codes(w, 0u) * cur_scale[r];
-                    hi[r] = codes(w, 16u) * cur_scale[r];
+                    lo[r] = codes_in_place(w) * cur_scale[r];
+                    hi[r] = codes_in_place(w >> 16u) * cur_scale[r];
                 }
                 let o = k / 8u; // the octet k … k+7
                 for (var v = 0u; v < TV; v++) {

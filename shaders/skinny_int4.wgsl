@@ -109,10 +109,10 @@ const MAGIC: u32 = 0x4B000000u; // the bits of 2²³: a code ORed in is 2²³ + 
 
 // codes_in_place returns the four codes in bits 0–15 of h, minus 8, each
 // times 16^e for its place e — (h & 0xF·16^e | the bits of 2²³) − (2²³ +
-// 8·16^e), exact, with no shift (matvec_int4.wgsl). The staged input is
-// scaled by 16^−e (PLACE, exact) to match, so that each product is the
-// same float as the code's times the input's (the scale's product too:
-// scaling by a power of two commutes with rounding).
+// 8·16^e), exact, with no shift. The staged input is scaled by 16^−e
+// (PLACE, exact) to match, so that each product is the same float as the
+// code's times the input's (the scale's product too: scaling by a power of
+// two commutes with rounding).
 const PLACE: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 const PLACE_BIAS: vec4<f32> = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376.0);
 

@@ -311,6 +311,63 @@ func TestCopyTo(t *testing.T) {
 	})
 }
 
+// TestStreamRead: each thread's sum of the words it read, every thread's
+// written (sums poisoned first), for inputs of one partial vec4 block to
+// several workgroups; bad sizes are refused.
+func TestStreamRead(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	const block = streamReadWG * streamReadV // vec4s a workgroup
+	for _, words := range []int{1, 255, block, block + 1, 3*block + 77} {
+		src := make([]uint32, 4*words)
+		for i := range src {
+			src[i] = r.Uint32()
+		}
+		bytes := uint64(len(src)) * 4
+		n := StreamReadSums(bytes)
+		if want := (words + block - 1) / block * streamReadWG; n != want {
+			t.Fatalf("%d vec4s: %d sums, want %d", words, n, want)
+		}
+		want := make([]uint32, n)
+		for i := range words {
+			g, j := i/block, i%block
+			for c := range 4 {
+				want[g*streamReadWG+j%streamReadWG] += src[4*i+c]
+			}
+		}
+		sb := uploadU32(t, d, "src", src)
+		sums := poisoned(t, d, "sums", n)
+		run(t, d, "stream_read", func(b *gpu.Batch) error { return StreamRead(b, sums, sb, bytes) })
+		got, err := sums.ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got[:n], want) {
+			t.Fatalf("%d vec4s: sums differ", words)
+		}
+	}
+	sb := uploadU32(t, d, "src", make([]uint32, 64))
+	sums := poisoned(t, d, "sums", streamReadWG)
+	run(t, d, "stream_read", func(b *gpu.Batch) error {
+		for _, c := range []struct {
+			name      string
+			sums, src *gpu.Buffer
+			bytes     uint64
+		}{
+			{"no bytes", sums, sb, 0},
+			{"not a multiple of 16", sums, sb, 20},
+			{"past the end", sums, sb, 272},
+			{"nil source", sums, nil, 16},
+			{"nil sums", nil, sb, 16},
+		} {
+			if err := StreamRead(b, c.sums, c.src, c.bytes); err == nil {
+				t.Errorf("%s: accepted", c.name)
+			}
+		}
+		return nil
+	})
+}
+
 // TestFMA: the arithmetic yardstick computes what its header says (so its
 // rounds cannot have been optimized away).
 func TestFMA(t *testing.T) {

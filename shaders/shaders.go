@@ -97,6 +97,12 @@ var Add string
 //go:embed copy.wgsl
 var Copy string
 
+// StreamRead is stream_read.wgsl: a pass that only reads its bytes (a
+// sum a thread written), the floor of a phase that reads from memory.
+//
+//go:embed stream_read.wgsl
+var StreamRead string
+
 // Argmax is argmax.wgsl: the index of each row's largest value.
 //
 //go:embed argmax.wgsl

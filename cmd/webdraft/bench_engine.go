@@ -126,6 +126,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		Subtitle: dev.Info().String(),
 		XLabel:   "sequences decoded together (batch)", YLabel: "ms per decode step",
 	}
+	var chainedOne time.Duration // the chained batch-1 step, for the floor's row
 	for _, b := range batches {
 		step, err := perf.Decode(ctx, eng, b, *context, *steps)
 		if err != nil {
@@ -144,10 +145,25 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		row(fmt.Sprintf("  chained 16 a draft (StepN), batch %d", b),
 			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(chained), float64(b)/chained.Seconds()),
 			fmt.Sprintf("%.3f ms", ms64(floor)), pct(floor.Seconds()/chained.Seconds()))
+		if b == 1 {
+			chainedOne = chained
+		}
 		plot.Labels = append(plot.Labels, strconv.Itoa(b))
 		plot.Values = append(plot.Values, ms64(step))
 		plot.Notes = append(plot.Notes, fmt.Sprintf("%.0f tok/s", float64(b)/step.Seconds()))
 	}
+	// The floor of a batch-1 step made of dispatches: its dependent phases
+	// reduced to passes that read their bytes once.
+	floor, err := perf.StepFloor(dev, &cfg, *context, eng.KVElemBytes(), 10)
+	if err != nil {
+		return fmt.Errorf("step floor: %w", err)
+	}
+	ratio := ""
+	if chainedOne > 0 {
+		ratio = "chained batch 1 " + strconv.FormatFloat(chainedOne.Seconds()/floor.Step.Seconds(), 'f', 2, 64) + "× it"
+	}
+	row(fmt.Sprintf("batch-1 step floor: %d dependent passes, each reading a phase's bytes once", floor.Passes),
+		fmt.Sprintf("%.3f ms (host records it in %.3f)", ms64(floor.Step), ms64(floor.Record)), "", ratio)
 	if *svg != "" {
 		if err := os.WriteFile(*svg, plot.SVG(), 0o644); err != nil {
 			return err

@@ -377,10 +377,95 @@ func prefillOnce(ctx context.Context, e engine.Engine, n int) (time.Duration, er
 // WeightBytes is what one decode step must read: every matrix's int4 words
 // and scales (and the head once more when it is not tied).
 func WeightBytes(c *qwen3.Config) uint64 {
-	perElem := func(n, k int) uint64 { return uint64(n*k)/2 + uint64(n*k/tensor.DefaultGroupSize)*2 }
-	layer := perElem(c.QDim(), c.HiddenSize) + 2*perElem(c.KVDim(), c.HiddenSize) + perElem(c.HiddenSize, c.QDim()) +
-		3*perElem(c.IntermediateSize, c.HiddenSize)
-	return uint64(c.NumHiddenLayers)*layer + perElem(c.VocabSize, c.HiddenSize)
+	layer := int4Bytes(c.QDim(), c.HiddenSize) + 2*int4Bytes(c.KVDim(), c.HiddenSize) + int4Bytes(c.HiddenSize, c.QDim()) +
+		3*int4Bytes(c.IntermediateSize, c.HiddenSize)
+	return uint64(c.NumHiddenLayers)*layer + int4Bytes(c.VocabSize, c.HiddenSize)
+}
+
+// int4Bytes is an n×k int4 matrix's words and scales.
+func int4Bytes(n, k int) uint64 {
+	return uint64(n*k)/2 + uint64(n*k/tensor.DefaultGroupSize)*2
+}
+
+// Floor is StepFloor's measurement.
+type Floor struct {
+	Step   time.Duration // the GPU's time for the skeleton step
+	Record time.Duration // the host's time to record it (Step is the GPU's only when it is longer)
+	Passes int
+}
+
+// StepFloor times the skeleton of a batch-1 decode step at a context of
+// context tokens (kvElemBytes a cache element): each of a decoder layer's
+// five dependent phases — the normalized q|k|v projection, attention, o_proj,
+// the normalized gate|up, down_proj, each needing all of the one before —
+// reduced to one pass that reads the phase's bytes once (kernels.StreamRead:
+// the projection's int4 words and scales, or the layer's KV cache), then the
+// head's and a 16-byte pass for the argmax's merge; every pass dependent on
+// the one before, over bytes of its own (a step's worth, more than the GPU's
+// caches hold), in one batch. A decode step whose phases are dispatches
+// cannot take less.
+func StepFloor(d *gpu.Device, c *qwen3.Config, context, kvElemBytes, reps int) (Floor, error) {
+	kv := uint64(context) * uint64(2*c.KVDim()*kvElemBytes)
+	layer := []uint64{
+		int4Bytes(c.QDim()+2*c.KVDim(), c.HiddenSize),
+		kv,
+		int4Bytes(c.HiddenSize, c.QDim()),
+		int4Bytes(2*c.IntermediateSize, c.HiddenSize),
+		int4Bytes(c.HiddenSize, c.IntermediateSize),
+	}
+	var phases []uint64
+	for range c.NumHiddenLayers {
+		phases = append(phases, layer...)
+	}
+	phases = append(phases, int4Bytes(c.VocabSize, c.HiddenSize), 16)
+	var bufs []*gpu.Buffer
+	defer func() {
+		for _, b := range bufs {
+			b.Release()
+		}
+	}()
+	nsums := 0
+	for i, n := range phases {
+		n = max(16, (n+15)&^15)
+		phases[i] = n
+		b, err := d.NewBuffer(fmt.Sprintf("floor_%d", i), n)
+		if err != nil {
+			return Floor{}, err
+		}
+		bufs = append(bufs, b)
+		nsums = max(nsums, kernels.StreamReadSums(n))
+	}
+	sums, err := d.NewBuffer("floor_sums", uint64(nsums)*4)
+	if err != nil {
+		return Floor{}, err
+	}
+	defer sums.Release()
+	record := func(b *gpu.Batch) error {
+		for i, n := range phases {
+			if err := kernels.StreamRead(b, sums, bufs[i], n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	f := Floor{Passes: len(phases)}
+	if f.Step, err = run(d, sums, reps, record); err != nil {
+		return Floor{}, err
+	}
+	start := time.Now()
+	for range reps {
+		b, err := d.NewBatch("floor record")
+		if err != nil {
+			return Floor{}, err
+		}
+		err = record(b)
+		b.Discard()
+		if err != nil {
+			return Floor{}, err
+		}
+	}
+	f.Record = time.Since(start) / time.Duration(reps)
+	return f, nil
 }
 
 // Params counts the weights one token's forward pass multiplies by (the

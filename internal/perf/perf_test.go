@@ -10,6 +10,34 @@ import (
 	"webdraft/internal/synth"
 )
 
+// TestFloorPasses: StepFloor's passes cover a step's bytes — every matrix
+// once and each layer's KV cache — five a layer, the head and the merge,
+// none over the binding limit.
+func TestFloorPasses(t *testing.T) {
+	cfg := synth.Shapes["qwen3-1.7b"]
+	const context, elem = 1024, 2
+	kv := uint64(cfg.NumHiddenLayers) * uint64(context) * uint64(2*cfg.KVDim()*elem)
+	for _, c := range []struct {
+		limit  uint64
+		passes int
+	}{
+		{1 << 40, 5*cfg.NumHiddenLayers + 2},
+		{64 << 20, 5*cfg.NumHiddenLayers + 4}, // the 160 MB head in three
+	} {
+		passes := floorPasses(&cfg, context, elem, c.limit)
+		var sum uint64
+		for _, n := range passes {
+			if n == 0 || n%16 != 0 || n > c.limit {
+				t.Fatalf("limit %d: a pass of %d bytes", c.limit, n)
+			}
+			sum += n
+		}
+		if len(passes) != c.passes || sum != WeightBytes(&cfg)+kv+16 {
+			t.Errorf("limit %d: %d passes of %d bytes, want %d of %d", c.limit, len(passes), sum, c.passes, WeightBytes(&cfg)+kv+16)
+		}
+	}
+}
+
 // TestMeasurements runs each measurement of `webdraft bench engine` once on
 // a tiny random model: they complete and report plausible figures.
 func TestMeasurements(t *testing.T) {

@@ -12,14 +12,16 @@
 # NVSASS=an nvsass binary (`CGO_ENABLED=0 go build ./cmd/nvsass`) and
 # KERNELS, the machine code NVIDIA's driver made of the main kernels, each
 # from a benchmark run with the driver's shader cache in a fresh folder
-# (sass/NAME.txt: registers and each loop's instructions; under a minute).
-# About 4 minutes without the options.
+# (sass/NAME.txt: registers and each loop's instructions; under a minute);
+# with GPUTEST=a gpu.test binary (`go test -c ./gpu`), BenchmarkGridSync:
+# dependent dispatches of GPU-wide grids against barriers inside one
+# (under a minute). About 4 minutes without the options.
 #
 # The device call returns at most 8 files: everything lands in one folder,
 # packed into $OUT/results.tgz, and the main figures are printed.
 #
 #   WEBDRAFT=.gpu/webdraft OUT=$OUT [HF=1] [KERNELS=.gpu/kernels.test [KBENCH=regexp]
-#     [NVSASS=.gpu/nvsass]] [RECORD=.gpu/webgpu.test] bash scripts/h200_perf.sh
+#     [NVSASS=.gpu/nvsass]] [RECORD=.gpu/webgpu.test] [GPUTEST=.gpu/gpu.test] bash scripts/h200_perf.sh
 set -u
 W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary}
 OUT=${OUT:?set OUT to a results folder}
@@ -80,4 +82,9 @@ done
 kill $pid; wait $pid
 if [ "${HF:-0}" = 1 ]; then
   timeout 270 python3 scripts/hf_draft_bench.py --model /tmp/q17hf --context 1024 --batches 1,32 2>&1 | grep '^{' | tee "$R/hf.txt"
+fi
+if [ -n "${GPUTEST:-}" ]; then
+  timeout 90 "$GPUTEST" -test.run '^$' -test.bench 'GridSync/G=(132|528)/(fence|nofence)/(dispatches|barriers)' \
+    -test.benchtime 10x > "$R/gridsync.txt" 2>&1
+  grep '^Benchmark' "$R/gridsync.txt" || echo "gridsync: no benchmark ran (skipped on CPU adapters; see gridsync.txt)"
 fi

@@ -3,6 +3,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/cogentcore/webgpu/wgpu"
 )
@@ -18,11 +19,19 @@ const maxBufferCap = 1 << 31
 // navigator.gpu or no adapter behind it.
 var ErrNoAdapter = errors.New("gpu: no WebGPU adapter found")
 
+// ErrNoHardwareAdapter is returned by Open with Options.HardwareOnly when
+// the only adapters are software renderers; it wraps ErrNoAdapter.
+var ErrNoHardwareAdapter = fmt.Errorf("%w besides software renderers", ErrNoAdapter)
+
 // Options choose how Open configures the device.
 type Options struct {
 	// NoF16 leaves the shader-f16 feature off even where the adapter has it,
 	// to exercise the path every kernel must support without it.
 	NoF16 bool
+	// HardwareOnly skips software renderers (AdapterInfo.Software): Open
+	// then returns an error wrapping ErrNoAdapter, naming them, when they
+	// are all there is.
+	HardwareOnly bool
 }
 
 // AdapterInfo describes the adapter Open chose.
@@ -31,6 +40,18 @@ type AdapterInfo struct {
 	Type     string   // discrete-gpu, integrated-gpu, cpu, … ("" in the browser)
 	Backend  string   // vulkan, metal, d3d12, … ("webgpu" in the browser)
 	Features []string // every feature the adapter offers
+}
+
+// Software reports whether the adapter is a renderer running on the CPU —
+// Mesa's lavapipe (llvmpipe), Chromium's SwiftShader — rather than a GPU.
+// Natively wgpu reports such adapters as of type cpu; the browser gives no
+// type, so the name decides there.
+func (a AdapterInfo) Software() bool {
+	if a.Type == "cpu" {
+		return true
+	}
+	name := strings.ToLower(a.Name)
+	return strings.Contains(name, "llvmpipe") || strings.Contains(name, "lavapipe") || strings.Contains(name, "swiftshader")
 }
 
 func (a AdapterInfo) String() string {

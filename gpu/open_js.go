@@ -43,6 +43,9 @@ func Open(opts Options) (*Device, error) {
 			}
 		}
 	}
+	if opts.HardwareOnly && info.Software() {
+		return nil, fmt.Errorf("%w (%s)", ErrNoHardwareAdapter, info)
+	}
 	adapter.Get("features").Call("forEach", js.FuncOf(func(_ js.Value, args []js.Value) any {
 		info.Features = append(info.Features, args[0].String())
 		return nil

@@ -5,6 +5,7 @@ package gpu
 import (
 	"cmp"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -13,11 +14,13 @@ import (
 
 // Open picks the best adapter of the primary backends (Vulkan, Metal,
 // D3D12) — a discrete GPU first, then integrated, then anything else (such
-// as lavapipe) — and opens a device on it with explicit limits and, unless
-// opts.NoF16, shader-f16 where offered. wgpu's OpenGL backend is left out:
-// its compute support is partial and its EGL start-up can abort the process.
+// as lavapipe, unless opts.HardwareOnly) — and opens a device on it with
+// explicit limits and, unless opts.NoF16, shader-f16 where offered. wgpu's
+// OpenGL backend is left out: its compute support is partial and its EGL
+// start-up can abort the process.
 func Open(opts Options) (*Device, error) {
 	wgpu.SetLogLevel(wgpu.LogLevelOff) // errors reach us as Go errors instead
+	quietWaylandProbe()
 	inst, err := newInstance(wgpu.InstanceBackendPrimary)
 	if err != nil {
 		return nil, err
@@ -38,6 +41,10 @@ func Open(opts Options) (*Device, error) {
 
 	wi := best.GetInfo()
 	info := AdapterInfo{Name: adapterName(wi), Type: wi.AdapterType.String(), Backend: wi.BackendType.String()}
+	if opts.HardwareOnly && info.Software() {
+		// The best is a software renderer: so are all the others.
+		return nil, fmt.Errorf("%w (%s)", ErrNoHardwareAdapter, info)
+	}
 	for _, f := range best.EnumerateFeatures() {
 		info.Features = append(info.Features, f.String())
 	}
@@ -86,6 +93,19 @@ func adapterName(wi wgpu.AdapterInfo) string {
 		}
 	}
 	return fmt.Sprintf("adapter %#x:%#x", wi.VendorId, wi.DeviceId)
+}
+
+// quietWaylandProbe keeps libwayland-client from printing "error:
+// XDG_RUNTIME_DIR is invalid or not set in the environment." once for each
+// of Mesa's Vulkan drivers: they look for a Wayland display when the
+// instance starts, and a server or a CI job has no session directory. A
+// compute device needs no display; with the variable pointing at the temp
+// directory (where no Wayland socket is) the probe fails quietly. A set
+// variable is left alone.
+func quietWaylandProbe() {
+	if dir := os.Getenv("XDG_RUNTIME_DIR"); !strings.HasPrefix(dir, "/") {
+		os.Setenv("XDG_RUNTIME_DIR", os.TempDir())
+	}
 }
 
 func typeRank(t wgpu.AdapterType) int {

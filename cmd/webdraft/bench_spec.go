@@ -24,7 +24,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	newTokens := fs.Int("new-tokens", 128, "length of the target's greedy continuation per prompt")
 	maxPrompts := fs.Int("max-prompts", 0, "use at most this many prompts (0: all)")
 	batch := fs.Int("batch", 32, "prompts measured side by side (batched forward passes; the result does not depend on it)")
-	backendFlag := fs.String("backend", "auto", "auto, webgpu or cpu, for both models")
+	backendFlag := fs.String("backend", "auto", backendUsage+"; for both models")
 	svg := fs.String("svg", "", "also write the acceptance-length histogram as SVG to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err

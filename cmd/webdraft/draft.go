@@ -23,7 +23,7 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 	idsFlag := fs.String("ids", "", "input token ids, comma-separated")
 	text := fs.String("text", "", "input text (tokenized with the model's tokenizer)")
 	n := fs.Int("n", 16, fmt.Sprintf("number of tokens to draft (1…%d)", maxDraft))
-	backendFlag := fs.String("backend", "auto", "auto (WebGPU when an adapter exists, else cpu), webgpu or cpu")
+	backendFlag := fs.String("backend", "auto", backendUsage)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -82,6 +82,9 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 	return json.NewEncoder(e.stdout).Encode(map[string][]int{"draft": draft})
 }
 
+// backendUsage is the --backend flag's help.
+const backendUsage = "auto (WebGPU on a GPU, else the CPU engine; a software renderer such as lavapipe only with webgpu), webgpu or cpu"
+
 // backendChoice is a --backend value.
 type backendChoice string
 
@@ -98,26 +101,41 @@ const draftKVBytes = 256 << 20
 
 // openEngine starts the engine --backend asks for, with kvBytes of KV
 // cache for up to seqs sequences at once (0: the engine's default), and
-// logs what it runs on.
-func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64, seqs int) (eng engine.Engine, err error) {
+// logs what it runs on and why. auto takes a GPU when there is one and
+// otherwise the CPU engine: a software WebGPU renderer (lavapipe) is slower
+// than the CPU engine on the same cores, so auto leaves it to --backend
+// webgpu.
+func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64, seqs int) (engine.Engine, error) {
+	why := "--backend " + string(b)
 	if b != "cpu" {
-		eng, err = webgpu.Open(m.Config, m.Weights, webgpu.Options{KVBytes: kvBytes, MaxSequences: seqs})
+		opts := webgpu.Options{KVBytes: kvBytes, MaxSequences: seqs, Device: gpu.Options{HardwareOnly: b == "auto"}}
+		eng, err := webgpu.Open(m.Config, m.Weights, opts)
 		switch {
 		case err == nil:
+			if b == "auto" {
+				why = "a GPU was found"
+			}
+			return logEngine(e, eng, why), nil
+		case b == "auto" && errors.Is(err, gpu.ErrNoHardwareAdapter):
+			why = err.Error() + ": the CPU engine is faster than a software renderer (--backend webgpu takes it)"
 		case b == "auto" && errors.Is(err, gpu.ErrNoAdapter):
-			e.log.Info("no WebGPU adapter: using the CPU reference engine")
+			why = "no WebGPU adapter"
 		default:
 			return nil, fmt.Errorf("webgpu: %w", err)
 		}
 	}
-	if eng == nil {
-		if eng, err = engine.NewCPU(m.Config, m.Weights, kvBytes); err != nil {
-			return nil, err
-		}
+	eng, err := engine.NewCPU(m.Config, m.Weights, kvBytes)
+	if err != nil {
+		return nil, err
 	}
+	return logEngine(e, eng, why), nil
+}
+
+// logEngine logs which engine runs and why, and returns it.
+func logEngine(e *env, eng engine.Engine, why string) engine.Engine {
 	info := eng.Info()
-	e.log.Info("engine", "backend", info.Backend, "adapter", info.Adapter)
-	return eng, nil
+	e.log.Info("engine", "backend", info.Backend, "adapter", info.Adapter, "why", why)
+	return eng
 }
 
 // loadModel loads the model folder dir, or the embedded drafter when dir is

@@ -21,7 +21,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	target := fs.String("target", "", "target model folder for the speculative demo page (not in this build yet)")
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
-	backendFlag := fs.String("backend", "auto", "auto (WebGPU when an adapter exists, else cpu), webgpu or cpu")
+	backendFlag := fs.String("backend", "auto", backendUsage)
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory for running and cached sequences, in MiB")
 	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
 	if err := parseFlags(fs, args); err != nil {

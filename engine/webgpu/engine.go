@@ -26,6 +26,8 @@ type Options struct {
 	// bytes attention reads; the default where the adapter has shader-f16)
 	// or "f32". No kernel needs shader-f16 either way.
 	KV string
+	// Device is how Open picks and opens the device (New takes one open).
+	Device gpu.Options
 }
 
 func (o *Options) defaults() {
@@ -74,10 +76,10 @@ func (e *Engine) Profile(f func() error) (gpu.Profile, error) {
 	return *e.profile, err
 }
 
-// Open opens the best WebGPU adapter (gpu.ErrNoAdapter when there is none)
-// and builds an engine that owns the device.
+// Open opens the best WebGPU adapter as opts.Device says (gpu.ErrNoAdapter
+// when there is none) and builds an engine that owns the device.
 func Open(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
-	dev, err := gpu.Open(gpu.Options{})
+	dev, err := gpu.Open(opts.Device)
 	if err != nil {
 		return nil, err
 	}

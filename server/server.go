@@ -35,7 +35,7 @@ const (
 type Model struct {
 	Name      string
 	Engine    engine.Engine
-	Tokenizer *tokenizer.Tokenizer
+	Tokenizer *tokenizer.Tokenizer // nil: the model takes token ids only
 }
 
 // Server serves the API. It answers 503 until Run has made it ready.
@@ -139,9 +139,11 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, s.schedulerError(err))
 		return
 	}
-	text, err := st.model.Tokenizer.Decode(res.Draft)
-	if err != nil {
-		text = "" // ids past the tokenizer's vocabulary (a model with a larger one)
+	var text string
+	if tok := st.model.Tokenizer; tok != nil {
+		if text, err = tok.Decode(res.Draft); err != nil {
+			text = "" // ids past the tokenizer's vocabulary (a model with a larger one)
+		}
 	}
 	s.metrics.result(res)
 	s.metrics.request(http.StatusOK, "")
@@ -178,6 +180,13 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 	cfg := st.model.Engine.Config()
 	var tokens []int
 	field := "tokens"
+	if req.Tokens == nil && st.model.Tokenizer == nil {
+		f := "text"
+		if req.Messages != nil {
+			f = "messages"
+		}
+		return nil, nil, badRequest(f, "this model has no tokenizer: give \"tokens\"")
+	}
 	switch {
 	case req.Tokens != nil:
 		tokens = req.Tokens

@@ -28,8 +28,19 @@ type fixture struct {
 }
 
 // newFixture serves the untied golden model (vocab 1024, 512 positions) on
-// the CPU engine; wrap, when set, decorates the engine.
+// the CPU engine, with the embedded Qwen3 tokenizer; wrap, when set,
+// decorates the engine.
 func newFixture(t *testing.T, opts scheduler.Options, wrap func(engine.Engine) engine.Engine) *fixture {
+	t.Helper()
+	tok, err := tokenizer.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newFixtureTokenizer(t, opts, wrap, tok)
+}
+
+// newFixtureTokenizer is newFixture with the given tokenizer (nil: none).
+func newFixtureTokenizer(t *testing.T, opts scheduler.Options, wrap func(engine.Engine) engine.Engine, tok *tokenizer.Tokenizer) *fixture {
 	t.Helper()
 	m, err := checkpoint.Load(filepath.Join("..", "testdata", "golden", "untied"), checkpoint.LoadOptions{})
 	if err != nil {
@@ -42,10 +53,6 @@ func newFixture(t *testing.T, opts scheduler.Options, wrap func(engine.Engine) e
 	}
 	if wrap != nil {
 		eng = wrap(eng)
-	}
-	tok, err := tokenizer.Default()
-	if err != nil {
-		t.Fatal(err)
 	}
 	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ts := httptest.NewServer(srv.Handler())
@@ -323,6 +330,23 @@ func TestHealthAndMetrics(t *testing.T) {
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// A model without a tokenizer drafts from token ids, and refuses text and
+// messages with a 400 that says why.
+func TestNoTokenizer(t *testing.T) {
+	f := newFixtureTokenizer(t, scheduler.Options{}, nil, nil)
+	code, _, body := post(t, f.url, `{"tokens":[1,2,3],"n":4}`)
+	if code != http.StatusOK || len(body["draft"].([]any)) != 4 || body["text"] != "" {
+		t.Errorf("tokens: %d %v", code, body)
+	}
+	for _, req := range []string{`{"text":"hi"}`, `{"messages":[{"role":"user","content":"hi"}]}`} {
+		code, _, body := post(t, f.url, req)
+		e, _ := body["error"].(map[string]any)
+		if msg, _ := e["message"].(string); code != http.StatusBadRequest || !strings.Contains(msg, "no tokenizer") {
+			t.Errorf("%s: %d %v; want 400 saying the model has no tokenizer", req, code, body)
 		}
 	}
 }

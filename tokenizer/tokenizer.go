@@ -20,7 +20,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -66,22 +65,32 @@ func FromFile(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
-// ForModel returns the tokenizer of a model folder: dir/tokenizer.json when
-// present, else the embedded default. dir "" means Default().
-func ForModel(dir string) (*Tokenizer, error) {
-	if dir == "" {
-		return Default()
-	}
-	path := filepath.Join(dir, "tokenizer.json")
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		if _, err := os.Stat(dir); err != nil {
-			return nil, fmt.Errorf("model folder: %w", err)
+// ErrNoTokenizer reports a model folder with no tokenizer.json whose
+// vocabulary is too small for the embedded Qwen3 tokenizer's ids (a test
+// checkpoint of random weights, say): such a model takes token ids only.
+var ErrNoTokenizer = errors.New("no tokenizer")
+
+// ForModel returns the tokenizer of the model folder dir, whose vocabulary
+// has vocabSize ids: its tokenizer.json (tokenizerJSON, nil when it has
+// none), or else the embedded Qwen3 tokenizer, when every id that one makes
+// is in the vocabulary. When neither fits it returns an error wrapping
+// ErrNoTokenizer that names the folder. dir names the folder in errors.
+func ForModel(dir string, tokenizerJSON []byte, vocabSize int) (*Tokenizer, error) {
+	if tokenizerJSON != nil {
+		t, err := FromJSON(tokenizerJSON)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "tokenizer.json"), err)
 		}
-		return Default()
-	} else if err != nil {
+		return t, nil
+	}
+	def, err := Default()
+	if err != nil {
 		return nil, err
 	}
-	return FromFile(path)
+	if def.VocabSize() > vocabSize {
+		return nil, fmt.Errorf("%s: %w: it has no tokenizer.json, and the embedded Qwen3 tokenizer's %d tokens do not fit its vocabulary of %d", dir, ErrNoTokenizer, def.VocabSize(), vocabSize)
+	}
+	return def, nil
 }
 
 func build(f *fileJSON) (*Tokenizer, error) {

@@ -4,8 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -52,36 +52,25 @@ func TestDefault(t *testing.T) {
 
 func TestForModel(t *testing.T) {
 	def := qwen3(t)
-	if tok, err := ForModel(""); err != nil || tok != def {
-		t.Errorf(`ForModel("") = %p, %v; want Default()`, tok, err)
+	if tok, err := ForModel("qwen3", nil, 151936); err != nil || tok != def {
+		t.Errorf("ForModel(no tokenizer.json, Qwen3's vocabulary) = %p, %v; want Default()", tok, err)
 	}
-	empty := t.TempDir()
-	if tok, err := ForModel(empty); err != nil || tok != def {
-		t.Errorf("ForModel(folder without tokenizer.json) = %p, %v; want Default()", tok, err)
-	}
-	if _, err := ForModel(filepath.Join(empty, "missing")); err == nil {
-		t.Error("ForModel(missing folder): no error")
+	_, err := ForModel("tiny", nil, 1024)
+	if !errors.Is(err, ErrNoTokenizer) || !strings.HasPrefix(err.Error(), "tiny: no tokenizer: it has no tokenizer.json") {
+		t.Errorf("ForModel(no tokenizer.json, 1,024 tokens): %v; want ErrNoTokenizer naming the folder", err)
 	}
 	data, err := Qwen3JSON()
 	if err != nil {
 		t.Fatal(err)
 	}
-	own := t.TempDir()
-	if err := os.WriteFile(filepath.Join(own, "tokenizer.json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := ForModel(own)
+	tok, err := ForModel("own", data, 1024) // the folder's own file, whatever its size
 	if err != nil {
 		t.Fatal(err)
 	}
 	if tok == def || !reflect.DeepEqual(tok.Encode("Hello, world!"), []int{9707, 11, 1879, 0}) {
 		t.Error("ForModel(folder with tokenizer.json) did not load its own file")
 	}
-	bad := t.TempDir()
-	if err := os.WriteFile(filepath.Join(bad, "tokenizer.json"), []byte("{"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ForModel(bad); err == nil || !strings.Contains(err.Error(), filepath.Join(bad, "tokenizer.json")) {
+	if _, err := ForModel("bad", []byte("{"), 151936); err == nil || !strings.Contains(err.Error(), filepath.Join("bad", "tokenizer.json")) {
 		t.Errorf("ForModel(bad tokenizer.json): %v; want an error naming the file", err)
 	}
 }

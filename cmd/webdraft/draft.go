@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -43,24 +42,28 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer model.Close()
+	tok, err := modelTokenizer(model)
+	switch {
+	case errors.Is(err, tokenizer.ErrNoTokenizer) && *text != "":
+		return fmt.Errorf("--text: %w (give --ids)", err)
+	case err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer):
+		return err // --ids need no tokenizer, but a broken one is an error
+	}
 	var ids []int
+	input := "--ids"
 	if *idsFlag != "" {
 		if ids, err = parseIDs(*idsFlag); err != nil {
 			return usagef("--ids: %v", err)
 		}
 	} else {
-		tok, err := modelTokenizer(model)
-		if err != nil {
-			return err
-		}
-		ids = tok.Encode(*text)
-		if len(ids) == 0 {
+		input = "--text"
+		if ids = tok.Encode(*text); len(ids) == 0 {
 			return usagef("--text: no tokens")
 		}
 	}
 	for i, id := range ids {
 		if id < 0 || id >= model.Config.VocabSize {
-			return fmt.Errorf("--ids: token %d at index %d is outside the model's vocabulary [0, %d)", id, i, model.Config.VocabSize)
+			return fmt.Errorf("%s: token %d at index %d is outside the model's vocabulary [0, %d)", input, id, i, model.Config.VocabSize)
 		}
 	}
 
@@ -79,7 +82,18 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return json.NewEncoder(e.stdout).Encode(map[string][]int{"draft": draft})
+	out := struct {
+		Draft []int   `json:"draft"`
+		Text  *string `json:"text,omitempty"` // when the model has a tokenizer
+	}{Draft: draft}
+	if tok != nil {
+		s, err := tok.Decode(draft)
+		if err != nil {
+			s = "" // ids past the tokenizer's vocabulary, as the server answers
+		}
+		out.Text = &s
+	}
+	return writeJSON(e, out)
 }
 
 // backendUsage is the --backend flag's help.
@@ -162,18 +176,12 @@ func loadEmbedded(name string) (*checkpoint.Model, string, error) {
 }
 
 // modelTokenizer returns the model folder's tokenizer, or the embedded Qwen3
-// tokenizer when the folder has none.
+// tokenizer when the folder has none and its vocabulary holds the embedded
+// one's ids (tokenizer.ForModel; tokenizer.ErrNoTokenizer otherwise).
 func modelTokenizer(m *checkpoint.Model) (*tokenizer.Tokenizer, error) {
-	data, ok, err := m.TokenizerJSON()
+	data, _, err := m.TokenizerJSON()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", m.Dir, err)
 	}
-	if !ok {
-		return tokenizer.Default()
-	}
-	tok, err := tokenizer.FromJSON(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: tokenizer.json: %w", m.Dir, err)
-	}
-	return tok, nil
+	return tokenizer.ForModel(m.Dir, data, m.Config.VocabSize)
 }

@@ -103,6 +103,30 @@ func TestDraftEmbeddedDefault(t *testing.T) {
 	}
 }
 
+// draft --text tokenizes the text and answers with the draft's text as
+// well, as the server does: the draft's ids detokenized.
+func TestDraftText(t *testing.T) {
+	code, stdout, stderr := webdraft(t, "draft", "--text", "def fibonacci(n):\n    ", "--n", "6", "--backend", "cpu")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var out struct {
+		Draft []int
+		Text  *string
+	}
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil || len(out.Draft) != 6 || out.Text == nil {
+		t.Fatalf("stdout %q (%v): want a draft of 6 and its text", stdout, err)
+	}
+	code, detok, stderr := webdraft(t, "detokenize", "--ids", joinIDs(out.Draft))
+	if code != 0 {
+		t.Fatalf("detokenize: exit %d: %s", code, stderr)
+	}
+	var want struct{ Text string }
+	if err := json.Unmarshal([]byte(detok), &want); err != nil || *out.Text != want.Text {
+		t.Errorf("text %q, want the draft detokenized: %q (%v)", *out.Text, want.Text, err)
+	}
+}
+
 // TestErrors: every bad command line or input gives its exit code and one
 // clear line on stderr.
 func TestErrors(t *testing.T) {

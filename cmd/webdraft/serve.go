@@ -11,6 +11,7 @@ import (
 	"webdraft/engine"
 	"webdraft/scheduler"
 	"webdraft/server"
+	"webdraft/tokenizer"
 )
 
 // drainTimeout bounds how long SIGTERM waits for in-flight requests.
@@ -59,7 +60,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	defer model.Close()
 	tok, err := modelTokenizer(model)
-	if err != nil {
+	switch {
+	case errors.Is(err, tokenizer.ErrNoTokenizer):
+		e.log.Warn("serving token ids only", "reason", err)
+	case err != nil:
 		httpSrv.Close()
 		return err
 	}

@@ -6,9 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
+	"webdraft/qwen3"
 	"webdraft/tokenizer"
 )
 
@@ -22,7 +26,7 @@ func runTokenize(ctx context.Context, e *env, args []string) error {
 	if !isSet(fs, "text") {
 		return usagef("--text is required")
 	}
-	tok, err := tokenizer.ForModel(*model)
+	tok, err := folderTokenizer(*model)
 	if err != nil {
 		return err
 	}
@@ -45,7 +49,7 @@ func runDetokenize(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usagef("--ids: %v", err)
 	}
-	tok, err := tokenizer.ForModel(*model)
+	tok, err := folderTokenizer(*model)
 	if err != nil {
 		return err
 	}
@@ -56,6 +60,31 @@ func runDetokenize(ctx context.Context, e *env, args []string) error {
 	return writeJSON(e, struct {
 		Text string `json:"text"`
 	}{text})
+}
+
+// folderTokenizer returns the tokenizer of model folder dir without
+// loading its weights (modelTokenizer's rule: its tokenizer.json, or the
+// embedded Qwen3 tokenizer where its config's vocabulary holds that one's
+// ids), or the embedded tokenizer when dir is "".
+func folderTokenizer(dir string) (*tokenizer.Tokenizer, error) {
+	if dir == "" {
+		return tokenizer.Default()
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err == nil {
+		return tokenizer.ForModel(dir, data, 0)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("model folder: %w", err)
+	}
+	cfg, err := qwen3.LoadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("%s has no tokenizer.json, so its config.json says whether the embedded one fits: %w", dir, err)
+	}
+	return tokenizer.ForModel(dir, nil, cfg.VocabSize)
 }
 
 func modelFlag(fs *flag.FlagSet) *string {

@@ -20,7 +20,7 @@ func TestTokenizeCommand(t *testing.T) {
 		{"plain", []string{"tokenize", "--text", "Hello, world!"}, `{"ids":[9707,11,1879,0]}`},
 		{"special tokens matched", []string{"tokenize", "--text", "<|im_start|>user\nhi<|im_end|>"}, `{"ids":[151644,872,198,6023,151645]}`},
 		{"empty text", []string{"tokenize", "--text", ""}, `{"ids":[]}`},
-		{"model folder without tokenizer.json", []string{"tokenize", "--model", t.TempDir(), "--text", "Hello, world!"}, `{"ids":[9707,11,1879,0]}`},
+		{"model folder without tokenizer.json", []string{"tokenize", "--model", qwen3Folder(t), "--text", "Hello, world!"}, `{"ids":[9707,11,1879,0]}`},
 		{"detokenize", []string{"detokenize", "--ids", "9707,11,1879,0"}, `{"text":"Hello, world!"}`},
 		{"detokenize brackets and spaces", []string{"detokenize", "--ids", "[9707, 11, 1879, 0]"}, `{"text":"Hello, world!"}`},
 		{"detokenize specials unescaped", []string{"detokenize", "--ids", "151644,872,198,6023,151645"}, `{"text":"<|im_start|>user\nhi<|im_end|>"}`},
@@ -104,6 +104,21 @@ func TestTokenizeModelTokenizer(t *testing.T) {
 	}
 }
 
+// qwen3Folder returns a model folder with the embedded drafter's
+// config.json (Qwen3's vocabulary) and no tokenizer.json.
+func qwen3Folder(t *testing.T) string {
+	t.Helper()
+	cfg, err := os.ReadFile(filepath.Join("..", "..", "weights", "drafter", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func TestTokenizeErrors(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad")
 	if err := os.MkdirAll(bad, 0o755); err != nil {
@@ -129,6 +144,10 @@ func TestTokenizeErrors(t *testing.T) {
 		{"out of vocabulary", []string{"detokenize", "--ids", "1,151669"}, 1, "token id 151669 is outside the vocabulary"},
 		{"missing model folder", []string{"tokenize", "--model", filepath.Join(bad, "nope"), "--text", "a"}, 1, "no such file or directory"},
 		{"bad tokenizer.json", []string{"tokenize", "--model", bad, "--text", "a"}, 1, "not supported"},
+		{"no tokenizer for a small vocabulary", []string{"tokenize", "--model", goldenTied, "--text", "hi"}, 1,
+			goldenTied + ": no tokenizer: it has no tokenizer.json, and the embedded Qwen3 tokenizer's 151669 tokens do not fit its vocabulary of 1024"},
+		{"no config to tell", []string{"tokenize", "--model", t.TempDir(), "--text", "hi"}, 1, "has no tokenizer.json, so its config.json says whether the embedded one fits"},
+		{"draft text, no tokenizer", []string{"draft", "--model", goldenTied, "--text", "hi", "--backend", "cpu"}, 1, "--text: " + goldenTied + ": no tokenizer: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := webdraft(t, tc.args...)

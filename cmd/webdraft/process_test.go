@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"webdraft/gpu"
 )
@@ -17,7 +21,7 @@ import (
 // directly) and to give it an environment of its own.
 func TestMain(m *testing.M) {
 	if os.Getenv("WEBDRAFT_TEST_MAIN") == "1" {
-		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+		main() // exits
 	}
 	os.Exit(m.Run())
 }
@@ -98,5 +102,39 @@ func TestAutoBackend(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestServeStopsWithParent starts `webdraft serve` from a shell that then
+// exits, as task does when it is stopped: the server must not run on as an
+// orphan (on Linux it is sent SIGTERM and drains; elsewhere the test is
+// skipped).
+func TestServeStopsWithParent(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("stopping with the parent is Linux's PR_SET_PDEATHSIG")
+	}
+	log := filepath.Join(t.TempDir(), "serve.log")
+	script := `"$0" serve --model "$1" --backend cpu --addr 127.0.0.1:0 >"$2" 2>&1 & echo $!; sleep 1`
+	cmd := exec.Command("sh", "-c", script, os.Args[0], goldenTied, log)
+	cmd.Env = append(os.Environ(), "WEBDRAFT_TEST_MAIN=1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatalf("the shell printed %q", out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for syscall.Kill(pid, 0) == nil { // until the server's process is gone
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatal("the server still runs 20 s after its parent ended")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	logged, _ := os.ReadFile(log)
+	if !strings.Contains(string(logged), "msg=stopped") {
+		t.Errorf("the server did not drain and stop; its log:\n%s", logged)
 	}
 }

@@ -41,6 +41,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := stopWithParent(); err != nil {
+		return fmt.Errorf("asking to stop with the parent process: %w", err)
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err

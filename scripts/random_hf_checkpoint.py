@@ -15,7 +15,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 SHAPES = {
-    # CONTRACTS.md §1: published Qwen3 shapes.
+    # Published Qwen3 shapes (docs/reference.md, "Model folders").
     "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                        tie_word_embeddings=True),

@@ -6,7 +6,7 @@ Usage:  python3 testdata/golden/make_golden.py --out DIR [--no-newuser]
 Writes, under DIR:
   tied/    config.json, model.safetensors (bf16), golden.json, int4_expected.safetensors
   untied/  config.json, model.safetensors (bf16), golden.json
-  quant_cases.safetensors   edge cases of the int4 quantizer (CONTRACTS.md section 2)
+  quant_cases.safetensors   edge cases of the int4 quantizer (docs/reference.md, "The int4 scheme")
   newuser/ a sharded checkpoint (model.safetensors.index.json + shards) and golden.json
            (not committed: the "new user" check; see README.md)
 
@@ -67,7 +67,7 @@ def log(*a):
 
 
 # ---------------------------------------------------------------------------------------------
-# The int4 scheme (CONTRACTS.md section 2), written twice: torch and numpy, cross-checked.
+# The int4 scheme (docs/reference.md, "The int4 scheme"), written twice: torch and numpy, cross-checked.
 # ---------------------------------------------------------------------------------------------
 
 def quantize_torch(w):

@@ -1,6 +1,6 @@
 """Shared pieces of webdraft's training recipe: the two model shapes, the
 Qwen3 tokenizer shipped in the repo, the token data on disk, the int4 scheme
-of CONTRACTS.md §2 (exact, and as fake quantization for QAT), and a reader
+of docs/reference.md, "The int4 scheme" (exact, and as fake quantization for QAT), and a reader
 for the int4 folders `webdraft convert` writes.
 
 Everything here runs on the GPU machine (torch 2.11, transformers 5.17,
@@ -65,7 +65,7 @@ def batches(ids, batch, seq, seed):
         yield torch.from_numpy(w)
 
 
-# --- the int4 scheme of CONTRACTS.md §2 ------------------------------------
+# --- the int4 scheme of docs/reference.md ("The int4 scheme") -------------
 
 def int4_scales(w, group=32):
     """s = f16(max|w| / 7) per row and group, as f32: (out, in/G)."""

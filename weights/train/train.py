@@ -9,7 +9,7 @@
                                   --kl times the KL divergence from the target's
                                   next-token distribution (--target, online)
   --role drafter --stage qat      the same loss with int4 quantization-aware
-                                  training for CONTRACTS.md §2, from --init
+                                  training for the int4 scheme (docs/reference.md), from --init
 
 Each run saves a Hugging Face checkpoint (f32, save_pretrained) to --out and
 resumes from --init; `webdraft convert --quant int4` makes the shipped folder.

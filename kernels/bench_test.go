@@ -9,6 +9,7 @@ import (
 
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
+	"webdraft/qwen3"
 	"webdraft/tensor"
 )
 
@@ -433,7 +434,7 @@ func BenchmarkDecodeLayer(b *testing.B) {
 		return buf
 	}
 	norm := buffer("norm", ones(H))
-	qkNormRope, err := UploadQKNormRope(d, "qk_norm_rope", ones(D), ones(D), 1e6)
+	qkNormRope, err := UploadQKNormRope(d, "qk_norm_rope", ones(D), ones(D), (&qwen3.Config{HeadDim: D, RopeTheta: 1e6}).RopeInvFreq())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -143,19 +143,6 @@ func TestRMSNorm(t *testing.T) {
 	}
 }
 
-func TestAdd(t *testing.T) {
-	d := gputest.Device(t)
-	r := newRand(t)
-	n := 1 + r.IntN(100000)
-	x, y := randVec(r, n, 1), randVec(r, n, 1)
-	xb, yb := upload(t, d, "x", x), upload(t, d, "y", y)
-	reference.Add(x, y)
-	run(t, d, "add", func(b *gpu.Batch) error { return Add(b, xb, yb, n) })
-	if got := readF32(t, xb, n); relErr(got, x) != 0 {
-		t.Errorf("n=%d: relative error %g, want exact", n, relErr(got, x))
-	}
-}
-
 func TestArgmax(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -309,87 +296,4 @@ func TestCopyTo(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-// TestStreamRead: each thread's sum of the words it read, every thread's
-// written (sums poisoned first), for inputs of one partial vec4 block to
-// several workgroups; bad sizes are refused.
-func TestStreamRead(t *testing.T) {
-	d := gputest.Device(t)
-	r := newRand(t)
-	const block = streamReadWG * streamReadV // vec4s a workgroup
-	for _, words := range []int{1, 255, block, block + 1, 3*block + 77} {
-		src := make([]uint32, 4*words)
-		for i := range src {
-			src[i] = r.Uint32()
-		}
-		bytes := uint64(len(src)) * 4
-		n := StreamReadSums(bytes)
-		if want := (words + block - 1) / block * streamReadWG; n != want {
-			t.Fatalf("%d vec4s: %d sums, want %d", words, n, want)
-		}
-		want := make([]uint32, n)
-		for i := range words {
-			g, j := i/block, i%block
-			for c := range 4 {
-				want[g*streamReadWG+j%streamReadWG] += src[4*i+c]
-			}
-		}
-		sb := uploadU32(t, d, "src", src)
-		sums := poisoned(t, d, "sums", n)
-		run(t, d, "stream_read", func(b *gpu.Batch) error { return StreamRead(b, sums, sb, bytes) })
-		got, err := sums.ReadU32()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(got[:n], want) {
-			t.Fatalf("%d vec4s: sums differ", words)
-		}
-	}
-	sb := uploadU32(t, d, "src", make([]uint32, 64))
-	sums := poisoned(t, d, "sums", streamReadWG)
-	run(t, d, "stream_read", func(b *gpu.Batch) error {
-		for _, c := range []struct {
-			name      string
-			sums, src *gpu.Buffer
-			bytes     uint64
-		}{
-			{"no bytes", sums, sb, 0},
-			{"not a multiple of 16", sums, sb, 20},
-			{"past the end", sums, sb, 272},
-			{"nil source", sums, nil, 16},
-			{"nil sums", nil, sb, 16},
-		} {
-			if err := StreamRead(b, c.sums, c.src, c.bytes); err == nil {
-				t.Errorf("%s: accepted", c.name)
-			}
-		}
-		return nil
-	})
-}
-
-// TestFMA: the arithmetic yardstick computes what its header says (so its
-// rounds cannot have been optimized away).
-func TestFMA(t *testing.T) {
-	d := gputest.Device(t)
-	const groups = 2
-	out := poisoned(t, d, "out", groups*fmaWG)
-	run(t, d, "fma", func(b *gpu.Batch) error { return FMA(b, out, groups) })
-	got := readF32(t, out, groups*fmaWG)
-	want := make([]float32, len(got))
-	for i := range want {
-		seed := float64(i&255) * 0.001
-		var sum float64
-		for acc := range 8 {
-			for lane := range 4 {
-				a := seed + 0.1*float64(lane) + float64(acc)
-				for range fmaIters {
-					a = a*float64(float32(0.999)) + float64(float32(0.001))
-				}
-				sum += a
-			}
-		}
-		want[i] = float32(sum)
-	}
-	checkClose(t, "out", got, want, 1e-4)
 }

@@ -5,7 +5,6 @@ import (
 	"math"
 
 	"webdraft/gpu"
-	"webdraft/reference"
 	"webdraft/shaders"
 )
 
@@ -23,14 +22,14 @@ const (
 )
 
 // UploadQKNormRope uploads what QKVRopeKV needs of one layer besides the
-// activations: q_norm (D), k_norm (D) and RoPE's inverse frequencies (D/2,
-// computed exactly as reference.RopeInvFreq), in one buffer.
-func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm []float32, theta float64) (*gpu.Buffer, error) {
+// activations: q_norm (D), k_norm (D) and RoPE's inverse frequencies
+// invFreq (D/2, qwen3.Config.RopeInvFreq), in one buffer.
+func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm, invFreq []float32) (*gpu.Buffer, error) {
 	D := len(qNorm)
-	if D == 0 || D%2 != 0 || len(kNorm) != D || D/2 > qkNormRopeWG*qkNormRopePairs {
-		return nil, fmt.Errorf("kernels: %s: q_norm %d and k_norm %d values: want equal, even head_dim ≤ %d", name, D, len(kNorm), 2*qkNormRopeWG*qkNormRopePairs)
+	if D == 0 || D%2 != 0 || len(kNorm) != D || len(invFreq) != D/2 || D/2 > qkNormRopeWG*qkNormRopePairs {
+		return nil, fmt.Errorf("kernels: %s: q_norm %d, k_norm %d and %d inverse frequencies: want an even head_dim ≤ %d, and half as many frequencies", name, D, len(kNorm), len(invFreq), 2*qkNormRopeWG*qkNormRopePairs)
 	}
-	consts := append(append(append(make([]float32, 0, 2*D+D/2), qNorm...), kNorm...), reference.RopeInvFreq(D, theta)...)
+	consts := append(append(append(make([]float32, 0, 2*D+D/2), qNorm...), kNorm...), invFreq...)
 	return d.UploadF32(name, consts)
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
+	"webdraft/qwen3"
 	"webdraft/reference"
 )
 
@@ -23,6 +24,7 @@ type qkvRows struct {
 	qNorm, kNorm     []float32
 	consts           *gpu.Buffer // UploadQKNormRope
 	theta, eps       float64
+	invFreq          []float32
 	layer, maxBlocks int
 }
 
@@ -58,7 +60,8 @@ func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs
 	}
 	q.seqBuf, q.posBuf = uploadU32(t, d, "seq", q.seq), uploadU32(t, d, "pos", q.pos)
 	q.qNorm, q.kNorm = randVec(r, D, 0.5), randVec(r, D, 0.5)
-	if q.consts, err = UploadQKNormRope(d, "consts", q.qNorm, q.kNorm, q.theta); err != nil {
+	q.invFreq = (&qwen3.Config{HeadDim: D, RopeTheta: q.theta}).RopeInvFreq()
+	if q.consts, err = UploadQKNormRope(d, "consts", q.qNorm, q.kNorm, q.invFreq); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(q.consts.Release)
@@ -82,7 +85,7 @@ func (q *qkvRows) width() int { return (q.heads + 2*q.c.KVHeads) * q.c.D }
 func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
 	t.Helper()
 	T, heads, kvHeads, D, bs, width := q.T, q.heads, q.c.KVHeads, q.c.D, q.c.BlockSize, q.width()
-	invFreq := reference.RopeInvFreq(D, q.theta)
+	invFreq := q.invFreq
 	wantQ := make([]float32, T*heads*D)
 	wantK, wantV := make([]float32, T*kvHeads*D), make([]float32, T*kvHeads*D)
 	for t := range T {

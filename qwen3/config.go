@@ -6,6 +6,7 @@ package qwen3
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 )
 
@@ -33,6 +34,20 @@ func (c *Config) KVDim() int { return c.NumKeyValueHeads * c.HeadDim }
 
 // GroupSize is the number of query heads sharing one key/value head.
 func (c *Config) GroupSize() int { return c.NumAttentionHeads / c.NumKeyValueHeads }
+
+// RopeInvFreq is RoPE's inverse frequencies theta^(-2i/D) for i < D/2
+// (D = head_dim), computed in f32 as transformers does: 1 / theta **
+// (arange(0, D, 2).float() / D). Every implementation takes them from here,
+// so that they agree to the bit.
+func (c *Config) RopeInvFreq() []float32 {
+	D := c.HeadDim
+	inv := make([]float32, D/2)
+	for i := range inv {
+		exp := float32(2*i) / float32(D)
+		inv[i] = 1 / float32(math.Pow(c.RopeTheta, float64(exp)))
+	}
+	return inv
+}
 
 // rawConfig is config.json as transformers 4.x and 5.x write it.
 type rawConfig struct {

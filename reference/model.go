@@ -31,7 +31,7 @@ func New(cfg qwen3.Config, w *qwen3.Weights) (*Model, error) {
 	if len(w.Layers) != cfg.NumHiddenLayers || w.EmbedTokens == nil || w.LMHead == nil {
 		return nil, fmt.Errorf("reference: weights do not match the config (%d layers, want %d)", len(w.Layers), cfg.NumHiddenLayers)
 	}
-	return &Model{cfg: cfg, w: w, invFreq: RopeInvFreq(cfg.HeadDim, cfg.RopeTheta)}, nil
+	return &Model{cfg: cfg, w: w, invFreq: cfg.RopeInvFreq()}, nil
 }
 
 // Config returns the model's hyperparameters.

@@ -44,17 +44,6 @@ func RMSNorm(out, x, weight []float32, eps float64) {
 	}
 }
 
-// RopeInvFreq returns theta^(-2i/D) for i < D/2, computed in f32 as
-// transformers does: 1 / theta ** (arange(0, D, 2).float() / D).
-func RopeInvFreq(D int, theta float64) []float32 {
-	inv := make([]float32, D/2)
-	for i := range inv {
-		exp := float32(2*i) / float32(D)
-		inv[i] = 1 / float32(math.Pow(theta, float64(exp)))
-	}
-	return inv
-}
-
 // Rope rotates one head x (D) at position pos in the split-halves layout:
 // x·cos + rotate_half(x)·sin, with rotate_half(x) = (−x[D/2:], x[:D/2]).
 func Rope(x []float32, pos int, invFreq []float32) {

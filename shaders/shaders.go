@@ -23,7 +23,7 @@
 // load's offset. In a hot loop, index workgroup arrays so that what varies
 // from read to read is a constant inner index once the driver unrolls the
 // loop (skinny_int4.wgsl's xs[octet][i][v], not xs[k·TV + v]), and give a
-// loop whose loads should go out together a fixed count. cmd/nvsass shows
+// loop whose loads should go out together a fixed count. lab/nvsass shows
 // what the driver made of a kernel.
 //
 // And workgroup memory is occupancy: on the H200 NVIDIA's driver fits about
@@ -87,21 +87,10 @@ var EmbedDense string
 //go:embed rmsnorm.wgsl
 var RMSNorm string
 
-// Add is add.wgsl: x += y.
-//
-//go:embed add.wgsl
-var Add string
-
 // Copy is copy.wgsl: a 16-byte-word copy, the bandwidth yardstick.
 //
 //go:embed copy.wgsl
 var Copy string
-
-// StreamRead is stream_read.wgsl: a pass that only reads its bytes (a
-// sum a thread written), the floor of a phase that reads from memory.
-//
-//go:embed stream_read.wgsl
-var StreamRead string
 
 // Argmax is argmax.wgsl: the index of each row's largest value.
 //
@@ -132,8 +121,3 @@ var AttentionPrefill string
 //
 //go:embed qkv_rope_kv.wgsl
 var QKVRopeKV string
-
-// FMA is fma.wgsl: the device's f32 multiply-add rate (webdraft bench).
-//
-//go:embed fma.wgsl
-var FMA string

@@ -10,9 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"webdraft/bench"
 	"webdraft/engine"
 	"webdraft/engine/webgpu"
-	"webdraft/internal/perf"
 	"webdraft/internal/svgplot"
 	"webdraft/internal/synth"
 	"webdraft/qwen3"
@@ -89,7 +89,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	dev := eng.Device()
 	e.log.Info("measuring", "adapter", dev.Info().String(), "model", label)
 
-	bw, copyBytes, err := perf.CopyBandwidth(dev, uint64(*copyMB)<<20, 20)
+	bw, copyBytes, err := bench.CopyBandwidth(dev, uint64(*copyMB)<<20, 20)
 	if err != nil {
 		return fmt.Errorf("copy: %w", err)
 	}
@@ -99,19 +99,19 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	row("figure", "measured", "limit", "ratio")
 	row(fmt.Sprintf("copy, %d MiB buffers (read+write)", copyBytes>>20), gbps(bw), "", "")
 
-	fma, err := perf.FMARate(dev, 5)
+	fma, err := bench.FMARate(dev, 5)
 	if err != nil {
 		return fmt.Errorf("fma: %w", err)
 	}
 	row("f32 multiply-add rate (registers only)", fmt.Sprintf("%.1f TFLOP/s", fma/1e12), "", "")
 
-	overhead, err := perf.DispatchOverhead(dev, 256)
+	overhead, err := bench.DispatchOverhead(dev, 256)
 	if err != nil {
 		return fmt.Errorf("dispatch overhead: %w", err)
 	}
 	row("dependent dispatch of a 16-byte copy (256 in one pass)", fmt.Sprintf("%.1f µs", float64(overhead.Nanoseconds())/1e3), "", "")
 
-	mvs, err := perf.MatVecs(dev, &cfg, 10)
+	mvs, err := bench.MatVecs(dev, &cfg, 10)
 	if err != nil {
 		return fmt.Errorf("matvec: %w", err)
 	}
@@ -128,17 +128,17 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	}
 	var chainedOne time.Duration // the chained batch-1 step, for the floor's row
 	for _, b := range batches {
-		step, err := perf.Decode(ctx, eng, b, *context, *steps)
+		step, err := bench.Decode(ctx, eng, b, *context, *steps)
 		if err != nil {
 			return fmt.Errorf("decode batch %d: %w", b, err)
 		}
 		// The floor: every weight and every sequence's KV cache read once.
 		kv := uint64(b) * uint64(*context) * uint64(engine.KVBytesPerToken(&cfg, eng.KVElemBytes()))
-		floor := time.Duration(float64(perf.WeightBytes(&cfg)+kv) / bw * 1e9)
+		floor := time.Duration(float64(bench.WeightBytes(&cfg)+kv) / bw * 1e9)
 		row(fmt.Sprintf("decode step, batch %d, context %d", b, *context),
 			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(step), float64(b)/step.Seconds()),
 			fmt.Sprintf("%.3f ms (weights + KV at copy bw)", ms64(floor)), pct(floor.Seconds()/step.Seconds()))
-		chained, err := perf.Drafts(ctx, eng, b, *context, *steps, 16)
+		chained, err := bench.Drafts(ctx, eng, b, *context, *steps, 16)
 		if err != nil {
 			return fmt.Errorf("chained decode batch %d: %w", b, err)
 		}
@@ -154,7 +154,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	}
 	// The floor of a batch-1 step made of dispatches: its dependent phases
 	// reduced to passes that read their bytes once.
-	floor, err := perf.StepFloor(dev, &cfg, *context, eng.KVElemBytes(), 10)
+	floor, err := bench.StepFloor(dev, &cfg, *context, eng.KVElemBytes(), 10)
 	if err != nil {
 		return fmt.Errorf("step floor: %w", err)
 	}
@@ -169,11 +169,11 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
-	pre, err := perf.Prefill(ctx, eng, *prefill, 3)
+	pre, err := bench.Prefill(ctx, eng, *prefill, 3)
 	if err != nil {
 		return fmt.Errorf("prefill: %w", err)
 	}
-	flops := 2 * float64(perf.Params(&cfg)) * float64(*prefill)
+	flops := 2 * float64(bench.Params(&cfg)) * float64(*prefill)
 	limit, ratio := fmt.Sprintf("%.1f TFLOP/s (f32 multiply-add rate)", fma/1e12), pct(flops/pre.Seconds()/fma)
 	if flops/pre.Seconds() > fma {
 		// A real kernel outran the yardstick: it measured something else
@@ -199,12 +199,12 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 // batch size, then of the prefill (each dispatch in a pass of its own
 // between timestamps).
 func profileKernels(ctx context.Context, e *env, eng *webgpu.Engine, batches []int, context, prefill int) error {
-	period, err := perf.TickPeriod(eng.Device())
+	period, err := bench.TickPeriod(eng.Device())
 	if err != nil {
 		return fmt.Errorf("profile: %w", err)
 	}
 	for _, b := range batches {
-		kernels, err := perf.ProfileDecode(ctx, eng, b, context, period)
+		kernels, err := bench.ProfileDecode(ctx, eng, b, context, period)
 		if err != nil {
 			return fmt.Errorf("profile batch %d: %w", b, err)
 		}
@@ -212,14 +212,14 @@ func profileKernels(ctx context.Context, e *env, eng *webgpu.Engine, batches []i
 			return err
 		}
 	}
-	kernels, err := perf.ProfilePrefill(ctx, eng, prefill, period)
+	kernels, err := bench.ProfilePrefill(ctx, eng, prefill, period)
 	if err != nil {
 		return fmt.Errorf("profile prefill: %w", err)
 	}
 	return printProfile(e, fmt.Sprintf("the prefill of %d tokens", prefill), kernels, period)
 }
 
-func printProfile(e *env, what string, kernels []perf.Kernel, period float64) error {
+func printProfile(e *env, what string, kernels []bench.Kernel, period float64) error {
 	var total time.Duration
 	for _, k := range kernels {
 		total += k.Time

@@ -273,7 +273,7 @@ func maxAbs(v []float32) float32 {
 
 // TestExternalModel checks the engine against the reference on a model
 // folder named by WEBDRAFT_TEST_MODEL (e.g. a Qwen3-1.7B-shaped checkpoint
-// made by scripts/random_hf_checkpoint.py and converted to int4, on the GPU
+// made by lab/h200/random_hf_checkpoint.py and converted to int4, on the GPU
 // machine): several prompts, 8 greedy tokens each, batched together.
 func TestExternalModel(t *testing.T) {
 	dir := os.Getenv("WEBDRAFT_TEST_MODEL")

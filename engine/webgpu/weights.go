@@ -61,6 +61,7 @@ func upload(d *gpu.Device, c *qwen3.Config, w *qwen3.Weights) (_ *weights, err e
 	if gw.norm, err = vec("model.norm.weight", w.Norm); err != nil {
 		return nil, err
 	}
+	invFreq := c.RopeInvFreq()
 	for i, l := range w.Layers {
 		p := fmt.Sprintf("model.layers.%d.", i)
 		g := &gw.layers[i]
@@ -76,7 +77,7 @@ func upload(d *gpu.Device, c *qwen3.Config, w *qwen3.Weights) (_ *weights, err e
 				return nil, err
 			}
 		}
-		if g.qkNormRope, err = kernels.UploadQKNormRope(d, p+"self_attn.qk_norm_rope", l.QNorm, l.KNorm, c.RopeTheta); err != nil {
+		if g.qkNormRope, err = kernels.UploadQKNormRope(d, p+"self_attn.qk_norm_rope", l.QNorm, l.KNorm, invFreq); err != nil {
 			return nil, err
 		}
 		gw.buffers = append(gw.buffers, g.qkNormRope)

@@ -2,10 +2,10 @@
 # Prepares a fresh GPU machine for a run, from the working tree the device
 # tool copied there: Vulkan's loader and GL libraries from .gl/*.deb (the
 # machine has none), and the binaries in .gpu/ unpacked from the .xz files
-# they travel as (scripts/h200_pack.sh makes them; the machine has python3
+# they travel as (lab/h200/h200_pack.sh makes them; the machine has python3
 # but no xz). Run it first:
 #
-#   bash scripts/h200_setup.sh && WEBDRAFT=.gpu/webdraft OUT=$OUT bash scripts/h200_perf.sh
+#   bash lab/h200/h200_setup.sh && WEBDRAFT=.gpu/webdraft OUT=$OUT bash lab/h200/h200_perf.sh
 set -eu
 for f in .gl/*.deb; do dpkg -x "$f" / > /dev/null; done
 ldconfig

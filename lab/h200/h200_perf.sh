@@ -9,11 +9,11 @@
 # binary (`go test -c ./kernels`), BenchmarkMatMulKernels (KBENCH picks
 # its sub-benchmarks; about 1–3 minutes); with RECORD=a webgpu.test binary
 # (`go test -c ./engine/webgpu`), the host's recording time of a pass; with
-# NVSASS=an nvsass binary (`CGO_ENABLED=0 go build ./cmd/nvsass`) and
+# NVSASS=an nvsass binary (`CGO_ENABLED=0 go build ./lab/nvsass`) and
 # KERNELS, the machine code NVIDIA's driver made of the main kernels, each
 # from a benchmark run with the driver's shader cache in a fresh folder
 # (sass/NAME.txt: registers and each loop's instructions; under a minute);
-# with GPUTEST=a gpu.test binary (`go test -c ./gpu`), BenchmarkGridSync:
+# with GRIDSYNC=a gridsync.test binary (`go test -c ./lab/gridsync`), BenchmarkGridSync:
 # dependent dispatches of GPU-wide grids against barriers inside one
 # (under a minute). About 4 minutes without the options.
 #
@@ -21,7 +21,7 @@
 # packed into $OUT/results.tgz, and the main figures are printed.
 #
 #   WEBDRAFT=.gpu/webdraft OUT=$OUT [HF=1] [KERNELS=.gpu/kernels.test [KBENCH=regexp]
-#     [NVSASS=.gpu/nvsass]] [RECORD=.gpu/webgpu.test] [GPUTEST=.gpu/gpu.test] bash scripts/h200_perf.sh
+#     [NVSASS=.gpu/nvsass]] [RECORD=.gpu/webgpu.test] [GRIDSYNC=.gpu/gridsync.test] bash lab/h200/h200_perf.sh
 set -u
 W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary}
 OUT=${OUT:?set OUT to a results folder}
@@ -58,7 +58,7 @@ gemm-T64 MatMulKernels/gate_up_2048x12288/T64/gemm-4$
 attention-decode-T32 AttentionDecode/T32/wg=64/workgroups=1024/max=256/vb=8$
 EOF
 fi
-python3 scripts/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/q17hf > "$R/ckpt.txt" 2>&1 || { cat "$R/ckpt.txt"; exit 1; }
+python3 lab/h200/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/q17hf > "$R/ckpt.txt" 2>&1 || { cat "$R/ckpt.txt"; exit 1; }
 "$W" convert --in /tmp/q17hf --out /tmp/q17 --quant int4 2>&1 | tail -1
 # the last prompt takes the prefill kernels past one tile of rows and keys
 for ids in 785,3974,13876 1,2,3,4,5,6,7,8,9,10 $(seq -s, 1000 7 2400); do
@@ -81,10 +81,10 @@ for c in 1 32; do
 done
 kill $pid; wait $pid
 if [ "${HF:-0}" = 1 ]; then
-  timeout 270 python3 scripts/hf_draft_bench.py --model /tmp/q17hf --context 1024 --batches 1,32 2>&1 | grep '^{' | tee "$R/hf.txt"
+  timeout 270 python3 lab/h200/hf_draft_bench.py --model /tmp/q17hf --context 1024 --batches 1,32 2>&1 | grep '^{' | tee "$R/hf.txt"
 fi
-if [ -n "${GPUTEST:-}" ]; then
-  timeout 90 "$GPUTEST" -test.run '^$' -test.bench 'GridSync/G=(132|528)/(fence|nofence)/(dispatches|barriers)' \
+if [ -n "${GRIDSYNC:-}" ]; then
+  timeout 90 "$GRIDSYNC" -test.run '^$' -test.bench 'GridSync/G=(132|528)/(fence|nofence)/(dispatches|barriers)' \
     -test.benchtime 10x > "$R/gridsync.txt" 2>&1
   grep '^Benchmark' "$R/gridsync.txt" || echo "gridsync: no benchmark ran (skipped on CPU adapters; see gridsync.txt)"
 fi

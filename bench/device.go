@@ -1,16 +1,10 @@
-// Package perf measures a WebGPU device and the engine on it: the copy
-// bandwidth every figure is compared with, int4 matrix × vector at a model's
-// shapes, decode steps and prefill. It backs `webdraft bench engine`.
-package perf
+package bench
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"time"
 
-	"webdraft/engine"
-	"webdraft/engine/webgpu"
 	"webdraft/gpu"
 	"webdraft/kernels"
 	"webdraft/qwen3"
@@ -75,7 +69,7 @@ func CopyBandwidth(d *gpu.Device, bytes uint64, reps int) (float64, uint64, erro
 	return float64(2*bytes*perBatch) / t.Seconds(), bytes, nil
 }
 
-// FMARate runs the arithmetic yardstick (kernels.FMA) and returns f32
+// FMARate runs the arithmetic yardstick (FMA) and returns f32
 // flops per second: the limit compute-bound work (a prefill's matmuls) is
 // compared with. The grid grows fourfold from 16 workgroups until a
 // dispatch takes a few milliseconds or reaches 4,096 workgroups, enough to
@@ -90,7 +84,7 @@ func FMARate(d *gpu.Device, reps int) (float64, error) {
 	}
 	defer out.Release()
 	timed := func(groups, reps int) (time.Duration, error) {
-		return run(d, out, reps, func(b *gpu.Batch) error { return kernels.FMA(b, out, groups) })
+		return run(d, out, reps, func(b *gpu.Batch) error { return FMA(b, out, groups) })
 	}
 	groups := 16
 	for groups < maxGroups {
@@ -107,7 +101,7 @@ func FMARate(d *gpu.Device, reps int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return float64(groups*256*kernels.FMAFlops) / t.Seconds(), nil
+	return float64(groups*256*FMAFlops) / t.Seconds(), nil
 }
 
 // MatVec is one int4 matrix × vector measurement.
@@ -255,125 +249,6 @@ func copiesStreamed(d *gpu.Device, bytes uint64, n, reps int) (time.Duration, er
 	return t / time.Duration(n), err
 }
 
-// decoding prefills batch sequences with context random tokens each and
-// returns a function that runs one decode step of all of them, and one
-// that releases them.
-func decoding(ctx context.Context, e engine.Engine, batch, context int) (step func(n int) error, release func(), err error) {
-	cfg := e.Config()
-	rng := rand.New(rand.NewPCG(3, uint64(batch)))
-	entries := make([]*engine.Entry, 0, batch)
-	release = func() {
-		for _, en := range entries {
-			en.Seq.Release()
-		}
-	}
-	for range batch {
-		s, err := e.NewSequence()
-		if err != nil {
-			release()
-			return nil, nil, err
-		}
-		p := make([]int, context)
-		for j := range p {
-			p[j] = rng.IntN(cfg.VocabSize)
-		}
-		en := &engine.Entry{Seq: s, Tokens: p}
-		entries = append(entries, en)
-		if err := e.Step(ctx, []*engine.Entry{en}); err != nil {
-			release()
-			return nil, nil, fmt.Errorf("prefill: %w", err)
-		}
-		en.Tokens = []int{en.Next}
-	}
-	// step runs n decode steps: one Step each, or, n > 1, chained on the
-	// device (engine.StepN).
-	step = func(n int) error {
-		if n > 1 {
-			if _, err := engine.StepN(ctx, e, entries, n); err != nil {
-				return err
-			}
-		} else if err := e.Step(ctx, entries); err != nil {
-			return err
-		}
-		for _, en := range entries {
-			en.Tokens = []int{en.Next}
-		}
-		return nil
-	}
-	return step, release, nil
-}
-
-// Decode prefills batch sequences with context random tokens each, then
-// times steps decode steps of all of them together, each its own Step (a
-// round trip to the host per token); it returns the time per step.
-func Decode(ctx context.Context, e engine.Engine, batch, context, steps int) (time.Duration, error) {
-	return decode(ctx, e, batch, context, steps, 1)
-}
-
-// Drafts is Decode with the steps chained on the device, draft tokens at a
-// time (engine.StepN, as the server drafts): the time per step of a draft.
-func Drafts(ctx context.Context, e engine.Engine, batch, context, steps, draft int) (time.Duration, error) {
-	return decode(ctx, e, batch, context, steps, draft)
-}
-
-func decode(ctx context.Context, e engine.Engine, batch, context, steps, chain int) (time.Duration, error) {
-	step, release, err := decoding(ctx, e, batch, context)
-	if err != nil {
-		return 0, err
-	}
-	defer release()
-	if err := step(chain); err != nil { // warm up
-		return 0, err
-	}
-	rounds := max(1, steps/chain)
-	start := time.Now()
-	for range rounds {
-		if err := step(chain); err != nil {
-			return 0, err
-		}
-	}
-	return time.Since(start) / time.Duration(rounds*chain), nil
-}
-
-// Prefill times feeding a fresh sequence n random tokens in one Step: the
-// mean of reps runs after a warm-up run.
-func Prefill(ctx context.Context, e engine.Engine, n, reps int) (time.Duration, error) {
-	if reps < 1 {
-		return 0, fmt.Errorf("prefill: %d repetitions", reps)
-	}
-	var total time.Duration
-	for i := range reps + 1 {
-		d, err := prefillOnce(ctx, e, n)
-		if err != nil {
-			return 0, err
-		}
-		if i > 0 { // the first run warms up
-			total += d
-		}
-	}
-	return total / time.Duration(reps), nil
-}
-
-// prefillOnce feeds a fresh sequence n random tokens (the same ones for the
-// same n) in one Step and releases it.
-func prefillOnce(ctx context.Context, e engine.Engine, n int) (time.Duration, error) {
-	rng := rand.New(rand.NewPCG(4, uint64(n)))
-	p := make([]int, n)
-	for j := range p {
-		p[j] = rng.IntN(e.Config().VocabSize)
-	}
-	s, err := e.NewSequence()
-	if err != nil {
-		return 0, err
-	}
-	defer s.Release()
-	start := time.Now()
-	if err := e.Step(ctx, []*engine.Entry{{Seq: s, Tokens: p}}); err != nil {
-		return 0, err
-	}
-	return time.Since(start), nil
-}
-
 // WeightBytes is what one decode step must read: every matrix's int4 words
 // and scales (and the head once more when it is not tied).
 func WeightBytes(c *qwen3.Config) uint64 {
@@ -385,104 +260,6 @@ func WeightBytes(c *qwen3.Config) uint64 {
 // int4Bytes is an n×k int4 matrix's words and scales.
 func int4Bytes(n, k int) uint64 {
 	return uint64(n*k)/2 + uint64(n*k/tensor.DefaultGroupSize)*2
-}
-
-// Floor is StepFloor's measurement.
-type Floor struct {
-	Step   time.Duration // the GPU's time for the skeleton step
-	Record time.Duration // the host's time to record it (Step is the GPU's only when it is longer)
-	Passes int
-}
-
-// StepFloor times the skeleton of a batch-1 decode step at a context of
-// context tokens (kvElemBytes a cache element): each of a decoder layer's
-// five dependent phases — the normalized q|k|v projection, attention, o_proj,
-// the normalized gate|up, down_proj, each needing all of the one before —
-// reduced to one pass that reads the phase's bytes once (kernels.StreamRead:
-// the projection's int4 words and scales, or the layer's KV cache), then the
-// head's and a 16-byte pass for the argmax's merge; every pass dependent on
-// the one before, over bytes of its own (a step's worth, more than the GPU's
-// caches hold), in one batch: what a step of dispatches costs before any
-// arithmetic. A phase larger than one binding takes several passes, as
-// the engine splits such a matrix into row blocks.
-func StepFloor(d *gpu.Device, c *qwen3.Config, context, kvElemBytes, reps int) (Floor, error) {
-	l := d.Limits()
-	passes := floorPasses(c, context, kvElemBytes, min(l.MaxStorageBufferBindingSize, l.MaxBufferSize))
-	var bufs []*gpu.Buffer
-	defer func() {
-		for _, b := range bufs {
-			b.Release()
-		}
-	}()
-	nsums := 0
-	for i, n := range passes {
-		b, err := d.NewBuffer(fmt.Sprintf("floor_%d", i), n)
-		if err != nil {
-			return Floor{}, err
-		}
-		bufs = append(bufs, b)
-		nsums = max(nsums, kernels.StreamReadSums(n))
-	}
-	sums, err := d.NewBuffer("floor_sums", uint64(nsums)*4)
-	if err != nil {
-		return Floor{}, err
-	}
-	defer sums.Release()
-	record := func(b *gpu.Batch) error {
-		for i, n := range passes {
-			if err := kernels.StreamRead(b, sums, bufs[i], n); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	f := Floor{Passes: len(passes)}
-	if f.Step, err = run(d, sums, reps, record); err != nil {
-		return Floor{}, err
-	}
-	start := time.Now()
-	for range reps {
-		b, err := d.NewBatch("floor record")
-		if err != nil {
-			return Floor{}, err
-		}
-		err = record(b)
-		b.Discard()
-		if err != nil {
-			return Floor{}, err
-		}
-	}
-	f.Record = time.Since(start) / time.Duration(reps)
-	return f, nil
-}
-
-// floorPasses returns the bytes of StepFloor's passes: a layer's five
-// phases for each layer, the head, the argmax's merge — each rounded up to
-// 16 bytes and split into passes of at most limit bytes (a whole number of
-// 32 KB blocks).
-func floorPasses(c *qwen3.Config, context, kvElemBytes int, limit uint64) []uint64 {
-	kv := uint64(context) * uint64(2*c.KVDim()*kvElemBytes)
-	layer := []uint64{
-		int4Bytes(c.QDim()+2*c.KVDim(), c.HiddenSize),
-		kv,
-		int4Bytes(c.HiddenSize, c.QDim()),
-		int4Bytes(2*c.IntermediateSize, c.HiddenSize),
-		int4Bytes(c.HiddenSize, c.IntermediateSize),
-	}
-	var phases []uint64
-	for range c.NumHiddenLayers {
-		phases = append(phases, layer...)
-	}
-	phases = append(phases, int4Bytes(c.VocabSize, c.HiddenSize), 16)
-	most := max(16, limit&^(32<<10-1))
-	var passes []uint64
-	for _, n := range phases {
-		for n = max(16, (n+15)&^15); n > most; n -= most {
-			passes = append(passes, most)
-		}
-		passes = append(passes, n)
-	}
-	return passes
 }
 
 // Params counts the weights one token's forward pass multiplies by (the
@@ -576,48 +353,3 @@ func TickPeriod(d *gpu.Device) (float64, error) {
 	return wall.Seconds() / float64(p.Total()), nil
 }
 
-// Kernel is one kernel's share of a profiled forward pass.
-type Kernel struct {
-	Name       string
-	Dispatches int
-	Time       time.Duration // GPU time, summed over its dispatches
-}
-
-// ProfileDecode times, kernel by kernel on the GPU, one decode step of
-// batch sequences at the given context (after a warm-up step).
-func ProfileDecode(ctx context.Context, e *webgpu.Engine, batch, context int, period float64) ([]Kernel, error) {
-	step, release, err := decoding(ctx, e, batch, context)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	one := func() error { return step(1) }
-	if err := one(); err != nil { // warm up
-		return nil, err
-	}
-	return profile(e, one, period)
-}
-
-// ProfilePrefill times, kernel by kernel on the GPU, the prefill of an
-// n-token prompt (after a warm-up prefill).
-func ProfilePrefill(ctx context.Context, e *webgpu.Engine, n int, period float64) ([]Kernel, error) {
-	one := func() error { _, err := prefillOnce(ctx, e, n); return err }
-	if err := one(); err != nil {
-		return nil, err
-	}
-	return profile(e, one, period)
-}
-
-// profile runs f with every dispatch timed, and sums the time per kernel.
-func profile(e *webgpu.Engine, f func() error, period float64) ([]Kernel, error) {
-	prof, err := e.Profile(f)
-	if err != nil {
-		return nil, err
-	}
-	var out []Kernel
-	for _, name := range prof.Names() {
-		out = append(out, Kernel{Name: name, Dispatches: prof.Count[name],
-			Time: time.Duration(float64(prof.Ticks[name]) * period * 1e9)})
-	}
-	return out, nil
-}

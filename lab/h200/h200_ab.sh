@@ -6,7 +6,7 @@
 # `webdraft bench engine ARGS`; the chained-step rows and gate|up's matvec
 # are printed under the binary's name.
 #
-#   bash scripts/h200_setup.sh && BINS=".gpu/wA .gpu/wB" [ROUNDS=2] [ARGS=...] bash scripts/h200_ab.sh
+#   bash lab/h200/h200_setup.sh && BINS=".gpu/wA .gpu/wB" [ROUNDS=2] [ARGS=...] bash lab/h200/h200_ab.sh
 set -u
 BINS=${BINS:?set BINS to the webdraft binaries, space-separated}
 ROUNDS=${ROUNDS:-2}

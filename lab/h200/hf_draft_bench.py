@@ -9,7 +9,7 @@ Prints one JSON line per measurement: mode, batch, ms per decode step (the
 Run it on the GPU machine beside `webdraft bench engine --model DIR` (same
 checkpoint, same context) and compare the two in BENCHMARKS.md.
 
-    python3 scripts/hf_draft_bench.py --model /tmp/qwen3-1.7b --context 1024 --batches 1,32
+    python3 lab/h200/hf_draft_bench.py --model /tmp/qwen3-1.7b --context 1024 --batches 1,32
 """
 import argparse
 import json
@@ -42,7 +42,7 @@ def measure(model, batch, context, new, repeats, **generate_kwargs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="an HF checkpoint folder (scripts/random_hf_checkpoint.py)")
+    ap.add_argument("--model", required=True, help="an HF checkpoint folder (lab/h200/random_hf_checkpoint.py)")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--new", type=int, default=16, help="draft tokens")
     ap.add_argument("--batches", default="1,32")

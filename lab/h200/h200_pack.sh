@@ -2,17 +2,17 @@
 # Packs a binary for the GPU machine (run here; the machine has no Go): the
 # webdraft command, or a package's test binary, built from the working tree
 # or from a git revision, stripped and xz-compressed into .gpu/NAME.xz,
-# which scripts/h200_setup.sh unpacks there. .gpu/ travels with the device
+# which lab/h200/h200_setup.sh unpacks there. .gpu/ travels with the device
 # call (keep it in .git/info/exclude); the tree and what it carries must
 # stay under 64 MiB, about three webdraft binaries beside the tree.
 #
-#   bash scripts/h200_pack.sh NAME [REV] [PACKAGE]
+#   bash lab/h200/h200_pack.sh NAME [REV] [PACKAGE]
 #     NAME     the binary's name in .gpu/ (webdraft, wA, kernels.test …)
 #     REV      a git revision to build instead of the working tree
 #     PACKAGE  a package whose test binary to build (./kernels, ./gpu …)
 #              instead of ./cmd/webdraft
 # e.g. an A/B of a branch against main:
-#   bash scripts/h200_pack.sh wA main && bash scripts/h200_pack.sh wB exp/branch
+#   bash lab/h200/h200_pack.sh wA main && bash lab/h200/h200_pack.sh wB exp/branch
 set -eu
 name=${1:?usage: h200_pack.sh NAME [REV] [PACKAGE]}
 rev=${2:-}

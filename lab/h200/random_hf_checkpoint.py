@@ -7,7 +7,7 @@ builds checkpoints of the real shapes for speed measurements and for checking
 webdraft's loader and engine against them. Needs torch and transformers
 (run it on the GPU machine).
 
-    python3 scripts/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/qwen3-1.7b
+    python3 lab/h200/random_hf_checkpoint.py --shape qwen3-1.7b --out /tmp/qwen3-1.7b
 """
 import argparse
 

@@ -1,6 +1,6 @@
 //go:build !js
 
-package gpu_test
+package gridsync_test
 
 import (
 	"fmt"
@@ -208,7 +208,7 @@ func TestGridSync(t *testing.T) {
 
 // BenchmarkGridSync compares a grid barrier inside a dispatch with the
 // boundary between two dependent dispatches (on the GPU machine: `go test
-// -c ./gpu`, then `gpu.test -test.run '^$' -test.bench GridSync`). Each
+// -c ./lab/gridsync`, then `gridsync.test -test.run '^$' -test.bench GridSync`). Each
 // reports µs a phase: the slope between batches of 16 and 64 phases, as
 // dependent dispatches of one phase each ("dispatches") or as phases of
 // dispatches of many ("barriers"), with and without loads.

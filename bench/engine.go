@@ -1,0 +1,176 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"webdraft/engine"
+	"webdraft/engine/webgpu"
+)
+
+// decoding prefills batch sequences with context random tokens each and
+// returns a function that runs one decode step of all of them, and one
+// that releases them.
+func decoding(ctx context.Context, e engine.Engine, batch, context int) (step func(n int) error, release func(), err error) {
+	cfg := e.Config()
+	rng := rand.New(rand.NewPCG(3, uint64(batch)))
+	entries := make([]*engine.Entry, 0, batch)
+	release = func() {
+		for _, en := range entries {
+			en.Seq.Release()
+		}
+	}
+	for range batch {
+		s, err := e.NewSequence()
+		if err != nil {
+			release()
+			return nil, nil, err
+		}
+		p := make([]int, context)
+		for j := range p {
+			p[j] = rng.IntN(cfg.VocabSize)
+		}
+		en := &engine.Entry{Seq: s, Tokens: p}
+		entries = append(entries, en)
+		if err := e.Step(ctx, []*engine.Entry{en}); err != nil {
+			release()
+			return nil, nil, fmt.Errorf("prefill: %w", err)
+		}
+		en.Tokens = []int{en.Next}
+	}
+	// step runs n decode steps: one Step each, or, n > 1, chained on the
+	// device (engine.StepN).
+	step = func(n int) error {
+		if n > 1 {
+			if _, err := engine.StepN(ctx, e, entries, n); err != nil {
+				return err
+			}
+		} else if err := e.Step(ctx, entries); err != nil {
+			return err
+		}
+		for _, en := range entries {
+			en.Tokens = []int{en.Next}
+		}
+		return nil
+	}
+	return step, release, nil
+}
+
+// Decode prefills batch sequences with context random tokens each, then
+// times steps decode steps of all of them together, each its own Step (a
+// round trip to the host per token); it returns the time per step.
+func Decode(ctx context.Context, e engine.Engine, batch, context, steps int) (time.Duration, error) {
+	return decode(ctx, e, batch, context, steps, 1)
+}
+
+// Drafts is Decode with the steps chained on the device, draft tokens at a
+// time (engine.StepN, as the server drafts): the time per step of a draft.
+func Drafts(ctx context.Context, e engine.Engine, batch, context, steps, draft int) (time.Duration, error) {
+	return decode(ctx, e, batch, context, steps, draft)
+}
+
+func decode(ctx context.Context, e engine.Engine, batch, context, steps, chain int) (time.Duration, error) {
+	step, release, err := decoding(ctx, e, batch, context)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	if err := step(chain); err != nil { // warm up
+		return 0, err
+	}
+	rounds := max(1, steps/chain)
+	start := time.Now()
+	for range rounds {
+		if err := step(chain); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start) / time.Duration(rounds*chain), nil
+}
+
+// Prefill times feeding a fresh sequence n random tokens in one Step: the
+// mean of reps runs after a warm-up run.
+func Prefill(ctx context.Context, e engine.Engine, n, reps int) (time.Duration, error) {
+	if reps < 1 {
+		return 0, fmt.Errorf("prefill: %d repetitions", reps)
+	}
+	var total time.Duration
+	for i := range reps + 1 {
+		d, err := prefillOnce(ctx, e, n)
+		if err != nil {
+			return 0, err
+		}
+		if i > 0 { // the first run warms up
+			total += d
+		}
+	}
+	return total / time.Duration(reps), nil
+}
+
+// prefillOnce feeds a fresh sequence n random tokens (the same ones for the
+// same n) in one Step and releases it.
+func prefillOnce(ctx context.Context, e engine.Engine, n int) (time.Duration, error) {
+	rng := rand.New(rand.NewPCG(4, uint64(n)))
+	p := make([]int, n)
+	for j := range p {
+		p[j] = rng.IntN(e.Config().VocabSize)
+	}
+	s, err := e.NewSequence()
+	if err != nil {
+		return 0, err
+	}
+	defer s.Release()
+	start := time.Now()
+	if err := e.Step(ctx, []*engine.Entry{{Seq: s, Tokens: p}}); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// Kernel is one kernel's share of a profiled forward pass.
+type Kernel struct {
+	Name       string
+	Dispatches int
+	Time       time.Duration // GPU time, summed over its dispatches
+}
+
+// ProfileDecode times, kernel by kernel on the GPU, one decode step of
+// batch sequences at the given context (after a warm-up step).
+func ProfileDecode(ctx context.Context, e *webgpu.Engine, batch, context int, period float64) ([]Kernel, error) {
+	step, release, err := decoding(ctx, e, batch, context)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	one := func() error { return step(1) }
+	if err := one(); err != nil { // warm up
+		return nil, err
+	}
+	return profile(e, one, period)
+}
+
+// ProfilePrefill times, kernel by kernel on the GPU, the prefill of an
+// n-token prompt (after a warm-up prefill).
+func ProfilePrefill(ctx context.Context, e *webgpu.Engine, n int, period float64) ([]Kernel, error) {
+	one := func() error { _, err := prefillOnce(ctx, e, n); return err }
+	if err := one(); err != nil {
+		return nil, err
+	}
+	return profile(e, one, period)
+}
+
+// profile runs f with every dispatch timed, and sums the time per kernel.
+func profile(e *webgpu.Engine, f func() error, period float64) ([]Kernel, error) {
+	prof, err := e.Profile(f)
+	if err != nil {
+		return nil, err
+	}
+	var out []Kernel
+	for _, name := range prof.Names() {
+		out = append(out, Kernel{Name: name, Dispatches: prof.Count[name],
+			Time: time.Duration(float64(prof.Ticks[name]) * period * 1e9)})
+	}
+	return out, nil
+}

@@ -1,0 +1,114 @@
+package bench
+
+import (
+	_ "embed"
+	"fmt"
+	"math"
+
+	"webdraft/gpu"
+)
+
+// fmaSource is fma.wgsl: the device's f32 multiply-add rate.
+//
+//go:embed fma.wgsl
+var fmaSource string
+
+// streamReadSource is stream_read.wgsl: a pass that only reads its bytes (a
+// sum a thread written), the floor of a phase that reads from memory.
+//
+//go:embed stream_read.wgsl
+var streamReadSource string
+
+var streamReadKernel = gpu.Kernel{
+	Module: "stream_read.wgsl", Source: streamReadSource, Entry: "main", ParamsSize: 16,
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // src, sums
+}
+
+// stream_read.wgsl's threads a workgroup and vec4s a thread.
+const (
+	streamReadWG = 256
+	streamReadV  = 8
+)
+
+// StreamReadSums is how many u32 sums StreamRead writes for bytes of
+// input: one a thread.
+func StreamReadSums(bytes uint64) int {
+	per := uint64(streamReadWG * streamReadV * 16)
+	return int((bytes+per-1)/per) * streamReadWG
+}
+
+// StreamRead records a pass that reads the first bytes of src (a multiple
+// of 16) once and writes StreamReadSums(bytes) u32 sums of them to sums
+// (stream_read.wgsl): the floor of a phase that must read those bytes.
+// Passes over one sums buffer are dependent.
+func StreamRead(b *gpu.Batch, sums, src *gpu.Buffer, bytes uint64) error {
+	op := "stream_read"
+	if bytes == 0 || bytes%16 != 0 {
+		return fmt.Errorf("bench: %s: %d bytes (need a positive multiple of 16)", op, bytes)
+	}
+	if err := need(op, "src", src, int(bytes/4)); err != nil {
+		return err
+	}
+	n := StreamReadSums(bytes)
+	groups := n / streamReadWG
+	if groups > int(b.Device().Limits().MaxComputeWorkgroupsPerDimension) || bytes/16 > math.MaxUint32 {
+		return fmt.Errorf("bench: %s: %d bytes is too large for one dispatch", op, bytes)
+	}
+	if err := need(op, "sums", sums, n); err != nil {
+		return err
+	}
+	p, err := b.Device().Pipeline(streamReadKernel, nil)
+	if err != nil {
+		return err
+	}
+	binds := []gpu.Binding{src.Slice(0, bytes), sums.Slice(0, uint64(n)*4)}
+	if err := b.Dispatch(p, []uint32{uint32(bytes / 16), 0, 0, 0}, binds, uint32(groups), 1, 1); err != nil {
+		return fmt.Errorf("bench: %s: %w", op, err)
+	}
+	return nil
+}
+
+var fmaKernel = gpu.Kernel{
+	Module: "fma.wgsl", Source: fmaSource, Entry: "main", ParamsSize: 16,
+	Storage: []gpu.Access{gpu.ReadWrite}, // out
+}
+
+const (
+	fmaWG    = 256
+	fmaIters = 1024
+	// FMAFlops is the flops one FMA thread does: fmaIters rounds of eight
+	// vec4 multiply-adds.
+	FMAFlops = fmaIters * 8 * 4 * 2
+)
+
+// FMA records groups workgroups of the arithmetic yardstick (fma.wgsl):
+// groups·256 threads of FMAFlops flops each, one f32 each written to out.
+func FMA(b *gpu.Batch, out *gpu.Buffer, groups int) error {
+	op := "fma"
+	if groups <= 0 || groups > int(b.Device().Limits().MaxComputeWorkgroupsPerDimension) {
+		return fmt.Errorf("bench: %s: %d workgroups", op, groups)
+	}
+	if err := need(op, "out", out, groups*fmaWG); err != nil {
+		return err
+	}
+	p, err := b.Device().Pipeline(fmaKernel, nil)
+	if err != nil {
+		return err
+	}
+	params := []uint32{math.Float32bits(0.999), math.Float32bits(0.001), fmaIters, 0}
+	if err := b.Dispatch(p, params, []gpu.Binding{out.Slice(0, uint64(groups*fmaWG)*4)}, uint32(groups), 1, 1); err != nil {
+		return fmt.Errorf("bench: %s: %w", op, err)
+	}
+	return nil
+}
+
+// need reports whether buf holds at least n u32 (or f32) values.
+func need(op, name string, buf *gpu.Buffer, n int) error {
+	if buf == nil {
+		return fmt.Errorf("bench: %s: %s is nil", op, name)
+	}
+	if want := uint64(n) * 4; buf.Size() < want {
+		return fmt.Errorf("bench: %s: %s (%q) has %d bytes, need %d", op, name, buf.Label(), buf.Size(), want)
+	}
+	return nil
+}

@@ -352,4 +352,3 @@ func TickPeriod(d *gpu.Device) (float64, error) {
 	}
 	return wall.Seconds() / float64(p.Total()), nil
 }
-

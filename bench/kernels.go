@@ -1,27 +1,57 @@
 package bench
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 	"math"
+	"reflect"
 
 	"webdraft/gpu"
+	"webdraft/shaders"
 )
 
-// fmaSource is fma.wgsl: the device's f32 multiply-add rate.
-//
-//go:embed fma.wgsl
-var fmaSource string
+//go:embed *.wgsl
+var files embed.FS
 
-// streamReadSource is stream_read.wgsl: a pass that only reads its bytes (a
-// sum a thread written), the floor of a phase that reads from memory.
-//
-//go:embed stream_read.wgsl
-var streamReadSource string
+// The kernels, linked with package shaders' prelude as every kernel is:
+// fma.wgsl, the device's f32 multiply-add rate; stream_read.wgsl, a pass
+// that only reads its bytes (a sum a thread written), the floor of a phase
+// that reads from memory.
+var (
+	fmaSource        = mustLink("fma.wgsl")
+	streamReadSource = mustLink("stream_read.wgsl")
+)
+
+// Modules returns this package's kernels as they are compiled, by file
+// name (the browser test compiles each with the browser's compiler).
+func Modules() map[string]string {
+	return map[string]string{"fma.wgsl": fmaSource, "stream_read.wgsl": streamReadSource}
+}
+
+func mustLink(name string) string {
+	src, err := files.ReadFile(name)
+	if err == nil {
+		var linked string
+		if linked, err = shaders.Link(name, string(src)); err == nil {
+			return linked
+		}
+	}
+	panic(fmt.Sprintf("bench: %s: %v", name, err)) // a broken build: every test of the package fails on it
+}
 
 var streamReadKernel = gpu.Kernel{
-	Module: "stream_read.wgsl", Source: streamReadSource, Entry: "main", ParamsSize: 16,
+	Module: "stream_read.wgsl", Source: streamReadSource, Entry: "main", Params: reflect.TypeFor[streamReadParams](),
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // src, sums
+}
+
+// streamReadParams are stream_read.wgsl's params: N vec4s to read.
+type streamReadParams struct{ N, _, _, _ uint32 }
+
+// fmaParams are fma.wgsl's params.
+type fmaParams struct {
+	M, C  float32
+	Iters uint32
+	_     uint32
 }
 
 // stream_read.wgsl's threads a workgroup and vec4s a thread.
@@ -62,14 +92,14 @@ func StreamRead(b *gpu.Batch, sums, src *gpu.Buffer, bytes uint64) error {
 		return err
 	}
 	binds := []gpu.Binding{src.Slice(0, bytes), sums.Slice(0, uint64(n)*4)}
-	if err := b.Dispatch(p, []uint32{uint32(bytes / 16), 0, 0, 0}, binds, uint32(groups), 1, 1); err != nil {
+	if err := gpu.Dispatch(b, p, &streamReadParams{N: uint32(bytes / 16)}, binds, uint32(groups), 1, 1); err != nil {
 		return fmt.Errorf("bench: %s: %w", op, err)
 	}
 	return nil
 }
 
 var fmaKernel = gpu.Kernel{
-	Module: "fma.wgsl", Source: fmaSource, Entry: "main", ParamsSize: 16,
+	Module: "fma.wgsl", Source: fmaSource, Entry: "main", Params: reflect.TypeFor[fmaParams](),
 	Storage: []gpu.Access{gpu.ReadWrite}, // out
 }
 
@@ -95,8 +125,8 @@ func FMA(b *gpu.Batch, out *gpu.Buffer, groups int) error {
 	if err != nil {
 		return err
 	}
-	params := []uint32{math.Float32bits(0.999), math.Float32bits(0.001), fmaIters, 0}
-	if err := b.Dispatch(p, params, []gpu.Binding{out.Slice(0, uint64(groups*fmaWG)*4)}, uint32(groups), 1, 1); err != nil {
+	params := &fmaParams{M: 0.999, C: 0.001, Iters: fmaIters}
+	if err := gpu.Dispatch(b, p, params, []gpu.Binding{out.Slice(0, uint64(groups*fmaWG)*4)}, uint32(groups), 1, 1); err != nil {
 		return fmt.Errorf("bench: %s: %w", op, err)
 	}
 	return nil

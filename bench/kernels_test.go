@@ -140,3 +140,13 @@ func TestFMA(t *testing.T) {
 		}
 	}
 }
+
+// TestParamsMatchWGSL: each kernel's Go params struct has the fields of the
+// WGSL struct it fills (gpu.CheckParams).
+func TestParamsMatchWGSL(t *testing.T) {
+	for _, k := range []gpu.Kernel{fmaKernel, streamReadKernel} {
+		if err := gpu.CheckParams(k); err != nil {
+			t.Error(err)
+		}
+	}
+}

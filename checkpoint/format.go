@@ -1,6 +1,6 @@
 // Package checkpoint reads Qwen3 model folders — Hugging Face checkpoints as
 // published, and the folders webdraft convert writes — into a qwen3.Weights
-// tree, and converts the first into the second (CONTRACTS.md §1, §2).
+// tree, and converts the first into the second (docs/reference.md, "Model folders" and "The int4 scheme").
 package checkpoint
 
 import (

@@ -3,6 +3,8 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"unsafe"
 
 	"github.com/cogentcore/webgpu/wgpu"
 )
@@ -75,14 +77,26 @@ func (b *Batch) Device() *Device { return b.d }
 // Len is the number of dispatches recorded.
 func (b *Batch) Len() int { return b.n }
 
-// Dispatch records p over a grid of (x, y, z) workgroups with params (the
-// words of its uniform struct, exactly ParamsSize bytes) and its storage
-// buffers in binding order. A grid with a zero dimension records nothing.
-// After an error the batch is spoiled: Submit returns that error.
-func (b *Batch) Dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z uint32) error {
-	if b.err == nil {
-		b.err = b.dispatch(p, params, bufs, x, y, z)
+// Dispatch records p into b over a grid of (x, y, z) workgroups, with
+// params — a value of the kernel's Params type, or nil for a kernel without
+// params — and its storage buffers in binding order. A grid with a zero
+// dimension records nothing. After an error the batch is spoiled: Submit
+// returns that error.
+func Dispatch[P any](b *Batch, p *Pipeline, params *P, bufs []Binding, x, y, z uint32) error {
+	if b.err != nil {
+		return b.err
 	}
+	var words []uint32
+	if t := p.kernel.Params; params != nil || t != nil {
+		if reflect.TypeFor[P]() != t || params == nil {
+			b.err = fmt.Errorf("gpu: batch %q: dispatch %s: params %T, want %v", b.label, p.Name(), params, t)
+			return b.err
+		}
+		// Params is a struct of 4-byte fields (checkParams): its memory is
+		// the uniform's words.
+		words = unsafe.Slice((*uint32)(unsafe.Pointer(params)), unsafe.Sizeof(*params)/4)
+	}
+	b.err = b.dispatch(p, words, bufs, x, y, z)
 	return b.err
 }
 
@@ -94,8 +108,6 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 	switch {
 	case b.ended:
 		return fail("batch already submitted")
-	case len(params)*4 != k.ParamsSize:
-		return fail("%d bytes of params, want %d", len(params)*4, k.ParamsSize)
 	case len(bufs) != len(k.Storage):
 		return fail("%d storage buffers, want %d", len(bufs), len(k.Storage))
 	}
@@ -107,12 +119,12 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 	}
 	entries := b.entries[:0]
 	var offsets []uint32
-	if k.ParamsSize > 0 {
+	if len(params) > 0 {
 		chunk, off, err := b.params(params)
 		if err != nil {
 			return fail("%v", err)
 		}
-		entries = append(entries, wgpu.BindGroupEntry{Binding: 0, Buffer: chunk, Offset: 0, Size: uint64(k.ParamsSize)})
+		entries = append(entries, wgpu.BindGroupEntry{Binding: 0, Buffer: chunk, Offset: 0, Size: uint64(4 * len(params))})
 		b.offsets[0] = uint32(off)
 		offsets = b.offsets[:]
 	}

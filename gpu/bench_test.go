@@ -36,7 +36,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 						b.Fatal(err)
 					}
 					for range dispatches {
-						if err := bt.Dispatch(p, affineParams(64, 1, 1), []gpu.Binding{buf.All()}, 1, 1, 1); err != nil {
+						if err := gpu.Dispatch(bt, p, affineParams(64, 1, 1), []gpu.Binding{buf.All()}, 1, 1, 1); err != nil {
 							b.Fatal(err)
 						}
 					}

@@ -2,8 +2,8 @@ package gpu
 
 import (
 	"errors"
-	"math"
 	"os"
+	"reflect"
 	"testing"
 )
 
@@ -19,7 +19,7 @@ func TestBindGroupsReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	k := Kernel{Module: "inc_test.wgsl", Entry: "main", ParamsSize: 16, Storage: []Access{ReadWrite}, Source: `
+	k := Kernel{Module: "inc_test.wgsl", Entry: "main", Params: reflect.TypeFor[incParams](), Storage: []Access{ReadWrite}, Source: `
 struct Params { add: f32, _a: u32, _b: u32, _c: u32 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
@@ -40,7 +40,7 @@ fn main() { y[0] += p.add; }`}
 		}
 		for i := range 5 { // five params slots, one bind group
 			add := float32(batch*5 + i + 1)
-			if err := b.Dispatch(p, []uint32{math.Float32bits(add), 0, 0, 0}, []Binding{buf.All()}, 1, 1, 1); err != nil {
+			if err := Dispatch(b, p, &incParams{Add: add}, []Binding{buf.All()}, 1, 1, 1); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -62,4 +62,10 @@ fn main() { y[0] += p.add; }`}
 	if n := len(d.binds.groups); n != 0 {
 		t.Errorf("%d bind groups left after releasing their buffer", n)
 	}
+}
+
+// incParams is inc_test.wgsl's params.
+type incParams struct {
+	Add     float32
+	_, _, _ uint32
 }

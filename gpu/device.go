@@ -47,11 +47,48 @@ type AdapterInfo struct {
 // Natively wgpu reports such adapters as of type cpu; the browser gives no
 // type, so the name decides there.
 func (a AdapterInfo) Software() bool {
-	if a.Type == "cpu" {
-		return true
+	c := a.Class()
+	return a.Type == "cpu" || c == ClassLavapipe || c == ClassSwiftShader
+}
+
+// Class is a kind of adapter the layers above tune for (package kernels
+// keeps a table of thresholds per class).
+type Class int
+
+const (
+	ClassGPU         Class = iota // a GPU other than the ones below
+	ClassH200                     // NVIDIA's H200, where webdraft's kernels were measured
+	ClassLavapipe                 // Mesa's lavapipe (llvmpipe): Vulkan on the CPU
+	ClassSwiftShader              // Chromium's SwiftShader: WebGPU on the CPU
+	NumClasses
+)
+
+func (c Class) String() string {
+	switch c {
+	case ClassGPU:
+		return "gpu"
+	case ClassH200:
+		return "h200"
+	case ClassLavapipe:
+		return "lavapipe"
+	case ClassSwiftShader:
+		return "swiftshader"
 	}
+	return fmt.Sprintf("Class(%d)", int(c))
+}
+
+// Class returns the adapter's class, from its name.
+func (a AdapterInfo) Class() Class {
 	name := strings.ToLower(a.Name)
-	return strings.Contains(name, "llvmpipe") || strings.Contains(name, "lavapipe") || strings.Contains(name, "swiftshader")
+	switch {
+	case strings.Contains(name, "h200"):
+		return ClassH200
+	case strings.Contains(name, "llvmpipe") || strings.Contains(name, "lavapipe"):
+		return ClassLavapipe
+	case strings.Contains(name, "swiftshader"):
+		return ClassSwiftShader
+	}
+	return ClassGPU
 }
 
 func (a AdapterInfo) String() string {
@@ -110,6 +147,7 @@ type Device struct {
 	dev    *wgpu.Device
 	queue  *wgpu.Queue
 	info   AdapterInfo
+	class  Class
 	limits Limits
 	f16    bool
 	scopes errorScopes // backend-specific: catch-all error scopes and the lost state
@@ -134,6 +172,9 @@ type Device struct {
 
 // Info describes the adapter in use.
 func (d *Device) Info() AdapterInfo { return d.info }
+
+// Class is the adapter's class (AdapterInfo.Class), worked out once.
+func (d *Device) Class() Class { return d.class }
 
 // Limits returns the granted limits.
 func (d *Device) Limits() Limits { return d.limits }
@@ -196,7 +237,7 @@ func (d *Device) check(op string) error {
 // newDevice wraps a device fresh from the adapter and opens its error scopes.
 func newDevice(dev *wgpu.Device, info AdapterInfo, limits Limits, f16 bool, scopes errorScopes) (*Device, error) {
 	d := &Device{
-		dev: dev, queue: dev.GetQueue(), info: info, limits: limits, f16: f16, scopes: scopes,
+		dev: dev, queue: dev.GetQueue(), info: info, class: info.Class(), limits: limits, f16: f16, scopes: scopes,
 		modules: map[string]*wgpu.ShaderModule{}, sources: map[string]string{}, pipelines: map[string]*Pipeline{}, pipelinesByKey: map[pipelineKey]*Pipeline{},
 		binds: newBindCache(),
 	}

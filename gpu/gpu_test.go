@@ -2,7 +2,7 @@ package gpu_test
 
 import (
 	"fmt"
-	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -26,14 +26,20 @@ struct Params { n: u32, mul: f32, add: f32, _pad: u32, fill: array<vec4<u32>, 15
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 	if gid.x < p.n { y[gid.x] = y[gid.x] * p.mul + p.add; }
 }`,
-	ParamsSize: 256,
-	Storage:    []gpu.Access{gpu.ReadWrite},
+	Params:  reflect.TypeFor[affineArgs](),
+	Storage: []gpu.Access{gpu.ReadWrite},
 }
 
-func affineParams(n int, mul, add float32) []uint32 {
-	p := make([]uint32, 64)
-	p[0], p[1], p[2] = uint32(n), math.Float32bits(mul), math.Float32bits(add)
-	return p
+// affineArgs is affine's params: 256 bytes, more than most kernels' 16 or 32.
+type affineArgs struct {
+	N        uint32
+	Mul, Add float32
+	_        uint32
+	Fill     [60]uint32
+}
+
+func affineParams(n int, mul, add float32) *affineArgs {
+	return &affineArgs{N: uint32(n), Mul: mul, Add: add}
 }
 
 func TestOpen(t *testing.T) {
@@ -75,7 +81,7 @@ func TestNoF16(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Dispatch(p, affineParams(2, 3, 1), []gpu.Binding{buf.All()}, 1, 1, 1); err != nil {
+	if err := gpu.Dispatch(b, p, affineParams(2, 3, 1), []gpu.Binding{buf.All()}, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Submit(); err != nil {
@@ -119,7 +125,7 @@ func TestBatchRoundTrip(t *testing.T) {
 	}
 	for s := range steps {
 		mul, add := float32(1+s%3)/2, float32(s%5)-2
-		if err := b.Dispatch(p, affineParams(n, mul, add), []gpu.Binding{buf.All()}, (n+63)/64, 1, 1); err != nil {
+		if err := gpu.Dispatch(b, p, affineParams(n, mul, add), []gpu.Binding{buf.All()}, (n+63)/64, 1, 1); err != nil {
 			t.Fatal(err)
 		}
 		for i := range y {
@@ -289,14 +295,17 @@ func TestErrorsAreGoErrors(t *testing.T) {
 	}
 	defer buf.Release()
 	for name, record := range map[string]func(*gpu.Batch) error{
-		"short params": func(b *gpu.Batch) error {
-			return b.Dispatch(p, []uint32{1}, []gpu.Binding{buf.All()}, 1, 1, 1)
+		"params of another type": func(b *gpu.Batch) error {
+			return gpu.Dispatch(b, p, &lastSumsParams{}, []gpu.Binding{buf.All()}, 1, 1, 1)
+		},
+		"no params": func(b *gpu.Batch) error {
+			return gpu.Dispatch[affineArgs](b, p, nil, []gpu.Binding{buf.All()}, 1, 1, 1)
 		},
 		"range past the end": func(b *gpu.Batch) error {
-			return b.Dispatch(p, affineParams(1, 1, 1), []gpu.Binding{buf.Slice(0, 128)}, 1, 1, 1)
+			return gpu.Dispatch(b, p, affineParams(1, 1, 1), []gpu.Binding{buf.Slice(0, 128)}, 1, 1, 1)
 		},
 		"too many workgroups": func(b *gpu.Batch) error {
-			return b.Dispatch(p, affineParams(1, 1, 1), []gpu.Binding{buf.All()}, d.Limits().MaxComputeWorkgroupsPerDimension+1, 1, 1)
+			return gpu.Dispatch(b, p, affineParams(1, 1, 1), []gpu.Binding{buf.All()}, d.Limits().MaxComputeWorkgroupsPerDimension+1, 1, 1)
 		},
 	} {
 		b, err := d.NewBatch(name)
@@ -321,7 +330,7 @@ func TestErrorsAreGoErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Dispatch(p, affineParams(16, 1, 1), []gpu.Binding{gone.All()}, 1, 1, 1); err != nil {
+	if err := gpu.Dispatch(b, p, affineParams(16, 1, 1), []gpu.Binding{gone.All()}, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
 	gone.Release()
@@ -337,7 +346,7 @@ func TestErrorsAreGoErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Dispatch(p, affineParams(8, 2, 1), []gpu.Binding{buf.All()}, 1, 1, 1); err != nil {
+	if err := gpu.Dispatch(b, p, affineParams(8, 2, 1), []gpu.Binding{buf.All()}, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Submit(); err != nil {
@@ -394,7 +403,7 @@ func TestProfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 5 {
-		if err := b.Dispatch(p, affineParams(1024, 1, 1), []gpu.Binding{buf.All()}, 16, 1, 1); err != nil {
+		if err := gpu.Dispatch(b, p, affineParams(1024, 1, 1), []gpu.Binding{buf.All()}, 16, 1, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -458,9 +467,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 		atomicStore(&part[g], 0u);
 	}
 }`,
-	ParamsSize: 16,
-	Storage:    []gpu.Access{gpu.ReadWrite, gpu.ReadWrite},
+	Params:  reflect.TypeFor[lastSumsParams](),
+	Storage: []gpu.Access{gpu.ReadWrite, gpu.ReadWrite},
 }
+
+// lastSumsParams is lastSums's params.
+type lastSumsParams struct{ Splits, Part0, Round, _ uint32 }
 
 // TestCountedScratch runs lastSums over many workgroups, several times in
 // one pass, where the device's storageBarrier is device-wide, and checks
@@ -493,7 +505,7 @@ func TestCountedScratch(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer outs[r].Release()
-		if err := b.Dispatch(p, []uint32{splits, uint32(off / 4), uint32(r), 0}, []gpu.Binding{buf.All(), outs[r].All()}, splits, groups, 1); err != nil {
+		if err := gpu.Dispatch(b, p, &lastSumsParams{splits, uint32(off / 4), uint32(r), 0}, []gpu.Binding{buf.All(), outs[r].All()}, splits, groups, 1); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -20,15 +21,27 @@ const (
 )
 
 // Kernel is one WGSL compute entry point and the bind-group layout it
-// expects in group 0: a uniform params struct of ParamsSize bytes at
-// binding 0 (absent when ParamsSize is 0), then one storage buffer per
-// element of Storage at bindings 1, 2, ….
+// expects in group 0: a uniform params struct at binding 0 (absent when
+// Params is nil), then one storage buffer per element of Storage at
+// bindings 1, 2, ….
 type Kernel struct {
-	Module     string // the .wgsl file name: labels the module and keys the cache
-	Source     string // WGSL text
-	Entry      string // entry point name
-	ParamsSize int    // bytes, a multiple of 16
-	Storage    []Access
+	Module string // the .wgsl file name: labels the module and keys the cache
+	Source string // WGSL text
+	Entry  string // entry point name
+	// Params is the Go twin of the WGSL params struct: a struct of uint32
+	// and float32 fields (or arrays of them) in the WGSL struct's order,
+	// blank fields where WGSL pads, a multiple of 16 bytes in all — so
+	// that its memory is the uniform's bytes. Dispatch takes a value of it.
+	Params  reflect.Type
+	Storage []Access
+}
+
+// paramsSize is the bytes of k's params (0: none).
+func (k *Kernel) paramsSize() int {
+	if k.Params == nil {
+		return 0
+	}
+	return int(k.Params.Size())
 }
 
 // Consts specializes a kernel's tuning constants: name → value of a
@@ -59,9 +72,6 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 	if d.closed {
 		return nil, fmt.Errorf("gpu: pipeline %s:%s: device is closed", k.Module, k.Entry)
 	}
-	if k.ParamsSize%16 != 0 || k.ParamsSize < 0 {
-		return nil, fmt.Errorf("gpu: pipeline %s:%s: params size %d is not a multiple of 16", k.Module, k.Entry, k.ParamsSize)
-	}
 	// Every dispatch asks for its pipeline: a comparable key, no allocation.
 	fast, ok := newPipelineKey(k, consts)
 	if ok {
@@ -77,6 +87,12 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 	key := modKey + ":" + k.Entry
 	p, ok := d.pipelines[key]
 	if !ok {
+		if err := checkParams(k.Params); err != nil {
+			return nil, fmt.Errorf("gpu: pipeline %s:%s: %w", k.Module, k.Entry, err)
+		}
+		if err := CheckParams(k); err != nil {
+			return nil, fmt.Errorf("gpu: pipeline %s:%s: params: %w", k.Module, k.Entry, err)
+		}
 		var err error
 		if p, err = d.newPipeline(k, consts, modKey); err != nil {
 			return nil, fmt.Errorf("gpu: pipeline %s:%s%s: %w", k.Module, k.Entry, constsKey(consts), err)
@@ -165,11 +181,11 @@ func (d *Device) newPipeline(k Kernel, consts Consts, modKey string) (*Pipeline,
 	}
 
 	var entries []wgpu.BindGroupLayoutEntry
-	if k.ParamsSize > 0 {
+	if size := k.paramsSize(); size > 0 {
 		entries = append(entries, wgpu.BindGroupLayoutEntry{
 			Binding: 0, Visibility: wgpu.ShaderStageCompute,
 			// A dynamic offset: one bind group serves wherever the params sit.
-			Buffer: wgpu.BufferBindingLayout{Type: wgpu.BufferBindingTypeUniform, HasDynamicOffset: true, MinBindingSize: uint64(k.ParamsSize)},
+			Buffer: wgpu.BufferBindingLayout{Type: wgpu.BufferBindingTypeUniform, HasDynamicOffset: true, MinBindingSize: uint64(size)},
 		})
 	}
 	for i, a := range k.Storage {

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"reflect"
 
 	"webdraft/gpu"
 	"webdraft/shaders"
@@ -9,14 +10,17 @@ import (
 
 var (
 	argmaxPartial = gpu.Kernel{
-		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "partial", ParamsSize: 16,
+		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "partial", Params: reflect.TypeFor[argmaxParams](),
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids
 	}
 	argmaxMerge = gpu.Kernel{
-		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "merge", ParamsSize: 16,
+		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "merge", Params: reflect.TypeFor[argmaxParams](),
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids
 	}
 )
+
+// argmaxParams are argmax.wgsl's params.
+type argmaxParams struct{ T, V, Chunks, _ uint32 }
 
 // argmaxChunk is how many logits one workgroup of argmax.wgsl's first
 // pass covers (its CHUNK).
@@ -48,7 +52,7 @@ func Argmax(b *gpu.Batch, ids, logits *gpu.Buffer, T, V int) error {
 		return err
 	}
 	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*8), ids.Slice(0, uint64(T)*4)}
-	params := []uint32{uint32(T), uint32(V), uint32(chunks), 0}
+	params := &argmaxParams{T: uint32(T), V: uint32(V), Chunks: uint32(chunks)}
 	for _, pass := range []struct {
 		k    gpu.Kernel
 		x, y int
@@ -57,7 +61,7 @@ func Argmax(b *gpu.Batch, ids, logits *gpu.Buffer, T, V int) error {
 		if err != nil {
 			return err
 		}
-		if err := b.Dispatch(p, params, binds, uint32(pass.x), uint32(pass.y), 1); err != nil {
+		if err := gpu.Dispatch(b, p, params, binds, uint32(pass.x), uint32(pass.y), 1); err != nil {
 			return fmt.Errorf("kernels: %s: %w", op, err)
 		}
 	}

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"reflect"
 
 	"webdraft/gpu"
 	"webdraft/shaders"
@@ -10,253 +11,85 @@ import (
 
 var (
 	attnDecode = gpu.Kernel{
-		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", ParamsSize: 32,
+		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", Params: reflect.TypeFor[attentionDecodeParams](),
 		// q, kcache, vcache, table, seq, pos, part, out
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
 	}
 	attnMerge = gpu.Kernel{
-		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", ParamsSize: 16,
+		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", Params: reflect.TypeFor[attentionMergeParams](),
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // part, pos, out
 	}
 	attnPrefill = gpu.Kernel{
-		Module: "attention_prefill.wgsl", Source: shaders.AttentionPrefill, Entry: "main", ParamsSize: 32,
+		Module: "attention_prefill.wgsl", Source: shaders.AttentionPrefill, Entry: "main", Params: reflect.TypeFor[attentionPrefillParams](),
 		// q, kcache, vcache, table, pos, out
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
 	}
 )
 
-const (
-	decodeWG         = 64   // WG in attention_decode.wgsl
-	decodeVB         = 8    // VB in attention_decode.wgsl: values a thread loads at once
-	prefillRows      = 64   // BR in attention_prefill.wgsl: query rows a workgroup
-	prefillKeys      = 32   // BC: keys a tile
-	decodeMinChunk   = 64   // context positions per split, at least (fewer splits: a shorter merge)
-	decodeMaxChunk   = 256  // and at most
-	decodeWorkgroups = 1024 // enough workgroups to keep a large GPU busy
-	decodeMergeMax   = 64   // MAXS in attention_decode.wgsl: the most splits its last split merges
-	// decodeMergeMinRows is the fewest rows whose splits the last of them
-	// merges. At one row the merge dispatch measured faster on the H200
-	// (chained batch-1 steps 2.15 against 2.25 ms, while batch 2 went 2.24
-	// → 2.19 ms; BENCHMARKS.md, tenth session).
-	decodeMergeMinRows = 2
-)
-
-// KVCache is the paged key/value cache of every layer, shared by many
-// sequences (see qkv_rope_kv.wgsl for the layout). The pool holds Blocks
-// blocks of BlockSize positions per layer; each sequence slot has a row of
-// MaxBlocks entries in Table mapping its logical blocks to pool blocks.
-// Which blocks a sequence gets is the engine's business (SetBlocks).
-//
-//	K[l], V[l]  (blocks, kv_heads, block_size, D) f32 — or, with F16, IEEE
-//	            halves packed two to a u32 — a buffer per layer
-//	Table       (seqs, max_blocks) u32
-//
-// A buffer per layer keeps each under the device's buffer and binding
-// limits however large the whole cache grows. An f16 cache halves the
-// memory and the bytes attention reads, at f16 storage precision; it needs
-// no shader-f16 (pack2x16float / unpack2x16float).
-type KVCache struct {
-	Layers, KVHeads, D, BlockSize, Blocks int
-	Seqs, MaxBlocks                       int
-	F16                                   bool
-	K, V                                  []*gpu.Buffer // per layer
-	Table                                 *gpu.Buffer
-	wgMemory                              int // the device's workgroup memory, bytes
-	decode                                decodeTuning
-
-	pipes gpu.PipelineMemo[cachePipelineKey] // see pipeline
+// attentionDecodeParams are attention_decode.wgsl's params.
+type attentionDecodeParams struct {
+	T, Heads, KVHeads, BS, MaxBlocks, Splits uint32
+	Scale                                    float32
+	Part0                                    uint32
 }
 
-// decodeTuning is attention_decode.wgsl's tuning: threads a workgroup
-// (WG, a power of two), the workgroups its splits should add up to at
-// least, the longest split (a power of two) and the values a thread loads
-// before it uses them (VB). Zero fields take the defaults, decodeWG,
-// decodeWorkgroups, decodeMaxChunk and decodeVB; BenchmarkAttentionDecode
-// tries others. mergeDispatch merges the splits in a dispatch of their own
-// even where the last split could (gpu.Device.DeviceScopeBarrier).
+// attentionMergeParams are attention_merge.wgsl's params.
+type attentionMergeParams struct{ T, Heads, Splits, _ uint32 }
+
+// attentionPrefillParams are attention_prefill.wgsl's params.
+type attentionPrefillParams struct {
+	T, Heads, KVHeads, BS, MaxBlocks, Seq uint32
+	Scale                                 float32
+	Row0                                  uint32
+}
+
+// The attention kernels' limits.
+const (
+	prefillRows    = 64 // BR in attention_prefill.wgsl: query rows a workgroup
+	prefillKeys    = 32 // BC: keys a tile
+	decodeMinChunk = 64 // context positions per split, at least (fewer splits: a shorter merge)
+	decodeMergeMax = 64 // MAXS in attention_decode.wgsl: the most splits its last split merges
+)
+
+// decodeTuning is attention_decode.wgsl's tuning: threads a workgroup (wg,
+// a power of two), the workgroups its splits should add up to at least,
+// the longest split (a power of two), the values a thread loads before it
+// uses them (vb), and the fewest rows whose splits the last split merges
+// (where the device orders storage device-wide) instead of a merge
+// dispatch; mergeDispatch merges in a dispatch of its own always.
 type decodeTuning struct {
 	wg, workgroups, maxChunk, vb int
+	mergeMinRows                 int
 	mergeDispatch                bool
 }
 
-func (t decodeTuning) orDefaults() decodeTuning {
-	if t.wg == 0 {
-		t.wg = decodeWG
-	}
-	if t.workgroups == 0 {
-		t.workgroups = decodeWorkgroups
-	}
-	if t.maxChunk == 0 {
-		t.maxChunk = decodeMaxChunk
-	}
-	if t.vb == 0 {
-		t.vb = decodeVB
-	}
-	return t
-}
-
-// cachePipelineKey names a pipeline of a kernel over the cache by the
-// constants its call sites vary.
-type cachePipelineKey struct {
-	module, entry string
-	shape         kernelShape
-}
-
-// kernelShape is the constants a kernel over the cache is specialized by
-// at its call sites (zero where a kernel has no such constant).
-type kernelShape struct {
-	chunk, group, wg, vb, sb int
-	direct, merge            bool
-}
-
-// pipeline returns kernel k specialized by consts() — and by the cache's
-// element type when withKV —, through the cache's memo, by shape.
-func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, shape kernelShape, withKV bool, consts func() gpu.Consts) (*gpu.Pipeline, error) {
-	return c.pipes.Get(d, cachePipelineKey{k.Module, k.Entry, shape}, k, func() gpu.Consts {
-		if withKV {
-			return c.consts(consts())
-		}
-		return consts()
-	})
-}
-
-// NewKVCache allocates a zeroed cache (f32, or f16 when half) and an
-// all-zero block table.
-func NewKVCache(d *gpu.Device, layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks int, half bool) (*KVCache, error) {
-	c := &KVCache{Layers: layers, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: blocks, Seqs: seqs, MaxBlocks: maxBlocks, F16: half,
-		wgMemory: int(d.Limits().MaxComputeWorkgroupStorageSize)}
-	for _, v := range []int{layers, kvHeads, D, blockSize, blocks, seqs, maxBlocks} {
-		if v <= 0 {
-			return nil, fmt.Errorf("kernels: kv cache: non-positive size in %+v", *c)
-		}
-	}
-	if c.layerBytes() > d.Limits().MaxStorageBufferBindingSize {
-		return nil, fmt.Errorf("kernels: kv cache: a layer's %d bytes exceed one binding (%d)", c.layerBytes(), d.Limits().MaxStorageBufferBindingSize)
-	}
-	for l := range layers {
-		for _, kv := range []struct {
-			dst  *[]*gpu.Buffer
-			name string
-		}{{&c.K, "k"}, {&c.V, "v"}} {
-			buf, err := d.NewBuffer(fmt.Sprintf("kv.%s.%d", kv.name, l), c.layerBytes())
-			if err != nil {
-				c.Release()
-				return nil, err
-			}
-			*kv.dst = append(*kv.dst, buf)
-		}
-	}
-	var err error
-	if c.Table, err = d.NewBuffer("kv.table", uint64(seqs*maxBlocks)*4); err != nil {
-		c.Release()
-		return nil, err
-	}
-	return c, nil
-}
-
-// layerBytes is the size of one layer's slice of K or V.
-func (c *KVCache) layerBytes() uint64 {
-	return uint64(c.Blocks) * uint64(c.KVHeads*c.BlockSize*c.D) * uint64(c.ElemBytes())
-}
-
-// ElemBytes is the size of one cached value: 4 (f32) or 2 (f16).
-func (c *KVCache) ElemBytes() int {
-	if c.F16 {
-		return 2
-	}
-	return 4
-}
-
-// consts specializes a KV-reading or -writing kernel for the element type.
-func (c *KVCache) consts(more gpu.Consts) gpu.Consts {
-	out := gpu.Consts{"KV_F16": 0}
-	if c.F16 {
-		out["KV_F16"] = 1
-	}
-	for k, v := range more {
-		out[k] = v
-	}
-	return out
-}
-
-// layer binds layer l of K and of V.
-func (c *KVCache) layer(l int) (k, v gpu.Binding) { return c.K[l].All(), c.V[l].All() }
-
-// SetBlocks writes sequence slot seq's block table: its logical block i is
-// pool block blocks[i]. It is ordered before the next submitted batch.
-func (c *KVCache) SetBlocks(seq int, blocks []uint32) error {
-	if seq < 0 || seq >= c.Seqs || len(blocks) > c.MaxBlocks {
-		return fmt.Errorf("kernels: kv cache: slot %d with %d blocks (have %d slots of %d)", seq, len(blocks), c.Seqs, c.MaxBlocks)
-	}
-	for i, b := range blocks {
-		if int(b) >= c.Blocks {
-			return fmt.Errorf("kernels: kv cache: slot %d block %d is %d, pool has %d", seq, i, b, c.Blocks)
-		}
-	}
-	return c.Table.WriteU32(uint64(seq*c.MaxBlocks)*4, blocks)
-}
-
-// Release frees the cache's buffers.
-func (c *KVCache) Release() {
-	for _, b := range append(append([]*gpu.Buffer{c.Table}, c.K...), c.V...) {
-		if b != nil {
-			b.Release()
-		}
-	}
-}
-
-// checkRows checks the per-row buffers shared by the attention kernels.
-func (c *KVCache) checkRows(op string, layer, T int, rows map[string]*gpu.Buffer) error {
-	if c == nil {
-		return fmt.Errorf("kernels: %s: nil cache", op)
-	}
-	if layer < 0 || layer >= c.Layers || T <= 0 {
-		return fmt.Errorf("kernels: %s: layer %d of %d, T = %d", op, layer, c.Layers, T)
-	}
-	for name, buf := range rows {
-		if err := need(op, name, buf, T); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // attentionScale is 1/sqrt(D) as reference.Attention computes it.
-func attentionScale(D int) uint32 { return math.Float32bits(float32(1 / math.Sqrt(float64(D)))) }
+func attentionScale(D int) float32 { return float32(1 / math.Sqrt(float64(D))) }
 
-// checkHeads checks the head layout for attention over c.
-func (c *KVCache) checkHeads(op string, heads int) error {
-	if heads <= 0 || heads%c.KVHeads != 0 {
-		return fmt.Errorf("kernels: %s: %d query heads for %d kv heads", op, heads, c.KVHeads)
-	}
-	return nil
-}
-
-// DecodeSplits is the number of splits AttentionDecode uses for T rows of
-// heads query heads with contexts of up to maxLen positions.
-func (c *KVCache) DecodeSplits(T, heads, maxLen int) int {
-	chunk := c.decodeChunk(T, heads, maxLen)
+// decodeSplits is the number of splits attention_decode.wgsl uses at tune
+// for T rows of heads query heads with contexts of up to maxLen positions.
+func (c *KVCache) decodeSplits(T, heads, maxLen int, tune decodeTuning) int {
+	chunk := c.decodeChunk(T, heads, maxLen, tune)
 	return (maxLen + chunk - 1) / chunk
 }
 
-// DecodeScratch is the number of f32 values of partial results
-// AttentionDecode keeps in one of the device's scratch buffers, for T rows
-// of heads query heads and contexts of up to maxLen positions: (T, heads,
-// splits, D + 2).
-func (c *KVCache) DecodeScratch(T, heads, maxLen int) int {
-	return T * heads * c.DecodeSplits(T, heads, maxLen) * (c.D + 2)
+// decodeScratch is the number of f32 values of partial results
+// attention_decode.wgsl keeps in one of the device's scratch buffers at
+// tune, for T rows of heads query heads and contexts of up to maxLen
+// positions: (T, heads, splits, D + 2).
+func (c *KVCache) decodeScratch(T, heads, maxLen int, tune decodeTuning) int {
+	return T * heads * c.decodeSplits(T, heads, maxLen, tune) * (c.D + 2)
 }
 
 // decodeChunk is the context positions per split: the longest power of two
-// (64 … 256) that still gives about decodeWorkgroups workgroups — a
-// workgroup per kv head, split and row — so that a single sequence's
-// decode spreads over the whole GPU while a large batch keeps merges few,
-// and whose workgroup memory the device has.
-func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
-	tune := c.decode.orDefaults()
+// (decodeMinChunk … tune.maxChunk) that still gives about tune.workgroups
+// workgroups — a workgroup per kv head, split and row — so that a single
+// sequence's decode spreads over the whole GPU while a large batch keeps
+// merges few, and whose workgroup memory the device has.
+func (c *KVCache) decodeChunk(T, heads, maxLen int, tune decodeTuning) int {
 	chunk := tune.maxChunk
 	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < tune.workgroups ||
-		c.decodeMemory(heads, chunk, false) > c.wgMemory) {
+		c.decodeMemory(heads, chunk, false, tune) > c.wgMemory) {
 		chunk /= 2
 	}
 	return chunk
@@ -267,8 +100,8 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int) int {
 // offsets (CHUNK), the reductions (GROUP·WG and GROUP·WG/16) and MERGE's
 // m and l of each split (2·GROUP·MAXS; MAXS = 1 without MERGE) and its
 // flag.
-func (c *KVCache) decodeMemory(heads, chunk int, merge bool) int {
-	group, wg := heads/c.KVHeads, c.decode.orDefaults().wg
+func (c *KVCache) decodeMemory(heads, chunk int, merge bool, tune decodeTuning) int {
+	group, wg := heads/c.KVHeads, tune.wg
 	maxs := 1
 	if merge {
 		maxs = decodeMergeMax
@@ -276,14 +109,14 @@ func (c *KVCache) decodeMemory(heads, chunk int, merge bool) int {
 	return 4 * (2*group*c.D + group*chunk + chunk + group*wg + group*wg/16 + 2*group*maxs + 1)
 }
 
-// lastSplitMerges reports whether AttentionDecode's last split merges the
-// splits of T rows (no merge dispatch): where the device orders storage
-// device-wide, the rows are enough, the splits more than one and few
-// enough, and the workgroup memory holds their m and l.
-func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int) bool {
-	splits := c.DecodeSplits(T, heads, maxLen)
-	return d.DeviceScopeBarrier() && !c.decode.mergeDispatch && T >= decodeMergeMinRows && splits > 1 && splits <= decodeMergeMax &&
-		c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen), true) <= c.wgMemory
+// lastSplitMerges reports whether attention_decode.wgsl's last split
+// merges the splits of T rows (no merge dispatch): where the device orders
+// storage device-wide, the rows are enough, the splits more than one and
+// few enough, and the workgroup memory holds their m and l.
+func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int, tune decodeTuning) bool {
+	splits := c.decodeSplits(T, heads, maxLen, tune)
+	return d.DeviceScopeBarrier() && !tune.mergeDispatch && T >= tune.mergeMinRows && splits > 1 && splits <= decodeMergeMax &&
+		c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen, tune), true, tune) <= c.wgMemory
 }
 
 // AttentionDecode records causal GQA attention for T single query rows,
@@ -296,13 +129,19 @@ func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int) bool {
 //	out      (T, heads, D) f32
 //
 // It is one dispatch when a single split covers maxLen, or when the last
-// split to finish can merge them (gpu.Device.DeviceScopeBarrier, at least
-// decodeMergeMinRows rows, at most decodeMergeMax splits); else a second
-// dispatch merges. The splits' partial results pass through the device's
-// scratch buffers (gpu.Device.CountedScratch or Scratch, c.DecodeScratch
-// values). The rows' own keys and values must already be in the cache
-// (QKVRopeKV).
+// split to finish can merge them (gpu.Device.DeviceScopeBarrier, rows
+// enough, at most decodeMergeMax splits); else a second dispatch merges.
+// The splits' partial results pass through the device's scratch buffers
+// (gpu.Device.CountedScratch or Scratch). The rows' own keys and values
+// must already be in the cache (QKVProjRopeKV). The adapter's plan tunes
+// it.
 func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
+	return attentionDecode(b, out, q, c, layer, seq, pos, T, heads, maxLen, planFor(b.Device()).decode)
+}
+
+// attentionDecode is AttentionDecode at tuning tune (tests and benchmarks
+// try others).
+func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int, tune decodeTuning) error {
 	op := "attention_decode"
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
 		return err
@@ -310,20 +149,19 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	if err := c.checkHeads(op, heads); err != nil {
 		return err
 	}
-	tune := c.decode.orDefaults()
 	wg := tune.wg
 	if c.D%8 != 0 || c.D/8 > wg {
 		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*wg)
 	}
-	if wg < 16 || wg&(wg-1) != 0 || tune.vb < 1 {
-		return fmt.Errorf("kernels: %s: tuning %+v: want a power-of-two workgroup of at least 16 threads and VB ≥ 1", op, tune)
+	if wg < 16 || wg&(wg-1) != 0 || tune.vb < 1 || tune.maxChunk < decodeMinChunk {
+		return fmt.Errorf("kernels: %s: tuning %+v: want a power-of-two workgroup of at least 16 threads, VB ≥ 1 and splits of at least %d", op, tune, decodeMinChunk)
 	}
 	if maxLen <= 0 {
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}
 	n := T * heads * c.D
-	chunk := c.decodeChunk(T, heads, maxLen)
-	splits := c.DecodeSplits(T, heads, maxLen)
+	chunk := c.decodeChunk(T, heads, maxLen, tune)
+	splits := c.decodeSplits(T, heads, maxLen, tune)
 	for _, x := range []struct {
 		name string
 		buf  *gpu.Buffer
@@ -336,8 +174,8 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	d := b.Device()
 	group := heads / c.KVHeads
 	direct := splits == 1 // one split: no merge, the kernel writes out itself
-	merge := c.lastSplitMerges(d, T, heads, maxLen)
-	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge)); err != nil {
+	merge := c.lastSplitMerges(d, T, heads, maxLen, tune)
+	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge, tune)); err != nil {
 		return err
 	}
 	maxs := uint32(1)
@@ -352,7 +190,7 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 		return err
 	}
 	// The partials: after T·kv_heads arrival counts with merge.
-	partBytes := uint64(c.DecodeScratch(T, heads, maxLen)) * 4
+	partBytes := uint64(c.decodeScratch(T, heads, maxLen, tune)) * 4
 	var scratch *gpu.Buffer
 	var part0 uint64
 	if merge {
@@ -365,10 +203,11 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	}
 	kc, vc := c.layer(layer)
 	rows := uint64(T) * 4
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(splits), attentionScale(c.D), uint32(part0 / 4)}
+	params := &attentionDecodeParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), BS: uint32(c.BlockSize),
+		MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), Scale: attentionScale(c.D), Part0: uint32(part0 / 4)}
 	part := scratch.Slice(0, part0+partBytes)
-	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part, out.Slice(0, uint64(n)*4)}
-	if err := b.Dispatch(split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part, out.Slice(0, uint64(n)*4)}
+	if err := gpu.Dispatch(b, split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	if direct || merge {
@@ -381,7 +220,8 @@ func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 		return err
 	}
 	binds = []gpu.Binding{part, pos.Slice(0, rows), out.Slice(0, uint64(n)*4)}
-	if err := b.Dispatch(mergePipe, []uint32{uint32(T), uint32(heads), uint32(splits), 0}, binds, uint32(heads), uint32(T), 1); err != nil {
+	mp := &attentionMergeParams{T: uint32(T), Heads: uint32(heads), Splits: uint32(splits)}
+	if err := gpu.Dispatch(b, mergePipe, mp, binds, uint32(heads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: merge: %w", op, err)
 	}
 	return nil
@@ -436,7 +276,7 @@ func (ch prefillChunks) memory() int {
 //	out  (row0+T, heads, D) f32; only the T rows are written
 //
 // Every position up to the largest pos, the rows' own included, must be in
-// the cache (QKVRopeKV). The cache must be PrefillSupported.
+// the cache (QKVProjRopeKV). The cache must be PrefillSupported.
 func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq int, pos *gpu.Buffer, row0, T, heads int) error {
 	op := "attention_prefill"
 	if row0 < 0 {
@@ -468,27 +308,11 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 		return err
 	}
 	kc, vc := c.layer(layer)
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(c.BlockSize), uint32(c.MaxBlocks), uint32(seq), attentionScale(c.D), uint32(row0)}
-	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.Table.All(), pos.Slice(0, uint64(row0+T)*4), out.Slice(0, uint64(n)*4)}
-	if err := b.Dispatch(p, params, binds, uint32(c.KVHeads), divCeil(T*group, prefillRows), 1); err != nil {
+	params := &attentionPrefillParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), BS: uint32(c.BlockSize),
+		MaxBlocks: uint32(c.MaxBlocks), Seq: uint32(seq), Scale: attentionScale(c.D), Row0: uint32(row0)}
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.table.All(), pos.Slice(0, uint64(row0+T)*4), out.Slice(0, uint64(n)*4)}
+	if err := gpu.Dispatch(b, p, params, binds, uint32(c.KVHeads), divCeil(T*group, prefillRows), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil
-}
-
-// checkWorkgroupMemory reports a kernel whose workgroup memory (bytes, for
-// this head_dim) exceeds the device's limit, before WGSL compilation would.
-func (c *KVCache) checkWorkgroupMemory(d *gpu.Device, op string, bytes int) error {
-	if lim := d.Limits().MaxComputeWorkgroupStorageSize; uint32(bytes) > lim {
-		return fmt.Errorf("kernels: %s: head_dim %d needs %d bytes of workgroup memory, the device allows %d", op, c.D, bytes, lim)
-	}
-	return nil
-}
-
-// wgslBool is a boolean WGSL constant's value.
-func wgslBool(b bool) uint32 {
-	if b {
-		return 1
-	}
-	return 0
 }

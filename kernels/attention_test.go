@@ -17,15 +17,16 @@ import (
 // the same histories on the host.
 type testCache struct {
 	c     *KVCache
+	seqs  []*KVSeq
 	layer int
-	k, v  [][]float32 // per slot: (len, kv_heads*D)
+	k, v  [][]float32 // per sequence: (len, kv_heads*D)
 }
 
-// newTestCache makes a 2-layer cache (f16 when half) with a slot per entry
-// of lens, maps each slot's blocks to a shuffled set of pool blocks, and
-// writes random keys and values for positions 0 … lens[s]-1 of every slot
-// into layer 1. The host copies hold what the cache holds: for an f16 cache,
-// the values rounded to f16.
+// newTestCache makes a 2-layer cache (f16 when half) with a sequence per
+// entry of lens, whose blocks come from a shuffled pool, and writes random
+// keys and values for positions 0 … lens[s]-1 of every sequence into layer
+// 1. The host copies hold what the cache holds: for an f16 cache, the
+// values rounded to f16.
 func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSize int, lens []int, half bool) *testCache {
 	t.Helper()
 	maxBlocks, total := 0, 0
@@ -33,28 +34,30 @@ func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSi
 		nb := (n + blockSize - 1) / blockSize
 		maxBlocks, total = max(maxBlocks, nb), total+nb
 	}
-	pool := total + 3 // some blocks no slot uses
-	c, err := NewKVCache(d, 2, kvHeads, D, blockSize, pool, len(lens), maxBlocks, half)
+	pool := total + 3 // some blocks no sequence maps
+	c, err := NewKVCache(d, KVShape{Layers: 2, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: pool, Seqs: len(lens), MaxBlocks: maxBlocks, F16: half})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Release)
-	perm := r.Perm(pool)
+	r.Shuffle(len(c.free), func(i, j int) { c.free[i], c.free[j] = c.free[j], c.free[i] })
 	tc := &testCache{c: c, layer: 1}
 	width := kvHeads * D
-	// The layer's host images: kv head h of position j of slot s at
-	// ((block·kvHeads + h)·BS + j%BS)·D, block = the slot's entry j/BS.
+	// The layer's host images: kv head h of position j of a sequence at
+	// ((block·kvHeads + h)·BS + j%BS)·D, block = the sequence's entry j/BS.
 	kImg, vImg := make([]float32, pool*width*blockSize), make([]float32, pool*width*blockSize)
-	for s, n := range lens {
-		nb := (n + blockSize - 1) / blockSize
-		blocks := make([]uint32, nb)
-		for i := range blocks {
-			blocks[i] = uint32(perm[0])
-			perm = perm[1:]
-		}
-		if err := c.SetBlocks(s, blocks); err != nil {
+	for _, n := range lens {
+		s, err := c.NewSeq()
+		if err != nil {
 			t.Fatal(err)
 		}
+		if err := c.Reserve([]*KVSeq{s}, []int{n}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Commit(n); err != nil {
+			t.Fatal(err)
+		}
+		tc.seqs = append(tc.seqs, s)
 		ks, vs := randVec(r, n*width, 1), randVec(r, n*width, 1)
 		if half { // the host copies rounded as the cache rounds them
 			for _, h := range [][]float32{ks, vs} {
@@ -65,7 +68,7 @@ func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSi
 		}
 		tc.k, tc.v = append(tc.k, ks), append(tc.v, vs)
 		for j := range n {
-			block := int(blocks[j/blockSize])
+			block := int(s.blocks[j/blockSize])
 			for h := range kvHeads {
 				at := ((block*kvHeads+h)*blockSize + j%blockSize) * D
 				copy(kImg[at:at+D], ks[(j*kvHeads+h)*D:(j*kvHeads+h+1)*D])
@@ -73,16 +76,22 @@ func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSi
 			}
 		}
 	}
+	if err := c.SyncTables(tc.seqs); err != nil {
+		t.Fatal(err)
+	}
 	for _, w := range []struct {
 		buf *gpu.Buffer
 		img []float32
-	}{{c.K[tc.layer], kImg}, {c.V[tc.layer], vImg}} {
+	}{{c.k[tc.layer], kImg}, {c.v[tc.layer], vImg}} {
 		if err := w.buf.WriteU32(0, cacheWords(c, w.img)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return tc
 }
+
+// slot is sequence i's table row, as the seq buffers hold it.
+func (tc *testCache) slot(i int) uint32 { return uint32(tc.seqs[i].Slot()) }
 
 // cacheWords encodes a layer's host image as the cache stores it: f32
 // bits, or for an f16 cache two halves per word, the even element in the
@@ -129,7 +138,7 @@ func fromBits(words []uint32) []float32 {
 
 // kvTol is the tolerance of attention over a cache. newTestCache's host
 // copies equal what the cache holds, so only the f32 math differs; an f16
-// cache keeps the f16-storage tolerance (CONTRACTS.md §5), which also covers
+// cache keeps the f16-storage tolerance (docs/reference.md, "Tolerances"), which also covers
 // a kernel's pack2x16float rounding differently from tensor.F32ToF16.
 func kvTol(c *KVCache) float64 {
 	if c.F16 {
@@ -177,9 +186,17 @@ func TestAttentionDecode(t *testing.T) {
 		if i%4 == 0 { // rows enough for the last split to merge
 			T = 3
 		}
-		// The default tuning, or one BenchmarkAttentionDecode tries; the
+		// The plan's tuning, or one BenchmarkAttentionDecode tries; the
 		// splits merged by the last of them (on Vulkan) or by a dispatch.
-		tune := []decodeTuning{{}, {wg: 128, workgroups: 4096, vb: 16}, {wg: 256, workgroups: 256, vb: 4}, {workgroups: 1, maxChunk: 1024, vb: 1}}[r.IntN(4)]
+		tune := measuredH200.decode
+		switch r.IntN(4) {
+		case 1:
+			tune.wg, tune.workgroups, tune.vb = 128, 4096, 16
+		case 2:
+			tune.wg, tune.workgroups, tune.vb = 256, 256, 4
+		case 3:
+			tune.workgroups, tune.maxChunk, tune.vb = 1, 1024, 1
+		}
 		tune.mergeDispatch = i%2 == 1
 		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v_%+v", s.kvHeads, s.group, s.D, s.blockSize, T, lens, tune)
 		t.Run(name, func(t *testing.T) { testAttentionDecode(t, d, r, s, lens, T, tune) })
@@ -190,7 +207,6 @@ func TestAttentionDecode(t *testing.T) {
 // position of its history, against reference.Attention on that history.
 func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape, lens []int, T int, tune decodeTuning) {
 	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, lens, r.IntN(2) == 1)
-	tc.c.decode = tune
 	cfg := s.config()
 	qDim := cfg.QDim()
 	q := randVec(r, T*qDim, 1)
@@ -203,21 +219,21 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 		if row == 0 {
 			p = lens[slot] - 1 // the longest context the slot has
 		}
-		seq[row], pos[row] = uint32(slot), uint32(p)
+		seq[row], pos[row] = tc.slot(slot), uint32(p)
 		maxLen = max(maxLen, p+1)
 		kv := (p + 1) * cfg.KVDim()
 		reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[slot][:kv], tc.v[slot][:kv], 1, p, cfg)
 	}
 	qb, sb, pb := upload(t, d, "q", q), uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
-	scratch := tc.c.DecodeScratch(T, cfg.NumAttentionHeads, maxLen)
+	scratch := tc.c.decodeScratch(T, cfg.NumAttentionHeads, maxLen, tune)
 	poisonScratch(t, d, scratch)
 	counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, scratch)
 	out := poisoned(t, d, "out", T*qDim)
 	run(t, d, "decode", func(b *gpu.Batch) error {
-		return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, cfg.NumAttentionHeads, maxLen)
+		return attentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, cfg.NumAttentionHeads, maxLen, tune)
 	})
-	t.Logf("%d splits, merged by the last %v, f16 cache %v", tc.c.DecodeSplits(T, cfg.NumAttentionHeads, maxLen),
-		tc.c.lastSplitMerges(d, T, cfg.NumAttentionHeads, maxLen), tc.c.F16)
+	t.Logf("%d splits, merged by the last %v, f16 cache %v", tc.c.decodeSplits(T, cfg.NumAttentionHeads, maxLen, tune),
+		tc.c.lastSplitMerges(d, T, cfg.NumAttentionHeads, maxLen, tune), tc.c.F16)
 	checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
 	checkCountsZero(t, d, counts)
 }
@@ -237,7 +253,7 @@ func TestAttentionPrefill(t *testing.T) {
 			s.D = 96
 		}
 		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d_row%d_mem%d", s.kvHeads, s.group, s.D, s.blockSize, T, P, row0, memory), func(t *testing.T) {
-			// Slot 1 is the sequence; slot 0 holds another one's blocks.
+			// Sequence 1 is the one attended to; sequence 0 holds other blocks.
 			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{1 + r.IntN(50), P + T}, r.IntN(2) == 1)
 			tc.c.wgMemory = memory
 			ch, _ := tc.c.prefillChunks()
@@ -254,7 +270,7 @@ func TestAttentionPrefill(t *testing.T) {
 			qb, pb := upload(t, d, "q", q), uploadU32(t, d, "pos", pos)
 			out := poisoned(t, d, "out", len(q))
 			run(t, d, "prefill", func(b *gpu.Batch) error {
-				return AttentionPrefill(b, out, qb, tc.c, tc.layer, 1, pb, row0, T, cfg.NumAttentionHeads)
+				return AttentionPrefill(b, out, qb, tc.c, tc.layer, int(tc.slot(1)), pb, row0, T, cfg.NumAttentionHeads)
 			})
 			got := readF32(t, out, len(q))
 			checkClose(t, "out", got[row0*qDim:], want, kvTol(tc.c))
@@ -279,22 +295,23 @@ func TestAttentionDecodeShortMaxLen(t *testing.T) {
 		maxLen        int
 		mergeDispatch bool
 	}{{64, false}, {128, false}, {128, true}} {
-		// Two rows (a merge by the last split needs decodeMergeMinRows), both
-		// of slot 0 at position 199.
+		// Two rows (a merge by the last split needs the plan's mergeMinRows),
+		// both of sequence 0 at position 199.
 		const T = 2
 		tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{200}, false)
-		tc.c.decode.mergeDispatch = c.mergeDispatch
+		tune := measuredH200.decode
+		tune.mergeDispatch = c.mergeDispatch
 		cfg := s.config()
 		qb := upload(t, d, "q", randVec(r, T*cfg.QDim(), 1))
-		sb, pb := uploadU32(t, d, "seq", []uint32{0, 0}), uploadU32(t, d, "pos", []uint32{199, 199})
-		poisonScratch(t, d, tc.c.DecodeScratch(T, 2, c.maxLen))
-		counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, tc.c.DecodeScratch(T, 2, c.maxLen))
+		sb, pb := uploadU32(t, d, "seq", []uint32{tc.slot(0), tc.slot(0)}), uploadU32(t, d, "pos", []uint32{199, 199})
+		poisonScratch(t, d, tc.c.decodeScratch(T, 2, c.maxLen, tune))
+		counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, tc.c.decodeScratch(T, 2, c.maxLen, tune))
 		out := poisoned(t, d, "out", T*cfg.QDim())
 		if err := out.Fill(0); err != nil {
 			t.Fatal(err)
 		}
 		run(t, d, "decode", func(b *gpu.Batch) error {
-			return AttentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, 2, c.maxLen)
+			return attentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, 2, c.maxLen, tune)
 		})
 		for i, v := range readF32(t, out, T*cfg.QDim()) {
 			if v == v {

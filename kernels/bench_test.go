@@ -63,7 +63,7 @@ func BenchmarkMatMulInt4(b *testing.B) {
 // BenchmarkMatMulKernels times every int4 matmul kernel that takes the
 // shape, with the input the engine gives it, at Qwen3-1.7B's four projections (q|k|v stacked, o, gate|up
 // stacked, down) for 1 to 1,024 activation rows: the measurements behind
-// pickMatMul's thresholds, redone in one run (on the GPU machine: build
+// the plan's thresholds, redone in one run (on the GPU machine: build
 // with `go test -c ./kernels`, run `kernels.test -test.run '^$' -test.bench
 // MatMulKernels`). Each reports µs a matmul (dependent ones in one batch,
 // as in a forward pass: see benchMatMuls), TFLOP/s and GB/s of weights.
@@ -132,71 +132,56 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			var hows []matMulInput
-			for _, k := range []matMulKernel{kernelMatVec, kernelMatVecBatch, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4, kernelSkinny} {
-				if k.fits(w, T, d.Limits()) {
-					how := in
-					how.kernel = k
-					hows = append(hows, how)
+			// Every kernel at its layout for the shape, then the layouts and
+			// split-K targets the plan's were chosen among.
+			plan, limits := planFor(d), d.Limits()
+			var choices []matMulChoice
+			add := func(k matMulKernel, edit func(c *matMulChoice)) {
+				if c, ok := plan.choose(k, w, T, limits); ok {
+					edit(&c)
+					choices = append(choices, c)
 				}
 			}
+			for _, k := range []matMulKernel{kernelMatVec, kernelMatVecBatch, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4, kernelSkinny} {
+				add(k, func(*matMulChoice) {})
+			}
+			skinnyLayouts := benchSkinnyLayouts
 			if T >= 256 {
-				for _, l := range benchSkinnyPrefillLayouts {
-					if l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) > 0 {
-						how := in
-						how.kernel, how.skinny = kernelSkinny, l
-						hows = append(hows, how)
+				skinnyLayouts = benchSkinnyPrefillLayouts
+			}
+			if T >= 2 && T <= 64 || T >= 256 {
+				for _, l := range skinnyLayouts {
+					if (T >= 256 || l.tt <= 2*T) && l.chunk(limits.MaxComputeWorkgroupStorageSize) > 0 {
+						add(kernelSkinny, func(c *matMulChoice) { c.skinny = l })
 					}
 				}
 			}
 			if T >= 2 && T <= 64 {
-				for _, l := range benchSkinnyLayouts {
-					if l.tt <= 2*T && l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) > 0 {
-						how := in
-						how.kernel, how.skinny = kernelSkinny, l
-						hows = append(hows, how)
-					}
-				}
 				for _, g := range []int{128, 512, 1024} {
-					how := in
-					how.kernel, how.groups = kernelSkinny, g
-					hows = append(hows, how)
+					add(kernelSkinny, func(c *matMulChoice) { c.groups = g })
 				}
 			}
 			if T >= 16 && T <= 64 {
 				for _, g := range []int{128, 256, 1024} {
 					for _, k := range []matMulKernel{kernelGEMM2x8, kernelGEMM4} {
-						if k.fits(w, T, d.Limits()) {
-							how := in
-							how.kernel, how.groups = k, g
-							hows = append(hows, how)
-						}
+						add(k, func(c *matMulChoice) { c.groups = g })
 					}
 				}
 			}
-			for _, l := range benchMatVecLayouts {
-				if _, ok := matVecFor(w, T, l, d.Limits()); ok && T <= matVecMaxT {
-					how := in
-					how.kernel, how.matVec = kernelMatVec, l
-					hows = append(hows, how)
+			if T <= matVecMaxT {
+				for _, l := range benchMatVecLayouts {
+					if p, ok := matVecAt(l, w, T, limits); ok {
+						add(kernelMatVec, func(c *matMulChoice) { c.matVec = p })
+					}
 				}
 			}
-			for _, how := range hows {
-				name := how.kernel.String()
-				if how.matVec != (matVecLayout{}) {
-					name = how.matVec.String()
-				}
-				if how.skinny != (skinnyLayout{}) {
-					name = how.skinny.String()
-				}
-				if how.groups > 0 {
-					name += fmt.Sprintf("/groups=%d", how.groups)
-				}
-				b.Run(fmt.Sprintf("%s/T%d/%s", s.name, T, name), func(b *testing.B) {
+			for _, c := range choices {
+				b.Run(fmt.Sprintf("%s/T%d/%v", s.name, T, c), func(b *testing.B) {
 					i := 0
 					sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
 						i++
-						return matMul(bt, out, x, ws[i%len(ws)], T, how, d.Limits().MaxStorageBufferBindingSize)
+						_, err := matMulSplitK(bt, out, x, ws[i%len(ws)], T, in, c, limits.MaxStorageBufferBindingSize, false)
+						return err
 					})
 					b.ReportMetric(sec*1e6, "µs/matmul")
 					b.ReportMetric(2*float64(T*s.N*s.K)/sec/1e12, "TFLOP/s")
@@ -334,19 +319,34 @@ func randInt4(r *rand.Rand, n, k, g int) *tensor.Int4 {
 // BenchmarkAttentionDecode times decode attention (split and merge) at
 // Qwen3-1.7B's heads (16 query heads on 8 kv heads of 128, an f16 cache)
 // for 1, 4 and 32 rows, each its own sequence at position 1,023, at the
-// default tuning and the others decodeTuning allows: µs a call (dependent
+// plan's tuning and others decodeTuning allows: µs a call (dependent
 // calls in one batch, as in a forward pass: see benchMatMuls) and GB/s of
 // keys and values read.
 func BenchmarkAttentionDecode(b *testing.B) {
 	d := gputest.Device(b)
 	const kvHeads, group, D, blockSize, context, reps = 8, 2, 128, 16, 1024, 16
 	heads := kvHeads * group
-	Ts, tunings := []int{1, 4, 32}, []decodeTuning{
+	// The plan's tuning with the changes below (zero fields keep it).
+	Ts, changes := []int{1, 4, 32}, []decodeTuning{
 		{}, {mergeDispatch: true}, {vb: 1}, {vb: 4}, {vb: 16}, {workgroups: 2048}, {workgroups: 256, maxChunk: 512},
 		{wg: 128}, {wg: 128, vb: 4}, {wg: 128, vb: 16}, {wg: 128, workgroups: 256, maxChunk: 512},
 		{wg: 256, vb: 4}, {wg: 256, vb: 8}, {wg: 256, vb: 16}, {wg: 256, workgroups: 256, maxChunk: 512, vb: 16},
 		// one split of the whole context, which needs no merge
 		{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16}, {wg: 256, workgroups: 1, maxChunk: 1024, vb: 16},
+	}
+	tunings := make([]decodeTuning, len(changes))
+	for i, ch := range changes {
+		t := planFor(d).decode
+		for _, f := range []struct {
+			dst *int
+			v   int
+		}{{&t.wg, ch.wg}, {&t.workgroups, ch.workgroups}, {&t.maxChunk, ch.maxChunk}, {&t.vb, ch.vb}} {
+			if f.v != 0 {
+				*f.dst = f.v
+			}
+		}
+		t.mergeDispatch = ch.mergeDispatch
+		tunings[i] = t
 	}
 	if d.Info().Type == "cpu" { // lavapipe would take many minutes over them all
 		Ts, tunings = []int{1}, tunings[:2]
@@ -361,20 +361,18 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, tune := range tunings {
-			c.decode = tune
-			t := tune.orDefaults()
+		for _, t := range tunings {
 			name := fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d/vb=%d", T, t.wg, t.workgroups, t.maxChunk, t.vb)
 			if t.mergeDispatch { // else merged by the last split where the device allows
 				name += "/merge=dispatch"
 			}
 			b.Run(name, func(b *testing.B) {
 				sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
-					return AttentionDecode(bt, out, q, c, 0, sb, pb, T, heads, context)
+					return attentionDecode(bt, out, q, c, 0, sb, pb, T, heads, context, t)
 				})
 				b.ReportMetric(sec*1e6, "µs/call")
 				b.ReportMetric(float64(2*T*context*kvHeads*D*c.ElemBytes())/sec/1e9, "GB/s")
-				b.ReportMetric(float64(c.DecodeSplits(T, heads, context)), "splits")
+				b.ReportMetric(float64(c.decodeSplits(T, heads, context, t)), "splits")
 			})
 		}
 		for _, buf := range []*gpu.Buffer{sb, pb, q, out} {
@@ -446,14 +444,14 @@ func BenchmarkDecodeLayer(b *testing.B) {
 		gateUp := buffer("gate_up", make([]float32, T*2*I))
 		const eps = 1e-6
 		attention := func(bt *gpu.Batch) error {
-			if err := QKVRopeKV(bt, q, qkv, qkNormRope, c, 0, sb, pb, T, heads, eps); err != nil {
+			if err := qkvRopeKVRows(bt, q, qkv, qkNormRope, c, 0, sb, pb, T, heads, eps); err != nil {
 				return err
 			}
 			return AttentionDecode(bt, attn, q, c, 0, sb, pb, T, heads, context)
 		}
 		// Each projection from its input to its output, as the layer has them.
 		// (wg: skinny_int4.wgsl at pickSkinnyLayout's layout but wg threads,
-		// where it is pickMatMul's kernel.)
+		// where it is the plan's kernel.)
 		limit := d.Limits().MaxStorageBufferBindingSize
 		project := func(bt *gpu.Batch, proj int, w layerWeights, in, out *gpu.Buffer, wg int) error {
 			m := w.o // projO, projONorm
@@ -469,11 +467,12 @@ func BenchmarkDecodeLayer(b *testing.B) {
 			if proj == projQKV || proj == projGateUp || proj == projONorm {
 				how.norm, how.eps = norm, eps
 			}
-			if wg > 0 && pickMatMul(m, T, d.Limits()) == kernelSkinny {
-				how.kernel, how.skinny = kernelSkinny, pickSkinnyLayout(m.N, T)
-				how.skinny.wg = wg
+			c := planFor(d).pick(m, T, d.Limits())
+			if wg > 0 && c.kernel == kernelSkinny {
+				c.skinny.wg = wg
 			}
-			return matMul(bt, out, in, m, T, how, limit)
+			_, err := matMulSplitK(bt, out, in, m, T, how, c, limit, false)
+			return err
 		}
 		ins := map[int]*gpu.Buffer{projQKV: x, projO: attn, projGateUp: x, projDown: gateUp, projONorm: x}
 		outs := map[int]*gpu.Buffer{projQKV: qkv, projO: x, projGateUp: gateUp, projDown: x, projONorm: q}
@@ -574,20 +573,23 @@ var decodeLayerParts = []decodeLayerPart{
 // t. The caller releases all three.
 func benchDecodeCache(b *testing.B, d *gpu.Device, T, kvHeads, D, blockSize, context int) (*KVCache, *gpu.Buffer, *gpu.Buffer) {
 	perSeq := (context + blockSize - 1) / blockSize
-	c, err := NewKVCache(d, 1, kvHeads, D, blockSize, T*perSeq, T, perSeq, true)
+	c, err := NewKVCache(d, KVShape{Layers: 1, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: T * perSeq, Seqs: T, MaxBlocks: perSeq, F16: true})
 	if err != nil {
 		b.Fatal(err)
 	}
 	seq, pos := make([]uint32, T), make([]uint32, T)
-	for s := range T {
-		blocks := make([]uint32, perSeq)
-		for i := range blocks {
-			blocks[i] = uint32(s*perSeq + i)
-		}
-		if err := c.SetBlocks(s, blocks); err != nil {
+	seqs := make([]*KVSeq, T)
+	for i := range T {
+		if seqs[i], err = c.NewSeq(); err != nil {
 			b.Fatal(err)
 		}
-		seq[s], pos[s] = uint32(s), uint32(context-1)
+		if err := c.Reserve(seqs[i:i+1], []int{context}); err != nil {
+			b.Fatal(err)
+		}
+		seq[i], pos[i] = uint32(seqs[i].Slot()), uint32(context-1)
+	}
+	if err := c.SyncTables(seqs); err != nil {
+		b.Fatal(err)
 	}
 	sb, err := d.UploadU32("seq", seq)
 	if err != nil {

@@ -2,15 +2,19 @@ package kernels
 
 import (
 	"fmt"
+	"reflect"
 
 	"webdraft/gpu"
 	"webdraft/shaders"
 )
 
 var copyKernel = gpu.Kernel{
-	Module: "copy.wgsl", Source: shaders.Copy, Entry: "main", ParamsSize: 16,
+	Module: "copy.wgsl", Source: shaders.Copy, Entry: "main", Params: reflect.TypeFor[copyParams](),
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // src, dst
 }
+
+// copyParams are copy.wgsl's params: N 16-byte words.
+type copyParams struct{ N, _, _, _ uint32 }
 
 const copyWG = 256
 
@@ -38,7 +42,7 @@ func CopyTo(b *gpu.Batch, dst *gpu.Buffer, at uint64, src *gpu.Buffer, bytes uin
 	x := min(groups, 65535)
 	y := (groups + x - 1) / x
 	binds := []gpu.Binding{src.Slice(0, bytes), dst.Slice(at, bytes)}
-	if err := b.Dispatch(p, []uint32{uint32(words), 0, 0, 0}, binds, uint32(x), uint32(y), 1); err != nil {
+	if err := gpu.Dispatch(b, p, &copyParams{N: uint32(words)}, binds, uint32(x), uint32(y), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

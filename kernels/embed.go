@@ -2,25 +2,33 @@ package kernels
 
 import (
 	"fmt"
+	"reflect"
 
 	"webdraft/gpu"
 	"webdraft/shaders"
 )
 
+// embed.wgsl, one entry point a table format.
 var (
 	embedInt4 = gpu.Kernel{
-		Module: "embed_int4.wgsl", Source: shaders.EmbedInt4, Entry: "main", ParamsSize: 32,
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // ids, qweight, scales, out
+		Module: "embed.wgsl", Source: shaders.Embed, Entry: "int4", Params: reflect.TypeFor[embedParams](),
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // ids, qweight, out, scales
 	}
 	embedF16 = gpu.Kernel{
-		Module: "embed_dense.wgsl", Source: shaders.EmbedDense, Entry: "dense_f16", ParamsSize: 32,
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // ids, e, out
+		Module: "embed.wgsl", Source: shaders.Embed, Entry: "dense_f16", Params: reflect.TypeFor[embedParams](),
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // ids, dense, out
 	}
 	embedF32 = gpu.Kernel{
-		Module: "embed_dense.wgsl", Source: shaders.EmbedDense, Entry: "dense_f32", ParamsSize: 32,
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // ids, e, out
+		Module: "embed.wgsl", Source: shaders.Embed, Entry: "dense_f32", Params: reflect.TypeFor[embedParams](),
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // ids, dense, out
 	}
 )
+
+// embedParams are embed.wgsl's params (prelude.wgsl's EmbedParams).
+type embedParams struct {
+	T, V, K, G, Row0, N uint32
+	_, _                uint32
+}
 
 const embedWG = 64
 
@@ -73,10 +81,13 @@ func embed(b *gpu.Batch, out, ids *gpu.Buffer, e *Matrix, T int, maxBinding uint
 		return err
 	}
 	for _, blk := range blocks {
-		binds := append([]gpu.Binding{ids.Slice(0, uint64(T)*4)}, e.bindRows(blk)...)
-		binds = append(binds, out.Slice(0, uint64(T*e.K)*4))
-		params := []uint32{uint32(T), uint32(e.N), uint32(e.K), uint32(e.G), uint32(blk.n0), uint32(blk.n), 0, 0}
-		if err := b.Dispatch(p, params, binds, divCeil(e.K/8, embedWG), uint32(T), 1); err != nil {
+		table, scales := e.bindRows(blk)
+		binds := []gpu.Binding{ids.Slice(0, uint64(T)*4), table, out.Slice(0, uint64(T*e.K)*4)}
+		if e.Format == Int4 {
+			binds = append(binds, scales)
+		}
+		params := &embedParams{T: uint32(T), V: uint32(e.N), K: uint32(e.K), G: uint32(e.G), Row0: uint32(blk.n0), N: uint32(blk.n)}
+		if err := gpu.Dispatch(b, p, params, binds, divCeil(e.K/8, embedWG), uint32(T), 1); err != nil {
 			return fmt.Errorf("kernels: %s: %w", op, err)
 		}
 	}

@@ -169,7 +169,7 @@ func readF32(t *testing.T, b *gpu.Buffer, n int) []float32 {
 	return v[:n]
 }
 
-// relErr is max|got − want| / max|want| (CONTRACTS.md §5); a NaN or Inf in
+// relErr is max|got − want| / max|want| (docs/reference.md, "Tolerances"); a NaN or Inf in
 // got (an unwritten, poisoned output) makes it +Inf.
 func relErr(got, want []float32) float64 {
 	var diff, ref float64
@@ -187,7 +187,7 @@ func relErr(got, want []float32) float64 {
 	return diff / ref
 }
 
-// Tolerances of CONTRACTS.md §5.
+// Tolerances of docs/reference.md, "Tolerances".
 const (
 	tolF32 = 1e-5 // f32 math
 	tolF16 = 2e-3 // f16 storage or math
@@ -216,4 +216,17 @@ func worst(got, want []float32) int {
 		}
 	}
 	return bi
+}
+
+// kernelPlanned stands, in tests, for the kernel the device's plan picks.
+const kernelPlanned matMulKernel = -1
+
+// choiceFor returns how kernel k (kernelPlanned: the plan's pick) runs T
+// rows of w on d; false when k does not take them.
+func choiceFor(d *gpu.Device, k matMulKernel, w *Matrix, T int) (matMulChoice, bool) {
+	p, l := planFor(d), d.Limits()
+	if k == kernelPlanned {
+		return p.pick(w, T, l), true
+	}
+	return p.choose(k, w, T, l)
 }

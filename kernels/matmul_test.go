@@ -8,6 +8,7 @@ import (
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/reference"
+	"webdraft/tensor"
 )
 
 // matMulShape is one random case: T activation rows, W (N, K), group G.
@@ -51,7 +52,7 @@ func TestMatMul(t *testing.T) {
 						continue
 					}
 					name := fmt.Sprintf("%v/T%d_N%d_K%d_G%d/acc=%v/%s", f, s.T, s.N, s.K, s.G, accumulate, in)
-					t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, in, kernelAuto, 0) })
+					t.Run(name, func(t *testing.T) { testMatMul(t, d, r, f, s, accumulate, in, kernelPlanned, 0) })
 				}
 			}
 		}
@@ -65,7 +66,7 @@ func TestMatMulTallHead(t *testing.T) {
 	r := newRand(t)
 	for _, T := range []int{1, 2} {
 		s := matMulShape{T: T, N: 70001, K: 32, G: 32}
-		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, "x", kernelAuto, 0) })
+		t.Run(fmt.Sprint("T", T), func(t *testing.T) { testMatMul(t, d, r, Int4, s, false, "x", kernelPlanned, 0) })
 	}
 }
 
@@ -135,10 +136,11 @@ func TestMatMulUnsplit(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	for _, k := range []matMulKernel{kernelGEMM4, kernelGEMM2x8, kernelSkinny} {
-		l := pickSkinnyLayout(1, 40)
-		n := l.rows() * l.targetGroups()
+		w := &Matrix{Format: Int4, N: 1, K: 128, G: 32}
+		c, _ := measuredH200.choose(k, w, 40, gpu.Limits{MaxComputeWorkgroupsPerDimension: 65535, MaxComputeWorkgroupStorageSize: 48 << 10})
+		n := c.skinny.rows() * c.groups
 		if k.isGEMM() {
-			n = k.gemmTile().bn() * k.gemmTile().targetGroups()
+			n = k.gemmTile().bn() * c.groups
 		}
 		s := matMulShape{T: 40, N: n + 17, K: 128, G: 32}
 		for _, in := range []string{"x", "swiglu", "norm"} {
@@ -202,7 +204,7 @@ func TestSkinnyLayouts(t *testing.T) {
 				if l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) == 0 {
 					t.Skipf("this device does not take %v", l)
 				}
-				testMatMulHow(t, d, r, Int4, s, in != "norm", in, matMulInput{kernel: kernelSkinny, skinny: l, groups: groups}, 0)
+				testMatMulHow(t, d, r, Int4, s, in != "norm", in, &matMulChoice{kernel: kernelSkinny, skinny: l, groups: groups}, 0)
 			})
 		}
 	}
@@ -234,7 +236,7 @@ func TestPickMatMul(t *testing.T) {
 		{&Matrix{Format: F16, N: 64, K: 64}, 1, large, kernelRowTile},
 		{&Matrix{Format: F32, N: 64, K: 64}, 64, large, kernelRowTile},
 	} {
-		if got := pickMatMul(c.w, c.T, c.limits); got != c.want {
+		if got := measuredH200.pick(c.w, c.T, c.limits).kernel; got != c.want {
 			t.Errorf("%v (%d×%d, G %d), T = %d, %d B workgroup memory: %v, want %v",
 				c.w.Format, c.w.N, c.w.K, c.w.G, c.T, c.limits.MaxComputeWorkgroupStorageSize, got, c.want)
 		}
@@ -248,23 +250,35 @@ func TestMatMulRowBlocks(t *testing.T) {
 	r := newRand(t)
 	for _, f := range []Format{Int4, F16, F32} {
 		s := matMulShape{T: 3, N: 1000, K: 64, G: 32}
-		t.Run(f.String()+"/swiglu", func(t *testing.T) { testMatMul(t, d, r, f, s, true, "swiglu", kernelAuto, 32<<10) })
-		t.Run(f.String()+"/norm", func(t *testing.T) { testMatMul(t, d, r, f, s, false, "norm", kernelAuto, 32<<10) })
+		t.Run(f.String()+"/swiglu", func(t *testing.T) { testMatMul(t, d, r, f, s, true, "swiglu", kernelPlanned, 32<<10) })
+		t.Run(f.String()+"/norm", func(t *testing.T) { testMatMul(t, d, r, f, s, false, "norm", kernelPlanned, 32<<10) })
 	}
 }
 
 // testMatMul checks MatMul (MatMulSwiGLU when in is "swiglu", MatMulNorm
 // when "norm") against the reference on fresh random inputs, with the
-// given kernel (kernelAuto: the one pickMatMul picks); maxBinding 0 means
-// the device's own limit.
+// given kernel (kernelPlanned: the one the device's plan picks); maxBinding
+// 0 means the device's own limit.
 func testMatMul(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, in string, kernel matMulKernel, maxBinding uint64) {
-	testMatMulHow(t, d, r, f, s, accumulate, in, matMulInput{kernel: kernel}, maxBinding)
+	m := randMatrix(t, r, f, s.N, s.K, s.G)
+	choice, ok := choiceFor(d, kernel, &Matrix{Format: Int4, N: s.N, K: s.K, G: s.G}, s.T)
+	if f != Int4 {
+		choice, ok = matMulChoice{kernel: kernelRowTile}, true
+	}
+	if !ok {
+		t.Fatalf("%v does not take %d rows of %d×%d", kernel, s.T, s.N, s.K)
+	}
+	testMatMulOf(t, d, r, m, s, accumulate, in, &choice, maxBinding)
 }
 
-// testMatMulHow is testMatMul with the kernel's tuning forced by how
-// (its kernel, layouts and split-K target).
-func testMatMulHow(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, in string, how matMulInput, maxBinding uint64) {
-	m := randMatrix(t, r, f, s.N, s.K, s.G)
+// testMatMulHow is testMatMul with the kernel, its layout and its split-K
+// target forced by choice.
+func testMatMulHow(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMulShape, accumulate bool, in string, choice *matMulChoice, maxBinding uint64) {
+	testMatMulOf(t, d, r, randMatrix(t, r, f, s.N, s.K, s.G), s, accumulate, in, choice, maxBinding)
+}
+
+func testMatMulOf(t *testing.T, d *gpu.Device, r *rand.Rand, m tensor.Matrix, s matMulShape, accumulate bool, in string, choice *matMulChoice, maxBinding uint64) {
+	var how matMulInput
 	x := randVec(r, s.T*s.K, 1)
 	input := x
 	how.accumulate = accumulate
@@ -305,7 +319,10 @@ func testMatMulHow(t *testing.T, d *gpu.Device, r *rand.Rand, f Format, s matMul
 		maxBinding = d.Limits().MaxStorageBufferBindingSize
 	}
 	poisonScratch(t, d, s.T*(s.N+1)*(s.K/8)) // more than any split-K's partial sums
-	run(t, d, "matmul", func(b *gpu.Batch) error { return matMul(b, out, xb, w, s.T, how, maxBinding) })
+	run(t, d, "matmul", func(b *gpu.Batch) error {
+		_, err := matMulSplitK(b, out, xb, w, s.T, how, *choice, maxBinding, false)
+		return err
+	})
 	checkClose(t, "out", readF32(t, out, s.T*s.N), want, tolF32)
 }
 

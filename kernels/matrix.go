@@ -11,7 +11,7 @@ import (
 type Format int
 
 const (
-	Int4 Format = iota // CONTRACTS.md §2: u32 words of 4-bit codes + f16 scales
+	Int4 Format = iota // docs/reference.md, "The int4 scheme": u32 words of 4-bit codes + f16 scales
 	F16                // dense IEEE half
 	F32                // dense f32
 )
@@ -175,15 +175,24 @@ func (m *Matrix) rowBlocks(maxBinding uint64, align uint32) ([]rowBlock, error) 
 	return blocks, nil
 }
 
-// bindRows binds W (and the scales) for rows [n0, n0+n).
-func (m *Matrix) bindRows(b rowBlock) []gpu.Binding {
+// bindRows binds W and, for int4, the scales (else a zero Binding) for
+// rows [n0, n0+n).
+func (m *Matrix) bindRows(b rowBlock) (weights, scales gpu.Binding) {
 	wb, sb := m.rowBytes()
-	binds := []gpu.Binding{m.W.Slice(uint64(b.n0)*wb, alignUp(uint64(b.n)*wb, 4))}
+	weights = m.W.Slice(uint64(b.n0)*wb, alignUp(uint64(b.n)*wb, 4))
 	if m.Format == Int4 {
 		off := uint64(b.n0) * sb
-		binds = append(binds, m.Scales.Slice(off, min(alignUp(uint64(b.n)*sb, 4), m.Scales.Size()-off)))
+		scales = m.Scales.Slice(off, min(alignUp(uint64(b.n)*sb, 4), m.Scales.Size()-off))
 	}
-	return binds
+	return weights, scales
+}
+
+// wgslBool is a boolean's value as a WGSL u32 (a constant or a param).
+func wgslBool(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func alignUp(n, a uint64) uint64 { return (n + a - 1) / a * a }

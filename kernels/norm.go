@@ -2,15 +2,22 @@ package kernels
 
 import (
 	"fmt"
-	"math"
+	"reflect"
 
 	"webdraft/gpu"
 	"webdraft/shaders"
 )
 
 var rmsNorm = gpu.Kernel{
-	Module: "rmsnorm.wgsl", Source: shaders.RMSNorm, Entry: "main", ParamsSize: 16,
+	Module: "rmsnorm.wgsl", Source: shaders.RMSNorm, Entry: "main", Params: reflect.TypeFor[rmsNormParams](),
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, weight, out
+}
+
+// rmsNormParams are rmsnorm.wgsl's params.
+type rmsNormParams struct {
+	R, N uint32
+	Eps  float32
+	_    uint32
 }
 
 // RMSNorm records out[r] = rmsnorm(x[r]) · weight for R rows of n values
@@ -45,9 +52,9 @@ func RMSNorm(b *gpu.Batch, out, x, weight *gpu.Buffer, R, n int, eps float64) er
 	if err != nil {
 		return err
 	}
-	params := []uint32{uint32(R), uint32(n), math.Float32bits(float32(eps)), 0}
+	params := &rmsNormParams{R: uint32(R), N: uint32(n), Eps: float32(eps)}
 	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(R*n)*4)}
-	if err := b.Dispatch(p, params, binds, uint32(R), 1, 1); err != nil {
+	if err := gpu.Dispatch(b, p, params, binds, uint32(R), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

@@ -2,16 +2,25 @@ package kernels
 
 import (
 	"fmt"
-	"math"
+	"reflect"
 
 	"webdraft/gpu"
 	"webdraft/shaders"
 )
 
 var qkvRopeKV = gpu.Kernel{
-	Module: "qkv_rope_kv.wgsl", Source: shaders.QKVRopeKV, Entry: "main", ParamsSize: 48,
-	// qkv, consts, pos, seq, table, q, kcache, vcache
+	Module: "qkv_rope_kv.wgsl", Source: shaders.QKVRopeKV, Entry: "main", Params: reflect.TypeFor[qkvRopeKVParams](),
+	// part (the q|k|v rows or their partial sums), consts, pos, seq, table, q, kcache, vcache
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
+}
+
+// qkvRopeKVParams are qkv_rope_kv.wgsl's params.
+type qkvRopeKVParams struct {
+	T, Heads, KVHeads, D     uint32
+	Eps                      float32
+	BS, MaxBlocks, Splits, K uint32
+	NormEps                  float32
+	_, _                     uint32
 }
 
 // qkNormRopeWG and qkNormRopePairs (WG and PAIRS in qkv_rope_kv.wgsl) bound
@@ -21,7 +30,7 @@ const (
 	qkNormRopePairs = 2
 )
 
-// UploadQKNormRope uploads what QKVRopeKV needs of one layer besides the
+// UploadQKNormRope uploads what QKVProjRopeKV needs of one layer besides the
 // activations: q_norm (D), k_norm (D) and RoPE's inverse frequencies
 // invFreq (D/2, qwen3.Config.RopeInvFreq), in one buffer.
 func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm, invFreq []float32) (*gpu.Buffer, error) {
@@ -33,52 +42,44 @@ func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm, invFreq []float3
 	return d.UploadF32(name, consts)
 }
 
-// QKVRopeKV records, for T rows of the stacked q/k/v projection, Qwen3's
-// per-head q_norm/k_norm and RoPE (row t at position pos[t]) and the append
-// of keys and values to layer's cache, in one dispatch:
+// QKVProjRopeKV records a decoder layer's attention input: the q|k|v
+// projection of the normalized hidden states, then, in one dispatch
+// (qkv_rope_kv.wgsl), Qwen3's per-head q_norm/k_norm and RoPE (row t at
+// position pos[t]) and the append of the keys and values to layer's cache:
 //
-//	qkv      (T, (heads + 2·kv_heads)·D) f32: q_proj | k_proj | v_proj
-//	consts   from UploadQKNormRope
-//	seq, pos (T) u32: block-table row and position of each row; every
-//	         position's block must be in its slot's table
-//	q        (T, heads, D) f32, written: rope(q_norm(q))
-//
-// It equals RMSNorm (over head_dim, with q_norm or k_norm) then RoPE on
-// each query and key head, followed by writing the keys and values to the
-// cache slots of their positions, with one dispatch instead of several.
-func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
-	op := "qkv_rope_kv"
-	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, seq, pos, T, heads); err != nil {
-		return err
-	}
-	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, seq, pos, T, heads, 0, eps)
-}
-
-// QKVProjRopeKV records a decoder layer's attention input, the q|k|v
-// projection of the normalized hidden states followed by QKVRopeKV:
-//
-//	qkv = qkv_proj(input_layernorm(x))    (MatMulNorm)
-//	q   = rope(q_norm(q)); cache ← rope(k_norm(k)), v    (QKVRopeKV)
+//	qkv = qkv_proj(input_layernorm(x))    (as MatMulNorm)
+//	q   = rope(q_norm(q)); cache ← rope(k_norm(k)), v
 //
 //	x         (T, K) f32 hidden states, not normalized
 //	inputNorm (K) f32 input_layernorm weight
 //	w         ((heads + 2·kv_heads)·D, K) q_proj | k_proj | v_proj stacked
 //	qkv       (T, (heads + 2·kv_heads)·D) f32 scratch rows
+//	consts    from UploadQKNormRope
+//	seq, pos  (T) u32: block-table row (KVSeq.Slot) and position of each
+//	          row; every position's block must be in its slot's table
+//	q         (T, heads, D) f32, written: rope(q_norm(q))
 //
-// and the rest as QKVRopeKV; eps is both RMSNorms'. When the projection
-// splits along K, qkv_rope_kv.wgsl sums the partial sums itself (and
-// applies the input RMSNorm), one dispatch fewer than MatMulNorm's reduce
-// then QKVRopeKV, and qkv is left unwritten.
+// It equals RMSNorm (over head_dim, with q_norm or k_norm) then RoPE on
+// each query and key head, followed by writing the keys and values to the
+// cache slots of their positions; eps is all three RMSNorms'. When the
+// projection splits along K, qkv_rope_kv.wgsl sums the partial sums itself
+// (and applies the input RMSNorm), one dispatch fewer than a reduce first,
+// and qkv is left unwritten.
 func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
-	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, seq, pos, T, heads, matMulInput{norm: inputNorm, eps: eps}, b.Device().Limits().MaxStorageBufferBindingSize)
+	if w == nil {
+		return fmt.Errorf("kernels: qkv_proj_rope_kv: nil matrix")
+	}
+	d := b.Device()
+	l := d.Limits()
+	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, seq, pos, T, heads, matMulInput{norm: inputNorm, eps: eps}, planFor(d).pick(w, T, l), l.MaxStorageBufferBindingSize)
 	return err
 }
 
 // qkvProjRopeKV is QKVProjRopeKV with the input RMSNorm (in.norm, in.eps,
-// which is also q_norm's and k_norm's epsilon), the matmul's tuning and the
-// binding limit given, as tests force them; it returns the splits the
+// which is also q_norm's and k_norm's epsilon), the projection's choice and
+// the binding limit given, as tests force them; it returns the splits the
 // projection took (1: none).
-func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, in matMulInput, maxBinding uint64) (int, error) {
+func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, in matMulInput, choice matMulChoice, maxBinding uint64) (int, error) {
 	op := "qkv_proj_rope_kv"
 	if in.norm == nil {
 		return 0, fmt.Errorf("kernels: %s: nil input_layernorm weight", op)
@@ -93,7 +94,7 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
 		return 0, fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
 	}
-	split, err := matMulSplitK(b, qkv, x, w, T, in, maxBinding, true)
+	split, err := matMulSplitK(b, qkv, x, w, T, in, choice, maxBinding, true)
 	if err != nil {
 		return 0, err // it names the matrix
 	}
@@ -103,7 +104,7 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	return max(split.splits, 1), nil
 }
 
-// checkQKVRopeKV checks QKVRopeKV's arguments.
+// checkQKVRopeKV checks qkv_rope_kv.wgsl's arguments.
 func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int) error {
 	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
 		return err
@@ -145,11 +146,10 @@ func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, 
 		rows, splits = split.part, split.splits
 	}
 	kc, vc := c.layer(layer)
-	binds := []gpu.Binding{rows, f(consts, 2*D+D/2), f(pos, T), f(seq, T), c.Table.All(), f(q, T*heads*D), kc, vc}
-	e := math.Float32bits(float32(eps))
-	params := []uint32{uint32(T), uint32(heads), uint32(c.KVHeads), uint32(D), e, uint32(c.BlockSize), uint32(c.MaxBlocks),
-		uint32(splits), uint32(K), e, 0, 0}
-	if err := b.Dispatch(p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {
+	binds := []gpu.Binding{rows, f(consts, 2*D+D/2), f(pos, T), f(seq, T), c.table.All(), f(q, T*heads*D), kc, vc}
+	params := &qkvRopeKVParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), D: uint32(D), Eps: float32(eps),
+		BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), K: uint32(K), NormEps: float32(eps)}
+	if err := gpu.Dispatch(b, p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

@@ -12,10 +12,10 @@ import (
 )
 
 // qkvRows is a batch of T rows for the qkv_rope_kv kernels: a 2-layer
-// cache (f16 when half) of three sequence slots, each slot's blocks mapped
-// to a shuffled set of pool blocks, layer 1 poisoned; and rows of random
-// slots, each slot's rows a run of positions from a random start, as a
-// batch of decode and prefill rows has them.
+// cache (f16 when half) of three sequences, their blocks from a shuffled
+// pool, layer 1 poisoned; and rows of random sequences, each one's rows a
+// run of positions from a random start, as a batch of decode and prefill
+// rows has them.
 type qkvRows struct {
 	c                *KVCache
 	heads, T         int
@@ -33,30 +33,33 @@ func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs
 	const slots = 3
 	q := &qkvRows{heads: heads, T: T, theta: 1000000, eps: 1e-6, layer: 1}
 	q.maxBlocks = (2*bs + T + bs - 1) / bs // a start below 2·bs, then up to T positions
-	c, err := NewKVCache(d, 2, kvHeads, D, bs, slots*q.maxBlocks, slots, q.maxBlocks, half)
+	c, err := NewKVCache(d, KVShape{Layers: 2, KVHeads: kvHeads, D: D, BlockSize: bs, Blocks: slots * q.maxBlocks, Seqs: slots, MaxBlocks: q.maxBlocks, F16: half})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Release)
 	q.c = c
-	perm := r.Perm(slots * q.maxBlocks)
-	for sl := range slots {
-		blocks := make([]uint32, q.maxBlocks)
-		for j := range blocks {
-			blocks[j] = uint32(perm[sl*q.maxBlocks+j])
+	r.Shuffle(len(c.free), func(i, j int) { c.free[i], c.free[j] = c.free[j], c.free[i] })
+	seqs := make([]*KVSeq, slots)
+	for i := range seqs {
+		if seqs[i], err = c.NewSeq(); err != nil {
+			t.Fatal(err)
 		}
-		if err := c.SetBlocks(sl, blocks); err != nil {
+		if err := c.Reserve(seqs[i:i+1], []int{q.maxBlocks * bs}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if err := c.SyncTables(seqs); err != nil {
+		t.Fatal(err)
+	}
 	var next [slots]uint32
-	for sl := range next {
-		next[sl] = uint32(r.IntN(2 * bs))
+	for i := range next {
+		next[i] = uint32(r.IntN(2 * bs))
 	}
 	for range T {
-		sl := r.IntN(slots)
-		q.seq, q.pos = append(q.seq, uint32(sl)), append(q.pos, next[sl])
-		next[sl]++
+		i := r.IntN(slots)
+		q.seq, q.pos = append(q.seq, uint32(seqs[i].Slot())), append(q.pos, next[i])
+		next[i]++
 	}
 	q.seqBuf, q.posBuf = uploadU32(t, d, "seq", q.seq), uploadU32(t, d, "pos", q.pos)
 	q.qNorm, q.kNorm = randVec(r, D, 0.5), randVec(r, D, 0.5)
@@ -69,7 +72,7 @@ func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs
 	if half {
 		poison = 0x7e007e00 // an f16 NaN in both halves
 	}
-	for _, buf := range []*gpu.Buffer{c.K[q.layer], c.V[q.layer]} {
+	for _, buf := range []*gpu.Buffer{c.k[q.layer], c.v[q.layer]} {
 		if err := buf.Fill(poison); err != nil {
 			t.Fatal(err)
 		}
@@ -101,14 +104,14 @@ func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
 		}
 	}
 	checkClose(t, "q", readF32(t, qb, T*heads*D), wantQ, tolF32)
-	table, err := q.c.Table.ReadU32()
+	table, err := q.c.table.ReadU32()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, cc := range map[string]struct {
 		buf  *gpu.Buffer
 		want []float32
-	}{"k": {q.c.K[q.layer], wantK}, "v": {q.c.V[q.layer], wantV}} {
+	}{"k": {q.c.k[q.layer], wantK}, "v": {q.c.v[q.layer], wantV}} {
 		layer := readCache(t, q.c, cc.buf)
 		for t_ := range T {
 			block := int(table[int(q.seq[t_])*q.maxBlocks+int(q.pos[t_])/bs])
@@ -121,6 +124,16 @@ func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
 			}
 		}
 	}
+}
+
+// qkvRopeKVRows records qkv_rope_kv.wgsl over the q|k|v rows in qkv (unsplit):
+// the second half of QKVProjRopeKV on its own.
+func qkvRopeKVRows(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
+	op := "qkv_rope_kv"
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, seq, pos, T, heads); err != nil {
+		return err
+	}
+	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, seq, pos, T, heads, 0, eps)
 }
 
 // TestQKVRopeKV: q/k norms and RoPE from stacked projection rows, with the
@@ -139,7 +152,7 @@ func TestQKVRopeKV(t *testing.T) {
 			qkv := randVec(r, T*rows.width(), 2)
 			qb, qkvb := poisoned(t, d, "q", T*heads*D), upload(t, d, "qkv", qkv)
 			run(t, d, "qkv_rope_kv", func(b *gpu.Batch) error {
-				return QKVRopeKV(b, qb, qkvb, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, rows.eps)
+				return qkvRopeKVRows(b, qb, qkvb, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, rows.eps)
 			})
 			rows.check(t, qb, qkv)
 		})
@@ -165,8 +178,8 @@ func TestQKVProjRopeKV(t *testing.T) {
 		rowBlocks bool // a binding limit that cuts the matrix into row blocks
 		partials  bool // qkv_rope_kv.wgsl must get the partials (else qkv)
 	}{
-		{"auto", 1, kernelAuto, false, false, false},
-		{"auto", 3, kernelAuto, false, false, false},
+		{"planned", 1, kernelPlanned, false, false, false},
+		{"planned", 3, kernelPlanned, false, false, false},
 		{"skinny", 9, kernelSkinny, true, false, true},
 		{"gemm-4", 45, kernelGEMM4, true, false, true},
 		{"gemm-2x8", 70, kernelGEMM2x8, true, false, true},
@@ -190,8 +203,12 @@ func TestQKVProjRopeKV(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer w.Release()
-				if !c.kernel.fits(w, T, d.Limits()) && c.kernel != kernelAuto {
+				choice, ok := choiceFor(d, c.kernel, w, T)
+				if !ok {
 					t.Skipf("this device does not take %v", c.kernel)
+				}
+				if c.force {
+					choice.groups = 1 << 12 // more workgroups than any tiling here has tiles: as many splits as K allows
 				}
 				x, g := randVec(r, T*K, 3), randVec(r, K, 1)
 				xn, qkv := make([]float32, T*K), make([]float32, T*N)
@@ -200,10 +217,7 @@ func TestQKVProjRopeKV(t *testing.T) {
 				}
 				reference.MatMul(qkv, xn, m, T)
 
-				how := matMulInput{norm: upload(t, d, "input_layernorm", g), eps: rows.eps, kernel: c.kernel}
-				if c.force {
-					how.groups = 1 << 12 // more workgroups than any tiling here has tiles: as many splits as K allows
-				}
+				how := matMulInput{norm: upload(t, d, "input_layernorm", g), eps: rows.eps}
 				maxBinding := d.Limits().MaxStorageBufferBindingSize
 				if c.rowBlocks {
 					w4, scales := w.rowBytes()
@@ -218,7 +232,7 @@ func TestQKVProjRopeKV(t *testing.T) {
 				splits := 0
 				run(t, d, "qkv_proj_rope_kv", func(b *gpu.Batch) error {
 					var err error
-					splits, err = qkvProjRopeKV(b, qb, qkvb, xb, w, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, how, maxBinding)
+					splits, err = qkvProjRopeKV(b, qb, qkvb, xb, w, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, how, choice, maxBinding)
 					return err
 				})
 				t.Logf("qkv_rope_kv.wgsl read %d splits", splits)
@@ -231,10 +245,10 @@ func TestQKVProjRopeKV(t *testing.T) {
 				fused := readF32(t, qb, T*heads*D)
 				q2, qkv2 := poisoned(t, d, "q2", T*heads*D), poisoned(t, d, "qkv2", T*N)
 				run(t, d, "matmul_norm+qkv_rope_kv", func(b *gpu.Batch) error {
-					if err := matMul(b, qkv2, xb, w, T, how, maxBinding); err != nil {
+					if _, err := matMulSplitK(b, qkv2, xb, w, T, how, choice, maxBinding, false); err != nil {
 						return err
 					}
-					return QKVRopeKV(b, q2, qkv2, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, rows.eps)
+					return qkvRopeKVRows(b, q2, qkv2, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, rows.eps)
 				})
 				checkClose(t, "q against the two-dispatch path", fused, readF32(t, q2, T*heads*D), tolF32)
 			})
@@ -275,7 +289,7 @@ func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {
 	for _, bad := range []struct {
 		name  string
 		edit  func(a *args)
-		plain bool // QKVRopeKV rather than QKVProjRopeKV
+		plain bool // qkv_rope_kv.wgsl alone rather than QKVProjRopeKV
 	}{
 		{"T=0", func(a *args) { a.T = 0 }, false},
 		{"short q", func(a *args) { a.q = small }, false},
@@ -304,7 +318,7 @@ func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 		if bad.plain {
-			err = QKVRopeKV(b, a.q, a.qkv, a.consts, a.c, a.layer, a.seq, a.pos, a.T, a.heads, 1e-6)
+			err = qkvRopeKVRows(b, a.q, a.qkv, a.consts, a.c, a.layer, a.seq, a.pos, a.T, a.heads, 1e-6)
 		} else {
 			err = QKVProjRopeKV(b, a.q, a.qkv, a.x, a.g, a.w, a.consts, a.c, a.layer, a.seq, a.pos, a.T, a.heads, 1e-6)
 		}

@@ -129,7 +129,7 @@ type golden struct {
 }
 
 // TestGolden holds the reference to Hugging Face transformers' outputs
-// (CONTRACTS.md §5): last-position logits within 1e-4·max|ref|, and greedy
+// (docs/reference.md, "Tolerances"): last-position logits within 1e-4·max|ref|, and greedy
 // tokens identical except after a step whose top-2 margin was a near tie.
 func TestGolden(t *testing.T) {
 	for _, name := range []string{"tied", "untied"} {

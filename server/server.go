@@ -1,4 +1,4 @@
-// Package server is webdraft's HTTP API (CONTRACTS.md §4): POST /draft, the
+// Package server is webdraft's HTTP API (docs/reference.md, "HTTP API"): POST /draft, the
 // drafter a verifier calls; GET /health; GET /metrics in Prometheus' format.
 // Requests run on a scheduler (continuous batching, prefix cache) over an
 // engine; the server never sees a kernel.

@@ -5,8 +5,7 @@
 //
 // Two entry points, dispatched one after the other, so that a
 // vocabulary-sized row is read by many workgroups at once rather than by
-// one (which spent ~85 µs on a 151,936-logit row on the H200, waiting on
-// one load after another):
+// one, which would wait on one load after another:
 //   partial: workgroup (c, t) finds the best of logits[t][c·CHUNK, (c+1)·CHUNK)
 //            — each thread PER values, independent loads, coalesced — and
 //            writes it as cand[t·chunks + c] = (value bits, index), index

@@ -1,17 +1,17 @@
 // gemm_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and many activation
-// rows (prefill; package kernels gives 5–64 rows to skinny_int4.wgsl, which
-// was faster there on the H200) — the compute-bound case: each weight is
+// rows (prefill, and batched decode where the adapter's plan gives it
+// those rows rather than to skinny_int4.wgsl) — the compute-bound case: each weight is
 // dequantized once per workgroup into workgroup memory and used for BM
 // activation rows, and each thread keeps a TM × TN tile of outputs in
 // registers, so that one multiply-add costs well under one load.
 //
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
-//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
+//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (docs/reference.md, "The int4 scheme")
 // where x' is x, or with SWIGLU = 1 silu(gate) · up from the (T, 2K) output
 // of the stacked gate/up projection, or with NORM = 1 Qwen3's RMSNorm
 // x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps) — the inputs of
-// matmul_int4.wgsl, which handles the shapes this kernel does not.
+// matmul_rowtile.wgsl, which handles the shapes this kernel does not.
 //
 // Split-K: with splits > 1, workgroup z sums only inputs [z·kps, (z+1)·kps)
 // and writes its partial sums, unscaled, to out as (splits, T, N), followed
@@ -23,9 +23,9 @@
 // Buffers:
 //   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
 //   qweight (N, K/8) u32: column k's code is bits 4(k%8)…4(k%8)+3 of word k/8
-//   scales  (N, K/G) f16, read as u32 pairs
 //   out     rows of ldo f32 (splits = 1), or the split-K partials
 //   norm    (K) f32 RMSNorm weight g (bound but unread when NORM = 0)
+//   scales  (N, K/G) f16, read as u32 pairs
 // The Go side uses it when K % 32 = 0 and G % 32 = 0 (a BK-column tile of
 // a row lies in one scale group).
 //
@@ -41,20 +41,20 @@
 // issued into registers, so that their latency hides behind the multiply.
 //
 // Why these sizes: TM × TN = 2 × 4 fits 32 sequences of a batched decode in
-// one tile (2 × 8, 32 × 128 tiles, half the loads a multiply-add, was
-// faster from 17 to 40 rows on the H200; both now serve only devices whose
-// workgroup memory does not take 4 × 4); 4 × 4 (64-row tiles) gives prefill 16 outputs a thread, two
-// 16-byte loads per 16 multiply-adds. (8 × 8, the classic register tile of
-// an f32 GEMM, compiles too but ran 5–10× slower than 4 × 4 on the H200 at
-// every shape: the Go side does not offer it.) Workgroup memory: BK·(BM + 4)·4 bytes of x'
+// one tile, and 2 × 8 (32 × 128 tiles) takes half the loads a multiply-add;
+// both serve devices whose workgroup memory does not take 4 × 4. 4 × 4
+// (64-row tiles) gives prefill 16 outputs a thread, two 16-byte loads per
+// 16 multiply-adds. (8 × 8, the classic register tile of an f32 GEMM,
+// compiles too but spills on the H200: the Go side does not offer it.)
+// Workgroup memory: BK·(BM + 4)·4 bytes of x'
 // (4 of padding per k row spread the transposed stores over the banks) +
 // BK·BN·4 of W + BM·BK + 4·BM for the norm's sums: 13.6 KiB at 2 × 4,
 // 11.1 KiB at 2 × 8, 18.8 KiB at 4 × 4 and 8 × 8 (package kernels picks a size only where the
 // device allows it; WebGPU's default is 16 KiB).
 //
 // SWIGLU and NORM stay constants here, unlike in skinny_int4.wgsl: as
-// params they made a 64-sequence decode step 2 % slower on the H200
-// (15.46 against 15.11 ms, alternating binaries in one run).
+// params they made a 64-sequence decode step slower on the H200 (the
+// branches stay in the multiply loop).
 
 const TM: u32 = 2u;                  // activation rows per thread: 2, 4 or 8 (TM ≤ TN)
 const TN: u32 = 4u;                  // features per thread: 4 or 8
@@ -71,50 +71,24 @@ const SWIGLU: u32 = 0u;              // 1: x is gate | up, and the input silu(ga
 const NORM: u32 = 0u;                // 1: the input is rmsnorm(x) · g
 const SQ: u32 = BM * KQ;             // NORM: per row, KQ threads' sums of squares
 
-struct Params {
-    T: u32,          // activation rows
-    N: u32,          // output features (rows of W) in this call
-    K: u32,          // input features, a multiple of 32
-    G: u32,          // group size, a multiple of 32
-    ldo: u32,        // row stride of out, ≥ N (splits = 1)
-    accumulate: u32, // 1: add into out (splits = 1)
-    eps: f32,        // RMSNorm's epsilon (NORM = 1, splits = 1)
-    splits: u32,     // workgroups along K (grid z)
-    kps: u32,        // inputs per split, a multiple of BK
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: SplitParams;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> qweight: array<u32>;
-@group(0) @binding(3) var<storage, read> scales: array<u32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> norm: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> scales: array<u32>;
 
 // Staged tiles, indexed [k][…] rather than by a flat k·stride + i: naga
 // clamps every dynamic index into a workgroup array (min(i, len − 1)). With
 // k outermost the clamp of the thread's part is hoisted out of the
 // multiply loop and one clamp of k serves a step's reads; flat, each read
 // cost an add-min and a shift (seen in skinny_int4.wgsl's SASS on the
-// H200; here the four projections at 64 rows went 374 → 352 µs a layer).
+// H200, lab/nvsass).
 var<workgroup> xs: array<array<vec4<f32>, SX4>, BK>; // x'[t0 + t][k0 + k] at xs[k][t / 4][t % 4]
 var<workgroup> ws: array<array<vec4<f32>, BN4>, BK>; // W[n0 + n][k0 + k] at ws[k][n / 4][n % 4]
 var<workgroup> sq: array<f32, SQ>;
 var<workgroup> inv_rms: array<f32, BM>;
 
-const MAGIC: u32 = 0x4B000000u; // the bits of 2²³: a code ORed in is 2²³ + code
-const BIAS: f32 = 8388616.0;    // 2²³ + 8
-
-fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
-    return g / (1.0 + exp(-g)) * u;
-}
-
-fn scale(i: u32) -> f32 {
-    let pair = unpack2x16float(scales[i >> 1u]);
-    return select(pair.x, pair.y, (i & 1u) == 1u);
-}
 
 // The next tile's global loads, held in registers (private variables):
 // prefetch issues them before the multiply of the current tile so that
@@ -202,8 +176,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         // W[wrow][k0 + 8wj … +8], dequantized → ws.
-        let lo = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
-        let hi = bitcast<vec4<f32>>(((vec4<u32>(q) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) | vec4<u32>(MAGIC)) - BIAS;
+        let lo = codes(q, 0u);
+        let hi = codes(q, 16u);
         for (var e = 0u; e < 4u; e++) {
             ws[8u * wj + e][wn / 4u][wn % 4u] = lo[e] * s;
             ws[8u * wj + e + 4u][wn / 4u][wn % 4u] = hi[e] * s;

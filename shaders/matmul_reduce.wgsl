@@ -34,24 +34,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
-// split_sum returns Σ_{s < splits} part[at + s·stride], in split order,
-// loading SB values before it adds any.
-fn split_sum(at: u32, stride: u32) -> f32 {
-    var v = 0.0;
-    for (var s0 = 0u; s0 < p.splits; s0 += SB) {
-        var x: array<f32, SB>;
-        for (var i = 0u; i < SB; i++) {
-            x[i] = part[at + min(s0 + i, p.splits - 1u) * stride];
-        }
-        for (var i = 0u; i < SB; i++) {
-            if s0 + i < p.splits {
-                v += x[i];
-            }
-        }
-    }
-    return v;
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = wid.x * 256u + lid;

@@ -3,24 +3,24 @@
 // matvec_int4.wgsl for several rows: one weight row a thread rather than
 // several, so that the TT activation rows' sums stay few registers. Each
 // staged input read here serves one weight row (matvec_int4.wgsl's serve
-// RT), which costs at one row and not at two to four: measured on the H200,
-// decode steps of 2 and 4 sequences were 20 % faster with this kernel.
+// RT), which costs at one row and not at two to four, where the H200's
+// decode steps are faster with this kernel.
 //
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
-//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
+//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (docs/reference.md, "The int4 scheme")
 // where x' is x, or with SWIGLU = 1 silu(gate) · up from the (T, 2K) output
 // of the stacked gate/up projection, or with NORM = 1 Qwen3's RMSNorm
 // x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps) — the same three inputs as
-// matmul_int4.wgsl, which handles every shape this kernel does not.
+// matmul_rowtile.wgsl, which handles every shape this kernel does not.
 //
-// Buffers (as in matmul_int4.wgsl, with W read 16 bytes at a time):
+// Buffers (as in matmul_rowtile.wgsl's int4 entry, with W read 16 bytes at a time):
 //   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
 //   qweight (N, K/32) vec4<u32>: 32 codes, column k's in bits 4(k%8)… of
 //           word (k%32)/8 of vec4 k/32
-//   scales  (N, K/G) f16, read as u32 pairs
 //   out     rows of ldo f32; this call writes columns [0, N) of rows [0, T)
 //   norm    (K) f32 RMSNorm weight g (bound but unread when NORM = 0)
+//   scales  (N, K/G) f16, read as u32 pairs
 // The Go side uses it when K % 32 = 0 and G % 32 = 0, so that a vec4 of
 // codes lies in one scale group.
 //
@@ -57,56 +57,18 @@ const WPT: u32 = KC / 32u / LANES;  // weight vec4s a thread reads per chunk (KC
 const PARTIAL: u32 = TT * WG;       // one partial sum per (activation row, thread)
 const SUMSQ: u32 = TT * ROWS;       // NORM's sums of squares, LANES threads' each
 
-struct Params {
-    T: u32,          // activation rows, ≤ TT
-    N: u32,          // output features (rows of W) in this call
-    K: u32,          // input features, a multiple of 32
-    G: u32,          // group size, a multiple of 32
-    ldo: u32,        // row stride of out, ≥ N
-    accumulate: u32, // 1: add into out
-    eps: f32,        // RMSNorm's epsilon (NORM = 1)
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: MatMulParams;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> qweight: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> scales: array<u32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> norm: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> scales: array<u32>;
 
 var<workgroup> xs: array<vec4<f32>, STAGED>;
 var<workgroup> partial: array<f32, PARTIAL>;
 var<workgroup> sumsq: array<f32, SUMSQ>;
 var<workgroup> inv_rms: array<f32, TT>;
 
-const MAGIC: u32 = 0x4B000000u;  // the bits of 2²³: a code ORed in is 2²³ + code
-const BIAS: f32 = 8388616.0;     // 2²³ + 8
-
-// codes returns the four codes of nibbles shift/4 … shift/4+3 of word w,
-// minus 8, as floats.
-fn codes(w: u32, shift: u32) -> vec4<f32> {
-    let n = (vec4<u32>(w) >> vec4<u32>(shift, shift + 4u, shift + 8u, shift + 12u)) & vec4<u32>(15u);
-    return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - BIAS;
-}
-
-// swizzle places vec4 j = 8v + m of a staged row at 8v + (m + v) % 8: the
-// eight lanes of a quarter-warp read the same m of eight consecutive v at
-// once, which would otherwise all fall in one bank quad (a stride of 128
-// bytes). The weights' own order stays fixed, so no register is indexed
-// by a lane-dependent value (which would send the vector to local memory).
-fn swizzle(j: u32) -> u32 {
-    return (j & ~7u) | ((j + (j >> 3u)) & 7u);
-}
-
-fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
-    return g / (1.0 + exp(-g)) * u;
-}
-
-fn scale(i: u32) -> f32 {
-    let pair = unpack2x16float(scales[i >> 1u]);
-    return select(pair.x, pair.y, (i & 1u) == 1u);
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -136,9 +98,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // Stage x'[t][c0 … c0+kc) for t < TT; rows past T repeat row T-1.
         // One loop of a fixed count over the (t, j) slots, so that the
         // driver unrolls it and issues all of a thread's loads at once (a
-        // loop over t around one over j to kc4 waited for each load in
-        // turn: at four rows, 35.5 µs a dispatch against 26.3 at two, in
-        // the H200's profile).
+        // loop over t around one over j to kc4 waits for each load in
+        // turn).
         for (var i = 0u; i < SPT; i++) {
             let e = lid + i * WG;
             let t = e / (KC / 4u);

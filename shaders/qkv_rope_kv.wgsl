@@ -9,8 +9,7 @@
 //         a = pos[t] · inv_freq[i] (i < D/2; split-halves layout)
 // The normalized value is rounded to f32 before the rotation, exactly as
 // reference.RMSNorm then reference.Rope compute it. inv_freq is
-// theta^(−2i/D), computed on the host exactly as reference.RopeInvFreq
-// does. The angle is reduced to about [−π, π] with a two-constant 2π
+// theta^(−2i/D), computed on the host (qwen3.Config.RopeInvFreq). The angle is reduced to about [−π, π] with a two-constant 2π
 // (Cody–Waite, see reduced) before sin and cos, because GPU sin/cos are only
 // accurate near zero and angles reach the thousands of radians.
 //
@@ -25,7 +24,7 @@
 // same blocks. An f16 cache packs two halves per u32 word, the even element
 // in the low half (pack2x16float).
 //
-// The q|k|v rows arrive in one of two forms (binding 1, qkv):
+// The q|k|v rows arrive in one of two forms (binding 1, part):
 //   splits = 1: the rows themselves, qkv[t·W + n], W = heads·D + 2·kv_heads·D;
 //   splits > 1: the split-K partials of the projection of the normalized
 //     input (gemm_int4.wgsl or skinny_int4.wgsl, input norm on), summed here
@@ -36,7 +35,7 @@
 // so that the rows equal what the reduce would have written.
 //
 // Buffers:
-//   qkv     (T, heads·D + 2·kv_heads·D) f32: rows of q_proj | k_proj | v_proj
+//   part    (T, heads·D + 2·kv_heads·D) f32: rows of q_proj | k_proj | v_proj
 //           (splits = 1); or (splits, T, W) f32 partial sums, then
 //           (splits, T) partial sums of squares of the input rows
 //   consts  (2·D + D/2) f32: q_norm (D), k_norm (D), inv_freq (D/2)
@@ -76,7 +75,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read> consts: array<f32>;
 @group(0) @binding(3) var<storage, read> pos: array<u32>;
 @group(0) @binding(4) var<storage, read> seq: array<u32>;
@@ -106,30 +105,11 @@ fn row_scale(t: u32, width: u32) -> f32 {
     return 1.0 / sqrt(split_sum(p.splits * p.T * width + t, p.T) / f32(p.K) + p.norm_eps);
 }
 
-// split_sum returns Σ_{s < splits} qkv[at + s·stride], in split order,
-// loading SB values before it adds any (splits is a param: a plain loop to
-// it goes one load at a time).
-fn split_sum(at: u32, stride: u32) -> f32 {
-    var v = 0.0;
-    for (var s0 = 0u; s0 < p.splits; s0 += SB) {
-        var x: array<f32, SB>;
-        for (var i = 0u; i < SB; i++) {
-            x[i] = qkv[at + min(s0 + i, p.splits - 1u) * stride];
-        }
-        for (var i = 0u; i < SB; i++) {
-            if s0 + i < p.splits {
-                v += x[i];
-            }
-        }
-    }
-    return v;
-}
-
 // load returns value n of q|k|v row t (width values): the row's own, or the
 // sum of its partials times r, the row's row_scale.
 fn load(t: u32, n: u32, width: u32, r: f32) -> f32 {
     if p.splits <= 1u {
-        return qkv[t * width + n];
+        return part[t * width + n];
     }
     return split_sum(t * width + n, p.T * width) * r;
 }

@@ -2,7 +2,9 @@
 // file opens with what it computes, its buffer layouts, its dispatch shape
 // and why its workgroup size; package kernels owns the Go side of each
 // (shape checks, params, dispatch arithmetic) and tests it against its
-// plain-Go twin in package reference.
+// plain-Go twin in package reference. What several kernels share — helpers,
+// params structs — is written once, in prelude.wgsl, and linked into each
+// kernel that uses it (Link).
 //
 // The WGSL is written for two compilers: the one inside the wgpu-native
 // library that github.com/cogentcore/webgpu v0.23.0 bundles (naga, early
@@ -14,9 +16,13 @@
 //   - no `enable f16`: f16 data is stored as u32 pairs and read with
 //     unpack2x16float, which needs no shader-f16 feature;
 //   - no subgroup operations: reductions go through workgroup memory;
-//   - binding 0 is a uniform Params struct of u32/f32 fields padded to a
-//     multiple of 16 bytes; storage buffers follow at bindings 1, 2, … in
-//     the order package kernels declares them.
+//   - binding 0 is a uniform params struct of u32/f32 fields padded to a
+//     multiple of 16 bytes (package kernels mirrors each in a Go struct, and
+//     a test holds the two to the same fields); storage buffers follow at
+//     bindings 1, 2, … in the order package kernels declares them. A file
+//     with several entry points may give one binding a different type in
+//     each (matmul_rowtile.wgsl's weights): a binding must be unique only
+//     among the variables one entry point uses.
 //
 // And for speed: naga clamps every dynamic index into a workgroup or
 // private array (min(i, len − 1)), which the driver cannot fold into a
@@ -28,96 +34,196 @@
 //
 // And workgroup memory is occupancy: on the H200 NVIDIA's driver fits about
 // 56 KB of it an SM (8 KB a workgroup: 6 an SM; 12 KB: 4; 28 KB or more: 1;
-// gpu's TestResidentWorkgroups), so a kernel's arrays share one region
+// lab/gridsync's TestResidentWorkgroups), so a kernel's arrays share one region
 // where their lifetimes allow (matvec_int4.wgsl's shm).
 package shaders
 
-import _ "embed"
+import (
+	"embed"
+	"fmt"
+	"path"
+	"regexp"
+	"strings"
+)
 
-// MatMulInt4 is matmul_int4.wgsl: out (+)= x · Wᵀ for int4 W.
-//
-//go:embed matmul_int4.wgsl
-var MatMulInt4 string
+//go:embed *.wgsl
+var files embed.FS
 
-// MatVecInt4 is matvec_int4.wgsl: out (+)= x · Wᵀ for int4 W and T ≤ 4 rows.
-//
-//go:embed matvec_int4.wgsl
-var MatVecInt4 string
+// The kernels, each as it is compiled: its file, then the prelude items it
+// uses.
+var (
+	// MatMulRowTile is matmul_rowtile.wgsl: out (+)= x · Wᵀ for any shape,
+	// int4, f16 or f32 W (entry points int4, dense_f16, dense_f32).
+	MatMulRowTile = mustModule("matmul_rowtile.wgsl")
+	// MatVecInt4 is matvec_int4.wgsl: out (+)= x · Wᵀ for int4 W and T ≤ 4
+	// rows.
+	MatVecInt4 = mustModule("matvec_int4.wgsl")
+	// MatVecBatchInt4 is matvec_batch_int4.wgsl: out (+)= x · Wᵀ for int4 W
+	// and 2–4 rows, one weight row a thread.
+	MatVecBatchInt4 = mustModule("matvec_batch_int4.wgsl")
+	// GEMMInt4 is gemm_int4.wgsl: out (+)= x · Wᵀ for int4 W and many rows,
+	// tiled in workgroup memory, optionally split along K.
+	GEMMInt4 = mustModule("gemm_int4.wgsl")
+	// SkinnyInt4 is skinny_int4.wgsl: out (+)= x · Wᵀ for int4 W and a few
+	// to some tens of rows, weights in registers, optionally split along K.
+	SkinnyInt4 = mustModule("skinny_int4.wgsl")
+	// MatMulReduce is matmul_reduce.wgsl: the sum of a split-K matmul's
+	// parts.
+	MatMulReduce = mustModule("matmul_reduce.wgsl")
+	// Embed is embed.wgsl: the embedding gather from an int4, f16 or f32
+	// table (entry points int4, dense_f16, dense_f32).
+	Embed = mustModule("embed.wgsl")
+	// RMSNorm is rmsnorm.wgsl: RMSNorm over rows (hidden or per head).
+	RMSNorm = mustModule("rmsnorm.wgsl")
+	// Copy is copy.wgsl: a 16-byte-word copy.
+	Copy = mustModule("copy.wgsl")
+	// Argmax is argmax.wgsl: the index of each row's largest value.
+	Argmax = mustModule("argmax.wgsl")
+	// AttentionDecode is attention_decode.wgsl: split attention of single
+	// query rows over the KV cache (flash-decoding).
+	AttentionDecode = mustModule("attention_decode.wgsl")
+	// AttentionMerge is attention_merge.wgsl: merges AttentionDecode's
+	// splits.
+	AttentionMerge = mustModule("attention_merge.wgsl")
+	// AttentionPrefill is attention_prefill.wgsl: tiled causal attention of
+	// a sequence's new rows over the KV cache.
+	AttentionPrefill = mustModule("attention_prefill.wgsl")
+	// QKVRopeKV is qkv_rope_kv.wgsl: q/k norms and RoPE from the stacked
+	// q/k/v projection (its rows, or its split-K partial sums, reduced on
+	// the way), with the keys and values appended to the KV cache (its
+	// header documents the cache layout).
+	QKVRopeKV = mustModule("qkv_rope_kv.wgsl")
+)
 
-// MatVecBatchInt4 is matvec_batch_int4.wgsl: out (+)= x · Wᵀ for int4 W and
-// 2–4 rows, one weight row a thread.
-//
-//go:embed matvec_batch_int4.wgsl
-var MatVecBatchInt4 string
+// preludeFile holds the shared items.
+const preludeFile = "prelude.wgsl"
 
-// GEMMInt4 is gemm_int4.wgsl: out (+)= x · Wᵀ for int4 W and many rows,
-// tiled in workgroup memory, optionally split along K.
-//
-//go:embed gemm_int4.wgsl
-var GEMMInt4 string
+// Modules returns every kernel of this package as it is compiled, by file
+// name (the browser test compiles each with the browser's compiler).
+func Modules() (map[string]string, error) {
+	names, err := files.ReadDir(".")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, n := range names {
+		if n.Name() == preludeFile {
+			continue
+		}
+		src, err := files.ReadFile(n.Name())
+		if err != nil {
+			return nil, err
+		}
+		if out[n.Name()], err = Link(n.Name(), string(src)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
 
-// SkinnyInt4 is skinny_int4.wgsl: out (+)= x · Wᵀ for int4 W and a few
-// to some tens of rows, weights in registers, optionally split along K.
-//
-//go:embed skinny_int4.wgsl
-var SkinnyInt4 string
+func mustModule(name string) string {
+	src, err := files.ReadFile(name)
+	if err == nil {
+		var linked string
+		if linked, err = Link(name, string(src)); err == nil {
+			return linked
+		}
+	}
+	panic(fmt.Sprintf("shaders: %s: %v", name, err)) // a broken build: every GPU test fails on it
+}
 
-// MatMulReduce is matmul_reduce.wgsl: the sum of a split-K matmul's parts.
-//
-//go:embed matmul_reduce.wgsl
-var MatMulReduce string
+// Link returns kernel file name's source src followed by the prelude items
+// it uses, directly or through other items, in the prelude's order. A
+// kernel that declares a name the prelude declares is an error.
+func Link(name, src string) (string, error) {
+	items, err := preludeItems()
+	if err != nil {
+		return "", err
+	}
+	code := stripComments(src)
+	for _, m := range declaration.FindAllStringSubmatch(code, -1) {
+		if _, ok := items.byName[m[2]]; ok {
+			return "", fmt.Errorf("%s declares %s, which %s declares", name, m[2], preludeFile)
+		}
+	}
+	used := map[string]bool{}
+	for grown := true; grown; { // until no item adds another
+		grown = false
+		for _, it := range items.list {
+			if !used[it.name] && it.usedIn(code) {
+				used[it.name] = true
+				code += "\n" + it.code
+				grown = true
+			}
+		}
+	}
+	if len(used) == 0 {
+		return src, nil
+	}
+	var b strings.Builder
+	b.WriteString(src)
+	fmt.Fprintf(&b, "\n// ---- from %s ----\n", path.Join("shaders", preludeFile))
+	for _, it := range items.list {
+		if used[it.name] {
+			b.WriteString("\n" + it.text + "\n")
+		}
+	}
+	return b.String(), nil
+}
 
-// MatMulDense is matmul_dense.wgsl: out (+)= x · Wᵀ for dense f16 or f32 W.
-//
-//go:embed matmul_dense.wgsl
-var MatMulDense string
+// item is one declaration of the prelude with its comment.
+type item struct {
+	name, kind string
+	text       string // as written, comment included
+	code       string // without comments
+	use        *regexp.Regexp
+}
 
-// EmbedInt4 is embed_int4.wgsl: embedding gather from an int4 table.
-//
-//go:embed embed_int4.wgsl
-var EmbedInt4 string
+// usedIn reports whether code (without comments) uses the item: calls a
+// function, names a constant or a struct — not as a field (p.scale).
+func (it item) usedIn(code string) bool { return it.use.MatchString(code) }
 
-// EmbedDense is embed_dense.wgsl: embedding gather from an f16 or f32 table.
-//
-//go:embed embed_dense.wgsl
-var EmbedDense string
+type prelude struct {
+	list   []item
+	byName map[string]item
+}
 
-// RMSNorm is rmsnorm.wgsl: RMSNorm over rows (hidden or per head).
-//
-//go:embed rmsnorm.wgsl
-var RMSNorm string
+var (
+	// declaration matches a module-scope declaration at the start of a line.
+	declaration = regexp.MustCompile(`(?m)^(fn|const|struct|alias)\s+([A-Za-z_][A-Za-z0-9_]*)`)
+	comment     = regexp.MustCompile(`//[^\n]*`)
+)
 
-// Copy is copy.wgsl: a 16-byte-word copy, the bandwidth yardstick.
-//
-//go:embed copy.wgsl
-var Copy string
+func stripComments(s string) string { return comment.ReplaceAllString(s, "") }
 
-// Argmax is argmax.wgsl: the index of each row's largest value.
-//
-//go:embed argmax.wgsl
-var Argmax string
-
-// AttentionDecode is attention_decode.wgsl: split attention of single query
-// rows over the KV cache (flash-decoding).
-//
-//go:embed attention_decode.wgsl
-var AttentionDecode string
-
-// AttentionMerge is attention_merge.wgsl: merges AttentionDecode's splits.
-//
-//go:embed attention_merge.wgsl
-var AttentionMerge string
-
-// AttentionPrefill is attention_prefill.wgsl: tiled causal attention of a
-// sequence's new rows over the KV cache.
-//
-//go:embed attention_prefill.wgsl
-var AttentionPrefill string
-
-// QKVRopeKV is qkv_rope_kv.wgsl: q/k norms and RoPE from the stacked q/k/v
-// projection (its rows, or its split-K partial sums, reduced on the way),
-// with the keys and values appended to the KV cache (its header documents
-// the cache layout).
-//
-//go:embed qkv_rope_kv.wgsl
-var QKVRopeKV string
+// preludeItems splits prelude.wgsl into its items: paragraphs after the
+// file's opening comment, each a comment and one declaration.
+func preludeItems() (prelude, error) {
+	data, err := files.ReadFile(preludeFile)
+	if err != nil {
+		return prelude{}, err
+	}
+	p := prelude{byName: map[string]item{}}
+	paragraphs := strings.Split(strings.TrimSpace(strings.ReplaceAll(string(data), "\r\n", "\n")), "\n\n")
+	for i, text := range paragraphs[1:] {
+		code := stripComments(text)
+		decls := declaration.FindAllStringSubmatch(code, -1)
+		if len(decls) != 1 {
+			return prelude{}, fmt.Errorf("%s: paragraph %d declares %d names, want one", preludeFile, i+2, len(decls))
+		}
+		it := item{kind: decls[0][1], name: decls[0][2], text: text, code: code}
+		if _, dup := p.byName[it.name]; dup {
+			return prelude{}, fmt.Errorf("%s declares %s twice", preludeFile, it.name)
+		}
+		pattern := `(^|[^.\w])` + it.name + `\b`
+		if it.kind == "fn" {
+			pattern = `(^|[^.\w])` + it.name + `\s*\(`
+		}
+		it.use = regexp.MustCompile(pattern)
+		// The item's own declaration is no use of it.
+		it.code = strings.Replace(code, decls[0][0], "", 1)
+		p.list = append(p.list, it)
+		p.byName[it.name] = it
+	}
+	return p, nil
+}

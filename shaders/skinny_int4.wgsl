@@ -9,11 +9,11 @@
 //
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
-//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (CONTRACTS.md §2)
+//   W[n][k] = (code(n, k) − 8) · scale(n, k / G)      (docs/reference.md, "The int4 scheme")
 // where x' is x, or with swiglu ≠ 0 silu(gate) · up from the (T, 2K) output
 // of the stacked gate/up projection, or with norm ≠ 0 Qwen3's RMSNorm
 // x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps) — the inputs of
-// matmul_int4.wgsl.
+// matmul_rowtile.wgsl.
 //
 // Split-K (as gemm_int4.wgsl): with splits > 1, workgroup z sums only inputs
 // [z·kps, (z+1)·kps) and writes its partial sums, unscaled, to out as
@@ -26,9 +26,9 @@
 //   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with swiglu
 //   qweight (N, K/32) vec4<u32>: 32 codes, column k's in bits 4(k%8)… of
 //           word (k%32)/8 of vec4 k/32
-//   scales  (N, K/G) f16, read as u32 pairs
 //   out     rows of ldo f32 (splits = 1), or the split-K partials
 //   norm    (K) f32 RMSNorm weight g (bound but unread when norm = 0)
+//   scales  (N, K/G) f16, read as u32 pairs
 // The Go side uses it when K % 32 = 0 and G % 32 = 0 (a vec4 of codes lies
 // in one scale group).
 //
@@ -51,17 +51,17 @@
 //      TT/4 vec4s of x'[k] it reads from xs.
 // Registers are indexed only by loops over RT and TV, short enough for the
 // compiler to unroll (an array indexed by a rolled loop lives in local
-// memory: a layout of 4 × 32 accumulators ran 7× slower on the H200).
+// memory, several times slower).
 // Rows past T are staged as zeros and never written; rows past N repeat
 // row N − 1 and are never written.
 //
-// Sizes (set by the Go side, kernels/matmul_plan.go): TT, RT, WG by the
+// Sizes (set by the Go side, kernels/skinny.go): TT, RT, WG by the
 // rows of the batch; KC so that KC·TT floats fit the workgroup memory.
 // Registers: RT·TT accumulators plus 2·RT vec4s of codes a thread.
 // The input (plain, SwiGLU, normalized) and accumulate are params, not
 // constants: one pipeline serves every projection of a layout, since on the
-// H200 a dependent dispatch of another pipeline's long unrolled code cost
-// 5–15 µs more (kernels.inputInParams).
+// H200 a dependent dispatch of another pipeline's long unrolled code costs
+// more than the flags' branches (kernels.inputInParams).
 
 const TT: u32 = 32u;       // activation rows a workgroup: a multiple of 4 dividing WG
 const RT: u32 = 2u;        // weight rows a thread
@@ -73,39 +73,23 @@ const ACC: u32 = RT * TV;  // accumulator vec4s a thread holds
 const KC8: u32 = KC / 8u;  // octets of inputs staged a chunk
 const SPT: u32 = (TT * KC / 4u + WG - 1u) / WG; // x' vec4s a thread stages a chunk, at most
 
-struct Params {
-    T: u32,          // activation rows
-    N: u32,          // output features (rows of W) in this call
-    K: u32,          // input features, a multiple of 32
-    G: u32,          // group size, a multiple of 32
-    ldo: u32,        // row stride of out, ≥ N (splits = 1)
-    accumulate: u32, // 1: add into out (splits = 1)
-    eps: f32,        // RMSNorm's epsilon (norm ≠ 0, splits = 1)
-    splits: u32,     // workgroups along K (grid z)
-    kps: u32,        // inputs per split, a multiple of 32
-    swiglu: u32,     // 1: x is gate | up, and the input silu(gate)·up
-    norm: u32,       // 1: the input is rmsnorm(x) · g
-    _pad0: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: SplitParams;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> qweight: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> scales: array<u32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<storage, read> norm: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> norm: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> scales: array<u32>;
 
 // x'[t0 + 4v + e][c0 + k] at xs[k / 8][k % 8][v][e]. Nested, so that the
 // multiply loop's reads index it by one octet index a word and constants:
 // naga clamps every dynamic index into a workgroup array (min(i, len − 1)),
 // and a flat index k·TV + v cost each 16-byte read an add-min and a shift
-// the driver could not fold into the load's offset (16 % of the loop's
-// instructions at 32 rows, read from the H200's SASS).
+// the driver could not fold into the load's offset (read from the H200's
+// SASS, lab/nvsass).
 var<workgroup> xs: array<array<array<vec4<f32>, TV>, 8>, KC8>;
 var<workgroup> sq: array<f32, WG>;       // norm: each thread's sum of squares
 var<workgroup> inv_rms: array<f32, TT>;  // norm, splits = 1: each activation row's 1 / rms
 
-const MAGIC: u32 = 0x4B000000u; // the bits of 2²³: a code ORed in is 2²³ + code
 
 // codes_in_place returns the four codes in bits 0–15 of h, minus 8, each
 // times 16^e for its place e — (h & 0xF·16^e | the bits of 2²³) − (2²³ +
@@ -119,15 +103,6 @@ const PLACE_BIAS: vec4<f32> = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376
 fn codes_in_place(h: u32) -> vec4<f32> {
     let n = vec4<u32>(h) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
     return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - PLACE_BIAS;
-}
-
-fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
-    return g / (1.0 + exp(-g)) * u;
-}
-
-fn scale(i: u32) -> f32 {
-    let pair = unpack2x16float(scales[i >> 1u]);
-    return select(pair.x, pair.y, (i & 1u) == 1u);
 }
 
 // component returns word c of v — by selects, so that a loop over c that

@@ -10,7 +10,7 @@ import (
 )
 
 // TestQuantizeMatchesTorch holds QuantizeRow bit-exactly to the independent
-// PyTorch implementation of CONTRACTS.md §2 in testdata/golden/make_golden.py,
+// PyTorch implementation of the int4 scheme (docs/reference.md) in testdata/golden/make_golden.py,
 // on crafted edge cases: zero groups, exact halves, f16 ties and subnormal
 // scales, large magnitudes, bf16 inputs.
 func TestQuantizeMatchesTorch(t *testing.T) {

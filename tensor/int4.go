@@ -9,7 +9,7 @@ import (
 // f16 scale.
 const DefaultGroupSize = 32
 
-// Int4 is a matrix in the int4 scheme of CONTRACTS.md §2.
+// Int4 is a matrix in the int4 scheme of docs/reference.md.
 //
 // Row r, column c has code n = QWeight[r*Cols/8 + c/8] >> (4*(c%8)) & 15 and
 // scale s = Scales[r*Cols/GroupSize + c/GroupSize]; its value is (n-8)*s in f32.

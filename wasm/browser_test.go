@@ -19,9 +19,11 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"webdraft/bench"
 	"webdraft/checkpoint"
 	"webdraft/internal/synth"
 	"webdraft/reference"
+	"webdraft/shaders"
 )
 
 // chromium is Debian's browser (`apt-get install chromium`): it ships
@@ -60,6 +62,7 @@ func TestBrowser(t *testing.T) {
 	}
 	site := t.TempDir()
 	buildSite(t, site)
+	modules := wgslModules(t)
 	// A sharded HF folder (index + 3 shards) of random weights, whose oracle
 	// is the plain-Go reference model.
 	sharded := filepath.Join(t.TempDir(), "sharded")
@@ -72,7 +75,12 @@ func TestBrowser(t *testing.T) {
 	drafter := filepath.Join("..", "weights", "drafter") // the shipped drafter (vocab 151,936)
 	mux.Handle("GET /models/drafter/", http.StripPrefix("/models/drafter/", http.FileServer(http.Dir(drafter))))
 	mux.Handle("GET /models/", http.StripPrefix("/models/", http.FileServer(http.Dir(filepath.Join("..", "testdata", "golden")))))
-	mux.Handle("GET /shaders/", http.StripPrefix("/shaders/", http.FileServer(http.Dir(filepath.Join("..", "shaders")))))
+	mux.HandleFunc("GET /shaders.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if err := json.NewEncoder(w).Encode(modules); err != nil {
+			t.Error(err)
+		}
+	})
 	mux.Handle("GET /", http.FileServer(http.Dir(site)))
 	srv := httptest.NewServer(mux) // on 127.0.0.1
 	defer srv.Close()
@@ -167,37 +175,47 @@ const draftScript = `(async () => {
   }
 })()`
 
-// checkShaders compiles every WGSL file of shaders/ with the browser's WGSL
-// compiler (Tint), which is stricter than the native one (naga): the drafts
-// reach most kernels but not all of them.
-func checkShaders(t *testing.T, ctx context.Context) {
-	names, err := filepath.Glob(filepath.Join("..", "shaders", "*.wgsl"))
-	if err != nil || len(names) == 0 {
-		t.Fatalf("no shaders found: %v", err)
-	}
-	for i, n := range names {
-		names[i] = filepath.Base(n)
-	}
-	errs, err := chromedp.Run(ctx, eval[map[string][]string](fmt.Sprintf(shadersScript, jsonString(t, names))))
+// wgslModules returns every kernel — package shaders' and package bench's
+// — as it is compiled, prelude items linked, by file name.
+func wgslModules(t *testing.T) map[string]string {
+	t.Helper()
+	mods, err := shaders.Modules()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range names {
-		for _, msg := range errs[name] {
+	for name, src := range bench.Modules() {
+		mods[name] = src
+	}
+	return mods
+}
+
+// checkShaders compiles every kernel (served at /shaders.json) with the
+// browser's WGSL compiler (Tint), which is stricter than the native one
+// (naga): the drafts reach most kernels but not all of them.
+func checkShaders(t *testing.T, ctx context.Context) {
+	errs, err := chromedp.Run(ctx, eval[map[string][]string](shadersScript))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, msgs := range errs {
+		for _, msg := range msgs {
 			t.Errorf("%s:%s", name, msg)
 		}
 	}
-	t.Logf("%d shaders checked", len(names))
+	t.Logf("%d shaders checked", len(errs))
+	if len(errs) < 15 {
+		t.Errorf("only %d shaders were compiled", len(errs))
+	}
 }
 
-// shadersScript compiles the shaders (a JSON array of file names) on a
-// device of its own and returns each one's error messages.
+// shadersScript compiles the kernels of /shaders.json (file name →
+// source) on a device of its own and returns each one's error messages.
 const shadersScript = `(async () => {
   const adapter = await navigator.gpu.requestAdapter();
   const device = await adapter.requestDevice();
+  const modules = await (await fetch("shaders.json")).json();
   const errors = {};
-  for (const name of %s) {
-    const code = await (await fetch("shaders/" + name)).text();
+  for (const [name, code] of Object.entries(modules)) {
     const info = await device.createShaderModule({code, label: name}).getCompilationInfo();
     errors[name] = info.messages.filter(m => m.type === "error").map(m => m.lineNum + ":" + m.linePos + ": " + m.message);
   }

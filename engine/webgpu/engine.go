@@ -2,11 +2,17 @@
 // kernels (package kernels) into one compute pass per forward pass, on any
 // WebGPU device — natively through wgpu-native (Vulkan) and in the browser.
 // Weights are uploaded once; the KV cache is a paged pool shared by all
-// sequences; each pass reads back one token id per sequence, never logits.
+// sequences (kernels.KVCache, its one owner); each pass reads back one
+// token id per sequence, never logits.
+//
+// The files: engine.go the engine and its sequences; step.go Step and
+// StepN, a pass at a time or chained on the device; pass.go one forward
+// pass — which rows it takes, its inputs, its kernels; activations.go the
+// buffers a pass works in; weights.go the model on the device.
 package webgpu
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -55,26 +61,12 @@ type Engine struct {
 	kv   *kernels.KVCache
 	act  *activations
 
-	freeBlocks []uint32 // pool blocks no sequence holds
-	freeSlots  []int    // block-table rows no sequence holds
 	closed     bool
 	ownsDevice bool         // Close closes the device (Open made it)
 	profile    *gpu.Profile // non-nil while Profile runs: GPU time per kernel
 }
 
-// Profile runs f (which calls Step) with every dispatch timed on the GPU in
-// a pass of its own, and returns the time per kernel in timestamp ticks.
-// Passes of one dispatch each cost extra: use it to see where time goes,
-// not to time the whole.
-func (e *Engine) Profile(f func() error) (gpu.Profile, error) {
-	if !e.dev.Timestamps() {
-		return gpu.Profile{}, fmt.Errorf("%s offers no timestamp queries", e.dev.Info())
-	}
-	e.profile = &gpu.Profile{}
-	defer func() { e.profile = nil }()
-	err := f()
-	return *e.profile, err
-}
+var _ engine.Engine = (*Engine)(nil)
 
 // Open opens the best WebGPU adapter as opts.Device says (gpu.ErrNoAdapter
 // when there is none) and builds an engine that owns the device.
@@ -91,8 +83,6 @@ func Open(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 	e.ownsDevice = true
 	return e, nil
 }
-
-var _ engine.Engine = (*Engine)(nil)
 
 // New uploads w to dev and allocates the KV cache and activations.
 func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
@@ -122,12 +112,15 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 	}
 	blockBytes := int64(engine.KVBytesPerToken(&cfg, elem) * opts.BlockSize)
 	blocks := int(opts.KVBytes / blockBytes)
-	maxBlocks := (cfg.MaxPositionEmbeddings + opts.BlockSize - 1) / opts.BlockSize
 	if blocks <= opts.MaxSequences {
 		e.Close()
 		return nil, fmt.Errorf("KV budget of %d MiB holds %d blocks of %d positions: too few for %d sequences", opts.KVBytes>>20, blocks, opts.BlockSize, opts.MaxSequences)
 	}
-	e.kv, err = kernels.NewKVCache(dev, cfg.NumHiddenLayers, cfg.NumKeyValueHeads, cfg.HeadDim, opts.BlockSize, blocks, opts.MaxSequences, maxBlocks, half)
+	e.kv, err = kernels.NewKVCache(dev, kernels.KVShape{
+		Layers: cfg.NumHiddenLayers, KVHeads: cfg.NumKeyValueHeads, D: cfg.HeadDim,
+		BlockSize: opts.BlockSize, Blocks: blocks, Seqs: opts.MaxSequences,
+		MaxBlocks: (cfg.MaxPositionEmbeddings + opts.BlockSize - 1) / opts.BlockSize, F16: half,
+	})
 	if err != nil {
 		e.Close()
 		return nil, fmt.Errorf("KV cache: %w", err)
@@ -135,12 +128,6 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 	if e.act, err = newActivations(dev, &cfg, opts.MaxRows, opts.MaxSequences); err != nil {
 		e.Close()
 		return nil, err
-	}
-	for b := blocks - 1; b >= 0; b-- {
-		e.freeBlocks = append(e.freeBlocks, uint32(b))
-	}
-	for s := opts.MaxSequences - 1; s >= 0; s-- {
-		e.freeSlots = append(e.freeSlots, s)
 	}
 	return e, nil
 }
@@ -161,13 +148,24 @@ func (e *Engine) Info() engine.Info {
 	return engine.Info{Backend: "webgpu", Adapter: e.dev.Info().String() + ", " + kv + " KV cache"}
 }
 
-// KVCapacity: every sequence wastes less than one block, so the blocks
-// beyond one per slot are what the scheduler may plan with.
-func (e *Engine) KVCapacity() int {
-	return (e.kv.Blocks - e.opts.MaxSequences) * e.opts.BlockSize
+// KVCapacity is the positions the cache holds for certain (KVCache.Capacity).
+func (e *Engine) KVCapacity() int { return e.kv.Capacity() }
+
+// Profile runs f (which calls Step) with every dispatch timed on the GPU in
+// a pass of its own, and returns the time per kernel in timestamp ticks.
+// Passes of one dispatch each cost extra: use it to see where time goes,
+// not to time the whole.
+func (e *Engine) Profile(f func() error) (gpu.Profile, error) {
+	if !e.dev.Timestamps() {
+		return gpu.Profile{}, fmt.Errorf("%s offers no timestamp queries", e.dev.Info())
+	}
+	e.profile = &gpu.Profile{}
+	defer func() { e.profile = nil }()
+	err := f()
+	return *e.profile, err
 }
 
-// Close releases every GPU resource (not the device).
+// Close releases every GPU resource (and the device, when Open made it).
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -188,124 +186,32 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// sequence is a block-table row and the pool blocks it maps.
-type sequence struct {
-	e      *Engine
-	slot   int
-	blocks []uint32 // logical block i → pool block
-	len    int
-	dirty  bool // blocks changed since the table row was written
-}
+var errClosed = errors.New("webgpu engine: closed")
 
-// NewSequence takes a free slot; engine.ErrNoCapacity when none is left.
+// NewSequence takes a free slot of the KV cache (engine.ErrNoCapacity when
+// none is left). The sequence is a *kernels.KVSeq.
 func (e *Engine) NewSequence() (engine.Sequence, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return nil, errReleased
+		return nil, errClosed
 	}
-	if len(e.freeSlots) == 0 {
-		return nil, fmt.Errorf("all %d sequence slots in use: %w", e.opts.MaxSequences, engine.ErrNoCapacity)
-	}
-	slot := e.freeSlots[len(e.freeSlots)-1]
-	e.freeSlots = e.freeSlots[:len(e.freeSlots)-1]
-	return &sequence{e: e, slot: slot}, nil
-}
-
-func (s *sequence) Len() int { return s.len }
-
-// Truncate drops positions from n on and returns the blocks beyond them.
-func (s *sequence) Truncate(n int) {
-	if n < 0 || n >= s.len {
-		return
-	}
-	s.e.mu.Lock()
-	defer s.e.mu.Unlock()
-	s.len = n
-	keep := (n + s.e.opts.BlockSize - 1) / s.e.opts.BlockSize
-	s.e.freeBlocks = append(s.e.freeBlocks, s.blocks[keep:]...)
-	s.blocks = s.blocks[:keep]
-}
-
-// Release returns the sequence's blocks and slot.
-func (s *sequence) Release() {
-	if s.e == nil {
-		return
-	}
-	s.e.mu.Lock()
-	defer s.e.mu.Unlock()
-	s.e.freeBlocks = append(s.e.freeBlocks, s.blocks...)
-	s.e.freeSlots = append(s.e.freeSlots, s.slot)
-	s.blocks, s.e = nil, nil
-}
-
-// grow maps blocks for positions up to n; it fails without changes when the
-// pool is short.
-func (s *sequence) grow(n int) error {
-	need := (n+s.e.opts.BlockSize-1)/s.e.opts.BlockSize - len(s.blocks)
-	if need <= 0 {
-		return nil
-	}
-	if need > len(s.e.freeBlocks) {
-		return fmt.Errorf("%d more KV blocks needed, %d free: %w", need, len(s.e.freeBlocks), engine.ErrNoCapacity)
-	}
-	free := s.e.freeBlocks
-	s.blocks = append(s.blocks, free[len(free)-need:]...)
-	s.e.freeBlocks = free[:len(free)-need]
-	s.dirty = true
-	return nil
-}
-
-// Step runs the batch in as few forward passes as its size allows.
-func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
-	if err := engine.CheckBatch(&e.cfg, batch); err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return errReleased
-	}
-	seqs, err := e.sequences(batch)
+	s, err := e.kv.NewSeq()
 	if err != nil {
-		return err
+		return nil, kvError(err)
 	}
-	// Map every block the batch needs first, so a full pool changes nothing.
-	for i, s := range seqs {
-		if err := s.grow(s.len + len(batch[i].Tokens)); err != nil {
-			for _, s := range seqs[:i+1] {
-				s.shrinkTo(s.len)
-			}
-			return err
-		}
-	}
-	work := make([]pending, len(batch))
-	for i, en := range batch {
-		work[i] = pending{entry: en, seq: seqs[i], tokens: en.Tokens}
-	}
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		pass := e.plan(work)
-		if pass.rows == 0 {
-			return nil
-		}
-		if err := e.forward(pass); err != nil {
-			return err
-		}
-	}
+	return s, nil
 }
 
 // sequences returns the batch's sequences, checking that each is this
 // engine's and appears once.
-func (e *Engine) sequences(batch []*engine.Entry) ([]*sequence, error) {
-	seqs := make([]*sequence, len(batch))
-	seen := map[*sequence]bool{}
+func (e *Engine) sequences(batch []*engine.Entry) ([]*kernels.KVSeq, error) {
+	seqs := make([]*kernels.KVSeq, len(batch))
+	seen := map[*kernels.KVSeq]bool{}
 	for i, en := range batch {
-		s, ok := en.Seq.(*sequence)
-		if !ok || s.e != e {
-			return nil, fmt.Errorf("webgpu engine: batch entry %d: a sequence of another engine", i)
+		s, ok := en.Seq.(*kernels.KVSeq)
+		if !ok || s.Cache() != e.kv {
+			return nil, fmt.Errorf("webgpu engine: batch entry %d: a sequence of another engine, or released", i)
 		}
 		if seen[s] {
 			return nil, fmt.Errorf("webgpu engine: batch entry %d repeats a sequence", i)
@@ -316,11 +222,16 @@ func (e *Engine) sequences(batch []*engine.Entry) ([]*sequence, error) {
 	return seqs, nil
 }
 
-// shrinkTo returns blocks mapped beyond n positions (undoing grow).
-func (s *sequence) shrinkTo(n int) {
-	keep := (n + s.e.opts.BlockSize - 1) / s.e.opts.BlockSize
-	if keep < len(s.blocks) {
-		s.e.freeBlocks = append(s.e.freeBlocks, s.blocks[keep:]...)
-		s.blocks = s.blocks[:keep]
+// kvError makes the cache's kernels.ErrKVFull an engine.ErrNoCapacity, as
+// the scheduler expects.
+func kvError(err error) error {
+	if errors.Is(err, kernels.ErrKVFull) {
+		return noCapacity{err}
 	}
+	return err
 }
+
+type noCapacity struct{ error }
+
+func (e noCapacity) Is(target error) bool { return target == engine.ErrNoCapacity }
+func (e noCapacity) Unwrap() error        { return e.error }

@@ -7,6 +7,7 @@ import (
 	"webdraft/engine"
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
+	"webdraft/kernels"
 )
 
 // BenchmarkRecordDecodeStep is the host's share of a decode step: recording
@@ -33,10 +34,12 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 	if err := e.Step(context.Background(), []*engine.Entry{entry}); err != nil {
 		b.Fatal(err)
 	}
-	s := seq.(*sequence)
+	s := seq.(*kernels.KVSeq)
+	if err := e.kv.Reserve([]*kernels.KVSeq{s}, []int{s.Len() + 1}); err != nil {
+		b.Fatal(err)
+	}
 	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}}}
-	ps := e.plan(work)
-	steps := e.steps(ps, s.len+1)
+	steps := e.kernels(e.plan(work))
 	for _, submit := range []bool{false, true} {
 		name := map[bool]string{false: "record", true: "record+submit"}[submit]
 		b.Run(name, func(b *testing.B) {

@@ -18,7 +18,7 @@ import (
 	"webdraft/tensor"
 )
 
-// Shapes are published Qwen3 sizes (CONTRACTS.md §1) and a tiny one.
+// Shapes are published Qwen3 sizes (docs/reference.md, "Model folders") and a tiny one.
 var Shapes = map[string]qwen3.Config{
 	"qwen3-1.7b": {VocabSize: 151936, HiddenSize: 2048, IntermediateSize: 6144, NumHiddenLayers: 28,
 		NumAttentionHeads: 16, NumKeyValueHeads: 8, HeadDim: 128, RMSNormEps: 1e-6, RopeTheta: 1e6,

@@ -4,6 +4,7 @@ package gridsync_test
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -37,6 +38,12 @@ import (
 // Buffers: sync [0] the counter, [1] errors seen; data (groups) the
 // phase values; w the loaded words; out (groups·WG) a sum of them.
 // Dispatch: (groups, 1, 1).
+// gridSyncParams is gridSync's params.
+type gridSyncParams struct {
+	Phases, Groups, Count0, Slices, Ph0 uint32
+	_, _, _                             uint32
+}
+
 var gridSync = gpu.Kernel{
 	Module: "grid_sync_test.wgsl",
 	Entry:  "main",
@@ -114,8 +121,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 	}
 	out[g * WG + lid] = acc.x + acc.y + acc.z + acc.w;
 }`,
-	ParamsSize: 32,
-	Storage:    []gpu.Access{gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadWrite},
+	Params:  reflect.TypeFor[gridSyncParams](),
+	Storage: []gpu.Access{gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadWrite},
 }
 
 // gridSyncRig holds gridSync's buffers and the counter's running value.
@@ -149,10 +156,10 @@ func newGridSyncRig(tb testing.TB, d *gpu.Device, groups int, wBytes uint64) *gr
 // dispatch records one gridSync dispatch of phases phases over groups
 // workgroups, each phase loading from slices slices of w.
 func (r *gridSyncRig) dispatch(b *gpu.Batch, p *gpu.Pipeline, groups, phases, slices int) error {
-	params := []uint32{uint32(phases), uint32(groups), r.count, uint32(max(slices, 1)), r.phase, 0, 0, 0}
+	params := &gridSyncParams{Phases: uint32(phases), Groups: uint32(groups), Count0: r.count, Slices: uint32(max(slices, 1)), Ph0: r.phase}
 	r.count += uint32(phases * groups)
 	r.phase += uint32(phases)
-	return b.Dispatch(p, params, []gpu.Binding{r.sync.All(), r.data.All(), r.w.All(), r.out.All()}, uint32(groups), 1, 1)
+	return gpu.Dispatch(b, p, params, []gpu.Binding{r.sync.All(), r.data.All(), r.w.All(), r.out.All()}, uint32(groups), 1, 1)
 }
 
 // gridSyncDevice returns the shared device if it is a GPU whose
@@ -289,6 +296,9 @@ func BenchmarkGridSync(b *testing.B) {
 	}
 }
 
+// residencyParams is residency's params.
+type residencyParams struct{ Groups, Spins, _, _ uint32 }
+
 // residency is a test kernel that finds how many workgroups of a size and
 // workgroup memory run at once: each takes PAD vec4s of workgroup memory,
 // counts its arrival and polls until p.groups have arrived, or gives up
@@ -315,8 +325,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 		if pad[(wid.x * 7u) % PAD].x == 12345.0 { atomicAdd(&sync[2], 1u); }
 	}
 }`,
-	ParamsSize: 16,
-	Storage:    []gpu.Access{gpu.ReadWrite},
+	Params:  reflect.TypeFor[residencyParams](),
+	Storage: []gpu.Access{gpu.ReadWrite},
 }
 
 // TestResidentWorkgroups measures how many workgroups of 128 and 256
@@ -342,7 +352,7 @@ func TestResidentWorkgroups(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := b.Dispatch(p, []uint32{uint32(g), 1 << 16, 0, 0}, []gpu.Binding{sync.All()}, uint32(g), 1, 1); err != nil {
+		if err := gpu.Dispatch(b, p, &residencyParams{Groups: uint32(g), Spins: 1 << 16}, []gpu.Binding{sync.All()}, uint32(g), 1, 1); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Submit(); err != nil {

@@ -6,13 +6,12 @@ import (
 	"webdraft/engine"
 	"webdraft/gpu"
 	"webdraft/kernels"
-	"webdraft/qwen3"
 )
 
 // pending is an entry's tokens not yet fed.
 type pending struct {
 	entry  *engine.Entry
-	seq    *sequence
+	seq    *kernels.KVSeq
 	tokens []int
 }
 
@@ -26,11 +25,13 @@ type passEntry struct {
 	complete bool
 }
 
+// pass is one forward pass.
 type pass struct {
 	entries []passEntry
 	rows    int
 	decode  int // rows 0 … decode-1 are single-token entries (decode attention)
-	lasts   int
+	lasts   int // rows read out: each complete entry's last
+	maxLen  int // the longest context a decode-attention row sees
 }
 
 // plan picks the next forward pass from what is pending: single-token
@@ -40,7 +41,7 @@ func (e *Engine) plan(work []pending) pass {
 	var ps pass
 	rows := e.opts.MaxRows
 	add := func(p *pending, T int) {
-		pe := passEntry{p: p, row0: ps.rows, T: T, P: p.seq.len, last: -1, complete: T == len(p.tokens)}
+		pe := passEntry{p: p, row0: ps.rows, T: T, P: p.seq.Len(), last: -1, complete: T == len(p.tokens)}
 		if pe.complete {
 			pe.last = ps.lasts
 			ps.lasts++
@@ -68,72 +69,116 @@ func (e *Engine) plan(work []pending) pass {
 			add(p, T)
 		}
 	}
+	e.attentionRows(&ps)
 	return ps
 }
 
-// forward records, submits and reads back one pass.
-func (e *Engine) forward(ps pass) error {
-	c, a := &e.cfg, e.act
-	ids := make([]uint32, ps.rows)
-	slots := make([]uint32, ps.rows)
-	pos := make([]uint32, ps.rows)
-	lasts := make([]uint32, ps.lasts)
-	maxLen := 0
+// decodePass is the j-th pass of a chain of m over work: every entry one
+// row, at its length plus j, fed first[i] (the passes after the first take
+// their ids from the device). Every pass of the chain attends as if to the
+// longest context of its last, so that all of them run the same kernels.
+func decodePass(work []pending, first []int, j, m int) pass {
+	ps := pass{rows: len(work), decode: len(work), lasts: len(work)}
+	for i := range work {
+		p := &work[i]
+		p.tokens = first[i : i+1]
+		pe := passEntry{p: p, row0: i, T: 1, P: p.seq.Len() + j, last: i, complete: true}
+		ps.entries = append(ps.entries, pe)
+		ps.maxLen = max(ps.maxLen, p.seq.Len()+m)
+	}
+	return ps
+}
+
+// attentionRows sets the pass's decode rows and longest context: where
+// the prefill kernel does not take the head_dim, every row goes through
+// decode attention.
+func (e *Engine) attentionRows(ps *pass) {
+	if !e.kv.PrefillSupported() {
+		ps.decode = ps.rows
+	}
 	for _, pe := range ps.entries {
-		s := pe.p.seq
-		if s.dirty {
-			if err := e.kv.SetBlocks(s.slot, s.blocks); err != nil {
-				return err
-			}
-			s.dirty = false
+		if pe.row0 < ps.decode {
+			ps.maxLen = max(ps.maxLen, pe.P+pe.T)
 		}
+	}
+}
+
+// forward records and submits one pass: its block tables and per-row
+// inputs — only the positions when it continues a chain (its token ids are
+// those the pass before it wrote, its rows that pass's) — then its kernels
+// and after them extra, in command buffers of about every dispatches.
+func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error {
+	a := e.act
+	seqs := make([]*kernels.KVSeq, len(ps.entries))
+	ids, slots, pos := make([]uint32, ps.rows), make([]uint32, ps.rows), make([]uint32, ps.rows)
+	lasts := make([]uint32, ps.lasts)
+	for i, pe := range ps.entries {
+		seqs[i] = pe.p.seq
 		for t := range pe.T {
 			r := pe.row0 + t
-			ids[r], slots[r], pos[r] = uint32(pe.p.tokens[t]), uint32(s.slot), uint32(pe.P+t)
+			ids[r], slots[r], pos[r] = uint32(pe.p.tokens[t]), uint32(pe.p.seq.Slot()), uint32(pe.P+t)
 		}
 		if pe.complete {
 			lasts[pe.last] = uint32(pe.row0 + pe.T - 1)
 		}
-		if pe.row0 < ps.decode || !e.kv.PrefillSupported() {
-			maxLen = max(maxLen, pe.P+pe.T)
-		}
 	}
-	if !e.kv.PrefillSupported() {
-		ps.decode = ps.rows // every row through decode attention (see record)
+	if err := e.kv.SyncTables(seqs); err != nil {
+		return err
 	}
+	// Queue writes are ordered with submissions: this pass reads these
+	// inputs, the passes before it theirs.
 	for _, up := range []struct {
-		buf *gpu.Buffer
-		v   []uint32
-	}{{a.ids, ids}, {a.seq, slots}, {a.pos, pos}, {a.last, lasts}} {
-		if len(up.v) > 0 {
+		buf  *gpu.Buffer
+		v    []uint32
+		skip bool
+	}{{a.ids, ids, continues}, {a.seq, slots, continues}, {a.pos, pos, false}, {a.last, lasts, continues}} {
+		if len(up.v) > 0 && !up.skip {
 			if err := up.buf.WriteU32(0, up.v); err != nil {
 				return err
 			}
 		}
 	}
-	if err := e.run(e.steps(ps, maxLen), submitEvery); err != nil {
+	if err := e.submit(append(e.kernels(ps), extra...), every); err != nil {
 		return fmt.Errorf("forward pass: %w", err)
 	}
+	return nil
+}
+
+// readNext reads back a submitted pass's greedy tokens: each entry's
+// sequence now holds the positions it fed, its pending tokens advance, and
+// a complete entry's Next is its greedy token.
+func (e *Engine) readNext(ps pass) error {
 	var next []uint32
 	if ps.lasts > 0 {
-		raw, err := a.next.Read(0, uint64(ps.lasts)*4)
+		raw, err := e.act.next.Read(0, uint64(ps.lasts)*4)
 		if err != nil {
 			return fmt.Errorf("read back: %w", err)
 		}
 		next = u32s(raw)
 	}
 	for _, pe := range ps.entries {
-		pe.p.seq.len += pe.T
+		if err := pe.p.seq.Commit(pe.P + pe.T); err != nil {
+			return err
+		}
 		pe.p.tokens = pe.p.tokens[pe.T:]
 		if pe.complete {
-			id := next[pe.last]
-			if id == kernels.ArgmaxNaN || int(id) >= c.VocabSize {
-				return fmt.Errorf("forward pass: the logits hold NaN (token %d)", id)
+			id, err := e.token(next[pe.last])
+			if err != nil {
+				return fmt.Errorf("forward pass: %w", err)
 			}
-			pe.p.entry.Next = int(id)
+			pe.p.entry.Next = id
 		}
 	}
 	return nil
+}
+
+// token checks a greedy token read back: argmax.wgsl writes ArgmaxNaN for
+// logits that hold a NaN.
+func (e *Engine) token(id uint32) (int, error) {
+	if id == kernels.ArgmaxNaN || int(id) >= e.cfg.VocabSize {
+		return 0, fmt.Errorf("the logits hold NaN (token %d)", id)
+	}
+	return int(id), nil
 }
 
 // submitEvery is how many dispatches a pass the host waits for records
@@ -141,9 +186,8 @@ func (e *Engine) forward(ps pass) error {
 // host records the rest (on the H200 host recording costs several µs of
 // CPU a dispatch). chainedSubmitEvery is the same for the passes a chain
 // records while the GPU still runs the ones before (StepN): fewer, longer
-// command buffers, since each submission boundary costs the GPU time (on
-// the H200 chained steps at batch 1 and 8 took 4 % less with whole passes
-// a submission, while a single step waited for took 19 % more). Both keep
+// command buffers, since each submission boundary costs the GPU time,
+// while a single step waited for is quicker in shorter ones. Both keep
 // command buffers within what lavapipe handles.
 const (
 	submitEvery        = 48
@@ -153,9 +197,9 @@ const (
 // step records one operation into a batch.
 type step func(b *gpu.Batch) error
 
-// run records steps into batches of about every dispatches, submitting
+// submit records steps into batches of about every dispatches, submitting
 // each as soon as it is full; the queue runs them in order.
-func (e *Engine) run(steps []step, every int) error {
+func (e *Engine) submit(steps []step, every int) error {
 	b, err := e.newBatch()
 	if err != nil {
 		return err
@@ -166,7 +210,7 @@ func (e *Engine) run(steps []step, every int) error {
 			return err
 		}
 		if b.Len() >= every {
-			if err := e.submit(b); err != nil {
+			if err := e.submitBatch(b); err != nil {
 				return err
 			}
 			if b, err = e.newBatch(); err != nil {
@@ -174,7 +218,7 @@ func (e *Engine) run(steps []step, every int) error {
 			}
 		}
 	}
-	return e.submit(b)
+	return e.submitBatch(b)
 }
 
 func (e *Engine) newBatch() (*gpu.Batch, error) {
@@ -189,7 +233,7 @@ func (e *Engine) newBatch() (*gpu.Batch, error) {
 	return b, nil
 }
 
-func (e *Engine) submit(b *gpu.Batch) error {
+func (e *Engine) submitBatch(b *gpu.Batch) error {
 	if err := b.Submit(); err != nil || e.profile == nil {
 		return err
 	}
@@ -198,9 +242,9 @@ func (e *Engine) submit(b *gpu.Batch) error {
 	return err
 }
 
-// steps lists the forward pass's operations: modeling_qwen3.py, step by
+// kernels lists the forward pass's operations: modeling_qwen3.py, step by
 // step. R = rows of the pass, H hidden, D head_dim.
-func (e *Engine) steps(ps pass, maxLen int) []step {
+func (e *Engine) kernels(ps pass) []step {
 	c, a, w := &e.cfg, e.act, e.w
 	R := ps.rows
 	heads, eps := c.NumAttentionHeads, c.RMSNormEps
@@ -221,12 +265,12 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 				if ps.decode == 0 {
 					return nil
 				}
-				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, ps.decode, heads, maxLen)
+				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, ps.decode, heads, ps.maxLen)
 			},
 			func(b *gpu.Batch) error {
 				for _, pe := range ps.entries {
 					if pe.row0 >= ps.decode {
-						if err := kernels.AttentionPrefill(b, a.attn, a.q, e.kv, l, pe.p.seq.slot, a.pos, pe.row0, pe.T, heads); err != nil {
+						if err := kernels.AttentionPrefill(b, a.attn, a.q, e.kv, l, pe.p.seq.Slot(), a.pos, pe.row0, pe.T, heads); err != nil {
 							return err
 						}
 					}
@@ -245,8 +289,7 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 			// The last row of each complete entry: norm, lm_head, argmax.
 			func(b *gpu.Batch) error { return kernels.Embed(b, a.hLast, a.last, a.hiddenRows, ps.lasts) },
 			// The vocabulary-sized head normalizes first: its thousands of
-			// workgroups would each normalize the rows again (on lavapipe a
-			// batch-1 step 1.4× slower).
+			// workgroups would each normalize the rows again.
 			func(b *gpu.Batch) error {
 				return kernels.RMSNorm(b, a.hNorm, a.hLast, w.norm, ps.lasts, c.HiddenSize, eps)
 			},
@@ -255,89 +298,6 @@ func (e *Engine) steps(ps pass, maxLen int) []step {
 		)
 	}
 	return steps
-}
-
-// activations are the pass's buffers, sized for MaxRows rows and maxLasts
-// complete entries.
-type activations struct {
-	maxLasts      int
-	ids, seq, pos *gpu.Buffer // (rows) u32
-	last, next    *gpu.Buffer // (lasts) u32: rows to read out, greedy tokens
-	x             *gpu.Buffer // (rows, H): the hidden states
-	q, attn       *gpu.Buffer // (rows, heads*D)
-	qkv           *gpu.Buffer // (rows, (heads + 2·kv_heads)·D); unwritten when the projection splits along K
-	gateUp        *gpu.Buffer // (rows, 2I)
-	hLast, hNorm  *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
-	logits        *gpu.Buffer // (lasts, vocab)
-	chained       *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
-	hiddenRows    *kernels.Matrix
-	all           []*gpu.Buffer
-}
-
-func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activations, err error) {
-	a := &activations{}
-	defer func() {
-		if err != nil {
-			a.release()
-		}
-	}()
-	// Logits of all complete entries must fit one binding.
-	a.maxLasts = min(seqs, rows, int(d.Limits().MaxStorageBufferBindingSize/uint64(4*c.VocabSize)))
-	if a.maxLasts < 1 {
-		return nil, fmt.Errorf("the vocabulary's logits (%d) do not fit one storage binding", c.VocabSize)
-	}
-	H, q, kv, I := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize
-	for _, b := range []struct {
-		dst   **gpu.Buffer
-		name  string
-		words int
-	}{
-		// ids and next in whole 16-byte words: StepN copies one to the other.
-		{&a.ids, "ids", (rows + 3) &^ 3}, {&a.seq, "seq", rows}, {&a.pos, "pos", rows},
-		{&a.last, "last", a.maxLasts}, {&a.next, "next", (a.maxLasts + 3) &^ 3},
-		{&a.x, "hidden", rows * H},
-		{&a.q, "q", rows * q}, {&a.attn, "attn", rows * q},
-		{&a.qkv, "qkv", rows * (q + 2*kv)},
-		{&a.gateUp, "gate_up", rows * 2 * I},
-		{&a.hLast, "hidden_last", a.maxLasts * H}, {&a.hNorm, "hidden_last_normed", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
-	} {
-		if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {
-			return nil, fmt.Errorf("activations: %w", err)
-		}
-		a.all = append(a.all, *b.dst)
-	}
-	// The hidden states seen as an f32 matrix, so Embed can gather rows.
-	a.hiddenRows = &kernels.Matrix{Name: "hidden", Format: kernels.F32, N: rows, K: H, W: a.x}
-	return a, nil
-}
-
-// ensureChain returns StepN's results buffer, grown to at least n bytes.
-func (a *activations) ensureChain(d *gpu.Device, n uint64) (*gpu.Buffer, error) {
-	if a.chained != nil && a.chained.Size() >= n {
-		return a.chained, nil
-	}
-	if a.chained != nil {
-		n = max(n, 2*a.chained.Size())
-	}
-	buf, err := d.NewBuffer("chained_tokens", n)
-	if err != nil {
-		return nil, err
-	}
-	if a.chained != nil {
-		a.chained.Release()
-	}
-	a.chained = buf
-	return buf, nil
-}
-
-func (a *activations) release() {
-	for _, b := range a.all {
-		b.Release()
-	}
-	if a.chained != nil {
-		a.chained.Release()
-	}
-	a.all, a.chained = nil, nil
 }
 
 func u32s(b []byte) []uint32 {

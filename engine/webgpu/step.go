@@ -1,0 +1,214 @@
+package webgpu
+
+import (
+	"context"
+	"fmt"
+
+	"webdraft/engine"
+	"webdraft/gpu"
+	"webdraft/kernels"
+)
+
+// Step runs one forward pass over every entry of the batch — several where
+// the batch holds more rows than a pass — appending each entry's tokens to
+// its sequence and setting entry.Next to the greedy token after its last.
+func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
+	_, err := e.steps(ctx, batch, 1)
+	return err
+}
+
+// StepN is n Steps in one (engine.Chainer): the first feeds each entry's
+// tokens, each after it the entry's own greedy token. Where every entry
+// feeds one token and the batch fits a pass, the passes chain on the
+// device — each pass's greedy tokens copied into the next pass's input ids
+// and into a results buffer, positions written to the queue ahead of each
+// pass, the results read back once at the end — so the host records pass
+// j+1 while the GPU runs pass j instead of waiting for each token. Where
+// entries feed prompts, the first step runs as Step does and the n−1 after
+// it chain. On an error every sequence is as it was before the call.
+func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]int, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("webgpu engine: step n: n = %d, want > 0", n)
+	}
+	return e.steps(ctx, batch, n)
+}
+
+// steps runs n greedy steps over batch (Step is n = 1) and returns each
+// entry's n tokens; entry.Next is the last of them, and entry.Tokens is
+// left as it was.
+func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]int, error) {
+	c := &e.cfg
+	if err := engine.CheckBatch(c, batch); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errClosed
+	}
+	seqs, err := e.sequences(batch)
+	if err != nil {
+		return nil, err
+	}
+	// Every block the call needs is mapped first, so that a full pool or
+	// context changes nothing.
+	lens, need := make([]int, len(batch)), make([]int, len(batch))
+	for i, en := range batch {
+		lens[i] = seqs[i].Len()
+		need[i] = lens[i] + len(en.Tokens) + n - 1
+		if need[i] > c.MaxPositionEmbeddings {
+			return nil, fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, need[i], engine.ErrContextFull, c.MaxPositionEmbeddings)
+		}
+	}
+	if err := e.kv.Reserve(seqs, need); err != nil {
+		return nil, kvError(err)
+	}
+	work := make([]pending, len(batch))
+	for i, en := range batch {
+		work[i] = pending{entry: en, seq: seqs[i], tokens: en.Tokens}
+	}
+	out, err := e.run(ctx, work, n)
+	if err != nil {
+		for i, s := range seqs {
+			s.Truncate(lens[i])
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// run feeds work its pending tokens and then n−1 greedy tokens (n in all,
+// chained, when every entry feeds one token); the blocks are reserved.
+func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]int, error) {
+	out := make([][]int, len(work))
+	chainable := len(work) <= e.opts.MaxRows && len(work) <= e.act.maxLasts
+	if n == 1 || !decodeOnly(work) || !chainable {
+		// Prompts (or a batch no one pass holds): a step of passes as the
+		// rows allow, each read back.
+		if err := e.feed(ctx, work); err != nil {
+			return nil, err
+		}
+		for i, p := range work {
+			out[i] = append(make([]int, 0, n), p.entry.Next)
+		}
+		n--
+	}
+	if n == 0 {
+		return out, nil
+	}
+	if !chainable {
+		for range n {
+			for i := range work {
+				work[i].tokens = []int{work[i].entry.Next}
+			}
+			if err := e.feed(ctx, work); err != nil {
+				return nil, err
+			}
+			for i, p := range work {
+				out[i] = append(out[i], p.entry.Next)
+			}
+		}
+		return out, nil
+	}
+	first := make([]int, len(work))
+	for i, p := range work {
+		if out[i] != nil {
+			first[i] = p.entry.Next
+		} else {
+			first[i] = p.tokens[0]
+		}
+	}
+	chained, err := e.chain(ctx, work, first, n)
+	if err != nil {
+		return nil, err
+	}
+	for i, p := range work {
+		out[i] = append(out[i], chained[i]...)
+		p.entry.Next = chained[i][n-1]
+	}
+	return out, nil
+}
+
+// decodeOnly reports whether every entry feeds exactly one token.
+func decodeOnly(work []pending) bool {
+	for _, p := range work {
+		if len(p.tokens) != 1 {
+			return false
+		}
+	}
+	return len(work) > 0
+}
+
+// feed runs passes until every entry's pending tokens are fed, reading each
+// pass's greedy tokens back: entry.Next is set after the last.
+func (e *Engine) feed(ctx context.Context, work []pending) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ps := e.plan(work)
+		if ps.rows == 0 {
+			return nil
+		}
+		if err := e.forward(ps, false, nil, submitEvery); err != nil {
+			return err
+		}
+		if err := e.readNext(ps); err != nil {
+			return err
+		}
+	}
+}
+
+// chain runs m decode passes on the device, entry i feeding first[i] and
+// then its own greedy tokens, and returns each entry's m new tokens. Rows
+// are entries: each pass reads entry i's token from ids[i] and writes its
+// greedy token to next[i], which is copied into ids and into the pass's
+// slot of the results.
+func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) ([][]int, error) {
+	a, B := e.act, len(work)
+	words := (B + 3) &^ 3 // copies move 16-byte words
+	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
+	stride := (uint64(words)*4 + align - 1) / align * align // each pass's results at an aligned offset
+	results, err := a.ensureChain(e.dev, uint64(m)*stride)
+	if err != nil {
+		return nil, err
+	}
+	for j := range m {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		ps := decodePass(work, first, j, m)
+		at := uint64(j) * stride
+		copies := []step{
+			func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at, a.next, uint64(words)*4) },
+			func(b *gpu.Batch) error { return kernels.Copy(b, a.ids, a.next, uint64(words)*4) },
+		}
+		every := chainedSubmitEvery
+		if j == 0 { // nothing runs yet: start the GPU early
+			every = submitEvery
+		}
+		if err := e.forward(ps, j > 0, copies, every); err != nil {
+			return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
+		}
+	}
+	raw, err := results.Read(0, uint64(m)*stride)
+	if err != nil {
+		return nil, fmt.Errorf("read back: %w", err)
+	}
+	all := u32s(raw)
+	out := make([][]int, B)
+	for i := range out {
+		out[i] = make([]int, m)
+		for j := range m {
+			if out[i][j], err = e.token(all[uint64(j)*stride/4+uint64(i)]); err != nil {
+				return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
+			}
+		}
+	}
+	for _, p := range work {
+		if err := p.seq.Commit(p.seq.Len() + m); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,223 @@
+package kernels
+
+import (
+	"fmt"
+
+	"webdraft/gpu"
+)
+
+// plan is how the kernels choose among their variants on one class of
+// adapter (gpu.Class): which int4 matmul kernel takes how many activation
+// rows, how many workgroups a matmul should have before it splits along K,
+// and how decode attention splits a context. Everything here is a measured
+// choice, not a limit of a kernel (those stay with the kernel's Go file).
+type plan struct {
+	// The int4 matmul kernel by activation rows T: the matrix-vector
+	// kernels up to matVecMaxT rows (but the row-tile kernel for one row of
+	// more than rowTileMinK inputs); skinny_int4.wgsl up to skinnyMaxT rows
+	// and for prompt chunks of skinnyMinPrefillT rows or more; the GEMM in
+	// between, at 4 × 4 outputs a thread from gemm4MinT rows, else at 2 × 8
+	// or 2 × 4 from gemmMinT rows.
+	rowTileMinK       int
+	skinnyMaxT        int
+	skinnyMinPrefillT int
+	gemmMinT          int
+	gemm4MinT         int
+
+	// The workgroups a matmul should have at least (split-K below that):
+	// the GEMM at 2 × n and 4 × 4 outputs a thread, skinny_int4.wgsl at up
+	// to 16 and at 32 activation rows a workgroup.
+	gemm2Groups, gemm4Groups       int
+	skinnyGroups, skinnyGroupsWide int
+
+	// attention_decode.wgsl's tuning.
+	decode decodeTuning
+}
+
+// measuredH200 is the plan measured on the NVIDIA H200 (Vulkan), with
+// `go test ./kernels -bench 'MatMulKernels|AttentionDecode|DecodeLayer'`
+// and the engine's decode steps (`webdraft bench engine`), at Qwen3-1.7B's
+// shapes:
+//   - one row of down_proj (6,144 inputs) is faster on the row-tile
+//     kernel's 64 threads a weight row than on every matrix-vector layout;
+//   - 5–40 rows are fastest on skinny_int4.wgsl, well ahead of the 8-row
+//     tile and of the GEMM;
+//   - at 64 rows the kernel benchmark favours skinny_int4.wgsl too, but a
+//     decode step of 64 sequences is faster with the GEMM, so the GEMM
+//     keeps 41 rows on, up to the prompt chunks of 128 rows and more, where
+//     arithmetic bounds both and skinny_int4.wgsl is the faster at every
+//     projection;
+//   - split-K targets: 512 workgroups at two rows a thread (GEMM) and up to
+//     16 rows a workgroup (skinny), 256 at 4 × 4 and at 32 rows, the best
+//     of targets from 128 to 1,024;
+//   - decode attention: 1,024 workgroups a layer fill the GPU, 64 threads a
+//     workgroup, eight values a load; the last split merges from two rows
+//     on (at one row the merge dispatch is faster).
+var measuredH200 = plan{
+	rowTileMinK:       4096,
+	skinnyMaxT:        40,
+	skinnyMinPrefillT: 128,
+	gemmMinT:          17,
+	gemm4MinT:         41,
+	gemm2Groups:       512,
+	gemm4Groups:       256,
+	skinnyGroups:      512,
+	skinnyGroupsWide:  256,
+	decode:            decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
+}
+
+// plans holds each class's plan. Only the H200's is measured: other GPUs,
+// lavapipe and SwiftShader take it until they are (their rows here are
+// where their own measurements go).
+var plans = [gpu.NumClasses]plan{
+	gpu.ClassH200:        measuredH200,
+	gpu.ClassGPU:         measuredH200,
+	gpu.ClassLavapipe:    measuredH200,
+	gpu.ClassSwiftShader: measuredH200,
+}
+
+// planFor returns the plan of d's adapter class.
+func planFor(d *gpu.Device) *plan { return &plans[d.Class()] }
+
+// matMulKernel names the kernel that computes a matmul. Each has shapes it
+// takes (fits); plan.pick chooses among them by the number of activation
+// rows.
+type matMulKernel int
+
+const (
+	kernelRowTile     matMulKernel = iota // matmul_rowtile.wgsl: any shape and format, 1 or 4–8-row tiles
+	kernelMatVec                          // matvec_int4.wgsl: 1–4 rows
+	kernelMatVecBatch                     // matvec_batch_int4.wgsl: 1–4 rows, one weight row a thread
+	kernelGEMM2                           // gemm_int4.wgsl, 2 × 4 outputs a thread (32 × 64 tiles)
+	kernelGEMM4                           // gemm_int4.wgsl, 4 × 4 outputs a thread (64 × 64 tiles)
+	kernelGEMM2x8                         // gemm_int4.wgsl, 2 × 8 outputs a thread (32 × 128 tiles)
+	kernelSkinny                          // skinny_int4.wgsl: weights in registers, activations broadcast
+)
+
+func (k matMulKernel) String() string {
+	switch k {
+	case kernelRowTile:
+		return "row-tile"
+	case kernelMatVec:
+		return "matvec"
+	case kernelMatVecBatch:
+		return "matvec-batch"
+	case kernelGEMM2:
+		return "gemm-2"
+	case kernelGEMM4:
+		return "gemm-4"
+	case kernelGEMM2x8:
+		return "gemm-2x8"
+	case kernelSkinny:
+		return "skinny"
+	}
+	return fmt.Sprintf("matMulKernel(%d)", int(k))
+}
+
+// matMulChoice is how one matmul runs: the kernel, its layout where it has
+// one, and the workgroups it should have before it splits along K.
+type matMulChoice struct {
+	kernel matMulKernel
+	matVec matVecPlan   // kernelMatVec
+	skinny skinnyLayout // kernelSkinny
+	groups int          // kernelSkinny and the GEMMs: the split-K target
+}
+
+func (c matMulChoice) String() string {
+	switch c.kernel {
+	case kernelMatVec:
+		return c.matVec.matVecLayout.String()
+	case kernelSkinny:
+		return fmt.Sprintf("%v/groups %d", c.skinny, c.groups)
+	}
+	if c.kernel.isGEMM() {
+		return fmt.Sprintf("%v/groups %d", c.kernel, c.groups)
+	}
+	return c.kernel.String()
+}
+
+// pick returns how T rows of w run on a device with limits l: the
+// matrix-vector kernels for 1–4 rows (matvec_int4.wgsl for one, but the
+// row-tile kernel for one row of long inputs; matvec_batch_int4.wgsl for
+// 2–4), skinny_int4.wgsl and the GEMMs by the plan's row counts, and the
+// row-tile kernel for whatever the int4 kernels do not take.
+func (p *plan) pick(w *Matrix, T int, l gpu.Limits) matMulChoice {
+	c, _ := p.choose(p.kernelFor(w, T, l), w, T, l)
+	return c
+}
+
+// kernelFor is pick's kernel.
+func (p *plan) kernelFor(w *Matrix, T int, l gpu.Limits) matMulKernel {
+	switch {
+	case T == 1 && w.K > p.rowTileMinK:
+		return kernelRowTile
+	case T == 1 && kernelMatVec.fits(w, T, l):
+		return kernelMatVec
+	case T <= matVecMaxT && kernelMatVecBatch.fits(w, T, l):
+		return kernelMatVecBatch
+	case (T <= p.skinnyMaxT || T >= p.skinnyMinPrefillT) && kernelSkinny.fits(w, T, l):
+		return kernelSkinny
+	case T >= p.gemm4MinT && kernelGEMM4.fits(w, T, l):
+		return kernelGEMM4
+	case T >= p.gemmMinT && kernelGEMM2x8.fits(w, T, l):
+		return kernelGEMM2x8
+	case T >= p.gemmMinT && kernelGEMM2.fits(w, T, l):
+		return kernelGEMM2
+	}
+	return kernelRowTile
+}
+
+// choose returns how kernel k runs T rows of w: its layout for the shape
+// (matvec_int4.wgsl's with workgroups as large as the device's memory
+// allows, skinny_int4.wgsl's pickSkinnyLayout) and the plan's split-K
+// target; false when k does not take them.
+func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulChoice, bool) {
+	if !k.fits(w, T, l) {
+		return matMulChoice{}, false
+	}
+	c := matMulChoice{kernel: k}
+	switch {
+	case k == kernelMatVec:
+		c.matVec, _ = matVecFor(w, T, l)
+	case k == kernelSkinny:
+		c.skinny = pickSkinnyLayout(w.N, T)
+		c.groups = p.skinnyGroups
+		if c.skinny.tt > 16 {
+			c.groups = p.skinnyGroupsWide
+		}
+	case k.isGEMM():
+		c.groups = p.gemm2Groups
+		if k.gemmTile().tm == 4 {
+			c.groups = p.gemm4Groups
+		}
+	}
+	return c, true
+}
+
+// fits reports whether kernel k computes T rows of w on a device with
+// limits l. The int4 kernels read 32 codes at a time, which must lie in
+// one scale group, and need their tiles to fit the grid.
+func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
+	int4 := w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0
+	switch k {
+	case kernelRowTile:
+		return true
+	case kernelMatVecBatch:
+		return int4 && T <= matVecMaxT && divCeil(w.N, matVecBatchRows) <= l.MaxComputeWorkgroupsPerDimension
+	case kernelMatVec:
+		if !int4 || T > matVecMaxT {
+			return false
+		}
+		_, ok := matVecFor(w, T, l)
+		return ok
+	case kernelSkinny:
+		s := pickSkinnyLayout(w.N, T)
+		return int4 && divCeil(w.N, s.rows()) <= l.MaxComputeWorkgroupsPerDimension &&
+			s.chunk(l.MaxComputeWorkgroupStorageSize) > 0
+	case kernelGEMM2, kernelGEMM4, kernelGEMM2x8:
+		g := k.gemmTile()
+		return int4 && w.K%g.bk() == 0 && divCeil(w.N, 16*g.tn) <= l.MaxComputeWorkgroupsPerDimension &&
+			g.memory() <= l.MaxComputeWorkgroupStorageSize
+	}
+	return false
+}

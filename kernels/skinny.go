@@ -1,0 +1,88 @@
+package kernels
+
+import (
+	"fmt"
+	"reflect"
+
+	"webdraft/gpu"
+	"webdraft/shaders"
+)
+
+// skinny_int4.wgsl: int4 W times a few to some tens of activation rows,
+// the weights in registers, the activations broadcast (see its header).
+var skinnyInt4 = gpu.Kernel{
+	Module: "skinny_int4.wgsl", Source: shaders.SkinnyInt4, Entry: "main", Params: reflect.TypeFor[splitParams](),
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly}, // x, qweight, out, norm, scales
+}
+
+// The constants skinny_int4.wgsl is specialized by.
+var skinnyConsts = []string{"TT", "RT", "WG", "KC"}
+
+// skinnyLayout is skinny_int4.wgsl's tiling (see its header): tt
+// activation rows a workgroup, rt weight rows a thread, wg threads.
+type skinnyLayout struct{ tt, rt, wg int }
+
+func (l skinnyLayout) String() string { return fmt.Sprintf("skinny-%dx%d/%d", l.tt, l.rt, l.wg) }
+
+// rows is the weight rows a workgroup computes.
+func (l skinnyLayout) rows() int { return l.wg * l.rt }
+
+// valid reports whether the kernel takes the layout.
+func (l skinnyLayout) valid() bool {
+	return l.tt >= 4 && l.tt%4 == 0 && l.wg >= l.tt && l.wg%l.tt == 0 && l.wg <= 256 && l.rt >= 1 && l.rt <= 4
+}
+
+// chunk returns the inputs a chunk (KC) for a device with limit bytes of
+// workgroup memory: the most, up to 128, whose staged activations fit it;
+// 0 when none does.
+func (l skinnyLayout) chunk(limit uint32) int {
+	for kc := 128; kc >= 32; kc -= 32 {
+		if uint32(4*(kc*l.tt+l.wg+l.tt)) <= limit {
+			return kc
+		}
+	}
+	return 0
+}
+
+// pickSkinnyLayout returns skinny_int4.wgsl's layout for T activation rows
+// of an N-row matrix, the fastest measured on the H200 at Qwen3-1.7B's
+// shapes (BenchmarkMatMulKernels), as a rule: two weight rows a thread; 8
+// or 16 activation rows a workgroup up to 8 or 16, 32 beyond — but 16 for a
+// vocabulary-sized head, whose tiles fill the GPU anyway; 64 threads, or
+// more for tall matrices (gate|up, the head) — and 256 for prompt chunks of
+// 256 rows and more, which have tiles enough for any matrix (64 rows a
+// workgroup or four weight rows a thread were slower at every projection).
+func pickSkinnyLayout(n, T int) skinnyLayout {
+	tall := n >= 8192
+	wg := 64
+	if tall {
+		wg = 128
+	}
+	switch {
+	case T >= 256 && n < 65536:
+		return skinnyLayout{tt: 32, rt: 2, wg: 256}
+	case T <= 8:
+		return skinnyLayout{tt: 8, rt: 2, wg: wg}
+	case T <= 16 || n >= 65536:
+		return skinnyLayout{tt: 16, rt: 2, wg: wg}
+	case tall:
+		return skinnyLayout{tt: 32, rt: 2, wg: 256}
+	}
+	return skinnyLayout{tt: 32, rt: 2, wg: 128}
+}
+
+// skinny records one row block with skinny_int4.wgsl at the choice's
+// layout and split-K target.
+func (c *matMulCall) skinny(blk rowBlock, out gpu.Binding) error {
+	l := c.choice.skinny
+	kc := l.chunk(c.b.Device().Limits().MaxComputeWorkgroupStorageSize)
+	if !l.valid() || kc == 0 {
+		return fmt.Errorf("%v does not fit this device", l)
+	}
+	consts := specialization{skinnyConsts, [6]uint32{uint32(l.tt), uint32(l.rt), uint32(l.wg), uint32(kc)}}
+	p, err := c.pipeline(skinnyInt4, consts)
+	if err != nil {
+		return err
+	}
+	return c.splitDispatch(p, blk, out, l.rows(), l.tt, 32, c.choice.groups)
+}

@@ -1,0 +1,110 @@
+// prelude.wgsl: what several kernels share, written once. Package shaders
+// appends to each kernel the items of this file that the kernel uses (and
+// those they use in turn), after the kernel's own text, so that a
+// compiler's line numbers stay the kernel file's. An item may use names the
+// kernel declares — scale reads the kernel's `scales` binding, split_sum its
+// `part` binding, its params `p` and its SB —, so it is appended only where
+// it is used. One item a paragraph: its comment, then one declaration, with
+// no blank line inside.
+
+// MatMulParams are the params of the matmul kernels over whole weight rows
+// (matmul_rowtile.wgsl, matvec_int4.wgsl, matvec_batch_int4.wgsl).
+struct MatMulParams {
+    T: u32,          // activation rows
+    N: u32,          // output features (rows of W) in this call
+    K: u32,          // input features
+    G: u32,          // int4 group size (unused by the dense weights)
+    ldo: u32,        // row stride of out, ≥ N
+    accumulate: u32, // 1: add into out
+    eps: f32,        // RMSNorm's epsilon (NORM = 1)
+    _pad0: u32,
+}
+
+// SplitParams are the params of the matmul kernels that may split K across
+// workgroups (gemm_int4.wgsl, skinny_int4.wgsl); with splits > 1 they write
+// partial sums for matmul_reduce.wgsl (or qkv_rope_kv.wgsl) instead of out.
+struct SplitParams {
+    T: u32,          // activation rows
+    N: u32,          // output features (rows of W) in this call
+    K: u32,          // input features, a multiple of 32
+    G: u32,          // group size, a multiple of 32
+    ldo: u32,        // row stride of out, ≥ N (splits = 1)
+    accumulate: u32, // 1: add into out (splits = 1)
+    eps: f32,        // RMSNorm's epsilon (norm, splits = 1)
+    splits: u32,     // workgroups along K (grid z)
+    kps: u32,        // inputs per split
+    swiglu: u32,     // 1: x is gate | up, and the input silu(gate)·up (skinny_int4.wgsl; gemm_int4.wgsl takes SWIGLU)
+    norm: u32,       // 1: the input is rmsnorm(x) · g (skinny_int4.wgsl; gemm_int4.wgsl takes NORM)
+    _pad0: u32,
+}
+
+// EmbedParams are the params of the embedding gathers (embed.wgsl).
+struct EmbedParams {
+    T: u32,    // tokens
+    V: u32,    // rows of the table
+    K: u32,    // columns, a multiple of 8 (and of G for int4)
+    G: u32,    // int4 group size (unused by the dense tables)
+    row0: u32, // first row of the table bound
+    n: u32,    // rows bound
+    _pad0: u32,
+    _pad1: u32,
+}
+
+// swiglu is Qwen3's MLP activation silu(g) · u, silu(g) = g / (1 + exp(−g)).
+fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    return g / (1.0 + exp(-g)) * u;
+}
+
+// scale returns the i-th f16 of the kernel's `scales` binding, read as u32
+// pairs (no shader-f16 needed): the low half of word i/2 when i is even,
+// the high half when odd.
+fn scale(i: u32) -> f32 {
+    let pair = unpack2x16float(scales[i >> 1u]);
+    return select(pair.x, pair.y, (i & 1u) == 1u);
+}
+
+// MAGIC is the bits of 2²³: a 4-bit code ORed into it is the float 2²³ +
+// code, exactly — int4 codes become floats without an int→float
+// conversion (a quarter-rate instruction).
+const MAGIC: u32 = 0x4B000000u;
+
+// BIAS is 2²³ + 8: bitcast(MAGIC | code) − BIAS is code − 8, the code's
+// signed value.
+const BIAS: f32 = 8388616.0;
+
+// codes returns the four int4 codes of nibbles shift/4 … shift/4+3 of word
+// w, minus 8, as floats (the exponent trick: MAGIC, BIAS).
+fn codes(w: u32, shift: u32) -> vec4<f32> {
+    let n = (vec4<u32>(w) >> vec4<u32>(shift, shift + 4u, shift + 8u, shift + 12u)) & vec4<u32>(15u);
+    return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - BIAS;
+}
+
+// swizzle places vec4 j = 8v + m of a row staged in workgroup memory at 8v
+// + (m + v) % 8: the eight lanes of a quarter-warp that read the same m of
+// eight consecutive v at once would otherwise all fall in one bank quad (a
+// stride of 128 bytes). The weights' own order stays fixed, so no register
+// is indexed by a lane-dependent value (which would send the vector to
+// local memory).
+fn swizzle(j: u32) -> u32 {
+    return (j & ~7u) | ((j + (j >> 3u)) & 7u);
+}
+
+// split_sum returns Σ_{s < p.splits} part[at + s·stride] over the kernel's
+// `part` binding (a split-K matmul's partial sums), in split order, loading
+// SB values before it adds any: splits is a param, and a plain loop to it
+// goes one load at a time.
+fn split_sum(at: u32, stride: u32) -> f32 {
+    var v = 0.0;
+    for (var s0 = 0u; s0 < p.splits; s0 += SB) {
+        var x: array<f32, SB>;
+        for (var i = 0u; i < SB; i++) {
+            x[i] = part[at + min(s0 + i, p.splits - 1u) * stride];
+        }
+        for (var i = 0u; i < SB; i++) {
+            if s0 + i < p.splits {
+                v += x[i];
+            }
+        }
+    }
+    return v;
+}

@@ -69,22 +69,28 @@ fn int4(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @compute @workgroup_size(WG)
 fn dense_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let dst = destination(gid.x, gid.y);
-    if dst.y >= p.V {
-        return;
-    }
-    let h = dense[dst.y * (p.K / 8u) + gid.x];
-    out[dst.x] = vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
-    out[dst.x + 1u] = vec4<f32>(unpack2x16float(h.z), unpack2x16float(h.w));
+    gather_dense(gid, true);
 }
 
 @compute @workgroup_size(WG)
 fn dense_f32(@builtin(global_invocation_id) gid: vec3<u32>) {
+    gather_dense(gid, false);
+}
+
+// gather_dense is the dense entry points' body: eight columns, one
+// vec4<u32> of halves (f16) or two of floats.
+fn gather_dense(gid: vec3<u32>, halves: bool) {
     let dst = destination(gid.x, gid.y);
     if dst.y >= p.V {
         return;
     }
-    let base = dst.y * (p.K / 4u) + 2u * gid.x;
-    out[dst.x] = bitcast<vec4<f32>>(dense[base]);
-    out[dst.x + 1u] = bitcast<vec4<f32>>(dense[base + 1u]);
+    let u = dst.y * (p.K / 8u) + gid.x; // the eight columns' unit in the block
+    if halves {
+        let h = dense[u];
+        out[dst.x] = vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+        out[dst.x + 1u] = vec4<f32>(unpack2x16float(h.z), unpack2x16float(h.w));
+    } else {
+        out[dst.x] = bitcast<vec4<f32>>(dense[2u * u]);
+        out[dst.x + 1u] = bitcast<vec4<f32>>(dense[2u * u + 1u]);
+    }
 }

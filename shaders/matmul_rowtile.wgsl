@@ -71,18 +71,6 @@ const PARTIAL: u32 = WG * SUMS;
 
 var<workgroup> partial: array<f32, PARTIAL>;
 
-// load_x returns x[t][8u, 8u+8) as two vec4s, for the TT rows from t0
-// (rows past T repeat row T-1; their sums are dropped by store).
-fn load_x(t0: u32, u: u32, t: u32) -> array<vec4<f32>, 2> {
-    let row = min(t0 + t, p.T - 1u);
-    if SWIGLU == 1u {
-        let g = row * (p.K / 2u) + 2u * u; // gate; up is K/4 vec4s further
-        return array<vec4<f32>, 2>(swiglu(x[g], x[g + p.K / 4u]), swiglu(x[g + 1u], x[g + 1u + p.K / 4u]));
-    }
-    let base = row * (p.K / 4u) + 2u * u;
-    return array<vec4<f32>, 2>(x[base], x[base + 1u]);
-}
-
 // store reduces the workgroup's partial sums (and sums of squares) and
 // writes its outputs.
 fn store(sums: array<f32, ACC>, squares: array<f32, TT>, lid: u32, n0: u32, t0: u32) {
@@ -139,15 +127,8 @@ fn int4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var xb: array<vec4<f32>, TT>;
         for (var t = 0u; t < TT; t++) {
             let row = min(t0 + t, p.T - 1u);
-            if SWIGLU == 1u {
-                let g = row * (p.K / 2u) + 2u * w; // gate; up is K/4 vec4s further
-                xa[t] = swiglu(x[g], x[g + p.K / 4u]);
-                xb[t] = swiglu(x[g + 1u], x[g + 1u + p.K / 4u]);
-            } else {
-                let base = row * (p.K / 4u) + 2u * w;
-                xa[t] = x[base];
-                xb[t] = x[base + 1u];
-            }
+            xa[t] = input4(row, 2u * w);
+            xb[t] = input4(row, 2u * w + 1u);
             if NORM == 1u {
                 ss[t] += dot(xa[t], xa[t]) + dot(xb[t], xb[t]);
                 xa[t] *= norm[2u * w];
@@ -170,44 +151,29 @@ fn int4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 @compute @workgroup_size(WG)
 fn dense_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n0 = wid.x * ROWS;
-    let t0 = wid.y * TT;
-    let units = p.K / 8u; // vec4<u32> per weight row
-    var acc = array<f32, ACC>();
-    var ss = array<f32, TT>();
-    for (var u = lid; u < units; u += WG) {
-        var xs: array<array<vec4<f32>, 2>, TT>;
-        for (var t = 0u; t < TT; t++) {
-            xs[t] = load_x(t0, u, t);
-            if NORM == 1u { // add the squares, then multiply by g
-                ss[t] += dot(xs[t][0], xs[t][0]) + dot(xs[t][1], xs[t][1]);
-                xs[t][0] *= norm[2u * u];
-                xs[t][1] *= norm[2u * u + 1u];
-            }
-        }
-        for (var r = 0u; r < ROWS; r++) {
-            let h = dense[min(n0 + r, p.N - 1u) * units + u];
-            let lo = vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
-            let hi = vec4<f32>(unpack2x16float(h.z), unpack2x16float(h.w));
-            for (var t = 0u; t < TT; t++) {
-                acc[r * TT + t] += dot(lo, xs[t][0]) + dot(hi, xs[t][1]);
-            }
-        }
-    }
-    store(acc, ss, lid, n0, t0);
+    dense_rows(wid, lid, true);
 }
 
 @compute @workgroup_size(WG)
 fn dense_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    dense_rows(wid, lid, false);
+}
+
+// dense_rows is the dense entry points' body: each thread takes eight
+// columns at a time, one vec4<u32> of halves (f16) or two of floats.
+fn dense_rows(wid: vec3<u32>, lid: u32, halves: bool) {
     let n0 = wid.x * ROWS;
     let t0 = wid.y * TT;
-    let units = p.K / 8u; // pairs of vec4<u32> per weight row
+    let units = p.K / 8u; // eight-column units per weight row
     var acc = array<f32, ACC>();
     var ss = array<f32, TT>();
     for (var u = lid; u < units; u += WG) {
+        // x'[t][8u, 8u+8) for the TT activation rows; rows past T repeat
+        // row T-1 and their sums are dropped by store.
         var xs: array<array<vec4<f32>, 2>, TT>;
         for (var t = 0u; t < TT; t++) {
-            xs[t] = load_x(t0, u, t);
+            let row = min(t0 + t, p.T - 1u);
+            xs[t] = array<vec4<f32>, 2>(input4(row, 2u * u), input4(row, 2u * u + 1u));
             if NORM == 1u { // add the squares, then multiply by g
                 ss[t] += dot(xs[t][0], xs[t][0]) + dot(xs[t][1], xs[t][1]);
                 xs[t][0] *= norm[2u * u];
@@ -215,9 +181,17 @@ fn dense_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             }
         }
         for (var r = 0u; r < ROWS; r++) {
-            let base = min(n0 + r, p.N - 1u) * (2u * units) + 2u * u;
-            let lo = bitcast<vec4<f32>>(dense[base]);
-            let hi = bitcast<vec4<f32>>(dense[base + 1u]);
+            let n = min(n0 + r, p.N - 1u);
+            var lo: vec4<f32>;
+            var hi: vec4<f32>;
+            if halves {
+                let h = dense[n * units + u];
+                lo = vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+                hi = vec4<f32>(unpack2x16float(h.z), unpack2x16float(h.w));
+            } else {
+                lo = bitcast<vec4<f32>>(dense[2u * (n * units + u)]);
+                hi = bitcast<vec4<f32>>(dense[2u * (n * units + u) + 1u]);
+            }
             for (var t = 0u; t < TT; t++) {
                 acc[r * TT + t] += dot(lo, xs[t][0]) + dot(hi, xs[t][1]);
             }

@@ -105,14 +105,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let t = e / (KC / 4u);
             let j = e % (KC / 4u);
             if t < TT && j < kc4 {
-                let row = min(t, p.T - 1u);
-                var v: vec4<f32>;
-                if SWIGLU == 1u {
-                    let g = row * (p.K / 2u) + c0 / 4u + j; // gate; up is K/4 vec4s further
-                    v = swiglu(x[g], x[g + p.K / 4u]);
-                } else {
-                    v = x[row * (p.K / 4u) + c0 / 4u + j];
-                }
+                var v = input4(min(t, p.T - 1u), c0 / 4u + j);
                 if NORM == 1u {
                     // By select: ss indexed by t, a lane's value, would go
                     // to local memory.

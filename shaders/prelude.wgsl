@@ -55,6 +55,17 @@ fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
     return g / (1.0 + exp(-g)) * u;
 }
 
+// input4 returns vec4 j of activation row `row` of a matmul's input: the
+// kernel's `x` binding (vec4s of p.K values a row), or, with the kernel's
+// SWIGLU = 1, silu(gate) · up from the (T, 2K) gate|up row.
+fn input4(row: u32, j: u32) -> vec4<f32> {
+    if SWIGLU == 1u {
+        let g = row * (p.K / 2u) + j; // gate; up is K/4 vec4s further
+        return swiglu(x[g], x[g + p.K / 4u]);
+    }
+    return x[row * (p.K / 4u) + j];
+}
+
 // scale returns the i-th f16 of the kernel's `scales` binding, read as u32
 // pairs (no shader-f16 needed): the low half of word i/2 when i is even,
 // the high half when odd.

@@ -134,16 +134,26 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			}
 			// Every kernel at its layout for the shape, then the layouts and
 			// split-K targets the plan's were chosen among.
+			// Each kernel's own is named by the kernel (matvec, skinny, …),
+			// the others by their layout and split-K target.
 			plan, limits := planFor(d), d.Limits()
-			var choices []matMulChoice
+			type variant struct {
+				name string
+				c    matMulChoice
+			}
+			var choices []variant
 			add := func(k matMulKernel, edit func(c *matMulChoice)) {
 				if c, ok := plan.choose(k, w, T, limits); ok {
-					edit(&c)
-					choices = append(choices, c)
+					name := k.String()
+					if edit != nil {
+						edit(&c)
+						name = c.String()
+					}
+					choices = append(choices, variant{name, c})
 				}
 			}
 			for _, k := range []matMulKernel{kernelMatVec, kernelMatVecBatch, kernelRowTile, kernelGEMM2, kernelGEMM2x8, kernelGEMM4, kernelSkinny} {
-				add(k, func(*matMulChoice) {})
+				add(k, nil)
 			}
 			skinnyLayouts := benchSkinnyLayouts
 			if T >= 256 {
@@ -175,12 +185,12 @@ func BenchmarkMatMulKernels(b *testing.B) {
 					}
 				}
 			}
-			for _, c := range choices {
-				b.Run(fmt.Sprintf("%s/T%d/%v", s.name, T, c), func(b *testing.B) {
+			for _, v := range choices {
+				b.Run(fmt.Sprintf("%s/T%d/%s", s.name, T, v.name), func(b *testing.B) {
 					i := 0
 					sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
 						i++
-						_, err := matMulSplitK(bt, out, x, ws[i%len(ws)], T, in, c, limits.MaxStorageBufferBindingSize, false)
+						_, err := matMulSplitK(bt, out, x, ws[i%len(ws)], T, in, v.c, limits.MaxStorageBufferBindingSize, false)
 						return err
 					})
 					b.ReportMetric(sec*1e6, "µs/matmul")

@@ -128,10 +128,10 @@ func (c matMulChoice) String() string {
 	case kernelMatVec:
 		return c.matVec.matVecLayout.String()
 	case kernelSkinny:
-		return fmt.Sprintf("%v/groups %d", c.skinny, c.groups)
+		return fmt.Sprintf("%v/groups=%d", c.skinny, c.groups)
 	}
 	if c.kernel.isGEMM() {
-		return fmt.Sprintf("%v/groups %d", c.kernel, c.groups)
+		return fmt.Sprintf("%v/groups=%d", c.kernel, c.groups)
 	}
 	return c.kernel.String()
 }

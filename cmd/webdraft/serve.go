@@ -20,16 +20,12 @@ const drainTimeout = 30 * time.Second
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "serve", "[--model DIR] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N] [--chain-steps 8]")
 	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
-	target := fs.String("target", "", "target model folder for the speculative demo page (not in this build yet)")
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", backendUsage)
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory for running and cached sequences, in MiB")
 	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if *target != "" {
-		return usagef("--target: the speculative demo is not part of this build yet")
 	}
 	if *cacheMB < 1 {
 		return usagef("--cache-mb %d: want at least 1", *cacheMB)

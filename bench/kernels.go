@@ -44,7 +44,7 @@ var streamReadKernel = gpu.Kernel{
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // src, sums
 }
 
-// streamReadParams are stream_read.wgsl's params: N vec4s to read.
+// streamReadParams are stream_read.wgsl's params (package shaders' WordsParams): N vec4s to read.
 type streamReadParams struct{ N, _, _, _ uint32 }
 
 // fmaParams are fma.wgsl's params.

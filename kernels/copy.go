@@ -13,7 +13,7 @@ var copyKernel = gpu.Kernel{
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite}, // src, dst
 }
 
-// copyParams are copy.wgsl's params: N 16-byte words.
+// copyParams are copy.wgsl's params (prelude.wgsl's WordsParams): N 16-byte words.
 type copyParams struct{ N, _, _, _ uint32 }
 
 const copyWG = 256

@@ -50,6 +50,15 @@ struct EmbedParams {
     _pad1: u32,
 }
 
+// WordsParams are the params of the kernels over n 16-byte words of a
+// buffer (copy.wgsl; bench's stream_read.wgsl).
+struct WordsParams {
+    n: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
 // swiglu is Qwen3's MLP activation silu(g) · u, silu(g) = g / (1 + exp(−g)).
 fn swiglu(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
     return g / (1.0 + exp(-g)) * u;

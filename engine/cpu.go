@@ -7,6 +7,7 @@ import (
 
 	"webdraft/qwen3"
 	"webdraft/reference"
+	"webdraft/sampling"
 )
 
 // CPU is the engine over the plain-Go reference model (--backend cpu).
@@ -64,8 +65,54 @@ func (c *CPU) Step(ctx context.Context, batch []*Entry) error {
 		return err
 	}
 	for i, e := range batch {
-		if e.Next, err = reference.Argmax(logits[i]); err != nil {
-			return err
+		row, err := sampling.Choose(logits[i], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+		if err != nil {
+			return fmt.Errorf("cpu engine: batch entry %d: %w", i, err)
+		}
+		e.Next, e.Logprob = row.Argmax, row.ArgmaxLogprob
+	}
+	return nil
+}
+
+// Verify runs the batch as one reference forward pass and reads out each
+// entry's last Out rows through package sampling, as the GPU does.
+func (c *CPU) Verify(ctx context.Context, batch []*VerifyEntry) error {
+	cfg := c.model.Config()
+	if err := CheckVerify(&cfg, batch); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	inputs := make([]reference.Input, len(batch))
+	outs := make([]int, len(batch))
+	for i, e := range batch {
+		seq, ok := e.Seq.(*cpuSequence)
+		if !ok {
+			return fmt.Errorf("cpu engine: sequence of another engine (%T)", e.Seq)
+		}
+		inputs[i] = reference.Input{Seq: seq.Sequence, Tokens: e.Tokens}
+		outs[i] = e.Out
+	}
+	rows, err := c.model.ForwardRows(inputs, outs)
+	if err != nil {
+		return err
+	}
+	for i, e := range batch {
+		e.Rows = make([]VerifyRow, e.Out)
+		for j, logits := range rows[i] {
+			d := sampling.Draw{X: sampling.NoProposal}
+			if !e.Sampling.Greedy() {
+				d = e.Draws[j]
+			}
+			row, err := sampling.Choose(logits, e.Sampling, d)
+			if err != nil {
+				return fmt.Errorf("cpu engine: batch entry %d row %d: %w", i, j, err)
+			}
+			e.Rows[j].Row = row
+			if e.TopN > 0 {
+				e.Rows[j].Top = sampling.Top(logits, e.TopN, row.LogSumExp)
+			}
 		}
 	}
 	return nil

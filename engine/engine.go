@@ -1,8 +1,9 @@
-// Package engine defines what a drafting backend does — forward passes of a
-// Qwen3 model over batches of sequences, each with its own KV cache, returning
-// greedy tokens only — and provides the CPU engine over the reference model.
-// The WebGPU engine implements the same interface, so the server and the
-// command line never see a kernel.
+// Package engine defines what a backend does — forward passes of a Qwen3
+// model over batches of sequences, each with its own KV cache: a drafter's
+// greedy steps (Step, StepN), and a verifier's pass that reads out every
+// position it feeds (Verify) — and provides the CPU engine over the
+// reference model. The WebGPU engine implements the same interface, so the
+// server and the command line never see a kernel.
 package engine
 
 import (
@@ -11,6 +12,7 @@ import (
 	"fmt"
 
 	"webdraft/qwen3"
+	"webdraft/sampling"
 )
 
 // Info names what an engine runs on.
@@ -30,8 +32,16 @@ type Engine interface {
 	NewSequence() (Sequence, error)
 	// Step runs one forward pass over every entry of the batch: each entry's
 	// tokens are appended to its sequence's cache, and entry.Next is set to
-	// the greedy token after its last one.
+	// the greedy token after its last one (entry.Logprob to its
+	// log-probability).
 	Step(ctx context.Context, batch []*Entry) error
+	// Verify runs one forward pass over every entry's tokens as Step does,
+	// and reads out each entry's last Out positions: for each, what
+	// sampling.Choose gives for the logits there (the argmax, and with
+	// sampling the acceptance of the entry's Draws and a draw), and the
+	// TopN most likely tokens. Only those few numbers come back, never a
+	// row of logits.
+	Verify(ctx context.Context, batch []*VerifyEntry) error
 	// KVCapacity is how many positions the engine's KV cache holds for all
 	// its sequences together: the scheduler keeps within it.
 	KVCapacity() int
@@ -52,8 +62,49 @@ type Sequence interface {
 type Entry struct {
 	Seq    Sequence
 	Tokens []int // appended to Seq; at least one
-	Next   int   // set by Step: argmax of the logits after the last token
+	// Set by Step: the argmax of the logits after the last token, and its
+	// log-probability under the model (the softmax at temperature 1).
+	Next    int
+	Logprob float32
 }
+
+// Token is a token an engine chose and its log-probability under the model.
+type Token struct {
+	ID      int
+	Logprob float32
+}
+
+// IDs returns the tokens' ids.
+func IDs(tokens []Token) []int {
+	ids := make([]int, len(tokens))
+	for i, t := range tokens {
+		ids[i] = t.ID
+	}
+	return ids
+}
+
+// VerifyEntry is one sequence's part of a Verify pass.
+type VerifyEntry struct {
+	Seq    Sequence
+	Tokens []int // appended to Seq; at least one
+	Out    int   // the last Out positions are read out, 1 … len(Tokens)
+	// Sampling is how each row's Sample is drawn; with Temperature 0 there
+	// is no draw and Draws is unused. Draws holds Out draws, one a row.
+	Sampling sampling.Params
+	Draws    []sampling.Draw
+	TopN     int // 0 … MaxTopN: the most likely tokens to read out a row
+	// Rows is set by Verify: Out rows, for the positions in order.
+	Rows []VerifyRow
+}
+
+// VerifyRow is one position read out by Verify.
+type VerifyRow struct {
+	sampling.Row
+	Top []sampling.TokenLogprob // TopN of them, most likely first
+}
+
+// MaxTopN bounds VerifyEntry.TopN (OpenAI's top_logprobs allows 20).
+const MaxTopN = 20
 
 var (
 	// ErrContextFull reports a sequence that would grow past the model's
@@ -68,15 +119,54 @@ var (
 // tokens in the vocabulary, positions within max_position_embeddings.
 func CheckBatch(c *qwen3.Config, batch []*Entry) error {
 	for i, e := range batch {
-		if len(e.Tokens) == 0 {
-			return fmt.Errorf("batch entry %d: no tokens", i)
+		if err := checkTokens(c, i, e.Seq, e.Tokens); err != nil {
+			return err
 		}
-		if n := e.Seq.Len() + len(e.Tokens); n > c.MaxPositionEmbeddings {
-			return fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, n, ErrContextFull, c.MaxPositionEmbeddings)
+	}
+	return nil
+}
+
+func checkTokens(c *qwen3.Config, i int, seq Sequence, tokens []int) error {
+	if len(tokens) == 0 {
+		return fmt.Errorf("batch entry %d: no tokens", i)
+	}
+	if n := seq.Len() + len(tokens); n > c.MaxPositionEmbeddings {
+		return fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, n, ErrContextFull, c.MaxPositionEmbeddings)
+	}
+	for j, t := range tokens {
+		if t < 0 || t >= c.VocabSize {
+			return fmt.Errorf("batch entry %d: token %d at index %d is outside the vocabulary [0, %d)", i, t, j, c.VocabSize)
 		}
-		for j, t := range e.Tokens {
-			if t < 0 || t >= c.VocabSize {
-				return fmt.Errorf("batch entry %d: token %d at index %d is outside the vocabulary [0, %d)", i, t, j, c.VocabSize)
+	}
+	return nil
+}
+
+// CheckVerify validates a Verify batch as CheckBatch does, and each entry's
+// read-out: Out within its tokens, sampling parameters, one draw a row with
+// proposals in the vocabulary, TopN within MaxTopN.
+func CheckVerify(c *qwen3.Config, batch []*VerifyEntry) error {
+	for i, e := range batch {
+		if err := checkTokens(c, i, e.Seq, e.Tokens); err != nil {
+			return err
+		}
+		if e.Out < 1 || e.Out > len(e.Tokens) {
+			return fmt.Errorf("batch entry %d: reads out %d of %d positions", i, e.Out, len(e.Tokens))
+		}
+		if e.TopN < 0 || e.TopN > MaxTopN {
+			return fmt.Errorf("batch entry %d: top %d: want 0…%d", i, e.TopN, MaxTopN)
+		}
+		if err := e.Sampling.Validate(); err != nil {
+			return fmt.Errorf("batch entry %d: %w", i, err)
+		}
+		if e.Sampling.Greedy() {
+			continue
+		}
+		if len(e.Draws) != e.Out {
+			return fmt.Errorf("batch entry %d: %d draws for %d rows", i, len(e.Draws), e.Out)
+		}
+		for j, d := range e.Draws {
+			if d.X != sampling.NoProposal && (d.X < 0 || d.X >= c.VocabSize) || !(d.U >= 0 && d.U < 1) || !(d.V >= 0 && d.V < 1) {
+				return fmt.Errorf("batch entry %d: draw %d %+v: want a proposal in the vocabulary (or none) and uniforms in [0, 1)", i, j, d)
 			}
 		}
 	}
@@ -92,12 +182,12 @@ type Chainer interface {
 	// tokens replaced by its Next: it returns each entry's n greedy tokens.
 	// The caches then hold the entries' tokens and the first n-1 of those;
 	// entry.Next is the last. Entries' Tokens are left as they were.
-	StepN(ctx context.Context, batch []*Entry, n int) ([][]int, error)
+	StepN(ctx context.Context, batch []*Entry, n int) ([][]Token, error)
 }
 
 // StepN runs n greedy steps over batch (see Chainer): through the engine's
 // own StepN when it has one, else as n Steps.
-func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]int, error) {
+func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]Token, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("step n: n = %d, want > 0", n)
 	}
@@ -113,13 +203,13 @@ func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]int, error
 			en.Tokens = tokens[i]
 		}
 	}()
-	out := make([][]int, len(batch))
+	out := make([][]Token, len(batch))
 	for range n {
 		if err := e.Step(ctx, batch); err != nil {
 			return out, err
 		}
 		for i, en := range batch {
-			out[i] = append(out[i], en.Next)
+			out[i] = append(out[i], Token{en.Next, en.Logprob})
 			en.Tokens = []int{en.Next}
 		}
 	}
@@ -128,7 +218,7 @@ func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]int, error
 
 // Draft feeds tokens to seq and returns the n greedy tokens that follow; the
 // cache then holds tokens and the first n-1 drafted ones.
-func Draft(ctx context.Context, e Engine, seq Sequence, tokens []int, n int) ([]int, error) {
+func Draft(ctx context.Context, e Engine, seq Sequence, tokens []int, n int) ([]Token, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("draft: n = %d, want > 0", n)
 	}

@@ -11,11 +11,11 @@ import (
 var (
 	argmaxPartial = gpu.Kernel{
 		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "partial", Params: reflect.TypeFor[argmaxParams](),
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids, lp
 	}
 	argmaxMerge = gpu.Kernel{
 		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "merge", Params: reflect.TypeFor[argmaxParams](),
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids, lp
 	}
 )
 
@@ -30,11 +30,13 @@ const argmaxChunk = 4096
 const ArgmaxNaN = 0xffffffff
 
 // Argmax records ids[t] = the first index of the largest of logits[t]
-// (greedy decoding; torch.argmax's tie rule):
+// (greedy decoding; torch.argmax's tie rule) and lp[t], its
+// log-probability (log softmax at temperature 1):
 //
 //	logits (T, V) f32
 //	ids    (T) u32; ArgmaxNaN for a row with a NaN
-func Argmax(b *gpu.Batch, ids, logits *gpu.Buffer, T, V int) error {
+//	lp     (T) f32
+func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V int) error {
 	op := "argmax"
 	if T <= 0 || V <= 0 {
 		return fmt.Errorf("kernels: %s: shape (%d, %d)", op, T, V)
@@ -45,13 +47,16 @@ func Argmax(b *gpu.Batch, ids, logits *gpu.Buffer, T, V int) error {
 	if err := need(op, "ids", ids, T); err != nil {
 		return err
 	}
+	if err := need(op, "lp", lp, T); err != nil {
+		return err
+	}
 	d := b.Device()
 	chunks := (V + argmaxChunk - 1) / argmaxChunk
-	scratch, err := d.Scratch(uint64(T*chunks) * 8)
+	scratch, err := d.Scratch(uint64(T*chunks) * 16)
 	if err != nil {
 		return err
 	}
-	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*8), ids.Slice(0, uint64(T)*4)}
+	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*16), ids.Slice(0, uint64(T)*4), lp.Slice(0, uint64(T)*4)}
 	params := &argmaxParams{T: uint32(T), V: uint32(V), Chunks: uint32(chunks)}
 	for _, pass := range []struct {
 		k    gpu.Kernel

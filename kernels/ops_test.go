@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/reference"
+	"webdraft/sampling"
+	"webdraft/sampling/samplingtest"
 )
 
 func TestEmbed(t *testing.T) {
@@ -166,24 +169,118 @@ func TestArgmax(t *testing.T) {
 					}
 				}
 			}
-			want := make([]uint32, T)
-			for row := range T {
-				id, err := reference.Argmax(logits[row*V : (row+1)*V])
-				want[row] = uint32(id)
-				if err != nil {
-					want[row] = ArgmaxNaN
-				}
-			}
 			lb := upload(t, d, "logits", logits)
-			ids := poisoned(t, d, "ids", T)
-			run(t, d, "argmax", func(b *gpu.Batch) error { return Argmax(b, ids, lb, T, V) })
+			ids, lp := poisoned(t, d, "ids", T), poisoned(t, d, "lp", T)
+			poisonScratch(t, d, T*64)
+			run(t, d, "argmax", func(b *gpu.Batch) error { return Argmax(b, ids, lp, lb, T, V) })
 			got, err := ids.ReadU32()
 			if err != nil {
 				t.Fatal(err)
 			}
+			gotLP := readF32(t, lp, T)
 			for row := range T {
-				if got[row] != want[row] {
-					t.Errorf("row %d: id %#x, want %#x", row, got[row], want[row])
+				want, err := sampling.Choose(logits[row*V:(row+1)*V], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+				if err != nil {
+					if got[row] != ArgmaxNaN {
+						t.Errorf("row %d: id %#x for a NaN row", row, got[row])
+					}
+					continue
+				}
+				if got[row] != uint32(want.Argmax) {
+					t.Errorf("row %d: id %d, want %d", row, got[row], want.Argmax)
+				}
+				if math.Abs(float64(gotLP[row]-want.ArgmaxLogprob)) > 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob))) {
+					t.Errorf("row %d: log p %v, want %v", row, gotLP[row], want.ArgmaxLogprob)
+				}
+			}
+		})
+	}
+}
+
+// TestSample holds sample.wgsl to package sampling on fresh random rows:
+// greedy, at a temperature, in a nucleus, with and without a proposal,
+// with ties, a NaN, and a vocabulary-sized row.
+func TestSample(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, V := range []int{1, 2 + r.IntN(300), 1 + r.IntN(5000), 151936} {
+		rows := 6 + r.IntN(6)
+		topN := min(V, r.IntN(21))
+		t.Run(fmt.Sprintf("rows%d_V%d_top%d", rows, V, topN), func(t *testing.T) {
+			logits := randVec(r, rows*V, 3)
+			params := make([]sampling.Params, rows)
+			draws := make([]sampling.Draw, rows)
+			dw, tw := make([]uint32, rows*SampleDrawWords), make([]float32, rows*SampleTempWords)
+			for row := range rows {
+				l := logits[row*V : (row+1)*V]
+				switch row % 6 {
+				case 1: // a tie for the maximum, and a second tie below it
+					l[r.IntN(V)], l[r.IntN(V)], l[r.IntN(V)], l[r.IntN(V)] = 9, 9, 8, 8
+				case 2:
+					l[r.IntN(V)] = float32(math.NaN())
+				case 3: // a peaked row: the nucleus is a few tokens
+					l[r.IntN(V)] = 30
+				}
+				params[row] = sampling.Params{Temperature: []float32{0, 0.3, 1, 1.7}[r.IntN(4)], TopP: []float32{1, 0.9, 0.5, 0.05, 0}[r.IntN(5)]}
+				draws[row] = sampling.Draw{X: r.IntN(V), U: r.Float32(), V: r.Float32()}
+				if row%6 == 4 {
+					draws[row].X = sampling.NoProposal
+				}
+				if row%6 == 5 { // the proposal is the argmax: the usual case
+					draws[row].X = slices.Index(l, slices.Max(l))
+				}
+				PutSampleRow(dw[row*SampleDrawWords:], tw[row*SampleTempWords:], params[row], draws[row])
+			}
+			lb := upload(t, d, "logits", logits)
+			db, tb := uploadU32(t, d, "draws", dw), upload(t, d, "temps", tw)
+			out, top := poisoned(t, d, "out", rows*SampleWords), poisoned(t, d, "top", rows*max(topN, 1)*2)
+			run(t, d, "sample", func(b *gpu.Batch) error { return Sample(b, out, top, lb, db, tb, rows, V, topN) })
+			ow, err := out.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			tw2, err := top.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for row := range rows {
+				l := logits[row*V : (row+1)*V]
+				got, gerr := SampleRow(ow[row*SampleWords:])
+				want, werr := sampling.Choose(l, params[row], draws[row])
+				if werr != nil || gerr != nil {
+					if !errors.Is(gerr, sampling.ErrNaN) || !errors.Is(werr, sampling.ErrNaN) {
+						t.Errorf("row %d: %v, want %v", row, gerr, werr)
+					}
+					continue
+				}
+				close := func(name string, g, w float32) {
+					if math.Abs(float64(g-w)) > 1e-4*max(1, math.Abs(float64(w))) {
+						t.Errorf("row %d: %s %v, want %v", row, name, g, w)
+					}
+				}
+				close("logsumexp", got.LogSumExp, want.LogSumExp)
+				close("log p(argmax)", got.ArgmaxLogprob, want.ArgmaxLogprob)
+				if err := samplingtest.Check(l, params[row], draws[row], got); err != nil {
+					t.Errorf("row %d (%+v, %+v): %v", row, params[row], draws[row], err)
+				}
+				if !params[row].Greedy() {
+					close("threshold", got.Threshold, want.Threshold)
+					if draws[row].X != sampling.NoProposal {
+						close("log p(X)", got.XLogprob, l[draws[row].X]-want.LogSumExp)
+					}
+					if got.Sample >= 0 && got.Sample < V {
+						close("log p(sample)", got.SampleLogprob, l[got.Sample]-want.LogSumExp)
+					}
+				} else if got.Sample != want.Argmax {
+					t.Errorf("row %d: greedy sample %d, want the argmax %d", row, got.Sample, want.Argmax)
+				}
+				wantTop := sampling.Top(l, topN, want.LogSumExp)
+				for i, g := range SampleTop(tw2[row*max(topN, 1)*2:], topN) {
+					if g.Token != wantTop[i].Token {
+						t.Errorf("row %d: top %d is %d, want %d", row, i, g.Token, wantTop[i].Token)
+						break
+					}
+					close("top log p", g.Logprob, wantTop[i].Logprob)
 				}
 			}
 		})

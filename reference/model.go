@@ -92,6 +92,27 @@ type segment struct {
 // share every matrix multiplication, so weights are read once per pass;
 // attention stays within each sequence. Nothing changes if an input is bad.
 func (m *Model) ForwardBatch(inputs []Input) ([][]float32, error) {
+	outs := make([]int, len(inputs))
+	for i := range outs {
+		outs[i] = 1
+	}
+	rows, err := m.ForwardRows(inputs, outs)
+	if err != nil {
+		return nil, err
+	}
+	last := make([][]float32, len(rows))
+	for i, r := range rows {
+		last[i] = r[0]
+	}
+	return last, nil
+}
+
+// ForwardRows is ForwardBatch returning the logits of each input's last
+// outs[i] new positions (1 ≤ outs[i] ≤ its tokens), in order.
+func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
+	if len(outs) != len(inputs) {
+		return nil, fmt.Errorf("forward: %d output counts for %d inputs", len(outs), len(inputs))
+	}
 	c := &m.cfg
 	H := c.HiddenSize
 	segs := make([]segment, len(inputs))
@@ -111,6 +132,9 @@ func (m *Model) ForwardBatch(inputs []Input) ([][]float32, error) {
 			if t < 0 || t >= c.VocabSize {
 				return nil, fmt.Errorf("forward: token %d at index %d is outside the vocabulary [0, %d)", t, j, c.VocabSize)
 			}
+		}
+		if outs[i] < 1 || outs[i] > T {
+			return nil, fmt.Errorf("forward: input %d reads out %d of its %d rows", i, outs[i], T)
 		}
 		seen[in.Seq] = true
 		segs[i] = segment{seq: in.Seq, r0: rows, T: T, P: P}
@@ -132,17 +156,28 @@ func (m *Model) ForwardBatch(inputs []Input) ([][]float32, error) {
 		sg.seq.len += sg.T
 	}
 
-	// hidden = norm(hidden[last of each input]); logits = lm_head(hidden): (inputs, vocab)
-	last := make([]float32, len(segs)*H)
-	for i, sg := range segs {
-		r := sg.r0 + sg.T - 1
-		RMSNorm(last[i*H:(i+1)*H], x[r*H:(r+1)*H], m.w.Norm, c.RMSNormEps)
+	// hidden = norm(hidden[rows read out]); logits = lm_head(hidden): (rows read out, vocab)
+	n := 0
+	for _, o := range outs {
+		n += o
 	}
-	logits := make([]float32, len(segs)*c.VocabSize)
-	MatMul(logits, last, m.w.LMHead, len(segs))
-	out := make([][]float32, len(segs))
+	read := make([]float32, n*H)
+	k := 0
+	for i, sg := range segs {
+		for r := sg.r0 + sg.T - outs[i]; r < sg.r0+sg.T; r++ {
+			RMSNorm(read[k*H:(k+1)*H], x[r*H:(r+1)*H], m.w.Norm, c.RMSNormEps)
+			k++
+		}
+	}
+	logits := make([]float32, n*c.VocabSize)
+	MatMul(logits, read, m.w.LMHead, n)
+	out := make([][][]float32, len(segs))
+	k = 0
 	for i := range out {
-		out[i] = logits[i*c.VocabSize : (i+1)*c.VocabSize]
+		for range outs[i] {
+			out[i] = append(out[i], logits[k*c.VocabSize:(k+1)*c.VocabSize])
+			k++
+		}
 	}
 	return out, nil
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,10 @@ type StepStats struct {
 type Request struct {
 	Tokens []int
 	N      int
+	// PMin, when above 0, ends the draft early before the first token the
+	// drafter gives a probability below it (llama.cpp's --draft-p-min): the
+	// draft then holds fewer than N tokens, perhaps none.
+	PMin float64
 }
 
 // Result is a finished request.
@@ -178,6 +183,22 @@ type job struct {
 	reserved int // KV positions reserved: the final length of the sequence
 	started  time.Time
 	first    time.Time // when the first draft token came
+}
+
+// add appends drafted tokens to the draft, up to the first whose
+// probability is below the request's PMin, and reports whether the draft is
+// done: N tokens, or cut there.
+func (j *job) add(tokens []engine.Token) bool {
+	for _, t := range tokens {
+		if j.req.PMin > 0 && math.Exp(float64(t.Logprob)) < j.req.PMin {
+			return true
+		}
+		j.draft = append(j.draft, t.ID)
+		if len(j.draft) == j.req.N {
+			return true
+		}
+	}
+	return false
 }
 
 func (j *job) finish(err error) {
@@ -329,7 +350,7 @@ func (r *runner) step(ctx context.Context) error {
 		jobs = append(jobs, j)
 	}
 	var err error
-	var chained [][]int // each entry's greedy tokens, chain > 1
+	var chained [][]engine.Token // each entry's greedy tokens, chain > 1
 	if len(batch) > 0 {
 		start := time.Now()
 		if chain > 1 {
@@ -362,9 +383,10 @@ func (r *runner) step(ctx context.Context) error {
 		}
 		e := batch[i]
 		j.fed = append(j.fed, e.Tokens...)
+		var done bool
 		if chained != nil { // decoding jobs only: fed the first chain-1 tokens
-			j.fed = append(j.fed, chained[i][:chain-1]...)
-			j.draft = append(j.draft, chained[i]...)
+			j.fed = append(j.fed, engine.IDs(chained[i][:chain-1])...)
+			done = j.add(chained[i])
 		} else {
 			if len(j.pending) > 0 {
 				j.pending = j.pending[len(e.Tokens):]
@@ -373,10 +395,10 @@ func (r *runner) step(ctx context.Context) error {
 				}
 				j.first = now
 			}
-			j.draft = append(j.draft, e.Next)
+			done = j.add([]engine.Token{{ID: e.Next, Logprob: e.Logprob}})
 		}
-		if len(j.draft) == j.req.N {
-			j.result.Draft = j.draft
+		if done {
+			j.result.Draft = append([]int{}, j.draft...) // [] for a draft p_min cut to nothing
 			j.result.Prefill = j.first.Sub(j.started)
 			j.result.Decode = now.Sub(j.first)
 			r.retire(j, nil, true)

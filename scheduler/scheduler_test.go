@@ -52,7 +52,7 @@ func alone(t *testing.T, e engine.Engine, tokens []int, n int) []int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out
+	return engine.IDs(out)
 }
 
 func randTokens(rng *rand.Rand, n int) []int {

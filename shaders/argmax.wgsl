@@ -1,22 +1,27 @@
 // argmax.wgsl: greedy token choice, ids[t] = argmax_v logits[t][v] for
 // t < T rows of V logits: the first index of the largest value (as
-// torch.argmax and reference.Argmax). A row holding a NaN yields
-// 0xffffffff, which the host turns into an error.
+// torch.argmax and sampling.Choose), and its log-probability lp[t] =
+// logits[t][ids[t]] − logsumexp(logits[t]). A row holding a NaN yields
+// ids[t] = 0xffffffff, which the host turns into an error.
 //
 // Two entry points, dispatched one after the other, so that a
 // vocabulary-sized row is read by many workgroups at once rather than by
 // one, which would wait on one load after another:
 //   partial: workgroup (c, t) finds the best of logits[t][c·CHUNK, (c+1)·CHUNK)
 //            — each thread PER values, independent loads, coalesced — and
-//            writes it as cand[t·chunks + c] = (value bits, index), index
+//            the sum of exp(logit − that best) over the chunk, and writes
+//            cand[t·chunks + c] = (value bits, index, sum bits, 0), index
 //            NAN_SEEN if the chunk holds a NaN.
-//   merge:   workgroup t merges the row's chunks candidates into ids[t].
+//   merge:   workgroup t merges the row's chunks candidates into ids[t],
+//            and their sums, each rescaled to the row's largest value, into
+//            lp[t].
 // Both reduce through a tree in workgroup memory, ties to the lower index.
 //
 // Buffers:
 //   logits (T, V) f32
-//   cand   (T, chunks) vec2<u32>
+//   cand   (T, chunks) vec4<u32>
 //   ids    (T) u32
+//   lp     (T) f32
 //
 // Dispatch: partial (chunks, T, 1), merge (T, 1, 1); WG = 256 threads, and
 // CHUNK = WG·PER = 4,096 logits (a 151,936-word row: 38 workgroups).
@@ -36,12 +41,14 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> cand: array<vec2<u32>>;
+@group(0) @binding(2) var<storage, read_write> cand: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(4) var<storage, read_write> lp: array<f32>;
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 var<workgroup> nan_seen: array<u32, WG>;
+var<workgroup> sums: array<f32, WG>;
 
 // better reports whether candidate (ov, oi) beats (v, i): NONE loses to
 // everything; a larger value wins, an equal one with a lower index.
@@ -62,6 +69,18 @@ fn reduce(lid: u32, bv: f32, bi: u32, nan: u32) {
                 best_i[lid] = best_i[lid + stride];
             }
             nan_seen[lid] |= nan_seen[lid + stride];
+        }
+        workgroupBarrier();
+    }
+}
+
+// sum adds the WG threads' values into sums[0].
+fn sum(lid: u32, v: f32) {
+    sums[lid] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            sums[lid] += sums[lid + stride];
         }
         workgroupBarrier();
     }
@@ -94,8 +113,18 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         }
     }
     reduce(lid, bv, bi, nan);
+    let top = best_v[0];
+    var s = 0.0;
+    if best_i[0] != NONE && nan_seen[0] == 0u {
+        for (var i = 0u; i < PER; i++) {
+            if v0 + i * WG < p.V {
+                s += exp(xs[i] - top);
+            }
+        }
+    }
+    sum(lid, s);
     if lid == 0u {
-        cand[t * p.chunks + wid.x] = vec2<u32>(bitcast<u32>(best_v[0]), select(best_i[0], NAN_SEEN, nan_seen[0] != 0u));
+        cand[t * p.chunks + wid.x] = vec4<u32>(bitcast<u32>(top), select(best_i[0], NAN_SEEN, nan_seen[0] != 0u), bitcast<u32>(sums[0]), 0u);
     }
 }
 
@@ -115,7 +144,17 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         }
     }
     reduce(lid, bv, bi, nan);
+    let top = best_v[0];
+    var s = 0.0;
+    if nan_seen[0] == 0u {
+        for (var c = lid; c < p.chunks; c += WG) {
+            let o = cand[t * p.chunks + c];
+            s += bitcast<f32>(o.z) * exp(bitcast<f32>(o.x) - top);
+        }
+    }
+    sum(lid, s);
     if lid == 0u {
         ids[t] = select(best_i[0], NONE, nan_seen[0] != 0u);
+        lp[t] = -log(sums[0]); // logits[ids[t]] − (top + log Σ exp(logit − top))
     }
 }

@@ -79,6 +79,10 @@ var (
 	Copy = mustModule("copy.wgsl")
 	// Argmax is argmax.wgsl: the index of each row's largest value.
 	Argmax = mustModule("argmax.wgsl")
+	// Sample is sample.wgsl: a verifier's read-out of rows of logits — the
+	// argmax, log-probabilities, the most likely tokens and speculative
+	// sampling's acceptance and draw.
+	Sample = mustModule("sample.wgsl")
 	// AttentionDecode is attention_decode.wgsl: split attention of single
 	// query rows over the KV cache (flash-decoding).
 	AttentionDecode = mustModule("attention_decode.wgsl")

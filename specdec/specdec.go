@@ -110,7 +110,15 @@ func continuations(ctx context.Context, target engine.Engine, prompts [][]int, n
 	for i, p := range prompts {
 		entries[i].Tokens = p
 	}
-	return engine.StepN(ctx, target, entries, n)
+	conts, err := engine.StepN(ctx, target, entries, n)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([][]int, len(conts))
+	for i, c := range conts {
+		ids[i] = engine.IDs(c)
+	}
+	return ids, nil
 }
 
 // newEntries makes n batch entries, each with a fresh sequence of e;
@@ -176,7 +184,7 @@ func (r *Result) verify(ctx context.Context, drafter engine.Engine, prompts, con
 			return err
 		}
 		for i, g := range playing {
-			g.draft = append(g.draft, drafts[i]...)
+			g.draft = append(g.draft, engine.IDs(drafts[i])...)
 		}
 		for _, g := range playing {
 			r.accept(g)

@@ -243,7 +243,8 @@ func (m *model) draft(ids []int, n int) ([]int, error) {
 		return nil, err
 	}
 	defer seq.Release()
-	return engine.Draft(context.Background(), m.e, seq, ids, n)
+	draft, err := engine.Draft(context.Background(), m.e, seq, ids, n)
+	return engine.IDs(draft), err
 }
 
 // close frees the model's GPU memory; the device stays open for others.

@@ -78,10 +78,11 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 	}
 	defer seq.Release()
 	e.log.Info("drafting", "model", name, "tokens", len(ids), "n", *n)
-	draft, err := engine.Draft(ctx, eng, seq, ids, *n)
+	tokens, err := engine.Draft(ctx, eng, seq, ids, *n)
 	if err != nil {
 		return err
 	}
+	draft := engine.IDs(tokens)
 	out := struct {
 		Draft []int   `json:"draft"`
 		Text  *string `json:"text,omitempty"` // when the model has a tokenizer

@@ -6,6 +6,7 @@ package enginetest
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -13,6 +14,8 @@ import (
 	"webdraft/engine"
 	"webdraft/qwen3"
 	"webdraft/reference"
+	"webdraft/sampling"
+	"webdraft/sampling/samplingtest"
 )
 
 // Run checks e (over weights w of config c) against the reference model.
@@ -52,8 +55,13 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := refDraft(p, 8); !slices.Equal(got, want) {
-				t.Errorf("prompt of %d: draft %v, reference %v", n, got, want)
+			if want := refDraft(p, 8); !slices.Equal(engine.IDs(got), want) {
+				t.Errorf("prompt of %d: draft %v, reference %v", n, engine.IDs(got), want)
+			}
+			for i, tok := range got {
+				if !(tok.Logprob <= 0) || tok.Logprob < -50 {
+					t.Errorf("prompt of %d: token %d's logprob %v", n, i, tok.Logprob)
+				}
 			}
 		}
 	})
@@ -101,8 +109,8 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := refDraft(p, 5); !slices.Equal(got, want) {
-			t.Errorf("after rollback: %v, want %v", got, want)
+		if want := refDraft(p, 5); !slices.Equal(engine.IDs(got), want) {
+			t.Errorf("after rollback: %v, want %v", engine.IDs(got), want)
 		}
 	})
 
@@ -111,21 +119,25 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		// device) over entries of different lengths, one prefilling.
 		prompts := [][]int{prompt(5), prompt(1), prompt(23)}
 		entries := newEntries(t, e, prompts)
-		got, err := engine.StepN(ctx, e, entries, 7)
+		chained, err := engine.StepN(ctx, e, entries, 7)
 		if err != nil {
 			t.Fatal(err)
 		}
+		got := make([][]int, len(chained))
 		for i, p := range prompts {
+			got[i] = engine.IDs(chained[i])
 			if want := refDraft(p, 7); !slices.Equal(got[i], want) {
 				t.Errorf("entry %d: %v, reference %v", i, got[i], want)
 			}
 			if n := entries[i].Seq.Len(); n != len(p)+6 {
 				t.Errorf("entry %d: Len = %d, want %d", i, n, len(p)+6)
 			}
-			if entries[i].Next != got[i][6] || !slices.Equal(entries[i].Tokens, p) {
+			if entries[i].Next != got[i][6] || entries[i].Logprob != chained[i][6].Logprob || !slices.Equal(entries[i].Tokens, p) {
 				t.Errorf("entry %d: Next %d (want %d), Tokens changed", i, entries[i].Next, got[i][6])
 			}
 		}
+		// The logprobs are the model's: the reference's log-softmax there.
+		checkLogprobs(t, ref, prompts[1], chained[1])
 		// And on from there, one entry rolled back.
 		entries[0].Seq.Truncate(len(prompts[0]) + 2)
 		entries[0].Tokens = got[0][2:3]
@@ -134,11 +146,11 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := refDraft(prompts[0], 6)[3:6]; !slices.Equal(more[0], want) {
-			t.Errorf("after rollback: %v, reference %v", more[0], want)
+		if want := refDraft(prompts[0], 6)[3:6]; !slices.Equal(engine.IDs(more[0]), want) {
+			t.Errorf("after rollback: %v, reference %v", engine.IDs(more[0]), want)
 		}
-		if want := refDraft(prompts[2], 10)[7:10]; !slices.Equal(more[2], want) {
-			t.Errorf("continued: %v, reference %v", more[2], want)
+		if want := refDraft(prompts[2], 10)[7:10]; !slices.Equal(engine.IDs(more[2]), want) {
+			t.Errorf("continued: %v, reference %v", engine.IDs(more[2]), want)
 		}
 	})
 
@@ -214,6 +226,7 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 			t.Errorf("a refused step changed the cache: Len = %d", seq.Len())
 		}
 	})
+	t.Run("verify", func(t *testing.T) { runVerify(t, e, c, ref, prompt) })
 }
 
 // newEntries gives each prompt a fresh sequence of e, released when the
@@ -230,4 +243,250 @@ func newEntries(t *testing.T, e engine.Engine, prompts [][]int) []*engine.Entry 
 		entries[i] = &engine.Entry{Seq: seq, Tokens: p}
 	}
 	return entries
+}
+
+// checkLogprobs holds the logprobs of an entry's chained greedy tokens to
+// the reference's log-softmax after the prompt and each token before.
+func checkLogprobs(t *testing.T, ref *reference.Model, prompt []int, got []engine.Token) {
+	t.Helper()
+	seq := ref.NewSequence()
+	feed := prompt
+	for i, tok := range got {
+		logits, err := ref.Forward(seq, feed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row, err := sampling.Choose(logits, sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !logprobClose(tok.Logprob, row.ArgmaxLogprob, row.LogSumExp) {
+			t.Errorf("token %d: logprob %v, reference %v", i, tok.Logprob, row.ArgmaxLogprob)
+		}
+		feed = []int{tok.ID}
+	}
+}
+
+// sameArgmax reports whether two engines' greedy tokens agree on the
+// reference's logits: equal, or a near tie (logits within 1e-3 × the
+// largest |logit|, the tolerance of greedy tokens).
+func sameArgmax(logits []float32, got, want int) bool {
+	if got == want {
+		return true
+	}
+	if got < 0 || got >= len(logits) {
+		return false
+	}
+	var scale float64
+	for _, l := range logits {
+		scale = math.Max(scale, math.Abs(float64(l)))
+	}
+	return math.Abs(float64(logits[got]-logits[want])) <= 1e-3*scale
+}
+
+// logprobClose reports whether an engine's log-probability is within
+// 2e-3 × max(1, |lse|) of the reference's, lse the row's log-sum-exp (of
+// the scale of its largest logits): f32 sums over the vocabulary in
+// another order, and the logits' own tolerance, which an f16 KV cache
+// widens to f16 storage's.
+func logprobClose(got, want, lse float32) bool {
+	return math.Abs(float64(got-want)) <= 2e-3*max(1, math.Abs(float64(lse)))
+}
+
+// topClose reports whether an engine's most likely tokens are the
+// reference's: log-probabilities close, and the same tokens but where the
+// reference's neighbours are too close to order.
+func topClose(got, want []sampling.TokenLogprob, lse float32) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for r := range want {
+		if !logprobClose(got[r].Logprob, want[r].Logprob, lse) {
+			return false
+		}
+		tied := r > 0 && logprobClose(want[r-1].Logprob, want[r].Logprob, lse) ||
+			r+1 < len(want) && logprobClose(want[r+1].Logprob, want[r].Logprob, lse)
+		if got[r].Token != want[r].Token && !tied {
+			return false
+		}
+	}
+	return true
+}
+
+// runVerify checks Verify against the reference: the rows read out equal
+// one-token steps at each position (argmax, log-probabilities, the most
+// likely tokens), a batch equals its entries alone, a sampled row's
+// acceptance and draw follow the logits, a rollback after a verification
+// goes on right, and bad read-outs are refused before any work.
+func runVerify(t *testing.T, e engine.Engine, c qwen3.Config, ref *reference.Model, prompt func(int) []int) {
+	ctx := context.Background()
+	// refRows returns the reference's logits at the last out positions of
+	// context + tokens.
+	refRows := func(context, tokens []int, out int) [][]float32 {
+		seq := ref.NewSequence()
+		if len(context) > 0 {
+			if _, err := ref.Forward(seq, context); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rows, err := ref.ForwardRows([]reference.Input{{Seq: seq, Tokens: tokens}}, []int{out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows[0]
+	}
+	newSeq := func() engine.Sequence {
+		s, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Release)
+		return s
+	}
+
+	t.Run("rows equal steps", func(t *testing.T) {
+		// A context, then k+1 tokens fed at once, as a verifier feeds its
+		// last token and k drafted ones; every row read out, with the top 5.
+		for _, k := range []int{1, 4, 16} {
+			context, fed := prompt(9), prompt(k+1)
+			seq := newSeq()
+			if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: context}}); err != nil {
+				t.Fatal(err)
+			}
+			v := &engine.VerifyEntry{Seq: seq, Tokens: fed, Out: k + 1, TopN: 5}
+			if err := e.Verify(ctx, []*engine.VerifyEntry{v}); err != nil {
+				t.Fatal(err)
+			}
+			if len(v.Rows) != k+1 || seq.Len() != len(context)+k+1 {
+				t.Fatalf("k %d: %d rows, Len %d", k, len(v.Rows), seq.Len())
+			}
+			for j, logits := range refRows(context, fed, k+1) {
+				want, err := sampling.Choose(logits, sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := v.Rows[j]
+				if !sameArgmax(logits, got.Argmax, want.Argmax) || !logprobClose(got.ArgmaxLogprob, want.ArgmaxLogprob, want.LogSumExp) ||
+					!logprobClose(got.LogSumExp, want.LogSumExp, want.LogSumExp) {
+					t.Errorf("k %d row %d: %+v, reference %+v", k, j, got.Row, want)
+				}
+				top := sampling.Top(logits, 5, want.LogSumExp)
+				if !topClose(got.Top, top, want.LogSumExp) {
+					t.Errorf("k %d row %d: top %v, reference %v", k, j, got.Top, top)
+				}
+			}
+			// The same positions as one-token steps on a sequence of their own.
+			alone := newSeq()
+			feed := append(append([]int(nil), context...), fed[0])
+			rows := refRows(context, fed, k+1)
+			for j := range k + 1 {
+				en := &engine.Entry{Seq: alone, Tokens: feed}
+				if err := e.Step(ctx, []*engine.Entry{en}); err != nil {
+					t.Fatal(err)
+				}
+				if !sameArgmax(rows[j], en.Next, v.Rows[j].Argmax) {
+					t.Errorf("k %d row %d: verified %d, stepped %d", k, j, v.Rows[j].Argmax, en.Next)
+				}
+				if j < k {
+					feed = fed[j+1 : j+2]
+				}
+			}
+		}
+	})
+
+	t.Run("batched equals alone", func(t *testing.T) {
+		contexts := [][]int{prompt(3), prompt(20), nil, prompt(7)}
+		feeds := [][]int{prompt(5), prompt(1), prompt(12), prompt(9)}
+		outs := []int{5, 1, 4, 9}
+		var batch []*engine.VerifyEntry
+		for i := range feeds {
+			seq := newSeq()
+			if len(contexts[i]) > 0 {
+				if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: contexts[i]}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			batch = append(batch, &engine.VerifyEntry{Seq: seq, Tokens: feeds[i], Out: outs[i]})
+		}
+		if err := e.Verify(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range batch {
+			for j, logits := range refRows(contexts[i], feeds[i], outs[i]) {
+				want, _ := reference.Argmax(logits)
+				if !sameArgmax(logits, v.Rows[j].Argmax, want) {
+					t.Errorf("entry %d row %d: batched %d, reference alone %d", i, j, v.Rows[j].Argmax, want)
+				}
+			}
+		}
+	})
+
+	t.Run("sampled rows follow the logits", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(5, 6))
+		context, fed := prompt(6), prompt(8)
+		seq := newSeq()
+		if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: context}}); err != nil {
+			t.Fatal(err)
+		}
+		p := sampling.Params{Temperature: 1.3, TopP: 0.9}
+		v := &engine.VerifyEntry{Seq: seq, Tokens: fed, Out: len(fed), Sampling: p}
+		for j := range fed {
+			x := sampling.NoProposal
+			if j+1 < len(fed) {
+				x = fed[j+1] // the fed token: as a drafter's proposal
+			}
+			v.Draws = append(v.Draws, sampling.Draw{X: x, U: rng.Float32(), V: rng.Float32()})
+		}
+		if err := e.Verify(ctx, []*engine.VerifyEntry{v}); err != nil {
+			t.Fatal(err)
+		}
+		for j, logits := range refRows(context, fed, len(fed)) {
+			if err := samplingtest.Check(logits, p, v.Draws[j], v.Rows[j].Row); err != nil {
+				t.Errorf("row %d: %v", j, err)
+			}
+		}
+	})
+
+	t.Run("rollback after a verification", func(t *testing.T) {
+		context, fed := prompt(10), prompt(6)
+		seq := newSeq()
+		if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: context}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Tokens: fed, Out: 6}}); err != nil {
+			t.Fatal(err)
+		}
+		seq.Truncate(len(context) + 2) // two of the drafted tokens accepted
+		next := prompt(3)
+		v := &engine.VerifyEntry{Seq: seq, Tokens: next, Out: 3}
+		if err := e.Verify(ctx, []*engine.VerifyEntry{v}); err != nil {
+			t.Fatal(err)
+		}
+		kept := append(append([]int(nil), context...), fed[:2]...)
+		for j, logits := range refRows(kept, next, 3) {
+			if want, _ := reference.Argmax(logits); !sameArgmax(logits, v.Rows[j].Argmax, want) {
+				t.Errorf("row %d: %d, reference %d", j, v.Rows[j].Argmax, want)
+			}
+		}
+	})
+
+	t.Run("bad read-outs", func(t *testing.T) {
+		seq := newSeq()
+		for _, v := range []*engine.VerifyEntry{
+			{Seq: seq, Tokens: []int{1, 2}, Out: 0},
+			{Seq: seq, Tokens: []int{1, 2}, Out: 3},
+			{Seq: seq, Tokens: []int{1}, Out: 1, TopN: engine.MaxTopN + 1},
+			{Seq: seq, Tokens: []int{1}, Out: 1, Sampling: sampling.Params{Temperature: 1}},
+			{Seq: seq, Tokens: []int{1}, Out: 1, Sampling: sampling.Params{Temperature: 1}, Draws: []sampling.Draw{{X: c.VocabSize}}},
+			{Seq: seq, Tokens: []int{1}, Out: 1, Sampling: sampling.Params{Temperature: 1}, Draws: []sampling.Draw{{X: 1, U: 1}}},
+			{Seq: seq, Tokens: []int{c.VocabSize}, Out: 1},
+		} {
+			if err := e.Verify(ctx, []*engine.VerifyEntry{v}); err == nil {
+				t.Errorf("Verify accepted %+v", v)
+			}
+		}
+		if seq.Len() != 0 {
+			t.Errorf("a refused verification changed the cache: Len %d", seq.Len())
+		}
+	})
 }

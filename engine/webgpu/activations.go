@@ -2,27 +2,37 @@ package webgpu
 
 import (
 	"fmt"
+	"math"
 
+	"webdraft/engine"
 	"webdraft/gpu"
 	"webdraft/kernels"
 	"webdraft/qwen3"
 )
 
 // activations are the pass's buffers, sized for MaxRows rows and maxLasts
-// complete entries.
+// rows read out.
 type activations struct {
 	maxLasts      int
 	ids, seq, pos *gpu.Buffer // (rows) u32
-	last, next    *gpu.Buffer // (lasts) u32: rows to read out, greedy tokens
-	x             *gpu.Buffer // (rows, H): the hidden states
-	q, attn       *gpu.Buffer // (rows, heads*D)
-	qkv           *gpu.Buffer // (rows, (heads + 2·kv_heads)·D); unwritten when the projection splits along K
-	gateUp        *gpu.Buffer // (rows, 2I)
-	hLast, hNorm  *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
-	logits        *gpu.Buffer // (lasts, vocab)
-	chained       *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
-	hiddenRows    *kernels.Matrix
-	all           []*gpu.Buffer
+	last          *gpu.Buffer // (lasts) u32: the rows read out
+	// next holds argmax.wgsl's greedy tokens (lasts) u32, and from nextLP
+	// on their log-probabilities (lasts) f32, copied from lp: one read, or
+	// one copy into StepN's results, takes both. nextBytes is its size.
+	next, lp          *gpu.Buffer
+	nextLP, nextBytes uint64
+	// sample.wgsl's inputs and outputs: draws (lasts, 4) u32, temps
+	// (lasts, 2) f32, sampled (lasts, 8) u32, top (lasts, MaxTopN, 2) u32.
+	draws, temps, sampled, top *gpu.Buffer
+	x                          *gpu.Buffer // (rows, H): the hidden states
+	q, attn                    *gpu.Buffer // (rows, heads*D)
+	qkv                        *gpu.Buffer // (rows, (heads + 2·kv_heads)·D); unwritten when the projection splits along K
+	gateUp                     *gpu.Buffer // (rows, 2I)
+	hLast, hNorm               *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
+	logits                     *gpu.Buffer // (lasts, vocab)
+	chained                    *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
+	hiddenRows                 *kernels.Matrix
+	all                        []*gpu.Buffer
 }
 
 func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activations, err error) {
@@ -38,14 +48,20 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 		return nil, fmt.Errorf("the vocabulary's logits (%d) do not fit one storage binding", c.VocabSize)
 	}
 	H, q, kv, I := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize
+	words := (a.maxLasts + 3) &^ 3 // whole 16-byte words: copies move them
+	align := uint64(d.Limits().MinStorageBufferOffsetAlignment)
+	a.nextLP = (uint64(words)*4 + align - 1) / align * align
+	a.nextBytes = a.nextLP + uint64(words)*4
 	for _, b := range []struct {
 		dst   **gpu.Buffer
 		name  string
 		words int
 	}{
-		// ids and next in whole 16-byte words: StepN copies one to the other.
+		// ids in whole 16-byte words: StepN copies next's tokens into it.
 		{&a.ids, "ids", (rows + 3) &^ 3}, {&a.seq, "seq", rows}, {&a.pos, "pos", rows},
-		{&a.last, "last", a.maxLasts}, {&a.next, "next", (a.maxLasts + 3) &^ 3},
+		{&a.last, "last", a.maxLasts}, {&a.next, "next", int(a.nextBytes / 4)}, {&a.lp, "lp", words},
+		{&a.draws, "draws", a.maxLasts * kernels.SampleDrawWords}, {&a.temps, "temps", a.maxLasts * kernels.SampleTempWords},
+		{&a.sampled, "sampled", a.maxLasts * kernels.SampleWords}, {&a.top, "top", a.maxLasts * engine.MaxTopN * 2},
 		{&a.x, "hidden", rows * H},
 		{&a.q, "q", rows * q}, {&a.attn, "attn", rows * q},
 		{&a.qkv, "qkv", rows * (q + 2*kv)},
@@ -60,6 +76,28 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 	// The hidden states seen as an f32 matrix, so Embed can gather rows.
 	a.hiddenRows = &kernels.Matrix{Name: "hidden", Format: kernels.F32, N: rows, K: H, W: a.x}
 	return a, nil
+}
+
+// readNext reads back argmax.wgsl's n greedy tokens and their
+// log-probabilities from next.
+func (a *activations) readNext(n int) ([]uint32, []float32, error) {
+	raw, err := a.next.Read(0, a.nextLP+uint64(n)*4)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read back: %w", err)
+	}
+	ids, lps := nextWords(raw, a.nextLP, n)
+	return ids, lps, nil
+}
+
+// nextWords splits a copy of next into tokens and log-probabilities.
+func nextWords(raw []byte, lpAt uint64, n int) ([]uint32, []float32) {
+	ids := u32s(raw[:n*4])
+	lp := u32s(raw[lpAt : lpAt+uint64(n)*4])
+	lps := make([]float32, n)
+	for i, w := range lp {
+		lps[i] = math.Float32frombits(w)
+	}
+	return ids, lps
 }
 
 // ensureChain returns StepN's results buffer, grown to at least n bytes.

@@ -203,13 +203,13 @@ func (e *Engine) NewSequence() (engine.Sequence, error) {
 	return s, nil
 }
 
-// sequences returns the batch's sequences, checking that each is this
+// sequences returns a batch's n sequences, checking that each is this
 // engine's and appears once.
-func (e *Engine) sequences(batch []*engine.Entry) ([]*kernels.KVSeq, error) {
-	seqs := make([]*kernels.KVSeq, len(batch))
+func (e *Engine) sequences(n int, seq func(i int) engine.Sequence) ([]*kernels.KVSeq, error) {
+	seqs := make([]*kernels.KVSeq, n)
 	seen := map[*kernels.KVSeq]bool{}
-	for i, en := range batch {
-		s, ok := en.Seq.(*kernels.KVSeq)
+	for i := range n {
+		s, ok := seq(i).(*kernels.KVSeq)
 		if !ok || s.Cache() != e.kv {
 			return nil, fmt.Errorf("webgpu engine: batch entry %d: a sequence of another engine, or released", i)
 		}

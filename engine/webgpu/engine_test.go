@@ -17,6 +17,7 @@ import (
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
 	"webdraft/reference"
+	"webdraft/sampling"
 )
 
 func load(t *testing.T, name string, q checkpoint.Quant) *checkpoint.Model {
@@ -89,6 +90,49 @@ func TestSmallPasses(t *testing.T) {
 			t.Errorf("prompt %d: %v with 5-row passes, %v with one pass", i, a[i], b[i])
 		}
 	}
+	// Verifications whose rows read out outnumber a pass's: greedy through
+	// argmax.wgsl, sampled with a top-N through sample.wgsl, each draw with
+	// its own row.
+	verify := func(e *Engine, p sampling.Params, topN int) [][]engine.VerifyRow {
+		var entries []*engine.VerifyEntry
+		for i, pr := range prompts {
+			s, err := e.NewSequence()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := &engine.VerifyEntry{Seq: s, Tokens: pr, Out: max(1, len(pr)-i%2), Sampling: p, TopN: topN}
+			if !p.Greedy() {
+				for j := range v.Out {
+					v.Draws = append(v.Draws, sampling.Draw{X: pr[(j+1)%len(pr)], U: float32(j%7) / 7, V: float32(j%5) / 5})
+				}
+			}
+			entries = append(entries, v)
+		}
+		if err := e.Verify(context.Background(), entries); err != nil {
+			t.Fatal(err)
+		}
+		out := make([][]engine.VerifyRow, len(entries))
+		for i, v := range entries {
+			out[i] = v.Rows
+			v.Seq.Release()
+		}
+		return out
+	}
+	for _, c := range []struct {
+		p    sampling.Params
+		topN int
+	}{{sampling.Params{}, 0}, {sampling.Params{Temperature: 0.8, TopP: 0.95}, 3}} {
+		a, b := verify(small, c.p, c.topN), verify(big, c.p, c.topN)
+		for i := range a {
+			for j := range a[i] {
+				x, y := a[i][j], b[i][j]
+				if x.Argmax != y.Argmax || x.Sample != y.Sample || x.Accept != y.Accept || len(x.Top) != c.topN ||
+					math.Abs(float64(x.ArgmaxLogprob-y.ArgmaxLogprob)) > 1e-4 {
+					t.Errorf("%+v: prompt %d row %d: %+v with 5-row passes, %+v with one pass", c.p, i, j, x, y)
+				}
+			}
+		}
+	}
 }
 
 // TestCapacity: slots and blocks run out with engine.ErrNoCapacity and come
@@ -149,14 +193,14 @@ func TestGolden(t *testing.T) {
 						t.Fatal(err)
 					}
 					for i := range c.Greedy {
-						if got[i] == c.Greedy[i] {
+						if got[i].ID == c.Greedy[i] {
 							continue
 						}
 						if c.Margins[i] < 1e-3*c.MaxAbsLogits[i] {
 							t.Logf("step %d differs at a near tie (margin %.3g): later steps not compared", i, c.Margins[i])
 							break
 						}
-						t.Fatalf("greedy tokens differ at step %d:\n got %v\nHF   %v", i, got, c.Greedy)
+						t.Fatalf("greedy tokens differ at step %d:\n got %v\nHF   %v", i, engine.IDs(got), c.Greedy)
 					}
 				})
 			}

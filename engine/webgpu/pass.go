@@ -6,45 +6,62 @@ import (
 	"webdraft/engine"
 	"webdraft/gpu"
 	"webdraft/kernels"
+	"webdraft/sampling"
 )
 
-// pending is an entry's tokens not yet fed.
+// pending is an entry's tokens not yet fed, and the rows read out of the
+// passes that fed the ones before.
 type pending struct {
-	entry  *engine.Entry
+	entry  *engine.Entry       // Step's entry; nil for Verify's
+	verify *engine.VerifyEntry // Verify's entry; nil for Step's
 	seq    *kernels.KVSeq
 	tokens []int
+	out    int                // how many of tokens' last positions are read out
+	rows   []engine.VerifyRow // read out so far, in order
+}
+
+// readsOut reports how many of the first T pending tokens are read out.
+func (p *pending) readsOut(T int) int { return max(0, T-(len(p.tokens)-p.out)) }
+
+// sampled reports whether p's rows need sample.wgsl: a draw or a top-N.
+func (p *pending) sampled() bool {
+	return p.verify != nil && (!p.verify.Sampling.Greedy() || p.verify.TopN > 0)
 }
 
 // passEntry is one sequence's part of a forward pass: rows row0 … row0+T-1
-// hold its positions P … P+T-1.
+// hold its positions P … P+T-1, and the last outs of them are read out
+// into the pass's read-out rows out0 … out0+outs-1.
 type passEntry struct {
-	p        *pending
-	row0, T  int
-	P        int
-	last     int // index into the pass's last rows, or -1 while the entry is incomplete
-	complete bool
+	p          *pending
+	row0, T    int
+	P          int
+	out0, outs int
+	complete   bool // the entry's last pending token is fed
 }
 
 // pass is one forward pass.
 type pass struct {
 	entries []passEntry
 	rows    int
-	decode  int // rows 0 … decode-1 are single-token entries (decode attention)
-	lasts   int // rows read out: each complete entry's last
-	maxLen  int // the longest context a decode-attention row sees
+	decode  int  // rows 0 … decode-1 are single-token entries (decode attention)
+	lasts   int  // rows read out
+	sample  bool // read out through sample.wgsl, else argmax.wgsl
+	topN    int  // the most likely tokens each read-out row lists (sample)
+	maxLen  int  // the longest context a decode-attention row sees
 }
 
 // plan picks the next forward pass from what is pending: single-token
 // entries first (they share one decode-attention dispatch), then chunks of
-// prompts, within MaxRows rows and the last-row buffers.
+// prompts, within MaxRows rows and the read-out rows' buffers.
 func (e *Engine) plan(work []pending) pass {
 	var ps pass
 	rows := e.opts.MaxRows
 	add := func(p *pending, T int) {
-		pe := passEntry{p: p, row0: ps.rows, T: T, P: p.seq.Len(), last: -1, complete: T == len(p.tokens)}
-		if pe.complete {
-			pe.last = ps.lasts
-			ps.lasts++
+		pe := passEntry{p: p, row0: ps.rows, T: T, P: p.seq.Len(), out0: ps.lasts, outs: p.readsOut(T), complete: T == len(p.tokens)}
+		ps.lasts += pe.outs
+		if pe.outs > 0 && p.sampled() {
+			ps.sample = true
+			ps.topN = max(ps.topN, p.verify.TopN)
 		}
 		ps.entries = append(ps.entries, pe)
 		ps.rows += T
@@ -62,8 +79,8 @@ func (e *Engine) plan(work []pending) pass {
 			continue
 		}
 		T := min(len(p.tokens), rows)
-		if T == len(p.tokens) && ps.lasts == e.act.maxLasts {
-			T-- // no last-row room: leave its last token for the next pass
+		if room := e.act.maxLasts - ps.lasts; p.readsOut(T) > room {
+			T = len(p.tokens) - p.out + room // the rows read out that fit; the rest next pass
 		}
 		if T > 0 {
 			add(p, T)
@@ -81,8 +98,8 @@ func decodePass(work []pending, first []int, j, m int) pass {
 	ps := pass{rows: len(work), decode: len(work), lasts: len(work)}
 	for i := range work {
 		p := &work[i]
-		p.tokens = first[i : i+1]
-		pe := passEntry{p: p, row0: i, T: 1, P: p.seq.Len() + j, last: i, complete: true}
+		p.tokens, p.out = first[i:i+1], 1
+		pe := passEntry{p: p, row0: i, T: 1, P: p.seq.Len() + j, out0: i, outs: 1, complete: true}
 		ps.entries = append(ps.entries, pe)
 		ps.maxLen = max(ps.maxLen, p.seq.Len()+m)
 	}
@@ -118,12 +135,17 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 			r := pe.row0 + t
 			ids[r], slots[r], pos[r] = uint32(pe.p.tokens[t]), uint32(pe.p.seq.Slot()), uint32(pe.P+t)
 		}
-		if pe.complete {
-			lasts[pe.last] = uint32(pe.row0 + pe.T - 1)
+		for j := range pe.outs {
+			lasts[pe.out0+j] = uint32(pe.row0 + pe.T - pe.outs + j)
 		}
 	}
 	if err := e.kv.SyncTables(seqs); err != nil {
 		return err
+	}
+	if ps.sample {
+		if err := e.writeDraws(ps); err != nil {
+			return err
+		}
 	}
 	// Queue writes are ordered with submissions: this pass reads these
 	// inputs, the passes before it theirs.
@@ -144,32 +166,103 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 	return nil
 }
 
-// readNext reads back a submitted pass's greedy tokens: each entry's
-// sequence now holds the positions it fed, its pending tokens advance, and
-// a complete entry's Next is its greedy token.
-func (e *Engine) readNext(ps pass) error {
-	var next []uint32
-	if ps.lasts > 0 {
-		raw, err := e.act.next.Read(0, uint64(ps.lasts)*4)
-		if err != nil {
-			return fmt.Errorf("read back: %w", err)
+// writeDraws writes the inputs of sample.wgsl for a pass's read-out rows:
+// each Verify row's draw and sampling parameters; Step's rows are greedy.
+func (e *Engine) writeDraws(ps pass) error {
+	draws := make([]uint32, ps.lasts*kernels.SampleDrawWords)
+	temps := make([]float32, ps.lasts*kernels.SampleTempWords)
+	for _, pe := range ps.entries {
+		for j := range pe.outs {
+			var p sampling.Params
+			d := sampling.Draw{X: sampling.NoProposal}
+			if v := pe.p.verify; v != nil && !v.Sampling.Greedy() {
+				p, d = v.Sampling, v.Draws[len(pe.p.rows)+j]
+			}
+			r := pe.out0 + j
+			kernels.PutSampleRow(draws[r*kernels.SampleDrawWords:], temps[r*kernels.SampleTempWords:], p, d)
 		}
-		next = u32s(raw)
+	}
+	if err := e.act.draws.WriteU32(0, draws); err != nil {
+		return err
+	}
+	return e.act.temps.WriteF32(0, temps)
+}
+
+// readOut reads back a submitted pass's read-out rows: each entry's
+// sequence now holds the positions it fed, its pending tokens advance and
+// its rows grow by those read out; a complete Step entry's Next is its
+// greedy token.
+func (e *Engine) readOut(ps pass) error {
+	rows, err := e.readRows(ps)
+	if err != nil {
+		return err
 	}
 	for _, pe := range ps.entries {
 		if err := pe.p.seq.Commit(pe.P + pe.T); err != nil {
 			return err
 		}
 		pe.p.tokens = pe.p.tokens[pe.T:]
-		if pe.complete {
-			id, err := e.token(next[pe.last])
-			if err != nil {
-				return fmt.Errorf("forward pass: %w", err)
-			}
-			pe.p.entry.Next = id
+		pe.p.out -= pe.outs
+		pe.p.rows = append(pe.p.rows, rows[pe.out0:pe.out0+pe.outs]...)
+		if pe.complete && pe.p.entry != nil {
+			last := pe.p.rows[len(pe.p.rows)-1]
+			pe.p.entry.Next, pe.p.entry.Logprob = last.Argmax, last.ArgmaxLogprob
 		}
 	}
 	return nil
+}
+
+// readRows reads back the pass's read-out rows: from argmax.wgsl, the
+// greedy token and its log-probability; from sample.wgsl, all it wrote.
+func (e *Engine) readRows(ps pass) ([]engine.VerifyRow, error) {
+	a := e.act
+	rows := make([]engine.VerifyRow, ps.lasts)
+	if ps.lasts == 0 {
+		return rows, nil
+	}
+	if !ps.sample {
+		ids, lps, err := a.readNext(ps.lasts)
+		if err != nil {
+			return nil, err
+		}
+		for r := range rows {
+			if rows[r].Argmax, err = e.token(ids[r]); err != nil {
+				return nil, fmt.Errorf("forward pass: %w", err)
+			}
+			rows[r].ArgmaxLogprob = lps[r]
+		}
+		return rows, nil
+	}
+	raw, err := a.sampled.Read(0, uint64(ps.lasts*kernels.SampleWords)*4)
+	if err != nil {
+		return nil, fmt.Errorf("read back: %w", err)
+	}
+	words := u32s(raw)
+	var top []uint32
+	if ps.topN > 0 {
+		if raw, err = a.top.Read(0, uint64(ps.lasts*ps.topN*2)*4); err != nil {
+			return nil, fmt.Errorf("read back: %w", err)
+		}
+		top = u32s(raw)
+	}
+	for r := range rows {
+		if rows[r].Row, err = kernels.SampleRow(words[r*kernels.SampleWords:]); err != nil {
+			return nil, fmt.Errorf("forward pass: %w", err)
+		}
+		if ps.topN > 0 {
+			rows[r].Top = kernels.SampleTop(top[r*ps.topN*2:], ps.topN)
+		}
+	}
+	for _, pe := range ps.entries { // each entry lists its own top-N
+		for j := range pe.outs {
+			if r := &rows[pe.out0+j]; pe.p.verify == nil || pe.p.verify.TopN == 0 {
+				r.Top = nil
+			} else {
+				r.Top = r.Top[:pe.p.verify.TopN]
+			}
+		}
+	}
+	return rows, nil
 }
 
 // token checks a greedy token read back: argmax.wgsl writes ArgmaxNaN for
@@ -286,7 +379,7 @@ func (e *Engine) kernels(ps pass) []step {
 	}
 	if ps.lasts > 0 {
 		steps = append(steps,
-			// The last row of each complete entry: norm, lm_head, argmax.
+			// The rows read out: norm, lm_head, argmax (or sample).
 			func(b *gpu.Batch) error { return kernels.Embed(b, a.hLast, a.last, a.hiddenRows, ps.lasts) },
 			// The vocabulary-sized head normalizes first: its thousands of
 			// workgroups would each normalize the rows again.
@@ -294,7 +387,18 @@ func (e *Engine) kernels(ps pass) []step {
 				return kernels.RMSNorm(b, a.hNorm, a.hLast, w.norm, ps.lasts, c.HiddenSize, eps)
 			},
 			func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.hNorm, w.head, ps.lasts, false) },
-			func(b *gpu.Batch) error { return kernels.Argmax(b, a.next, a.logits, ps.lasts, c.VocabSize) },
+			func(b *gpu.Batch) error {
+				if ps.sample {
+					return kernels.Sample(b, a.sampled, a.top, a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
+				}
+				return kernels.Argmax(b, a.next, a.lp, a.logits, ps.lasts, c.VocabSize)
+			},
+			func(b *gpu.Batch) error {
+				if ps.sample {
+					return nil
+				}
+				return kernels.CopyTo(b, a.next, a.nextLP, a.lp, uint64((ps.lasts+3)&^3)*4)
+			},
 		)
 	}
 	return steps

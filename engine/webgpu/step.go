@@ -26,7 +26,7 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 // j+1 while the GPU runs pass j instead of waiting for each token. Where
 // entries feed prompts, the first step runs as Step does and the n−1 after
 // it chain. On an error every sequence is as it was before the call.
-func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]int, error) {
+func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]engine.Token, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("webgpu engine: step n: n = %d, want > 0", n)
 	}
@@ -36,7 +36,7 @@ func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]i
 // steps runs n greedy steps over batch (Step is n = 1) and returns each
 // entry's n tokens; entry.Next is the last of them, and entry.Tokens is
 // left as it was.
-func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]int, error) {
+func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]engine.Token, error) {
 	c := &e.cfg
 	if err := engine.CheckBatch(c, batch); err != nil {
 		return nil, err
@@ -46,7 +46,7 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]i
 	if e.closed {
 		return nil, errClosed
 	}
-	seqs, err := e.sequences(batch)
+	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]i
 	}
 	work := make([]pending, len(batch))
 	for i, en := range batch {
-		work[i] = pending{entry: en, seq: seqs[i], tokens: en.Tokens}
+		work[i] = pending{entry: en, seq: seqs[i], tokens: en.Tokens, out: 1}
 	}
 	out, err := e.run(ctx, work, n)
 	if err != nil {
@@ -79,8 +79,8 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]i
 
 // run feeds work its pending tokens and then n−1 greedy tokens (n in all,
 // chained, when every entry feeds one token); the blocks are reserved.
-func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]int, error) {
-	out := make([][]int, len(work))
+func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Token, error) {
+	out := make([][]engine.Token, len(work))
 	chainable := len(work) <= e.opts.MaxRows && len(work) <= e.act.maxLasts
 	if n == 1 || !decodeOnly(work) || !chainable {
 		// Prompts (or a batch no one pass holds): a step of passes as the
@@ -89,7 +89,7 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]int, error
 			return nil, err
 		}
 		for i, p := range work {
-			out[i] = append(make([]int, 0, n), p.entry.Next)
+			out[i] = append(make([]engine.Token, 0, n), next(p))
 		}
 		n--
 	}
@@ -99,13 +99,13 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]int, error
 	if !chainable {
 		for range n {
 			for i := range work {
-				work[i].tokens = []int{work[i].entry.Next}
+				work[i].tokens, work[i].out = []int{work[i].entry.Next}, 1
 			}
 			if err := e.feed(ctx, work); err != nil {
 				return nil, err
 			}
 			for i, p := range work {
-				out[i] = append(out[i], p.entry.Next)
+				out[i] = append(out[i], next(p))
 			}
 		}
 		return out, nil
@@ -124,10 +124,13 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]int, error
 	}
 	for i, p := range work {
 		out[i] = append(out[i], chained[i]...)
-		p.entry.Next = chained[i][n-1]
+		p.entry.Next, p.entry.Logprob = chained[i][n-1].ID, chained[i][n-1].Logprob
 	}
 	return out, nil
 }
+
+// next is a fed Step entry's greedy token.
+func next(p pending) engine.Token { return engine.Token{ID: p.entry.Next, Logprob: p.entry.Logprob} }
 
 // decodeOnly reports whether every entry feeds exactly one token.
 func decodeOnly(work []pending) bool {
@@ -153,7 +156,7 @@ func (e *Engine) feed(ctx context.Context, work []pending) error {
 		if err := e.forward(ps, false, nil, submitEvery); err != nil {
 			return err
 		}
-		if err := e.readNext(ps); err != nil {
+		if err := e.readOut(ps); err != nil {
 			return err
 		}
 	}
@@ -162,13 +165,13 @@ func (e *Engine) feed(ctx context.Context, work []pending) error {
 // chain runs m decode passes on the device, entry i feeding first[i] and
 // then its own greedy tokens, and returns each entry's m new tokens. Rows
 // are entries: each pass reads entry i's token from ids[i] and writes its
-// greedy token to next[i], which is copied into ids and into the pass's
-// slot of the results.
-func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) ([][]int, error) {
+// greedy token to next[i], which is copied into ids, and next (tokens and
+// log-probabilities) into the pass's slot of the results.
+func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) ([][]engine.Token, error) {
 	a, B := e.act, len(work)
 	words := (B + 3) &^ 3 // copies move 16-byte words
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
-	stride := (uint64(words)*4 + align - 1) / align * align // each pass's results at an aligned offset
+	stride := (a.nextBytes + align - 1) / align * align // each pass's results at an aligned offset
 	results, err := a.ensureChain(e.dev, uint64(m)*stride)
 	if err != nil {
 		return nil, err
@@ -180,7 +183,7 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 		ps := decodePass(work, first, j, m)
 		at := uint64(j) * stride
 		copies := []step{
-			func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at, a.next, uint64(words)*4) },
+			func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at, a.next, a.nextBytes) },
 			func(b *gpu.Batch) error { return kernels.Copy(b, a.ids, a.next, uint64(words)*4) },
 		}
 		every := chainedSubmitEvery
@@ -195,14 +198,17 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 	if err != nil {
 		return nil, fmt.Errorf("read back: %w", err)
 	}
-	all := u32s(raw)
-	out := make([][]int, B)
+	out := make([][]engine.Token, B)
 	for i := range out {
-		out[i] = make([]int, m)
-		for j := range m {
-			if out[i][j], err = e.token(all[uint64(j)*stride/4+uint64(i)]); err != nil {
+		out[i] = make([]engine.Token, m)
+	}
+	for j := range m {
+		ids, lps := nextWords(raw[uint64(j)*stride:], a.nextLP, B)
+		for i := range out {
+			if out[i][j].ID, err = e.token(ids[i]); err != nil {
 				return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 			}
+			out[i][j].Logprob = lps[i]
 		}
 	}
 	for _, p := range work {
@@ -211,4 +217,47 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 		}
 	}
 	return out, nil
+}
+
+// Verify runs forward passes over every entry's tokens, as Step does, and
+// reads out each entry's last Out positions (engine.Engine): through
+// argmax.wgsl where the whole pass is greedy without a top-N, else
+// sample.wgsl. Only the read-out words come back. On an error every
+// sequence is as it was before the call.
+func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
+	c := &e.cfg
+	if err := engine.CheckVerify(c, batch); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errClosed
+	}
+	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
+	if err != nil {
+		return err
+	}
+	lens, need := make([]int, len(batch)), make([]int, len(batch))
+	for i, v := range batch {
+		lens[i] = seqs[i].Len()
+		need[i] = lens[i] + len(v.Tokens)
+	}
+	if err := e.kv.Reserve(seqs, need); err != nil {
+		return kvError(err)
+	}
+	work := make([]pending, len(batch))
+	for i, v := range batch {
+		work[i] = pending{verify: v, seq: seqs[i], tokens: v.Tokens, out: v.Out, rows: make([]engine.VerifyRow, 0, v.Out)}
+	}
+	if err := e.feed(ctx, work); err != nil {
+		for i, s := range seqs {
+			s.Truncate(lens[i])
+		}
+		return err
+	}
+	for i, v := range batch {
+		v.Rows = work[i].rows
+	}
+	return nil
 }

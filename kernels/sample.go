@@ -1,0 +1,125 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"reflect"
+
+	"webdraft/gpu"
+	"webdraft/sampling"
+	"webdraft/shaders"
+)
+
+var sampleKernel = gpu.Kernel{
+	Module: "sample.wgsl", Source: shaders.Sample, Entry: "main", Params: reflect.TypeFor[sampleParams](),
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // logits, draws, temps, out, top
+}
+
+// sampleParams are sample.wgsl's params.
+type sampleParams struct{ V, TopN, _, _ uint32 }
+
+// SampleWords is how many u32 words Sample writes a row.
+const SampleWords = 8
+
+// SampleDrawWords and SampleTempWords are the words a row takes in
+// Sample's draws and temps.
+const (
+	SampleDrawWords = 4
+	SampleTempWords = 2
+)
+
+// sampleNone is sample.wgsl's NONE: no proposal, or a NaN row's argmax.
+const sampleNone = math.MaxUint32
+
+// sample.wgsl's flags.
+const (
+	sampleGreedy = 1 // draws
+	sampleAccept = 1 // out
+	sampleNaN    = 2 // out
+)
+
+// Sample records the verifier's read-out of rows of logits (sample.wgsl):
+// each row's argmax and log-probabilities, its topN most likely tokens,
+// and for a sampled row the acceptance of its proposal and a draw —
+// sampling.Choose and sampling.Top on the GPU.
+//
+//	logits (rows, V) f32
+//	draws  (rows, SampleDrawWords) u32, temps (rows, SampleTempWords) f32: PutSampleRow
+//	out    (rows, SampleWords) u32: SampleRow
+//	top    (rows, max(topN, 1), 2) u32: SampleTop
+func Sample(b *gpu.Batch, out, top, logits, draws, temps *gpu.Buffer, rows, V, topN int) error {
+	op := "sample"
+	if rows <= 0 || V <= 0 || topN < 0 || topN > V {
+		return fmt.Errorf("kernels: %s: shape (%d, %d), top %d", op, rows, V, topN)
+	}
+	for _, c := range []struct {
+		name string
+		buf  *gpu.Buffer
+		n    int
+	}{{"logits", logits, rows * V}, {"draws", draws, rows * SampleDrawWords}, {"temps", temps, rows * SampleTempWords},
+		{"out", out, rows * SampleWords}, {"top", top, rows * max(topN, 1) * 2}} {
+		if err := need(op, c.name, c.buf, c.n); err != nil {
+			return err
+		}
+	}
+	p, err := b.Device().Pipeline(sampleKernel, nil)
+	if err != nil {
+		return err
+	}
+	binds := []gpu.Binding{
+		logits.Slice(0, uint64(rows*V)*4), draws.Slice(0, uint64(rows*SampleDrawWords)*4), temps.Slice(0, uint64(rows*SampleTempWords)*4),
+		out.Slice(0, uint64(rows*SampleWords)*4), top.Slice(0, uint64(rows*max(topN, 1)*2)*4),
+	}
+	if err := gpu.Dispatch(b, p, &sampleParams{V: uint32(V), TopN: uint32(topN)}, binds, uint32(rows), 1, 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}
+
+// PutSampleRow writes one row's inputs to Sample: its draws words (d's X,
+// U and V) and temps words (p's temperature and top_p); a greedy p draws
+// nothing.
+func PutSampleRow(draws []uint32, temps []float32, p sampling.Params, d sampling.Draw) {
+	x := uint32(sampleNone)
+	if d.X != sampling.NoProposal {
+		x = uint32(d.X)
+	}
+	var flags uint32
+	if p.Greedy() {
+		flags = sampleGreedy
+	}
+	draws[0], draws[1], draws[2], draws[3] = x, math.Float32bits(d.U), math.Float32bits(d.V), flags
+	topP := p.TopP
+	if topP <= 0 {
+		topP = 1
+	}
+	temps[0], temps[1] = p.Temperature, topP
+}
+
+// SampleRow decodes one row of Sample's out; sampling.ErrNaN for a row
+// that holds a NaN.
+func SampleRow(w []uint32) (sampling.Row, error) {
+	if w[2]&sampleNaN != 0 {
+		return sampling.Row{}, sampling.ErrNaN
+	}
+	f := func(i int) float32 { return math.Float32frombits(w[i]) }
+	return sampling.Row{
+		Argmax:        int(w[0]),
+		Sample:        int(w[1]),
+		Accept:        w[2]&sampleAccept != 0,
+		Threshold:     f(3),
+		LogSumExp:     f(4),
+		ArgmaxLogprob: f(5),
+		XLogprob:      f(6),
+		SampleLogprob: f(7),
+	}, nil
+}
+
+// SampleTop decodes one row of Sample's top: its n most likely tokens.
+func SampleTop(w []uint32, n int) []sampling.TokenLogprob {
+	out := make([]sampling.TokenLogprob, n)
+	for i := range out {
+		out[i] = sampling.TokenLogprob{Token: int(w[2*i]), Logprob: math.Float32frombits(w[2*i+1])}
+	}
+	return out
+}

@@ -1,0 +1,74 @@
+// Package samplingtest holds an engine's or a kernel's sampled rows to
+// package sampling's rule, with room for f32 sums taken in another order.
+package samplingtest
+
+import (
+	"fmt"
+	"math"
+
+	"webdraft/sampling"
+)
+
+// Slack is how close (as a probability) a uniform may come to a boundary
+// of the rule before Check lets either side of it pass.
+const Slack = 1e-3
+
+// Check holds got, a row read out of logits with p and d, to the rule
+// computed in float64: the argmax, the acceptance U < p(X) (where U is not
+// within Slack of p(X)), and a draw where V falls in the cumulative
+// distribution of the nucleus without X (within Slack of the mass).
+func Check(logits []float32, p sampling.Params, d sampling.Draw, got sampling.Row) error {
+	ref, err := sampling.Choose(logits, p, d)
+	if err != nil {
+		return err
+	}
+	if got.Argmax != ref.Argmax {
+		return fmt.Errorf("argmax %d, want %d", got.Argmax, ref.Argmax)
+	}
+	if p.Greedy() {
+		return nil
+	}
+	probs := make([]float64, len(logits))
+	top := math.Inf(-1)
+	for _, l := range logits {
+		top = math.Max(top, float64(l))
+	}
+	var kept float64
+	for i, l := range logits {
+		if l/p.Temperature >= ref.Threshold {
+			probs[i] = math.Exp((float64(l) - top) / float64(p.Temperature))
+			kept += probs[i]
+		}
+	}
+	for i := range probs {
+		probs[i] /= kept
+	}
+	if d.X != sampling.NoProposal {
+		if px := probs[d.X]; math.Abs(float64(d.U)-px) > Slack && got.Accept != (float64(d.U) < px) {
+			return fmt.Errorf("accept %v for U %v, p(X) %v", got.Accept, d.U, px)
+		}
+		if got.Sample == d.X {
+			if probs[d.X] < 1-Slack {
+				return fmt.Errorf("drew the proposal %d (p %v)", d.X, probs[d.X])
+			}
+			return nil
+		}
+	}
+	var below, mass float64
+	for i, q := range probs {
+		if i == d.X {
+			continue
+		}
+		if i < got.Sample {
+			below += q
+		}
+		mass += q
+	}
+	if got.Sample < 0 || got.Sample >= len(probs) || probs[got.Sample] == 0 {
+		return fmt.Errorf("drew %d, outside the nucleus", got.Sample)
+	}
+	if at := float64(d.V) * mass; at < below-Slack*mass || at > below+probs[got.Sample]+Slack*mass {
+		return fmt.Errorf("drew %d for V %v; it covers [%v, %v) of %v", got.Sample, d.V, below, below+probs[got.Sample], mass)
+	}
+	return nil
+}

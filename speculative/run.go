@@ -1,0 +1,498 @@
+package speculative
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"webdraft/engine"
+	"webdraft/prefixcache"
+	"webdraft/sampling"
+)
+
+// Run drives both engines until ctx ends; it then fails what is still
+// queued or running and releases every sequence.
+func (g *Generator) Run(ctx context.Context) error {
+	r := &runner{g: g, draftCache: prefixcache.New(g.draftBudget), targetCache: prefixcache.New(g.targetBudget)}
+	defer r.shutdown()
+	for {
+		if len(r.active) == 0 && len(r.waiting) == 0 {
+			select {
+			case j := <-g.queue:
+				r.waiting = append(r.waiting, j)
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		r.drainQueue()
+		r.admit()
+		if err := r.step(ctx); err != nil && ctx.Err() != nil {
+			return nil
+		}
+		g.running.Store(int64(len(r.active)))
+	}
+}
+
+// runner is Run's state.
+type runner struct {
+	g                             *Generator
+	draftCache, targetCache       *prefixcache.Cache
+	waiting                       []*job
+	active                        []*gen
+	draftReserved, targetReserved int // Σ active generations' reservations
+}
+
+// gen is a running generation. Each of its sequences holds a prefix of
+// context, one token short of it at least: the tokens each model still has
+// to feed.
+type gen struct {
+	*job
+	context     []int // the prompt and the tokens emitted
+	out         []Token
+	draft       engine.Sequence // nil when the target runs alone
+	target      engine.Sequence
+	rng         *rand.Rand
+	stats       Stats
+	started     time.Time
+	first       time.Time
+	draftNeed   int // KV positions reserved in each engine
+	targetNeed  int
+	maxContext  int    // the longest context both models take
+	finishedWhy string // set when the generation is done: FinishLength or FinishStop
+	retired     bool
+}
+
+func (r *runner) drainQueue() {
+	for {
+		select {
+		case j := <-r.g.queue:
+			r.waiting = append(r.waiting, j)
+		default:
+			return
+		}
+	}
+}
+
+// admit starts waiting jobs, oldest first, while the batch and both KV
+// budgets have room; cached sequences are evicted to make room.
+func (r *runner) admit() {
+	g := r.g
+	for len(r.waiting) > 0 && len(r.active) < g.opts.MaxBatch {
+		j := r.waiting[0]
+		if j.canceled.Load() {
+			r.pop()
+			j.finish(context.Canceled)
+			continue
+		}
+		tNeed := g.need(&j.req)
+		dNeed := 0
+		if j.k > 0 {
+			// A drafter pass drafts as many tokens as the longest draft in it.
+			dNeed = min(len(j.req.Prompt)+j.req.MaxTokens+MaxK, g.drafter.Config().MaxPositionEmbeddings)
+		}
+		if r.targetReserved+tNeed > g.targetBudget || r.draftReserved+dNeed > g.draftBudget {
+			return // wait for running generations to finish
+		}
+		r.pop()
+		gn := &gen{job: j, context: slices.Clip(slices.Clone(j.req.Prompt)), rng: rand.New(rand.NewPCG(j.req.Seed, 0x5eed)),
+			started: time.Now(), targetNeed: tNeed, draftNeed: dNeed, maxContext: g.target.Config().MaxPositionEmbeddings}
+		if j.k > 0 {
+			gn.maxContext = min(gn.maxContext, g.drafter.Config().MaxPositionEmbeddings)
+		}
+		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
+		var err error
+		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt)
+		if err == nil && j.k > 0 {
+			gn.draft, _, err = r.take(r.draftCache, g.drafter, g.draftBudget-r.draftReserved-dNeed, j.req.Prompt)
+		}
+		if err != nil {
+			if gn.target != nil {
+				gn.target.Release()
+			}
+			j.finish(fmt.Errorf("new sequence: %w", err))
+			continue
+		}
+		r.targetReserved += tNeed
+		r.draftReserved += dNeed
+		r.active = append(r.active, gn)
+	}
+}
+
+func (r *runner) pop() {
+	r.waiting = r.waiting[1:]
+	r.g.waiting.Add(-1)
+}
+
+// take returns a sequence for prompt from cache or else a fresh one of e,
+// and how many of prompt's positions it already holds (at most all but the
+// last: its logits start the generation); cache then holds at most limit
+// positions.
+func (r *runner) take(cache *prefixcache.Cache, e engine.Engine, limit int, prompt []int) (engine.Sequence, int, error) {
+	entry, shared := cache.Take(prompt)
+	shared = min(shared, len(prompt)-1)
+	cache.Shrink(limit)
+	if entry != nil && shared > 0 {
+		entry.Seq.Truncate(shared)
+		return entry.Seq, shared, nil
+	}
+	if entry != nil {
+		entry.Seq.Release()
+	}
+	for {
+		seq, err := e.NewSequence()
+		if !errors.Is(err, engine.ErrNoCapacity) || cache.Len() == 0 {
+			return seq, 0, err
+		}
+		cache.Shrink(cache.Tokens() - 1) // evicts at least the oldest entry
+	}
+}
+
+// step runs one drafter pass (chained over the draft length) and one target
+// pass over the running generations: those whose prompts are fed far
+// enough draft and are verified; the others feed a chunk of prompt to
+// whichever model is behind, within the pass's prefill budget.
+func (r *runner) step(ctx context.Context) error {
+	g := r.g
+	chunk, budget := g.opts.PrefillChunk, g.opts.PrefillBudget
+	var ready, filling []*gen
+	var draftFill []*engine.Entry
+	var targetFill []*engine.VerifyEntry
+	for _, gn := range r.active {
+		if gn.canceled.Load() {
+			continue
+		}
+		tp, dp := gn.pendingTarget(), gn.pendingDraft()
+		if len(tp) <= chunk && len(dp) <= chunk {
+			// The tails of prompts count against the budget; a pass takes one
+			// at least.
+			if cost := max(len(tp)-1, 0) + max(len(dp)-1, 0); cost <= budget || budget == g.opts.PrefillBudget {
+				budget = max(budget-cost, 0)
+				ready = append(ready, gn)
+			}
+			continue
+		}
+		fed := false
+		if n := min(len(tp), chunk, budget); len(tp) > chunk && n > 0 {
+			budget -= n
+			targetFill = append(targetFill, &engine.VerifyEntry{Seq: gn.target, Tokens: tp[:n], Out: 1})
+			fed = true
+		}
+		if n := min(len(dp), chunk, budget); len(dp) > chunk && n > 0 {
+			budget -= n
+			draftFill = append(draftFill, &engine.Entry{Seq: gn.draft, Tokens: dp[:n]})
+			fed = true
+		}
+		if fed {
+			filling = append(filling, gn)
+		}
+	}
+	if len(ready) == 0 && len(filling) == 0 {
+		r.retireCanceled()
+		return nil
+	}
+	st := StepStats{Sequences: len(ready)}
+
+	start := time.Now()
+	drafts, err := r.drafts(ctx, ready, draftFill)
+	st.Draft = time.Since(start)
+	if err != nil {
+		r.fail(ctx, append(ready, filling...), fmt.Errorf("drafter: %w", err))
+		return err
+	}
+	verify := make([]*engine.VerifyEntry, len(ready), len(ready)+len(targetFill))
+	for i, gn := range ready {
+		verify[i] = gn.verifyEntry(drafts[i])
+	}
+	start = time.Now()
+	err = g.target.Verify(ctx, append(verify, targetFill...))
+	st.Verify = time.Since(start)
+	if err != nil {
+		r.fail(ctx, append(ready, filling...), fmt.Errorf("target: %w", err))
+		return err
+	}
+	now := time.Now()
+	for i, gn := range ready {
+		a, emitted := gn.accept(drafts[i], verify[i].Rows, now)
+		if len(drafts[i]) > 0 {
+			st.Drafts++
+			st.DraftTokens += len(drafts[i])
+			st.Accepted += a
+			for len(st.AcceptedAt) < a {
+				st.AcceptedAt = append(st.AcceptedAt, 0)
+			}
+			for p := range a {
+				st.AcceptedAt[p]++
+			}
+		}
+		st.Emitted += emitted
+		if gn.finishedWhy != "" {
+			r.retire(gn, nil)
+		}
+	}
+	if g.opts.OnStep != nil {
+		g.opts.OnStep(st)
+	}
+	r.retireCanceled()
+	return nil
+}
+
+// drafts runs the drafter: the prompt chunks of fill, then each ready
+// generation's draft — all chained in one StepN as long as the longest —
+// cut to the generation's own length and p_min.
+func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry) ([][]engine.Token, error) {
+	d := r.g.drafter
+	if len(fill) > 0 {
+		if err := d.Step(ctx, fill); err != nil {
+			return nil, err
+		}
+	}
+	drafts := make([][]engine.Token, len(ready))
+	var batch []*engine.Entry
+	var who []int
+	n, room := 0, math.MaxInt
+	for i, gn := range ready {
+		if k := gn.draftLen(r.g); k > 0 {
+			batch = append(batch, &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft()})
+			who = append(who, i)
+			n = max(n, k)
+			room = min(room, d.Config().MaxPositionEmbeddings-len(gn.context)+1)
+		}
+	}
+	if len(batch) == 0 {
+		return drafts, nil
+	}
+	out, err := engine.StepN(ctx, d, batch, min(n, room))
+	if err != nil {
+		return nil, err
+	}
+	for b, i := range who {
+		gn := ready[i]
+		k := min(gn.draftLen(r.g), len(out[b]))
+		for _, t := range out[b][:k] {
+			if gn.req.PMin > 0 && math.Exp(float64(t.Logprob)) < gn.req.PMin {
+				break
+			}
+			drafts[i] = append(drafts[i], t)
+		}
+	}
+	return drafts, nil
+}
+
+// fail ends generations after an engine error, releasing their sequences
+// (their caches may be anywhere).
+func (r *runner) fail(ctx context.Context, gens []*gen, err error) {
+	if ctx.Err() != nil {
+		err = ErrClosed
+	}
+	for _, gn := range gens {
+		gn.draft, gn.target = release(gn.draft), release(gn.target)
+		r.retire(gn, err)
+	}
+}
+
+func release(s engine.Sequence) engine.Sequence {
+	if s != nil {
+		s.Release()
+	}
+	return nil
+}
+
+// pendingTarget and pendingDraft are the tokens each model has yet to
+// feed.
+func (gn *gen) pendingTarget() []int { return gn.context[gn.target.Len():] }
+
+func (gn *gen) pendingDraft() []int {
+	if gn.draft == nil {
+		return nil
+	}
+	return gn.context[gn.draft.Len():]
+}
+
+// draftLen is how many tokens gn drafts this step: its k, within what it
+// may still emit (a step emits the accepted tokens and one more) and the
+// target's context (which feeds them after the context).
+func (gn *gen) draftLen(g *Generator) int {
+	if gn.draft == nil {
+		return 0
+	}
+	return max(0, min(gn.k, gn.req.MaxTokens-len(gn.out)-1, g.target.Config().MaxPositionEmbeddings-len(gn.context)))
+}
+
+// verifyEntry is gn's part of the target's pass: its pending tokens and
+// the draft, read out at the draft's positions and one past it, with a
+// draw for each of those rows when sampling.
+func (gn *gen) verifyEntry(draft []engine.Token) *engine.VerifyEntry {
+	v := &engine.VerifyEntry{
+		Seq: gn.target, Tokens: append(slices.Clip(gn.pendingTarget()), engine.IDs(draft)...), Out: len(draft) + 1,
+		Sampling: gn.req.Sampling, TopN: gn.req.TopN,
+	}
+	if !gn.req.Sampling.Greedy() {
+		v.Draws = make([]sampling.Draw, v.Out)
+		for i := range v.Draws {
+			x := sampling.NoProposal
+			if i < len(draft) {
+				x = draft[i].ID
+			}
+			v.Draws[i] = sampling.Draw{X: x, U: gn.rng.Float32(), V: gn.rng.Float32()}
+		}
+	}
+	return v
+}
+
+// accept applies the target's verdict on a draft: the draft tokens kept
+// and the target's own after them are emitted (up to a stop token or
+// MaxTokens), both caches roll back to the context, and the step is
+// counted. It returns how many draft tokens were accepted and how many
+// tokens were emitted.
+func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Time) (int, int) {
+	greedy := gn.req.Sampling.Greedy()
+	a := 0
+	for a < len(draft) && (greedy && rows[a].Argmax == draft[a].ID || !greedy && rows[a].Accept) {
+		a++
+	}
+	step := Step{Draft: engine.IDs(draft), Accepted: a}
+	for i := range a + 1 {
+		row := rows[i]
+		t := Token{ID: row.Argmax, Logprob: row.ArgmaxLogprob, Top: row.Top, Drafted: i < a}
+		switch {
+		case i < a && !greedy:
+			t.ID, t.Logprob = draft[i].ID, row.XLogprob
+		case i == a && !greedy:
+			t.ID, t.Logprob = row.Sample, row.SampleLogprob
+		}
+		step.Tokens = append(step.Tokens, t)
+	}
+	// The target's cache holds the context and the draft: keep what was
+	// accepted. The drafter's holds the context and all but the draft's
+	// last token (or more, drafting for a longer draft): the same.
+	kept := len(gn.context) + a
+	emitted := gn.emit(&step)
+	for _, s := range []engine.Sequence{gn.target, gn.draft} {
+		if s != nil {
+			s.Truncate(min(s.Len(), kept, len(gn.context)))
+		}
+	}
+	gn.stats.Steps++
+	gn.stats.Tokens += emitted
+	gn.stats.Drafted += len(draft)
+	gn.stats.Accepted += a
+	for len(gn.stats.AcceptedAt) < a {
+		gn.stats.AcceptedAt = append(gn.stats.AcceptedAt, 0)
+	}
+	for p := range a {
+		gn.stats.AcceptedAt[p]++
+	}
+	if gn.first.IsZero() && emitted > 0 {
+		gn.first = now
+	}
+	if gn.req.OnStep != nil && !gn.req.OnStep(step) && gn.finishedWhy == "" {
+		gn.finishedWhy = FinishStop
+	}
+	return a, emitted
+}
+
+// emit appends the step's tokens to the output, cutting the step at a
+// stop token (not emitted) or at MaxTokens or the end of the context; it
+// returns how many it emitted.
+func (gn *gen) emit(step *Step) int {
+	limit := min(gn.req.MaxTokens-len(gn.out), gn.room())
+	for i, t := range step.Tokens {
+		if slices.Contains(gn.req.Stop, t.ID) {
+			step.Tokens, gn.finishedWhy = step.Tokens[:i], FinishStop
+			break
+		}
+		if i == limit {
+			step.Tokens, gn.finishedWhy = step.Tokens[:i], FinishLength
+			break
+		}
+	}
+	gn.out = append(gn.out, step.Tokens...)
+	for _, t := range step.Tokens {
+		gn.context = append(gn.context, t.ID)
+	}
+	if gn.finishedWhy == "" && (len(gn.out) == gn.req.MaxTokens || gn.room() == 0) {
+		gn.finishedWhy = FinishLength
+	}
+	return len(step.Tokens)
+}
+
+// room is how many more tokens the context may take: each model must feed
+// the last one emitted.
+func (gn *gen) room() int {
+	return gn.maxContext - len(gn.context)
+}
+
+// retire ends a generation: with err nil it succeeds and its sequences go
+// to the prefix caches, else they are released (where fail left any).
+func (r *runner) retire(gn *gen, err error) {
+	if gn.retired {
+		return
+	}
+	gn.retired = true
+	r.targetReserved -= gn.targetNeed
+	r.draftReserved -= gn.draftNeed
+	gn.targetNeed, gn.draftNeed = 0, 0
+	keep := err == nil || errors.Is(err, context.Canceled)
+	for _, c := range []struct {
+		seq   *engine.Sequence
+		cache *prefixcache.Cache
+	}{{&gn.target, r.targetCache}, {&gn.draft, r.draftCache}} {
+		s := *c.seq
+		if s == nil {
+			continue
+		}
+		if keep && s.Len() > 0 {
+			c.cache.Put(slices.Clone(gn.context[:s.Len()]), s)
+		} else {
+			s.Release()
+		}
+		*c.seq = nil
+	}
+	gn.result = Result{Tokens: gn.out, Finish: gn.finishedWhy, Stats: gn.stats}
+	if !gn.first.IsZero() {
+		gn.result.Stats.Prefill = gn.first.Sub(gn.started)
+		gn.result.Stats.Decode = time.Since(gn.first)
+	}
+	gn.finish(err)
+	r.compact()
+}
+
+// retireCanceled ends the generations whose clients left; their caches
+// are kept for reuse.
+func (r *runner) retireCanceled() {
+	for _, gn := range slices.Clone(r.active) {
+		if gn.canceled.Load() {
+			r.retire(gn, context.Canceled)
+		}
+	}
+}
+
+// compact drops retired generations from the active list.
+func (r *runner) compact() {
+	r.active = slices.DeleteFunc(r.active, func(gn *gen) bool { return gn.retired })
+}
+
+// shutdown fails everything still queued or running and frees every
+// sequence.
+func (r *runner) shutdown() {
+	close(r.g.closed)
+	r.drainQueue()
+	for _, j := range r.waiting {
+		j.finish(ErrClosed)
+	}
+	for _, gn := range slices.Clone(r.active) {
+		gn.draft, gn.target = release(gn.draft), release(gn.target)
+		r.retire(gn, ErrClosed)
+	}
+	r.active, r.waiting = nil, nil
+	r.draftCache.Clear()
+	r.targetCache.Clear()
+	r.g.running.Store(0)
+}

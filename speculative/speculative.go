@@ -1,0 +1,297 @@
+// Package speculative generates text by speculative decoding, a drafter
+// and a target engine in one process, with continuous batching.
+//
+// Each step, every running generation's drafter drafts up to k tokens
+// (chained on the device, all generations in one drafter pass), and the
+// target checks them in one pass over all generations (engine.Verify),
+// which reads out k+1 rows each. A greedy generation keeps the longest
+// prefix of the draft equal to the target's argmax plus the target's own
+// token there (its correction, or the bonus token when all k matched): the
+// output is token for token the target's greedy output. A sampled one
+// keeps draft token x with probability p(x) — the drafter proposes its
+// greedy token, so min(1, p/q) is p(x) — and on a rejection draws from p
+// with x left out (norm(max(0, p − q))): the output follows the target's
+// distribution. Both KV caches then roll back past the rejected tokens.
+// Prompts are prefilled in chunks between others' steps; new generations
+// join between steps; finished ones leave both sequences to prefix caches,
+// so that a conversation's next turn prefills only what is new.
+package speculative
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"webdraft/engine"
+	"webdraft/sampling"
+)
+
+// Options tune the loop; zero values take the defaults.
+type Options struct {
+	K             int // draft tokens per step unless a request says (default 8)
+	MaxBatch      int // generations stepped together (default 64)
+	PrefillChunk  int // prompt tokens of one generation per pass (default 256)
+	PrefillBudget int // prompt tokens of all generations per pass (default 1024)
+	MaxQueue      int // requests waiting to start before Submit refuses (default 256)
+	// OnStep, when set, is called after every step (for metrics).
+	OnStep func(StepStats)
+}
+
+func (o *Options) defaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&o.K, 8)
+	def(&o.MaxBatch, 64)
+	def(&o.PrefillChunk, 256)
+	def(&o.PrefillBudget, 1024)
+	def(&o.MaxQueue, 256)
+}
+
+// MaxK bounds a request's draft length.
+const MaxK = 64
+
+// NoDraft as Request.K runs the target alone, one token a pass: the
+// baseline speculation is measured against.
+const NoDraft = -1
+
+// Request asks for up to MaxTokens tokens after Prompt.
+type Request struct {
+	Prompt    []int
+	MaxTokens int
+	// K is the draft length: 0 takes Options.K, NoDraft the target alone.
+	K int
+	// PMin, above 0, ends a draft early before the first token the drafter
+	// gives a probability below it (llama.cpp's --draft-p-min).
+	PMin float64
+	// Sampling is how tokens are chosen: greedy at temperature 0, else
+	// drawn with Seed (the same seed gives the same output).
+	Sampling sampling.Params
+	Seed     uint64
+	TopN     int   // the most likely tokens listed with each token, 0 … engine.MaxTopN
+	Stop     []int // tokens that end the generation (end of text), not emitted
+	// OnStep, when set, gets each step's outcome as it happens, from the
+	// loop's goroutine (it must not block). Returning false ends the
+	// generation after that step (a stop string the caller found).
+	OnStep func(Step) bool
+}
+
+// Token is a generated token.
+type Token struct {
+	ID      int
+	Logprob float32 // log p under the target (softmax at temperature 1)
+	Top     []sampling.TokenLogprob
+	Drafted bool // a draft token the target accepted (else the target's own)
+}
+
+// Step is what one verification gave a generation.
+type Step struct {
+	Draft    []int   // the drafter's proposal
+	Accepted int     // how many of it the target kept
+	Tokens   []Token // emitted: the accepted draft tokens and the target's own, cut at a stop token or MaxTokens
+}
+
+// Finish reasons.
+const (
+	FinishLength = "length" // MaxTokens, or the models' context, reached
+	FinishStop   = "stop"   // a stop token, or OnStep said so
+)
+
+// Result is a finished generation.
+type Result struct {
+	Tokens []Token
+	Finish string
+	Stats  Stats
+}
+
+// Stats count a generation's speculation.
+type Stats struct {
+	PromptTokens int
+	CachedTokens int // prompt positions the target reused from its prefix cache
+	Steps        int // verification steps (target passes that emitted tokens)
+	Tokens       int // tokens emitted
+	Drafted      int // draft tokens proposed
+	Accepted     int // draft tokens accepted
+	// AcceptedAt[i] counts the steps that accepted draft position i.
+	AcceptedAt []int
+	Queue      time.Duration
+	Prefill    time.Duration // from start to the first token
+	Decode     time.Duration // the rest
+}
+
+// Tau is the mean acceptance length: tokens emitted per verification step
+// (1 + the draft tokens accepted, but where a stop cut the step short).
+func (s Stats) Tau() float64 {
+	if s.Steps == 0 {
+		return 0
+	}
+	return float64(s.Tokens) / float64(s.Steps)
+}
+
+// StepStats describe one step over all running generations.
+type StepStats struct {
+	Sequences   int           // generations stepped
+	Drafts      int           // of them with a draft
+	DraftTokens int           // tokens drafted
+	Accepted    int           // draft tokens accepted
+	AcceptedAt  []int         // by draft position
+	Emitted     int           // tokens generated
+	Draft       time.Duration // the drafter's passes
+	Verify      time.Duration // the target's pass
+}
+
+var (
+	// ErrOverloaded: the queue is full; try again shortly.
+	ErrOverloaded = errors.New("too many requests waiting")
+	// ErrTooLarge: the request cannot fit the models' context or KV caches.
+	ErrTooLarge = errors.New("request too large")
+	// ErrClosed: the loop has stopped.
+	ErrClosed = errors.New("generation stopped")
+)
+
+// Generator owns a drafter and a target engine and their prefix caches.
+// Submit may be called from any goroutine; Run drives both engines from
+// one.
+type Generator struct {
+	drafter, target engine.Engine
+	opts            Options
+	queue           chan *job
+	closed          chan struct{}
+	// budget is each engine's KV capacity in positions.
+	draftBudget, targetBudget int
+
+	waiting, running atomic.Int64
+}
+
+// New pairs drafter and target, which must share a vocabulary.
+func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
+	opts.defaults()
+	if opts.K > MaxK {
+		return nil, fmt.Errorf("speculative: k %d: want 1…%d", opts.K, MaxK)
+	}
+	if d, t := drafter.Config().VocabSize, target.Config().VocabSize; d != t {
+		return nil, fmt.Errorf("speculative: the drafter's vocabulary has %d tokens, the target's %d", d, t)
+	}
+	return &Generator{
+		drafter: drafter, target: target, opts: opts,
+		queue: make(chan *job, opts.MaxQueue), closed: make(chan struct{}),
+		draftBudget: drafter.KVCapacity(), targetBudget: target.KVCapacity(),
+	}, nil
+}
+
+// K is the default draft length.
+func (g *Generator) K() int { return g.opts.K }
+
+// Gauges are the loop's current state, for metrics.
+type Gauges struct{ Waiting, Running int64 }
+
+// Gauges reads the current state (safe from any goroutine).
+func (g *Generator) Gauges() Gauges { return Gauges{g.waiting.Load(), g.running.Load()} }
+
+// k is the draft length r asks for.
+func (g *Generator) k(r *Request) int {
+	switch {
+	case r.K == NoDraft:
+		return 0
+	case r.K == 0:
+		return g.opts.K
+	}
+	return r.K
+}
+
+// Check reports whether r could ever run: a clear error for bad
+// parameters, ErrTooLarge when it cannot fit.
+func (g *Generator) Check(r Request) error {
+	tc := g.target.Config()
+	switch {
+	case len(r.Prompt) == 0:
+		return errors.New("empty prompt")
+	case r.MaxTokens < 1:
+		return fmt.Errorf("max tokens %d: want at least 1", r.MaxTokens)
+	case r.K < NoDraft || r.K > MaxK:
+		return fmt.Errorf("k %d: want 0…%d", max(r.K, 0), MaxK)
+	case math.IsNaN(r.PMin) || r.PMin < 0 || r.PMin > 1:
+		return fmt.Errorf("p_min %v: want 0…1", r.PMin)
+	case r.TopN < 0 || r.TopN > engine.MaxTopN:
+		return fmt.Errorf("top %d: want 0…%d", r.TopN, engine.MaxTopN)
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return err
+	}
+	for i, t := range r.Prompt {
+		if t < 0 || t >= tc.VocabSize {
+			return fmt.Errorf("prompt token %d at index %d is outside the vocabulary [0, %d)", t, i, tc.VocabSize)
+		}
+	}
+	if n := len(r.Prompt) + 1; n > tc.MaxPositionEmbeddings || n > g.drafter.Config().MaxPositionEmbeddings {
+		return fmt.Errorf("%w: a prompt of %d tokens leaves no room in the models' context", ErrTooLarge, len(r.Prompt))
+	}
+	if need := g.need(&r); need > g.targetBudget || need > g.draftBudget {
+		return fmt.Errorf("%w: %d positions exceed the KV caches (%d target, %d drafter)", ErrTooLarge, need, g.targetBudget, g.draftBudget)
+	}
+	return nil
+}
+
+// need is the KV positions a generation may hold in each engine: its
+// prompt, its tokens and a draft past them, within the models' context.
+func (g *Generator) need(r *Request) int {
+	n := len(r.Prompt) + r.MaxTokens + g.k(r)
+	return min(n, g.target.Config().MaxPositionEmbeddings, g.drafter.Config().MaxPositionEmbeddings)
+}
+
+// Submit queues r and waits for its result, ctx's end, or the loop's.
+func (g *Generator) Submit(ctx context.Context, r Request) (Result, error) {
+	if err := g.Check(r); err != nil {
+		return Result{}, err
+	}
+	j := &job{req: r, k: g.k(&r), arrived: time.Now(), done: make(chan struct{})}
+	select {
+	case <-g.closed:
+		return Result{}, ErrClosed
+	default:
+	}
+	select {
+	case g.queue <- j:
+		g.waiting.Add(1)
+	default:
+		return Result{}, ErrOverloaded
+	}
+	select {
+	case <-j.done:
+		return j.result, j.err
+	case <-ctx.Done():
+		j.canceled.Store(true)
+		select { // the loop lets go of the job (and its OnStep) first
+		case <-j.done:
+		case <-g.closed:
+		}
+		return Result{}, ctx.Err()
+	case <-g.closed:
+		return Result{}, ErrClosed
+	}
+}
+
+// job is a request in the loop.
+type job struct {
+	req      Request
+	k        int // draft length; 0: the target alone
+	arrived  time.Time
+	canceled atomic.Bool
+	done     chan struct{}
+	once     sync.Once
+	result   Result
+	err      error
+}
+
+func (j *job) finish(err error) {
+	j.once.Do(func() {
+		j.err = err
+		close(j.done)
+	})
+}

@@ -1,0 +1,492 @@
+package speculative_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"webdraft/checkpoint"
+	"webdraft/engine"
+	"webdraft/engine/webgpu"
+	"webdraft/gpu/gputest"
+	"webdraft/qwen3"
+	"webdraft/reference"
+	"webdraft/sampling"
+	"webdraft/speculative"
+	"webdraft/specdec"
+)
+
+// load reads a golden checkpoint (vocabulary 1024) in format q.
+func load(t *testing.T, name string, q checkpoint.Quant) *checkpoint.Model {
+	t.Helper()
+	m, err := checkpoint.Load(filepath.Join("..", "testdata", "golden", name), checkpoint.LoadOptions{Quant: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func cpu(t *testing.T, m *checkpoint.Model) engine.Engine {
+	t.Helper()
+	e, err := engine.NewCPU(m.Config, m.Weights, 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func gpu(t *testing.T, m *checkpoint.Model) engine.Engine {
+	t.Helper()
+	e, err := webgpu.New(gputest.Device(t), m.Config, m.Weights, webgpu.Options{KVBytes: 16 << 20, MaxSequences: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// pair is a target and two drafters: the target's own weights in int4 (it
+// agrees often) and another model (it agrees by chance).
+type pair struct {
+	name            string
+	target, drafter engine.Engine
+}
+
+func pairs(t *testing.T, open func(*testing.T, *checkpoint.Model) engine.Engine) []pair {
+	target := open(t, load(t, "untied", checkpoint.F32))
+	return []pair{
+		{"int4-self", target, open(t, load(t, "untied", checkpoint.Int4))},
+		{"other", target, open(t, load(t, "tied", checkpoint.F32))},
+	}
+}
+
+// start runs a generator until the test ends.
+func start(t *testing.T, p pair, opts speculative.Options) *speculative.Generator {
+	t.Helper()
+	g, err := speculative.New(p.drafter, p.target, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return g
+}
+
+// greedy is the target's own greedy continuation, no drafter.
+func greedy(t *testing.T, e engine.Engine, prompt []int, n int) []int {
+	t.Helper()
+	seq, err := e.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Release()
+	out, err := engine.Draft(context.Background(), e, seq, prompt, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.IDs(out)
+}
+
+func ids(tokens []speculative.Token) []int {
+	out := make([]int, len(tokens))
+	for i, t := range tokens {
+		out[i] = t.ID
+	}
+	return out
+}
+
+func prompts(seed uint64, n int) [][]int {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	out := make([][]int, n)
+	for i := range out {
+		out[i] = make([]int, 1+rng.IntN(40))
+		for j := range out[i] {
+			out[i][j] = rng.IntN(1024)
+		}
+	}
+	return out
+}
+
+// TestGreedyEqualsTarget: greedy speculative output is token for token the
+// target's greedy output, for k ∈ {1, 4, 16} and the target alone, each
+// prompt alone and all of them batched, on the CPU engine and on WebGPU.
+func TestGreedyEqualsTarget(t *testing.T) {
+	for _, backend := range []struct {
+		name string
+		open func(*testing.T, *checkpoint.Model) engine.Engine
+	}{{"cpu", cpu}, {"webgpu", gpu}} {
+		t.Run(backend.name, func(t *testing.T) {
+			ps, n := prompts(1, 6), 24
+			all := pairs(t, backend.open)
+			if backend.name == "webgpu" { // lavapipe: the CPU covers the rest
+				ps, n, all = ps[:3], 12, all[:1]
+			}
+			for _, p := range all {
+				g := start(t, p, speculative.Options{PrefillChunk: 16, PrefillBudget: 48})
+				want := make([][]int, len(ps))
+				for i, pr := range ps {
+					want[i] = greedy(t, p.target, pr, n)
+				}
+				for _, k := range []int{1, 4, 16, speculative.NoDraft} {
+					t.Run(fmt.Sprintf("%s/k%d", p.name, k), func(t *testing.T) {
+						var tau []float64
+						check := func(how string, i int, res speculative.Result) {
+							if got := ids(res.Tokens); !slices.Equal(got, want[i]) {
+								t.Errorf("%s, prompt %d: %v, target alone %v", how, i, got, want[i])
+							}
+							st := res.Stats
+							if res.Finish != speculative.FinishLength || st.Tokens != n || st.Accepted > st.Drafted || st.Accepted+st.Steps != n {
+								t.Errorf("%s, prompt %d: finish %q, stats %+v", how, i, res.Finish, st)
+							}
+							if k == speculative.NoDraft && (st.Drafted != 0 || st.Steps != n) {
+								t.Errorf("the target alone drafted: %+v", st)
+							}
+							tau = append(tau, st.Tau())
+						}
+						for i, pr := range ps {
+							res, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n, K: k})
+							if err != nil {
+								t.Fatal(err)
+							}
+							check("alone", i, res)
+						}
+						results := make([]speculative.Result, len(ps))
+						var wg sync.WaitGroup
+						for i, pr := range ps {
+							wg.Go(func() {
+								res, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n, K: k})
+								if err != nil {
+									t.Error(err)
+								}
+								results[i] = res
+							})
+						}
+						wg.Wait()
+						for i := range ps {
+							check("batched", i, results[i])
+						}
+						t.Logf("τ %.2f", tau)
+					})
+				}
+			}
+		})
+	}
+}
+
+// TestTauEqualsOffline: for greedy decoding the live loop's τ is the
+// offline measurement's (package specdec, the target's continuation
+// computed first).
+func TestTauEqualsOffline(t *testing.T) {
+	for _, p := range pairs(t, cpu) {
+		ps := prompts(2, 8)
+		for _, k := range []int{2, 5} {
+			const n = 20
+			off, err := specdec.Run(context.Background(), p.target, p.drafter, ps, specdec.Options{K: k, NewTokens: n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := start(t, p, speculative.Options{})
+			var steps, tokens int
+			for _, pr := range ps {
+				res, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n, K: k})
+				if err != nil {
+					t.Fatal(err)
+				}
+				steps += res.Stats.Steps
+				tokens += res.Stats.Tokens
+			}
+			if live := float64(tokens) / float64(steps); live != off.Tau() || steps != off.Steps {
+				t.Errorf("%s k %d: live τ %.4f over %d steps, offline %.4f over %d", p.name, k, live, steps, off.Tau(), off.Steps)
+			}
+		}
+	}
+}
+
+// TestSamplingFollowsTarget: sampled speculative output follows the
+// target's own distribution. Over many seeds, the first two tokens after a
+// prompt — the first two rows of a verification of two draft tokens, or
+// a correction and the verification after it — are counted against the
+// target's
+// probabilities of each pair (the nucleus at the temperature, from the
+// reference's logits); a chi-square bound at p = 1e-6 holds. A rule that
+// accepts the proposal too often, or draws the proposal again after a
+// rejection, fails it.
+func TestSamplingFollowsTarget(t *testing.T) {
+	const seeds = 2000
+	params := sampling.Params{Temperature: 0.9, TopP: 0.95}
+	prompt := []int{17, 400, 3, 999, 250}
+	m := load(t, "untied", checkpoint.F32)
+	ref, err := reference.New(m.Config, m.Weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pairs(t, cpu)[:1] { // the other drafter's tokens are all but never accepted
+		t.Run(p.name, func(t *testing.T) {
+			g := start(t, p, speculative.Options{})
+			counts := map[[2]int]int{}
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, 64)
+			var accepted, drafted int
+			for s := range seeds {
+				sem <- struct{}{}
+				wg.Go(func() {
+					defer func() { <-sem }()
+					res, err := g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: 3, K: 4, Sampling: params, Seed: uint64(s)})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					counts[[2]int{res.Tokens[0].ID, res.Tokens[1].ID}]++
+					accepted += res.Stats.Accepted
+					drafted += res.Stats.Drafted
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			t.Logf("%d of %d draft tokens accepted", accepted, drafted)
+			first := probs(t, ref, prompt, params)
+			expected := map[[2]int]float64{}
+			for a, pa := range first {
+				if pa*seeds < 1 {
+					continue // its pairs join the rest
+				}
+				for b, pb := range probs(t, ref, append(slices.Clone(prompt), a), params) {
+					expected[[2]int{a, b}] = pa * pb * seeds
+				}
+			}
+			chi2, df := chiSquare(counts, expected, seeds)
+			bound := chiSquareBound(df, 4.753) // z for p = 1e-6
+			t.Logf("χ² %.1f over %d degrees of freedom (bound %.1f)", chi2, df, bound)
+			if chi2 > bound {
+				t.Errorf("the output does not follow the target's distribution: χ² %.1f > %.1f (df %d)", chi2, bound, df)
+			}
+		})
+	}
+}
+
+// probs is the target's next-token distribution after tokens under p.
+func probs(t *testing.T, ref *reference.Model, tokens []int, p sampling.Params) map[int]float64 {
+	t.Helper()
+	logits, err := ref.Forward(ref.NewSequence(), tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err := sampling.Choose(logits, p, sampling.Draw{X: sampling.NoProposal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]float64{}
+	top := math.Inf(-1)
+	for _, l := range logits {
+		top = math.Max(top, float64(l))
+	}
+	var sum float64
+	for i, l := range logits {
+		if l/p.Temperature >= row.Threshold {
+			out[i] = math.Exp((float64(l) - top) / float64(p.Temperature))
+			sum += out[i]
+		}
+	}
+	for i := range out {
+		out[i] /= sum
+	}
+	return out
+}
+
+// chiSquare compares counts with expected counts: pairs expected at least
+// 5 times are bins of their own, the rest one bin together.
+func chiSquare(counts map[[2]int]int, expected map[[2]int]float64, n int) (float64, int) {
+	var chi2, restExp float64
+	restObs, bins := n, 0
+	for k, e := range expected {
+		if e < 5 {
+			continue
+		}
+		o := float64(counts[k])
+		chi2 += (o - e) * (o - e) / e
+		restObs -= counts[k]
+		bins++
+	}
+	restExp = float64(n)
+	for _, e := range expected {
+		if e >= 5 {
+			restExp -= e
+		}
+	}
+	if restExp > 1 {
+		chi2 += (float64(restObs) - restExp) * (float64(restObs) - restExp) / restExp
+		bins++
+	}
+	return chi2, bins - 1
+}
+
+// chiSquareBound is the chi-square quantile for df degrees of freedom at
+// the standard normal quantile z (Wilson–Hilferty).
+func chiSquareBound(df int, z float64) float64 {
+	d := float64(df)
+	h := 2 / (9 * d)
+	return d * math.Pow(1-h+z*math.Sqrt(h), 3)
+}
+
+// TestSameSeedSameOutput: a seed replays its generation; another seed
+// gives another.
+func TestSameSeedSameOutput(t *testing.T) {
+	p := pairs(t, cpu)[1]
+	g := start(t, p, speculative.Options{})
+	run := func(seed uint64) []int {
+		res, err := g.Submit(context.Background(), speculative.Request{Prompt: []int{5, 6, 7}, MaxTokens: 30, K: 3,
+			Sampling: sampling.Params{Temperature: 1}, Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids(res.Tokens)
+	}
+	a, b, c := run(7), run(7), run(8)
+	if !slices.Equal(a, b) {
+		t.Errorf("seed 7 twice: %v, then %v", a, b)
+	}
+	if slices.Equal(a, c) {
+		t.Errorf("seeds 7 and 8 gave the same %v", a)
+	}
+}
+
+// TestStops: a stop token ends the generation before it; OnStep can end
+// it; p_min 1 drafts nothing and changes no token; logprobs and top tokens
+// come with each token.
+func TestStops(t *testing.T) {
+	p := pairs(t, cpu)[0]
+	g := start(t, p, speculative.Options{K: 4})
+	prompt := []int{9, 8, 7, 6}
+	want := greedy(t, p.target, prompt, 16)
+	ctx := context.Background()
+
+	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 16, Stop: []int{want[5]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := slices.Index(want, want[5])
+	if got := ids(res.Tokens); !slices.Equal(got, want[:cut]) || res.Finish != speculative.FinishStop {
+		t.Errorf("stop token %d: %v (%s), want %v", want[5], got, res.Finish, want[:cut])
+	}
+
+	var steps []speculative.Step
+	res, err = g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 16, OnStep: func(s speculative.Step) bool {
+		steps = append(steps, s)
+		return len(steps) < 2
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streamed []int
+	for _, s := range steps {
+		streamed = append(streamed, ids(s.Tokens)...)
+		if s.Accepted > len(s.Draft) || len(s.Tokens) != s.Accepted+1 {
+			t.Errorf("step %+v", s)
+		}
+	}
+	if len(steps) != 2 || res.Finish != speculative.FinishStop || !slices.Equal(ids(res.Tokens), streamed) || !slices.Equal(streamed, want[:len(streamed)]) {
+		t.Errorf("OnStep stopping after 2 steps: %d steps, %v streamed, result %v (%s)", len(steps), streamed, ids(res.Tokens), res.Finish)
+	}
+
+	res, err = g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 16, PMin: 1, TopN: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(res.Tokens); !slices.Equal(got, want) || res.Stats.Drafted != 0 {
+		t.Errorf("p_min 1: %v, %d drafted; want %v and none", got, res.Stats.Drafted, want)
+	}
+	for i, tok := range res.Tokens {
+		if len(tok.Top) != 3 || tok.Top[0].Token != tok.ID || tok.Logprob != tok.Top[0].Logprob || tok.Logprob > 0 {
+			t.Errorf("token %d: %+v", i, tok)
+		}
+	}
+}
+
+// TestPrefixCache: a conversation's next turn (the last prompt, its
+// answer and more) reuses both models' caches and still equals the target
+// alone.
+func TestPrefixCache(t *testing.T) {
+	p := pairs(t, cpu)[0]
+	g := start(t, p, speculative.Options{})
+	ctx := context.Background()
+	prompt := prompts(3, 1)[0]
+	first, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := append(append(slices.Clone(prompt), ids(first.Tokens)...), 1, 2, 3)
+	res, err := g.Submit(ctx, speculative.Request{Prompt: next, MaxTokens: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stats.CachedTokens < len(prompt) {
+		t.Errorf("the next turn reused %d positions, want at least the first prompt's %d", res.Stats.CachedTokens, len(prompt))
+	}
+	if got, want := ids(res.Tokens), greedy(t, p.target, next, 10); !slices.Equal(got, want) {
+		t.Errorf("after the cache: %v, target alone %v", got, want)
+	}
+}
+
+// TestBadRequests: each gets a clear error, and the loop goes on.
+func TestBadRequests(t *testing.T) {
+	p := pairs(t, cpu)[0]
+	g := start(t, p, speculative.Options{})
+	ctx := context.Background()
+	for _, r := range []speculative.Request{
+		{MaxTokens: 4},
+		{Prompt: []int{1}, MaxTokens: 0},
+		{Prompt: []int{1024}, MaxTokens: 4},
+		{Prompt: []int{1}, MaxTokens: 4, K: speculative.MaxK + 1},
+		{Prompt: []int{1}, MaxTokens: 4, PMin: 2},
+		{Prompt: []int{1}, MaxTokens: 4, TopN: engine.MaxTopN + 1},
+		{Prompt: []int{1}, MaxTokens: 4, Sampling: sampling.Params{Temperature: 1, TopP: 2}},
+		{Prompt: make([]int, 512), MaxTokens: 4},
+	} {
+		if _, err := g.Submit(ctx, r); err == nil {
+			t.Errorf("%+v: no error", r)
+		}
+	}
+	if _, err := g.Submit(ctx, speculative.Request{Prompt: make([]int, 511), MaxTokens: 4}); err != nil {
+		t.Errorf("a prompt one short of the context: %v", err)
+	}
+	if _, err := speculative.New(p.drafter, otherVocab{p.target}, speculative.Options{}); err == nil {
+		t.Error("a pair with different vocabularies was accepted")
+	}
+}
+
+// otherVocab is an engine that says its vocabulary is another size.
+type otherVocab struct{ engine.Engine }
+
+func (o otherVocab) Config() qwen3.Config {
+	c := o.Engine.Config()
+	c.VocabSize++
+	return c
+}
+
+// TestCancel: a client that leaves ends its generation at the next step.
+func TestCancel(t *testing.T) {
+	p := pairs(t, cpu)[0]
+	g := start(t, p, speculative.Options{K: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := g.Submit(ctx, speculative.Request{Prompt: []int{1, 2}, MaxTokens: 400, OnStep: func(speculative.Step) bool {
+		cancel()
+		return true
+	}})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("canceled generation: %v", err)
+	}
+	if res, err := g.Submit(context.Background(), speculative.Request{Prompt: []int{1, 2}, MaxTokens: 3}); err != nil || len(res.Tokens) != 3 {
+		t.Errorf("after a cancel: %v, %v", res, err)
+	}
+}

@@ -13,7 +13,6 @@ import (
 	"webdraft/checkpoint"
 	"webdraft/engine"
 	"webdraft/loadgen"
-	"webdraft/scheduler"
 	"webdraft/server"
 	"webdraft/tokenizer"
 )
@@ -34,13 +33,13 @@ func TestAgainstServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := server.New(slog.New(slog.NewTextHandler(io.Discard, nil)), "")
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		srv.Run(ctx, server.Model{Name: "tied", Engine: eng, Tokenizer: tok}, scheduler.Options{})
+		srv.Run(ctx, server.Config{Drafter: server.Model{Name: "tied", Engine: eng, Tokenizer: tok}})
 		close(done)
 	}()
 	defer func() { cancel(); <-done }()

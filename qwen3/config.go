@@ -24,6 +24,9 @@ type Config struct {
 	MaxPositionEmbeddings int     // max_position_embeddings
 	TieWordEmbeddings     bool    // tie_word_embeddings: lm_head shares embed_tokens
 	DType                 string  // torch_dtype (4.x) or dtype (5.x), informational
+	// EOSTokenIDs are the tokens that end a generation (eos_token_id: one,
+	// a list, or none).
+	EOSTokenIDs []int
 }
 
 // QDim is the width of the query projection: heads × head_dim.
@@ -51,27 +54,28 @@ func (c *Config) RopeInvFreq() []float32 {
 
 // rawConfig is config.json as transformers 4.x and 5.x write it.
 type rawConfig struct {
-	ModelType             string   `json:"model_type"`
-	Architectures         []string `json:"architectures"`
-	VocabSize             int      `json:"vocab_size"`
-	HiddenSize            int      `json:"hidden_size"`
-	IntermediateSize      int      `json:"intermediate_size"`
-	NumHiddenLayers       int      `json:"num_hidden_layers"`
-	NumAttentionHeads     int      `json:"num_attention_heads"`
-	NumKeyValueHeads      *int     `json:"num_key_value_heads"`
-	HeadDim               *int     `json:"head_dim"`
-	RMSNormEps            *float64 `json:"rms_norm_eps"`
-	RopeTheta             *float64 `json:"rope_theta"`
-	RopeScaling           *rope    `json:"rope_scaling"`
-	RopeParameters        *rope    `json:"rope_parameters"`
-	MaxPositionEmbeddings int      `json:"max_position_embeddings"`
-	TieWordEmbeddings     *bool    `json:"tie_word_embeddings"`
-	TorchDType            string   `json:"torch_dtype"`
-	DType                 string   `json:"dtype"`
-	AttentionBias         bool     `json:"attention_bias"`
-	UseSlidingWindow      bool     `json:"use_sliding_window"`
-	LayerTypes            []string `json:"layer_types"`
-	HiddenAct             string   `json:"hidden_act"`
+	ModelType             string          `json:"model_type"`
+	Architectures         []string        `json:"architectures"`
+	VocabSize             int             `json:"vocab_size"`
+	HiddenSize            int             `json:"hidden_size"`
+	IntermediateSize      int             `json:"intermediate_size"`
+	NumHiddenLayers       int             `json:"num_hidden_layers"`
+	NumAttentionHeads     int             `json:"num_attention_heads"`
+	NumKeyValueHeads      *int            `json:"num_key_value_heads"`
+	HeadDim               *int            `json:"head_dim"`
+	RMSNormEps            *float64        `json:"rms_norm_eps"`
+	RopeTheta             *float64        `json:"rope_theta"`
+	RopeScaling           *rope           `json:"rope_scaling"`
+	RopeParameters        *rope           `json:"rope_parameters"`
+	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
+	TieWordEmbeddings     *bool           `json:"tie_word_embeddings"`
+	TorchDType            string          `json:"torch_dtype"`
+	DType                 string          `json:"dtype"`
+	AttentionBias         bool            `json:"attention_bias"`
+	UseSlidingWindow      bool            `json:"use_sliding_window"`
+	LayerTypes            []string        `json:"layer_types"`
+	EOSTokenID            json.RawMessage `json:"eos_token_id"`
+	HiddenAct             string          `json:"hidden_act"`
 }
 
 type rope struct {
@@ -128,6 +132,9 @@ func ParseConfig(data []byte) (Config, error) {
 	if r.DType != "" {
 		c.DType = r.DType
 	}
+	if err := parseEOS(r.EOSTokenID, &c.EOSTokenIDs); err != nil {
+		return Config{}, err
+	}
 	c.NumKeyValueHeads = c.NumAttentionHeads
 	if r.NumKeyValueHeads != nil {
 		c.NumKeyValueHeads = *r.NumKeyValueHeads
@@ -172,6 +179,22 @@ func ParseConfig(data []byte) (Config, error) {
 		return Config{}, fmt.Errorf("hidden_act %q is not supported (want silu)", r.HiddenAct)
 	}
 	return c, c.Validate()
+}
+
+// parseEOS reads eos_token_id: null, an id, or a list of ids.
+func parseEOS(raw json.RawMessage, ids *[]int) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var one int
+	if err := json.Unmarshal(raw, &one); err == nil {
+		*ids = []int{one}
+		return nil
+	}
+	if err := json.Unmarshal(raw, ids); err != nil {
+		return fmt.Errorf("eos_token_id %s: want an id, a list of ids or null", raw)
+	}
+	return nil
 }
 
 // Validate checks that the hyperparameters are positive and consistent.

@@ -2,6 +2,8 @@ package qwen3
 
 import (
 	"encoding/json"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -40,7 +42,12 @@ func TestParseConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != want {
+			wantEOS := map[string][]int{"4.x": {151645}, "5.x": nil}[name]
+			if !slices.Equal(got.EOSTokenIDs, wantEOS) {
+				t.Errorf("eos_token_id %v, want %v", got.EOSTokenIDs, wantEOS)
+			}
+			got.EOSTokenIDs = nil
+			if !reflect.DeepEqual(got, want) {
 				t.Errorf("got  %+v\nwant %+v", got, want)
 			}
 			// head_dim is independent of hidden/heads (1024/16 = 64).
@@ -54,6 +61,7 @@ func TestParseConfig(t *testing.T) {
 func TestParseConfigRejects(t *testing.T) {
 	cases := []struct{ edit, want string }{
 		{`"model_type": "llama"`, "model_type"},
+		{`"eos_token_id": "x"`, "eos_token_id"},
 		{`"attention_bias": true`, "attention_bias"},
 		{`"use_sliding_window": true`, "use_sliding_window"},
 		{`"rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn", "factor": 4}`, "yarn"},

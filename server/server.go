@@ -1,7 +1,10 @@
-// Package server is webdraft's HTTP API (docs/reference.md, "HTTP API"): POST /draft, the
-// drafter a verifier calls; GET /health; GET /metrics in Prometheus' format.
-// Requests run on a scheduler (continuous batching, prefix cache) over an
-// engine; the server never sees a kernel.
+// Package server is webdraft's HTTP API (docs/reference.md, "HTTP API"):
+// POST /draft, the drafter an outside verifier calls; the OpenAI-compatible
+// API, served by speculative decoding with a target in the same process;
+// GET /health; GET /metrics in Prometheus' format. Drafts run on a
+// scheduler (continuous batching, prefix cache) over the drafter's engine,
+// generations on a speculative.Generator over both engines; the server
+// never sees a kernel.
 package server
 
 import (
@@ -12,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -20,6 +24,7 @@ import (
 
 	"webdraft/engine"
 	"webdraft/scheduler"
+	"webdraft/speculative"
 	"webdraft/tokenizer"
 )
 
@@ -31,45 +36,112 @@ const (
 	retryAfter   = "1" // seconds, on 429 and 503
 )
 
-// Model is what the server drafts with.
+// Model is one model the server runs.
 type Model struct {
 	Name      string
 	Engine    engine.Engine
 	Tokenizer *tokenizer.Tokenizer // nil: the model takes token ids only
+	// Stop are the tokens that end a generation (the config's
+	// eos_token_id, the tokenizer's end-of-text and end-of-turn).
+	Stop []int
+}
+
+// DefaultStop is the tokens that end a generation: the config's
+// eos_token_id and, with a tokenizer, Qwen3's <|endoftext|> and
+// <|im_end|>.
+func DefaultStop(eos []int, tok *tokenizer.Tokenizer) []int {
+	stop := slices.Clone(eos)
+	if tok != nil {
+		for _, name := range []string{"<|endoftext|>", "<|im_end|>"} {
+			if id, ok := tok.TokenID(name); ok && !slices.Contains(stop, id) {
+				stop = append(stop, id)
+			}
+		}
+	}
+	return stop
+}
+
+// Config is what Run serves.
+type Config struct {
+	Drafter Model
+	// Target, when set, verifies the drafter's drafts behind the
+	// OpenAI-compatible API; without one that API answers 404.
+	Target      *Model
+	Scheduler   scheduler.Options
+	Speculative speculative.Options
 }
 
 // Server serves the API. It answers 503 until Run has made it ready.
 type Server struct {
 	log     *slog.Logger
 	metrics *metrics
+	apiKey  string
 	ready   atomic.Pointer[state]
 }
 
 type state struct {
-	model Model
-	sched *scheduler.Scheduler
+	drafter Model
+	target  *Model
+	sched   *scheduler.Scheduler
+	gen     *speculative.Generator // nil without a target
+	started time.Time
 }
 
-// New returns a server that is not ready yet.
-func New(log *slog.Logger) *Server {
-	return &Server{log: log, metrics: newMetrics()}
+// New returns a server that is not ready yet; with apiKey set every
+// endpoint but /health needs "Authorization: Bearer apiKey".
+func New(log *slog.Logger, apiKey string) *Server {
+	return &Server{log: log, metrics: newMetrics(), apiKey: apiKey}
 }
 
-// Run serves drafts with m, scheduled per opts, until ctx ends; the server is
-// ready while it runs.
-func (s *Server) Run(ctx context.Context, m Model, opts scheduler.Options) error {
-	onStep := opts.OnStep
-	opts.OnStep = func(st scheduler.StepStats) {
+// Run serves c until ctx ends; the server is ready while it runs. With a
+// target, the drafter's KV cache is split between /draft and the
+// generations, half each.
+func (s *Server) Run(ctx context.Context, c Config) error {
+	onStep := c.Scheduler.OnStep
+	c.Scheduler.OnStep = func(st scheduler.StepStats) {
 		s.metrics.onStep(st)
 		if onStep != nil {
 			onStep(st)
 		}
 	}
-	sched := scheduler.New(m.Engine, opts)
-	s.metrics.watch(sched)
-	s.ready.Store(&state{model: m, sched: sched})
-	s.log.Info("ready", "model", m.Name, "backend", m.Engine.Info().Backend, "adapter", m.Engine.Info().Adapter)
-	err := sched.Run(ctx)
+	st := &state{drafter: c.Drafter, target: c.Target, started: time.Now()}
+	if c.Target != nil {
+		if c.Target.Stop == nil {
+			t := *c.Target
+			t.Stop = DefaultStop(t.Engine.Config().EOSTokenIDs, t.Tokenizer)
+			st.target = &t
+		}
+		half := c.Drafter.Engine.KVCapacity() / 2
+		c.Scheduler.CacheTokens, c.Speculative.DraftTokens = half, half
+		onSpec := c.Speculative.OnStep
+		c.Speculative.OnStep = func(ss speculative.StepStats) {
+			s.metrics.onSpecStep(ss)
+			if onSpec != nil {
+				onSpec(ss)
+			}
+		}
+		var err error
+		if st.gen, err = speculative.New(c.Drafter.Engine, c.Target.Engine, c.Speculative); err != nil {
+			return err
+		}
+		s.metrics.watchGenerator(st.gen)
+	}
+	st.sched = scheduler.New(c.Drafter.Engine, c.Scheduler)
+	s.metrics.watch(st.sched)
+	s.ready.Store(st)
+	args := []any{"drafter", c.Drafter.Name, "backend", c.Drafter.Engine.Info().Backend, "adapter", c.Drafter.Engine.Info().Adapter}
+	if c.Target != nil {
+		args = append(args, "target", c.Target.Name, "k", st.gen.K())
+	}
+	s.log.Info("ready", args...)
+	errs := make(chan error, 2)
+	go func() { errs <- st.sched.Run(ctx) }()
+	if st.gen != nil {
+		go func() { errs <- st.gen.Run(ctx) }()
+	} else {
+		errs <- nil
+	}
+	err := errors.Join(<-errs, <-errs)
 	s.ready.Store(nil)
 	return err
 }
@@ -80,7 +152,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /draft", s.draft)
 	mux.HandleFunc("GET /health", s.health)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
-	return mux
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
+	mux.HandleFunc("GET /v1/models", s.models)
+	return s.authorize(mux)
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
@@ -90,11 +165,15 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "loading"})
 		return
 	}
-	info, cfg := st.model.Engine.Info(), st.model.Engine.Config()
-	writeJSON(w, http.StatusOK, map[string]any{
-		"status": "ok", "model": st.model.Name, "backend": info.Backend, "adapter": info.Adapter,
+	info, cfg := st.drafter.Engine.Info(), st.drafter.Engine.Config()
+	h := map[string]any{
+		"status": "ok", "model": st.drafter.Name, "backend": info.Backend, "adapter": info.Adapter,
 		"vocab_size": cfg.VocabSize, "max_context": cfg.MaxPositionEmbeddings,
-	})
+	}
+	if st.target != nil {
+		h["target"], h["k"] = st.target.Name, st.gen.K()
+	}
+	writeJSON(w, http.StatusOK, h)
 }
 
 // draftRequest is the body of POST /draft.
@@ -103,6 +182,7 @@ type draftRequest struct {
 	Text     *string   `json:"text"`
 	Messages []message `json:"messages"`
 	N        *int      `json:"n"`
+	PMin     *float64  `json:"p_min"`   // stop drafting before a token the drafter gives less than this
 	Session  string    `json:"session"` // a hint only: the prefix cache works without it
 }
 
@@ -134,13 +214,17 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 	if req.N != nil {
 		n = *req.N
 	}
-	res, err := st.sched.Submit(r.Context(), scheduler.Request{Tokens: tokens, N: n})
+	var pMin float64
+	if req.PMin != nil {
+		pMin = *req.PMin
+	}
+	res, err := st.sched.Submit(r.Context(), scheduler.Request{Tokens: tokens, N: n, PMin: pMin})
 	if err != nil {
 		s.fail(w, s.schedulerError(err))
 		return
 	}
 	var text string
-	if tok := st.model.Tokenizer; tok != nil {
+	if tok := st.drafter.Tokenizer; tok != nil {
 		if text, err = tok.Decode(res.Draft); err != nil {
 			text = "" // ids past the tokenizer's vocabulary (a model with a larger one)
 		}
@@ -177,10 +261,13 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 	if req.N != nil && (*req.N < 1 || *req.N > MaxN) {
 		return nil, nil, badRequest("n", fmt.Sprintf("n is %d; want 1…%d", *req.N, MaxN))
 	}
-	cfg := st.model.Engine.Config()
+	if req.PMin != nil && !(*req.PMin >= 0 && *req.PMin <= 1) {
+		return nil, nil, badRequest("p_min", fmt.Sprintf("p_min is %v; want 0…1", *req.PMin))
+	}
+	cfg := st.drafter.Engine.Config()
 	var tokens []int
 	field := "tokens"
-	if req.Tokens == nil && st.model.Tokenizer == nil {
+	if req.Tokens == nil && st.drafter.Tokenizer == nil {
 		f := "text"
 		if req.Messages != nil {
 			f = "messages"
@@ -195,7 +282,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 		if *req.Text == "" {
 			return nil, nil, badRequest("text", "text is empty")
 		}
-		tokens = st.model.Tokenizer.Encode(*req.Text)
+		tokens = st.drafter.Tokenizer.Encode(*req.Text)
 	default:
 		field = "messages"
 		if len(req.Messages) == 0 {
@@ -210,11 +297,11 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 			}
 			msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
 		}
-		prompt, err := st.model.Tokenizer.ApplyChatTemplate(msgs, true, true)
+		prompt, err := st.drafter.Tokenizer.ApplyChatTemplate(msgs, true, true)
 		if err != nil {
 			return nil, nil, badRequest("messages", err.Error())
 		}
-		tokens = st.model.Tokenizer.Encode(prompt)
+		tokens = st.drafter.Tokenizer.Encode(prompt)
 	}
 	if len(tokens) == 0 {
 		return nil, nil, badRequest(field, field+" is empty")

@@ -54,11 +54,14 @@ func newFixtureTokenizer(t *testing.T, opts scheduler.Options, wrap func(engine.
 	if wrap != nil {
 		eng = wrap(eng)
 	}
-	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)), "")
 	ts := httptest.NewServer(srv.Handler())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { srv.Run(ctx, Model{Name: "untied", Engine: eng, Tokenizer: tok}, opts); close(done) }()
+	go func() {
+		srv.Run(ctx, Config{Drafter: Model{Name: "untied", Engine: eng, Tokenizer: tok}, Scheduler: opts})
+		close(done)
+	}()
 	t.Cleanup(func() { ts.Close(); cancel(); <-done })
 	waitReady(t, ts.URL)
 	return &fixture{url: ts.URL, eng: eng}
@@ -280,7 +283,7 @@ func TestOverload(t *testing.T) {
 
 func TestHealthAndMetrics(t *testing.T) {
 	// Not ready: 503 loading.
-	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)), "")
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 	resp, err := http.Get(ts.URL + "/health")

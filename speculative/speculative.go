@@ -37,6 +37,10 @@ type Options struct {
 	PrefillChunk  int // prompt tokens of one generation per pass (default 256)
 	PrefillBudget int // prompt tokens of all generations per pass (default 1024)
 	MaxQueue      int // requests waiting to start before Submit refuses (default 256)
+	// DraftTokens and TargetTokens are the KV budgets in positions, for
+	// running and cached sequences together (default and maximum: each
+	// engine's KVCapacity; less where another user shares the engine).
+	DraftTokens, TargetTokens int
 	// OnStep, when set, is called after every step (for metrics).
 	OnStep func(StepStats)
 }
@@ -163,7 +167,7 @@ type Generator struct {
 	opts            Options
 	queue           chan *job
 	closed          chan struct{}
-	// budget is each engine's KV capacity in positions.
+	// The KV budgets in positions (Options.DraftTokens, TargetTokens).
 	draftBudget, targetBudget int
 
 	waiting, running atomic.Int64
@@ -178,10 +182,16 @@ func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
 	if d, t := drafter.Config().VocabSize, target.Config().VocabSize; d != t {
 		return nil, fmt.Errorf("speculative: the drafter's vocabulary has %d tokens, the target's %d", d, t)
 	}
+	budget := func(want, capacity int) int {
+		if want <= 0 || want > capacity {
+			return capacity
+		}
+		return want
+	}
 	return &Generator{
 		drafter: drafter, target: target, opts: opts,
 		queue: make(chan *job, opts.MaxQueue), closed: make(chan struct{}),
-		draftBudget: drafter.KVCapacity(), targetBudget: target.KVCapacity(),
+		draftBudget: budget(opts.DraftTokens, drafter.KVCapacity()), targetBudget: budget(opts.TargetTokens, target.KVCapacity()),
 	}, nil
 }
 

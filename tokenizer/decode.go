@@ -24,6 +24,15 @@ func (t *Tokenizer) Decode(ids []int) (string, error) {
 	return lossyUTF8(buf), nil
 }
 
+// TokenBytes returns the bytes one token stands for (a piece of a UTF-8
+// sequence, perhaps: OpenAI's logprobs report them as they are).
+func (t *Tokenizer) TokenBytes(id int) ([]byte, error) {
+	if !t.valid(id) {
+		return nil, t.idError(id)
+	}
+	return []byte(t.idBytes[id]), nil
+}
+
 func (t *Tokenizer) valid(id int) bool { return id >= 0 && id < len(t.known) && t.known[id] }
 
 func (t *Tokenizer) idError(id int) error {

@@ -249,6 +249,25 @@ func assignAddedIDs(tokens []AddedToken, vocab map[string]int) []AddedToken {
 // 151669 for Qwen3. Model embeddings may be larger (Qwen3's have 151936 rows).
 func (t *Tokenizer) VocabSize() int { return len(t.known) }
 
+// SameVocabulary reports whether t and o give every id the same text
+// (and the same special tokens): then token ids mean the same to both, as
+// a drafter's and its target's must. Where they differ it names the first
+// id.
+func (t *Tokenizer) SameVocabulary(o *Tokenizer) (bool, string) {
+	if t == o {
+		return true, ""
+	}
+	if len(t.known) != len(o.known) {
+		return false, fmt.Sprintf("%d ids, %d", len(t.known), len(o.known))
+	}
+	for id := range t.known {
+		if t.known[id] != o.known[id] || t.idBytes[id] != o.idBytes[id] || t.special[id] != o.special[id] {
+			return false, fmt.Sprintf("id %d is %q in one, %q in the other", id, t.idBytes[id], o.idBytes[id])
+		}
+	}
+	return true, ""
+}
+
 // TokenID returns the id of an added token such as "<|im_end|>".
 func (t *Tokenizer) TokenID(content string) (int, bool) {
 	id, ok := t.addedIDs[content]

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -416,4 +417,47 @@ func byteLevelEncode(raw []byte) string {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// TestTokenBytes: a token's bytes, even a piece of a UTF-8 sequence, and
+// their concatenation is the text.
+func TestTokenBytes(t *testing.T) {
+	tok := qwen3(t)
+	ids := tok.Encode("中文 and ascii")
+	var all []byte
+	for _, id := range ids {
+		b, err := tok.TokenBytes(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, b...)
+	}
+	if string(all) != "中文 and ascii" {
+		t.Errorf("bytes of %v: %q", ids, all)
+	}
+	if b, _ := tok.TokenBytes(160); len(b) != 1 || b[0] != 0xe4 {
+		t.Errorf("the byte token 160: %x, want e4", b)
+	}
+	if _, err := tok.TokenBytes(-1); err == nil {
+		t.Error("TokenBytes(-1): no error")
+	}
+}
+
+// TestSameVocabulary: a tokenizer and a copy agree; one with a token
+// changed does not, and says which id.
+func TestSameVocabulary(t *testing.T) {
+	a := qwen3(t)
+	b, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := a.SameVocabulary(b); !ok {
+		t.Errorf("the default tokenizer twice: %s", why)
+	}
+	c := *b
+	c.idBytes = slices.Clone(b.idBytes)
+	c.idBytes[42] = "changed"
+	if ok, why := a.SameVocabulary(&c); ok || !strings.Contains(why, "id 42") {
+		t.Errorf("a changed token: %v, %q", ok, why)
+	}
 }

@@ -156,8 +156,14 @@ func logEngine(e *env, eng engine.Engine, why string) engine.Engine {
 // loadModel loads the model folder dir, or the embedded drafter when dir is
 // "". The name is what logs and /health call it.
 func loadModel(dir string) (*checkpoint.Model, string, error) {
+	return loadModelOr(dir, weights.DrafterDir)
+}
+
+// loadModelOr loads the model in dir, or with dir "" the embedded one
+// named embedded (weights.DrafterDir or weights.TargetDir).
+func loadModelOr(dir, embedded string) (*checkpoint.Model, string, error) {
 	if dir == "" {
-		return loadEmbedded(weights.DrafterDir)
+		return loadEmbedded(embedded)
 	}
 	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{})
 	return m, dir, err

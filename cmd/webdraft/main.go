@@ -39,7 +39,7 @@ var commands = map[string]command{
 	"draft":      {"draft the n greedy tokens that follow the input", runDraft},
 	"tokenize":   {"turn text into token ids (no special tokens added)", runTokenize},
 	"detokenize": {"turn token ids into text", runDetokenize},
-	"serve":      {"serve drafts over HTTP", runServe},
+	"serve":      {"serve drafts, and speculative generation behind an OpenAI-compatible API, over HTTP", runServe},
 	"loadtest":   {"load a server as verifiers would and report latency, throughput and cache reuse", runLoadtest},
 	"bench":      {"run a benchmark and print its table", runBench},
 }

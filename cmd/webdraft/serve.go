@@ -6,24 +6,30 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"webdraft/engine"
 	"webdraft/scheduler"
 	"webdraft/server"
+	"webdraft/speculative"
 	"webdraft/tokenizer"
+	"webdraft/weights"
 )
 
 // drainTimeout bounds how long SIGTERM waits for in-flight requests.
 const drainTimeout = 30 * time.Second
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N] [--chain-steps 8]")
-	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
+	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k 8] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N] [--chain-steps 8] [--api-key KEY]")
+	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
+	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given, else none")
+	k := fs.Int("k", 8, "draft tokens per verification step (a request's speculative.k overrides it)")
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", backendUsage)
-	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory for running and cached sequences, in MiB")
+	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB")
 	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
+	apiKey := fs.String("api-key", os.Getenv("WEBDRAFT_API_KEY"), "require Authorization: Bearer KEY on every endpoint but /health (default: $WEBDRAFT_API_KEY; none: open)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -32,6 +38,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *chainSteps < 1 || *chainSteps > maxDraft {
 		return usagef("--chain-steps %d: want 1…%d", *chainSteps, maxDraft)
+	}
+	if *k < 1 || *k > speculative.MaxK {
+		return usagef("--k %d: want 1…%d", *k, speculative.MaxK)
 	}
 	backend, err := parseBackend(*backendFlag)
 	if err != nil {
@@ -44,45 +53,41 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := server.New(e.log)
+	srv := server.New(e.log, *apiKey)
 	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(ln) }()
-	e.log.Info("listening", "addr", ln.Addr().String())
+	e.log.Info("listening", "addr", ln.Addr().String(), "api_key", *apiKey != "")
 
 	// Load while /health answers "loading".
 	start := time.Now()
-	model, name, err := loadModel(*modelDir)
+	withTarget := *targetDir != "" || *modelDir == ""
+	drafter, err := openServed(ctx, e, *modelDir, weights.DrafterDir, backend, *cacheMB)
 	if err != nil {
 		httpSrv.Close()
 		return err
 	}
-	defer model.Close()
-	tok, err := modelTokenizer(model)
-	switch {
-	case errors.Is(err, tokenizer.ErrNoTokenizer):
-		e.log.Warn("serving token ids only", "reason", err)
-	case err != nil:
-		httpSrv.Close()
-		return err
+	defer drafter.close()
+	cfg := server.Config{Drafter: drafter.model}
+	if withTarget {
+		target, err := openServed(ctx, e, *targetDir, weights.TargetDir, backend, *cacheMB)
+		if err != nil {
+			httpSrv.Close()
+			return err
+		}
+		defer target.close()
+		if err := checkPair(drafter.model, target.model); err != nil {
+			httpSrv.Close()
+			return err
+		}
+		cfg.Target = &target.model
 	}
-	eng, err := openEngine(e, model, backend, int64(*cacheMB)<<20, 0)
-	if err != nil {
-		httpSrv.Close()
-		return err
-	}
-	defer eng.Close()
-	if err := engine.Warm(ctx, eng); err != nil {
-		httpSrv.Close()
-		return fmt.Errorf("warm-up: %w", err)
-	}
-	opts := scheduler.Options{ChainSteps: *chainSteps}
+	cfg.Scheduler = scheduler.Options{ChainSteps: *chainSteps}
+	cfg.Speculative = speculative.Options{K: *k}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
-	go func() {
-		ran <- srv.Run(runCtx, server.Model{Name: name, Engine: eng, Tokenizer: tok}, opts)
-	}()
-	e.log.Info("loaded", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "cache_tokens", eng.KVCapacity())
+	go func() { ran <- srv.Run(runCtx, cfg) }()
+	e.log.Info("loaded", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()))
 
 	select {
 	case <-ctx.Done(): // SIGTERM or interrupt: drain
@@ -103,5 +108,59 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("shutdown: %w", shutdownErr)
 	}
 	e.log.Info("stopped")
+	return nil
+}
+
+// served is a model opened for serving: its weights, engine and tokenizer.
+type served struct {
+	model server.Model
+	close func()
+}
+
+// openServed loads the model in dir (or the embedded one named embedded),
+// its tokenizer (none: it serves token ids only) and an engine with
+// cacheMB of KV cache, warmed up.
+func openServed(ctx context.Context, e *env, dir, embedded string, backend backendChoice, cacheMB int) (*served, error) {
+	m, name, err := loadModelOr(dir, embedded)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := modelTokenizer(m)
+	switch {
+	case errors.Is(err, tokenizer.ErrNoTokenizer):
+		e.log.Warn("serving token ids only", "model", name, "reason", err)
+	case err != nil:
+		m.Close()
+		return nil, err
+	}
+	eng, err := openEngine(e, m, backend, int64(cacheMB)<<20, 0)
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	if err := engine.Warm(ctx, eng); err != nil {
+		eng.Close()
+		m.Close()
+		return nil, fmt.Errorf("%s: warm-up: %w", name, err)
+	}
+	e.log.Info("model", "name", name, "cache_tokens", eng.KVCapacity())
+	return &served{
+		model: server.Model{Name: name, Engine: eng, Tokenizer: tok},
+		close: func() { eng.Close(); m.Close() },
+	}, nil
+}
+
+// checkPair refuses a drafter and a target whose token ids do not mean
+// the same: vocabularies of another size, or tokenizers that differ.
+func checkPair(d, t server.Model) error {
+	dv, tv := d.Engine.Config().VocabSize, t.Engine.Config().VocabSize
+	if dv != tv {
+		return fmt.Errorf("the drafter %s has a vocabulary of %d tokens and the target %s one of %d: a pair must share its vocabulary", d.Name, dv, t.Name, tv)
+	}
+	if d.Tokenizer != nil && t.Tokenizer != nil {
+		if same, why := d.Tokenizer.SameVocabulary(t.Tokenizer); !same {
+			return fmt.Errorf("the drafter %s and the target %s have different tokenizers (%s): a pair must share its tokenizer", d.Name, t.Name, why)
+		}
+	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -84,12 +85,19 @@ func TestServeUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"serve", "--cache-mb", "0"},
 		{"serve", "--chain-steps", "0"},
-		{"serve", "--target", "x"},
+		{"serve", "--k", "0"},
+		{"serve", "--k", "65"},
 		{"serve", "--backend", "quantum"},
 	} {
 		if code, _, _ := webdraft(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
+	}
+	// A pair whose vocabularies differ is refused in one line naming both.
+	golden := filepath.Join("..", "..", "testdata", "golden", "untied")
+	code, _, stderr := webdraft(t, "serve", "--addr", "127.0.0.1:0", "--backend", "cpu", "--target", golden)
+	if last := lastLine(stderr); code != 1 || !strings.Contains(last, "embedded:drafter") || !strings.Contains(last, golden) || !strings.Contains(last, "vocabulary") {
+		t.Errorf("a mismatched pair: exit %d, %q", code, last)
 	}
 	// An address in use is an error, not a hang.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -100,4 +108,10 @@ func TestServeUsage(t *testing.T) {
 	if code, _, stderr := webdraft(t, "serve", "--addr", ln.Addr().String()); code != 1 || !strings.Contains(stderr, "address already in use") {
 		t.Errorf("busy address: exit %d, %s", code, stderr)
 	}
+}
+
+// lastLine is the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }

@@ -1,0 +1,914 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"webdraft/engine"
+	"webdraft/sampling"
+	"webdraft/speculative"
+	"webdraft/tokenizer"
+)
+
+// The OpenAI-compatible API (docs/reference.md, "OpenAI-compatible API"):
+// POST /v1/completions, POST /v1/chat/completions and GET /v1/models,
+// served by speculative decoding — the drafter drafts, the target
+// verifies. Fields OpenAI defines that webdraft does not implement are
+// refused with a 400 naming them, as are fields no one defines.
+
+// Limits of the OpenAI-compatible API.
+const (
+	// DefaultCompletionTokens is /v1/completions' max_tokens when none is
+	// given (OpenAI's default); chat completions run to the end of the
+	// context.
+	DefaultCompletionTokens = 16
+	// MaxCompletionLogprobs bounds /v1/completions' logprobs (OpenAI: 5).
+	MaxCompletionLogprobs = 5
+	// MaxStops bounds stop (OpenAI: 4).
+	MaxStops = 4
+)
+
+// openAIError is an error in OpenAI's shape.
+type openAIError struct {
+	status  int
+	typ     string // invalid_request_error, not_found_error, …
+	param   string // the offending field, or ""
+	code    string
+	message string
+}
+
+func invalid(param, msg string) *openAIError {
+	return &openAIError{http.StatusBadRequest, "invalid_request_error", param, "invalid_value", param + ": " + msg}
+}
+
+func (s *Server) failOpenAI(w http.ResponseWriter, e *openAIError) {
+	s.metrics.request(e.status, e.code)
+	if e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	writeJSON(w, e.status, map[string]any{"error": errorBody(e)})
+}
+
+func errorBody(e *openAIError) map[string]any {
+	var param, code any
+	if e.param != "" {
+		param = e.param
+	}
+	if e.code != "" {
+		code = e.code
+	}
+	return map[string]any{"message": e.message, "type": e.typ, "param": param, "code": code}
+}
+
+// samplingFields are what both endpoints take.
+type samplingFields struct {
+	Model            string             `json:"model"`
+	MaxTokens        *int               `json:"max_tokens"`
+	Temperature      *float64           `json:"temperature"`
+	TopP             *float64           `json:"top_p"`
+	Seed             *int64             `json:"seed"`
+	Stop             json.RawMessage    `json:"stop"`
+	Stream           bool               `json:"stream"`
+	StreamOptions    *streamOptions     `json:"stream_options"`
+	N                *int               `json:"n"`
+	User             string             `json:"user"`
+	FrequencyPenalty *float64           `json:"frequency_penalty"`
+	PresencePenalty  *float64           `json:"presence_penalty"`
+	LogitBias        map[string]float64 `json:"logit_bias"`
+	// vLLM's extension: the prompt's and the output's token ids.
+	ReturnTokenIDs bool `json:"return_token_ids"`
+	// webdraft's: the draft length (0: the target alone) and p_min.
+	Speculative *speculativeFields `json:"speculative"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type speculativeFields struct {
+	K    *int     `json:"k"`
+	PMin *float64 `json:"p_min"`
+}
+
+type completionRequest struct {
+	samplingFields
+	Prompt   json.RawMessage `json:"prompt"`
+	Logprobs *int            `json:"logprobs"`
+	Echo     bool            `json:"echo"`
+	Suffix   *string         `json:"suffix"`
+	BestOf   *int            `json:"best_of"`
+}
+
+type chatRequest struct {
+	samplingFields
+	Messages            []chatMessage   `json:"messages"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Logprobs            bool            `json:"logprobs"`
+	TopLogprobs         *int            `json:"top_logprobs"`
+	Tools               json.RawMessage `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ResponseFormat      json.RawMessage `json:"response_format"`
+	// vLLM's extension: {"enable_thinking": false} turns Qwen3's thinking off.
+	ChatTemplateKwargs *struct {
+		EnableThinking *bool `json:"enable_thinking"`
+	} `json:"chat_template_kwargs"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name"`
+}
+
+// generation is a parsed request, ready to run.
+type generation struct {
+	chat         bool
+	model        string
+	prompt       []int
+	req          speculative.Request
+	stops        []string
+	logprobs     bool // report each token's logprob (and req.TopN alternatives)
+	stream       bool
+	includeUsage bool
+	returnIDs    bool
+}
+
+// decodeOpenAI reads a request body into v, refusing unknown fields.
+func decodeOpenAI(w http.ResponseWriter, r *http.Request, v any) *openAIError {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		e := decodeError(err)
+		oe := invalid("body", e.message)
+		oe.status, oe.code = e.status, e.code
+		if field, rest, ok := strings.Cut(e.message, ": "); ok && field != "body" {
+			field = strings.TrimPrefix(field, "samplingFields.") // the embedded struct's name
+			oe.param = field
+			oe.message = field + ": " + rest
+			if strings.HasSuffix(e.message, "unknown field") {
+				oe.message = fmt.Sprintf("%s: unknown field (webdraft does not take it)", field)
+				oe.code = "unknown_field"
+			}
+		}
+		return oe
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return invalid("body", "trailing data after the JSON object")
+	}
+	return nil
+}
+
+// common checks and applies the fields both endpoints share.
+func (st *state) common(f *samplingFields, g *generation) *openAIError {
+	if f.Model != st.target.Name {
+		return &openAIError{http.StatusNotFound, "invalid_request_error", "model", "model_not_found",
+			fmt.Sprintf("model: %q is not served here; GET /v1/models lists %q", f.Model, st.target.Name)}
+	}
+	g.model = f.Model
+	if f.N != nil && *f.N != 1 {
+		return invalid("n", fmt.Sprintf("n is %d: webdraft returns one choice a request", *f.N))
+	}
+	for _, p := range []struct {
+		name string
+		v    *float64
+	}{{"frequency_penalty", f.FrequencyPenalty}, {"presence_penalty", f.PresencePenalty}} {
+		if p.v != nil && *p.v != 0 {
+			return invalid(p.name, "penalties are not implemented: leave it out or 0")
+		}
+	}
+	if len(f.LogitBias) > 0 {
+		return invalid("logit_bias", "logit_bias is not implemented")
+	}
+	temp, topP := 1.0, 1.0 // OpenAI's defaults
+	if f.Temperature != nil {
+		temp = *f.Temperature
+	}
+	if f.TopP != nil {
+		topP = *f.TopP
+	}
+	if !(temp >= 0 && temp <= 2) {
+		return invalid("temperature", fmt.Sprintf("temperature %v: want 0…2", temp))
+	}
+	if !(topP > 0 && topP <= 1) {
+		return invalid("top_p", fmt.Sprintf("top_p %v: want a value in (0, 1]", topP))
+	}
+	g.req.Sampling = sampling.Params{Temperature: float32(temp), TopP: float32(topP)}
+	if f.Seed != nil {
+		g.req.Seed = uint64(*f.Seed)
+	} else {
+		var b [8]byte
+		_, _ = crand.Read(b[:]) // never fails (crypto/rand panics rather)
+		g.req.Seed = binary.LittleEndian.Uint64(b[:])
+	}
+	stops, e := parseStop(f.Stop)
+	if e != nil {
+		return e
+	}
+	if len(stops) > 0 && st.target.Tokenizer == nil {
+		return invalid("stop", "this model has no tokenizer: stop strings cannot be matched")
+	}
+	g.stops = stops
+	g.stream = f.Stream
+	if f.StreamOptions != nil {
+		if !f.Stream {
+			return invalid("stream_options", "stream_options needs stream: true")
+		}
+		g.includeUsage = f.StreamOptions.IncludeUsage
+	}
+	g.returnIDs = f.ReturnTokenIDs
+	if sp := f.Speculative; sp != nil {
+		if sp.K != nil {
+			switch k := *sp.K; {
+			case k < 0 || k > speculative.MaxK:
+				return invalid("speculative.k", fmt.Sprintf("k is %d: want 0 (the target alone) … %d", k, speculative.MaxK))
+			case k == 0:
+				g.req.K = speculative.NoDraft
+			default:
+				g.req.K = k
+			}
+		}
+		if sp.PMin != nil {
+			if !(*sp.PMin >= 0 && *sp.PMin <= 1) {
+				return invalid("speculative.p_min", fmt.Sprintf("p_min is %v: want 0…1", *sp.PMin))
+			}
+			g.req.PMin = *sp.PMin
+		}
+	}
+	g.req.Stop = st.target.Stop
+	return nil
+}
+
+// parseStop reads stop: null, a string, or up to MaxStops strings.
+func parseStop(raw json.RawMessage) ([]string, *openAIError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		return nonEmpty([]string{one})
+	}
+	var many []string
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, invalid("stop", "want a string or a list of strings")
+	}
+	if len(many) > MaxStops {
+		return nil, invalid("stop", fmt.Sprintf("%d stop strings: want at most %d", len(many), MaxStops))
+	}
+	return nonEmpty(many)
+}
+
+func nonEmpty(stops []string) ([]string, *openAIError) {
+	for i, s := range stops {
+		if s == "" {
+			return nil, invalid(fmt.Sprintf("stop[%d]", i), "an empty stop string")
+		}
+	}
+	return stops, nil
+}
+
+// maxTokens settles max_tokens: given, it must fit the context after the
+// prompt; else def, or with def 0 the rest of the context.
+func (st *state) maxTokens(given *int, field string, def, promptLen int) (int, *openAIError) {
+	room := st.maxContext() - promptLen
+	if room < 1 {
+		return 0, &openAIError{http.StatusBadRequest, "invalid_request_error", "prompt", "context_length_exceeded",
+			fmt.Sprintf("prompt: %d tokens leave no room in the model's context of %d", promptLen, st.maxContext())}
+	}
+	if given == nil {
+		if def == 0 {
+			return room, nil
+		}
+		return min(def, room), nil
+	}
+	switch n := *given; {
+	case n < 1:
+		return 0, invalid(field, fmt.Sprintf("%s is %d: want at least 1", field, n))
+	case n > room:
+		return 0, &openAIError{http.StatusBadRequest, "invalid_request_error", field, "context_length_exceeded",
+			fmt.Sprintf("%s: the model's context is %d tokens; the prompt takes %d, which leaves %d, not %d", field, st.maxContext(), promptLen, room, n)}
+	default:
+		return n, nil
+	}
+}
+
+func (st *state) maxContext() int {
+	return min(st.target.Engine.Config().MaxPositionEmbeddings, st.drafter.Engine.Config().MaxPositionEmbeddings)
+}
+
+// checkIDs refuses ids outside the target's vocabulary.
+func (st *state) checkIDs(field string, ids []int) *openAIError {
+	if len(ids) == 0 {
+		return invalid(field, "the prompt is empty")
+	}
+	v := st.target.Engine.Config().VocabSize
+	for i, t := range ids {
+		if t < 0 || t >= v {
+			return invalid(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("token %d is outside the model's vocabulary [0, %d)", t, v))
+		}
+	}
+	return nil
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	st, e := s.openAIState()
+	if e == nil {
+		var req completionRequest
+		if e = decodeOpenAI(w, r, &req); e == nil {
+			var g *generation
+			if g, e = st.parseCompletion(&req); e == nil {
+				s.generate(w, r, st, g)
+				return
+			}
+		}
+	}
+	s.failOpenAI(w, e)
+}
+
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	st, e := s.openAIState()
+	if e == nil {
+		var req chatRequest
+		if e = decodeOpenAI(w, r, &req); e == nil {
+			var g *generation
+			if g, e = st.parseChat(&req); e == nil {
+				s.generate(w, r, st, g)
+				return
+			}
+		}
+	}
+	s.failOpenAI(w, e)
+}
+
+// openAIState is the running state, when it has a target.
+func (s *Server) openAIState() (*state, *openAIError) {
+	st := s.ready.Load()
+	switch {
+	case st == nil:
+		return nil, &openAIError{http.StatusServiceUnavailable, "server_error", "", "loading", "the models are still loading"}
+	case st.target == nil:
+		return nil, &openAIError{http.StatusNotFound, "invalid_request_error", "", "no_target",
+			"this server drafts only (POST /draft): start it with a target to serve the OpenAI-compatible API"}
+	}
+	return st, nil
+}
+
+func (st *state) parseCompletion(req *completionRequest) (*generation, *openAIError) {
+	g := &generation{}
+	if e := st.common(&req.samplingFields, g); e != nil {
+		return nil, e
+	}
+	switch {
+	case req.Echo:
+		return nil, invalid("echo", "echo is not implemented")
+	case req.Suffix != nil:
+		return nil, invalid("suffix", "suffix is not implemented")
+	case req.BestOf != nil && *req.BestOf != 1:
+		return nil, invalid("best_of", fmt.Sprintf("best_of is %d: webdraft returns one choice a request", *req.BestOf))
+	}
+	prompt, e := st.completionPrompt(req.Prompt)
+	if e != nil {
+		return nil, e
+	}
+	g.prompt = prompt
+	if req.Logprobs != nil {
+		if n := *req.Logprobs; n < 0 || n > MaxCompletionLogprobs {
+			return nil, invalid("logprobs", fmt.Sprintf("logprobs is %d: want 0…%d", n, MaxCompletionLogprobs))
+		}
+		g.logprobs, g.req.TopN = true, *req.Logprobs
+	}
+	if g.logprobs && st.target.Tokenizer == nil {
+		return nil, invalid("logprobs", "this model has no tokenizer: use return_token_ids for the tokens")
+	}
+	var max *openAIError
+	g.req.MaxTokens, max = st.maxTokens(req.MaxTokens, "max_tokens", DefaultCompletionTokens, len(prompt))
+	g.req.Prompt = prompt
+	return g, max
+}
+
+// completionPrompt reads prompt: text, one text in a list, token ids, or
+// one list of token ids in a list.
+func (st *state) completionPrompt(raw json.RawMessage) ([]int, *openAIError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, invalid("prompt", "prompt is required")
+	}
+	var text string
+	var texts []string
+	var ids []int
+	var idLists [][]int
+	switch {
+	case json.Unmarshal(raw, &text) == nil:
+	case json.Unmarshal(raw, &ids) == nil:
+		return ids, st.checkIDs("prompt", ids)
+	case json.Unmarshal(raw, &texts) == nil && len(texts) == 1:
+		text = texts[0]
+	case json.Unmarshal(raw, &idLists) == nil && len(idLists) == 1:
+		return idLists[0], st.checkIDs("prompt[0]", idLists[0])
+	case len(texts) > 1 || len(idLists) > 1:
+		return nil, invalid("prompt", "several prompts: webdraft takes one a request")
+	default:
+		return nil, invalid("prompt", "want text, a list of token ids, or a list holding one of those")
+	}
+	if st.target.Tokenizer == nil {
+		return nil, invalid("prompt", "this model has no tokenizer: give the prompt as token ids")
+	}
+	if text == "" {
+		return nil, invalid("prompt", "the prompt is empty")
+	}
+	ids = st.target.Tokenizer.Encode(text)
+	return ids, st.checkIDs("prompt", ids)
+}
+
+func (st *state) parseChat(req *chatRequest) (*generation, *openAIError) {
+	g := &generation{chat: true}
+	if e := st.common(&req.samplingFields, g); e != nil {
+		return nil, e
+	}
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"tools", req.Tools}, {"tool_choice", req.ToolChoice}} {
+		if len(f.raw) > 0 && string(f.raw) != "null" {
+			return nil, invalid(f.name, "tool calls are not implemented")
+		}
+	}
+	if len(req.ResponseFormat) > 0 && string(req.ResponseFormat) != "null" {
+		var rf struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(req.ResponseFormat, &rf) != nil || rf.Type != "text" {
+			return nil, invalid("response_format", `only {"type": "text"} is implemented`)
+		}
+	}
+	tok := st.target.Tokenizer
+	if tok == nil {
+		return nil, invalid("messages", "this model has no tokenizer: use /v1/completions with token ids")
+	}
+	if len(req.Messages) == 0 {
+		return nil, invalid("messages", "messages is empty")
+	}
+	msgs := make([]tokenizer.Message, len(req.Messages))
+	for i, m := range req.Messages {
+		role := m.Role
+		switch role {
+		case "developer":
+			role = "system" // OpenAI's newer name for it
+		case "system", "user", "assistant":
+		default:
+			return nil, invalid(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("role %q: want system, developer, user or assistant", m.Role))
+		}
+		content, err := messageText(m.Content)
+		if err != nil {
+			return nil, invalid(fmt.Sprintf("messages[%d].content", i), err.Error())
+		}
+		msgs[i] = tokenizer.Message{Role: role, Content: content}
+	}
+	thinking := true
+	if k := req.ChatTemplateKwargs; k != nil && k.EnableThinking != nil {
+		thinking = *k.EnableThinking
+	}
+	text, err := tok.ApplyChatTemplate(msgs, true, thinking)
+	if err != nil {
+		return nil, invalid("messages", err.Error())
+	}
+	g.prompt = tok.Encode(text)
+	if e := st.checkIDs("messages", g.prompt); e != nil {
+		return nil, e
+	}
+	if req.TopLogprobs != nil {
+		if n := *req.TopLogprobs; n < 0 || n > engine.MaxTopN {
+			return nil, invalid("top_logprobs", fmt.Sprintf("top_logprobs is %d: want 0…%d", n, engine.MaxTopN))
+		}
+		if !req.Logprobs {
+			return nil, invalid("top_logprobs", "top_logprobs needs logprobs: true")
+		}
+		g.req.TopN = *req.TopLogprobs
+	}
+	g.logprobs = req.Logprobs
+	given, field := req.MaxCompletionTokens, "max_completion_tokens"
+	if given == nil {
+		given, field = req.MaxTokens, "max_tokens"
+	}
+	var e *openAIError
+	g.req.MaxTokens, e = st.maxTokens(given, field, 0, len(g.prompt))
+	g.req.Prompt = g.prompt
+	return g, e
+}
+
+// messageText reads a message's content: text, or a list of text parts.
+func messageText(raw json.RawMessage) (string, error) {
+	var text string
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return text, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("want text or a list of {\"type\": \"text\", \"text\": …} parts")
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("part %d is of type %q: only text is implemented", i, p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+// usage is OpenAI's usage with speculative decoding's counts added.
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	DraftedTokens        int     `json:"drafted_tokens"`
+	AcceptedTokens       int     `json:"accepted_tokens"`
+	VerificationSteps    int     `json:"verification_steps"`
+	MeanAcceptanceLength float64 `json:"mean_acceptance_length"`
+}
+
+func usageOf(res speculative.Result) *usage {
+	st := res.Stats
+	u := &usage{
+		PromptTokens: st.PromptTokens, CompletionTokens: len(res.Tokens), TotalTokens: st.PromptTokens + len(res.Tokens),
+		DraftedTokens: st.Drafted, AcceptedTokens: st.Accepted, VerificationSteps: st.Steps,
+		MeanAcceptanceLength: math.Round(st.Tau()*1000) / 1000,
+	}
+	u.PromptTokensDetails.CachedTokens = st.CachedTokens
+	return u
+}
+
+// logprobs formats tokens' log-probabilities as each endpoint reports them.
+type logprobs struct {
+	tok  *tokenizer.Tokenizer
+	topN int
+}
+
+type chatLogprob struct {
+	Token       string        `json:"token"`
+	Logprob     float32       `json:"logprob"`
+	Bytes       []int         `json:"bytes"`
+	TopLogprobs []chatLogprob `json:"top_logprobs,omitempty"`
+}
+
+func (l logprobs) text(id int) (string, []int) {
+	b, err := l.tok.TokenBytes(id)
+	if err != nil {
+		return "", nil
+	}
+	s, _ := l.tok.Decode([]int{id}) // valid: TokenBytes took it
+	ints := make([]int, len(b))
+	for i, c := range b {
+		ints[i] = int(c)
+	}
+	return s, ints
+}
+
+func (l logprobs) chat(tokens []speculative.Token) map[string]any {
+	content := make([]chatLogprob, len(tokens))
+	for i, t := range tokens {
+		s, b := l.text(t.ID)
+		content[i] = chatLogprob{Token: s, Logprob: t.Logprob, Bytes: b, TopLogprobs: []chatLogprob{}}
+		for _, alt := range t.Top[:min(l.topN, len(t.Top))] {
+			as, ab := l.text(alt.Token)
+			content[i].TopLogprobs = append(content[i].TopLogprobs, chatLogprob{Token: as, Logprob: alt.Logprob, Bytes: ab})
+		}
+	}
+	return map[string]any{"content": content}
+}
+
+// completion is /v1/completions' logprobs object; offset is where the
+// tokens' text starts in the completion.
+func (l logprobs) completion(tokens []speculative.Token, offset int) map[string]any {
+	texts, lps, tops, offsets := []string{}, []float32{}, []map[string]float32{}, []int{}
+	for _, t := range tokens {
+		s, _ := l.text(t.ID)
+		texts, lps, offsets = append(texts, s), append(lps, t.Logprob), append(offsets, offset)
+		offset += len(s)
+		top := map[string]float32{}
+		for _, alt := range t.Top[:min(l.topN, len(t.Top))] {
+			as, _ := l.text(alt.Token)
+			top[as] = alt.Logprob
+		}
+		tops = append(tops, top)
+	}
+	return map[string]any{"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+}
+
+// generate runs g and answers: one JSON object, or an SSE stream.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, st *state, g *generation) {
+	out := &output{g: g, lp: logprobs{tok: st.target.Tokenizer, topN: g.req.TopN}, created: time.Now().Unix(), id: newID(g.chat)}
+	if tok := st.target.Tokenizer; tok != nil {
+		out.text = newTextStream(tok, g.stops)
+	}
+	if g.stream {
+		s.stream(w, r, st, out)
+		return
+	}
+	var text strings.Builder
+	var textErr error
+	g.req.OnStep = func(step speculative.Step) bool {
+		t, err := out.push(step.Tokens)
+		text.WriteString(t)
+		textErr = errors.Join(textErr, err)
+		return !out.stopped()
+	}
+	res, err := st.gen.Submit(r.Context(), g.req)
+	if err != nil {
+		s.failOpenAI(w, s.generationError(err))
+		return
+	}
+	if textErr != nil {
+		s.log.Warn("decoding the output", "err", textErr) // ids past the tokenizer's vocabulary
+	}
+	text.WriteString(out.flush())
+	s.metrics.generated(res, endpointOf(g))
+	s.metrics.request(http.StatusOK, "")
+	writeJSON(w, http.StatusOK, out.response(res, text.String()))
+}
+
+func endpointOf(g *generation) string {
+	if g.chat {
+		return "chat_completions"
+	}
+	return "completions"
+}
+
+// output builds a generation's response objects.
+type output struct {
+	g       *generation
+	lp      logprobs
+	text    *textStream // nil without a tokenizer
+	id      string
+	created int64
+	emitted int // bytes of text released so far
+}
+
+func newID(chat bool) string {
+	var b [12]byte
+	_, _ = crand.Read(b[:])
+	if chat {
+		return "chatcmpl-" + hex.EncodeToString(b[:])
+	}
+	return "cmpl-" + hex.EncodeToString(b[:])
+}
+
+func (o *output) push(tokens []speculative.Token) (string, error) {
+	if o.text == nil {
+		return "", nil
+	}
+	ids := make([]int, len(tokens))
+	for i, t := range tokens {
+		ids[i] = t.ID
+	}
+	return o.text.push(ids)
+}
+
+func (o *output) flush() string {
+	if o.text == nil {
+		return ""
+	}
+	return o.text.flush()
+}
+
+func (o *output) stopped() bool { return o.text != nil && o.text.stopped }
+
+func finishReason(res speculative.Result, o *output) string {
+	if o.stopped() {
+		return speculative.FinishStop
+	}
+	return res.Finish
+}
+
+func tokenIDs(tokens []speculative.Token) []int {
+	ids := make([]int, len(tokens))
+	for i, t := range tokens {
+		ids[i] = t.ID
+	}
+	return ids
+}
+
+// response is the whole (not streamed) answer.
+func (o *output) response(res speculative.Result, text string) map[string]any {
+	choice := map[string]any{"index": 0, "finish_reason": finishReason(res, o), "logprobs": nil}
+	if o.g.logprobs {
+		if o.g.chat {
+			choice["logprobs"] = o.lp.chat(res.Tokens)
+		} else {
+			choice["logprobs"] = o.lp.completion(res.Tokens, 0)
+		}
+	}
+	if o.g.returnIDs {
+		choice["token_ids"] = tokenIDs(res.Tokens)
+	}
+	object := "text_completion"
+	if o.g.chat {
+		object = "chat.completion"
+		choice["message"] = map[string]any{"role": "assistant", "content": text}
+	} else {
+		choice["text"] = text
+	}
+	resp := map[string]any{
+		"id": o.id, "object": object, "created": o.created, "model": o.g.model,
+		"choices": []any{choice}, "usage": usageOf(res),
+	}
+	if o.g.returnIDs {
+		resp["prompt_token_ids"] = o.g.prompt
+	}
+	return resp
+}
+
+// chunk is one streamed event: text released and the tokens of a step;
+// finish, when set, ends the choice.
+func (o *output) chunk(text string, tokens []speculative.Token, first bool, finish string) map[string]any {
+	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": nil}
+	if finish != "" {
+		choice["finish_reason"] = finish
+	}
+	if o.g.logprobs && len(tokens) > 0 {
+		if o.g.chat {
+			choice["logprobs"] = o.lp.chat(tokens)
+		} else {
+			choice["logprobs"] = o.lp.completion(tokens, o.emitted)
+		}
+	}
+	o.emitted += len(text)
+	if o.g.returnIDs {
+		choice["token_ids"] = tokenIDs(tokens)
+	}
+	object := "text_completion"
+	if o.g.chat {
+		object = "chat.completion.chunk"
+		delta := map[string]any{}
+		if first {
+			delta["role"] = "assistant"
+		}
+		if text != "" || first {
+			delta["content"] = text
+		}
+		choice["delta"] = delta
+	} else {
+		choice["text"] = text
+	}
+	c := map[string]any{"id": o.id, "object": object, "created": o.created, "model": o.g.model, "choices": []any{choice}}
+	if o.g.includeUsage {
+		c["usage"] = nil
+	}
+	if first && o.g.returnIDs {
+		c["prompt_token_ids"] = o.g.prompt
+	}
+	return c
+}
+
+// streamEvent is a step's part of the stream.
+type streamEvent struct {
+	text   string
+	tokens []speculative.Token
+}
+
+// stream answers with server-sent events: a chunk a verification step as
+// the loop runs, the last with the finish reason, then the usage when
+// asked, then [DONE].
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, st *state, out *output) {
+	g := out.g
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		s.failOpenAI(w, &openAIError{http.StatusInternalServerError, "server_error", "stream", "no_streaming", "this connection cannot stream"})
+		return
+	}
+	// Each step emits a token at least, but the last may emit none: the
+	// loop never waits on the channel.
+	events := make(chan streamEvent, g.req.MaxTokens+1)
+	g.req.OnStep = func(step speculative.Step) bool {
+		text, err := out.push(step.Tokens)
+		if err != nil {
+			s.log.Warn("decoding the output", "err", err)
+		}
+		events <- streamEvent{text, step.Tokens}
+		return !out.stopped()
+	}
+	type result struct {
+		res speculative.Result
+		err error
+	}
+	done := make(chan result, 1)
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go func() {
+		res, err := st.gen.Submit(ctx, g.req)
+		done <- result{res, err}
+	}()
+	started := false
+	send := func(v any) bool {
+		if !started {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Cache-Control", "no-cache")
+			w.Header().Set("X-Accel-Buffering", "no")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		var b bytes.Buffer
+		b.WriteString("data: ")
+		if err := json.NewEncoder(&b).Encode(v); err != nil {
+			return false
+		}
+		b.WriteString("\n")
+		if _, err := w.Write(b.Bytes()); err != nil {
+			return false // the client is gone: ctx ends the generation
+		}
+		flusher.Flush()
+		return true
+	}
+	first := true
+	emit := func(ev streamEvent) {
+		if ev.text == "" && len(ev.tokens) == 0 && !first {
+			return
+		}
+		send(out.chunk(ev.text, ev.tokens, first, ""))
+		first = false
+	}
+	for {
+		select {
+		case ev := <-events:
+			emit(ev)
+			continue
+		case rs := <-done:
+			for len(events) > 0 {
+				emit(<-events)
+			}
+			if rs.err != nil {
+				e := s.generationError(rs.err)
+				if !started {
+					s.failOpenAI(w, e)
+					return
+				}
+				s.metrics.request(e.status, e.code)
+				send(map[string]any{"error": errorBody(e)})
+				fmt.Fprint(w, "data: [DONE]\n\n")
+				flusher.Flush()
+				return
+			}
+			send(out.chunk(out.flush(), nil, first, finishReason(rs.res, out)))
+			if g.includeUsage {
+				send(map[string]any{"id": out.id, "object": chunkObject(g), "created": out.created, "model": g.model,
+					"choices": []any{}, "usage": usageOf(rs.res)})
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			flusher.Flush()
+			s.metrics.generated(rs.res, endpointOf(g))
+			s.metrics.request(http.StatusOK, "")
+			return
+		}
+	}
+}
+
+func chunkObject(g *generation) string {
+	if g.chat {
+		return "chat.completion.chunk"
+	}
+	return "text_completion"
+}
+
+func (s *Server) generationError(err error) *openAIError {
+	switch {
+	case errors.Is(err, speculative.ErrTooLarge):
+		return &openAIError{http.StatusBadRequest, "invalid_request_error", "max_tokens", "context_length_exceeded", err.Error()}
+	case errors.Is(err, speculative.ErrOverloaded):
+		return &openAIError{http.StatusTooManyRequests, "rate_limit_error", "", "overloaded", "too many requests waiting; retry shortly"}
+	case errors.Is(err, speculative.ErrClosed):
+		return &openAIError{http.StatusServiceUnavailable, "server_error", "", "shutting_down", "the server is shutting down"}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return &openAIError{499, "invalid_request_error", "", "client_closed", "the client went away"}
+	}
+	s.log.Error("generation failed", "err", err)
+	return &openAIError{http.StatusInternalServerError, "server_error", "", "internal", "generation failed: " + err.Error()}
+}
+
+// models answers GET /v1/models: the target, by the name requests give.
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	st, e := s.openAIState()
+	if e != nil {
+		s.failOpenAI(w, e)
+		return
+	}
+	cfg := st.target.Engine.Config()
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
+		"id": st.target.Name, "object": "model", "created": st.started.Unix(), "owned_by": "webdraft",
+		"max_model_len": st.maxContext(), "vocab_size": cfg.VocabSize, "drafter": st.drafter.Name,
+	}}})
+}

@@ -1,0 +1,456 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"webdraft/checkpoint"
+	"webdraft/engine"
+	"webdraft/scheduler"
+	"webdraft/speculative"
+	"webdraft/tokenizer"
+	"webdraft/weights"
+)
+
+// pairFixture serves the embedded pair on CPU engines: the drafter for
+// /draft and drafting, the target verifying.
+type pairFixture struct {
+	url    string
+	target engine.Engine
+	tok    *tokenizer.Tokenizer
+}
+
+const testKey = "sk-test"
+
+var (
+	pairOnce                sync.Once
+	pairDrafter, pairTarget *checkpoint.Model
+	pairErr                 error
+)
+
+func newPairFixture(t *testing.T, apiKey string) *pairFixture {
+	t.Helper()
+	if !weights.Embedded() {
+		t.Skip("built without the embedded pair")
+	}
+	pairOnce.Do(func() {
+		if pairDrafter, pairErr = checkpoint.LoadFS(weights.FS(), weights.DrafterDir, checkpoint.LoadOptions{}); pairErr == nil {
+			pairTarget, pairErr = checkpoint.LoadFS(weights.FS(), weights.TargetDir, checkpoint.LoadOptions{})
+		}
+	})
+	if pairErr != nil {
+		t.Fatal(pairErr)
+	}
+	tok, err := tokenizer.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := engine.NewCPU(pairDrafter.Config, pairDrafter.Weights, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := engine.NewCPU(pairTarget.Config, pairTarget.Weights, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)), apiKey)
+	ts := httptest.NewServer(srv.Handler())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		srv.Run(ctx, Config{
+			Drafter:     Model{Name: "drafter", Engine: d, Tokenizer: tok},
+			Target:      &Model{Name: "target", Engine: tg, Tokenizer: tok},
+			Scheduler:   scheduler.Options{},
+			Speculative: speculative.Options{K: 4},
+		})
+		close(done)
+	}()
+	t.Cleanup(func() { ts.Close(); cancel(); <-done })
+	waitReady(t, ts.URL)
+	return &pairFixture{url: ts.URL, target: tg, tok: tok}
+}
+
+// greedyText is the target's own greedy continuation of prompt: its ids
+// (up to a stop token) and their text.
+func (f *pairFixture) greedy(t *testing.T, prompt []int, n int) ([]int, string) {
+	t.Helper()
+	seq, err := f.target.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Release()
+	out, err := engine.Draft(context.Background(), f.target, seq, prompt, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := engine.IDs(out)
+	for i, id := range ids {
+		if slices.Contains(DefaultStop(nil, f.tok), id) {
+			ids = ids[:i]
+			break
+		}
+	}
+	text, err := f.tok.Decode(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids, text
+}
+
+func (f *pairFixture) client() openai.Client {
+	return openai.NewClient(option.WithBaseURL(f.url+"/v1"), option.WithAPIKey(testKey), option.WithMaxRetries(0))
+}
+
+// TestOpenAIClient: the official Go client, unchanged, against the chat
+// and completions endpoints, streaming and not. Greedy output is the
+// target's own; usage carries the speculative counts.
+func TestOpenAIClient(t *testing.T) {
+	f := newPairFixture(t, testKey)
+	c := f.client()
+	ctx := context.Background()
+	msgs := []tokenizer.Message{{Role: "user", Content: "def quicksort(xs):"}}
+	chat, err := f.tok.ApplyChatTemplate(msgs, true, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 24
+	_, wantChat := f.greedy(t, f.tok.Encode(chat), n)
+
+	params := openai.ChatCompletionNewParams{
+		Model:     "target",
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("def quicksort(xs):")},
+		MaxTokens: openai.Int(n), Temperature: openai.Float(0),
+	}
+	resp, err := c.Chat.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Choices[0].Message.Content; got != wantChat {
+		t.Errorf("chat: %q, the target alone %q", got, wantChat)
+	}
+	var extra struct {
+		Usage usage `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(resp.RawJSON()), &extra); err != nil {
+		t.Fatal(err)
+	}
+	u := extra.Usage
+	if u.CompletionTokens == 0 || u.VerificationSteps == 0 || u.AcceptedTokens > u.DraftedTokens || u.MeanAcceptanceLength < 1 ||
+		resp.Usage.PromptTokens != int64(len(f.tok.Encode(chat))) {
+		t.Errorf("usage %+v", u)
+	}
+
+	// Streaming, with usage in a last chunk.
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := c.Chat.Completions.NewStreaming(ctx, params)
+	var text strings.Builder
+	chunks, usageChunks := 0, 0
+	finish := ""
+	for stream.Next() {
+		ch := stream.Current()
+		chunks++
+		if len(ch.Choices) == 0 {
+			usageChunks++
+			if ch.Usage.CompletionTokens == 0 {
+				t.Errorf("usage chunk %s", ch.RawJSON())
+			}
+			continue
+		}
+		text.WriteString(ch.Choices[0].Delta.Content)
+		if ch.Choices[0].FinishReason != "" {
+			finish = ch.Choices[0].FinishReason
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if text.String() != wantChat || usageChunks != 1 || chunks < 3 || finish == "" {
+		t.Errorf("streamed %q in %d chunks (%d with usage, finish %q); want %q", text.String(), chunks, usageChunks, finish, wantChat)
+	}
+
+	// Completions: text in, text out, the same continuation as the target.
+	prompt := "def fib(n):\n"
+	_, want := f.greedy(t, f.tok.Encode(prompt), n)
+	cresp, err := c.Completions.New(ctx, openai.CompletionNewParams{
+		Model: "target", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
+		MaxTokens: openai.Int(n), Temperature: openai.Float(0),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cresp.Choices[0].Text; got != want {
+		t.Errorf("completion: %q, the target alone %q", got, want)
+	}
+	cstream := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+		Model: "target", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
+		MaxTokens: openai.Int(n), Temperature: openai.Float(0),
+	})
+	text.Reset()
+	for cstream.Next() {
+		if ch := cstream.Current(); len(ch.Choices) > 0 {
+			text.WriteString(ch.Choices[0].Text)
+		}
+	}
+	if err := cstream.Err(); err != nil || text.String() != want {
+		t.Errorf("streamed completion %q (%v), want %q", text.String(), err, want)
+	}
+
+	models, err := c.Models.List(ctx)
+	if err != nil || len(models.Data) != 1 || models.Data[0].ID != "target" {
+		t.Errorf("models %+v, %v", models, err)
+	}
+
+	// An API error comes back as the client's error type.
+	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "nope", Messages: params.Messages})
+	var apiErr *openai.Error
+	if !errorAs(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
+		t.Errorf("unknown model: %v", err)
+	}
+	wrong := openai.NewClient(option.WithBaseURL(f.url+"/v1"), option.WithAPIKey("wrong"), option.WithMaxRetries(0))
+	_, err = wrong.Models.List(ctx)
+	if !errorAs(err, &apiErr) || apiErr.StatusCode != 401 {
+		t.Errorf("wrong key: %v", err)
+	}
+}
+
+// errorAs is errors.As for the client's error.
+func errorAs(err error, target **openai.Error) bool {
+	e, ok := err.(*openai.Error)
+	if ok {
+		*target = e
+	}
+	return ok
+}
+
+// postJSON posts body with the test key and returns the status and body.
+func (f *pairFixture) postJSON(t *testing.T, path, body string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", f.url+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatalf("%s %s: %v", path, body, err)
+	}
+	return resp.StatusCode, out
+}
+
+// TestOpenAIFields: token ids in and out, logprobs, stop strings, the
+// target alone, and what comes back for each.
+func TestOpenAIFields(t *testing.T) {
+	f := newPairFixture(t, testKey)
+	prompt := f.tok.Encode("import numpy as np\n")
+	wantIDs, wantText := f.greedy(t, prompt, 12)
+	body := func(extra string) string {
+		b, _ := json.Marshal(prompt)
+		return `{"model":"target","prompt":` + string(b) + `,"max_tokens":12,"temperature":0` + extra + `}`
+	}
+	for _, k := range []string{`,"speculative":{"k":0}`, `,"speculative":{"k":7}`, ``} {
+		code, out := f.postJSON(t, "/v1/completions", body(`,"return_token_ids":true,"logprobs":2`+k))
+		if code != 200 {
+			t.Fatalf("%s: %d %v", k, code, out)
+		}
+		ch := out["choices"].([]any)[0].(map[string]any)
+		if got := ints(ch["token_ids"]); !slices.Equal(got, wantIDs) || ch["text"] != wantText {
+			t.Errorf("%s: ids %v %q, want %v %q", k, got, ch["text"], wantIDs, wantText)
+		}
+		if !slices.Equal(ints(out["prompt_token_ids"]), prompt) {
+			t.Errorf("prompt_token_ids %v", out["prompt_token_ids"])
+		}
+		lp := ch["logprobs"].(map[string]any)
+		if n := len(lp["token_logprobs"].([]any)); n != len(wantIDs) || len(lp["top_logprobs"].([]any)[0].(map[string]any)) != 2 {
+			t.Errorf("logprobs %v", lp)
+		}
+		u := out["usage"].(map[string]any)
+		if k == `,"speculative":{"k":0}` && (u["drafted_tokens"].(float64) != 0 || u["mean_acceptance_length"].(float64) != 1) {
+			t.Errorf("the target alone: usage %v", u)
+		}
+	}
+	// A stop string cuts the text before it.
+	if len(wantText) > 6 {
+		stop := wantText[3:6]
+		code, out := f.postJSON(t, "/v1/completions", body(`,"stop":`+jsonString(stop)))
+		ch := out["choices"].([]any)[0].(map[string]any)
+		if code != 200 || ch["text"] != wantText[:strings.Index(wantText, stop)] || ch["finish_reason"] != "stop" {
+			t.Errorf("stop %q: %d %q (%v), want %q", stop, code, ch["text"], ch["finish_reason"], wantText[:strings.Index(wantText, stop)])
+		}
+	}
+	// Chat logprobs: each token with its bytes and top alternatives.
+	code, out := f.postJSON(t, "/v1/chat/completions", `{"model":"target","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"logprobs":true,"top_logprobs":3,"seed":4}`)
+	if code != 200 {
+		t.Fatalf("chat logprobs: %d %v", code, out)
+	}
+	content := out["choices"].([]any)[0].(map[string]any)["logprobs"].(map[string]any)["content"].([]any)
+	for _, c := range content {
+		c := c.(map[string]any)
+		if c["logprob"].(float64) > 0 || len(c["top_logprobs"].([]any)) != 3 || c["bytes"] == nil {
+			t.Errorf("chat logprob %v", c)
+		}
+	}
+	// The same seed samples the same text.
+	a, b := chatText(t, f, `"seed":11,"temperature":1.2`), chatText(t, f, `"seed":11,"temperature":1.2`)
+	if a != b {
+		t.Errorf("seed 11 twice: %q, then %q", a, b)
+	}
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func chatText(t *testing.T, f *pairFixture, extra string) string {
+	code, out := f.postJSON(t, "/v1/chat/completions", `{"model":"target","messages":[{"role":"user","content":"Write a poem"}],"max_tokens":20,`+extra+`}`)
+	if code != 200 {
+		t.Fatalf("%d %v", code, out)
+	}
+	return out["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"].(string)
+}
+
+// TestOpenAIErrors: what OpenAI's API defines but webdraft does not
+// implement, and what no one defines, gets a 400 in OpenAI's error shape
+// naming the field.
+func TestOpenAIErrors(t *testing.T) {
+	f := newPairFixture(t, testKey)
+	chat := `"model":"target","messages":[{"role":"user","content":"hi"}]`
+	for _, c := range []struct{ path, body, param string }{
+		{"/v1/chat/completions", `{` + chat + `,"n":2}`, "n"},
+		{"/v1/chat/completions", `{` + chat + `,"frobnicate":1}`, "frobnicate"},
+		{"/v1/chat/completions", `{` + chat + `,"temperature":3}`, "temperature"},
+		{"/v1/chat/completions", `{` + chat + `,"top_p":0}`, "top_p"},
+		{"/v1/chat/completions", `{` + chat + `,"top_logprobs":3}`, "top_logprobs"},
+		{"/v1/chat/completions", `{` + chat + `,"max_tokens":0}`, "max_tokens"},
+		{"/v1/chat/completions", `{` + chat + `,"max_tokens":100000}`, "max_tokens"},
+		{"/v1/chat/completions", `{` + chat + `,"stop":["a","b","c","d","e"]}`, "stop"},
+		{"/v1/chat/completions", `{` + chat + `,"speculative":{"k":65}}`, "speculative.k"},
+		{"/v1/chat/completions", `{` + chat + `,"tools":[{"type":"function"}]}`, "tools"},
+		{"/v1/chat/completions", `{` + chat + `,"stream_options":{"include_usage":true}}`, "stream_options"},
+		{"/v1/chat/completions", `{"model":"target","messages":[{"role":"wizard","content":"hi"}]}`, "messages[0].role"},
+		{"/v1/chat/completions", `{"model":"target","messages":[]}`, "messages"},
+		{"/v1/chat/completions", `{` + chat + `,"temperature":"hot"}`, "temperature"},
+		{"/v1/completions", `{"model":"target","prompt":["a","b"]}`, "prompt"},
+		{"/v1/completions", `{"model":"target","prompt":[1,2,999999]}`, "prompt[2]"},
+		{"/v1/completions", `{"model":"target","prompt":"x","echo":true}`, "echo"},
+		{"/v1/completions", `{"model":"target","prompt":"x","logprobs":6}`, "logprobs"},
+		{"/v1/completions", `{"model":"target"}`, "prompt"},
+		{"/v1/completions", `{"model":"target","prompt":"x"} trailing`, "body"},
+	} {
+		code, out := f.postJSON(t, c.path, c.body)
+		e, _ := out["error"].(map[string]any)
+		if code != 400 || e == nil || e["param"] != c.param || e["type"] != "invalid_request_error" || e["message"] == "" {
+			t.Errorf("%s %s: %d %v, want a 400 naming %q", c.path, c.body, code, out, c.param)
+		}
+	}
+	// The server goes on.
+	if code, out := f.postJSON(t, "/v1/completions", `{"model":"target","prompt":"x","max_tokens":2}`); code != 200 {
+		t.Errorf("after the errors: %d %v", code, out)
+	}
+}
+
+// TestSSEFormat reads the stream as bytes: data lines, a role first, the
+// finish reason, the usage chunk, then data: [DONE].
+func TestSSEFormat(t *testing.T) {
+	f := newPairFixture(t, testKey)
+	req, _ := http.NewRequest("POST", f.url+"/v1/chat/completions", strings.NewReader(
+		`{"model":"target","messages":[{"role":"user","content":"hello"}],"max_tokens":6,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		if !strings.HasPrefix(line, "data: ") {
+			t.Fatalf("line %q is not an SSE data line", line)
+		}
+		events = append(events, strings.TrimPrefix(line, "data: "))
+	}
+	if len(events) < 4 || events[len(events)-1] != "[DONE]" {
+		t.Fatalf("events %v", events)
+	}
+	var first, last, usageEv map[string]any
+	json.Unmarshal([]byte(events[0]), &first)
+	json.Unmarshal([]byte(events[len(events)-3]), &last)
+	json.Unmarshal([]byte(events[len(events)-2]), &usageEv)
+	delta := first["choices"].([]any)[0].(map[string]any)["delta"].(map[string]any)
+	if delta["role"] != "assistant" || first["prompt_token_ids"] == nil || first["object"] != "chat.completion.chunk" {
+		t.Errorf("first chunk %v", first)
+	}
+	if fr := last["choices"].([]any)[0].(map[string]any)["finish_reason"]; fr != "length" && fr != "stop" {
+		t.Errorf("last chunk %v", last)
+	}
+	if len(usageEv["choices"].([]any)) != 0 || usageEv["usage"].(map[string]any)["verification_steps"].(float64) < 1 {
+		t.Errorf("usage chunk %v", usageEv)
+	}
+	var ids int
+	for _, ev := range events[:len(events)-1] {
+		var c map[string]any
+		json.Unmarshal([]byte(ev), &c)
+		for _, ch := range c["choices"].([]any) {
+			ids += len(ints(ch.(map[string]any)["token_ids"]))
+		}
+	}
+	if ids != int(usageEv["usage"].(map[string]any)["completion_tokens"].(float64)) {
+		t.Errorf("%d token ids streamed, usage says %v", ids, usageEv["usage"])
+	}
+}
+
+// TestSpecMetrics: after a generation the speculative counters are there
+// in vLLM's names, and the exposition passes Prometheus' linter (what
+// promtool check metrics runs).
+func TestSpecMetrics(t *testing.T) {
+	f := newPairFixture(t, "")
+	if code, out := f.postJSON(t, "/v1/completions", `{"model":"target","prompt":"def quicksort(xs):","max_tokens":16,"temperature":0}`); code != 200 {
+		t.Fatalf("%d %v", code, out)
+	}
+	resp, err := http.Get(f.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, name := range []string{
+		"webdraft_spec_decode_num_drafts_total", "webdraft_spec_decode_num_draft_tokens_total",
+		"webdraft_spec_decode_num_accepted_tokens_total", `webdraft_spec_decode_num_accepted_tokens_per_pos_total{position="0"}`,
+		"webdraft_generation_tokens_total 16", `webdraft_generations_total{endpoint="completions",finish_reason="length"} 1`,
+	} {
+		if !strings.Contains(text, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	problems, err := promlint.New(strings.NewReader(text)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+}

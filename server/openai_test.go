@@ -99,7 +99,7 @@ func (f *pairFixture) greedy(t *testing.T, prompt []int, n int) ([]int, string) 
 	}
 	ids := engine.IDs(out)
 	for i, id := range ids {
-		if slices.Contains(DefaultStop(nil, f.tok), id) {
+		if slices.Contains(tokenizer.StopIDs(nil, f.tok), id) {
 			ids = ids[:i]
 			break
 		}

@@ -15,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -44,21 +43,6 @@ type Model struct {
 	// Stop are the tokens that end a generation (the config's
 	// eos_token_id, the tokenizer's end-of-text and end-of-turn).
 	Stop []int
-}
-
-// DefaultStop is the tokens that end a generation: the config's
-// eos_token_id and, with a tokenizer, Qwen3's <|endoftext|> and
-// <|im_end|>.
-func DefaultStop(eos []int, tok *tokenizer.Tokenizer) []int {
-	stop := slices.Clone(eos)
-	if tok != nil {
-		for _, name := range []string{"<|endoftext|>", "<|im_end|>"} {
-			if id, ok := tok.TokenID(name); ok && !slices.Contains(stop, id) {
-				stop = append(stop, id)
-			}
-		}
-	}
-	return stop
 }
 
 // Config is what Run serves.
@@ -108,7 +92,7 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 	if c.Target != nil {
 		if c.Target.Stop == nil {
 			t := *c.Target
-			t.Stop = DefaultStop(t.Engine.Config().EOSTokenIDs, t.Tokenizer)
+			t.Stop = tokenizer.StopIDs(t.Engine.Config().EOSTokenIDs, t.Tokenizer)
 			st.target = &t
 		}
 		half := c.Drafter.Engine.KVCapacity() / 2

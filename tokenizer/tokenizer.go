@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -266,6 +267,21 @@ func (t *Tokenizer) SameVocabulary(o *Tokenizer) (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// StopIDs are the tokens that end a generation: a model's eos_token_id
+// and, with a tokenizer (t may be nil), Qwen3's <|endoftext|> and
+// <|im_end|>.
+func StopIDs(eos []int, t *Tokenizer) []int {
+	stop := slices.Clone(eos)
+	if t != nil {
+		for _, name := range []string{"<|endoftext|>", "<|im_end|>"} {
+			if id, ok := t.TokenID(name); ok && !slices.Contains(stop, id) {
+				stop = append(stop, id)
+			}
+		}
+	}
+	return stop
 }
 
 // TokenID returns the id of an added token such as "<|im_end|>".

@@ -37,6 +37,7 @@ type env struct {
 var commands = map[string]command{
 	"convert":    {"convert a Hugging Face Qwen3 checkpoint to a webdraft model folder", runConvert},
 	"draft":      {"draft the n greedy tokens that follow the input", runDraft},
+	"generate":   {"generate text by speculative decoding in the terminal, then report τ and the speedup", runGenerate},
 	"tokenize":   {"turn text into token ids (no special tokens added)", runTokenize},
 	"detokenize": {"turn token ids into text", runDetokenize},
 	"serve":      {"serve drafts, and speculative generation behind an OpenAI-compatible API, over HTTP", runServe},

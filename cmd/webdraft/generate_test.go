@@ -1,0 +1,60 @@
+package main
+
+import (
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestGenerate: the embedded pair generates greedily, the same tokens as
+// the target alone, and the summary gives τ, the histogram and both
+// rates; a golden pair (no tokenizer) prints ids.
+func TestGenerate(t *testing.T) {
+	code, stdout, stderr := webdraft(t, "generate", "--text", "def quicksort(xs):", "--k", "4", "--max-tokens", "24", "--backend", "cpu")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{
+		"── embedded:drafter drafting for embedded:target, k 4, greedy",
+		"draft tokens accepted per step:",
+		"the same tokens as the target alone: yes",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("no %q in\n%s", want, stdout)
+		}
+	}
+	for _, re := range []string{`τ \d+\.\d\d tokens per verification step \(24 tokens in \d+ steps`, `(?m)^   4 │█*\s+\d+$`,
+		`speculative\s+24 tokens in\s+[\d.]+ s:\s+[\d.]+ tokens/s`, `target alone\s+24 tokens in`, `speedup \d+\.\d\d×`} {
+		if !regexp.MustCompile(re).MatchString(stdout) {
+			t.Errorf("no match for %s in\n%s", re, stdout)
+		}
+	}
+	golden := filepath.Join("..", "..", "testdata", "golden")
+	code, stdout, stderr = webdraft(t, "generate", "--model", filepath.Join(golden, "tied"), "--target", filepath.Join(golden, "untied"),
+		"--ids", "1,2,3", "--max-tokens", "6", "--temperature", "0.8", "--seed", "3", "--backend", "cpu")
+	if code != 0 || !regexp.MustCompile(`^(\d+ ){6}\n`).MatchString(stdout) || !strings.Contains(stdout, "temperature 0.8, top-p 1, seed 3") {
+		t.Errorf("ids only: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+func TestGenerateUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"generate"},
+		{"generate", "--text", "a", "--ids", "1"},
+		{"generate", "--ids", "1", "--chat"},
+		{"generate", "--text", "a", "--k", "0"},
+		{"generate", "--text", "a", "--max-tokens", "0"},
+		{"generate", "--text", "a", "--temperature", "-1"},
+		{"generate", "--text", "a", "--top-p", "0"},
+		{"generate", "--ids", "1,x"},
+	} {
+		if code, _, _ := webdraft(t, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+	golden := filepath.Join("..", "..", "testdata", "golden", "untied")
+	if code, _, stderr := webdraft(t, "generate", "--target", golden, "--ids", "1", "--backend", "cpu"); code != 1 || !strings.Contains(stderr, "vocabulary") {
+		t.Errorf("a mismatched pair: exit %d, %s", code, stderr)
+	}
+}

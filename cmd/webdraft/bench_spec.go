@@ -6,17 +6,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
 	"webdraft/specdec"
+	"webdraft/speculative"
 	"webdraft/weights"
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--batch 1]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter)")
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
@@ -26,11 +28,16 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	batch := fs.Int("batch", 32, "prompts measured side by side (batched forward passes; the result does not depend on it)")
 	backendFlag := fs.String("backend", "auto", backendUsage+"; for both models")
 	svg := fs.String("svg", "", "also write the acceptance-length histogram as SVG to this file")
+	live := fs.Bool("live", false, "run the real loop — the target verifying each draft — for each k of --ks and the target alone, and report wall-clock tokens/s, the speedup and the cost model; --batch is then how many prompts generate at once (default 1)")
+	ksFlag := fs.String("ks", "1,2,4,8,16", "with --live: the draft lengths to measure")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *promptsFile == "" {
 		return usagef("--prompts is required")
+	}
+	if *live && !isSet(fs, "batch") {
+		*batch = 1
 	}
 	if *k < 1 || *k > maxDraft || *newTokens < 1 || *batch < 1 || *batch > 128 {
 		return usagef("--k must be 1…%d, --new-tokens positive and --batch 1…128", maxDraft)
@@ -66,7 +73,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		longest = max(longest, len(p))
 	}
 	kvFor := func(m *checkpoint.Model) int64 {
-		positions := int64(*batch) * int64(longest+*newTokens+*k+32)
+		positions := int64(*batch) * int64(longest+*newTokens+max(*k, speculative.MaxK)+32)
 		return positions * int64(engine.KVBytesPerToken(&m.Config, 4))
 	}
 	te, err := openEngine(e, target, backend, kvFor(target), *batch)
@@ -80,6 +87,16 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	}
 	defer de.Close()
 
+	if *live {
+		ks, err := parseIDs(*ksFlag)
+		if err != nil || slices.ContainsFunc(ks, func(k int) bool { return k < 1 || k > speculative.MaxK }) {
+			return usagef("--ks %q: want draft lengths 1…%d, comma-separated", *ksFlag, speculative.MaxK)
+		}
+		return benchSpecLive(ctx, e, liveBench{
+			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
+			prompts: prompts, ks: ks, newTokens: *newTokens, batch: *batch, args: args,
+		})
+	}
 	opts := specdec.Options{K: *k, NewTokens: *newTokens, Batch: *batch}
 	if bar := newProgressBar(e, "prompts"); bar != nil {
 		bar.ChangeMax(len(prompts))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -217,6 +218,22 @@ func TestBenchSpec(t *testing.T) {
 	}
 	if taus[0] != taus[1] {
 		t.Errorf("cpu %q, webgpu %q", taus[0], taus[1])
+	}
+	// --live runs the loop: a drafter that is the target gets every draft
+	// token accepted (τ = k + 1: 12 tokens in 6 steps at k 1, in 3 at k 3), and the
+	// table has a row for each k.
+	code, stdout, stderr = webdraft(t, "bench", "spec", "--live", "--target", model, "--drafter", model, "--prompts", prompts,
+		"--ks", "1,3", "--new-tokens", "12", "--backend", "cpu")
+	if code != 0 {
+		t.Fatalf("--live: exit %d: %s", code, stderr)
+	}
+	for _, re := range []string{`the target alone: [\d.]+ tokens/s`, `(?m)^\s+1\s+2\.00\s+100%\s`, `(?m)^\s+3\s+4\.00\s+100%\s.*×\s*$`, `reproduce: webdraft bench spec --live`} {
+		if !regexp.MustCompile(re).MatchString(stdout) {
+			t.Errorf("--live: no match for %s in\n%s", re, stdout)
+		}
+	}
+	if code, _, _ := webdraft(t, "bench", "spec", "--live", "--ks", "0", "--prompts", prompts); code != 2 {
+		t.Errorf("--ks 0: exit %d, want 2", code)
 	}
 	if code, _, _ := webdraft(t, "bench", "spec", "--target", model, "--drafter", model, "--prompts", filepath.Join(dir, "none")); code != 1 {
 		t.Errorf("missing prompts file: exit %d", code)

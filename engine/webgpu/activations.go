@@ -35,6 +35,10 @@ type activations struct {
 	all                        []*gpu.Buffer
 }
 
+// minReadOut is the fewest rows a pass reads out, whatever the sequences:
+// a verification of 64 draft tokens in one pass.
+const minReadOut = 65
+
 func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activations, err error) {
 	a := &activations{}
 	defer func() {
@@ -42,8 +46,9 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 			a.release()
 		}
 	}()
-	// Logits of all complete entries must fit one binding.
-	a.maxLasts = min(seqs, rows, int(d.Limits().MaxStorageBufferBindingSize/uint64(4*c.VocabSize)))
+	// Rows read out: one a sequence for a step, k+1 for a verification of
+	// k draft tokens; their logits must fit one binding.
+	a.maxLasts = min(max(seqs, minReadOut), rows, int(d.Limits().MaxStorageBufferBindingSize/uint64(4*c.VocabSize)))
 	if a.maxLasts < 1 {
 		return nil, fmt.Errorf("the vocabulary's logits (%d) do not fit one storage binding", c.VocabSize)
 	}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"webdraft/engine"
+	"webdraft/speculative"
+)
+
+// liveBench is what `bench spec --live` measures.
+type liveBench struct {
+	drafter, target         engine.Engine
+	drafterName, targetName string
+	prompts                 [][]int
+	ks                      []int
+	newTokens, batch        int
+	args                    []string
+}
+
+// liveRun is one configuration's measurement: k draft tokens a step (0:
+// the target alone) over every prompt.
+type liveRun struct {
+	k              int
+	tokens, steps  int
+	drafted, accep int
+	wall           time.Duration
+	draft, verify  []time.Duration // per step
+}
+
+func (r *liveRun) rate() float64 { return float64(r.tokens) / r.wall.Seconds() }
+func (r *liveRun) tau() float64  { return float64(r.tokens) / float64(r.steps) }
+
+// benchSpecLive runs the speculative loop greedily over the prompts for
+// each k and for the target alone, and reports τ, tokens/s, the speedup
+// and the cost model speedup ≈ τ / (k·t_draft/t_target + t_verify/t_target)
+// filled in from the measured medians: t_draft the drafter's time per
+// draft token, t_verify the target's time per verification step, t_target
+// the target's time per step alone.
+func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
+	var runs []*liveRun
+	for _, k := range append([]int{0}, b.ks...) {
+		e.log.Info("measuring", "k", k, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
+		r, err := b.run(ctx, k)
+		if err != nil {
+			return fmt.Errorf("k %d: %w", k, err)
+		}
+		runs = append(runs, r)
+	}
+	alone := runs[0]
+	tTarget := median(alone.verify)
+	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, %d new tokens each, greedy, %d at once\n",
+		b.targetName, b.drafterName, len(b.prompts), b.newTokens, b.batch)
+	fmt.Fprintf(e.stdout, "the target alone: %.1f tokens/s, t_target %.3f ms a step (median)\n\n", alone.rate(), ms(tTarget))
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "k\tτ\taccepted\ttokens/s\tspeedup\tt_draft ms\tt_verify ms\tk·t_draft/t_target\tt_verify/t_target\tmodel speedup\t")
+	for _, r := range runs[1:] {
+		tDraft := median(r.draft) / time.Duration(r.k)
+		tVerify := median(r.verify)
+		draftCost := float64(r.k) * float64(tDraft) / float64(tTarget)
+		verifyCost := float64(tVerify) / float64(tTarget)
+		fmt.Fprintf(tw, "%d\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%.3f\t%.2f\t%.2f\t%.2f×\t\n",
+			r.k, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
+			ms(tDraft), ms(tVerify), draftCost, verifyCost, r.tau()/(draftCost+verifyCost))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, "\nt_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; medians over steps.")
+	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench spec %s\n", strings.Join(b.args, " "))
+	return nil
+}
+
+// run generates b.newTokens greedy tokens after each prompt, b.batch at
+// a time, with k draft tokens a step, after one untimed generation that
+// compiles what the configuration runs.
+func (b liveBench) run(ctx context.Context, k int) (*liveRun, error) {
+	r := &liveRun{k: k}
+	var mu sync.Mutex
+	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, OnStep: func(st speculative.StepStats) {
+		mu.Lock()
+		defer mu.Unlock()
+		if st.Sequences > 0 {
+			r.draft = append(r.draft, st.Draft)
+			r.verify = append(r.verify, st.Verify)
+		}
+	}})
+	if err != nil {
+		return nil, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { g.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+	req := func(p []int) speculative.Request {
+		q := speculative.Request{Prompt: p, MaxTokens: b.newTokens, K: k}
+		if k == 0 {
+			q.K = speculative.NoDraft
+		}
+		return q
+	}
+	if _, err := g.Submit(ctx, req(b.prompts[0])); err != nil {
+		return nil, err
+	}
+	mu.Lock()
+	r.draft, r.verify = nil, nil
+	mu.Unlock()
+
+	start := time.Now()
+	jobs := make(chan []int)
+	errs := make(chan error, b.batch)
+	var wg sync.WaitGroup
+	for range b.batch {
+		wg.Go(func() {
+			for p := range jobs {
+				res, err := g.Submit(ctx, req(p))
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				r.tokens += res.Stats.Tokens
+				r.steps += res.Stats.Steps
+				r.drafted += res.Stats.Drafted
+				r.accep += res.Stats.Accepted
+				mu.Unlock()
+			}
+		})
+	}
+	for _, p := range b.prompts {
+		select {
+		case jobs <- p:
+		case err := <-errs:
+			close(jobs)
+			wg.Wait()
+			return nil, err
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	r.wall = time.Since(start)
+	select {
+	case err := <-errs:
+		return nil, err
+	default:
+	}
+	return r, nil
+}
+
+func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

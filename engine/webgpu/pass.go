@@ -50,8 +50,14 @@ type pass struct {
 	maxLen  int  // the longest context a decode-attention row sees
 }
 
-// plan picks the next forward pass from what is pending: single-token
-// entries first (they share one decode-attention dispatch), then chunks of
+// decodeEntryRows is the most tokens an entry may feed through decode
+// attention, each row attending on its own, rather than through a prefill
+// tile: a verification of up to 16 draft tokens, which then shares the
+// pass's one decode-attention dispatch instead of adding one a layer.
+const decodeEntryRows = 17
+
+// plan picks the next forward pass from what is pending: short entries
+// first, whole (they share one decode-attention dispatch), then chunks of
 // prompts, within MaxRows rows and the read-out rows' buffers.
 func (e *Engine) plan(work []pending) pass {
 	var ps pass
@@ -67,15 +73,18 @@ func (e *Engine) plan(work []pending) pass {
 		ps.rows += T
 		rows -= T
 	}
+	short := make([]bool, len(work))
 	for i := range work {
-		if p := &work[i]; len(p.tokens) == 1 && rows > 0 && ps.lasts < e.act.maxLasts {
-			add(p, 1)
+		p := &work[i]
+		if T := len(p.tokens); T > 0 && T <= decodeEntryRows && T <= rows && ps.lasts+p.readsOut(T) <= e.act.maxLasts {
+			add(p, T)
+			short[i] = true
 		}
 	}
 	ps.decode = ps.rows
 	for i := range work {
 		p := &work[i]
-		if len(p.tokens) <= 1 || rows == 0 {
+		if short[i] || len(p.tokens) == 0 || rows == 0 {
 			continue
 		}
 		T := min(len(p.tokens), rows)

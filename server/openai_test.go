@@ -454,3 +454,44 @@ func TestSpecMetrics(t *testing.T) {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 }
+
+// TestAPIKey: with a key, every route but /health needs it, and the
+// answer has the route's error shape.
+func TestAPIKey(t *testing.T) {
+	f := newPairFixture(t, testKey)
+	get := func(path, key string) (int, string) {
+		req, _ := http.NewRequest("GET", f.url+path, nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/health", ""); code != 200 {
+		t.Errorf("/health without the key: %d", code)
+	}
+	for _, c := range []struct{ path, key, want string }{
+		{"/metrics", "", `"code":"unauthorized"`},
+		{"/v1/models", "wrong", `"code":"invalid_api_key"`},
+	} {
+		if code, body := get(c.path, c.key); code != 401 || !strings.Contains(body, c.want) {
+			t.Errorf("%s with key %q: %d %s", c.path, c.key, code, body)
+		}
+	}
+	if code, _ := get("/metrics", testKey); code != 200 {
+		t.Errorf("/metrics with the key: %d", code)
+	}
+	// /draft with p_min 1 cuts the draft to nothing (no probability reaches 1 here).
+	code, out := f.postJSON(t, "/draft", `{"tokens":[1,2,3],"n":8,"p_min":1}`)
+	if code != 200 || len(out["draft"].([]any)) != 0 {
+		t.Errorf("p_min 1: %d %v", code, out)
+	}
+	if code, out := f.postJSON(t, "/draft", `{"tokens":[1,2,3],"p_min":1.5}`); code != 400 {
+		t.Errorf("p_min 1.5: %d %v", code, out)
+	}
+}

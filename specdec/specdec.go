@@ -1,5 +1,7 @@
-// Package specdec measures speculative decoding with greedy drafts: how many
-// tokens per verification step a drafter saves its target.
+// Package specdec measures speculative decoding offline with greedy drafts:
+// how many tokens per verification step a drafter saves its target, with
+// the target's continuation computed first (package speculative runs the
+// live loop, the target verifying).
 //
 // For each prompt the target's greedy continuation is computed once. Then,
 // step by step, the drafter drafts k tokens from the context so far; the

@@ -2,13 +2,15 @@
 // kernels (package kernels) into one compute pass per forward pass, on any
 // WebGPU device — natively through wgpu-native (Vulkan) and in the browser.
 // Weights are uploaded once; the KV cache is a paged pool shared by all
-// sequences (kernels.KVCache, its one owner); each pass reads back one
-// token id per sequence, never logits.
+// sequences (kernels.KVCache, its one owner); each pass reads back a few
+// words per row it reads out (a token id and its log-probability; for a
+// verification the acceptance, a draw, the top-N), never logits.
 //
 // The files: engine.go the engine and its sequences; step.go Step and
-// StepN, a pass at a time or chained on the device; pass.go one forward
-// pass — which rows it takes, its inputs, its kernels; activations.go the
-// buffers a pass works in; weights.go the model on the device.
+// StepN, a pass at a time or chained on the device, and Verify; pass.go
+// one forward pass — which rows it takes, its inputs, its kernels, what it
+// reads out; activations.go the buffers a pass works in; weights.go the
+// model on the device.
 package webgpu
 
 import (

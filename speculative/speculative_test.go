@@ -18,8 +18,8 @@ import (
 	"webdraft/qwen3"
 	"webdraft/reference"
 	"webdraft/sampling"
-	"webdraft/speculative"
 	"webdraft/specdec"
+	"webdraft/speculative"
 )
 
 // load reads a golden checkpoint (vocabulary 1024) in format q.

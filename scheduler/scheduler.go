@@ -10,11 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"webdraft/engine"
+	"webdraft/internal/jobqueue"
 	"webdraft/prefixcache"
 )
 
@@ -79,23 +79,21 @@ type Result struct {
 
 var (
 	// ErrOverloaded: the queue is full; try again shortly.
-	ErrOverloaded = errors.New("too many requests waiting")
+	ErrOverloaded = jobqueue.ErrFull
 	// ErrTooLarge: the request cannot fit the model's context or the KV budget.
 	ErrTooLarge = errors.New("request too large")
 	// ErrClosed: the scheduler has stopped.
-	ErrClosed = errors.New("scheduler stopped")
+	ErrClosed = jobqueue.ErrStopped
 )
 
 // Scheduler owns an engine and its prefix cache. Submit may be called from
 // any goroutine; Run drives the engine from one.
 type Scheduler struct {
-	eng    engine.Engine
-	opts   Options
-	queue  chan *job
-	closed chan struct{}
+	eng   engine.Engine
+	opts  Options
+	queue *jobqueue.Queue[*job]
 
 	// Read by metrics from other goroutines.
-	waiting     atomic.Int64
 	running     atomic.Int64
 	cachedSeqs  atomic.Int64
 	cachedToks  atomic.Int64
@@ -108,7 +106,7 @@ func New(eng engine.Engine, opts Options) *Scheduler {
 	if c := eng.KVCapacity(); opts.CacheTokens <= 0 || opts.CacheTokens > c {
 		opts.CacheTokens = c
 	}
-	return &Scheduler{eng: eng, opts: opts, queue: make(chan *job, opts.MaxQueue), closed: make(chan struct{})}
+	return &Scheduler{eng: eng, opts: opts, queue: jobqueue.New[*job](opts.MaxQueue)}
 }
 
 // Gauges are the scheduler's current state, for metrics.
@@ -118,7 +116,7 @@ type Gauges struct {
 
 // Gauges reads the current state (safe from any goroutine).
 func (s *Scheduler) Gauges() Gauges {
-	return Gauges{s.waiting.Load(), s.running.Load(), s.cachedSeqs.Load(), s.cachedToks.Load(), s.reserveToks.Load()}
+	return Gauges{s.queue.Waiting(), s.running.Load(), s.cachedSeqs.Load(), s.cachedToks.Load(), s.reserveToks.Load()}
 }
 
 // Check reports whether r could ever run: ErrTooLarge when its context
@@ -142,38 +140,18 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (Result, error) {
 	if err := s.Check(r); err != nil {
 		return Result{}, err
 	}
-	j := &job{req: r, arrived: time.Now(), done: make(chan struct{})}
-	select {
-	case <-s.closed:
-		return Result{}, ErrClosed
-	default:
+	j := &job{req: r, arrived: time.Now(), Ticket: jobqueue.NewTicket[Result]()}
+	if err := s.queue.Push(j); err != nil {
+		return Result{}, err
 	}
-	select {
-	case s.queue <- j:
-		s.waiting.Add(1)
-	default:
-		return Result{}, ErrOverloaded
-	}
-	select {
-	case <-j.done:
-		return j.result, j.err
-	case <-ctx.Done():
-		j.canceled.Store(true)
-		return Result{}, ctx.Err()
-	case <-s.closed:
-		return Result{}, ErrClosed
-	}
+	return j.Wait(ctx, s.queue.Stopped())
 }
 
 // job is a request in the scheduler.
 type job struct {
-	req      Request
-	arrived  time.Time
-	canceled atomic.Bool
-	done     chan struct{}
-	once     sync.Once
-	result   Result
-	err      error
+	*jobqueue.Ticket[Result]
+	req     Request
+	arrived time.Time
 
 	// Owned by Run.
 	seq      engine.Sequence
@@ -201,13 +179,6 @@ func (j *job) add(tokens []engine.Token) bool {
 	return false
 }
 
-func (j *job) finish(err error) {
-	j.once.Do(func() {
-		j.err = err
-		close(j.done)
-	})
-}
-
 // Run drives the engine until ctx ends; it then fails what is still queued or
 // running and releases every sequence.
 func (s *Scheduler) Run(ctx context.Context) error {
@@ -215,17 +186,16 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer r.shutdown()
 	for {
 		if len(r.active) == 0 && len(r.waiting) == 0 {
-			select {
-			case j := <-s.queue:
-				r.waiting = append(r.waiting, j)
-			case <-ctx.Done():
+			j, ok := s.queue.Next(ctx)
+			if !ok {
 				return nil
 			}
+			r.waiting = append(r.waiting, j)
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.drainQueue()
+		r.waiting = s.queue.Drain(r.waiting)
 		r.admit()
 		if err := r.step(ctx); err != nil && ctx.Err() != nil {
 			return nil
@@ -243,27 +213,16 @@ type runner struct {
 	reserved int // Σ active jobs' reservations
 }
 
-func (r *runner) drainQueue() {
-	for {
-		select {
-		case j := <-r.s.queue:
-			r.waiting = append(r.waiting, j)
-		default:
-			return
-		}
-	}
-}
-
 // admit starts waiting jobs, oldest first, while the batch and the KV budget
 // have room; cached sequences are evicted to make room.
 func (r *runner) admit() {
 	budget := r.s.opts.CacheTokens
 	for len(r.waiting) > 0 && len(r.active) < r.s.opts.MaxBatch {
 		j := r.waiting[0]
-		if j.canceled.Load() {
+		if j.Canceled() {
 			r.waiting = r.waiting[1:]
-			r.s.waiting.Add(-1)
-			j.finish(context.Canceled)
+			r.s.queue.Started()
+			j.Finish(context.Canceled)
 			continue
 		}
 		need := len(j.req.Tokens) + j.req.N - 1
@@ -286,18 +245,18 @@ func (r *runner) admit() {
 			var err error
 			if seq, err = r.newSequence(); err != nil {
 				r.waiting = r.waiting[1:]
-				r.s.waiting.Add(-1)
-				j.finish(fmt.Errorf("new sequence: %w", err))
+				r.s.queue.Started()
+				j.Finish(fmt.Errorf("new sequence: %w", err))
 				continue
 			}
 		}
 		r.waiting = r.waiting[1:]
-		r.s.waiting.Add(-1)
+		r.s.queue.Started()
 		j.seq, j.started = seq, time.Now()
 		j.fed = append([]int(nil), j.req.Tokens[:shared]...)
 		j.pending = j.req.Tokens[shared:]
-		j.result.CachedTokens, j.result.PrefillTokens = shared, len(j.pending)
-		j.result.Queue = j.started.Sub(j.arrived)
+		j.Result.CachedTokens, j.Result.PrefillTokens = shared, len(j.pending)
+		j.Result.Queue = j.started.Sub(j.arrived)
 		j.reserved = need
 		r.reserved += need
 		r.active = append(r.active, j)
@@ -326,11 +285,11 @@ func (r *runner) step(ctx context.Context) error {
 	var jobs []*job
 	prefill := r.s.opts.PrefillBudget
 	chain := r.s.opts.ChainSteps
-	if len(r.waiting) > 0 || len(r.s.queue) > 0 {
+	if len(r.waiting) > 0 || r.s.queue.Pending() {
 		chain = 1
 	}
 	for _, j := range r.active {
-		if j.canceled.Load() {
+		if j.Canceled() {
 			continue
 		}
 		var tokens []int
@@ -398,15 +357,15 @@ func (r *runner) step(ctx context.Context) error {
 			done = j.add([]engine.Token{{ID: e.Next, Logprob: e.Logprob}})
 		}
 		if done {
-			j.result.Draft = append([]int{}, j.draft...) // [] for a draft p_min cut to nothing
-			j.result.Prefill = j.first.Sub(j.started)
-			j.result.Decode = now.Sub(j.first)
+			j.Result.Draft = append([]int{}, j.draft...) // [] for a draft p_min cut to nothing
+			j.Result.Prefill = j.first.Sub(j.started)
+			j.Result.Decode = now.Sub(j.first)
 			r.retire(j, nil, true)
 		}
 	}
 	// Jobs whose clients left keep what their KV cache holds for later reuse.
 	for _, j := range r.active {
-		if j.canceled.Load() {
+		if j.Canceled() {
 			r.retire(j, context.Canceled, true)
 		}
 	}
@@ -427,7 +386,7 @@ func (r *runner) retire(j *job, err error, keep bool) {
 		j.seq.Release()
 	}
 	j.seq = nil
-	j.finish(err)
+	j.Finish(err)
 }
 
 // compact drops retired jobs from the active list.
@@ -451,10 +410,10 @@ func (r *runner) publish() {
 
 // shutdown fails everything still queued or running and frees every sequence.
 func (r *runner) shutdown() {
-	close(r.s.closed)
-	r.drainQueue()
+	r.s.queue.Stop()
+	r.waiting = r.s.queue.Drain(r.waiting)
 	for _, j := range r.waiting {
-		j.finish(ErrClosed)
+		j.Finish(ErrClosed)
 	}
 	for _, j := range r.active {
 		r.retire(j, ErrClosed, false)

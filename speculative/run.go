@@ -21,17 +21,16 @@ func (g *Generator) Run(ctx context.Context) error {
 	defer r.shutdown()
 	for {
 		if len(r.active) == 0 && len(r.waiting) == 0 {
-			select {
-			case j := <-g.queue:
-				r.waiting = append(r.waiting, j)
-			case <-ctx.Done():
+			j, ok := g.queue.Next(ctx)
+			if !ok {
 				return nil
 			}
+			r.waiting = append(r.waiting, j)
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.drainQueue()
+		r.waiting = g.queue.Drain(r.waiting)
 		r.admit()
 		if err := r.step(ctx); err != nil && ctx.Err() != nil {
 			return nil
@@ -69,26 +68,15 @@ type gen struct {
 	retired     bool
 }
 
-func (r *runner) drainQueue() {
-	for {
-		select {
-		case j := <-r.g.queue:
-			r.waiting = append(r.waiting, j)
-		default:
-			return
-		}
-	}
-}
-
 // admit starts waiting jobs, oldest first, while the batch and both KV
 // budgets have room; cached sequences are evicted to make room.
 func (r *runner) admit() {
 	g := r.g
 	for len(r.waiting) > 0 && len(r.active) < g.opts.MaxBatch {
 		j := r.waiting[0]
-		if j.canceled.Load() {
+		if j.Canceled() {
 			r.pop()
-			j.finish(context.Canceled)
+			j.Finish(context.Canceled)
 			continue
 		}
 		tNeed := g.need(&j.req)
@@ -116,7 +104,7 @@ func (r *runner) admit() {
 			if gn.target != nil {
 				gn.target.Release()
 			}
-			j.finish(fmt.Errorf("new sequence: %w", err))
+			j.Finish(fmt.Errorf("new sequence: %w", err))
 			continue
 		}
 		r.targetReserved += tNeed
@@ -127,7 +115,7 @@ func (r *runner) admit() {
 
 func (r *runner) pop() {
 	r.waiting = r.waiting[1:]
-	r.g.waiting.Add(-1)
+	r.g.queue.Started()
 }
 
 // take returns a sequence for prompt from cache or else a fresh one of e,
@@ -165,7 +153,7 @@ func (r *runner) step(ctx context.Context) error {
 	var draftFill []*engine.Entry
 	var targetFill []*engine.VerifyEntry
 	for _, gn := range r.active {
-		if gn.canceled.Load() {
+		if gn.Canceled() {
 			continue
 		}
 		tp, dp := gn.pendingTarget(), gn.pendingDraft()
@@ -455,12 +443,12 @@ func (r *runner) retire(gn *gen, err error) {
 		}
 		*c.seq = nil
 	}
-	gn.result = Result{Tokens: gn.out, Finish: gn.finishedWhy, Stats: gn.stats}
+	gn.Result = Result{Tokens: gn.out, Finish: gn.finishedWhy, Stats: gn.stats}
 	if !gn.first.IsZero() {
-		gn.result.Stats.Prefill = gn.first.Sub(gn.started)
-		gn.result.Stats.Decode = time.Since(gn.first)
+		gn.Result.Stats.Prefill = gn.first.Sub(gn.started)
+		gn.Result.Stats.Decode = time.Since(gn.first)
 	}
-	gn.finish(err)
+	gn.Finish(err)
 	r.compact()
 }
 
@@ -468,7 +456,7 @@ func (r *runner) retire(gn *gen, err error) {
 // are kept for reuse.
 func (r *runner) retireCanceled() {
 	for _, gn := range slices.Clone(r.active) {
-		if gn.canceled.Load() {
+		if gn.Canceled() {
 			r.retire(gn, context.Canceled)
 		}
 	}
@@ -482,10 +470,10 @@ func (r *runner) compact() {
 // shutdown fails everything still queued or running and frees every
 // sequence.
 func (r *runner) shutdown() {
-	close(r.g.closed)
-	r.drainQueue()
+	r.g.queue.Stop()
+	r.waiting = r.g.queue.Drain(r.waiting)
 	for _, j := range r.waiting {
-		j.finish(ErrClosed)
+		j.Finish(ErrClosed)
 	}
 	for _, gn := range slices.Clone(r.active) {
 		gn.draft, gn.target = release(gn.draft), release(gn.target)

@@ -22,11 +22,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"webdraft/engine"
+	"webdraft/internal/jobqueue"
 	"webdraft/sampling"
 )
 
@@ -152,11 +152,11 @@ type StepStats struct {
 
 var (
 	// ErrOverloaded: the queue is full; try again shortly.
-	ErrOverloaded = errors.New("too many requests waiting")
+	ErrOverloaded = jobqueue.ErrFull
 	// ErrTooLarge: the request cannot fit the models' context or KV caches.
 	ErrTooLarge = errors.New("request too large")
 	// ErrClosed: the loop has stopped.
-	ErrClosed = errors.New("generation stopped")
+	ErrClosed = jobqueue.ErrStopped
 )
 
 // Generator owns a drafter and a target engine and their prefix caches.
@@ -165,12 +165,11 @@ var (
 type Generator struct {
 	drafter, target engine.Engine
 	opts            Options
-	queue           chan *job
-	closed          chan struct{}
+	queue           *jobqueue.Queue[*job]
 	// The KV budgets in positions (Options.DraftTokens, TargetTokens).
 	draftBudget, targetBudget int
 
-	waiting, running atomic.Int64
+	running atomic.Int64
 }
 
 // New pairs drafter and target, which must share a vocabulary.
@@ -190,7 +189,7 @@ func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
 	}
 	return &Generator{
 		drafter: drafter, target: target, opts: opts,
-		queue: make(chan *job, opts.MaxQueue), closed: make(chan struct{}),
+		queue:       jobqueue.New[*job](opts.MaxQueue),
 		draftBudget: budget(opts.DraftTokens, drafter.KVCapacity()), targetBudget: budget(opts.TargetTokens, target.KVCapacity()),
 	}, nil
 }
@@ -202,7 +201,7 @@ func (g *Generator) K() int { return g.opts.K }
 type Gauges struct{ Waiting, Running int64 }
 
 // Gauges reads the current state (safe from any goroutine).
-func (g *Generator) Gauges() Gauges { return Gauges{g.waiting.Load(), g.running.Load()} }
+func (g *Generator) Gauges() Gauges { return Gauges{g.queue.Waiting(), g.running.Load()} }
 
 // k is the draft length r asks for.
 func (g *Generator) k(r *Request) int {
@@ -260,48 +259,17 @@ func (g *Generator) Submit(ctx context.Context, r Request) (Result, error) {
 	if err := g.Check(r); err != nil {
 		return Result{}, err
 	}
-	j := &job{req: r, k: g.k(&r), arrived: time.Now(), done: make(chan struct{})}
-	select {
-	case <-g.closed:
-		return Result{}, ErrClosed
-	default:
+	j := &job{Ticket: jobqueue.NewTicket[Result](), req: r, k: g.k(&r), arrived: time.Now()}
+	if err := g.queue.Push(j); err != nil {
+		return Result{}, err
 	}
-	select {
-	case g.queue <- j:
-		g.waiting.Add(1)
-	default:
-		return Result{}, ErrOverloaded
-	}
-	select {
-	case <-j.done:
-		return j.result, j.err
-	case <-ctx.Done():
-		j.canceled.Store(true)
-		select { // the loop lets go of the job (and its OnStep) first
-		case <-j.done:
-		case <-g.closed:
-		}
-		return Result{}, ctx.Err()
-	case <-g.closed:
-		return Result{}, ErrClosed
-	}
+	return j.Wait(ctx, g.queue.Stopped()) // a canceled job's OnStep is done with first
 }
 
 // job is a request in the loop.
 type job struct {
-	req      Request
-	k        int // draft length; 0: the target alone
-	arrived  time.Time
-	canceled atomic.Bool
-	done     chan struct{}
-	once     sync.Once
-	result   Result
-	err      error
-}
-
-func (j *job) finish(err error) {
-	j.once.Do(func() {
-		j.err = err
-		close(j.done)
-	})
+	*jobqueue.Ticket[Result]
+	req     Request
+	k       int // draft length; 0: the target alone
+	arrived time.Time
 }

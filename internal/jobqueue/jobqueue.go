@@ -1,0 +1,139 @@
+// Package jobqueue is what stands between the goroutines that submit work
+// and the one loop that runs it on an engine (the drafting scheduler's, the
+// speculative generator's): a bounded queue the loop drains between its
+// steps, its stopped signal, and a ticket a submitter waits on.
+package jobqueue
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+)
+
+var (
+	// ErrFull: the queue is full; try again shortly.
+	ErrFull = errors.New("too many requests waiting")
+	// ErrStopped: the loop has stopped.
+	ErrStopped = errors.New("stopped")
+)
+
+// Queue holds submitted items until the loop drains them. Push, Waiting
+// and Stopped may be called from any goroutine; the rest by the loop.
+type Queue[T any] struct {
+	ch      chan T
+	stopped chan struct{}
+	once    sync.Once
+	waiting atomic.Int64 // pushed, not yet started
+}
+
+// New returns a queue of at most size waiting items.
+func New[T any](size int) *Queue[T] {
+	return &Queue[T]{ch: make(chan T, size), stopped: make(chan struct{})}
+}
+
+// Push queues t: ErrStopped once the loop has stopped, ErrFull when size
+// items wait.
+func (q *Queue[T]) Push(t T) error {
+	select {
+	case <-q.stopped:
+		return ErrStopped
+	default:
+	}
+	select {
+	case q.ch <- t:
+		q.waiting.Add(1)
+		return nil
+	default:
+		return ErrFull
+	}
+}
+
+// Next waits for an item, or for ctx's end (false).
+func (q *Queue[T]) Next(ctx context.Context) (T, bool) {
+	select {
+	case t := <-q.ch:
+		return t, true
+	case <-ctx.Done():
+		var zero T
+		return zero, false
+	}
+}
+
+// Drain appends to into every item queued now.
+func (q *Queue[T]) Drain(into []T) []T {
+	for {
+		select {
+		case t := <-q.ch:
+			into = append(into, t)
+		default:
+			return into
+		}
+	}
+}
+
+// Pending reports whether items are queued that no Drain has taken.
+func (q *Queue[T]) Pending() bool { return len(q.ch) > 0 }
+
+// Started records that an item taken earlier has started (or was dropped):
+// it no longer counts as waiting.
+func (q *Queue[T]) Started() { q.waiting.Add(-1) }
+
+// Waiting is how many pushed items have not started.
+func (q *Queue[T]) Waiting() int64 { return q.waiting.Load() }
+
+// Stop marks the loop stopped: Push refuses from then on, and Stopped is
+// closed.
+func (q *Queue[T]) Stop() { q.once.Do(func() { close(q.stopped) }) }
+
+// Stopped is closed once the loop has stopped.
+func (q *Queue[T]) Stopped() <-chan struct{} { return q.stopped }
+
+// Ticket is a submitted job's outcome: the loop fills Result and calls
+// Finish once; the submitter Waits.
+type Ticket[R any] struct {
+	Result   R
+	err      error
+	done     chan struct{}
+	once     sync.Once
+	canceled atomic.Bool
+}
+
+// NewTicket returns a ticket not finished yet.
+func NewTicket[R any]() *Ticket[R] { return &Ticket[R]{done: make(chan struct{})} }
+
+// Finish ends the job with err (nil: Result holds its outcome); only the
+// first call counts.
+func (t *Ticket[R]) Finish(err error) {
+	t.once.Do(func() {
+		t.err = err
+		close(t.done)
+	})
+}
+
+// Canceled reports whether the submitter has stopped waiting.
+func (t *Ticket[R]) Canceled() bool { return t.canceled.Load() }
+
+// Wait waits for Finish, ctx's end, or the loop's stop (ErrStopped). When
+// ctx ends first it marks the ticket canceled and returns once the loop
+// has finished the job or stopped, so that the loop calls nothing of the
+// job's (a callback, say) after Wait returns.
+func (t *Ticket[R]) Wait(ctx context.Context, stopped <-chan struct{}) (R, error) {
+	var zero R
+	select {
+	case <-t.done:
+		if t.err != nil {
+			return zero, t.err
+		}
+		return t.Result, nil
+	case <-ctx.Done():
+		t.canceled.Store(true)
+		select {
+		case <-t.done:
+		case <-stopped:
+		}
+		return zero, ctx.Err()
+	case <-stopped:
+		return zero, ErrStopped
+	}
+}

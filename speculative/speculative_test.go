@@ -18,6 +18,7 @@ import (
 	"webdraft/qwen3"
 	"webdraft/reference"
 	"webdraft/sampling"
+	"webdraft/sampling/samplingtest"
 	"webdraft/specdec"
 	"webdraft/speculative"
 )
@@ -282,24 +283,15 @@ func probs(t *testing.T, ref *reference.Model, tokens []int, p sampling.Params) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	row, err := sampling.Choose(logits, p, sampling.Draw{X: sampling.NoProposal})
+	all, err := samplingtest.Probs(logits, p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[int]float64{}
-	top := math.Inf(-1)
-	for _, l := range logits {
-		top = math.Max(top, float64(l))
-	}
-	var sum float64
-	for i, l := range logits {
-		if l/p.Temperature >= row.Threshold {
-			out[i] = math.Exp((float64(l) - top) / float64(p.Temperature))
-			sum += out[i]
+	for i, q := range all {
+		if q > 0 {
+			out[i] = q
 		}
-	}
-	for i := range out {
-		out[i] /= sum
 	}
 	return out
 }

@@ -28,21 +28,7 @@ func Check(logits []float32, p sampling.Params, d sampling.Draw, got sampling.Ro
 	if p.Greedy() {
 		return nil
 	}
-	probs := make([]float64, len(logits))
-	top := math.Inf(-1)
-	for _, l := range logits {
-		top = math.Max(top, float64(l))
-	}
-	var kept float64
-	for i, l := range logits {
-		if l/p.Temperature >= ref.Threshold {
-			probs[i] = math.Exp((float64(l) - top) / float64(p.Temperature))
-			kept += probs[i]
-		}
-	}
-	for i := range probs {
-		probs[i] /= kept
-	}
+	probs := probsAt(logits, p, ref.Threshold)
 	if d.X != sampling.NoProposal {
 		if px := probs[d.X]; math.Abs(float64(d.U)-px) > Slack && got.Accept != (float64(d.U) < px) {
 			return fmt.Errorf("accept %v for U %v, p(X) %v", got.Accept, d.U, px)
@@ -71,4 +57,35 @@ func Check(logits []float32, p sampling.Params, d sampling.Draw, got sampling.Ro
 		return fmt.Errorf("drew %d for V %v; it covers [%v, %v) of %v", got.Sample, d.V, below, below+probs[got.Sample], mass)
 	}
 	return nil
+}
+
+// Probs is the distribution p samples logits from (the nucleus at the
+// temperature), in float64.
+func Probs(logits []float32, p sampling.Params) ([]float64, error) {
+	row, err := sampling.Choose(logits, p, sampling.Draw{X: sampling.NoProposal})
+	if err != nil {
+		return nil, err
+	}
+	return probsAt(logits, p, row.Threshold), nil
+}
+
+// probsAt is the softmax at p's temperature over the tokens whose scaled
+// logit is at least threshold.
+func probsAt(logits []float32, p sampling.Params, threshold float32) []float64 {
+	probs := make([]float64, len(logits))
+	top := math.Inf(-1)
+	for _, l := range logits {
+		top = math.Max(top, float64(l))
+	}
+	var kept float64
+	for i, l := range logits {
+		if l/p.Temperature >= threshold {
+			probs[i] = math.Exp((float64(l) - top) / float64(p.Temperature))
+			kept += probs[i]
+		}
+	}
+	for i := range probs {
+		probs[i] /= kept
+	}
+	return probs
 }

@@ -126,7 +126,7 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 		mode = fmt.Sprintf("temperature %g, top-p %g, seed %d", *temperature, *topP, *seed)
 	}
 	writeSummary(out, summary{
-		drafter: drafter.model.Name, target: target.model.Name, k: *k, mode: mode,
+		drafter: drafter.model.Name, target: target.model.Name, backend: t.Info().Backend, k: *k, mode: mode,
 		spec: spec, specTime: specTime, alone: alone, aloneTime: aloneTime, hist: hist,
 	})
 	if out.err != nil {
@@ -202,6 +202,7 @@ func generateOnce(ctx context.Context, d, t engine.Engine, req speculative.Reque
 // summary is what generate reports after the text.
 type summary struct {
 	drafter, target, mode string
+	backend               string // the target's engine
 	k                     int
 	spec, alone           speculative.Result
 	specTime, aloneTime   time.Duration
@@ -210,7 +211,7 @@ type summary struct {
 
 func writeSummary(w io.Writer, s summary) {
 	st := s.spec.Stats
-	fmt.Fprintf(w, "\n── %s drafting for %s, k %d, %s\n", s.drafter, s.target, s.k, s.mode)
+	fmt.Fprintf(w, "\n── %s drafting for %s, k %d, %s, %s engine\n", s.drafter, s.target, s.k, s.mode, s.backend)
 	rate := 0.0
 	if st.Drafted > 0 {
 		rate = 100 * float64(st.Accepted) / float64(st.Drafted)
@@ -237,7 +238,11 @@ func writeSummary(w io.Writer, s summary) {
 	tps := func(r speculative.Result, d time.Duration) float64 { return float64(len(r.Tokens)) / d.Seconds() }
 	fmt.Fprintf(w, "speculative   %4d tokens in %6.2f s: %7.1f tokens/s\n", len(s.spec.Tokens), s.specTime.Seconds(), tps(s.spec, s.specTime))
 	fmt.Fprintf(w, "target alone  %4d tokens in %6.2f s: %7.1f tokens/s\n", len(s.alone.Tokens), s.aloneTime.Seconds(), tps(s.alone, s.aloneTime))
-	fmt.Fprintf(w, "speedup %.2f×\n", tps(s.spec, s.specTime)/tps(s.alone, s.aloneTime))
+	speedup := tps(s.spec, s.specTime) / tps(s.alone, s.aloneTime)
+	fmt.Fprintf(w, "speedup %.2f×\n", speedup)
+	if speedup < 1 && s.backend == "cpu" {
+		fmt.Fprintln(w, "(on the CPU engine each verified position costs the target a row of compute; on a GPU k+1 rows cost about one)")
+	}
 	if s.mode == "greedy" {
 		same := "yes"
 		if !slices.Equal(tokenIDs(s.spec.Tokens), tokenIDs(s.alone.Tokens)) {

@@ -16,7 +16,7 @@ func TestGenerate(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{
-		"── embedded:drafter drafting for embedded:target, k 4, greedy",
+		"── embedded:drafter drafting for embedded:target, k 4, greedy, cpu engine",
 		"draft tokens accepted per step:",
 		"the same tokens as the target alone: yes",
 	} {

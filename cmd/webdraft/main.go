@@ -1,6 +1,8 @@
 // Command webdraft is a speculative-decoding drafter for Qwen3: it converts
-// Hugging Face checkpoints to its int4 format, drafts greedy tokens, and serves
-// drafts to a verifier over HTTP.
+// Hugging Face checkpoints to its int4 format, drafts greedy tokens, serves
+// drafts to a verifier over HTTP, and with a target verifying in the same
+// process generates text by speculative decoding (behind an
+// OpenAI-compatible API, or in the terminal).
 //
 // Exit status: 0 on success, 2 on a usage error, 1 on any other error (one line
 // on stderr).

@@ -69,7 +69,10 @@ func (c *CPU) Step(ctx context.Context, batch []*Entry) error {
 		if err != nil {
 			return fmt.Errorf("cpu engine: batch entry %d: %w", i, err)
 		}
-		e.Next, e.Logprob = row.Argmax, row.ArgmaxLogprob
+		e.Next, e.Logprob, e.Top = row.Argmax, row.ArgmaxLogprob, nil
+		if e.TopN > 0 {
+			e.Top = sampling.Top(logits[i], e.TopN, row.LogSumExp)
+		}
 	}
 	return nil
 }

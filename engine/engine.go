@@ -62,16 +62,23 @@ type Sequence interface {
 type Entry struct {
 	Seq    Sequence
 	Tokens []int // appended to Seq; at least one
-	// Set by Step: the argmax of the logits after the last token, and its
-	// log-probability under the model (the softmax at temperature 1).
+	// TopN, 0 … MaxTopN, asks Step for the most likely tokens after the
+	// last one too (a drafter's alternatives, for a page to show).
+	TopN int
+	// Set by Step: the argmax of the logits after the last token, its
+	// log-probability under the model (the softmax at temperature 1), and
+	// the TopN most likely tokens, most likely first.
 	Next    int
 	Logprob float32
+	Top     []sampling.TokenLogprob
 }
 
-// Token is a token an engine chose and its log-probability under the model.
+// Token is a token an engine chose, its log-probability under the model,
+// and the entry's TopN most likely tokens at its position.
 type Token struct {
 	ID      int
 	Logprob float32
+	Top     []sampling.TokenLogprob
 }
 
 // IDs returns the tokens' ids.
@@ -103,7 +110,8 @@ type VerifyRow struct {
 	Top []sampling.TokenLogprob // TopN of them, most likely first
 }
 
-// MaxTopN bounds VerifyEntry.TopN (OpenAI's top_logprobs allows 20).
+// MaxTopN bounds Entry.TopN and VerifyEntry.TopN (OpenAI's top_logprobs
+// allows 20).
 const MaxTopN = 20
 
 var (
@@ -121,6 +129,9 @@ func CheckBatch(c *qwen3.Config, batch []*Entry) error {
 	for i, e := range batch {
 		if err := checkTokens(c, i, e.Seq, e.Tokens); err != nil {
 			return err
+		}
+		if e.TopN < 0 || e.TopN > MaxTopN {
+			return fmt.Errorf("batch entry %d: top %d: want 0…%d", i, e.TopN, MaxTopN)
 		}
 	}
 	return nil
@@ -209,7 +220,7 @@ func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]Token, err
 			return out, err
 		}
 		for i, en := range batch {
-			out[i] = append(out[i], Token{en.Next, en.Logprob})
+			out[i] = append(out[i], Token{en.Next, en.Logprob, en.Top})
 			en.Tokens = []int{en.Next}
 		}
 	}

@@ -234,7 +234,13 @@ func TestSample(t *testing.T) {
 			lb := upload(t, d, "logits", logits)
 			db, tb := uploadU32(t, d, "draws", dw), upload(t, d, "temps", tw)
 			out, top := poisoned(t, d, "out", rows*SampleWords), poisoned(t, d, "top", rows*max(topN, 1)*2)
-			run(t, d, "sample", func(b *gpu.Batch) error { return Sample(b, out, top, lb, db, tb, rows, V, topN) })
+			ids, lps := poisoned(t, d, "ids", rows), poisoned(t, d, "lps", rows)
+			run(t, d, "sample", func(b *gpu.Batch) error { return Sample(b, out, top, ids, lps, lb, db, tb, rows, V, topN) })
+			gotIDs, err := ids.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotLPs := readF32(t, lps, rows)
 			ow, err := out.ReadU32()
 			if err != nil {
 				t.Fatal(err)
@@ -248,8 +254,8 @@ func TestSample(t *testing.T) {
 				got, gerr := SampleRow(ow[row*SampleWords:])
 				want, werr := sampling.Choose(l, params[row], draws[row])
 				if werr != nil || gerr != nil {
-					if !errors.Is(gerr, sampling.ErrNaN) || !errors.Is(werr, sampling.ErrNaN) {
-						t.Errorf("row %d: %v, want %v", row, gerr, werr)
+					if !errors.Is(gerr, sampling.ErrNaN) || !errors.Is(werr, sampling.ErrNaN) || gotIDs[row] != ArgmaxNaN {
+						t.Errorf("row %d: %v (id %#x), want %v", row, gerr, gotIDs[row], werr)
 					}
 					continue
 				}
@@ -257,6 +263,9 @@ func TestSample(t *testing.T) {
 					if math.Abs(float64(g-w)) > 1e-4*max(1, math.Abs(float64(w))) {
 						t.Errorf("row %d: %s %v, want %v", row, name, g, w)
 					}
+				}
+				if gotIDs[row] != uint32(got.Argmax) || gotLPs[row] != got.ArgmaxLogprob {
+					t.Errorf("row %d: ids/lps %d %v, out says %d %v", row, gotIDs[row], gotLPs[row], got.Argmax, got.ArgmaxLogprob)
 				}
 				close("logsumexp", got.LogSumExp, want.LogSumExp)
 				close("log p(argmax)", got.ArgmaxLogprob, want.ArgmaxLogprob)

@@ -12,7 +12,7 @@ import (
 
 var sampleKernel = gpu.Kernel{
 	Module: "sample.wgsl", Source: shaders.Sample, Entry: "main", Params: reflect.TypeFor[sampleParams](),
-	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // logits, draws, temps, out, top
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite}, // logits, draws, temps, out, top, ids, lps
 }
 
 // sampleParams are sample.wgsl's params.
@@ -47,7 +47,9 @@ const (
 //	draws  (rows, SampleDrawWords) u32, temps (rows, SampleTempWords) f32: PutSampleRow
 //	out    (rows, SampleWords) u32: SampleRow
 //	top    (rows, max(topN, 1), 2) u32: SampleTop
-func Sample(b *gpu.Batch, out, top, logits, draws, temps *gpu.Buffer, rows, V, topN int) error {
+//	ids    (rows) u32, lp (rows) f32: each row's argmax (ArgmaxNaN for a
+//	       row with a NaN) and its log-probability, as Argmax writes them
+func Sample(b *gpu.Batch, out, top, ids, lp, logits, draws, temps *gpu.Buffer, rows, V, topN int) error {
 	op := "sample"
 	if rows <= 0 || V <= 0 || topN < 0 || topN > V {
 		return fmt.Errorf("kernels: %s: shape (%d, %d), top %d", op, rows, V, topN)
@@ -57,7 +59,7 @@ func Sample(b *gpu.Batch, out, top, logits, draws, temps *gpu.Buffer, rows, V, t
 		buf  *gpu.Buffer
 		n    int
 	}{{"logits", logits, rows * V}, {"draws", draws, rows * SampleDrawWords}, {"temps", temps, rows * SampleTempWords},
-		{"out", out, rows * SampleWords}, {"top", top, rows * max(topN, 1) * 2}} {
+		{"out", out, rows * SampleWords}, {"top", top, rows * max(topN, 1) * 2}, {"ids", ids, rows}, {"lp", lp, rows}} {
 		if err := need(op, c.name, c.buf, c.n); err != nil {
 			return err
 		}
@@ -69,6 +71,7 @@ func Sample(b *gpu.Batch, out, top, logits, draws, temps *gpu.Buffer, rows, V, t
 	binds := []gpu.Binding{
 		logits.Slice(0, uint64(rows*V)*4), draws.Slice(0, uint64(rows*SampleDrawWords)*4), temps.Slice(0, uint64(rows*SampleTempWords)*4),
 		out.Slice(0, uint64(rows*SampleWords)*4), top.Slice(0, uint64(rows*max(topN, 1)*2)*4),
+		ids.Slice(0, uint64(rows)*4), lp.Slice(0, uint64(rows)*4),
 	}
 	if err := gpu.Dispatch(b, p, &sampleParams{V: uint32(V), TopN: uint32(topN)}, binds, uint32(rows), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)

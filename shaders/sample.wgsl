@@ -31,6 +31,9 @@
 //          bits, at temperature 1)
 //   top    (rows, max(topn, 1)) vec2<u32>: token, log p bits, most likely
 //          first, the lower index first on ties
+//   ids    (rows) u32, lps (rows) f32: the argmax (NONE for a NaN row) and
+//          its log p again, laid out as argmax.wgsl writes them, so that a
+//          chain of passes reads this kernel's tokens as that one's
 //
 // Dispatch: (rows, 1, 1) workgroups of WG threads. Every pass strides the
 // row by WG, but the draw's, which gives thread i the contiguous slice
@@ -59,6 +62,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read> temps: array<vec2<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
 @group(0) @binding(5) var<storage, read_write> top: array<vec2<u32>>;
+@group(0) @binding(6) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(7) var<storage, read_write> lps: array<f32>;
 
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
@@ -176,6 +181,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if lid == 0u {
             out[o] = NONE;
             out[o + 2u] = NAN;
+            ids[r] = NONE;
         }
         return;
     }
@@ -190,6 +196,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         out[o] = best.i;
         out[o + 4u] = bitcast<u32>(lse);
         out[o + 5u] = bitcast<u32>(m - lse);
+        ids[r] = best.i;
+        lps[r] = m - lse;
     }
 
     // The topn most likely tokens: each round the best after the last.

@@ -154,6 +154,34 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		}
 	})
 
+	t.Run("steps with their most likely tokens", func(t *testing.T) {
+		// A drafter's alternatives: entries asking for 0 and 3 of them,
+		// through StepN (chained where the engine chains) and one Step.
+		prompts := [][]int{prompt(9), prompt(4)}
+		entries := newEntries(t, e, prompts)
+		entries[1].TopN = 3
+		chained, err := engine.StepN(ctx, e, entries, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkTop(t, ref, prompts[1], chained[1], 3)
+		for j, tok := range chained[0] {
+			if tok.Top != nil {
+				t.Errorf("entry 0 (TopN 0) token %d: %v", j, tok.Top)
+			}
+		}
+		entries[1].Tokens = []int{chained[1][3].ID}
+		if err := e.Step(ctx, entries[1:]); err != nil {
+			t.Fatal(err)
+		}
+		if len(entries[1].Top) != 3 || entries[1].Top[0].Token != entries[1].Next {
+			t.Errorf("Step's top %v for next %d", entries[1].Top, entries[1].Next)
+		}
+		if err := e.Step(ctx, []*engine.Entry{{Seq: entries[0].Seq, Tokens: []int{1}, TopN: engine.MaxTopN + 1}}); err == nil {
+			t.Error("Step took TopN past MaxTopN")
+		}
+	})
+
 	t.Run("chained steps past the context", func(t *testing.T) {
 		seq, err := e.NewSequence()
 		if err != nil {
@@ -267,6 +295,28 @@ func checkLogprobs(t *testing.T, ref *reference.Model, prompt []int, got []engin
 	}
 }
 
+// checkTop holds chained tokens' top-n lists to the reference's at each
+// position after prompt.
+func checkTop(t *testing.T, ref *reference.Model, prompt []int, got []engine.Token, n int) {
+	t.Helper()
+	seq := ref.NewSequence()
+	feed := prompt
+	for i, tok := range got {
+		logits, err := ref.Forward(seq, feed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row, err := sampling.Choose(logits, sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := sampling.Top(logits, n, row.LogSumExp); !topClose(tok.Top, want, logits, row.LogSumExp) {
+			t.Errorf("token %d: top %v, reference %v", i, tok.Top, want)
+		}
+		feed = []int{tok.ID}
+	}
+}
+
 // sameArgmax reports whether two engines' greedy tokens agree on the
 // reference's logits: equal, or a near tie (logits within 1e-3 × the
 // largest |logit|, the tolerance of greedy tokens).
@@ -294,9 +344,10 @@ func logprobClose(got, want, lse float32) bool {
 }
 
 // topClose reports whether an engine's most likely tokens are the
-// reference's: log-probabilities close, and the same tokens but where the
-// reference's neighbours are too close to order.
-func topClose(got, want []sampling.TokenLogprob, lse float32) bool {
+// reference's: log-probabilities close rank by rank, and each token the
+// reference's at its rank or, at a near tie, a token whose reference
+// log-probability is as close.
+func topClose(got, want []sampling.TokenLogprob, logits []float32, lse float32) bool {
 	if len(got) != len(want) {
 		return false
 	}
@@ -304,9 +355,7 @@ func topClose(got, want []sampling.TokenLogprob, lse float32) bool {
 		if !logprobClose(got[r].Logprob, want[r].Logprob, lse) {
 			return false
 		}
-		tied := r > 0 && logprobClose(want[r-1].Logprob, want[r].Logprob, lse) ||
-			r+1 < len(want) && logprobClose(want[r+1].Logprob, want[r].Logprob, lse)
-		if got[r].Token != want[r].Token && !tied {
+		if g := got[r].Token; g != want[r].Token && (g < 0 || g >= len(logits) || !logprobClose(logits[g]-lse, want[r].Logprob, lse)) {
 			return false
 		}
 	}
@@ -371,7 +420,7 @@ func runVerify(t *testing.T, e engine.Engine, c qwen3.Config, ref *reference.Mod
 					t.Errorf("k %d row %d: %+v, reference %+v", k, j, got.Row, want)
 				}
 				top := sampling.Top(logits, 5, want.LogSumExp)
-				if !topClose(got.Top, top, want.LogSumExp) {
+				if !topClose(got.Top, top, logits, want.LogSumExp) {
 					t.Errorf("k %d row %d: top %v, reference %v", k, j, got.Top, top)
 				}
 			}

@@ -25,7 +25,23 @@ func (p *pending) readsOut(T int) int { return max(0, T-(len(p.tokens)-p.out)) }
 
 // sampled reports whether p's rows need sample.wgsl: a draw or a top-N.
 func (p *pending) sampled() bool {
-	return p.verify != nil && (!p.verify.Sampling.Greedy() || p.verify.TopN > 0)
+	return p.topN() > 0 || p.verify != nil && !p.verify.Sampling.Greedy()
+}
+
+// topN is how many most likely tokens p's rows list.
+func (p *pending) topN() int {
+	if p.verify != nil {
+		return p.verify.TopN
+	}
+	return p.entry.TopN
+}
+
+// readsOutWith notes in ps what reading out p's rows takes.
+func (ps *pass) readsOutWith(p *pending) {
+	if p.sampled() {
+		ps.sample = true
+		ps.topN = max(ps.topN, p.topN())
+	}
 }
 
 // passEntry is one sequence's part of a forward pass: rows row0 … row0+T-1
@@ -65,9 +81,8 @@ func (e *Engine) plan(work []pending) pass {
 	add := func(p *pending, T int) {
 		pe := passEntry{p: p, row0: ps.rows, T: T, P: p.seq.Len(), out0: ps.lasts, outs: p.readsOut(T), complete: T == len(p.tokens)}
 		ps.lasts += pe.outs
-		if pe.outs > 0 && p.sampled() {
-			ps.sample = true
-			ps.topN = max(ps.topN, p.verify.TopN)
+		if pe.outs > 0 {
+			ps.readsOutWith(p)
 		}
 		ps.entries = append(ps.entries, pe)
 		ps.rows += T
@@ -109,6 +124,7 @@ func decodePass(work []pending, first []int, j, m int) pass {
 		p := &work[i]
 		p.tokens, p.out = first[i:i+1], 1
 		pe := passEntry{p: p, row0: i, T: 1, P: p.seq.Len() + j, out0: i, outs: 1, complete: true}
+		ps.readsOutWith(p)
 		ps.entries = append(ps.entries, pe)
 		ps.maxLen = max(ps.maxLen, p.seq.Len()+m)
 	}
@@ -215,7 +231,7 @@ func (e *Engine) readOut(ps pass) error {
 		pe.p.rows = append(pe.p.rows, rows[pe.out0:pe.out0+pe.outs]...)
 		if pe.complete && pe.p.entry != nil {
 			last := pe.p.rows[len(pe.p.rows)-1]
-			pe.p.entry.Next, pe.p.entry.Logprob = last.Argmax, last.ArgmaxLogprob
+			pe.p.entry.Next, pe.p.entry.Logprob, pe.p.entry.Top = last.Argmax, last.ArgmaxLogprob, last.Top
 		}
 	}
 	return nil
@@ -264,10 +280,10 @@ func (e *Engine) readRows(ps pass) ([]engine.VerifyRow, error) {
 	}
 	for _, pe := range ps.entries { // each entry lists its own top-N
 		for j := range pe.outs {
-			if r := &rows[pe.out0+j]; pe.p.verify == nil || pe.p.verify.TopN == 0 {
+			r := &rows[pe.out0+j]
+			r.Top = r.Top[:pe.p.topN()]
+			if len(r.Top) == 0 {
 				r.Top = nil
-			} else {
-				r.Top = r.Top[:pe.p.verify.TopN]
 			}
 		}
 	}
@@ -398,14 +414,12 @@ func (e *Engine) kernels(ps pass) []step {
 			func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.hNorm, w.head, ps.lasts, false) },
 			func(b *gpu.Batch) error {
 				if ps.sample {
-					return kernels.Sample(b, a.sampled, a.top, a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
+					return kernels.Sample(b, a.sampled, a.top, a.next, a.lp, a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
 				}
 				return kernels.Argmax(b, a.next, a.lp, a.logits, ps.lasts, c.VocabSize)
 			},
+			// next holds the tokens and, from nextLP, their log-probabilities.
 			func(b *gpu.Batch) error {
-				if ps.sample {
-					return nil
-				}
 				return kernels.CopyTo(b, a.next, a.nextLP, a.lp, uint64((ps.lasts+3)&^3)*4)
 			},
 		)

@@ -124,13 +124,16 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 	}
 	for i, p := range work {
 		out[i] = append(out[i], chained[i]...)
-		p.entry.Next, p.entry.Logprob = chained[i][n-1].ID, chained[i][n-1].Logprob
+		last := chained[i][n-1]
+		p.entry.Next, p.entry.Logprob, p.entry.Top = last.ID, last.Logprob, last.Top
 	}
 	return out, nil
 }
 
 // next is a fed Step entry's greedy token.
-func next(p pending) engine.Token { return engine.Token{ID: p.entry.Next, Logprob: p.entry.Logprob} }
+func next(p pending) engine.Token {
+	return engine.Token{ID: p.entry.Next, Logprob: p.entry.Logprob, Top: p.entry.Top}
+}
 
 // decodeOnly reports whether every entry feeds exactly one token.
 func decodeOnly(work []pending) bool {
@@ -166,12 +169,19 @@ func (e *Engine) feed(ctx context.Context, work []pending) error {
 // then its own greedy tokens, and returns each entry's m new tokens. Rows
 // are entries: each pass reads entry i's token from ids[i] and writes its
 // greedy token to next[i], which is copied into ids, and next (tokens and
-// log-probabilities) into the pass's slot of the results.
+// log-probabilities) into the pass's slot of the results — followed there,
+// when entries ask for their most likely tokens, by sample.wgsl's top.
 func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) ([][]engine.Token, error) {
 	a, B := e.act, len(work)
 	words := (B + 3) &^ 3 // copies move 16-byte words
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
-	stride := (a.nextBytes + align - 1) / align * align // each pass's results at an aligned offset
+	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
+	topN := 0
+	for i := range work {
+		topN = max(topN, work[i].topN())
+	}
+	topBytes := uint64(B*topN*2*4+15) &^ 15
+	stride := up(a.nextBytes) + up(topBytes) // each pass's results at an aligned offset
 	results, err := a.ensureChain(e.dev, uint64(m)*stride)
 	if err != nil {
 		return nil, err
@@ -185,6 +195,9 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 		copies := []step{
 			func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at, a.next, a.nextBytes) },
 			func(b *gpu.Batch) error { return kernels.Copy(b, a.ids, a.next, uint64(words)*4) },
+		}
+		if topN > 0 {
+			copies = append(copies, func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at+up(a.nextBytes), a.top, topBytes) })
 		}
 		every := chainedSubmitEvery
 		if j == 0 { // nothing runs yet: start the GPU early
@@ -203,12 +216,20 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 		out[i] = make([]engine.Token, m)
 	}
 	for j := range m {
-		ids, lps := nextWords(raw[uint64(j)*stride:], a.nextLP, B)
+		at := uint64(j) * stride
+		ids, lps := nextWords(raw[at:], a.nextLP, B)
+		var top []uint32
+		if topN > 0 {
+			top = u32s(raw[at+up(a.nextBytes) : at+up(a.nextBytes)+topBytes])
+		}
 		for i := range out {
 			if out[i][j].ID, err = e.token(ids[i]); err != nil {
 				return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 			}
 			out[i][j].Logprob = lps[i]
+			if n := work[i].topN(); n > 0 {
+				out[i][j].Top = kernels.SampleTop(top[i*topN*2:], n)
+			}
 		}
 	}
 	for _, p := range work {

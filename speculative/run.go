@@ -96,9 +96,9 @@ func (r *runner) admit() {
 		}
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
 		var err error
-		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt)
+		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt, j.req.Fresh)
 		if err == nil && j.k > 0 {
-			gn.draft, _, err = r.take(r.draftCache, g.drafter, g.draftBudget-r.draftReserved-dNeed, j.req.Prompt)
+			gn.draft, _, err = r.take(r.draftCache, g.drafter, g.draftBudget-r.draftReserved-dNeed, j.req.Prompt, j.req.Fresh)
 		}
 		if err != nil {
 			if gn.target != nil {
@@ -122,8 +122,12 @@ func (r *runner) pop() {
 // and how many of prompt's positions it already holds (at most all but the
 // last: its logits start the generation); cache then holds at most limit
 // positions.
-func (r *runner) take(cache *prefixcache.Cache, e engine.Engine, limit int, prompt []int) (engine.Sequence, int, error) {
-	entry, shared := cache.Take(prompt)
+func (r *runner) take(cache *prefixcache.Cache, e engine.Engine, limit int, prompt []int, fresh bool) (engine.Sequence, int, error) {
+	var entry *prefixcache.Entry
+	shared := 0
+	if !fresh {
+		entry, shared = cache.Take(prompt)
+	}
 	shared = min(shared, len(prompt)-1)
 	cache.Shrink(limit)
 	if entry != nil && shared > 0 {
@@ -207,7 +211,7 @@ func (r *runner) step(ctx context.Context) error {
 	}
 	now := time.Now()
 	for i, gn := range ready {
-		a, emitted := gn.accept(drafts[i], verify[i].Rows, now)
+		a, emitted := gn.accept(drafts[i], verify[i].Rows, now, st.Draft, st.Verify)
 		if len(drafts[i]) > 0 {
 			st.Drafts++
 			st.DraftTokens += len(drafts[i])
@@ -247,7 +251,7 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 	n, room := 0, math.MaxInt
 	for i, gn := range ready {
 		if k := gn.draftLen(r.g); k > 0 {
-			batch = append(batch, &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft()})
+			batch = append(batch, &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN})
 			who = append(who, i)
 			n = max(n, k)
 			room = min(room, d.Config().MaxPositionEmbeddings-len(gn.context)+1)
@@ -339,13 +343,13 @@ func (gn *gen) verifyEntry(draft []engine.Token) *engine.VerifyEntry {
 // MaxTokens), both caches roll back to the context, and the step is
 // counted. It returns how many draft tokens were accepted and how many
 // tokens were emitted.
-func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Time) (int, int) {
+func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Time, draftTime, verifyTime time.Duration) (int, int) {
 	greedy := gn.req.Sampling.Greedy()
 	a := 0
 	for a < len(draft) && (greedy && rows[a].Argmax == draft[a].ID || !greedy && rows[a].Accept) {
 		a++
 	}
-	step := Step{Draft: engine.IDs(draft), Accepted: a}
+	step := Step{Draft: draft, Accepted: a, DraftTime: draftTime, VerifyTime: verifyTime}
 	for i := range a + 1 {
 		row := rows[i]
 		t := Token{ID: row.Argmax, Logprob: row.ArgmaxLogprob, Top: row.Top, Drafted: i < a}

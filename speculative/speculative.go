@@ -78,8 +78,14 @@ type Request struct {
 	// drawn with Seed (the same seed gives the same output).
 	Sampling sampling.Params
 	Seed     uint64
-	TopN     int   // the most likely tokens listed with each token, 0 … engine.MaxTopN
-	Stop     []int // tokens that end the generation (end of text), not emitted
+	TopN     int // the most likely tokens listed with each token, 0 … engine.MaxTopN
+	// DraftTopN lists the drafter's most likely tokens with each draft
+	// token too (0 … engine.MaxTopN), for a page to show.
+	DraftTopN int
+	Stop      []int // tokens that end the generation (end of text), not emitted
+	// Fresh computes the whole prompt, reusing no cached prefix (a race
+	// against another run of the same prompt stays fair).
+	Fresh bool
 	// OnStep, when set, gets each step's outcome as it happens, from the
 	// loop's goroutine (it must not block). Returning false ends the
 	// generation after that step (a stop string the caller found).
@@ -96,9 +102,12 @@ type Token struct {
 
 // Step is what one verification gave a generation.
 type Step struct {
-	Draft    []int   // the drafter's proposal
-	Accepted int     // how many of it the target kept
-	Tokens   []Token // emitted: the accepted draft tokens and the target's own, cut at a stop token or MaxTokens
+	Draft    []engine.Token // the drafter's proposal (with DraftTopN, its alternatives)
+	Accepted int            // how many of it the target kept
+	Tokens   []Token        // emitted: the accepted draft tokens and the target's own, cut at a stop token or MaxTokens
+	// The step's drafter passes and target pass, shared by every
+	// generation in them.
+	DraftTime, VerifyTime time.Duration
 }
 
 // Finish reasons.
@@ -227,8 +236,8 @@ func (g *Generator) Check(r Request) error {
 		return fmt.Errorf("k %d: want 0…%d", max(r.K, 0), MaxK)
 	case math.IsNaN(r.PMin) || r.PMin < 0 || r.PMin > 1:
 		return fmt.Errorf("p_min %v: want 0…1", r.PMin)
-	case r.TopN < 0 || r.TopN > engine.MaxTopN:
-		return fmt.Errorf("top %d: want 0…%d", r.TopN, engine.MaxTopN)
+	case r.TopN < 0 || r.TopN > engine.MaxTopN || r.DraftTopN < 0 || r.DraftTopN > engine.MaxTopN:
+		return fmt.Errorf("top %d, draft top %d: want 0…%d", r.TopN, r.DraftTopN, engine.MaxTopN)
 	}
 	if err := r.Sampling.Validate(); err != nil {
 		return err

@@ -428,6 +428,43 @@ func TestPrefixCache(t *testing.T) {
 	if got, want := ids(res.Tokens), greedy(t, p.target, next, 10); !slices.Equal(got, want) {
 		t.Errorf("after the cache: %v, target alone %v", got, want)
 	}
+	// Fresh computes it all again, to the same tokens.
+	again, err := g.Submit(ctx, speculative.Request{Prompt: next, MaxTokens: 10, Fresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Stats.CachedTokens != 0 || !slices.Equal(ids(again.Tokens), ids(res.Tokens)) {
+		t.Errorf("fresh: %d cached, %v; want 0 and %v", again.Stats.CachedTokens, ids(again.Tokens), ids(res.Tokens))
+	}
+}
+
+// TestDraftTop: with DraftTopN each draft token comes with the drafter's
+// alternatives (its own token first: it drafts greedily), and each step
+// with the time of its passes.
+func TestDraftTop(t *testing.T) {
+	p := pairs(t, cpu)[0]
+	g := start(t, p, speculative.Options{K: 3})
+	var steps []speculative.Step
+	_, err := g.Submit(context.Background(), speculative.Request{Prompt: []int{4, 5, 6}, MaxTokens: 12, DraftTopN: 5, TopN: 5,
+		OnStep: func(s speculative.Step) bool { steps = append(steps, s); return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range steps {
+		if s.VerifyTime <= 0 || len(s.Draft) > 0 && s.DraftTime <= 0 {
+			t.Errorf("step %d: times %v, %v", i, s.DraftTime, s.VerifyTime)
+		}
+		for j, d := range s.Draft {
+			if len(d.Top) != 5 || d.Top[0].Token != d.ID || d.Top[0].Logprob != d.Logprob {
+				t.Errorf("step %d draft %d: %+v", i, j, d)
+			}
+		}
+		for j, tok := range s.Tokens {
+			if len(tok.Top) != 5 || tok.Top[0].Token != tok.ID {
+				t.Errorf("step %d token %d: %+v", i, j, tok)
+			}
+		}
+	}
 }
 
 // TestBadRequests: each gets a clear error, and the loop goes on.

@@ -7,8 +7,10 @@ import (
 )
 
 // authorize wraps the API: with an API key set, every request but GET
-// /health must carry "Authorization: Bearer KEY" (as OpenAI's clients send
-// their api_key); others get a 401 in the shape of their endpoint's
+// /health and the page's files (/ and /static/) must carry
+// "Authorization: Bearer KEY" (as OpenAI's clients send their api_key) —
+// or, on the websocket, the subprotocol "webdraft.bearer.KEY", which a
+// browser can send; others get a 401 in the shape of their endpoint's
 // errors.
 func (s *Server) authorize(next http.Handler) http.Handler {
 	if s.apiKey == "" {
@@ -17,7 +19,8 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 	want := []byte("Bearer " + s.apiKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := []byte(r.Header.Get("Authorization"))
-		if r.URL.Path == "/health" || subtle.ConstantTimeCompare(got, want) == 1 {
+		open := r.URL.Path == "/health" || r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/")
+		if open || subtle.ConstantTimeCompare(got, want) == 1 || r.URL.Path == "/ws" && s.wsKey(r) {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -25,6 +25,7 @@ import (
 	"webdraft/scheduler"
 	"webdraft/speculative"
 	"webdraft/tokenizer"
+	"webdraft/web"
 )
 
 // Limits of a /draft request.
@@ -57,10 +58,11 @@ type Config struct {
 
 // Server serves the API. It answers 503 until Run has made it ready.
 type Server struct {
-	log     *slog.Logger
-	metrics *metrics
-	apiKey  string
-	ready   atomic.Pointer[state]
+	log      *slog.Logger
+	metrics  *metrics
+	apiKey   string
+	ready    atomic.Pointer[state]
+	sessions sessionLogs // the live page's sessions' events
 }
 
 type state struct {
@@ -139,6 +141,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /{$}", s.page)
+	mux.Handle("GET /static/", http.StripPrefix("/static/", web.Static()))
+	mux.HandleFunc("GET /ws", s.websocket)
+	mux.HandleFunc("GET /sessions/{id}/events", s.sessionEvents)
 	return s.authorize(mux)
 }
 

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,22 +20,11 @@ import (
 
 	"webdraft/bench"
 	"webdraft/checkpoint"
+	"webdraft/internal/browsertest"
 	"webdraft/internal/synth"
 	"webdraft/reference"
 	"webdraft/shaders"
 )
-
-// chromium is Debian's browser (`apt-get install chromium`): it ships
-// SwiftShader, a CPU WebGPU adapter. A test tool's own browser download
-// cannot work here.
-const chromium = "/usr/bin/chromium"
-
-// chromiumFlags are the flags that give headless Chromium a WebGPU adapter
-// on SwiftShader (shared/GPU.md); the user data dir is fresh per run.
-var chromiumFlags = []string{
-	"headless", "no-sandbox", "enable-unsafe-webgpu", "use-webgpu-adapter=swiftshader",
-	"disable-background-networking", "disable-component-update", "disable-sync", "no-first-run", "disable-quic",
-}
 
 // browserTimeout bounds the whole browser session (SwiftShader is slow).
 const browserTimeout = 8 * time.Minute
@@ -51,15 +39,7 @@ const tickInterval = 5 * time.Millisecond
 // a sharded random checkpoint), and the page must stay responsive while the
 // draft runs. It also compiles every shader with the browser's WGSL compiler.
 func TestBrowser(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is missing (CI installs it with `go tool task deps:test`): %v", chromium, err)
-		}
-		t.Skipf("SKIPPING the browser test: %s is missing (apt-get install chromium): %v", chromium, err)
-	}
-	if testing.Short() {
-		t.Skip("-short: the browser test takes about 15 s")
-	}
+	browsertest.Require(t, "the browser test (about 15 s)")
 	site := t.TempDir()
 	buildSite(t, site)
 	modules := wgslModules(t)
@@ -299,9 +279,7 @@ type draftResult struct {
 }
 
 // eval evaluates a script in the page and awaits the Promise it returns.
-func eval[T any](script string) chromedp.Action[T] {
-	return chromedp.Evaluate[T](script, chromedp.EvalAwaitPromise)
-}
+func eval[T any](script string) chromedp.Action[T] { return browsertest.Eval[T](script) }
 
 // buildSite writes the page, drafter.wasm (go build for js/wasm) and the Go
 // toolchain's wasm_exec.js into dir.
@@ -332,48 +310,10 @@ func buildSite(t *testing.T, dir string) {
 	t.Logf("built drafter.wasm in %v", time.Since(start).Round(time.Millisecond))
 }
 
-// newBrowser starts Chromium with exactly chromiumFlags and a fresh user data
-// dir, and logs the page's console (the Go program's output and panics land
-// there) until the test ends.
+// newBrowser starts headless Chromium for the test.
 func newBrowser(t *testing.T) context.Context {
 	t.Helper()
-	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(chromium), chromedp.UserDataDir(t.TempDir())}
-	for _, f := range chromiumFlags {
-		name, value, ok := strings.Cut(f, "=")
-		if ok {
-			opts = append(opts, chromedp.Flag(name, value))
-		} else {
-			opts = append(opts, chromedp.Flag(name, true))
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), browserTimeout)
-	ctx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	ctx, cancelBrowser := chromedp.NewContext(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		cancelBrowser()
-		cancelAlloc()
-		cancel()
-		wg.Wait()
-	})
-	// The first Run starts the browser; the console is read after it.
-	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
-		t.Fatalf("starting %s: %v", chromium, err)
-	}
-	ua, err := chromedp.Run(ctx, chromedp.Evaluate[string](`navigator.userAgent`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("browser: %s", ua)
-	wg.Go(func() {
-		for m, err := range chromedp.Console(ctx) {
-			if err != nil {
-				return
-			}
-			t.Logf("console %s", m)
-		}
-	})
-	return ctx
+	return browsertest.New(t, browserTimeout)
 }
 
 // draftCase is a prompt and the greedy tokens an oracle drafted after it,

@@ -88,6 +88,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	ran := make(chan error, 1)
 	go func() { ran <- srv.Run(runCtx, cfg) }()
 	e.log.Info("loaded", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()))
+	if cfg.Target != nil {
+		e.log.Info("the live page", "url", "http://"+ln.Addr().String()+"/")
+	}
 
 	select {
 	case <-ctx.Done(): // SIGTERM or interrupt: drain

@@ -1,0 +1,329 @@
+// webdraft's live page: one websocket to the server (protocol in
+// web/README.md), the text drawn step by step with each token's mark, and
+// the panels (τ, the histograms, the step times, the race) drawn as SVG.
+"use strict";
+
+(() => {
+  const config = JSON.parse(document.getElementById("config").textContent);
+  const $ = (id) => document.getElementById(id);
+  const svgNS = "http://www.w3.org/2000/svg";
+  if (!config.target) return;
+
+  const out = $("output"), alone = $("alone"), tip = $("tip"), status = $("status");
+  const form = $("controls"), startBtn = $("start"), stopBtn = $("stop");
+
+  let ws = null;
+  let run = null; // the statistics of the current speculative run
+  let tokens = []; // the output's token spans, in order, for the keyboard
+  let active = -1;
+
+  // ---- the websocket
+
+  function connect() {
+    const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws";
+    const protocols = ["webdraft"];
+    const key = $("api_key");
+    if (key && key.value) protocols.push("webdraft.bearer." + key.value);
+    ws = new WebSocket(url, protocols);
+    ws.onopen = () => setStatus("connected");
+    ws.onclose = () => {
+      setStatus("disconnected: reload the page to reconnect", true);
+      running(false);
+      ws = null;
+    };
+    ws.onmessage = (ev) => handle(JSON.parse(ev.data));
+  }
+
+  function send(msg) {
+    if (!ws || ws.readyState !== WebSocket.OPEN) {
+      connect();
+      ws.addEventListener("open", () => ws.send(JSON.stringify(msg)), { once: true });
+      return;
+    }
+    ws.send(JSON.stringify(msg));
+  }
+
+  function setStatus(text, error) {
+    status.textContent = text;
+    status.classList.toggle("error", !!error);
+  }
+
+  function running(on) {
+    startBtn.disabled = on;
+    stopBtn.disabled = !on;
+  }
+
+  // ---- the controls
+
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    if (!form.reportValidity()) return;
+    reset();
+    const num = (id) => Number($(id).value);
+    send({
+      type: "start",
+      prompt: $("prompt").value,
+      chat: $("chat").checked,
+      k: num("k"),
+      max_tokens: num("max_tokens"),
+      temperature: num("temperature"),
+      top_p: 1,
+      seed: num("seed"),
+      race: $("race").checked,
+    });
+    running(true);
+    setStatus("running…");
+  });
+
+  stopBtn.addEventListener("click", () => send({ type: "stop" }));
+
+  function reset() {
+    out.textContent = "";
+    alone.textContent = "";
+    hideTip();
+    tokens = [];
+    active = -1;
+    run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [] };
+    race.spec = race.alone = null;
+    race.maxTokens = Number($("max_tokens").value);
+    draw();
+  }
+
+  // ---- the messages
+
+  function handle(m) {
+    switch (m.type) {
+      case "hello":
+        document.body.dataset.session = m.session;
+        setStatus("connected · session " + m.session);
+        $("cpu-note").hidden = m.backend !== "cpu";
+        break;
+      case "start":
+        if (m.run === "target") setStatus("the target alone, for the race…");
+        break;
+      case "step":
+        if (m.run === "target") aloneStep(m);
+        else step(m);
+        break;
+      case "done":
+        done(m);
+        break;
+      case "race":
+        race.speedup = m.speedup;
+        drawRace();
+        break;
+      case "finished":
+        running(false);
+        setStatus("done · session " + document.body.dataset.session);
+        break;
+      case "stopped":
+        running(false);
+        setStatus("stopped");
+        break;
+      case "error":
+        running(false);
+        setStatus(m.message, true);
+        break;
+    }
+  }
+
+  // step draws one verification: the accepted draft tokens, then the
+  // rejected rest of the draft, then the target's own token.
+  function step(m) {
+    const d = m.draft, a = m.accepted;
+    m.tokens.forEach((t, i) => {
+      if (i === a && a < d.length) {
+        d.slice(a).forEach((dt, j) => addToken(out, dt.text, "rej", m.step, { draft: dt, target: j === 0 ? t : null }));
+      }
+      const kind = t.drafted ? "acc" : d.length === 0 ? "own" : a < d.length ? "fix" : "bonus";
+      addToken(out, t.text, kind, m.step, { draft: i < d.length ? d[i] : null, target: t });
+    });
+    const r = run;
+    r.steps++;
+    r.emitted += m.tokens.length;
+    if (d.length > 0) {
+      r.drafted += d.length;
+      r.accepted += a;
+      r.hist[a] = (r.hist[a] || 0) + 1;
+      for (let i = 0; i < Math.min(a + 1, d.length); i++) r.reached[i] = (r.reached[i] || 0) + 1;
+      for (let i = 0; i < a; i++) r.acc[i] = (r.acc[i] || 0) + 1;
+    }
+    r.draftMs.push(m.draft_ms);
+    r.verifyMs.push(m.verify_ms);
+    race.spec = { tokens: r.emitted, seconds: null };
+    draw();
+  }
+
+  function aloneStep(m) {
+    for (const t of m.tokens) addToken(alone, t.text, "plain", m.step, { target: t });
+    race.alone = { tokens: (race.alone ? race.alone.tokens : 0) + m.tokens.length, seconds: null };
+    drawRace();
+  }
+
+  function done(m) {
+    const r = { tokens: m.tokens, seconds: m.seconds, tps: m.tokens_per_s };
+    if (m.run === "target") race.alone = r;
+    else {
+      race.spec = r;
+      $("tau").textContent = m.tau.toFixed(2);
+    }
+    drawRace();
+  }
+
+  // ---- tokens and their tips
+
+  function visible(text) {
+    return text.replace(/\n/g, "⏎").replace(/\t/g, "⇥").replace(/ /g, "·") || "∅";
+  }
+
+  function addToken(into, text, kind, stepNo, info) {
+    const span = document.createElement("span");
+    span.className = "tok " + kind;
+    span.textContent = text;
+    span.dataset.kind = kind;
+    span.dataset.step = stepNo;
+    const labels = { acc: "accepted draft token", rej: "rejected draft token", fix: "the target's correction", bonus: "the target's bonus token", own: "the target's token", plain: "token" };
+    span.setAttribute("aria-label", labels[kind] + " " + visible(text));
+    span.tabIndex = -1;
+    span._info = info;
+    if (into === out) {
+      span._index = tokens.length;
+      tokens.push(span);
+      span.addEventListener("mouseenter", () => showTip(span));
+      span.addEventListener("mouseleave", hideTip);
+    }
+    into.appendChild(span);
+    if (into.scrollHeight - into.scrollTop - into.clientHeight < 80) into.scrollTop = into.scrollHeight;
+  }
+
+  function table(title, top, chosen) {
+    if (!top || top.length === 0) return "";
+    let h = "<h4>" + title + "</h4><table>";
+    for (const c of top) {
+      const cls = c.id === chosen ? ' class="chosen"' : "";
+      h += "<tr" + cls + "><td>" + escapeHTML(visible(c.text)) + "</td><td class=\"p\">" + (100 * c.p).toFixed(1) + " %</td></tr>";
+    }
+    return h + "</table>";
+  }
+
+  function escapeHTML(s) {
+    return s.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+  }
+
+  function showTip(span) {
+    const info = span._info;
+    let h = "";
+    if (info.draft) h += table("drafter's top 5", info.draft.top, info.draft.id);
+    if (info.target) h += table("target's top 5", info.target.top, info.target.id);
+    if (!h) h = "<p>no alternatives recorded for this token</p>";
+    tip.innerHTML = h;
+    tip.hidden = false;
+    const box = span.getBoundingClientRect(), view = tip.parentElement.getBoundingClientRect();
+    const left = Math.max(8, Math.min(box.left - view.left, view.width - tip.offsetWidth - 8));
+    tip.style.left = left + "px";
+    tip.style.top = box.bottom - view.top + 6 + "px";
+  }
+
+  function hideTip() {
+    tip.hidden = true;
+  }
+
+  function activate(i) {
+    if (tokens.length === 0) return;
+    if (active >= 0 && tokens[active]) tokens[active].classList.remove("active");
+    active = Math.max(0, Math.min(i, tokens.length - 1));
+    const span = tokens[active];
+    span.classList.add("active");
+    span.scrollIntoView({ block: "nearest" });
+    showTip(span);
+  }
+
+  out.addEventListener("keydown", (ev) => {
+    const moves = { ArrowRight: active + 1, ArrowLeft: active - 1, Home: 0, End: tokens.length - 1 };
+    if (ev.key in moves) {
+      ev.preventDefault();
+      activate(moves[ev.key]);
+    } else if (ev.key === "Escape") {
+      hideTip();
+    }
+  });
+  out.addEventListener("focus", () => { if (active < 0) activate(0); else activate(active); });
+  out.addEventListener("blur", hideTip);
+  window.addEventListener("resize", hideTip);
+
+  // ---- the panels
+
+  const race = { spec: null, alone: null, speedup: null, maxTokens: 128 };
+
+  function draw() {
+    const r = run;
+    $("steps").textContent = r.steps;
+    $("accepted").textContent = r.accepted;
+    $("drafted").textContent = r.drafted;
+    $("tau").textContent = r.steps ? (r.emitted / r.steps).toFixed(2) : "–";
+    const hist = [];
+    for (let a = 0; a <= r.k; a++) hist.push(r.hist[a] || 0);
+    bars($("hist"), hist, hist.map((_, a) => String(a)), Math.max(1, ...hist), (v) => String(v), r.k);
+    const rates = [];
+    for (let i = 0; i < r.k; i++) rates.push(r.reached[i] ? r.acc[i] / r.reached[i] : 0);
+    bars($("rates"), rates, rates.map((_, i) => String(i + 1)), 1, (v, i) => (r.reached[i] ? Math.round(100 * v) + "%" : ""), -1);
+    const mean = (xs) => (xs.length ? xs.reduce((s, x) => s + x, 0) / xs.length : NaN);
+    $("draft_ms").textContent = r.steps ? mean(r.draftMs).toFixed(2) : "–";
+    $("verify_ms").textContent = r.steps ? mean(r.verifyMs).toFixed(2) : "–";
+    lines($("times"), [r.draftMs.slice(-80), r.verifyMs.slice(-80)], ["draft", "verify"]);
+    drawRace();
+  }
+
+  function clear(svg) {
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+  }
+
+  function el(svg, name, attrs, text) {
+    const e = document.createElementNS(svgNS, name);
+    for (const k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    svg.appendChild(e);
+    return e;
+  }
+
+  // bars draws values as labelled bars; the bar at index full (the whole
+  // draft accepted) is marked apart.
+  function bars(svg, values, labels, top, fmt, full) {
+    clear(svg);
+    const W = 320, H = 140, base = H - 18, n = values.length, w = (W - 10) / Math.max(n, 1);
+    el(svg, "line", { class: "axis", x1: 5, x2: W - 5, y1: base, y2: base });
+    values.forEach((v, i) => {
+      const h = (base - 16) * (v / top), x = 5 + i * w;
+      el(svg, "rect", { class: i === full ? "bar all" : "bar", x: x + w * 0.12, y: base - h, width: w * 0.76, height: Math.max(h, 0) });
+      el(svg, "text", { x: x + w / 2, y: H - 4, "text-anchor": "middle" }, labels[i]);
+      const t = fmt(v, i);
+      if (t) el(svg, "text", { x: x + w / 2, y: base - h - 3, "text-anchor": "middle" }, t);
+    });
+  }
+
+  function lines(svg, series, classes) {
+    clear(svg);
+    const W = 320, H = 90, top = Math.max(0.001, ...series.flat());
+    el(svg, "line", { class: "axis", x1: 0, x2: W, y1: H - 12, y2: H - 12 });
+    series.forEach((s, k) => {
+      if (s.length < 2) return;
+      const pts = s.map((v, i) => (i * W) / (s.length - 1) + "," + ((H - 14) - (H - 32) * (v / top))).join(" ");
+      el(svg, "polyline", { class: classes[k], points: pts });
+    });
+    el(svg, "text", { x: 2, y: 10 }, top.toFixed(2) + " ms");
+    el(svg, "text", { x: W - 2, y: H - 1, "text-anchor": "end" }, "steps →  drafter ─  target ╌");
+  }
+
+  function drawRace() {
+    const lane = (r, bar, label) => {
+      $(bar).style.width = r ? Math.min(100, (100 * r.tokens) / race.maxTokens) + "%" : "0";
+      $(label).textContent = r && r.tps ? r.tps.toFixed(1) + " tok/s" : r ? r.tokens + " tokens" : "–";
+    };
+    lane(race.spec, "bar-spec", "tps-spec");
+    lane(race.alone, "bar-alone", "tps-alone");
+    $("speedup").textContent = race.speedup ? race.speedup.toFixed(2) + "× speedup" : "–";
+  }
+
+  reset();
+  connect();
+})();

@@ -40,7 +40,7 @@ const (
 	wsReadLimit  = 64 << 10
 	// wsSendBuffer holds every message of the longest run (one a step, and
 	// each step emits a token at least) and its race, so the loop never
-	// waits on a slow tab; a tab that falls that far behind is dropped.
+	// waits on a slow tab; a tab that falls that far behind loses its run.
 	wsSendBuffer = 2*pageMaxTokens + 64
 
 	keptSessions = 64   // the most recent sessions whose events GET /sessions/{id}/events serves
@@ -96,8 +96,12 @@ func (s *Server) wsKey(r *http.Request) bool {
 
 func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 	st := s.ready.Load()
-	if st == nil || st.target == nil {
-		s.fail(w, &apiError{http.StatusServiceUnavailable, "loading", "no target is ready to verify"})
+	switch {
+	case st == nil:
+		s.fail(w, &apiError{http.StatusServiceUnavailable, "loading", "the models are still loading"})
+		return
+	case st.target == nil:
+		s.fail(w, &apiError{http.StatusNotFound, "no_target", "this server drafts only: start it with a target for the live page"})
 		return
 	}
 	up := websocket.Upgrader{CheckOrigin: sameOrigin, Subprotocols: []string{wsProtocol}}
@@ -107,7 +111,7 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 	}
 	ps := &pageSession{
 		id: newSessionID(), s: s, st: st, conn: conn,
-		send: make(chan []byte, wsSendBuffer), log: s.sessions.open(),
+		send: make(chan []byte, wsSendBuffer), log: &eventLog{},
 	}
 	s.sessions.add(ps.id, ps.log)
 	s.log.Info("page session", "session", ps.id, "remote", r.RemoteAddr)
@@ -221,7 +225,8 @@ func (ps *pageSession) write() {
 }
 
 // emit queues a message without waiting, and records it. A tab so far
-// behind that its buffer is full loses its run.
+// behind that its buffer is full loses its run (and the messages that did
+// not fit).
 func (ps *pageSession) emit(msg any) {
 	b, err := json.Marshal(msg)
 	if err != nil {
@@ -437,8 +442,6 @@ type sessionLogs struct {
 	order []string
 	logs  map[string]*eventLog
 }
-
-func (s *sessionLogs) open() *eventLog { return &eventLog{} }
 
 func (s *sessionLogs) add(id string, l *eventLog) {
 	s.mu.Lock()

@@ -55,9 +55,9 @@ var Version = func() string {
 // PageData is what the page knows before its websocket opens.
 type PageData struct {
 	Drafter   string `json:"drafter"`
-	Target    string `json:"target"`    // "" when the server has no target
-	K         int    `json:"k"`         // the default draft length
-	MaxK      int    `json:"max_k"`     // the longest draft a run may ask for
+	Target    string `json:"target"`     // "" when the server has no target
+	K         int    `json:"k"`          // the default draft length
+	MaxK      int    `json:"max_k"`      // the longest draft a run may ask for
 	MaxTokens int    `json:"max_tokens"` // a run's longest output
-	Auth      bool   `json:"auth"`      // the websocket needs the API key
+	Auth      bool   `json:"auth"`       // the websocket needs the API key
 }

@@ -4,13 +4,12 @@ import (
 	"bytes"
 	"context"
 	crand "crypto/rand"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
@@ -207,9 +206,7 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 	if f.Seed != nil {
 		g.req.Seed = uint64(*f.Seed)
 	} else {
-		var b [8]byte
-		_, _ = crand.Read(b[:]) // never fails (crypto/rand panics rather)
-		g.req.Seed = binary.LittleEndian.Uint64(b[:])
+		g.req.Seed = rand.Uint64()
 	}
 	stops, e := parseStop(f.Stop)
 	if e != nil {
@@ -660,12 +657,10 @@ type output struct {
 }
 
 func newID(chat bool) string {
-	var b [12]byte
-	_, _ = crand.Read(b[:])
 	if chat {
-		return "chatcmpl-" + hex.EncodeToString(b[:])
+		return "chatcmpl-" + crand.Text()
 	}
-	return "cmpl-" + hex.EncodeToString(b[:])
+	return "cmpl-" + crand.Text()
 }
 
 func (o *output) push(tokens []speculative.Token) (string, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	crand "crypto/rand"
 	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -121,11 +120,7 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 	ps.read()
 }
 
-func newSessionID() string {
-	var b [8]byte
-	_, _ = crand.Read(b[:]) // never fails (crypto/rand panics rather)
-	return "s-" + hex.EncodeToString(b[:])
-}
+func newSessionID() string { return "s-" + strings.ToLower(crand.Text()[:16]) }
 
 // pageSession is one websocket: its reader (the handler's goroutine), its
 // writer, and at most one run at a time.
@@ -209,14 +204,14 @@ func (ps *pageSession) write() {
 		case msg, ok := <-ps.send:
 			_ = ps.conn.SetWriteDeadline(time.Now().Add(wsWriteWait)) // a past deadline fails the write below
 			if !ok {
-				_ = ps.conn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+				_ = ps.conn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "")) // the peer may be gone already
 				return
 			}
 			if err := ps.conn.WriteMessage(websocket.TextMessage, msg); err != nil {
 				return // the reader sees the connection fail and ends the session
 			}
 		case <-ping.C:
-			_ = ps.conn.SetWriteDeadline(time.Now().Add(wsWriteWait))
+			_ = ps.conn.SetWriteDeadline(time.Now().Add(wsWriteWait)) // a past deadline fails the write below
 			if err := ps.conn.WriteMessage(websocket.PingMessage, nil); err != nil {
 				return
 			}

@@ -1,9 +1,12 @@
-package sampling
+package sampling_test
 
 import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"webdraft/sampling"
+	"webdraft/sampling/samplingtest"
 )
 
 func randLogits(r *rand.Rand, n int, scale float64) []float32 {
@@ -14,32 +17,11 @@ func randLogits(r *rand.Rand, n int, scale float64) []float32 {
 	return l
 }
 
-// probs returns the distribution Choose samples from, in float64: softmax
-// of logits/T over the nucleus its own Threshold keeps.
-func probs(logits []float32, p Params, threshold float32) []float64 {
-	out := make([]float64, len(logits))
-	max := math.Inf(-1)
-	for _, l := range logits {
-		max = math.Max(max, float64(l))
-	}
-	var sum float64
-	for i, l := range logits {
-		if l/p.Temperature >= threshold {
-			out[i] = math.Exp((float64(l) - max) / float64(p.Temperature))
-			sum += out[i]
-		}
-	}
-	for i := range out {
-		out[i] /= sum
-	}
-	return out
-}
-
 func TestGreedy(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	l := randLogits(r, 1000, 3)
 	l[17], l[400] = 50, 50 // a tie: the lower index wins
-	row, err := Choose(l, Params{}, Draw{X: NoProposal})
+	row, err := sampling.Choose(l, sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +36,7 @@ func TestGreedy(t *testing.T) {
 		t.Errorf("a greedy row drew: %+v", row)
 	}
 	l[3] = float32(math.NaN())
-	if _, err := Choose(l, Params{}, Draw{X: NoProposal}); err != ErrNaN {
+	if _, err := sampling.Choose(l, sampling.Params{}, sampling.Draw{X: sampling.NoProposal}); err != sampling.ErrNaN {
 		t.Errorf("NaN logits: %v", err)
 	}
 }
@@ -65,19 +47,17 @@ func TestGreedy(t *testing.T) {
 func TestRuleKeepsTheDistribution(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	const grid = 400
-	for _, p := range []Params{{Temperature: 1, TopP: 1}, {Temperature: 0.7, TopP: 0.9}, {Temperature: 1.5, TopP: 0.5}} {
+	for _, p := range []sampling.Params{{Temperature: 1, TopP: 1}, {Temperature: 0.7, TopP: 0.9}, {Temperature: 1.5, TopP: 0.5}} {
 		l := randLogits(r, 12, 1.5)
-		for _, x := range []int{NoProposal, 0, 5, 11} {
+		for _, x := range []int{sampling.NoProposal, 0, 5, 11} {
 			counts := make([]float64, len(l))
-			var threshold float32
 			for iu := range grid {
 				for iv := range grid {
-					d := Draw{X: x, U: (float32(iu) + 0.5) / grid, V: (float32(iv) + 0.5) / grid}
-					row, err := Choose(l, p, d)
+					d := sampling.Draw{X: x, U: (float32(iu) + 0.5) / grid, V: (float32(iv) + 0.5) / grid}
+					row, err := sampling.Choose(l, p, d)
 					if err != nil {
 						t.Fatal(err)
 					}
-					threshold = row.Threshold
 					out := row.Sample
 					if row.Accept {
 						out = x
@@ -85,7 +65,10 @@ func TestRuleKeepsTheDistribution(t *testing.T) {
 					counts[out]++
 				}
 			}
-			want := probs(l, p, threshold)
+			want, err := samplingtest.Probs(l, p)
+			if err != nil {
+				t.Fatal(err)
+			}
 			for i := range counts {
 				got := counts[i] / grid / grid
 				if math.Abs(got-want[i]) > 4.0/grid {
@@ -100,8 +83,8 @@ func TestRuleKeepsTheDistribution(t *testing.T) {
 // mass reaches top_p, ties at the edge all kept.
 func TestNucleus(t *testing.T) {
 	l := []float32{0, 3, 1, 3, 2, -5}
-	p := Params{Temperature: 1, TopP: 0.6}
-	row, err := Choose(l, p, Draw{X: NoProposal, V: 0.5})
+	p := sampling.Params{Temperature: 1, TopP: 0.6}
+	row, err := sampling.Choose(l, p, sampling.Draw{X: sampling.NoProposal, V: 0.5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,40 +96,40 @@ func TestNucleus(t *testing.T) {
 		t.Errorf("drew %d outside the nucleus", row.Sample)
 	}
 	p.TopP = 0.9 // the 2 too (0.80 + 0.11)
-	if row, _ := Choose(l, p, Draw{X: NoProposal}); row.Threshold != 2 {
+	if row, _ := sampling.Choose(l, p, sampling.Draw{X: sampling.NoProposal}); row.Threshold != 2 {
 		t.Errorf("threshold %v, want 2", row.Threshold)
 	}
 	// A proposal outside the nucleus is never accepted.
-	if row, _ := Choose(l, Params{Temperature: 1, TopP: 0.6}, Draw{X: 4, U: 0}); row.Accept {
+	if row, _ := sampling.Choose(l, sampling.Params{Temperature: 1, TopP: 0.6}, sampling.Draw{X: 4, U: 0}); row.Accept {
 		t.Error("a token outside the nucleus was accepted")
 	}
 	// The only kept token, proposed, is accepted whatever U is.
-	if row, _ := Choose([]float32{9, 0, 0}, Params{Temperature: 0.1, TopP: 0.5}, Draw{X: 0, U: 0.9999}); !row.Accept || row.Sample != 0 {
+	if row, _ := sampling.Choose([]float32{9, 0, 0}, sampling.Params{Temperature: 0.1, TopP: 0.5}, sampling.Draw{X: 0, U: 0.9999}); !row.Accept || row.Sample != 0 {
 		t.Errorf("the only kept token: %+v", row)
 	}
 }
 
 func TestTop(t *testing.T) {
 	l := []float32{1, 4, 4, -2, 3}
-	got := Top(l, 3, 5)
-	want := []TokenLogprob{{1, -1}, {2, -1}, {4, -2}}
+	got := sampling.Top(l, 3, 5)
+	want := []sampling.TokenLogprob{{1, -1}, {2, -1}, {4, -2}}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("Top = %v, want %v", got, want)
 		}
 	}
-	if len(Top(l, 10, 0)) != 5 {
+	if len(sampling.Top(l, 10, 0)) != 5 {
 		t.Error("Top of more than the row")
 	}
 }
 
 func TestValidate(t *testing.T) {
-	for _, p := range []Params{{Temperature: float32(math.NaN())}, {TopP: 1.5}, {TopP: -1}} {
+	for _, p := range []sampling.Params{{Temperature: float32(math.NaN())}, {TopP: 1.5}, {TopP: -1}} {
 		if p.Validate() == nil {
 			t.Errorf("%+v accepted", p)
 		}
 	}
-	if (Params{Temperature: 0.7, TopP: 0.95}).Validate() != nil {
+	if (sampling.Params{Temperature: 0.7, TopP: 0.95}).Validate() != nil {
 		t.Error("good params refused")
 	}
 }

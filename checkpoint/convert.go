@@ -6,8 +6,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"webdraft/qwen3"
 	"webdraft/safetensors"
@@ -18,6 +20,16 @@ import (
 type ConvertOptions struct {
 	Quant     Quant // default Int4
 	GroupSize int   // default tensor.DefaultGroupSize
+	// EmbeddingFrom, when set, is a webdraft folder of the same quant and
+	// group size whose model.embed_tokens.weight the output uses instead of
+	// storing its own (a drafter trained on its target's frozen embedding).
+	// The input's own embedding, when it has one, must quantize to the same
+	// bytes.
+	EmbeddingFrom string
+	// HeadTokens keeps the first HeadTokens entries of the input's
+	// lm_head.token_ids (frequency-ranked: a head over the most used
+	// tokens); 0 keeps them all.
+	HeadTokens int
 	// Progress, when set, is called with the source bytes done and in all.
 	Progress func(done, total int64)
 }
@@ -67,12 +79,23 @@ func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (Co
 	}
 
 	// Check every source tensor before writing anything.
-	_, slots := qwen3.NewWeights(&cfg)
+	w, err := emptyWeights(folder, &cfg, opts.HeadTokens)
+	if err != nil {
+		return stats, err
+	}
+	slots := w.Slots(&cfg)
 	if err := checkMatrixShapes(slots, opts.Quant, opts.GroupSize); err != nil {
 		return stats, fmt.Errorf("%s: %w", inDir, err)
 	}
+	meta := metadata(opts.Quant, opts.GroupSize)
+	if opts.EmbeddingFrom != "" {
+		if meta, err = shareEmbedding(folder, &cfg, outDir, opts); err != nil {
+			return stats, err
+		}
+		slots = slices.DeleteFunc(slots, func(s qwen3.Slot) bool { return s.Name == embedName })
+	}
 	sources := make([]safetensors.Tensor, len(slots))
-	known := map[string]bool{}
+	known := map[string]bool{qwen3.HeadTokensName: w.HeadTokens != nil, embedName: opts.EmbeddingFrom != ""}
 	for i, s := range slots {
 		if sources[i], err = checkSource(folder, s.Name, s.Shape); err != nil {
 			return stats, err
@@ -98,12 +121,21 @@ func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (Co
 	defer os.Remove(tmp.Name()) // no-op once renamed
 	bw := bufio.NewWriterSize(tmp, 4<<20)
 	plan := planOutput(slots, opts.Quant, opts.GroupSize)
-	sw, err := safetensors.NewWriter(bw, plan.specs, metadata(opts.Quant, opts.GroupSize))
+	if w.HeadTokens != nil { // 4-byte elements: first
+		plan.specs = append([]safetensors.Spec{{Name: qwen3.HeadTokensName, DType: safetensors.I32, Shape: []int{len(w.HeadTokens)}}}, plan.specs...)
+	}
+	sw, err := safetensors.NewWriter(bw, plan.specs, meta)
 	if err != nil {
 		tmp.Close()
 		return stats, err
 	}
 	conv := &converter{ctx: ctx, w: sw, opts: opts, total: stats.SourceBytes}
+	if w.HeadTokens != nil {
+		if err := conv.write(w.HeadTokens); err != nil {
+			tmp.Close()
+			return stats, fmt.Errorf("write %s: %w", outPath, err)
+		}
+	}
 	if err := conv.run(slots, sources, plan.order); err != nil {
 		tmp.Close()
 		return stats, fmt.Errorf("convert %s: %w", inDir, err)
@@ -130,6 +162,128 @@ func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (Co
 		}
 	}
 	return stats, nil
+}
+
+// emptyWeights returns a folder's empty weight tree, with the first n of its
+// lm_head.token_ids when it has them (all for n == 0): they set the head's
+// rows.
+func emptyWeights(folder *safetensors.Folder, cfg *qwen3.Config, n int) (*qwen3.Weights, error) {
+	w, _ := qwen3.NewWeights(cfg)
+	t, ok := folder.Tensor(qwen3.HeadTokensName)
+	switch {
+	case !ok && n > 0:
+		return nil, fmt.Errorf("%s: --head-tokens needs the input's ranked %s, and it has none", folder.Dir, qwen3.HeadTokensName)
+	case !ok:
+		return w, nil
+	case t.DType != safetensors.I32 && t.DType != safetensors.I64 || len(t.Shape) != 1:
+		return nil, fmt.Errorf("%s: tensor %s has dtype %s and shape %v, want I32 or I64 (head rows)", folder.FileOf(t.Name), t.Name, t.DType, t.Shape)
+	}
+	ids := make([]int32, t.Shape[0])
+	for i := range ids {
+		if t.DType == safetensors.I64 {
+			v := int64(binary.LittleEndian.Uint64(t.Data[8*i:]))
+			if v < math.MinInt32 || v > math.MaxInt32 {
+				return nil, fmt.Errorf("%s: %s: token %d at index %d is outside the vocabulary [0, %d)", folder.FileOf(t.Name), t.Name, v, i, cfg.VocabSize)
+			}
+			ids[i] = int32(v)
+		} else {
+			ids[i] = int32(binary.LittleEndian.Uint32(t.Data[4*i:]))
+		}
+	}
+	if n > 0 {
+		if n > len(ids) {
+			return nil, fmt.Errorf("--head-tokens %d: the input's %s has only %d", n, qwen3.HeadTokensName, len(ids))
+		}
+		ids = ids[:n]
+	}
+	if err := qwen3.CheckHeadTokens(ids, cfg.VocabSize); err != nil {
+		return nil, fmt.Errorf("%s: %w", folder.FileOf(t.Name), err)
+	}
+	w.HeadTokens = ids
+	return w, nil
+}
+
+// shareEmbedding checks opts.EmbeddingFrom for an output that uses its
+// embedding — a webdraft folder of the same format and embedding shape,
+// whose bytes the input's own embedding, if any, quantizes to — and returns
+// the output's metadata naming it.
+func shareEmbedding(in *safetensors.Folder, cfg *qwen3.Config, outDir string, opts ConvertOptions) (map[string]string, error) {
+	from := opts.EmbeddingFrom
+	where := "--embedding-from " + from
+	shared, err := safetensors.OpenFolder(from)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	defer shared.Close()
+	if shared.Metadata()[metaFormat] != formatName {
+		return nil, fmt.Errorf("%s: not a webdraft folder (convert it first)", where)
+	}
+	q, g, err := parseMetadata(shared.Metadata())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	if q != opts.Quant || g != opts.GroupSize && q == Int4 {
+		return nil, fmt.Errorf("%s: that folder is %s (group %d), the output %s (group %d)", where, q, g, opts.Quant, opts.GroupSize)
+	}
+	m := &Model{Dir: from, Config: *cfg, folder: shared}
+	w, _ := qwen3.NewWeights(cfg)
+	embed := qwen3.Slot{Name: embedName, Shape: []int{cfg.VocabSize, cfg.HiddenSize}, Matrix: &w.EmbedTokens}
+	if err := m.loadSlot(shared, embed, q, g); err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	if src, ok := in.Tensor(embedName); ok {
+		if src, err = checkSource(in, embedName, embed.Shape); err != nil {
+			return nil, err
+		}
+		if err := sameEncoding(*embed.Matrix, src, q, g); err != nil {
+			return nil, fmt.Errorf("%s: the input's embedding differs from that folder's (%w): was it trained with that embedding frozen?", where, err)
+		}
+	}
+	sum, err := embeddingHash(shared, q)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	absOut, err := filepath.Abs(outDir)
+	if err != nil {
+		return nil, err
+	}
+	absFrom, err := filepath.Abs(from)
+	if err != nil {
+		return nil, err
+	}
+	rel, err := filepath.Rel(absOut, absFrom)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	meta := metadata(opts.Quant, opts.GroupSize)
+	meta[metaSharedEmbedding] = filepath.ToSlash(rel)
+	meta[metaSharedEmbeddingHash] = sum
+	return meta, nil
+}
+
+// sameEncoding reports whether src, encoded as q, decodes to exactly m's
+// values.
+func sameEncoding(m tensor.Matrix, src safetensors.Tensor, q Quant, g int) error {
+	rows, cols := m.Shape()
+	want := make([]float32, cols)
+	got := make([]float32, cols)
+	for r0 := 0; r0 < rows; r0 += rowBlock {
+		n := min(rowBlock, rows-r0)
+		block := newMatrix(q, n, cols, g)
+		if err := encodeRows(block, src, r0); err != nil {
+			return err
+		}
+		for r := range n {
+			block.Row(r, got)
+			m.Row(r0+r, want)
+			for c := range got {
+				if math.Float32bits(got[c]) != math.Float32bits(want[c]) {
+					return fmt.Errorf("row %d column %d: %g against %g", r0+r, c, got[c], want[c])
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // outputPlan lists the output tensors and the order of the work that fills

@@ -4,8 +4,12 @@
 package checkpoint
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
+
+	"webdraft/safetensors"
 )
 
 // Quant is how a folder stores its weight matrices.
@@ -33,9 +37,36 @@ const (
 	metaQuant     = "quant"
 	metaGroupSize = "group_size"
 
+	// A model that uses another folder's embedding (a drafter sharing its
+	// target's, say): that folder's path relative to this one, and the
+	// sha256 of the embedding's stored bytes (embeddingHash).
+	metaSharedEmbedding     = "shared_embedding"
+	metaSharedEmbeddingHash = "shared_embedding_sha256"
+
 	formatName    = "webdraft"
 	formatVersion = 1
 )
+
+// embedName is the checkpoint name of the token embedding.
+const embedName = "model.embed_tokens.weight"
+
+// embeddingHash is the hex sha256 of the stored bytes of a webdraft
+// folder's embedding: for int4 its qweight, then its scales.
+func embeddingHash(f *safetensors.Folder, q Quant) (string, error) {
+	names := []string{embedName}
+	if q == Int4 {
+		names = []string{embedName + qweightSuffix, embedName + scalesSuffix}
+	}
+	h := sha256.New()
+	for _, n := range names {
+		t, ok := f.Tensor(n)
+		if !ok {
+			return "", fmt.Errorf("%s: tensor %s is missing", f.Dir, n)
+		}
+		h.Write(t.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
 
 // Suffixes of the two tensors an int4 matrix NAME is stored as.
 const (

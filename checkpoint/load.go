@@ -25,8 +25,16 @@ type Model struct {
 	// Tokenizer is the path of the folder's tokenizer.json within its file
 	// system, or "" when it has none.
 	Tokenizer string
-	folder    *safetensors.Folder
-	fsys      fs.FS // the folder's file system (os.DirFS for a folder on disk)
+	// SharedEmbedding is the folder whose model.embed_tokens.weight this
+	// model uses (its path relative to Dir, slash-separated), or "" when
+	// the model holds its own.
+	SharedEmbedding string
+	folder          *safetensors.Folder
+	shared          *safetensors.Folder // SharedEmbedding's tensors, open while the model is
+	fsys            fs.FS               // the folder's file system (os.DirFS for a folder on disk)
+	// sibling opens the model folder at a slash-separated path relative to
+	// Dir in the same file system.
+	sibling func(rel string) (*safetensors.Folder, error)
 }
 
 // TokenizerJSON returns the folder's tokenizer.json, or ok == false when it
@@ -67,6 +75,9 @@ func Load(dir string, opts LoadOptions) (*Model, error) {
 		return nil, err
 	}
 	m := &Model{Dir: dir, Config: cfg, folder: folder, fsys: os.DirFS(dir)}
+	m.sibling = func(rel string) (*safetensors.Folder, error) {
+		return safetensors.OpenFolder(filepath.Join(dir, filepath.FromSlash(rel)))
+	}
 	if fileExists(filepath.Join(dir, "tokenizer.json")) {
 		m.Tokenizer = "tokenizer.json"
 	}
@@ -90,6 +101,13 @@ func LoadFS(fsys fs.FS, dir string, opts LoadOptions) (*Model, error) {
 		return nil, err
 	}
 	m := &Model{Dir: dir, Config: cfg, folder: folder, fsys: fsys}
+	m.sibling = func(rel string) (*safetensors.Folder, error) {
+		p := path.Join(dir, rel)
+		if !fs.ValidPath(p) {
+			return nil, fmt.Errorf("%s is outside the file system", p)
+		}
+		return safetensors.OpenFolderFS(fsys, p)
+	}
 	if tok := path.Join(dir, "tokenizer.json"); fsExists(fsys, tok) {
 		m.Tokenizer = tok
 	}
@@ -106,19 +124,29 @@ func (m *Model) load(opts LoadOptions) (*Model, error) {
 		err = m.loadHF(opts)
 	}
 	if err != nil {
-		folder.Close()
+		m.Close()
 		return nil, err
 	}
 	return m, nil
 }
 
 // Close releases the mapped files.
-func (m *Model) Close() error { return m.folder.Close() }
+func (m *Model) Close() error {
+	err := m.folder.Close()
+	if m.shared != nil {
+		err = errors.Join(err, m.shared.Close())
+	}
+	return err
+}
 
 // loadHF converts each HF tensor into opts' format in memory.
 func (m *Model) loadHF(opts LoadOptions) error {
 	m.Quant, m.GroupSize = opts.Quant, opts.GroupSize
-	w, slots := qwen3.NewWeights(&m.Config)
+	w, err := emptyWeights(m.folder, &m.Config, 0)
+	if err != nil {
+		return err
+	}
+	slots := w.Slots(&m.Config)
 	if err := checkMatrixShapes(slots, m.Quant, m.GroupSize); err != nil {
 		return fmt.Errorf("%s: %w", m.Dir, err)
 	}
@@ -138,7 +166,9 @@ func (m *Model) loadHF(opts LoadOptions) error {
 		}
 		*s.Matrix = mat
 	}
-	w.Tie(&m.Config)
+	if err := w.Tie(&m.Config); err != nil {
+		return fmt.Errorf("%s: %w", m.Dir, err)
+	}
 	m.Weights = w
 	return nil
 }
@@ -150,61 +180,114 @@ func (m *Model) loadConverted() error {
 		return fmt.Errorf("%s: %w", m.folder.FileOf(""), err)
 	}
 	m.Quant, m.GroupSize, m.Converted = q, g, true
-	w, slots := qwen3.NewWeights(&m.Config)
+	w, err := emptyWeights(m.folder, &m.Config, 0)
+	if err != nil {
+		return err
+	}
+	slots := w.Slots(&m.Config)
 	if err := checkMatrixShapes(slots, q, g); err != nil {
 		return fmt.Errorf("%s: %w", m.Dir, err)
 	}
+	if err := m.openSharedEmbedding(q, g); err != nil {
+		return err
+	}
 	for _, s := range slots {
-		if s.Vector != nil {
-			t, err := m.tensor(s.Name, safetensors.F32, s.Shape)
-			if err != nil {
-				return err
-			}
-			*s.Vector = safetensors.Float32s(t.Data)
-			continue
+		from := m.folder
+		if s.Name == embedName && m.shared != nil {
+			from = m.shared
 		}
-		rows, cols := s.Shape[0], s.Shape[1]
-		switch q {
-		case Int4:
-			qw, err := m.tensor(s.Name+qweightSuffix, safetensors.U32, []int{rows, cols / 8})
-			if err != nil {
-				return err
-			}
-			sc, err := m.tensor(s.Name+scalesSuffix, safetensors.F16, []int{rows, cols / g})
-			if err != nil {
-				return err
-			}
-			*s.Matrix = &tensor.Int4{Rows: rows, Cols: cols, GroupSize: g,
-				QWeight: safetensors.Uint32s(qw.Data), Scales: safetensors.Uint16s(sc.Data)}
-		case F16:
-			t, err := m.tensor(s.Name, safetensors.F16, s.Shape)
-			if err != nil {
-				return err
-			}
-			*s.Matrix = &tensor.F16{Rows: rows, Cols: cols, Data: safetensors.Uint16s(t.Data)}
-		case F32:
-			t, err := m.tensor(s.Name, safetensors.F32, s.Shape)
-			if err != nil {
-				return err
-			}
-			*s.Matrix = &tensor.F32{Rows: rows, Cols: cols, Data: safetensors.Float32s(t.Data)}
+		if err := m.loadSlot(from, s, q, g); err != nil {
+			return err
 		}
 	}
-	w.Tie(&m.Config)
+	if err := w.Tie(&m.Config); err != nil {
+		return fmt.Errorf("%s: %w", m.Dir, err)
+	}
 	m.Weights = w
 	return nil
 }
 
-// tensor fetches a stored tensor and checks its dtype and shape.
-func (m *Model) tensor(name string, dt safetensors.DType, shape []int) (safetensors.Tensor, error) {
-	t, ok := m.folder.Tensor(name)
+// loadSlot points slot s at its tensors in folder, stored as q (group g).
+func (m *Model) loadSlot(from *safetensors.Folder, s qwen3.Slot, q Quant, g int) error {
+	if s.Vector != nil {
+		t, err := m.tensor(from, s.Name, safetensors.F32, s.Shape)
+		if err != nil {
+			return err
+		}
+		*s.Vector = safetensors.Float32s(t.Data)
+		return nil
+	}
+	rows, cols := s.Shape[0], s.Shape[1]
+	switch q {
+	case Int4:
+		qw, err := m.tensor(from, s.Name+qweightSuffix, safetensors.U32, []int{rows, cols / 8})
+		if err != nil {
+			return err
+		}
+		sc, err := m.tensor(from, s.Name+scalesSuffix, safetensors.F16, []int{rows, cols / g})
+		if err != nil {
+			return err
+		}
+		*s.Matrix = &tensor.Int4{Rows: rows, Cols: cols, GroupSize: g,
+			QWeight: safetensors.Uint32s(qw.Data), Scales: safetensors.Uint16s(sc.Data)}
+	case F16:
+		t, err := m.tensor(from, s.Name, safetensors.F16, s.Shape)
+		if err != nil {
+			return err
+		}
+		*s.Matrix = &tensor.F16{Rows: rows, Cols: cols, Data: safetensors.Uint16s(t.Data)}
+	case F32:
+		t, err := m.tensor(from, s.Name, safetensors.F32, s.Shape)
+		if err != nil {
+			return err
+		}
+		*s.Matrix = &tensor.F32{Rows: rows, Cols: cols, Data: safetensors.Float32s(t.Data)}
+	}
+	return nil
+}
+
+// openSharedEmbedding opens the folder named by the shared_embedding
+// metadata, when there is one, and checks that it is a webdraft folder of
+// the same format whose embedding has the recorded hash.
+func (m *Model) openSharedEmbedding(q Quant, g int) error {
+	meta := m.folder.Metadata()
+	rel := meta[metaSharedEmbedding]
+	if rel == "" {
+		return nil
+	}
+	where := fmt.Sprintf("%s: the embedding shared with %s", m.Dir, rel)
+	shared, err := m.sibling(rel)
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	m.shared, m.SharedEmbedding = shared, rel
+	sq, sg, err := parseMetadata(shared.Metadata())
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	if sq != q || sg != g {
+		return fmt.Errorf("%s: that folder is %s (group %d), this one %s (group %d)", where, sq, sg, q, g)
+	}
+	sum, err := embeddingHash(shared, q)
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	if want := meta[metaSharedEmbeddingHash]; sum != want {
+		return fmt.Errorf("%s: its embedding has sha256 %s, this model was made with %s (convert it again against that folder)", where, sum, want)
+	}
+	return nil
+}
+
+// tensor fetches a stored tensor of folder and checks its dtype and shape.
+func (m *Model) tensor(folder *safetensors.Folder, name string, dt safetensors.DType, shape []int) (safetensors.Tensor, error) {
+	t, ok := folder.Tensor(name)
 	switch {
 	case !ok:
-		return t, fmt.Errorf("%s: tensor %s is missing", m.Dir, name)
+		return t, fmt.Errorf("%s: tensor %s is missing", folder.Dir, name)
 	case t.DType != dt:
-		return t, fmt.Errorf("%s: tensor %s has dtype %s, want %s", m.folder.FileOf(name), name, t.DType, dt)
+		return t, fmt.Errorf("%s: tensor %s has dtype %s, want %s", folder.FileOf(name), name, t.DType, dt)
 	case !sameShape(t.Shape, shape):
-		return t, fmt.Errorf("%s: tensor %s has shape %v, want %v", m.folder.FileOf(name), name, t.Shape, shape)
+		return t, fmt.Errorf("%s: tensor %s has shape %v, want %v", folder.FileOf(name), name, t.Shape, shape)
 	}
 	return t, nil
 }

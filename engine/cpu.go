@@ -21,6 +21,9 @@ var _ Engine = (*CPU)(nil)
 // NewCPU returns the CPU engine for a loaded weight tree, with kvBytes of
 // memory for KV caches (the scheduler keeps within it).
 func NewCPU(cfg qwen3.Config, w *qwen3.Weights, kvBytes int64) (*CPU, error) {
+	if err := CheckHead(&cfg, w); err != nil {
+		return nil, err
+	}
 	m, err := reference.New(cfg, w)
 	if err != nil {
 		return nil, err

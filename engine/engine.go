@@ -114,6 +114,15 @@ type VerifyRow struct {
 // allows 20).
 const MaxTopN = 20
 
+// CheckHead refuses a head over fewer tokens than MaxTopN, so that every
+// top-N read-out lists tokens of non-zero probability.
+func CheckHead(c *qwen3.Config, w *qwen3.Weights) error {
+	if n := w.HeadRows(c); n < MaxTopN {
+		return fmt.Errorf("the model's head scores %d tokens: at least %d needed", n, MaxTopN)
+	}
+	return nil
+}
+
 var (
 	// ErrContextFull reports a sequence that would grow past the model's
 	// max_position_embeddings.

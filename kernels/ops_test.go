@@ -403,3 +403,47 @@ func TestCopyTo(t *testing.T) {
 		return nil
 	})
 }
+
+// TestScatter: each row's values land at their columns, the rest of the
+// wide rows untouched.
+func TestScatter(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, c := range []struct{ T, N, V int }{{1, 1, 1}, {1, 300, 1000}, {3, 257, 257}, {5, 4096, 9000}} {
+		cols := r.Perm(c.V)[:c.N]
+		in := make([]float32, c.T*c.N)
+		for i := range in {
+			in[i] = float32(r.NormFloat64())
+		}
+		colsU := make([]uint32, c.N)
+		for j, col := range cols {
+			colsU[j] = uint32(col)
+		}
+		inB, colsB := upload(t, d, "in", in), uploadU32(t, d, "cols", colsU)
+		out := poisoned(t, d, "out", c.T*c.V)
+		run(t, d, "scatter", func(b *gpu.Batch) error { return Scatter(b, out, inB, colsB, c.T, c.N, c.V) })
+		got, err := out.ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]uint32, c.T*c.V)
+		for i := range want {
+			want[i] = gpu.NaN32
+		}
+		for row := range c.T {
+			for j, col := range cols {
+				want[row*c.V+col] = math.Float32bits(in[row*c.N+j])
+			}
+		}
+		if !slices.Equal(got[:c.T*c.V], want) {
+			t.Fatalf("%+v: scatter differs", c)
+		}
+	}
+	run(t, d, "scatter", func(b *gpu.Batch) error {
+		x := upload(t, d, "x", make([]float32, 8))
+		if err := Scatter(b, x, x, x, 1, 9, 8); err == nil {
+			t.Error("a scatter of more values than columns was accepted")
+		}
+		return nil
+	})
+}

@@ -120,7 +120,9 @@ func TestNewWeightsSlots(t *testing.T) {
 	if s := slots[6]; s.Name != "model.layers.0.self_attn.q_norm.weight" || s.Shape[0] != 128 {
 		t.Errorf("slot 6 = %+v", s)
 	}
-	w.Tie(&c)
+	if err := w.Tie(&c); err != nil {
+		t.Fatal(err)
+	}
 	c.TieWordEmbeddings = false
 	_, slots = NewWeights(&c)
 	if last := slots[len(slots)-1]; last.Name != "lm_head.weight" {

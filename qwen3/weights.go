@@ -12,7 +12,41 @@ type Weights struct {
 	EmbedTokens tensor.Matrix // model.embed_tokens.weight (vocab, hidden)
 	Layers      []Layer       // model.layers.{i}
 	Norm        []float32     // model.norm.weight (hidden)
-	LMHead      tensor.Matrix // lm_head.weight (vocab, hidden); EmbedTokens when tied
+	LMHead      tensor.Matrix // lm_head.weight (head rows, hidden); EmbedTokens when tied
+	// HeadTokens is the token each LMHead row scores, when the head covers
+	// only part of the vocabulary (lm_head.token_ids (head rows)); nil when
+	// row i scores token i. Tokens outside it have probability zero.
+	HeadTokens []int32
+}
+
+// HeadTokensName is the checkpoint name of Weights.HeadTokens.
+const HeadTokensName = "lm_head.token_ids"
+
+// HeadRows is the number of rows of the output head.
+func (w *Weights) HeadRows(c *Config) int {
+	if w.HeadTokens != nil {
+		return len(w.HeadTokens)
+	}
+	return c.VocabSize
+}
+
+// CheckHeadTokens validates a head's token list: at least one token, each in
+// the vocabulary, none twice.
+func CheckHeadTokens(ids []int32, vocab int) error {
+	if len(ids) == 0 {
+		return fmt.Errorf("%s is empty", HeadTokensName)
+	}
+	seen := make([]bool, vocab)
+	for i, t := range ids {
+		switch {
+		case t < 0 || int(t) >= vocab:
+			return fmt.Errorf("%s: token %d at index %d is outside the vocabulary [0, %d)", HeadTokensName, t, i, vocab)
+		case seen[t]:
+			return fmt.Errorf("%s: token %d appears twice (again at index %d)", HeadTokensName, t, i)
+		}
+		seen[t] = true
+	}
+	return nil
 }
 
 // Layer is one decoder layer.
@@ -75,14 +109,26 @@ func (w *Weights) Slots(c *Config) []Slot {
 	}
 	slots = append(slots, vec("model.norm.weight", &w.Norm, h))
 	if !c.TieWordEmbeddings {
-		slots = append(slots, mat("lm_head.weight", &w.LMHead, c.VocabSize, h))
+		slots = append(slots, mat("lm_head.weight", &w.LMHead, w.HeadRows(c), h))
 	}
 	return slots
 }
 
-// Tie points a tied model's head at its embedding; it is a no-op when untied.
-func (w *Weights) Tie(c *Config) {
-	if c.TieWordEmbeddings {
-		w.LMHead = w.EmbedTokens
+// Tie points a tied model's head at its embedding — at the rows of
+// HeadTokens when set (validated by CheckHeadTokens) —; it is a no-op when
+// untied.
+func (w *Weights) Tie(c *Config) error {
+	if !c.TieWordEmbeddings {
+		return nil
 	}
+	if w.HeadTokens == nil {
+		w.LMHead = w.EmbedTokens
+		return nil
+	}
+	head, err := tensor.GatherRows(w.EmbedTokens, w.HeadTokens)
+	if err != nil {
+		return fmt.Errorf("%s: %w", HeadTokensName, err)
+	}
+	w.LMHead = head
+	return nil
 }

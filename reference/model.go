@@ -31,6 +31,9 @@ func New(cfg qwen3.Config, w *qwen3.Weights) (*Model, error) {
 	if len(w.Layers) != cfg.NumHiddenLayers || w.EmbedTokens == nil || w.LMHead == nil {
 		return nil, fmt.Errorf("reference: weights do not match the config (%d layers, want %d)", len(w.Layers), cfg.NumHiddenLayers)
 	}
+	if rows, _ := w.LMHead.Shape(); rows != w.HeadRows(&cfg) {
+		return nil, fmt.Errorf("reference: the head has %d rows, want %d", rows, w.HeadRows(&cfg))
+	}
 	return &Model{cfg: cfg, w: w, invFreq: cfg.RopeInvFreq()}, nil
 }
 
@@ -170,7 +173,23 @@ func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
 		}
 	}
 	logits := make([]float32, n*c.VocabSize)
-	MatMul(logits, read, m.w.LMHead, n)
+	if ids := m.w.HeadTokens; ids != nil {
+		// A head over part of the vocabulary: the other tokens' logits are
+		// −∞ (probability zero).
+		head := make([]float32, n*len(ids))
+		MatMul(head, read, m.w.LMHead, n)
+		for i := range logits {
+			logits[i] = float32(math.Inf(-1))
+		}
+		for k := range n {
+			row := logits[k*c.VocabSize:]
+			for j, t := range ids {
+				row[t] = head[k*len(ids)+j]
+			}
+		}
+	} else {
+		MatMul(logits, read, m.w.LMHead, n)
+	}
 	out := make([][][]float32, len(segs))
 	k = 0
 	for i := range out {

@@ -229,3 +229,13 @@ func Float32s(b []byte) []float32 {
 }
 
 var littleEndianHost = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// Int32s views little-endian i32 elements as []int32, without a copy where
+// the host allows it.
+func Int32s(b []byte) []int32 {
+	u := Uint32s(b)
+	if len(u) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*int32)(unsafe.Pointer(&u[0])), len(u))
+}

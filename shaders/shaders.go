@@ -77,6 +77,9 @@ var (
 	RMSNorm = mustModule("rmsnorm.wgsl")
 	// Copy is copy.wgsl: a 16-byte-word copy.
 	Copy = mustModule("copy.wgsl")
+	// Scatter is scatter.wgsl: rows of values placed at given columns of
+	// wider rows (a partial vocabulary's logits at their tokens).
+	Scatter = mustModule("scatter.wgsl")
 	// Argmax is argmax.wgsl: the index of each row's largest value.
 	Argmax = mustModule("argmax.wgsl")
 	// Sample is sample.wgsl: a verifier's read-out of rows of logits — the

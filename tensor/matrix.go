@@ -57,3 +57,34 @@ func checkLen(kind string, rows, cols, got, want int) error {
 	}
 	return nil
 }
+
+// GatherRows returns a new matrix of m's rows at the given indices, in that
+// order, in m's own format (for int4 the codes and scales are copied, so the
+// rows are bit-identical). Every index must lie in [0, rows).
+func GatherRows(m Matrix, rows []int32) (Matrix, error) {
+	n, cols := m.Shape()
+	for i, r := range rows {
+		if r < 0 || int(r) >= n {
+			return nil, fmt.Errorf("gather rows: index %d at %d is outside [0, %d)", r, i, n)
+		}
+	}
+	switch m := m.(type) {
+	case *F32:
+		return &F32{Rows: len(rows), Cols: cols, Data: gather(m.Data, rows, cols)}, nil
+	case *F16:
+		return &F16{Rows: len(rows), Cols: cols, Data: gather(m.Data, rows, cols)}, nil
+	case *Int4:
+		return &Int4{Rows: len(rows), Cols: cols, GroupSize: m.GroupSize,
+			QWeight: gather(m.QWeight, rows, cols/8), Scales: gather(m.Scales, rows, cols/m.GroupSize)}, nil
+	}
+	return nil, fmt.Errorf("gather rows: unsupported matrix type %T", m)
+}
+
+// gather copies the rows of width w at the given indices.
+func gather[T any](data []T, rows []int32, w int) []T {
+	out := make([]T, 0, len(rows)*w)
+	for _, r := range rows {
+		out = append(out, data[int(r)*w:(int(r)+1)*w]...)
+	}
+	return out
+}

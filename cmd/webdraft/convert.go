@@ -12,11 +12,13 @@ import (
 )
 
 func runConvert(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "convert", "--in HF_DIR --out DIR [--quant int4|f16|f32] [--group-size 32]")
+	fs := newFlags(e, "convert", "--in HF_DIR --out DIR [--quant int4|f16|f32] [--group-size 32] [--embedding-from DIR] [--head-tokens N]")
 	in := fs.String("in", "", "Hugging Face Qwen3 checkpoint folder (config.json, model.safetensors or shards)")
 	out := fs.String("out", "", "output folder (created; its model.safetensors, config.json and tokenizer.json are replaced)")
 	quant := fs.String("quant", "int4", "weight format: int4, f16 or f32")
 	group := fs.Int("group-size", 32, "int4: input columns per f16 scale (a multiple of 8 dividing every matrix width)")
+	embedFrom := fs.String("embedding-from", "", "a converted folder (same --quant and --group-size) whose embedding the output uses instead of its own: a drafter trained on its target's frozen embedding; the output records the folder's relative path and hash")
+	headTokens := fs.Int("head-tokens", 0, "keep the first N tokens of the input's frequency-ranked lm_head.token_ids: a head over the most used tokens only (0: all it lists)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -30,7 +32,10 @@ func runConvert(ctx context.Context, e *env, args []string) error {
 	if *group <= 0 || *group%8 != 0 {
 		return usagef("--group-size %d: want a positive multiple of 8", *group)
 	}
-	opts := checkpoint.ConvertOptions{Quant: q, GroupSize: *group}
+	if *headTokens < 0 {
+		return usagef("--head-tokens %d: want a positive count, or 0 for all", *headTokens)
+	}
+	opts := checkpoint.ConvertOptions{Quant: q, GroupSize: *group, EmbeddingFrom: *embedFrom, HeadTokens: *headTokens}
 	if bar := newProgressBar(e, "converting"); bar != nil {
 		opts.Progress = func(done, total int64) {
 			bar.ChangeMax64(total)

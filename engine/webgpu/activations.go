@@ -30,16 +30,21 @@ type activations struct {
 	gateUp                     *gpu.Buffer // (rows, 2I)
 	hLast, hNorm               *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
 	logits                     *gpu.Buffer // (lasts, vocab)
-	chained                    *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
-	hiddenRows                 *kernels.Matrix
-	all                        []*gpu.Buffer
+	// headLogits (lasts, head rows) holds the logits of a head over part of
+	// the vocabulary, which Scatter places in logits; the other entries of
+	// logits stay −∞ from the start. Nil for a head over the whole
+	// vocabulary.
+	headLogits *gpu.Buffer
+	chained    *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
+	hiddenRows *kernels.Matrix
+	all        []*gpu.Buffer
 }
 
 // minReadOut is the fewest rows a pass reads out, whatever the sequences:
 // a verification of 64 draft tokens in one pass.
 const minReadOut = 65
 
-func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activations, err error) {
+func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int) (_ *activations, err error) {
 	a := &activations{}
 	defer func() {
 		if err != nil {
@@ -77,6 +82,15 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs int) (_ *activati
 			return nil, fmt.Errorf("activations: %w", err)
 		}
 		a.all = append(a.all, *b.dst)
+	}
+	if headRows != c.VocabSize {
+		if a.headLogits, err = d.NewBuffer("head_logits", uint64(a.maxLasts*headRows)*4); err != nil {
+			return nil, fmt.Errorf("activations: %w", err)
+		}
+		a.all = append(a.all, a.headLogits)
+		if err := a.logits.Fill(math.Float32bits(float32(math.Inf(-1)))); err != nil {
+			return nil, fmt.Errorf("activations: %w", err)
+		}
 	}
 	// The hidden states seen as an f32 matrix, so Embed can gather rows.
 	a.hiddenRows = &kernels.Matrix{Name: "hidden", Format: kernels.F32, N: rows, K: H, W: a.x}

@@ -92,6 +92,9 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := engine.CheckHead(&cfg, w); err != nil {
+		return nil, err
+	}
 	e := &Engine{dev: dev, cfg: cfg, opts: opts}
 	var err error
 	if e.w, err = upload(dev, &cfg, w); err != nil {
@@ -127,7 +130,7 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 		e.Close()
 		return nil, fmt.Errorf("KV cache: %w", err)
 	}
-	if e.act, err = newActivations(dev, &cfg, opts.MaxRows, opts.MaxSequences); err != nil {
+	if e.act, err = newActivations(dev, &cfg, opts.MaxRows, opts.MaxSequences, e.w.headRows); err != nil {
 		e.Close()
 		return nil, err
 	}

@@ -402,3 +402,29 @@ func TestOddHeadDim(t *testing.T) {
 	defer m.Close()
 	enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32"}), m.Config, m.Weights)
 }
+
+// TestPartialHead: a head over part of the vocabulary (lm_head.token_ids),
+// tied and untied, runs the engine suite against the reference: its tokens
+// and log-probabilities come from those rows, every other token has
+// probability zero.
+func TestPartialHead(t *testing.T) {
+	for _, tied := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tied=%v", tied), func(t *testing.T) {
+			cfg := synth.Shapes["tiny"]
+			cfg.TieWordEmbeddings = tied
+			dir := filepath.Join(t.TempDir(), "partial")
+			if err := synth.Write(dir, cfg, synth.Options{Seed: 12, Std: 0.3, HeadTokens: 100}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.Int4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if len(m.Weights.HeadTokens) != 100 {
+				t.Fatalf("%d head tokens, want 100", len(m.Weights.HeadTokens))
+			}
+			enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32"}), m.Config, m.Weights)
+		})
+	}
+}

@@ -411,7 +411,17 @@ func (e *Engine) kernels(ps pass) []step {
 			func(b *gpu.Batch) error {
 				return kernels.RMSNorm(b, a.hNorm, a.hLast, w.norm, ps.lasts, c.HiddenSize, eps)
 			},
-			func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.hNorm, w.head, ps.lasts, false) },
+			func(b *gpu.Batch) error {
+				if w.headTokens == nil {
+					return kernels.MatMul(b, a.logits, a.hNorm, w.head, ps.lasts, false)
+				}
+				// A head over part of the vocabulary scores its tokens, placed
+				// among the −∞ of the rest.
+				if err := kernels.MatMul(b, a.headLogits, a.hNorm, w.head, ps.lasts, false); err != nil {
+					return err
+				}
+				return kernels.Scatter(b, a.logits, a.headLogits, w.headTokens, ps.lasts, w.headRows, c.VocabSize)
+			},
 			func(b *gpu.Batch) error {
 				if ps.sample {
 					return kernels.Sample(b, a.sampled, a.top, a.next, a.lp, a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)

@@ -11,12 +11,16 @@ import (
 
 // weights is the model on the GPU, uploaded once.
 type weights struct {
-	embed   *kernels.Matrix // embed_tokens (vocab, H)
-	layers  []layerWeights
-	norm    *gpu.Buffer     // model.norm (H)
-	head    *kernels.Matrix // lm_head (vocab, H); embed when tied
-	buffers []*gpu.Buffer   // everything above, for Release
-	mats    []*kernels.Matrix
+	embed  *kernels.Matrix // embed_tokens (vocab, H)
+	layers []layerWeights
+	norm   *gpu.Buffer     // model.norm (H)
+	head   *kernels.Matrix // lm_head (head rows, H); embed when tied over the whole vocabulary
+	// headTokens is the token each head row scores (head rows) u32, when the
+	// head covers part of the vocabulary; nil otherwise.
+	headTokens *gpu.Buffer
+	headRows   int
+	buffers    []*gpu.Buffer // everything above, for Release
+	mats       []*kernels.Matrix
 }
 
 type layerWeights struct {
@@ -57,6 +61,17 @@ func upload(d *gpu.Device, c *qwen3.Config, w *qwen3.Weights) (_ *weights, err e
 		if gw.head, err = mat(kernels.UploadMatrix(d, "lm_head.weight", w.LMHead)); err != nil {
 			return nil, err
 		}
+	}
+	gw.headRows = w.HeadRows(c)
+	if w.HeadTokens != nil {
+		ids := make([]uint32, len(w.HeadTokens))
+		for i, t := range w.HeadTokens {
+			ids[i] = uint32(t)
+		}
+		if gw.headTokens, err = d.UploadU32(qwen3.HeadTokensName, ids); err != nil {
+			return nil, err
+		}
+		gw.buffers = append(gw.buffers, gw.headTokens)
 	}
 	if gw.norm, err = vec("model.norm.weight", w.Norm); err != nil {
 		return nil, err

@@ -37,6 +37,8 @@ func Int4Weights(cfg qwen3.Config, seed uint64, std float64) *qwen3.Weights {
 		})
 		*s.Matrix = m
 	}
-	w.Tie(&cfg)
+	if err := w.Tie(&cfg); err != nil {
+		panic(err) // unreachable: a head over the whole vocabulary
+	}
 	return w
 }

@@ -38,6 +38,11 @@ type Options struct {
 	DType  safetensors.DType    // BF16 (default), F16 or F32
 	Shards int                  // >1 writes model-0000k-of-0000n.safetensors and an index
 	Tweak  func(map[string]any) // edits config.json before it is written
+	// HeadTokens > 0 gives the model a head over that many tokens of the
+	// vocabulary, chosen at random (lm_head.token_ids, I32, first in the
+	// first shard). The weights are those of the same Seed without it; two
+	// models of one Seed and hidden size share their embedding.
+	HeadTokens int
 }
 
 // Write writes a random checkpoint for cfg into dir.
@@ -57,8 +62,14 @@ func Write(dir string, cfg qwen3.Config, opts Options) error {
 	if err := writeConfig(dir, cfg, opts); err != nil {
 		return err
 	}
-	_, slots := qwen3.NewWeights(&cfg)
 	rng := rand.New(rand.NewPCG(opts.Seed, 0x5eed))
+	w, _ := qwen3.NewWeights(&cfg)
+	if opts.HeadTokens > 0 { // their own stream: the weights do not depend on them
+		for _, t := range rand.New(rand.NewPCG(opts.Seed, 0x4ead)).Perm(cfg.VocabSize)[:opts.HeadTokens] {
+			w.HeadTokens = append(w.HeadTokens, int32(t))
+		}
+	}
+	slots := w.Slots(&cfg)
 	per := (len(slots) + opts.Shards - 1) / opts.Shards
 	weightMap := map[string]string{}
 	for shard := 0; shard*per < len(slots); shard++ {
@@ -67,11 +78,18 @@ func Write(dir string, cfg qwen3.Config, opts Options) error {
 		if opts.Shards > 1 {
 			name = fmt.Sprintf("model-%05d-of-%05d.safetensors", shard+1, opts.Shards)
 		}
-		if err := writeShard(filepath.Join(dir, name), part, opts, rng); err != nil {
+		var ids []int32
+		if shard == 0 {
+			ids = w.HeadTokens
+		}
+		if err := writeShard(filepath.Join(dir, name), part, ids, opts, rng); err != nil {
 			return err
 		}
 		for _, s := range part {
 			weightMap[s.Name] = name
+		}
+		if ids != nil {
+			weightMap[qwen3.HeadTokensName] = name
 		}
 	}
 	if opts.Shards > 1 {
@@ -84,10 +102,17 @@ func Write(dir string, cfg qwen3.Config, opts Options) error {
 	return nil
 }
 
-func writeShard(path string, slots []qwen3.Slot, opts Options, rng *rand.Rand) error {
-	specs := make([]safetensors.Spec, len(slots))
-	for i, s := range slots {
-		specs[i] = safetensors.Spec{Name: s.Name, DType: opts.DType, Shape: s.Shape}
+func writeShard(path string, slots []qwen3.Slot, headTokens []int32, opts Options, rng *rand.Rand) error {
+	var specs []safetensors.Spec
+	buf := make([]byte, 0, 1<<16)
+	if headTokens != nil {
+		specs = append(specs, safetensors.Spec{Name: qwen3.HeadTokensName, DType: safetensors.I32, Shape: []int{len(headTokens)}})
+		for _, t := range headTokens {
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(t))
+		}
+	}
+	for _, s := range slots {
+		specs = append(specs, safetensors.Spec{Name: s.Name, DType: opts.DType, Shape: s.Shape})
 	}
 	f, err := os.Create(path)
 	if err != nil {
@@ -99,7 +124,6 @@ func writeShard(path string, slots []qwen3.Slot, opts Options, rng *rand.Rand) e
 		f.Close()
 		return err
 	}
-	buf := make([]byte, 0, 1<<16)
 	for _, s := range slots {
 		n := 1
 		for _, d := range s.Shape {

@@ -20,11 +20,11 @@ import (
 type ConvertOptions struct {
 	Quant     Quant // default Int4
 	GroupSize int   // default tensor.DefaultGroupSize
-	// EmbeddingFrom, when set, is a webdraft folder of the same quant and
-	// group size whose model.embed_tokens.weight the output uses instead of
-	// storing its own (a drafter trained on its target's frozen embedding).
-	// The input's own embedding, when it has one, must quantize to the same
-	// bytes.
+	// EmbeddingFrom, when set, is a webdraft folder whose
+	// model.embed_tokens.weight the output uses, in that folder's format,
+	// instead of storing its own (a drafter trained on its target's frozen
+	// embedding). The input's own embedding, when it has one, must encode
+	// to the same values.
 	EmbeddingFrom string
 	// HeadTokens keeps the first HeadTokens entries of the input's
 	// lm_head.token_ids (frequency-ranked: a head over the most used
@@ -204,9 +204,9 @@ func emptyWeights(folder *safetensors.Folder, cfg *qwen3.Config, n int) (*qwen3.
 }
 
 // shareEmbedding checks opts.EmbeddingFrom for an output that uses its
-// embedding — a webdraft folder of the same format and embedding shape,
-// whose bytes the input's own embedding, if any, quantizes to — and returns
-// the output's metadata naming it.
+// embedding — a webdraft folder with an embedding of the right shape, to
+// whose values the input's own embedding, if any, encodes in that folder's
+// format — and returns the output's metadata naming it.
 func shareEmbedding(in *safetensors.Folder, cfg *qwen3.Config, outDir string, opts ConvertOptions) (map[string]string, error) {
 	from := opts.EmbeddingFrom
 	where := "--embedding-from " + from
@@ -221,9 +221,6 @@ func shareEmbedding(in *safetensors.Folder, cfg *qwen3.Config, outDir string, op
 	q, g, err := parseMetadata(shared.Metadata())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	if q != opts.Quant || g != opts.GroupSize && q == Int4 {
-		return nil, fmt.Errorf("%s: that folder is %s (group %d), the output %s (group %d)", where, q, g, opts.Quant, opts.GroupSize)
 	}
 	m := &Model{Dir: from, Config: *cfg, folder: shared}
 	w, _ := qwen3.NewWeights(cfg)

@@ -188,15 +188,17 @@ func (m *Model) loadConverted() error {
 	if err := checkMatrixShapes(slots, q, g); err != nil {
 		return fmt.Errorf("%s: %w", m.Dir, err)
 	}
-	if err := m.openSharedEmbedding(q, g); err != nil {
+	sq, sg, err := m.openSharedEmbedding()
+	if err != nil {
 		return err
 	}
 	for _, s := range slots {
-		from := m.folder
 		if s.Name == embedName && m.shared != nil {
-			from = m.shared
+			err = m.loadSlot(m.shared, s, sq, sg) // in that folder's format
+		} else {
+			err = m.loadSlot(m.folder, s, q, g)
 		}
-		if err := m.loadSlot(from, s, q, g); err != nil {
+		if err != nil {
 			return err
 		}
 	}
@@ -247,35 +249,33 @@ func (m *Model) loadSlot(from *safetensors.Folder, s qwen3.Slot, q Quant, g int)
 }
 
 // openSharedEmbedding opens the folder named by the shared_embedding
-// metadata, when there is one, and checks that it is a webdraft folder of
-// the same format whose embedding has the recorded hash.
-func (m *Model) openSharedEmbedding(q Quant, g int) error {
+// metadata, when there is one, checks that it is a webdraft folder whose
+// embedding has the recorded hash, and returns its format (which the
+// embedding keeps: an int4 embedding may serve a model of f32 layers).
+func (m *Model) openSharedEmbedding() (Quant, int, error) {
 	meta := m.folder.Metadata()
 	rel := meta[metaSharedEmbedding]
 	if rel == "" {
-		return nil
+		return "", 0, nil
 	}
 	where := fmt.Sprintf("%s: the embedding shared with %s", m.Dir, rel)
 	shared, err := m.sibling(rel)
 	if err != nil {
-		return fmt.Errorf("%s: %w", where, err)
+		return "", 0, fmt.Errorf("%s: %w", where, err)
 	}
 	m.shared, m.SharedEmbedding = shared, rel
-	sq, sg, err := parseMetadata(shared.Metadata())
+	q, g, err := parseMetadata(shared.Metadata())
 	if err != nil {
-		return fmt.Errorf("%s: %w", where, err)
-	}
-	if sq != q || sg != g {
-		return fmt.Errorf("%s: that folder is %s (group %d), this one %s (group %d)", where, sq, sg, q, g)
+		return "", 0, fmt.Errorf("%s: %w", where, err)
 	}
 	sum, err := embeddingHash(shared, q)
 	if err != nil {
-		return fmt.Errorf("%s: %w", where, err)
+		return "", 0, fmt.Errorf("%s: %w", where, err)
 	}
 	if want := meta[metaSharedEmbeddingHash]; sum != want {
-		return fmt.Errorf("%s: its embedding has sha256 %s, this model was made with %s (convert it again against that folder)", where, sum, want)
+		return "", 0, fmt.Errorf("%s: its embedding has sha256 %s, this model was made with %s (convert it again against that folder)", where, sum, want)
 	}
-	return nil
+	return q, g, nil
 }
 
 // tensor fetches a stored tensor of folder and checks its dtype and shape.

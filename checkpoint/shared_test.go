@@ -158,8 +158,13 @@ func TestSharedEmbeddingAndPartialHead(t *testing.T) {
 	if _, err := Convert(ctx, other, filepath.Join(root, "y"), ConvertOptions{EmbeddingFrom: target}); err == nil || !strings.Contains(err.Error(), "differs") {
 		t.Errorf("a drafter with another embedding: %v", err)
 	}
-	if _, err := Convert(ctx, drafterHF, filepath.Join(root, "z"), ConvertOptions{EmbeddingFrom: target, Quant: F16}); err == nil {
-		t.Error("an f16 drafter sharing an int4 embedding was accepted")
+	// f32 layers over the target's int4 embedding (the unquantized drafter).
+	f32 := filepath.Join(root, "drafter-f32")
+	if _, err := Convert(ctx, drafterHF, f32, ConvertOptions{EmbeddingFrom: target, Quant: F32}); err != nil {
+		t.Fatal(err)
+	}
+	if d := load(t, f32, F32); !reflect.DeepEqual(d.Weights.EmbedTokens, load(t, target, Int4).Weights.EmbedTokens) || d.Quant != F32 {
+		t.Errorf("an f32 drafter over an int4 embedding: quant %s, embedding %T", d.Quant, d.Weights.EmbedTokens)
 	}
 	cfg := synth.Shapes["tiny"]
 	cfg.TieWordEmbeddings = true

@@ -17,7 +17,7 @@ func runConvert(ctx context.Context, e *env, args []string) error {
 	out := fs.String("out", "", "output folder (created; its model.safetensors, config.json and tokenizer.json are replaced)")
 	quant := fs.String("quant", "int4", "weight format: int4, f16 or f32")
 	group := fs.Int("group-size", 32, "int4: input columns per f16 scale (a multiple of 8 dividing every matrix width)")
-	embedFrom := fs.String("embedding-from", "", "a converted folder (same --quant and --group-size) whose embedding the output uses instead of its own: a drafter trained on its target's frozen embedding; the output records the folder's relative path and hash")
+	embedFrom := fs.String("embedding-from", "", "a converted folder whose embedding the output uses, in that folder's format, instead of its own: a drafter trained on its target's frozen embedding; the output records the folder's relative path and hash")
 	headTokens := fs.Int("head-tokens", 0, "keep the first N tokens of the input's frequency-ranked lm_head.token_ids: a head over the most used tokens only (0: all it lists)")
 	if err := parseFlags(fs, args); err != nil {
 		return err

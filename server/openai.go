@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 
 	"webdraft/engine"
 	"webdraft/sampling"
@@ -72,19 +74,19 @@ func errorBody(e *openAIError) map[string]any {
 
 // samplingFields are what both endpoints take.
 type samplingFields struct {
-	Model            string             `json:"model"`
-	MaxTokens        *int               `json:"max_tokens"`
-	Temperature      *float64           `json:"temperature"`
-	TopP             *float64           `json:"top_p"`
-	Seed             *int64             `json:"seed"`
-	Stop             json.RawMessage    `json:"stop"`
-	Stream           bool               `json:"stream"`
-	StreamOptions    *streamOptions     `json:"stream_options"`
-	N                *int               `json:"n"`
-	User             string             `json:"user"`
-	FrequencyPenalty *float64           `json:"frequency_penalty"`
-	PresencePenalty  *float64           `json:"presence_penalty"`
-	LogitBias        map[string]float64 `json:"logit_bias"`
+	Model            string         `json:"model"`
+	MaxTokens        *int           `json:"max_tokens"`
+	Temperature      *float64       `json:"temperature"`
+	TopP             *float64       `json:"top_p"`
+	Seed             *int64         `json:"seed"`
+	Stop             stopField      `json:"stop"`
+	Stream           bool           `json:"stream"`
+	StreamOptions    *streamOptions `json:"stream_options"`
+	N                *int           `json:"n"`
+	User             string         `json:"user"`
+	FrequencyPenalty *float64       `json:"frequency_penalty"`
+	PresencePenalty  *float64       `json:"presence_penalty"`
+	LogitBias        jsontext.Value `json:"logit_bias"` // refused unless {}: read raw, not as a map
 	// vLLM's extension: the prompt's and the output's token ids.
 	ReturnTokenIDs bool `json:"return_token_ids"`
 	// webdraft's: the draft length (0: the target alone) and p_min.
@@ -102,22 +104,22 @@ type speculativeFields struct {
 
 type completionRequest struct {
 	samplingFields
-	Prompt   json.RawMessage `json:"prompt"`
-	Logprobs *int            `json:"logprobs"`
-	Echo     bool            `json:"echo"`
-	Suffix   *string         `json:"suffix"`
-	BestOf   *int            `json:"best_of"`
+	Prompt   promptField `json:"prompt"`
+	Logprobs *int        `json:"logprobs"`
+	Echo     bool        `json:"echo"`
+	Suffix   *string     `json:"suffix"`
+	BestOf   *int        `json:"best_of"`
 }
 
 type chatRequest struct {
 	samplingFields
-	Messages            []chatMessage   `json:"messages"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Logprobs            bool            `json:"logprobs"`
-	TopLogprobs         *int            `json:"top_logprobs"`
-	Tools               json.RawMessage `json:"tools"`
-	ToolChoice          json.RawMessage `json:"tool_choice"`
-	ResponseFormat      json.RawMessage `json:"response_format"`
+	Messages            boundedList[chatMessage] `json:"messages"`
+	MaxCompletionTokens *int                     `json:"max_completion_tokens"`
+	Logprobs            bool                     `json:"logprobs"`
+	TopLogprobs         *int                     `json:"top_logprobs"`
+	Tools               jsontext.Value           `json:"tools"`
+	ToolChoice          jsontext.Value           `json:"tool_choice"`
+	ResponseFormat      jsontext.Value           `json:"response_format"`
 	// vLLM's extension: {"enable_thinking": false} turns Qwen3's thinking off.
 	ChatTemplateKwargs *struct {
 		EnableThinking *bool `json:"enable_thinking"`
@@ -125,9 +127,65 @@ type chatRequest struct {
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-	Name    string          `json:"name"`
+	Role    string      `json:"role"`
+	Content chatContent `json:"content"` // required
+	Name    string      `json:"name"`
+}
+
+func (m chatMessage) textBytes() int { return len(m.Role) + len(m.Content.text) }
+
+// chatContent is a message's content: text, or a list of text parts.
+type chatContent struct {
+	text string
+	set  bool
+}
+
+// contentPart is one part of a content list; of the kinds OpenAI
+// defines only text is implemented, the others are named to be refused
+// as such.
+type contentPart struct {
+	Type       *string        `json:"type"`
+	Text       *string        `json:"text"`
+	ImageURL   jsontext.Value `json:"image_url"`
+	InputAudio jsontext.Value `json:"input_audio"`
+	File       jsontext.Value `json:"file"`
+	Refusal    jsontext.Value `json:"refusal"`
+}
+
+func (c *chatContent) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	field := fieldPath(dec.StackPointer())
+	switch dec.PeekKind() {
+	case '"':
+		tok, err := dec.ReadToken()
+		c.text, c.set = tok.String(), err == nil
+		return err
+	case '[':
+	default:
+		return invalidInput(field, "want text or a list of {\"type\": \"text\", \"text\": …} parts, got %s", kindOf(dec))
+	}
+	if _, err := dec.ReadToken(); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for i := 0; dec.PeekKind() != ']'; i++ {
+		var p contentPart
+		if err := jsonv2.UnmarshalDecode(dec, &p); err != nil {
+			return err
+		}
+		at := fmt.Sprintf("%s[%d]", field, i)
+		switch {
+		case p.Type == nil:
+			return invalidInput(at+".type", "required")
+		case *p.Type != "text":
+			return invalidInput(at+".type", "%s: only text is implemented", quote(*p.Type))
+		case p.Text == nil:
+			return invalidInput(at+".text", "required")
+		}
+		b.WriteString(*p.Text)
+	}
+	c.text, c.set = b.String(), true
+	_, err := dec.ReadToken()
+	return err
 }
 
 // generation is a parsed request, ready to run.
@@ -143,36 +201,43 @@ type generation struct {
 	returnIDs    bool
 }
 
-// decodeOpenAI reads a request body into v, refusing unknown fields.
-func decodeOpenAI(w http.ResponseWriter, r *http.Request, v any) *openAIError {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		e := decodeError(err)
-		oe := invalid("body", e.message)
-		oe.status, oe.code = e.status, e.code
-		if field, rest, ok := strings.Cut(e.message, ": "); ok && field != "body" {
-			field = strings.TrimPrefix(field, "samplingFields.") // the embedded struct's name
-			oe.param = field
-			oe.message = field + ": " + rest
-			if strings.HasSuffix(e.message, "unknown field") {
-				oe.message = fmt.Sprintf("%s: unknown field (webdraft does not take it)", field)
-				oe.code = "unknown_field"
-			}
-		}
-		return oe
+// decodeOpenAI reads a request body into v strictly (input.go): null
+// counts as absent for a top-level optional field only.
+func (st *state) decodeOpenAI(w http.ResponseWriter, r *http.Request, v any) *openAIError {
+	body, ie := requestBody(w, r)
+	if ie != nil {
+		return st.openAIInputError(ie)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return invalid("body", "trailing data after the JSON object")
+	if err := decodeStrict(body, v, openAINulls); err != nil {
+		return st.openAIInputError(err)
 	}
 	return nil
+}
+
+// openAIInputError answers a refused body in OpenAI's shape, param
+// naming the field: a *tooLongError as a prompt past the context.
+func (st *state) openAIInputError(err error) *openAIError {
+	var tl *tooLongError
+	var ie *inputError
+	switch {
+	case errors.As(err, &tl):
+		return &openAIError{http.StatusBadRequest, "invalid_request_error", tl.field, "context_length_exceeded",
+			fmt.Sprintf("%s: the model's context is %d tokens", tl.Error(), st.maxContext())}
+	case errors.As(err, &ie):
+		msg := ie.Error()
+		if ie.code == "unknown_field" {
+			msg += " (webdraft does not take it)"
+		}
+		return &openAIError{ie.status, "invalid_request_error", ie.field, ie.code, msg}
+	}
+	return invalid("body", clip(err.Error()))
 }
 
 // common checks and applies the fields both endpoints share.
 func (st *state) common(f *samplingFields, g *generation) *openAIError {
 	if f.Model != st.target.Name {
 		return &openAIError{http.StatusNotFound, "invalid_request_error", "model", "model_not_found",
-			fmt.Sprintf("model: %q is not served here; GET /v1/models lists %q", f.Model, st.target.Name)}
+			fmt.Sprintf("model: %s is not served here; GET /v1/models lists %q", quote(f.Model), st.target.Name)}
 	}
 	g.model = f.Model
 	if f.N != nil && *f.N != 1 {
@@ -186,7 +251,7 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 			return invalid(p.name, "penalties are not implemented: leave it out or 0")
 		}
 	}
-	if len(f.LogitBias) > 0 {
+	if !emptyObject(f.LogitBias) {
 		return invalid("logit_bias", "logit_bias is not implemented")
 	}
 	temp, topP := 1.0, 1.0 // OpenAI's defaults
@@ -208,7 +273,7 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 	} else {
 		g.req.Seed = rand.Uint64()
 	}
-	stops, e := parseStop(f.Stop)
+	stops, e := nonEmpty(f.Stop.stops)
 	if e != nil {
 		return e
 	}
@@ -246,23 +311,13 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 	return nil
 }
 
-// parseStop reads stop: null, a string, or up to MaxStops strings.
-func parseStop(raw json.RawMessage) ([]string, *openAIError) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
+// emptyObject reports whether a raw field is absent, null or {}.
+func emptyObject(v jsontext.Value) bool {
+	if len(v) == 0 || v.Kind() == 'n' {
+		return true
 	}
-	var one string
-	if err := json.Unmarshal(raw, &one); err == nil {
-		return nonEmpty([]string{one})
-	}
-	var many []string
-	if err := json.Unmarshal(raw, &many); err != nil {
-		return nil, invalid("stop", "want a string or a list of strings")
-	}
-	if len(many) > MaxStops {
-		return nil, invalid("stop", fmt.Sprintf("%d stop strings: want at most %d", len(many), MaxStops))
-	}
-	return nonEmpty(many)
+	c := v.Clone()
+	return c.Compact() == nil && string(c) == "{}"
 }
 
 func nonEmpty(stops []string) ([]string, *openAIError) {
@@ -320,10 +375,10 @@ func (st *state) checkIDs(field string, ids []int) *openAIError {
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	st, e := s.openAIState()
 	if e == nil {
-		var req completionRequest
-		if e = decodeOpenAI(w, r, &req); e == nil {
+		req := completionRequest{Prompt: promptField{maxIDs: st.maxContext() - 1, maxBytes: st.targetText}}
+		if e = st.decodeOpenAI(w, r, &req); e == nil {
 			var g *generation
-			if g, e = st.parseCompletion(&req); e == nil {
+			if g, e = st.parseCompletion(r, &req); e == nil {
 				s.generate(w, r, st, g)
 				return
 			}
@@ -335,10 +390,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	st, e := s.openAIState()
 	if e == nil {
-		var req chatRequest
-		if e = decodeOpenAI(w, r, &req); e == nil {
+		req := chatRequest{Messages: boundedList[chatMessage]{max: st.maxContext(), maxBytes: st.targetText}}
+		if e = st.decodeOpenAI(w, r, &req); e == nil {
 			var g *generation
-			if g, e = st.parseChat(&req); e == nil {
+			if g, e = st.parseChat(r, &req); e == nil {
 				s.generate(w, r, st, g)
 				return
 			}
@@ -360,7 +415,7 @@ func (s *Server) openAIState() (*state, *openAIError) {
 	return st, nil
 }
 
-func (st *state) parseCompletion(req *completionRequest) (*generation, *openAIError) {
+func (st *state) parseCompletion(r *http.Request, req *completionRequest) (*generation, *openAIError) {
 	g := &generation{}
 	if e := st.common(&req.samplingFields, g); e != nil {
 		return nil, e
@@ -373,7 +428,7 @@ func (st *state) parseCompletion(req *completionRequest) (*generation, *openAIEr
 	case req.BestOf != nil && *req.BestOf != 1:
 		return nil, invalid("best_of", fmt.Sprintf("best_of is %d: webdraft returns one choice a request", *req.BestOf))
 	}
-	prompt, e := st.completionPrompt(req.Prompt)
+	prompt, e := st.completionPrompt(r, &req.Prompt)
 	if e != nil {
 		return nil, e
 	}
@@ -393,57 +448,56 @@ func (st *state) parseCompletion(req *completionRequest) (*generation, *openAIEr
 	return g, max
 }
 
-// completionPrompt reads prompt: text, one text in a list, token ids, or
-// one list of token ids in a list.
-func (st *state) completionPrompt(raw json.RawMessage) ([]int, *openAIError) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, invalid("prompt", "prompt is required")
-	}
-	var text string
-	var texts []string
-	var ids []int
-	var idLists [][]int
+// completionPrompt makes prompt token ids: given, or the text's.
+func (st *state) completionPrompt(r *http.Request, p *promptField) ([]int, *openAIError) {
 	switch {
-	case json.Unmarshal(raw, &text) == nil:
-	case json.Unmarshal(raw, &ids) == nil:
-		return ids, st.checkIDs("prompt", ids)
-	case json.Unmarshal(raw, &texts) == nil && len(texts) == 1:
-		text = texts[0]
-	case json.Unmarshal(raw, &idLists) == nil && len(idLists) == 1:
-		return idLists[0], st.checkIDs("prompt[0]", idLists[0])
-	case len(texts) > 1 || len(idLists) > 1:
-		return nil, invalid("prompt", "several prompts: webdraft takes one a request")
-	default:
-		return nil, invalid("prompt", "want text, a list of token ids, or a list holding one of those")
-	}
-	if st.target.Tokenizer == nil {
+	case !p.set:
+		return nil, invalid("prompt", "prompt is required")
+	case !p.isText:
+		field := "prompt"
+		if p.nested {
+			field = "prompt[0]"
+		}
+		return p.ids, st.checkIDs(field, p.ids)
+	case st.target.Tokenizer == nil:
 		return nil, invalid("prompt", "this model has no tokenizer: give the prompt as token ids")
-	}
-	if text == "" {
+	case p.text == "":
 		return nil, invalid("prompt", "the prompt is empty")
 	}
-	ids = st.target.Tokenizer.Encode(text)
+	if e := clientGone(r); e != nil {
+		return nil, e
+	}
+	ids := st.target.Tokenizer.Encode(p.text)
 	return ids, st.checkIDs("prompt", ids)
 }
 
-func (st *state) parseChat(req *chatRequest) (*generation, *openAIError) {
+// clientGone is a 499 when the client has left: nothing more is worth
+// doing.
+func clientGone(r *http.Request) *openAIError {
+	if r.Context().Err() != nil {
+		return &openAIError{499, "invalid_request_error", "", "client_closed", "the client went away"}
+	}
+	return nil
+}
+
+func (st *state) parseChat(r *http.Request, req *chatRequest) (*generation, *openAIError) {
 	g := &generation{chat: true}
 	if e := st.common(&req.samplingFields, g); e != nil {
 		return nil, e
 	}
 	for _, f := range []struct {
 		name string
-		raw  json.RawMessage
+		raw  jsontext.Value
 	}{{"tools", req.Tools}, {"tool_choice", req.ToolChoice}} {
-		if len(f.raw) > 0 && string(f.raw) != "null" {
+		if len(f.raw) > 0 && f.raw.Kind() != 'n' {
 			return nil, invalid(f.name, "tool calls are not implemented")
 		}
 	}
-	if len(req.ResponseFormat) > 0 && string(req.ResponseFormat) != "null" {
+	if len(req.ResponseFormat) > 0 && req.ResponseFormat.Kind() != 'n' {
 		var rf struct {
 			Type string `json:"type"`
 		}
-		if json.Unmarshal(req.ResponseFormat, &rf) != nil || rf.Type != "text" {
+		if decodeStrict(bytes.NewReader(req.ResponseFormat), &rf, noNulls) != nil || rf.Type != "text" {
 			return nil, invalid("response_format", `only {"type": "text"} is implemented`)
 		}
 	}
@@ -451,24 +505,26 @@ func (st *state) parseChat(req *chatRequest) (*generation, *openAIError) {
 	if tok == nil {
 		return nil, invalid("messages", "this model has no tokenizer: use /v1/completions with token ids")
 	}
-	if len(req.Messages) == 0 {
+	switch {
+	case !req.Messages.set:
+		return nil, invalid("messages", "messages is required")
+	case len(req.Messages.items) == 0:
 		return nil, invalid("messages", "messages is empty")
 	}
-	msgs := make([]tokenizer.Message, len(req.Messages))
-	for i, m := range req.Messages {
+	msgs := make([]tokenizer.Message, len(req.Messages.items))
+	for i, m := range req.Messages.items {
 		role := m.Role
 		switch role {
 		case "developer":
 			role = "system" // OpenAI's newer name for it
 		case "system", "user", "assistant":
 		default:
-			return nil, invalid(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("role %q: want system, developer, user or assistant", m.Role))
+			return nil, invalid(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("role %s: want system, developer, user or assistant", quote(m.Role)))
 		}
-		content, err := messageText(m.Content)
-		if err != nil {
-			return nil, invalid(fmt.Sprintf("messages[%d].content", i), err.Error())
+		if !m.Content.set {
+			return nil, invalid(fmt.Sprintf("messages[%d].content", i), "required")
 		}
-		msgs[i] = tokenizer.Message{Role: role, Content: content}
+		msgs[i] = tokenizer.Message{Role: role, Content: m.Content.text}
 	}
 	thinking := true
 	if k := req.ChatTemplateKwargs; k != nil && k.EnableThinking != nil {
@@ -477,6 +533,9 @@ func (st *state) parseChat(req *chatRequest) (*generation, *openAIError) {
 	text, err := tok.ApplyChatTemplate(msgs, true, thinking)
 	if err != nil {
 		return nil, invalid("messages", err.Error())
+	}
+	if e := clientGone(r); e != nil {
+		return nil, e
 	}
 	g.prompt = tok.Encode(text)
 	if e := st.checkIDs("messages", g.prompt); e != nil {
@@ -500,29 +559,6 @@ func (st *state) parseChat(req *chatRequest) (*generation, *openAIError) {
 	g.req.MaxTokens, e = st.maxTokens(given, field, 0, len(g.prompt))
 	g.req.Prompt = g.prompt
 	return g, e
-}
-
-// messageText reads a message's content: text, or a list of text parts.
-func messageText(raw json.RawMessage) (string, error) {
-	var text string
-	if err := json.Unmarshal(raw, &text); err == nil {
-		return text, nil
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("want text or a list of {\"type\": \"text\", \"text\": …} parts")
-	}
-	var b strings.Builder
-	for i, p := range parts {
-		if p.Type != "text" {
-			return "", fmt.Errorf("part %d is of type %q: only text is implemented", i, p.Type)
-		}
-		b.WriteString(p.Text)
-	}
-	return b.String(), nil
 }
 
 // usage is OpenAI's usage with speculative decoding's counts added.
@@ -609,6 +645,10 @@ func (l logprobs) completion(tokens []speculative.Token, offset int) map[string]
 
 // generate runs g and answers: one JSON object, or an SSE stream.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, st *state, g *generation) {
+	if e := clientGone(r); e != nil { // nothing is queued for a client that has left
+		s.failOpenAI(w, e)
+		return
+	}
 	out := &output{g: g, lp: logprobs{tok: st.target.Tokenizer, topN: g.req.TopN}, created: time.Now().Unix(), id: newID(g.chat)}
 	if tok := st.target.Tokenizer; tok != nil {
 		out.text = newTextStream(tok, g.stops)

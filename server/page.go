@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	crand "crypto/rand"
 	"crypto/subtle"
@@ -103,7 +104,10 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, &apiError{http.StatusNotFound, "no_target", "this server drafts only: start it with a target for the live page"})
 		return
 	}
-	up := websocket.Upgrader{CheckOrigin: sameOrigin, Subprotocols: []string{wsProtocol}}
+	up := websocket.Upgrader{CheckOrigin: sameOrigin, Subprotocols: []string{wsProtocol},
+		Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
+			s.fail(w, &apiError{status, statusCode(status), reason.Error()})
+		}}
 	conn, err := up.Upgrade(w, r, nil)
 	if err != nil {
 		return // Upgrade has answered the client
@@ -138,7 +142,9 @@ type pageSession struct {
 	closed bool               // send is closed: nothing more is emitted
 }
 
-// startMessage is the page's request for a run.
+// startMessage is the page's request for a run, decoded as strictly as
+// the API's bodies (input.go): exact names, no duplicates, no nulls, no
+// unknown fields.
 type startMessage struct {
 	Type        string  `json:"type"`
 	Prompt      string  `json:"prompt"`
@@ -171,8 +177,8 @@ func (ps *pageSession) read() {
 			return
 		}
 		var m startMessage
-		if err := json.Unmarshal(data, &m); err != nil {
-			ps.emit(map[string]any{"type": "error", "message": "a message that is not JSON: " + err.Error()})
+		if err := decodeStrict(bytes.NewReader(data), &m, noNulls); err != nil {
+			ps.emit(map[string]any{"type": "error", "message": err.Error()})
 			continue
 		}
 		switch m.Type {
@@ -187,7 +193,7 @@ func (ps *pageSession) read() {
 		case "stop":
 			ps.stop()
 		default:
-			ps.emit(map[string]any{"type": "error", "message": fmt.Sprintf("type %q: want start or stop", m.Type)})
+			ps.emit(map[string]any{"type": "error", "message": fmt.Sprintf("type %s: want start or stop", quote(m.Type))})
 		}
 	}
 }

@@ -12,10 +12,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +70,9 @@ type state struct {
 	sched   *scheduler.Scheduler
 	gen     *speculative.Generator // nil without a target
 	started time.Time
+	// drafterText and targetText bound a request's text, in bytes, by
+	// the models' contexts (textBound): longer cannot fit.
+	drafterText, targetText int
 }
 
 // New returns a server that is not ready yet; with apiKey set every
@@ -91,6 +93,7 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 		}
 	}
 	st := &state{drafter: c.Drafter, target: c.Target, started: time.Now()}
+	st.drafterText = textBound(c.Drafter.Tokenizer, c.Drafter.Engine.Config().MaxPositionEmbeddings)
 	if c.Target != nil {
 		if c.Target.Stop == nil {
 			t := *c.Target
@@ -111,6 +114,7 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 			return err
 		}
 		s.metrics.watchGenerator(st.gen)
+		st.targetText = textBound(st.target.Tokenizer, st.maxContext())
 	}
 	st.sched = scheduler.New(c.Drafter.Engine, c.Scheduler)
 	s.metrics.watch(st.sched)
@@ -132,21 +136,139 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 	return err
 }
 
-// Handler routes the API.
+// Handler routes the API. Every response carries X-Content-Type-Options:
+// nosniff, and every error is JSON in its route's shape: OpenAI's under
+// /v1/, the server's own elsewhere — a path or method no route takes
+// included.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /draft", s.draft)
 	mux.HandleFunc("GET /health", s.health)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", s.jsonErrors(promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /{$}", s.page)
-	mux.Handle("GET /static/", http.StripPrefix("/static/", web.Static()))
+	mux.Handle("GET /static/", s.jsonErrors(http.StripPrefix("/static/", web.Static())))
 	mux.HandleFunc("GET /ws", s.websocket)
 	mux.HandleFunc("GET /sessions/{id}/events", s.sessionEvents)
-	return s.authorize(mux)
+	routed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h, pattern := mux.Handler(r); pattern == "" {
+			s.noRoute(w, r, h)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+	authorized := s.authorize(routed)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		authorized.ServeHTTP(w, r)
+	})
 }
+
+// noRoute answers a request no route takes: the mux's own answer (404,
+// or 405 with Allow) as a JSON error.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	rec := &headerRecorder{header: http.Header{}}
+	h.ServeHTTP(rec, r)
+	where := clip(r.Method + " " + r.URL.Path)
+	status, code, msg := http.StatusNotFound, "not_found", fmt.Sprintf("%s: no such route (docs/reference.md, \"HTTP API\")", where)
+	if rec.status == http.StatusMethodNotAllowed {
+		allow := rec.header.Get("Allow")
+		w.Header().Set("Allow", allow)
+		status, code, msg = rec.status, "method_not_allowed", fmt.Sprintf("%s: the method is not allowed here; allowed: %s", where, allow)
+	}
+	s.failRoute(w, r, status, code, msg)
+}
+
+// failRoute answers an error in the shape of r's route.
+func (s *Server) failRoute(w http.ResponseWriter, r *http.Request, status int, code, msg string) {
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		typ := "invalid_request_error"
+		if status >= 500 {
+			typ = "server_error"
+		}
+		s.failOpenAI(w, &openAIError{status, typ, "", code, msg})
+		return
+	}
+	s.fail(w, &apiError{status, code, msg})
+}
+
+// headerRecorder keeps what a handler sets — headers and status — and
+// drops its body.
+type headerRecorder struct {
+	header http.Header
+	status int
+}
+
+func (h *headerRecorder) Header() http.Header { return h.header }
+
+func (h *headerRecorder) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
+}
+
+func (h *headerRecorder) Write(b []byte) (int, error) {
+	h.WriteHeader(http.StatusOK)
+	return len(b), nil
+}
+
+// jsonErrors makes next's plain-text errors (the file server's 404, the
+// metrics handler's 500) JSON errors in the server's shape; its other
+// answers pass as they are.
+func (s *Server) jsonErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&errorRewriter{ResponseWriter: w, s: s, r: r}, r)
+	})
+}
+
+// errorRewriter passes a response through unless its status is an error:
+// then it answers with a JSON error of that status and drops the body.
+type errorRewriter struct {
+	http.ResponseWriter
+	s         *Server
+	r         *http.Request
+	wrote     bool
+	rewriting bool
+}
+
+func (e *errorRewriter) WriteHeader(status int) {
+	if e.wrote {
+		return
+	}
+	e.wrote = true
+	if status < 400 {
+		e.ResponseWriter.WriteHeader(status)
+		return
+	}
+	e.rewriting = true
+	h := e.ResponseWriter.Header()
+	for _, k := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
+		h.Del(k)
+	}
+	e.s.failRoute(e.ResponseWriter, e.r, status, statusCode(status), fmt.Sprintf("%s: %s", clip(e.r.Method+" "+e.r.URL.Path), strings.ToLower(http.StatusText(status))))
+}
+
+func (e *errorRewriter) Write(b []byte) (int, error) {
+	e.WriteHeader(http.StatusOK)
+	if e.rewriting {
+		return len(b), nil
+	}
+	return e.ResponseWriter.Write(b)
+}
+
+// statusCode is an error code for a status that has no code of its own:
+// its text in snake case ("not_found").
+func statusCode(status int) string {
+	if t := http.StatusText(status); t != "" {
+		return strings.ReplaceAll(strings.ToLower(t), " ", "_")
+	}
+	return "error"
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (e *errorRewriter) Unwrap() http.ResponseWriter { return e.ResponseWriter }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	st := s.ready.Load()
@@ -166,19 +288,27 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, h)
 }
 
-// draftRequest is the body of POST /draft.
+// draftRequest is the body of POST /draft. tokens, text and messages are
+// bounded as they are read (input.go).
 type draftRequest struct {
-	Tokens   []int     `json:"tokens"`
-	Text     *string   `json:"text"`
-	Messages []message `json:"messages"`
-	N        *int      `json:"n"`
-	PMin     *float64  `json:"p_min"`   // stop drafting before a token the drafter gives less than this
-	Session  string    `json:"session"` // a hint only: the prefix cache works without it
+	Tokens   idList               `json:"tokens"`
+	Text     boundedText          `json:"text"`
+	Messages boundedList[message] `json:"messages"`
+	N        *int                 `json:"n"`
+	PMin     *float64             `json:"p_min"`   // stop drafting before a token the drafter gives less than this
+	Session  string               `json:"session"` // a hint only: the prefix cache works without it
 }
 
 type message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role    string  `json:"role"`
+	Content *string `json:"content"` // required
+}
+
+func (m message) textBytes() int {
+	if m.Content == nil {
+		return len(m.Role)
+	}
+	return len(m.Role) + len(*m.Content)
 }
 
 type draftResponse struct {
@@ -196,6 +326,9 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, tokens, apiErr := s.parse(w, r, st)
+	if apiErr == nil {
+		apiErr = gone(r) // nothing is queued for a client that has left
+	}
 	if apiErr != nil {
 		s.fail(w, apiErr)
 		return
@@ -228,19 +361,25 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 }
 
 // parse decodes and validates a request body into the context tokens.
+// A context longer than the model's positions cannot be drafted from (n
+// is at least 1): such token ids, text or messages are refused as they
+// are read, before the rest is decoded or anything is tokenized.
 func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draftRequest, []int, *apiError) {
-	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	var req draftRequest
-	if err := dec.Decode(&req); err != nil {
-		return nil, nil, decodeError(err)
+	body, ie := requestBody(w, r)
+	if ie != nil {
+		return nil, nil, draftInputError(ie, 0)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, nil, badRequest("body", "trailing data after the JSON object")
+	cfg := st.drafter.Engine.Config()
+	req := draftRequest{
+		Tokens:   idList{max: cfg.MaxPositionEmbeddings},
+		Text:     boundedText{max: st.drafterText},
+		Messages: boundedList[message]{max: cfg.MaxPositionEmbeddings, maxBytes: st.drafterText},
+	}
+	if err := decodeStrict(body, &req, noNulls); err != nil {
+		return nil, nil, draftInputError(err, cfg.MaxPositionEmbeddings)
 	}
 	given := 0
-	for _, set := range []bool{req.Tokens != nil, req.Text != nil, req.Messages != nil} {
+	for _, set := range []bool{req.Tokens.set, req.Text.set, req.Messages.set} {
 		if set {
 			given++
 		}
@@ -254,42 +393,50 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 	if req.PMin != nil && !(*req.PMin >= 0 && *req.PMin <= 1) {
 		return nil, nil, badRequest("p_min", fmt.Sprintf("p_min is %v; want 0…1", *req.PMin))
 	}
-	cfg := st.drafter.Engine.Config()
 	var tokens []int
 	field := "tokens"
-	if req.Tokens == nil && st.drafter.Tokenizer == nil {
+	if !req.Tokens.set && st.drafter.Tokenizer == nil {
 		f := "text"
-		if req.Messages != nil {
+		if req.Messages.set {
 			f = "messages"
 		}
 		return nil, nil, badRequest(f, "this model has no tokenizer: give \"tokens\"")
 	}
 	switch {
-	case req.Tokens != nil:
-		tokens = req.Tokens
-	case req.Text != nil:
+	case req.Tokens.set:
+		tokens = req.Tokens.ids
+	case req.Text.set:
 		field = "text"
-		if *req.Text == "" {
+		if req.Text.text == "" {
 			return nil, nil, badRequest("text", "text is empty")
 		}
-		tokens = st.drafter.Tokenizer.Encode(*req.Text)
+		if e := gone(r); e != nil {
+			return nil, nil, e
+		}
+		tokens = st.drafter.Tokenizer.Encode(req.Text.text)
 	default:
 		field = "messages"
-		if len(req.Messages) == 0 {
+		if len(req.Messages.items) == 0 {
 			return nil, nil, badRequest("messages", "messages is empty")
 		}
-		msgs := make([]tokenizer.Message, len(req.Messages))
-		for i, m := range req.Messages {
+		msgs := make([]tokenizer.Message, len(req.Messages.items))
+		for i, m := range req.Messages.items {
 			switch m.Role {
 			case "system", "user", "assistant":
 			default:
-				return nil, nil, badRequest(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("role %q: want system, user or assistant", m.Role))
+				return nil, nil, badRequest(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("role %s: want system, user or assistant", quote(m.Role)))
 			}
-			msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+			if m.Content == nil {
+				return nil, nil, badRequest(fmt.Sprintf("messages[%d].content", i), "required")
+			}
+			msgs[i] = tokenizer.Message{Role: m.Role, Content: *m.Content}
 		}
 		prompt, err := st.drafter.Tokenizer.ApplyChatTemplate(msgs, true, true)
 		if err != nil {
 			return nil, nil, badRequest("messages", err.Error())
+		}
+		if e := gone(r); e != nil {
+			return nil, nil, e
 		}
 		tokens = st.drafter.Tokenizer.Encode(prompt)
 	}
@@ -308,6 +455,14 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 	return &req, tokens, nil
 }
 
+// gone is a 499 when the client has left: nothing more is worth doing.
+func gone(r *http.Request) *apiError {
+	if r.Context().Err() != nil {
+		return &apiError{499, "client_closed", "the client went away"}
+	}
+	return nil
+}
+
 // apiError is an error response: {"error": {"code", "message"}}.
 type apiError struct {
 	status  int
@@ -320,34 +475,22 @@ func badRequest(field, msg string) *apiError {
 	return &apiError{http.StatusBadRequest, "invalid_request", field + ": " + msg}
 }
 
-func decodeError(err error) *apiError {
-	var syntax *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	var tooBig *http.MaxBytesError
+// draftInputError answers a refused body: a *tooLongError as a context
+// past the model's positions, others as they are.
+func draftInputError(err error, positions int) *apiError {
+	var tl *tooLongError
+	var ie *inputError
 	switch {
-	case errors.As(err, &tooBig):
-		return &apiError{http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body: larger than %d bytes", tooBig.Limit)}
-	case errors.As(err, &syntax):
-		return badRequest("body", fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
-	case errors.As(err, &typ):
-		field := typ.Field
-		if field == "" {
-			field = "body"
+	case errors.As(err, &tl):
+		return &apiError{http.StatusRequestEntityTooLarge, "context_too_large", fmt.Sprintf("%s: past the model's %d positions", tl.Error(), positions)}
+	case errors.As(err, &ie):
+		code := ie.code
+		if code == "unknown_field" {
+			code = "invalid_request" // /draft's code for every bad field
 		}
-		return badRequest(field, fmt.Sprintf("want %s, got JSON %s", typ.Type, typ.Value))
-	case errors.Is(err, io.EOF):
-		return badRequest("body", "empty body: want a JSON object")
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return badRequest("body", "malformed JSON: unexpected end")
+		return &apiError{ie.status, code, ie.Error()}
 	}
-	// encoding/json reports unknown fields as `json: unknown field "x"`.
-	msg := err.Error()
-	const prefix = "json: unknown field "
-	if len(msg) > len(prefix) && msg[:len(prefix)] == prefix {
-		name, _ := strconv.Unquote(msg[len(prefix):])
-		return badRequest(name, "unknown field")
-	}
-	return badRequest("body", msg)
+	return &apiError{http.StatusBadRequest, "invalid_request", "body: " + clip(err.Error())}
 }
 
 func (s *Server) schedulerError(err error) *apiError {

@@ -25,6 +25,7 @@ import (
 type fixture struct {
 	url string
 	eng engine.Engine
+	srv *Server
 }
 
 // newFixture serves the untied golden model (vocab 1024, 512 positions) on
@@ -64,7 +65,7 @@ func newFixtureTokenizer(t *testing.T, opts scheduler.Options, wrap func(engine.
 	}()
 	t.Cleanup(func() { ts.Close(); cancel(); <-done })
 	waitReady(t, ts.URL)
-	return &fixture{url: ts.URL, eng: eng}
+	return &fixture{url: ts.URL, eng: eng, srv: srv}
 }
 
 func waitReady(t *testing.T, url string) {

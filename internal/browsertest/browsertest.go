@@ -77,14 +77,19 @@ func New(t *testing.T, timeout time.Duration) context.Context {
 	return ctx
 }
 
-// Console logs a tab's console messages until its context ends.
+// Console logs a tab's console messages until its context ends; an error
+// or an uncaught exception fails the test (a page that works logs none).
 func Console(t *testing.T, ctx context.Context, wg *sync.WaitGroup) {
 	wg.Go(func() {
 		for m, err := range chromedp.Console(ctx) {
 			if err != nil {
 				return
 			}
-			t.Logf("console %s", m)
+			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
+				t.Errorf("console %s", m)
+			} else {
+				t.Logf("console %s", m)
+			}
 		}
 	})
 }

@@ -265,7 +265,7 @@
     for (let a = 0; a <= r.k; a++) hist.push(r.hist[a] || 0);
     bars($("hist"), hist, hist.map((_, a) => String(a)), Math.max(1, ...hist), (v) => String(v), r.k);
     const rates = [];
-    for (let i = 0; i < r.k; i++) rates.push(r.reached[i] ? r.acc[i] / r.reached[i] : 0);
+    for (let i = 0; i < r.k; i++) rates.push(r.reached[i] ? (r.acc[i] || 0) / r.reached[i] : 0);
     bars($("rates"), rates, rates.map((_, i) => String(i + 1)), 1, (v, i) => (r.reached[i] ? Math.round(100 * v) + "%" : ""), -1);
     const mean = (xs) => (xs.length ? xs.reduce((s, x) => s + x, 0) / xs.length : NaN);
     $("draft_ms").textContent = r.steps ? mean(r.draftMs).toFixed(2) : "–";

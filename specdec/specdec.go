@@ -41,6 +41,10 @@ type Result struct {
 	// Reached[i] counts the steps that compared draft token i (all before
 	// it accepted); Accepted[i] those that accepted it.
 	Reached, Accepted []int
+	// Continuations are the target's greedy continuations, one per prompt
+	// in order (for measures of the text itself, such as package
+	// textstats).
+	Continuations [][]int
 }
 
 // Tau is the mean acceptance length: tokens gained per verification step.
@@ -93,6 +97,7 @@ func Run(ctx context.Context, target, drafter engine.Engine, prompts [][]int, o 
 		if err := r.verify(ctx, drafter, group, conts); err != nil {
 			return nil, fmt.Errorf("drafter, prompts %d…%d: %w", lo, lo+len(group)-1, err)
 		}
+		r.Continuations = append(r.Continuations, conts...)
 		r.Prompts += len(group)
 		if o.Progress != nil {
 			o.Progress(r.Prompts)

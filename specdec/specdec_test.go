@@ -48,6 +48,15 @@ func TestPerfectDrafter(t *testing.T) {
 			t.Errorf("position %d accepted at rate %g", i, r.AcceptRate(i))
 		}
 	}
+	// The target's continuations come back, one per prompt in order.
+	if len(r.Continuations) != len(prompts) {
+		t.Fatalf("%d continuations for %d prompts", len(r.Continuations), len(prompts))
+	}
+	for i, c := range r.Continuations {
+		if len(c) != n {
+			t.Errorf("continuation %d: %d tokens, want %d", i, len(c), n)
+		}
+	}
 }
 
 // TestAccounting: with an unrelated drafter, the counts stay consistent:

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"webdraft/engine"
+	"webdraft/sampling"
 	"webdraft/speculative"
+	"webdraft/textstats"
 )
 
 // liveBench is what `bench spec --live` measures.
@@ -19,7 +21,10 @@ type liveBench struct {
 	prompts                 [][]int
 	ks                      []int
 	newTokens, batch        int
-	args                    []string
+	// sampling is every request's: greedy at temperature 0, else prompt i
+	// draws with seed i.
+	sampling sampling.Params
+	args     []string
 }
 
 // liveRun is one configuration's measurement: k draft tokens a step (0:
@@ -30,6 +35,7 @@ type liveRun struct {
 	drafted, accep int
 	wall           time.Duration
 	draft, verify  []time.Duration // per step
+	outputs        [][]int         // the timed pass's tokens, per prompt
 }
 
 func (r *liveRun) rate() float64 { return float64(r.tokens) / r.wall.Seconds() }
@@ -38,12 +44,14 @@ func (r *liveRun) tau() float64  { return float64(r.tokens) / float64(r.steps) }
 // step is the wall-clock time per step of the loop (all generations').
 func (r *liveRun) step() time.Duration { return r.wall / time.Duration(max(len(r.verify), 1)) }
 
-// benchSpecLive runs the speculative loop greedily over the prompts for
-// each k and for the target alone, and reports τ, tokens/s, the speedup
+// benchSpecLive runs the speculative loop over the prompts (greedy, or
+// sampling with b.sampling) for each k and for the target alone, and
+// reports τ, tokens/s, the speedup
 // and the cost model speedup ≈ τ / (k·t_draft/t_target + t_verify/t_target)
 // filled in from the measured means: t_draft the drafter's time per
 // draft token, t_verify the target's time per verification step, t_target
-// the target's time per step alone.
+// the target's time per step alone; and the loop rate and distinct-4 of
+// the target alone's outputs.
 func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	var runs []*liveRun
 	for _, k := range append([]int{0}, b.ks...) {
@@ -56,9 +64,14 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	}
 	alone := runs[0]
 	tTarget := mean(alone.verify)
-	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, %d new tokens each, greedy, %d at once\n",
-		b.targetName, b.drafterName, len(b.prompts), b.newTokens, b.batch)
-	fmt.Fprintf(e.stdout, "the target alone: %.1f tokens/s, t_target %.3f ms a step (%.3f ms with the loop's own time)\n\n", alone.rate(), ms(tTarget), ms(alone.step()))
+	mode := "greedy"
+	if !b.sampling.Greedy() {
+		mode = fmt.Sprintf("temperature %g, top-p %g, prompt i with seed i", b.sampling.Temperature, b.sampling.TopP)
+	}
+	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, %d new tokens each, %s, %d at once\n",
+		b.targetName, b.drafterName, len(b.prompts), b.newTokens, mode, b.batch)
+	fmt.Fprintf(e.stdout, "the target alone: %.1f tokens/s, t_target %.3f ms a step (%.3f ms with the loop's own time)\n", alone.rate(), ms(tTarget), ms(alone.step()))
+	fmt.Fprintf(e.stdout, "the target alone's outputs: %s\n\n", textSummary(textstats.Summarize(alone.outputs)))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "k\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tk·t_draft/t_target\tt_verify/t_target\tmodel speedup\t")
 	for _, r := range runs[1:] {
@@ -78,9 +91,9 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	return nil
 }
 
-// run generates b.newTokens greedy tokens after each prompt, b.batch at
-// a time, with k draft tokens a step: once untimed, so that every pipeline
-// the batches' changing shapes need is compiled, then timed.
+// run generates b.newTokens tokens after each prompt, b.batch at a time,
+// with k draft tokens a step: once untimed, so that every pipeline the
+// batches' changing shapes need is compiled, then timed.
 func (b liveBench) run(ctx context.Context, k int) (*liveRun, error) {
 	r := &liveRun{k: k}
 	var mu sync.Mutex
@@ -99,34 +112,36 @@ func (b liveBench) run(ctx context.Context, k int) (*liveRun, error) {
 	done := make(chan struct{})
 	go func() { g.Run(runCtx); close(done) }()
 	defer func() { stop(); <-done }()
-	if _, err := b.generateAll(ctx, g, k); err != nil {
+	if _, _, err := b.generateAll(ctx, g, k); err != nil {
 		return nil, err
 	}
 	mu.Lock()
 	r.draft, r.verify = nil, nil
 	mu.Unlock()
 	start := time.Now()
-	st, err := b.generateAll(ctx, g, k)
+	st, outputs, err := b.generateAll(ctx, g, k)
 	if err != nil {
 		return nil, err
 	}
 	r.wall = time.Since(start)
+	r.outputs = outputs
 	r.tokens, r.steps, r.drafted, r.accep = st.Tokens, st.Steps, st.Drafted, st.Accepted
 	return r, nil
 }
 
 // generateAll runs every prompt through g, b.batch at a time, and sums
-// their stats.
-func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, k int) (speculative.Stats, error) {
+// their stats; outputs are the tokens of each prompt's generation.
+func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, k int) (sum speculative.Stats, outputs [][]int, err error) {
 	var mu sync.Mutex
-	var sum speculative.Stats
-	jobs := make(chan []int)
+	outputs = make([][]int, len(b.prompts))
+	jobs := make(chan int)
 	errs := make(chan error, b.batch)
 	var wg sync.WaitGroup
 	for range b.batch {
 		wg.Go(func() {
-			for p := range jobs {
-				q := speculative.Request{Prompt: p, MaxTokens: b.newTokens, K: k}
+			for i := range jobs {
+				q := speculative.Request{Prompt: b.prompts[i], MaxTokens: b.newTokens, K: k,
+					Sampling: b.sampling, Seed: uint64(i)}
 				if k == 0 {
 					q.K = speculative.NoDraft
 				}
@@ -135,7 +150,12 @@ func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, k 
 					errs <- err
 					return
 				}
+				ids := make([]int, len(res.Tokens))
+				for j, t := range res.Tokens {
+					ids[j] = t.ID
+				}
 				mu.Lock()
+				outputs[i] = ids
 				sum.Tokens += res.Stats.Tokens
 				sum.Steps += res.Stats.Steps
 				sum.Drafted += res.Stats.Drafted
@@ -144,11 +164,10 @@ func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, k 
 			}
 		})
 	}
-	var err error
 feed:
-	for _, p := range b.prompts {
+	for i := range b.prompts {
 		select {
-		case jobs <- p:
+		case jobs <- i:
 		case err = <-errs:
 			break feed
 		}
@@ -161,7 +180,7 @@ feed:
 		default:
 		}
 	}
-	return sum, err
+	return sum, outputs, err
 }
 
 func mean(d []time.Duration) time.Duration {

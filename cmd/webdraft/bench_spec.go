@@ -12,29 +12,39 @@ import (
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/sampling"
 	"webdraft/specdec"
 	"webdraft/speculative"
+	"webdraft/textstats"
 	"webdraft/weights"
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--batch 1]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--batch 1] [--temperature 0] [--top-p 1]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter)")
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
 	k := fs.Int("k", 16, "draft length per verification step")
-	newTokens := fs.Int("new-tokens", 128, "length of the target's greedy continuation per prompt")
+	newTokens := fs.Int("new-tokens", 128, "tokens per prompt: the target's greedy continuation (with --live, each generation's length); the report gives their loop rate (the share in which a run of 12 tokens occurs 3 times without overlap) and distinct-4 (distinct 4-grams over 4-grams, the mean)")
 	maxPrompts := fs.Int("max-prompts", 0, "use at most this many prompts (0: all)")
 	batch := fs.Int("batch", 32, "prompts measured side by side (batched forward passes; the result does not depend on it)")
 	backendFlag := fs.String("backend", "auto", backendUsage+"; for both models")
 	svg := fs.String("svg", "", "also write the acceptance-length histogram as SVG to this file")
-	live := fs.Bool("live", false, "run the real loop — the target verifying each draft — for each k of --ks and the target alone, and report wall-clock tokens/s, the speedup and the cost model; --batch is then how many prompts generate at once (default 1)")
+	live := fs.Bool("live", false, "run the real loop — the target verifying each draft — for each k of --ks and the target alone, greedy or at --temperature, and report wall-clock tokens/s, the speedup and the cost model; --batch is then how many prompts generate at once (default 1)")
 	ksFlag := fs.String("ks", "1,2,4,8,16", "with --live: the draft lengths to measure")
+	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
+	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *promptsFile == "" {
 		return usagef("--prompts is required")
+	}
+	if !*live && (isSet(fs, "temperature") || isSet(fs, "top-p")) {
+		return usagef("--temperature and --top-p take --live (the offline measure is greedy)")
+	}
+	if !(*temperature >= 0 && *temperature <= 2) || !(*topP > 0 && *topP <= 1) {
+		return usagef("--temperature %v, --top-p %v: want 0…2 and a value in (0, 1]", *temperature, *topP)
 	}
 	if *live && !isSet(fs, "batch") {
 		*batch = 1
@@ -95,6 +105,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		return benchSpecLive(ctx, e, liveBench{
 			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
 			prompts: prompts, ks: ks, newTokens: *newTokens, batch: *batch, args: args,
+			sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		})
 	}
 	opts := specdec.Options{K: *k, NewTokens: *newTokens, Batch: *batch}
@@ -108,7 +119,8 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, k = %d, %d target tokens each\n", targetName, drafterName, r.Prompts, *k, *newTokens)
-	fmt.Fprintf(e.stdout, "τ (mean tokens per verification step) = %.3f over %d steps\n\n", r.Tau(), r.Steps)
+	fmt.Fprintf(e.stdout, "τ (mean tokens per verification step) = %.3f over %d steps\n", r.Tau(), r.Steps)
+	fmt.Fprintf(e.stdout, "the target's continuations: %s\n\n", textSummary(textstats.Summarize(r.Continuations)))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "accepted\tsteps\tshare\tdraft position\taccept rate")
 	for a := range r.Hist {
@@ -129,6 +141,17 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench spec %s\n", strings.Join(args, " "))
 	return nil
+}
+
+// textSummary is the loop rate and distinct-4 of a set of continuations,
+// for a report line.
+func textSummary(s textstats.Summary) string {
+	distinct := "n/a (none has 4 tokens)"
+	if s.Measured > 0 {
+		distinct = fmt.Sprintf("%.3f", s.Distinct)
+	}
+	return fmt.Sprintf("loop rate %.3f (%d of %d loop: a run of %d tokens %d times without overlap), distinct-%d %s (the mean over them)",
+		s.LoopRate(), s.Looping, s.Sequences, textstats.LoopRun, textstats.LoopTimes, textstats.DistinctOrder, distinct)
 }
 
 // readPrompts reads a prompts file, tokenizing text with the model's tokenizer.

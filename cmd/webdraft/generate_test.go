@@ -11,7 +11,8 @@ import (
 // the target alone, and the summary gives τ, the histogram and both
 // rates; a golden pair (no tokenizer) prints ids.
 func TestGenerate(t *testing.T) {
-	code, stdout, stderr := webdraft(t, "generate", "--text", "def quicksort(xs):", "--k", "4", "--max-tokens", "24", "--backend", "cpu")
+	// A prompt the pair continues past 24 tokens (no end of text).
+	code, stdout, stderr := webdraft(t, "generate", "--text", "import os\n\n\ndef read_config(path):\n    \"\"\"", "--k", "4", "--max-tokens", "24", "--backend", "cpu")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}

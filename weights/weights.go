@@ -4,7 +4,8 @@
 // trained by the recipe in weights/train on the data of DATA_MANIFEST.md.
 //
 //	drafter/  the drafter `webdraft serve` and `webdraft draft` run when no
-//	          --model is given (a webdraft int4 folder)
+//	          --model is given (a webdraft int4 folder that uses target/'s
+//	          embedding, and a head over the 32,768 most used tokens)
 //	target/   its target, for the speculative demo and `webdraft bench spec`
 //
 // A binary built with the tag webdraft_noembed carries neither (for

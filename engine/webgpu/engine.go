@@ -28,7 +28,7 @@ import (
 type Options struct {
 	KVBytes      int64 // KV-cache memory (default 256 MiB)
 	BlockSize    int   // positions per KV block (default 16)
-	MaxSequences int   // sequence slots: running and cached (default 256)
+	MaxSequences int   // sequence slots: running and cached (default 256, or half the KV blocks when those are fewer)
 	MaxRows      int   // tokens per forward pass; larger batches take several (default 512)
 	// KV is the KV cache's element type: "f16" (half the memory and the
 	// bytes attention reads; the default where the adapter has shader-f16)
@@ -88,6 +88,7 @@ func Open(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 
 // New uploads w to dev and allocates the KV cache and activations.
 func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
+	sequencesDefaulted := opts.MaxSequences <= 0
 	opts.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -117,6 +118,12 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 	}
 	blockBytes := int64(engine.KVBytesPerToken(&cfg, elem) * opts.BlockSize)
 	blocks := int(opts.KVBytes / blockBytes)
+	if sequencesDefaulted && blocks <= opts.MaxSequences {
+		// A small budget for a deep model: as many sequences as leave each
+		// a block to grow into.
+		opts.MaxSequences = max(1, blocks/2)
+		e.opts.MaxSequences = opts.MaxSequences
+	}
 	if blocks <= opts.MaxSequences {
 		e.Close()
 		return nil, fmt.Errorf("KV budget of %d MiB holds %d blocks of %d positions: too few for %d sequences", opts.KVBytes>>20, blocks, opts.BlockSize, opts.MaxSequences)

@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
-# The whole recipe on the GPU machine in two phases, each within one of its
-# 10-minute runs; the models of a phase train side by side, one per GPU when
-# there are two (both on one GPU otherwise). WEBDRAFT is a webdraft binary
-# built for that machine; OUT keeps the work between the phases.
+# The whole recipe on the GPU machine, in phases that each fit one of its
+# 10-minute runs; stages that can overlap run side by side (one per GPU when
+# there are several, sharing the one otherwise). WEBDRAFT is a webdraft
+# binary built for that machine; OUT keeps the work of a phase.
 #
-#   phase 1: corpus; target and raw-text drafter side by side; the int4
-#            target; its greedy continuations (distillation set), two shards
-#   phase 2: the drafter distilled two ways side by side — cross-entropy on
-#            the continuations (a), and that plus KL from the target's
-#            distribution (b) —, each then int4 QAT; the table's drafters
-#            converted
-#   bench:   `webdraft bench spec` of every drafter on the held-out prompts, k = 16
+#   target:  the corpus (the Python sources there and, from GO_SRC, the Go
+#            toolchain's); the target from scratch; its int4 folder; the
+#            quality figures of the old and the new target (quality.py)
+#   target-more: another cycle of the target's training (see below)
+#   drafter: the corpus again (the same files: prepare_data.py is
+#            deterministic) unless OUT has it; the drafter on raw text over
+#            the int4 target's embedding, frozen, and beside it the target's
+#            greedy continuations (the distillation set); the drafter
+#            distilled on them, then int4 QAT; the table's drafters
+#            converted against TARGET (the target's int4 folder)
+#   bench:   `webdraft bench spec` of each of those drafters
 #
-#   WEBDRAFT=.gpu/webdraft OUT=/tmp/pair bash weights/train/pipeline.sh 1
-#   WEBDRAFT=.gpu/webdraft OUT=/tmp/pair bash weights/train/pipeline.sh 2
-#   WEBDRAFT=.gpu/webdraft OUT=/tmp/pair bash weights/train/pipeline.sh bench
+#   WEBDRAFT=.gpu/webdraft GO_SRC=.gpu/gosrc.tar.xz OUT=/tmp/pair bash weights/train/pipeline.sh target
+#   WEBDRAFT=.gpu/webdraft OUT=/tmp/pair bash weights/train/pipeline.sh target-more   # as often as time allows
+#   OUT=/tmp/pair bash weights/train/pipeline.sh export-target DEST   # what leaves the machine
+#   (here: the target into weights/target; then, with that tree, on the machine again)
+#   WEBDRAFT=.gpu/webdraft GO_SRC=.gpu/gosrc.tar.xz TARGET=weights/target OUT=/tmp/pair bash weights/train/pipeline.sh drafter
+#   OUT=/tmp/pair bash weights/train/pipeline.sh export-drafter DEST
 #
-# SMOKE=1 runs every stage for a few steps only (checks the plumbing).
-# Budgets in minutes: PHASE1_MINUTES (9.2: what the target and raw drafter
-# get is what data preparation leaves), DISTILL_GEN_MINUTES (1.8),
-# DISTILL_MINUTES (3.2), QAT_MINUTES (1.3).
+# The drafter leaves as Hugging Face folders without an embedding;
+# `webdraft convert --embedding-from weights/target` makes the shipped one
+# (weights/train/README.md). SMOKE=1 runs every stage for a few steps only
+# (checks the plumbing). Budgets in minutes: TARGET_PHASE_MINUTES (9: the
+# target gets what data preparation and its conversion leave), TARGET_MORE_MINUTES (8), RAW_MINUTES
+# (2.4), DISTILL_GEN_MINUTES (1.6), DISTILL_MINUTES (2.2), QAT_MINUTES (0.9).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary}
 OUT=${OUT:-/tmp/pair}
 D=$OUT/data
 L=$OUT/logs
@@ -51,54 +59,82 @@ waitall() {
   tail -n 2 "$L"/*.log
   [ $fail = 0 ] || { echo "a stage failed; logs in $L" >&2; exit 1; }
 }
+prepare() {
+  [ -e "$D/token_counts.npy" ] && return
+  local go=()
+  [ -n "${GO_SRC:-}" ] && go=(--go-src "$GO_SRC")
+  py prepare_data.py --out "$D" "${files[@]}" "${go[@]}" | tee "$L/prepare.log"
+}
 
-phase1() {
-  local start=$SECONDS
-  py prepare_data.py --out "$D" "${files[@]}" | tee "$L/prepare.log"
-  local left minutes
-  left=$(python3 -c "print(${PHASE1_MINUTES:-9.2} - ($SECONDS - $start) / 60)")
-  minutes=$(python3 -c "print(round($left - ${DISTILL_GEN_MINUTES:-1.8} - 0.5, 2))")
-  echo "training the target and the raw drafter for $minutes minutes"
+target() {
+  local W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary} start=$SECONDS minutes
+  prepare
+  minutes=$(python3 -c "print(round(${TARGET_PHASE_MINUTES:-9} - ($SECONDS - $start) / 60 - 0.8, 2))")
+  echo "training the target for $minutes minutes"
   on 0 target py train.py --role target --stage raw --data "$D" --out "$OUT/target-hf" --minutes "$minutes" "${smoke[@]}"
-  on 1 drafter-raw py train.py --role drafter --stage raw --data "$D" --out "$OUT/drafter-raw-hf" --minutes "$minutes" "${smoke[@]}"
   waitall
   "$W" convert --in "$OUT/target-hf" --out "$OUT/target" --quant int4
-  local n=1048576
-  [ "${SMOKE:-0}" = 1 ] && n=4096
-  for s in 0 1; do
-    on $s distill-gen-$s py distill_data.py --target "$OUT/target" --data "$D" --shard $s --n $n --new 96 \
-      --minutes "${DISTILL_GEN_MINUTES:-1.8}"
-  done
+  on 0 quality py quality.py --data "$D" --model old=weights/target --model new="$OUT/target" --out "$OUT/quality.json"
   waitall
 }
 
-phase2() {
-  local m=${DISTILL_MINUTES:-3.2} q=${QAT_MINUTES:-1.3}
-  distill() { # NAME KL
-    py train.py --role drafter --stage distill --data "$D" --init "$OUT/drafter-raw-hf" --out "$OUT/drafter-$1-hf" \
-      --kl "$2" --target "$OUT/target" --minutes "$m" "${smoke[@]}" &&
-      py train.py --role drafter --stage qat --data "$D" --init "$OUT/drafter-$1-hf" --out "$OUT/drafter-$1-qat-hf" \
-        --kl "$2" --target "$OUT/target" --minutes "$q" "${smoke[@]}"
-  }
-  on 0 distill-a distill a 0
-  on 1 distill-b distill b 1
+# target-more: one more warm-up and cosine cycle of the target, from
+# OUT/target-hf when this machine made it, else from TARGET (an int4 folder,
+# dequantized: a later session goes on from the tree's own target); then
+# its int4 folder and the quality figures, as target does.
+target_more() {
+  local W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary} from=$OUT/target-hf cycle=${CYCLE:-2}
+  [ -e "$from/config.json" ] || from=${TARGET:?no OUT/target-hf: set TARGET to the int4 target folder}
+  prepare
+  on 0 target-more py train.py --role target --stage raw --data "$D" --init "$from" --out "$OUT/target-hf-$cycle" \
+    --seed "$cycle" --lr 1e-3 --warmup 100 --minutes "${TARGET_MORE_MINUTES:-8}" "${smoke[@]}"
   waitall
-  # The table's drafters: (1) raw text only and (2) distilled, unquantized;
-  # (3) distilled + QAT and (4) distilled + plain rounding, in int4.
-  "$W" convert --in "$OUT/drafter-raw-hf" --out "$OUT/1-raw" --quant f32
-  for v in a b; do
-    "$W" convert --in "$OUT/drafter-$v-hf" --out "$OUT/2$v-distilled" --quant f32
-    "$W" convert --in "$OUT/drafter-$v-qat-hf" --out "$OUT/3$v-distilled-qat-int4" --quant int4
-    "$W" convert --in "$OUT/drafter-$v-hf" --out "$OUT/4$v-distilled-int4" --quant int4
-  done
+  rm -rf "$OUT/target-hf" && mv "$OUT/target-hf-$cycle" "$OUT/target-hf"
+  "$W" convert --in "$OUT/target-hf" --out "$OUT/target" --quant int4
+  on 0 quality py quality.py --data "$D" --model old=weights/target --model new="$OUT/target" --out "$OUT/quality.json"
+  waitall
+}
+
+drafter() {
+  local W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary} T=${TARGET:?set TARGET to the int4 target folder}
+  local raw=${RAW_MINUTES:-2.4} m=${DISTILL_MINUTES:-2.2} q=${QAT_MINUTES:-0.9} n=1048576
+  local frozen=(--embedding-from "$T")
+  [ "${SMOKE:-0}" = 1 ] && n=4096
+  prepare
+  on 0 drafter-raw py train.py --role drafter --stage raw --data "$D" --out "$OUT/drafter-raw-hf" \
+    --export "$OUT/export/raw" --minutes "$raw" "${frozen[@]}" "${smoke[@]}"
+  on 1 distill-gen py distill_data.py --target "$T" --data "$D" --shard 0 --n $n --new 96 \
+    --minutes "${DISTILL_GEN_MINUTES:-1.6}"
+  waitall
+  on 0 distill py train.py --role drafter --stage distill --data "$D" --init "$OUT/drafter-raw-hf" \
+    --out "$OUT/drafter-distilled-hf" --export "$OUT/export/distilled" --minutes "$m" "${frozen[@]}" "${smoke[@]}"
+  waitall
+  on 0 qat py train.py --role drafter --stage qat --data "$D" --init "$OUT/drafter-distilled-hf" \
+    --out "$OUT/drafter-qat-hf" --export "$OUT/export/qat" --minutes "$q" "${frozen[@]}" "${smoke[@]}"
+  waitall
+  convert_drafters "$W" "$T" "$OUT/export" "$OUT"
+}
+
+# convert_drafters WEBDRAFT TARGET EXPORTS DEST: the table's drafters from
+# the exported ones — (1) raw text only and (2) distilled, f32 layers;
+# (3) distilled + QAT and (4) distilled + plain rounding, int4 — each over
+# TARGET's embedding, its head over the whole vocabulary.
+convert_drafters() {
+  local W=$1 T=$2 E=$3 dest=$4
+  "$W" convert --in "$E/raw" --out "$dest/1-raw" --quant f32 --embedding-from "$T"
+  "$W" convert --in "$E/distilled" --out "$dest/2-distilled" --quant f32 --embedding-from "$T"
+  "$W" convert --in "$E/qat" --out "$dest/3-distilled-qat-int4" --quant int4 --embedding-from "$T"
+  "$W" convert --in "$E/distilled" --out "$dest/4-distilled-int4" --quant int4 --embedding-from "$T"
 }
 
 bench() {
+  local W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary} T=${TARGET:?set TARGET to the int4 target folder}
   local prompts=(--prompts "$D/heldout_prompts.jsonl")
+  [ -e "$D/heldout_prompts.jsonl" ] || prompts=(--prompts weights/heldout_prompts.jsonl)
   [ "${SMOKE:-0}" = 1 ] && prompts+=(--max-prompts 8)
   mkdir -p "$OUT/bench"
-  for d in 1-raw 2a-distilled 2b-distilled 3a-distilled-qat-int4 3b-distilled-qat-int4 4a-distilled-int4 4b-distilled-int4; do
-    "$W" bench spec --target "$OUT/target" --drafter "$OUT/$d" "${prompts[@]}" --k 16 --new-tokens 128 \
+  for d in 1-raw 2-distilled 3-distilled-qat-int4 4-distilled-int4; do
+    "$W" bench spec --target "$T" --drafter "$OUT/$d" "${prompts[@]}" --k 16 --new-tokens 128 \
       --backend webgpu --svg "$OUT/bench/$d.svg" >"$OUT/bench/$d.txt" 2>"$L/bench-$d.log" &
   done
   local fail=0
@@ -107,10 +143,32 @@ bench() {
   [ $fail = 0 ] || { echo "a bench failed; logs in $L" >&2; exit 1; }
 }
 
+# export-target DEST / export-drafter DEST: what leaves the machine, in files
+# of at most 15 MiB.
+export_target() {
+  local dest=${1:?export-target DEST}
+  mkdir -p "$dest"
+  split -b 15M -d "$OUT/target/model.safetensors" "$dest/target.safetensors.part"
+  gzip -kf "$D/files.tsv"
+  tar -czf "$dest/target-meta.tar.gz" -C "$OUT" target/config.json data/DATA_MANIFEST.md data/files.tsv.gz \
+    data/heldout_prompts.jsonl quality.json logs
+  ls -l "$dest"
+}
+export_drafter() {
+  local dest=${1:?export-drafter DEST}
+  mkdir -p "$dest"
+  for v in raw distilled qat; do cp "$OUT/export/$v/model.safetensors" "$dest/drafter-$v.safetensors"; done
+  tar -czf "$dest/drafter-meta.tar.gz" -C "$OUT" export/raw/config.json export/distilled/config.json \
+    export/qat/config.json logs
+  ls -l "$dest"
+}
+
 case "${1:-}" in
-1) phase1 ;;
-2) phase2 ;;
+target) target ;;
+target-more) target_more ;;
+drafter) drafter ;;
 bench) bench ;;
-all) phase1; phase2; bench ;;
-*) echo "usage: pipeline.sh 1|2|bench|all" >&2; exit 2 ;;
+export-target) export_target "${2:-}" ;;
+export-drafter) export_drafter "${2:-}" ;;
+*) echo "usage: pipeline.sh target|target-more|drafter|bench|export-target DEST|export-drafter DEST" >&2; exit 2 ;;
 esac

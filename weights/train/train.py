@@ -12,7 +12,12 @@
                                   training for the int4 scheme (docs/reference.md), from --init
 
 Each run saves a Hugging Face checkpoint (f32, save_pretrained) to --out and
-resumes from --init; `webdraft convert --quant int4` makes the shipped folder.
+starts from --init (a second run of the target continues the first with a
+new warm-up and cosine cycle: --init, --seed, --lr); `webdraft convert
+--quant int4` makes the shipped folder. The drafter trains on the target's
+embedding as webdraft runs it, frozen (--embedding-from, the target's int4
+folder), and --export
+writes it without that embedding for `webdraft convert --embedding-from`.
 
     python3 weights/train/train.py --role target --stage raw --data /tmp/data --out /tmp/target --minutes 8
 """
@@ -35,7 +40,7 @@ def main():
     ap.add_argument("--stage", choices=["raw", "distill", "qat"], required=True)
     ap.add_argument("--data", required=True, help="prepare_data.py's folder (and distill_data.py's distill-*.npy for distill/qat)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--init", help="checkpoint to start from")
+    ap.add_argument("--init", help="checkpoint to start from: a Hugging Face folder, or a webdraft int4 folder (dequantized)")
     ap.add_argument("--minutes", type=float, default=8)
     ap.add_argument("--max-steps", type=int, default=0, help="for smoke tests")
     ap.add_argument("--batch", type=int, default=0, help="sequences a step (default 64 raw, 128 distill)")
@@ -43,16 +48,28 @@ def main():
     ap.add_argument("--lr", type=float, default=0)
     ap.add_argument("--kl", type=float, default=0, help="weight of the KL term (distill, qat)")
     ap.add_argument("--target", help="the target's webdraft int4 folder, for --kl")
+    ap.add_argument("--seed", type=int, default=1, help="seeds the raw-text windows")
+    ap.add_argument("--warmup", type=int, default=50, help="steps of linear warm-up")
+    ap.add_argument("--embedding-from", help="the target's webdraft int4 folder: its embedding, frozen, is the model's")
+    ap.add_argument("--export", help="with --embedding-from: also write the model without the embedding, and the corpus's ranked tokens, here")
     args = ap.parse_args()
+    if args.export and not args.embedding_from:
+        raise SystemExit("--export needs --embedding-from")
     torch.manual_seed(0)
     dev = "cuda"
     deadline = common.Deadline(args.minutes)
 
-    if args.init:
+    if args.init and common.is_webdraft(args.init):
+        # The shipped int4 weights, dequantized: a later session goes on
+        # training the target from the tree's own folder.
+        model = common.load_webdraft_int4(args.init, dev)
+    elif args.init:
         from transformers import Qwen3ForCausalLM
         model = Qwen3ForCausalLM.from_pretrained(args.init, dtype=torch.float32).to(dev)
     else:
         model = common.new_model(args.role, dev)
+    if args.embedding_from:
+        common.share_embedding(model, args.embedding_from)
     if args.stage == "qat":
         common.enable_qat(model)
     lr = args.lr or {"raw": 2e-3 if args.role == "target" else 3e-3, "distill": 1e-3, "qat": 2e-4}[args.stage]
@@ -64,7 +81,7 @@ def main():
 
     if args.stage == "raw":
         batch = args.batch or 64
-        source = common.batches(common.tokens(args.data, "train"), batch, args.seq, seed=1)
+        source = common.batches(common.tokens(args.data, "train"), batch, args.seq, seed=args.seed)
         heldout = common.batches(common.tokens(args.data, "heldout"), 32, args.seq, seed=3)
         eval_set = [next(heldout) for _ in range(4)]
         prompt_len = 0
@@ -82,8 +99,9 @@ def main():
                 yield torch.from_numpy(seqs[idx].astype(np.int64))
         source = distill_batches()
 
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    warmup = 50
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    warmup = args.warmup
 
     def loss_of(w):
         """Raw text: next-token cross-entropy. Distillation: cross-entropy on
@@ -112,8 +130,8 @@ def main():
             out["heldout_agreement"] = round(sum(r[1].item() for r in res) / len(res), 4)
         return out
 
-    common.log(role=args.role, stage=args.stage, params=sum(p.numel() for p in model.parameters()), lr=lr,
-               batch=batch, kl=args.kl, **evaluate())
+    common.log(role=args.role, stage=args.stage, params=sum(p.numel() for p in model.parameters()),
+               trainable=sum(p.numel() for p in trainable), lr=lr, batch=batch, kl=args.kl, **evaluate())
     step, est_total = 0, None
     model.train()
     t_start = deadline.left()
@@ -135,13 +153,17 @@ def main():
             loss, _ = loss_of(w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         step += 1
         if step % 100 == 0:
             common.log(step=step, loss=round(loss.item(), 4), seconds_left=round(deadline.left()))
     common.log(role=args.role, stage=args.stage, steps=step, **evaluate())
+    if args.embedding_from:
+        common.share_embedding_check(model, args.embedding_from)
     model.save_pretrained(args.out, safe_serialization=True)
+    if args.export:
+        common.export_shared(model, args.export, args.embedding_from, args.data)
 
 
 def load_distill(data):

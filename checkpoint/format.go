@@ -47,6 +47,11 @@ const (
 	formatVersion = 1
 )
 
+// SharedEmbeddingDir is the folder, relative to a webdraft folder and
+// slash-separated, whose embedding the model of this safetensors metadata
+// uses; "" when it has its own.
+func SharedEmbeddingDir(meta map[string]string) string { return meta[metaSharedEmbedding] }
+
 // embedName is the checkpoint name of the token embedding.
 const embedName = "model.embed_tokens.weight"
 

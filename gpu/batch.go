@@ -239,7 +239,7 @@ func (b *Batch) Submit() error {
 	}
 	for _, c := range b.chunks {
 		if err == nil {
-			err = d.queue.WriteBuffer(c.buf, 0, c.data)
+			err = d.writeBuffer(c.buf, 0, c.data)
 		}
 	}
 	if err == nil {

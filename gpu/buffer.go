@@ -99,7 +99,7 @@ func (b *Buffer) Write(offset uint64, data []byte) error {
 	if offset%4 != 0 || offset+uint64(len(data)) > b.size {
 		return fmt.Errorf("gpu: writing %d bytes at %d into buffer %q of %d bytes: out of range or misaligned", len(data), offset, b.label, b.size)
 	}
-	if err := b.d.queue.WriteBuffer(b.buf, offset, data); err != nil {
+	if err := b.d.writeBuffer(b.buf, offset, data); err != nil {
 		return fmt.Errorf("gpu: writing buffer %q: %w", b.label, err)
 	}
 	return nil

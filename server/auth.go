@@ -1,13 +1,15 @@
 package server
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
 	"strings"
 )
 
 // authorize wraps the API: with an API key set, every request but GET
-// /health and the page's files (/ and /static/) must carry
+// /health and the page's files (/, /static/ and the browser engine's
+// build, /wasm/) must carry
 // "Authorization: Bearer KEY" (as OpenAI's clients send their api_key) —
 // or, on the websocket, the subprotocol "webdraft.bearer.KEY", which a
 // browser can send; others get a 401 in the shape of their endpoint's
@@ -16,11 +18,9 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 	if s.apiKey == "" {
 		return next
 	}
-	want := []byte("Bearer " + s.apiKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		open := r.URL.Path == "/health" || r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/")
-		if open || subtle.ConstantTimeCompare(got, want) == 1 || r.URL.Path == "/ws" && s.wsKey(r) {
+		open := r.URL.Path == "/health" || r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/") || strings.HasPrefix(r.URL.Path, "/wasm/")
+		if open || s.keyMatches(r.Header.Get("Authorization"), "Bearer ") || r.URL.Path == "/ws" && s.wsKey(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -32,4 +32,13 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 		}
 		s.fail(w, &apiError{http.StatusUnauthorized, "unauthorized", msg})
 	})
+}
+
+// keyMatches reports whether got is prefix followed by the API key. It
+// compares SHA-256 digests in constant time, so that neither the key's
+// bytes nor its length show in how long a wrong guess takes.
+func (s *Server) keyMatches(got, prefix string) bool {
+	want := sha256.Sum256([]byte(prefix + s.apiKey))
+	have := sha256.Sum256([]byte(got))
+	return subtle.ConstantTimeCompare(have[:], want[:]) == 1
 }

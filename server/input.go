@@ -59,7 +59,7 @@ func quote(s string) string {
 // the header) and what is wrong with it.
 type inputError struct {
 	status int
-	code   string // invalid_request, unknown_field, body_too_large, unsupported_media_type, client_closed
+	code   string // invalid_request, unknown_field, body_too_large, body_timeout, unsupported_media_type, client_closed
 	field  string
 	msg    string
 }
@@ -121,21 +121,26 @@ var (
 )
 
 // decodeStrict decodes one JSON value from r into v, and refuses anything
-// after it. nulls is noNulls or openAINulls.
+// after it. nulls is noNulls or openAINulls. When r is a request body
+// (*bodyReader) whose read failed — past the size limit, past the body
+// timeout, the client gone — that failure is the error, whatever the
+// decoder made of the input cut short.
 func decodeStrict(r io.Reader, v any, nulls *jsonv2.Unmarshalers) error {
 	dec := jsontext.NewDecoder(r, jsontext.AllowDuplicateNames(false), jsontext.AllowInvalidUTF8(false))
 	err := jsonv2.UnmarshalDecode(dec, v,
 		jsonv2.MatchCaseInsensitiveNames(false), jsonv2.RejectUnknownMembers(true), jsonv2.WithUnmarshalers(nulls))
-	if err != nil {
-		return inputErrorOf(err, dec.InputOffset() == 0)
+	if err == nil {
+		switch _, err = dec.ReadToken(); {
+		case err == io.EOF:
+			return nil
+		case err == nil || isSyntax(err):
+			return invalidInput("body", "trailing data after the JSON object")
+		}
 	}
-	switch _, err := dec.ReadToken(); {
-	case err == io.EOF:
-		return nil
-	case err != nil && !isSyntax(err):
-		return inputErrorOf(err, false) // the body's end could not be read
+	if br, ok := r.(*bodyReader); ok && br.err != nil {
+		err = br.err
 	}
-	return invalidInput("body", "trailing data after the JSON object")
+	return inputErrorOf(err, dec.InputOffset() == 0)
 }
 
 func isSyntax(err error) bool {
@@ -153,7 +158,10 @@ func inputErrorOf(err error, empty bool) error {
 		syntax   *jsontext.SyntacticError
 		semantic *jsonv2.SemanticError
 	)
+	var late *bodyTimeoutError
 	switch {
+	case errors.As(err, &late):
+		return &inputError{http.StatusRequestTimeout, "body_timeout", "body", late.Error()}
 	case errors.As(err, &tooBig):
 		return &inputError{http.StatusRequestEntityTooLarge, "body_too_large", "body", fmt.Sprintf("larger than %d bytes", tooBig.Limit)}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -200,10 +208,15 @@ func inputErrorOf(err error, empty bool) error {
 }
 
 // fieldPath writes a JSON pointer as the field's path: /messages/0/role
-// is messages[0].role, the empty pointer "body". Names are clipped.
+// is messages[0].role, the empty pointer "body". Names are clipped, and so
+// is a path past 2×echoBytes.
 func fieldPath(p jsontext.Pointer) string {
 	var b strings.Builder
 	for tok := range p.Tokens() {
+		if b.Len() > 2*echoBytes { // deep in a raw value: the path is clipped too
+			b.WriteString("…")
+			break
+		}
 		if _, err := strconv.ParseUint(tok, 10, 0); err == nil {
 			b.WriteString("[" + tok + "]")
 			continue
@@ -271,17 +284,26 @@ func jsonKind(k jsontext.Kind, v jsontext.Value) string {
 // kindOf names the kind of the next value in dec.
 func kindOf(dec *jsontext.Decoder) string { return jsonKind(dec.PeekKind(), nil) }
 
-// ctxReader reads r until ctx ends.
-type ctxReader struct {
+// bodyReader reads a request body r until ctx ends, and keeps the first
+// error that is not the body's end.
+type bodyReader struct {
 	ctx context.Context
 	r   io.Reader
+	err error
 }
 
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
+func (b *bodyReader) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
 	}
-	return c.r.Read(p)
+	n, err := 0, b.ctx.Err()
+	if err == nil {
+		n, err = b.r.Read(p)
+	}
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
 }
 
 // requestBody checks a POST's headers — Content-Type application/json
@@ -310,7 +332,7 @@ func requestBody(w http.ResponseWriter, r *http.Request) (io.Reader, *inputError
 		return nil, &inputError{http.StatusRequestEntityTooLarge, "body_too_large", "body",
 			fmt.Sprintf("Content-Length %d is larger than %d bytes", r.ContentLength, MaxBodyBytes)}
 	}
-	return ctxReader{r.Context(), http.MaxBytesReader(w, r.Body, MaxBodyBytes)}, nil
+	return &bodyReader{ctx: r.Context(), r: http.MaxBytesReader(w, r.Body, MaxBodyBytes)}, nil
 }
 
 // textBound is the longest text, in bytes, that might encode to at most

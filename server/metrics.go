@@ -32,6 +32,8 @@ type metrics struct {
 	promptTokens     prometheus.Counter
 	generations      *prometheus.CounterVec   // by endpoint and finish reason
 	specSeconds      *prometheus.HistogramVec // draft, verify
+
+	refusedConns prometheus.Counter // past the connection cap and the spares
 }
 
 func newMetrics() *metrics {
@@ -90,12 +92,26 @@ func newMetrics() *metrics {
 			Name: "webdraft_spec_decode_step_seconds", Help: "Time of a speculative step's phases: the drafter's passes (draft) and the target's (verify).",
 			Buckets: latency,
 		}, []string{"phase"}),
+		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "webdraft_refused_connections_total", Help: "Connections refused at once, past --max-connections and the spare connections.",
+		}),
 	}
 	m.registry.MustRegister(m.requests, m.draftTokens, m.prefillTokens, m.cachedTokens,
 		m.batchSeqs, m.batchTokens, m.stepSeconds, m.phaseSeconds,
 		m.numDrafts, m.numDraftTokens, m.numAccepted, m.acceptedPerPos, m.generationTokens, m.promptTokens, m.generations, m.specSeconds,
+		m.refusedConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// watchServer exports the server's own gauges: connections and page
+// sessions open.
+func (m *metrics) watchServer(s *Server) {
+	m.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "webdraft_open_connections", Help: "Client connections open (the spare ones included), when served on the server's Listener."},
+			func() float64 { return float64(s.conns.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "webdraft_page_sessions", Help: "The live page's sessions (websockets) open."},
+			func() float64 { return float64(s.open.count()) }))
 }
 
 // watch exports a scheduler's gauges.

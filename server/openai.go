@@ -55,9 +55,7 @@ func invalid(param, msg string) *openAIError {
 
 func (s *Server) failOpenAI(w http.ResponseWriter, e *openAIError) {
 	s.metrics.request(e.status, e.code)
-	if e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", retryAfter)
-	}
+	errorHeaders(w, e.status)
 	writeJSON(w, e.status, map[string]any{"error": errorBody(e)})
 }
 
@@ -372,14 +370,20 @@ func (st *state) checkIDs(field string, ids []int) *openAIError {
 	return nil
 }
 
+// The time limit of a generation (Limits.GenerationTimeout) counts from
+// the end of the request's headers: its body, the tokenizer's wait, the
+// queue and the generation itself are in it.
+
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.limits.GenerationTimeout)
+	defer cancel()
 	st, e := s.openAIState()
 	if e == nil {
 		req := completionRequest{Prompt: promptField{maxIDs: st.maxContext() - 1, maxBytes: st.targetText}}
 		if e = st.decodeOpenAI(w, r, &req); e == nil {
 			var g *generation
-			if g, e = st.parseCompletion(r, &req); e == nil {
-				s.generate(w, r, st, g)
+			if g, e = s.parseCompletion(ctx, r, st, &req); e == nil {
+				s.generate(ctx, w, r, st, g)
 				return
 			}
 		}
@@ -388,18 +392,42 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.limits.GenerationTimeout)
+	defer cancel()
 	st, e := s.openAIState()
 	if e == nil {
 		req := chatRequest{Messages: boundedList[chatMessage]{max: st.maxContext(), maxBytes: st.targetText}}
 		if e = st.decodeOpenAI(w, r, &req); e == nil {
 			var g *generation
-			if g, e = st.parseChat(r, &req); e == nil {
-				s.generate(w, r, st, g)
+			if g, e = s.parseChat(ctx, r, st, &req); e == nil {
+				s.generate(ctx, w, r, st, g)
 				return
 			}
 		}
 	}
 	s.failOpenAI(w, e)
+}
+
+// encodeOpenAI runs a tokenization for /v1/* in an encode slot: a 504
+// when the generation's time limit passes first, a 499 when the client
+// leaves.
+func (s *Server) encodeOpenAI(ctx context.Context, r *http.Request, st *state, f func()) *openAIError {
+	if e := clientGone(r); e != nil {
+		return e
+	}
+	if err := st.encode(ctx, f); err != nil {
+		return s.generationError(s.timedOut(ctx, r, err))
+	}
+	return nil
+}
+
+// timedOut makes err a *timeoutError when ctx ended at the generation's
+// time limit, not because the client left.
+func (s *Server) timedOut(ctx context.Context, r *http.Request, err error) error {
+	if te := pastLimit(ctx, r, "the generation", s.limits.GenerationTimeout, "--generation-timeout"); te != nil {
+		return te
+	}
+	return err
 }
 
 // openAIState is the running state, when it has a target.
@@ -415,7 +443,7 @@ func (s *Server) openAIState() (*state, *openAIError) {
 	return st, nil
 }
 
-func (st *state) parseCompletion(r *http.Request, req *completionRequest) (*generation, *openAIError) {
+func (s *Server) parseCompletion(ctx context.Context, r *http.Request, st *state, req *completionRequest) (*generation, *openAIError) {
 	g := &generation{}
 	if e := st.common(&req.samplingFields, g); e != nil {
 		return nil, e
@@ -428,7 +456,7 @@ func (st *state) parseCompletion(r *http.Request, req *completionRequest) (*gene
 	case req.BestOf != nil && *req.BestOf != 1:
 		return nil, invalid("best_of", fmt.Sprintf("best_of is %d: webdraft returns one choice a request", *req.BestOf))
 	}
-	prompt, e := st.completionPrompt(r, &req.Prompt)
+	prompt, e := s.completionPrompt(ctx, r, st, &req.Prompt)
 	if e != nil {
 		return nil, e
 	}
@@ -449,7 +477,7 @@ func (st *state) parseCompletion(r *http.Request, req *completionRequest) (*gene
 }
 
 // completionPrompt makes prompt token ids: given, or the text's.
-func (st *state) completionPrompt(r *http.Request, p *promptField) ([]int, *openAIError) {
+func (s *Server) completionPrompt(ctx context.Context, r *http.Request, st *state, p *promptField) ([]int, *openAIError) {
 	switch {
 	case !p.set:
 		return nil, invalid("prompt", "prompt is required")
@@ -464,10 +492,10 @@ func (st *state) completionPrompt(r *http.Request, p *promptField) ([]int, *open
 	case p.text == "":
 		return nil, invalid("prompt", "the prompt is empty")
 	}
-	if e := clientGone(r); e != nil {
+	var ids []int
+	if e := s.encodeOpenAI(ctx, r, st, func() { ids = st.target.Tokenizer.Encode(p.text) }); e != nil {
 		return nil, e
 	}
-	ids := st.target.Tokenizer.Encode(p.text)
 	return ids, st.checkIDs("prompt", ids)
 }
 
@@ -480,7 +508,7 @@ func clientGone(r *http.Request) *openAIError {
 	return nil
 }
 
-func (st *state) parseChat(r *http.Request, req *chatRequest) (*generation, *openAIError) {
+func (s *Server) parseChat(ctx context.Context, r *http.Request, st *state, req *chatRequest) (*generation, *openAIError) {
 	g := &generation{chat: true}
 	if e := st.common(&req.samplingFields, g); e != nil {
 		return nil, e
@@ -534,10 +562,9 @@ func (st *state) parseChat(r *http.Request, req *chatRequest) (*generation, *ope
 	if err != nil {
 		return nil, invalid("messages", err.Error())
 	}
-	if e := clientGone(r); e != nil {
+	if e := s.encodeOpenAI(ctx, r, st, func() { g.prompt = tok.Encode(text) }); e != nil {
 		return nil, e
 	}
-	g.prompt = tok.Encode(text)
 	if e := st.checkIDs("messages", g.prompt); e != nil {
 		return nil, e
 	}
@@ -643,8 +670,9 @@ func (l logprobs) completion(tokens []speculative.Token, offset int) map[string]
 	return map[string]any{"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 }
 
-// generate runs g and answers: one JSON object, or an SSE stream.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, st *state, g *generation) {
+// generate runs g within ctx (the generation's time limit) and answers:
+// one JSON object, or an SSE stream.
+func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Request, st *state, g *generation) {
 	if e := clientGone(r); e != nil { // nothing is queued for a client that has left
 		s.failOpenAI(w, e)
 		return
@@ -654,7 +682,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, st *state, g *
 		out.text = newTextStream(tok, g.stops)
 	}
 	if g.stream {
-		s.stream(w, r, st, out)
+		s.stream(ctx, w, r, st, out)
 		return
 	}
 	var text strings.Builder
@@ -665,9 +693,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, st *state, g *
 		textErr = errors.Join(textErr, err)
 		return !out.stopped()
 	}
-	res, err := st.gen.Submit(r.Context(), g.req)
+	res, err := st.gen.Submit(ctx, g.req)
 	if err != nil {
-		s.failOpenAI(w, s.generationError(err))
+		s.failOpenAI(w, s.generationError(s.timedOut(ctx, r, err)))
 		return
 	}
 	if textErr != nil {
@@ -819,7 +847,7 @@ type streamEvent struct {
 // stream answers with server-sent events: a chunk a verification step as
 // the loop runs, the last with the finish reason, then the usage when
 // asked, then [DONE].
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, st *state, out *output) {
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, r *http.Request, st *state, out *output) {
 	g := out.g
 	flusher, ok := w.(http.Flusher)
 	if !ok {
@@ -842,7 +870,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, st *state, out *
 		err error
 	}
 	done := make(chan result, 1)
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		res, err := st.gen.Submit(ctx, g.req)
@@ -887,7 +915,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, st *state, out *
 				emit(<-events)
 			}
 			if rs.err != nil {
-				e := s.generationError(rs.err)
+				e := s.generationError(s.timedOut(ctx, r, rs.err))
 				if !started {
 					s.failOpenAI(w, e)
 					return
@@ -920,11 +948,14 @@ func chunkObject(g *generation) string {
 }
 
 func (s *Server) generationError(err error) *openAIError {
+	var te *timeoutError
 	switch {
+	case errors.As(err, &te):
+		return &openAIError{http.StatusGatewayTimeout, "server_error", "", "request_timeout", te.Error()}
 	case errors.Is(err, speculative.ErrTooLarge):
 		return &openAIError{http.StatusBadRequest, "invalid_request_error", "max_tokens", "context_length_exceeded", err.Error()}
 	case errors.Is(err, speculative.ErrOverloaded):
-		return &openAIError{http.StatusTooManyRequests, "rate_limit_error", "", "overloaded", "too many requests waiting; retry shortly"}
+		return &openAIError{http.StatusTooManyRequests, "rate_limit_error", "", "overloaded", queueFull(err, "the generator's")}
 	case errors.Is(err, speculative.ErrClosed):
 		return &openAIError{http.StatusServiceUnavailable, "server_error", "", "shutting_down", "the server is shutting down"}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
@@ -29,10 +30,11 @@ import (
 // pairFixture serves the embedded pair on CPU engines: the drafter for
 // /draft and drafting, the target verifying.
 type pairFixture struct {
-	url    string
-	target engine.Engine
-	tok    *tokenizer.Tokenizer
-	srv    *Server
+	url             string
+	drafter, target engine.Engine
+	tok             *tokenizer.Tokenizer
+	srv             *Server
+	modelDownloads  atomic.Int64 // model files sent (countModelFiles)
 }
 
 const testKey = "sk-test"
@@ -69,13 +71,15 @@ func newPairFixture(t *testing.T, apiKey string) *pairFixture {
 		t.Fatal(err)
 	}
 	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)), apiKey)
-	ts := httptest.NewServer(srv.Handler())
+	f := &pairFixture{drafter: d, target: tg, tok: tok, srv: srv}
+	ts := httptest.NewServer(f.countModelFiles(srv.Handler()))
+	f.url = ts.URL
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		srv.Run(ctx, Config{
-			Drafter:     Model{Name: "drafter", Engine: d, Tokenizer: tok},
-			Target:      &Model{Name: "target", Engine: tg, Tokenizer: tok},
+			Drafter:     Model{Name: "drafter", Engine: d, Tokenizer: tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir}},
+			Target:      &Model{Name: "target", Engine: tg, Tokenizer: tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.TargetDir}},
 			Scheduler:   scheduler.Options{},
 			Speculative: speculative.Options{K: 4},
 		})
@@ -83,7 +87,7 @@ func newPairFixture(t *testing.T, apiKey string) *pairFixture {
 	}()
 	t.Cleanup(func() { ts.Close(); cancel(); <-done })
 	waitReady(t, ts.URL)
-	return &pairFixture{url: ts.URL, target: tg, tok: tok, srv: srv}
+	return f
 }
 
 // greedyText is the target's own greedy continuation of prompt: its ids

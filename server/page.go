@@ -2,24 +2,21 @@ package server
 
 import (
 	"bytes"
-	"context"
 	crand "crypto/rand"
-	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
 
-	"webdraft/sampling"
+	"webdraft/live"
 	"webdraft/speculative"
-	"webdraft/tokenizer"
 	"webdraft/web"
 )
 
@@ -31,20 +28,21 @@ import (
 
 // Limits of the page.
 const (
-	pageMaxTokens = 512 // a page run's longest output
-	pageTopN      = 5   // the alternatives shown for each token
-
 	wsWriteWait  = 10 * time.Second
 	wsPongWait   = 60 * time.Second
 	wsPingPeriod = wsPongWait * 9 / 10
 	wsReadLimit  = 64 << 10
 	// wsSendBuffer holds every message of the longest run (one a step, and
 	// each step emits a token at least) and its race, so the loop never
-	// waits on a slow tab; a tab that falls that far behind loses its run.
-	wsSendBuffer = 2*pageMaxTokens + 64
+	// waits on a slow tab; a tab that falls that far behind — or that has
+	// wsSendBytes of messages not yet sent — loses its run.
+	wsSendBuffer = 2*live.MaxTokens + 64
+	wsSendBytes  = 4 << 20
 
-	keptSessions = 64   // the most recent sessions whose events GET /sessions/{id}/events serves
-	keptEvents   = 4096 // of each, the first this many messages
+	keptSessions   = 64       // the most recent sessions whose events GET /sessions/{id}/events serves
+	keptEvents     = 4096     // of each, the first this many messages
+	keptEventBytes = 4 << 20  // and at most this many bytes of them
+	keptLogBytes   = 64 << 20 // of all kept sessions; past it the oldest logs go first
 )
 
 // wsProtocol is the websocket subprotocol the page speaks; with an API
@@ -61,7 +59,7 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `<!DOCTYPE html><meta http-equiv="refresh" content="1"><title>webdraft</title><p>The models are loading…</p>`)
 		return
 	}
-	d := web.PageData{Drafter: st.drafter.Name, MaxK: speculative.MaxK, MaxTokens: pageMaxTokens, Auth: s.apiKey != ""}
+	d := web.PageData{Drafter: st.drafter.Name, MaxK: speculative.MaxK, MaxTokens: live.MaxTokens, Auth: s.apiKey != ""}
 	if st.target != nil {
 		d.Target, d.K = st.target.Name, st.gen.K()
 	}
@@ -71,8 +69,14 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// sameOrigin lets a browser's websocket in only from a page of this
-// server; clients without an Origin (not browsers) may connect.
+// wsOrigin lets a browser's websocket in from a page of this server or of
+// an origin --cors-origin lists; clients without an Origin (not browsers)
+// may connect.
+func (s *Server) wsOrigin(r *http.Request) bool {
+	return sameOrigin(r) || s.origins.allows(r.Header.Get("Origin"))
+}
+
+// sameOrigin reports whether a request has no Origin or its own host's.
 func sameOrigin(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if origin == "" {
@@ -85,13 +89,11 @@ func sameOrigin(r *http.Request) bool {
 // wsKey reports whether a websocket request offers the API key as a
 // subprotocol.
 func (s *Server) wsKey(r *http.Request) bool {
-	want := []byte(wsProtocol + ".bearer." + s.apiKey)
+	found := false
 	for _, p := range websocket.Subprotocols(r) {
-		if subtle.ConstantTimeCompare([]byte(p), want) == 1 {
-			return true
-		}
+		found = s.keyMatches(p, wsProtocol+".bearer.") || found // every offer compared: no early exit
 	}
-	return false
+	return found
 }
 
 func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
@@ -104,7 +106,13 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, &apiError{http.StatusNotFound, "no_target", "this server drafts only: start it with a target for the live page"})
 		return
 	}
-	up := websocket.Upgrader{CheckOrigin: sameOrigin, Subprotocols: []string{wsProtocol},
+	release, refused := s.open.take(clientAddr(r), s.limits)
+	if refused != "" {
+		s.fail(w, &apiError{http.StatusTooManyRequests, "too_many_sessions", refused})
+		return
+	}
+	defer release() // the session ends before the handler returns (ps.read)
+	up := websocket.Upgrader{CheckOrigin: s.wsOrigin, Subprotocols: []string{wsProtocol},
 		Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
 			s.fail(w, &apiError{status, statusCode(status), reason.Error()})
 		}}
@@ -112,11 +120,10 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // Upgrade has answered the client
 	}
-	ps := &pageSession{
-		id: newSessionID(), s: s, st: st, conn: conn,
-		send: make(chan []byte, wsSendBuffer), log: &eventLog{},
-	}
-	s.sessions.add(ps.id, ps.log)
+	ps := &pageSession{id: newSessionID(), s: s, st: st, conn: conn, send: make(chan []byte, wsSendBuffer)}
+	ps.run = ps.newRunner()
+	ps.abort = ps.run.Abort
+	s.sessions.open(ps.id)
 	s.log.Info("page session", "session", ps.id, "remote", r.RemoteAddr)
 	go ps.write()
 	ps.emit(map[string]any{"type": "hello", "session": ps.id, "drafter": st.drafter.Name, "target": st.target.Name, "k": st.gen.K(),
@@ -127,41 +134,42 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 func newSessionID() string { return "s-" + strings.ToLower(crand.Text()[:16]) }
 
 // pageSession is one websocket: its reader (the handler's goroutine), its
-// writer, and at most one run at a time.
+// writer, and its runs (package live: at most one at a time — a start
+// while a run goes on stops that run first).
 type pageSession struct {
-	id   string
-	s    *Server
-	st   *state
-	conn *websocket.Conn
-	send chan []byte
-	log  *eventLog
+	id     string
+	s      *Server
+	st     *state
+	conn   *websocket.Conn
+	send   chan []byte
+	queued atomic.Int64 // bytes in send
+	run    *live.Runner
+	abort  func() // ends the run without waiting: run.Abort
 
 	mu     sync.Mutex
-	cancel context.CancelFunc // the current run's; nil when none
-	ran    chan struct{}      // closed when the current run has ended
-	closed bool               // send is closed: nothing more is emitted
+	closed bool // send is closed: nothing more is emitted
 }
 
-// startMessage is the page's request for a run, decoded as strictly as
-// the API's bodies (input.go): exact names, no duplicates, no nulls, no
-// unknown fields.
-type startMessage struct {
-	Type        string  `json:"type"`
-	Prompt      string  `json:"prompt"`
-	Chat        bool    `json:"chat"`
-	K           int     `json:"k"`
-	MaxTokens   int     `json:"max_tokens"`
-	Temperature float64 `json:"temperature"`
-	TopP        float64 `json:"top_p"`
-	Seed        uint64  `json:"seed"`
-	Race        bool    `json:"race"`
+// newRunner is the session's live view on the server's generator, its
+// events sent through emit.
+func (ps *pageSession) newRunner() *live.Runner {
+	st := ps.st
+	return &live.Runner{
+		Gen: st.gen, Tokenizer: st.target.Tokenizer, Stop: st.target.Stop, MaxContext: st.maxContext(), TopN: live.TopN,
+		Emit: func(ev map[string]any) { ps.emit(ev) },
+		Done: func(_ string, res speculative.Result) { ps.s.metrics.generated(res, "page") },
+		// Both runs of a start within the generation time limit.
+		Timeout:      ps.s.limits.GenerationTimeout,
+		TimeoutError: &timeoutError{"the run", ps.s.limits.GenerationTimeout, "--generation-timeout"},
+	}
 }
 
 // read takes the page's messages until the socket closes, then ends the
-// run and the writer.
+// run and the writer. Messages are decoded as strictly as the API's bodies
+// (input.go): exact names, no duplicates, no nulls, no unknown fields.
 func (ps *pageSession) read() {
 	defer func() {
-		ps.stop()
+		ps.run.End()
 		ps.mu.Lock()
 		ps.closed = true
 		close(ps.send)
@@ -176,22 +184,21 @@ func (ps *pageSession) read() {
 		if err != nil {
 			return
 		}
-		var m startMessage
+		var m live.Start
 		if err := decodeStrict(bytes.NewReader(data), &m, noNulls); err != nil {
 			ps.emit(map[string]any{"type": "error", "message": err.Error()})
 			continue
 		}
 		switch m.Type {
 		case "start":
-			req, err := ps.request(m)
+			req, err := ps.run.Request(m)
 			if err != nil {
 				ps.emit(map[string]any{"type": "error", "message": err.Error()})
 				continue
 			}
-			ps.stop()
-			ps.begin(req, m.Race)
+			ps.run.Begin(req, m.Race)
 		case "stop":
-			ps.stop()
+			ps.run.End()
 		default:
 			ps.emit(map[string]any{"type": "error", "message": fmt.Sprintf("type %s: want start or stop", quote(m.Type))})
 		}
@@ -208,6 +215,7 @@ func (ps *pageSession) write() {
 	for {
 		select {
 		case msg, ok := <-ps.send:
+			ps.queued.Add(-int64(len(msg)))
 			_ = ps.conn.SetWriteDeadline(time.Now().Add(wsWriteWait)) // a past deadline fails the write below
 			if !ok {
 				_ = ps.conn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "")) // the peer may be gone already
@@ -226,8 +234,8 @@ func (ps *pageSession) write() {
 }
 
 // emit queues a message without waiting, and records it. A tab so far
-// behind that its buffer is full loses its run (and the messages that did
-// not fit).
+// behind that its buffer is full (wsSendBuffer messages or wsSendBytes)
+// loses its run (and the messages that did not fit).
 func (ps *pageSession) emit(msg any) {
 	b, err := json.Marshal(msg)
 	if err != nil {
@@ -239,238 +247,147 @@ func (ps *pageSession) emit(msg any) {
 	if ps.closed {
 		return
 	}
-	ps.log.add(b)
-	select {
-	case ps.send <- b:
-	default:
-		if ps.cancel != nil {
-			ps.cancel()
-		}
-	}
-}
-
-// request checks a start message and makes it a generation request.
-func (ps *pageSession) request(m startMessage) (speculative.Request, error) {
-	st := ps.st
-	tok := st.target.Tokenizer
-	switch {
-	case tok == nil:
-		return speculative.Request{}, errors.New("the target has no tokenizer: the page takes text")
-	case strings.TrimSpace(m.Prompt) == "":
-		return speculative.Request{}, errors.New("the prompt is empty")
-	case m.K < 1 || m.K > speculative.MaxK:
-		return speculative.Request{}, fmt.Errorf("k %d: want 1…%d", m.K, speculative.MaxK)
-	case m.MaxTokens < 1 || m.MaxTokens > pageMaxTokens:
-		return speculative.Request{}, fmt.Errorf("max tokens %d: want 1…%d", m.MaxTokens, pageMaxTokens)
-	case !(m.Temperature >= 0 && m.Temperature <= 2):
-		return speculative.Request{}, fmt.Errorf("temperature %v: want 0…2", m.Temperature)
-	case m.TopP != 0 && !(m.TopP > 0 && m.TopP <= 1):
-		return speculative.Request{}, fmt.Errorf("top_p %v: want a value in (0, 1]", m.TopP)
-	}
-	text := m.Prompt
-	if m.Chat {
-		var err error
-		if text, err = tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: m.Prompt}}, true, true); err != nil {
-			return speculative.Request{}, err
-		}
-	}
-	prompt := tok.Encode(text)
-	if room := st.maxContext() - len(prompt); room < m.MaxTokens {
-		return speculative.Request{}, fmt.Errorf("a prompt of %d tokens leaves %d of the context's %d for the output, not %d", len(prompt), max(room, 0), st.maxContext(), m.MaxTokens)
-	}
-	req := speculative.Request{
-		Prompt: prompt, MaxTokens: m.MaxTokens, K: m.K, Seed: m.Seed, TopN: pageTopN, DraftTopN: pageTopN,
-		Sampling: sampling.Params{Temperature: float32(m.Temperature), TopP: float32(m.TopP)}, Stop: st.target.Stop, Fresh: true,
-	}
-	return req, st.gen.Check(req)
-}
-
-// begin starts a run: speculative decoding, then with race the target
-// alone on the same prompt, one after the other so neither slows the
-// other, both from a cold prompt.
-func (ps *pageSession) begin(req speculative.Request, race bool) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	ps.mu.Lock()
-	ps.cancel, ps.ran = cancel, ran
-	ps.mu.Unlock()
-	go func() {
-		defer close(ran)
-		defer cancel()
-		spec, ok := ps.generate(ctx, "speculative", req)
-		if !ok {
+	ps.s.sessions.record(ps.id, b)
+	n := int64(len(b))
+	if ps.queued.Add(n) <= wsSendBytes {
+		select {
+		case ps.send <- b:
 			return
+		default:
 		}
-		if race {
-			alone := req
-			alone.K, alone.DraftTopN = speculative.NoDraft, 0
-			base, ok := ps.generate(ctx, "target", alone)
-			if !ok {
-				return
-			}
-			ps.emit(map[string]any{"type": "race", "speculative_tokens_per_s": spec, "target_tokens_per_s": base, "speedup": spec / base})
-		}
-		ps.emit(map[string]any{"type": "finished"})
-	}()
-}
-
-// stop ends the current run, if any, and waits until its sequences are
-// back with the loop.
-func (ps *pageSession) stop() {
-	ps.mu.Lock()
-	cancel, ran := ps.cancel, ps.ran
-	ps.cancel, ps.ran = nil, nil
-	ps.mu.Unlock()
-	if cancel == nil {
-		return
 	}
-	cancel()
-	<-ran
-}
-
-// generate runs one generation, sending its steps; it returns its
-// tokens/s and whether it finished.
-func (ps *pageSession) generate(ctx context.Context, run string, req speculative.Request) (float64, bool) {
-	tok := ps.st.target.Tokenizer
-	dec := tok.NewStreamDecoder()
-	steps := 0
-	req.OnStep = func(s speculative.Step) bool {
-		steps++
-		ps.emit(stepMessage(run, steps, s, tok, dec))
-		return true
-	}
-	ps.emit(map[string]any{"type": "start", "run": run, "prompt_tokens": len(req.Prompt), "k": max(req.K, 0)})
-	start := time.Now()
-	res, err := ps.st.gen.Submit(ctx, req)
-	secs := time.Since(start).Seconds()
-	switch {
-	case errors.Is(err, context.Canceled):
-		ps.emit(map[string]any{"type": "stopped", "run": run})
-		return 0, false
-	case err != nil:
-		ps.emit(map[string]any{"type": "error", "message": err.Error()})
-		return 0, false
-	}
-	ps.s.metrics.generated(res, "page")
-	tps := float64(len(res.Tokens)) / secs
-	ps.emit(map[string]any{
-		"type": "done", "run": run, "tokens": len(res.Tokens), "steps": res.Stats.Steps, "seconds": round3(secs),
-		"tokens_per_s": round3(tps), "tau": round3(res.Stats.Tau()), "drafted": res.Stats.Drafted,
-		"accepted": res.Stats.Accepted, "finish": res.Finish,
-	})
-	return tps, true
-}
-
-// pageToken is a token as the page shows it.
-type pageToken struct {
-	ID      int          `json:"id"`
-	Text    string       `json:"text"`
-	P       float64      `json:"p"` // its probability (the softmax at temperature 1)
-	Drafted bool         `json:"drafted,omitempty"`
-	Top     []pageChoice `json:"top"`
-}
-
-type pageChoice struct {
-	ID   int     `json:"id"`
-	Text string  `json:"text"`
-	P    float64 `json:"p"`
-}
-
-// stepMessage is a step as the page gets it: the draft with the
-// drafter's alternatives, how much of it was accepted, the tokens emitted
-// (their text through dec, so that it adds up to the output) with the
-// target's alternatives, and the step's times.
-func stepMessage(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, dec *tokenizer.StreamDecoder) map[string]any {
-	one := func(id int) string {
-		t, err := tok.Decode([]int{id})
-		if err != nil {
-			return fmt.Sprintf("<%d>", id)
-		}
-		return t
-	}
-	choices := func(top []sampling.TokenLogprob) []pageChoice {
-		out := make([]pageChoice, len(top))
-		for i, c := range top {
-			out[i] = pageChoice{ID: c.Token, Text: one(c.Token), P: prob(c.Logprob)}
-		}
-		return out
-	}
-	draft := make([]pageToken, len(s.Draft))
-	for i, d := range s.Draft {
-		draft[i] = pageToken{ID: d.ID, Text: one(d.ID), P: prob(d.Logprob), Top: choices(d.Top)}
-	}
-	tokens := make([]pageToken, len(s.Tokens))
-	for i, t := range s.Tokens {
-		text, err := dec.Next(t.ID)
-		if err != nil {
-			text = fmt.Sprintf("<%d>", t.ID)
-		}
-		tokens[i] = pageToken{ID: t.ID, Text: text, P: prob(t.Logprob), Drafted: t.Drafted, Top: choices(t.Top)}
-	}
-	return map[string]any{
-		"type": "step", "run": run, "step": n, "draft": draft, "accepted": s.Accepted, "tokens": tokens,
-		"draft_ms": round3(ms(s.DraftTime)), "verify_ms": round3(ms(s.VerifyTime)),
+	ps.queued.Add(-n) // not queued
+	if ps.abort != nil {
+		ps.abort()
 	}
 }
 
-func prob(logprob float32) float64 { return round3(math.Exp(float64(logprob))) }
-
-func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
-
-// eventLog is what a session sent, in order.
+// eventLog is what a session sent, in order: its first keptEvents
+// messages, keptEventBytes at most.
 type eventLog struct {
-	mu     sync.Mutex
 	events []json.RawMessage
+	bytes  int
 }
 
-func (l *eventLog) add(b []byte) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.events) < keptEvents {
-		l.events = append(l.events, b)
-	}
-}
-
-func (l *eventLog) all() []json.RawMessage {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]json.RawMessage{}, l.events...)
-}
-
-// sessionLogs keeps the event logs of the most recent sessions.
+// sessionLogs keeps the event logs of the most recent sessions:
+// keptSessions of them, keptLogBytes in all.
 type sessionLogs struct {
 	mu    sync.Mutex
-	order []string
+	order []string // oldest first
 	logs  map[string]*eventLog
+	bytes int // Σ logs' bytes
 }
 
-func (s *sessionLogs) add(id string, l *eventLog) {
+// open starts id's log, dropping the oldest past keptSessions.
+func (s *sessionLogs) open(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {
 		s.logs = map[string]*eventLog{}
 	}
-	s.logs[id] = l
+	s.logs[id] = &eventLog{}
 	s.order = append(s.order, id)
 	if len(s.order) > keptSessions {
-		delete(s.logs, s.order[0])
-		s.order = s.order[1:]
+		s.dropOldest()
 	}
 }
 
-func (s *sessionLogs) get(id string) *eventLog {
+// record adds b to id's log, if the log is kept and has room; past
+// keptLogBytes in all, the oldest other logs are dropped.
+func (s *sessionLogs) record(id string, b []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.logs[id]
+	l := s.logs[id]
+	if l == nil || len(l.events) >= keptEvents || l.bytes+len(b) > keptEventBytes {
+		return
+	}
+	l.events = append(l.events, b)
+	l.bytes += len(b)
+	s.bytes += len(b)
+	for s.bytes > keptLogBytes && s.order[0] != id {
+		s.dropOldest()
+	}
+}
+
+func (s *sessionLogs) dropOldest() {
+	id := s.order[0]
+	s.bytes -= s.logs[id].bytes
+	delete(s.logs, id)
+	s.order = s.order[1:]
+}
+
+// events is a copy of id's log; false when it is not kept.
+func (s *sessionLogs) events(id string) ([]json.RawMessage, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.logs[id]
+	if l == nil {
+		return nil, false
+	}
+	return append([]json.RawMessage{}, l.events...), true
+}
+
+// sessionSlots counts the page sessions open, in all and by client
+// address, for Limits.MaxSessions and MaxSessionsPerClient.
+type sessionSlots struct {
+	mu       sync.Mutex
+	total    int
+	byClient map[string]int
+}
+
+// take opens a session for client: release closes it; refused, when not
+// empty, says which bound is reached (and nothing is opened).
+func (o *sessionSlots) take(client string, l Limits) (release func(), refused string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.total >= l.MaxSessions:
+		return nil, fmt.Sprintf("%d page sessions are open, the most this server takes (--max-sessions); close one or retry later", l.MaxSessions)
+	case o.byClient[client] >= l.MaxSessionsPerClient:
+		return nil, fmt.Sprintf("%d page sessions are open from your address, the most one address may hold (--max-sessions-per-client); close a tab or retry later", l.MaxSessionsPerClient)
+	}
+	if o.byClient == nil {
+		o.byClient = map[string]int{}
+	}
+	o.total++
+	o.byClient[client]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			o.total--
+			if o.byClient[client]--; o.byClient[client] == 0 {
+				delete(o.byClient, client)
+			}
+		})
+	}, ""
+}
+
+// count is the sessions open.
+func (o *sessionSlots) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.total
+}
+
+// clientAddr is a request's client address without its port (behind a
+// proxy, the proxy's).
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // sessionEvents answers GET /sessions/{id}/events: the messages a page
 // session was sent, as a JSON array.
 func (s *Server) sessionEvents(w http.ResponseWriter, r *http.Request) {
-	l := s.sessions.get(r.PathValue("id"))
-	if l == nil {
-		s.fail(w, &apiError{http.StatusNotFound, "no_session", "no such session (the last 64 are kept)"})
+	events, ok := s.sessions.events(r.PathValue("id"))
+	if !ok {
+		s.fail(w, &apiError{http.StatusNotFound, "no_session", fmt.Sprintf("no such session (the last %d are kept, %d MiB of events in all)", keptSessions, keptLogBytes>>20)})
 		return
 	}
-	writeJSON(w, http.StatusOK, l.all())
+	writeJSON(w, http.StatusOK, events)
 }

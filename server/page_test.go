@@ -129,7 +129,7 @@ func (f *pairFixture) metric(t *testing.T, name string) float64 {
 func TestPage(t *testing.T) {
 	browsertest.Require(t, "the page test")
 	f := newPairFixture(t, "")
-	ctx := browsertest.New(t, 5*time.Minute)
+	ctx := browsertest.NewStrict(t, 5*time.Minute)
 	shots := os.Getenv("WEBDRAFT_SCREENSHOTS")
 	if shots == "" {
 		shots = t.TempDir()

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"webdraft/engine"
+	"webdraft/internal/jobqueue"
 	"webdraft/scheduler"
 	"webdraft/speculative"
 	"webdraft/tokenizer"
@@ -43,6 +44,9 @@ type Model struct {
 	// Stop are the tokens that end a generation (the config's
 	// eos_token_id, the tokenizer's end-of-text and end-of-turn).
 	Stop []int
+	// Files, when set, is the model's folder, which the page can fetch to
+	// run the model in the browser (/models/).
+	Files *ModelFiles
 }
 
 // Config is what Run serves.
@@ -55,13 +59,29 @@ type Config struct {
 	Speculative speculative.Options
 }
 
+// Options configure a Server; the zero value is an open server with the
+// default limits and no CORS.
+type Options struct {
+	// APIKey, when set, is required on every endpoint but /health (auth.go).
+	APIKey string
+	Limits Limits
+	// CORSOrigins are the origins whose pages may call the API and open
+	// the websocket ("*": any); each must pass CheckOrigin. None: CORS off
+	// (cors.go).
+	CORSOrigins []string
+}
+
 // Server serves the API. It answers 503 until Run has made it ready.
 type Server struct {
 	log      *slog.Logger
 	metrics  *metrics
 	apiKey   string
+	limits   Limits
+	origins  origins
 	ready    atomic.Pointer[state]
-	sessions sessionLogs // the live page's sessions' events
+	sessions sessionLogs  // the live page's sessions' events
+	open     sessionSlots // the live page's sessions open, in all and by client
+	conns    atomic.Int64 // connections open on Listener's listener
 }
 
 type state struct {
@@ -69,16 +89,26 @@ type state struct {
 	target  *Model
 	sched   *scheduler.Scheduler
 	gen     *speculative.Generator // nil without a target
+	browser *browserFiles          // the pair for the page's in-browser engine
 	started time.Time
 	// drafterText and targetText bound a request's text, in bytes, by
 	// the models' contexts (textBound): longer cannot fit.
 	drafterText, targetText int
+	encodeSlots             chan struct{} // tokenizations at once (encode)
 }
 
-// New returns a server that is not ready yet; with apiKey set every
-// endpoint but /health needs "Authorization: Bearer apiKey".
+// New returns a server that is not ready yet, with the default limits;
+// with apiKey set every endpoint but /health needs "Authorization: Bearer
+// apiKey".
 func New(log *slog.Logger, apiKey string) *Server {
-	return &Server{log: log, metrics: newMetrics(), apiKey: apiKey}
+	return NewWithOptions(log, Options{APIKey: apiKey})
+}
+
+// NewWithOptions returns a server that is not ready yet, configured by o.
+func NewWithOptions(log *slog.Logger, o Options) *Server {
+	s := &Server{log: log, metrics: newMetrics(), apiKey: o.APIKey, limits: o.Limits.withDefaults(), origins: newOrigins(o.CORSOrigins)}
+	s.metrics.watchServer(s)
+	return s
 }
 
 // Run serves c until ctx ends; the server is ready while it runs. With a
@@ -92,7 +122,7 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 			onStep(st)
 		}
 	}
-	st := &state{drafter: c.Drafter, target: c.Target, started: time.Now()}
+	st := &state{drafter: c.Drafter, target: c.Target, started: time.Now(), encodeSlots: newEncodeSlots()}
 	st.drafterText = textBound(c.Drafter.Tokenizer, c.Drafter.Engine.Config().MaxPositionEmbeddings)
 	if c.Target != nil {
 		if c.Target.Stop == nil {
@@ -116,6 +146,15 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 		s.metrics.watchGenerator(st.gen)
 		st.targetText = textBound(st.target.Tokenizer, st.maxContext())
 	}
+	var target *ModelFiles
+	if c.Target != nil {
+		target = c.Target.Files
+	}
+	browser, err := newBrowserFiles(c.Drafter.Files, target)
+	if err != nil {
+		return err
+	}
+	st.browser = browser
 	st.sched = scheduler.New(c.Drafter.Engine, c.Scheduler)
 	s.metrics.watch(st.sched)
 	s.ready.Store(st)
@@ -131,7 +170,7 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 	} else {
 		errs <- nil
 	}
-	err := errors.Join(<-errs, <-errs)
+	err = errors.Join(<-errs, <-errs)
 	s.ready.Store(nil)
 	return err
 }
@@ -139,7 +178,9 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 // Handler routes the API. Every response carries X-Content-Type-Options:
 // nosniff, and every error is JSON in its route's shape: OpenAI's under
 // /v1/, the server's own elsewhere — a path or method no route takes
-// included.
+// included. Around the routes, outermost first: CORS (off unless
+// configured), the spare connections' /health-only rule, the body and
+// write deadlines (limits.go), the API key.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /draft", s.draft)
@@ -149,8 +190,11 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /{$}", s.page)
-	mux.Handle("GET /static/", s.jsonErrors(http.StripPrefix("/static/", web.Static())))
+	mux.Handle("GET /static/", s.jsonErrors(http.StripPrefix("/static/", filesOnly(web.Static()))))
 	mux.HandleFunc("GET /ws", s.websocket)
+	mux.HandleFunc("GET /models/index.json", s.modelsIndex)
+	mux.HandleFunc("GET /models/{dir}/{name}", s.modelFileHandler)
+	mux.Handle("GET /wasm/", http.StripPrefix("/wasm", s.wasmFiles()))
 	mux.HandleFunc("GET /sessions/{id}/events", s.sessionEvents)
 	routed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h, pattern := mux.Handler(r); pattern == "" {
@@ -159,10 +203,24 @@ func (s *Server) Handler() http.Handler {
 		}
 		mux.ServeHTTP(w, r)
 	})
-	authorized := s.authorize(routed)
+	inner := s.cors(s.spareOnly(s.bodyDeadline(s.writeDeadline(s.authorize(routed)))))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		authorized.ServeHTTP(w, r)
+		inner.ServeHTTP(w, r)
+	})
+}
+
+// filesOnly serves the embedded page's files and nothing else: a path
+// that names a folder (the static root, say) is 404, not a listing.
+// web.Static serves an embedded file system, so no path reaches the
+// disk.
+func filesOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -325,7 +383,11 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, &apiError{http.StatusServiceUnavailable, "loading", "the model is still loading"})
 		return
 	}
-	req, tokens, apiErr := s.parse(w, r, st)
+	// The request's time limit counts from here: the body, the
+	// tokenizer's wait and the queue are in it.
+	ctx, cancel := context.WithTimeout(r.Context(), s.limits.RequestTimeout)
+	defer cancel()
+	req, tokens, apiErr := s.parse(ctx, w, r, st)
 	if apiErr == nil {
 		apiErr = gone(r) // nothing is queued for a client that has left
 	}
@@ -341,8 +403,11 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 	if req.PMin != nil {
 		pMin = *req.PMin
 	}
-	res, err := st.sched.Submit(r.Context(), scheduler.Request{Tokens: tokens, N: n, PMin: pMin})
+	res, err := st.sched.Submit(ctx, scheduler.Request{Tokens: tokens, N: n, PMin: pMin})
 	if err != nil {
+		if te := pastLimit(ctx, r, "the request", s.limits.RequestTimeout, "--request-timeout"); te != nil {
+			err = te
+		}
 		s.fail(w, s.schedulerError(err))
 		return
 	}
@@ -364,7 +429,7 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 // A context longer than the model's positions cannot be drafted from (n
 // is at least 1): such token ids, text or messages are refused as they
 // are read, before the rest is decoded or anything is tokenized.
-func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draftRequest, []int, *apiError) {
+func (s *Server) parse(ctx context.Context, w http.ResponseWriter, r *http.Request, st *state) (*draftRequest, []int, *apiError) {
 	body, ie := requestBody(w, r)
 	if ie != nil {
 		return nil, nil, draftInputError(ie, 0)
@@ -410,10 +475,9 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 		if req.Text.text == "" {
 			return nil, nil, badRequest("text", "text is empty")
 		}
-		if e := gone(r); e != nil {
+		if e := s.encode(ctx, r, st, func() { tokens = st.drafter.Tokenizer.Encode(req.Text.text) }); e != nil {
 			return nil, nil, e
 		}
-		tokens = st.drafter.Tokenizer.Encode(req.Text.text)
 	default:
 		field = "messages"
 		if len(req.Messages.items) == 0 {
@@ -435,10 +499,9 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 		if err != nil {
 			return nil, nil, badRequest("messages", err.Error())
 		}
-		if e := gone(r); e != nil {
+		if e := s.encode(ctx, r, st, func() { tokens = st.drafter.Tokenizer.Encode(prompt) }); e != nil {
 			return nil, nil, e
 		}
-		tokens = st.drafter.Tokenizer.Encode(prompt)
 	}
 	if len(tokens) == 0 {
 		return nil, nil, badRequest(field, field+" is empty")
@@ -453,6 +516,21 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, st *state) (*draf
 		}
 	}
 	return &req, tokens, nil
+}
+
+// encode runs a tokenization for /draft in an encode slot: a 504 when
+// the request's time limit passes first, a 499 when the client leaves.
+func (s *Server) encode(ctx context.Context, r *http.Request, st *state, f func()) *apiError {
+	if e := gone(r); e != nil {
+		return e
+	}
+	if err := st.encode(ctx, f); err != nil {
+		if te := pastLimit(ctx, r, "the request", s.limits.RequestTimeout, "--request-timeout"); te != nil {
+			return s.schedulerError(te)
+		}
+		return gone(r)
+	}
+	return nil
 }
 
 // gone is a 499 when the client has left: nothing more is worth doing.
@@ -493,12 +571,25 @@ func draftInputError(err error, positions int) *apiError {
 	return &apiError{http.StatusBadRequest, "invalid_request", "body: " + clip(err.Error())}
 }
 
+// queueFull is a 429's message: which queue is full, and its bound.
+func queueFull(err error, which string) string {
+	size := 0
+	var full *jobqueue.FullError
+	if errors.As(err, &full) {
+		size = full.Size
+	}
+	return fmt.Sprintf("%s queue is full: %d requests waiting, the most it holds (--max-queue); retry after %s s", which, size, retryAfter)
+}
+
 func (s *Server) schedulerError(err error) *apiError {
+	var te *timeoutError
 	switch {
+	case errors.As(err, &te):
+		return &apiError{http.StatusGatewayTimeout, "request_timeout", te.Error()}
 	case errors.Is(err, scheduler.ErrTooLarge):
 		return &apiError{http.StatusRequestEntityTooLarge, "context_too_large", err.Error()}
 	case errors.Is(err, scheduler.ErrOverloaded):
-		return &apiError{http.StatusTooManyRequests, "overloaded", "too many requests waiting; retry shortly"}
+		return &apiError{http.StatusTooManyRequests, "overloaded", queueFull(err, "the drafter's")}
 	case errors.Is(err, scheduler.ErrClosed):
 		return &apiError{http.StatusServiceUnavailable, "shutting_down", "the server is shutting down"}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -510,10 +601,20 @@ func (s *Server) schedulerError(err error) *apiError {
 
 func (s *Server) fail(w http.ResponseWriter, e *apiError) {
 	s.metrics.request(e.status, e.code)
-	if e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", retryAfter)
-	}
+	errorHeaders(w, e.status)
 	writeJSON(w, e.status, map[string]any{"error": map[string]string{"code": e.code, "message": e.message}})
+}
+
+// errorHeaders are an error answer's headers: Retry-After on 429 and 503;
+// on 408 (a body that did not arrive in time) the connection closes, as
+// the rest of the body will not be read.
+func errorHeaders(w http.ResponseWriter, status int) {
+	switch status {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", retryAfter)
+	case http.StatusRequestTimeout:
+		w.Header().Set("Connection", "close")
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -52,8 +52,11 @@ func TestBrowser(t *testing.T) {
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /models/sharded/", http.StripPrefix("/models/sharded/", http.FileServer(http.Dir(sharded))))
-	drafter := filepath.Join("..", "weights", "drafter") // the shipped drafter (vocab 151,936)
+	// The shipped drafter (vocab 151,936), which uses the target's
+	// embedding: load fetches that folder beside it too.
+	drafter := filepath.Join("..", "weights", "drafter")
 	mux.Handle("GET /models/drafter/", http.StripPrefix("/models/drafter/", http.FileServer(http.Dir(drafter))))
+	mux.Handle("GET /models/target/", http.StripPrefix("/models/target/", http.FileServer(http.Dir(filepath.Join("..", "weights", "target")))))
 	mux.Handle("GET /models/", http.StripPrefix("/models/", http.FileServer(http.Dir(filepath.Join("..", "testdata", "golden")))))
 	mux.HandleFunc("GET /shaders.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

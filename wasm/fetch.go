@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"path"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"syscall/js"
 	"testing/fstest"
 
+	"webdraft/checkpoint"
 	"webdraft/safetensors"
 )
 
@@ -22,6 +24,50 @@ import (
 // config.json, and model.safetensors or model.safetensors.index.json with
 // the shards it names (fetched at once). tokenizer.json is not fetched: the
 // drafter takes token ids.
+// fetchModel fetches the model folder at base (fetchFolder) into dir of an
+// in-memory file system and, when the model uses another folder's
+// embedding (checkpoint.SharedEmbeddingDir), that folder too, at the same
+// relative path as beside it on the server.
+func fetchModel(base string) (fsys fstest.MapFS, dir string, err error) {
+	if !strings.HasSuffix(base, "/") {
+		base += "/"
+	}
+	own, err := fetchFolder(base)
+	if err != nil {
+		return nil, "", err
+	}
+	dir = "model"
+	fsys = fstest.MapFS{}
+	for name, f := range own {
+		fsys[path.Join(dir, name)] = f
+	}
+	st, ok := own[safetensors.SingleFile]
+	if !ok {
+		return fsys, dir, nil
+	}
+	f, err := safetensors.Parse(base+safetensors.SingleFile, st.Data)
+	if err != nil {
+		return nil, "", err
+	}
+	rel := checkpoint.SharedEmbeddingDir(f.Metadata)
+	if rel == "" {
+		return fsys, dir, nil
+	}
+	// The folder whose embedding the model uses, beside it as on disk.
+	sib := path.Join(dir, rel)
+	if !fs.ValidPath(sib) || sib == dir {
+		return nil, "", fmt.Errorf("the shared embedding's folder %q is not beside the model's", rel)
+	}
+	shared, err := fetchFolder(base + rel + "/")
+	if err != nil {
+		return nil, "", fmt.Errorf("the shared embedding's folder %s: %w", rel, err)
+	}
+	for name, f := range shared {
+		fsys[path.Join(sib, name)] = f
+	}
+	return fsys, dir, nil
+}
+
 func fetchFolder(base string) (fstest.MapFS, error) {
 	if !strings.HasSuffix(base, "/") {
 		base += "/"

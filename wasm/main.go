@@ -7,10 +7,14 @@
 // It installs one global, webdraft, whose functions return Promises (see
 // README.md):
 //
-//	webdraft.adapter()          → Promise<{name, backend, features, f16}>
-//	webdraft.load(url, options) → Promise<Drafter>
-//	drafter.draft(ids, n)       → Promise<number[]>
-//	drafter.close()             → Promise<void>
+//	webdraft.adapter()                      → Promise<{name, backend, features, f16}>
+//	webdraft.load(url, options)             → Promise<Model>
+//	webdraft.loadFiles(files, dir, options) → Promise<Model>
+//	model.draft(ids, n)                     → Promise<number[]>
+//	model.close()                           → Promise<void>
+//	webdraft.live(drafter, target, onEvent) → Promise<Live>
+//	live.send(message)                      (the page's start and stop)
+//	live.close()                            → Promise<void>
 //
 // Every call does its work on a goroutine of its own and settles its Promise
 // from there; a goroutine waiting on the GPU or the network gives the page's
@@ -21,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"sync"
 	"syscall/js"
@@ -29,6 +34,7 @@ import (
 	"webdraft/engine"
 	"webdraft/engine/webgpu"
 	"webdraft/gpu"
+	"webdraft/tokenizer"
 )
 
 // Defaults of load's options: a browser tab has less memory to give than a
@@ -39,7 +45,7 @@ const (
 )
 
 func main() {
-	d := &drafter{}
+	d := &drafter{models: map[int]*model{}}
 	js.Global().Set("webdraft", d.object())
 	select {} // the callbacks above keep running; main must not return
 }
@@ -49,8 +55,10 @@ func main() {
 type drafter struct {
 	// mu serializes all GPU work: a gpu.Device is used by one goroutine at
 	// a time, and several engines share this one.
-	mu  sync.Mutex
-	dev *gpu.Device
+	mu     sync.Mutex
+	dev    *gpu.Device
+	models map[int]*model // by the id their Model objects carry
+	nextID int
 }
 
 // object is the webdraft global.
@@ -77,14 +85,64 @@ func (d *drafter) object() js.Value {
 			if err != nil {
 				return nil, fmt.Errorf("webdraft.load: %w", err)
 			}
-			m, err := d.load(base.String(), opts)
+			fsys, dir, err := fetchModel(base.String())
+			if err != nil {
+				return nil, fmt.Errorf("webdraft.load %s: %w", base.String(), err)
+			}
+			m, err := d.load(fsys, dir, opts)
 			if err != nil {
 				return nil, fmt.Errorf("webdraft.load %s: %w", base.String(), err)
 			}
 			return m.object(), nil
 		})
 	}))
+	obj.Set("loadFiles", js.FuncOf(func(_ js.Value, args []js.Value) any {
+		fsys, filesErr := filesFS(arg(args, 0))
+		dir := arg(args, 1)
+		opts, err := parseLoadOptions(arg(args, 2))
+		return promise(func() (any, error) {
+			switch {
+			case filesErr != nil:
+				return nil, fmt.Errorf("webdraft.loadFiles: files: %w", filesErr)
+			case dir.Type() != js.TypeString:
+				return nil, errors.New("webdraft.loadFiles: the second argument must be the model's folder among the files")
+			case err != nil:
+				return nil, fmt.Errorf("webdraft.loadFiles: %w", err)
+			}
+			m, err := d.load(fsys, dir.String(), opts)
+			if err != nil {
+				return nil, fmt.Errorf("webdraft.loadFiles %s: %w", dir.String(), err)
+			}
+			return m.object(), nil
+		})
+	}))
+	obj.Set("live", js.FuncOf(func(_ js.Value, args []js.Value) any {
+		drafter, target, onEvent := d.loaded(arg(args, 0)), d.loaded(arg(args, 1)), arg(args, 2)
+		return promise(func() (any, error) {
+			switch {
+			case drafter == nil || target == nil:
+				return nil, errors.New("webdraft.live: the first two arguments must be models load or loadFiles gave")
+			case onEvent.Type() != js.TypeFunction:
+				return nil, errors.New("webdraft.live: the third argument must be a function (it gets each event)")
+			}
+			l, err := newLive(d, drafter, target, onEvent)
+			if err != nil {
+				return nil, fmt.Errorf("webdraft.live: %w", err)
+			}
+			return l.object(), nil
+		})
+	}))
 	return obj
+}
+
+// loaded is the model behind a Model object, or nil.
+func (d *drafter) loaded(v js.Value) *model {
+	if v.Type() != js.TypeObject || v.Get("id").Type() != js.TypeNumber {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.models[v.Get("id").Int()]
 }
 
 // device opens the device on first use. d.mu must be held.
@@ -155,20 +213,30 @@ func intOption(v js.Value, name string) (n int, ok bool, err error) {
 // model is one loaded model: its engine on the shared device.
 type model struct {
 	d    *drafter
+	id   int
+	name string
 	e    *webgpu.Engine // nil once closed
+	tok  *tokenizer.Tokenizer
+	stop []int // the tokens that end a generation
 	info map[string]any
 }
 
-// load fetches the model folder at base, converts it per opts and uploads it.
-func (d *drafter) load(base string, opts loadOptions) (*model, error) {
-	fsys, err := fetchFolder(base)
+// load converts the model folder dir of fsys per opts and uploads it.
+func (d *drafter) load(fsys fs.FS, dir string, opts loadOptions) (*model, error) {
+	// Quantizing an HF checkpoint is CPU work on the page's thread; a
+	// folder written by `webdraft convert` skips it.
+	ckpt, err := checkpoint.LoadFS(fsys, dir, checkpoint.LoadOptions{Quant: opts.quant})
 	if err != nil {
 		return nil, err
 	}
-	// Quantizing an HF checkpoint is CPU work on the page's thread; a
-	// folder written by `webdraft convert` skips it.
-	ckpt, err := checkpoint.LoadFS(fsys, ".", checkpoint.LoadOptions{Quant: opts.quant})
+	tokJSON, _, err := ckpt.TokenizerJSON()
 	if err != nil {
+		ckpt.Close()
+		return nil, err
+	}
+	tok, err := tokenizer.ForModel(dir, tokJSON, ckpt.Config.VocabSize)
+	if err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer) {
+		ckpt.Close()
 		return nil, err
 	}
 	// The engine keeps nothing of the CPU weights: drop the fetched bytes
@@ -197,7 +265,15 @@ func (d *drafter) load(base string, opts loadOptions) (*model, error) {
 		"tieWordEmbeddings":     c.TieWordEmbeddings,
 	}
 	info["kvCapacity"] = e.KVCapacity()
-	return &model{d: d, e: e, info: info}, nil
+	info["tokenizer"] = tok != nil
+	d.nextID++
+	m := &model{d: d, id: d.nextID, name: dir, e: e, tok: tok, info: info}
+	if tok != nil {
+		m.stop = tokenizer.StopIDs(c.EOSTokenIDs, tok)
+	}
+	info["id"] = m.id
+	d.models[m.id] = m
+	return m, nil
 }
 
 // object is the Drafter a load resolves to: the model's description plus its
@@ -256,6 +332,7 @@ func (m *model) close() error {
 	}
 	err := m.e.Close()
 	m.e = nil
+	delete(m.d.models, m.id)
 	return err
 }
 

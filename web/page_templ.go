@@ -37,7 +37,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var2 string
 		templ_7745c5c3_Var2, templ_7745c5c3_Err = templruntime.NewAttributeExpression("/static/app.css?v=" + Version).ResolveURL(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 15, Col: 63}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 15, Col: 63}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var2)
 		if templ_7745c5c3_Err != nil {
@@ -50,7 +50,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var3 string
 		templ_7745c5c3_Var3, templ_7745c5c3_Err = templ.JoinStringErrs(d.Drafter)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 21, Col: 72}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 21, Col: 72}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var3))
 		if templ_7745c5c3_Err != nil {
@@ -63,7 +63,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var4 string
 		templ_7745c5c3_Var4, templ_7745c5c3_Err = templ.JoinStringErrs(d.Target)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 23, Col: 67}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 23, Col: 67}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var4))
 		if templ_7745c5c3_Err != nil {
@@ -104,20 +104,33 @@ func Page(d PageData) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "<script src=\"")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "<script id=\"app\" src=\"")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
 		var templ_7745c5c3_Var5 string
 		templ_7745c5c3_Var5, templ_7745c5c3_Err = templruntime.NewAttributeExpression("/static/app.js?v=" + Version).ResolveURL(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 37, Col: 46}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 37, Col: 55}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var5)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\" defer></script></body></html>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\" data-worker=\"")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		var templ_7745c5c3_Var6 string
+		templ_7745c5c3_Var6, templ_7745c5c3_Err = templruntime.NewAttributeExpression("/static/worker.js?v=" + Version).Resolve(ctx)
+		if templ_7745c5c3_Err != nil {
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 37, Col: 104}
+		}
+		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var6)
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "\" defer></script></body></html>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -142,56 +155,56 @@ func controls(d PageData) templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "<form id=\"controls\" class=\"card controls\" aria-label=\"run a prompt\"><label class=\"prompt\"><span>Prompt</span> <textarea id=\"prompt\" name=\"prompt\" rows=\"5\" required spellcheck=\"false\">def quicksort(xs):</textarea></label><div class=\"row\"><label class=\"check\"><input type=\"checkbox\" id=\"chat\" name=\"chat\"> chat template</label> <label class=\"check\"><input type=\"checkbox\" id=\"race\" name=\"race\" checked> race the target alone</label></div><div class=\"row fields\"><label><span>k</span><input type=\"number\" id=\"k\" name=\"k\" min=\"1\" max=\"")
-		if templ_7745c5c3_Err != nil {
-			return templ_7745c5c3_Err
-		}
-		var templ_7745c5c3_Var7 string
-		templ_7745c5c3_Var7, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxK)).Resolve(ctx)
-		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 53, Col: 95}
-		}
-		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var7)
-		if templ_7745c5c3_Err != nil {
-			return templ_7745c5c3_Err
-		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "\" value=\"")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "<form id=\"controls\" class=\"card controls\" aria-label=\"run a prompt\"><label class=\"prompt\"><span>Prompt</span> <textarea id=\"prompt\" name=\"prompt\" rows=\"5\" required spellcheck=\"false\">def quicksort(xs):</textarea></label><div class=\"row\"><label class=\"check\"><input type=\"checkbox\" id=\"chat\" name=\"chat\"> chat template</label> <label class=\"check\"><input type=\"checkbox\" id=\"race\" name=\"race\" checked> race the target alone</label></div><div class=\"row fields\"><label><span>k</span><input type=\"number\" id=\"k\" name=\"k\" min=\"1\" max=\"")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
 		var templ_7745c5c3_Var8 string
-		templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.K)).Resolve(ctx)
+		templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxK)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 53, Col: 123}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 53, Col: 95}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "\" required></label> <label><span>max tokens</span><input type=\"number\" id=\"max_tokens\" name=\"max_tokens\" min=\"1\" max=\"")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "\" value=\"")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
 		var templ_7745c5c3_Var9 string
-		templ_7745c5c3_Var9, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxTokens)).Resolve(ctx)
+		templ_7745c5c3_Var9, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.K)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 54, Col: 127}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 53, Col: 123}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var9)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "\" value=\"128\" required></label> <label><span>temperature</span><input type=\"number\" id=\"temperature\" name=\"temperature\" min=\"0\" max=\"2\" step=\"0.1\" value=\"0\" required></label> <label><span>seed</span><input type=\"number\" id=\"seed\" name=\"seed\" min=\"0\" step=\"1\" value=\"0\"></label></div>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "\" required></label> <label><span>max tokens</span><input type=\"number\" id=\"max_tokens\" name=\"max_tokens\" min=\"1\" max=\"")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		var templ_7745c5c3_Var10 string
+		templ_7745c5c3_Var10, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxTokens)).Resolve(ctx)
+		if templ_7745c5c3_Err != nil {
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 54, Col: 127}
+		}
+		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var10)
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 14, "\" value=\"128\" required></label> <label><span>temperature</span><input type=\"number\" id=\"temperature\" name=\"temperature\" min=\"0\" max=\"2\" step=\"0.1\" value=\"0\" required></label> <label><span>seed</span><input type=\"number\" id=\"seed\" name=\"seed\" min=\"0\" step=\"1\" value=\"0\"></label></div>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
 		if d.Auth {
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 14, "<label class=\"prompt\"><span>API key</span><input type=\"password\" id=\"api_key\" name=\"api_key\" autocomplete=\"off\"></label>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 15, "<label class=\"prompt\"><span>API key</span><input type=\"password\" id=\"api_key\" name=\"api_key\" autocomplete=\"off\"></label>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 15, "<div class=\"row buttons\"><button type=\"submit\" id=\"start\">Start</button> <button type=\"button\" id=\"stop\" disabled>Stop</button></div></form>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "<fieldset class=\"where\"><legend>Run on</legend> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-server\" value=\"server\" checked> the server</label> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-browser\" value=\"browser\"> this browser (WebGPU): both models on your GPU</label><div id=\"engine\" class=\"engine\" hidden><progress id=\"engine-progress\" max=\"1\" value=\"0\" aria-label=\"downloading the models\"></progress><p id=\"engine-note\" class=\"note\" role=\"status\" aria-live=\"polite\"></p></div></fieldset><div class=\"row buttons\"><button type=\"submit\" id=\"start\">Start</button> <button type=\"button\" id=\"stop\" disabled>Stop</button></div></form>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -216,7 +229,7 @@ func view() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "<section class=\"card view\" aria-labelledby=\"text-title\"><h2 id=\"text-title\">Text, step by step</h2>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "<section class=\"card view\" aria-labelledby=\"text-title\"><h2 id=\"text-title\">Text, step by step</h2>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -224,7 +237,7 @@ func view() templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "<div id=\"output\" class=\"output\" tabindex=\"0\" role=\"group\" aria-label=\"generated tokens: arrow keys move between them and show the drafter's and the target's top 5\" aria-describedby=\"legend\"></div><div id=\"tip\" class=\"tip\" role=\"tooltip\" hidden></div><h3 class=\"alone-title\">The target alone</h3><div id=\"alone\" class=\"output alone\" aria-label=\"the same prompt, generated by the target alone\"></div></section>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "<div id=\"output\" class=\"output\" tabindex=\"0\" role=\"group\" aria-label=\"generated tokens: arrow keys move between them and show the drafter's and the target's top 5\" aria-describedby=\"legend\"></div><div id=\"tip\" class=\"tip\" role=\"tooltip\" hidden></div><h3 class=\"alone-title\">The target alone</h3><div id=\"alone\" class=\"output alone\" aria-label=\"the same prompt, generated by the target alone\"></div></section>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -249,7 +262,7 @@ func legend() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "<ul id=\"legend\" class=\"legend\" aria-label=\"what the marks mean\"><li><span class=\"tok acc\">accepted</span> a draft token the target agreed with (underlined)</li><li><span class=\"tok rej\">rejected</span> the rest of a draft from its first disagreement (struck through)</li><li><span class=\"tok fix\">correction</span> the target's own token where it disagreed (boxed)</li><li><span class=\"tok bonus\">bonus</span> the target's token after a draft it took whole (dashed box)</li></ul>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 19, "<ul id=\"legend\" class=\"legend\" aria-label=\"what the marks mean\"><li><span class=\"tok acc\">accepted</span> a draft token the target agreed with (underlined)</li><li><span class=\"tok rej\">rejected</span> the rest of a draft from its first disagreement (struck through)</li><li><span class=\"tok fix\">correction</span> the target's own token where it disagreed (boxed)</li><li><span class=\"tok bonus\">bonus</span> the target's token after a draft it took whole (dashed box)</li></ul>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -274,7 +287,7 @@ func panels() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 19, "<section class=\"panels\" aria-label=\"statistics\"><div class=\"card stat\"><h2>τ, tokens a step</h2><p class=\"big\" id=\"tau\">–</p><p class=\"small\"><span id=\"steps\">0</span> steps, <span id=\"accepted\">0</span> of <span id=\"drafted\">0</span> draft tokens accepted</p></div><div class=\"card\"><h2>Accepted a step</h2><svg id=\"hist\" class=\"plot\" role=\"img\" aria-label=\"histogram of draft tokens accepted per step\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card\"><h2>Acceptance by draft position</h2><svg id=\"rates\" class=\"plot\" role=\"img\" aria-label=\"acceptance rate at each draft position\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card stat\"><h2>Time a step</h2><p class=\"small\">drafter <strong id=\"draft_ms\">–</strong> ms, target <strong id=\"verify_ms\">–</strong> ms</p><svg id=\"times\" class=\"plot\" role=\"img\" aria-label=\"the drafter's and the target's time, step by step\" viewBox=\"0 0 320 90\"></svg></div><div class=\"card race\" id=\"race-card\"><h2>Race</h2><div class=\"lane\"><span class=\"who\">speculative</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-spec\"></div></div><span id=\"tps-spec\" class=\"tps\">–</span></div><div class=\"lane\"><span class=\"who\">target alone</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-alone\"></div></div><span id=\"tps-alone\" class=\"tps\">–</span></div><p class=\"big\" id=\"speedup\" aria-live=\"polite\">–</p><p class=\"small\">tokens/s, each run measured alone on the same device, one after the other, both from a cold prompt</p><p class=\"small\" id=\"cpu-note\" hidden>This server runs the CPU engine, where each verified position costs the target a row of compute; on a GPU, k + 1 rows cost about one, and speculation pays.</p></div></section>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 20, "<section class=\"panels\" aria-label=\"statistics\"><div class=\"card stat\"><h2>τ, tokens a step</h2><p class=\"big\" id=\"tau\">–</p><p class=\"small\"><span id=\"steps\">0</span> steps, <span id=\"accepted\">0</span> of <span id=\"drafted\">0</span> draft tokens accepted</p></div><div class=\"card\"><h2>Accepted a step</h2><svg id=\"hist\" class=\"plot\" role=\"img\" aria-label=\"histogram of draft tokens accepted per step\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card\"><h2>Acceptance by draft position</h2><svg id=\"rates\" class=\"plot\" role=\"img\" aria-label=\"acceptance rate at each draft position\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card stat\"><h2>Time a step</h2><p class=\"small\">drafter <strong id=\"draft_ms\">–</strong> ms, target <strong id=\"verify_ms\">–</strong> ms</p><svg id=\"times\" class=\"plot\" role=\"img\" aria-label=\"the drafter's and the target's time, step by step\" viewBox=\"0 0 320 90\"></svg></div><div class=\"card race\" id=\"race-card\"><h2>Race</h2><div class=\"lane\"><span class=\"who\">speculative</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-spec\"></div></div><span id=\"tps-spec\" class=\"tps\">–</span></div><div class=\"lane\"><span class=\"who\">target alone</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-alone\"></div></div><span id=\"tps-alone\" class=\"tps\">–</span></div><p class=\"big\" id=\"speedup\" aria-live=\"polite\">–</p><p class=\"small\">tokens/s, each run measured alone on the same device, one after the other, both from a cold prompt</p><p class=\"small\" id=\"cpu-note\" hidden>This server runs the CPU engine, where each verified position costs the target a row of compute; on a GPU, k + 1 rows cost about one, and speculation pays.</p></div></section>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"webdraft/engine"
@@ -20,8 +22,12 @@ import (
 // drainTimeout bounds how long SIGTERM waits for in-flight requests.
 const drainTimeout = 30 * time.Second
 
+// defaultQueue is --max-queue's default: the scheduler's and the
+// generator's own (their Options.MaxQueue).
+const defaultQueue = 256
+
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k 8] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N] [--chain-steps 8] [--api-key KEY]")
+	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k 8] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
 	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given, else none")
 	k := fs.Int("k", 8, "draft tokens per verification step (a request's speculative.k overrides it)")
@@ -29,9 +35,50 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	backendFlag := fs.String("backend", "auto", backendUsage)
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB")
 	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
-	apiKey := fs.String("api-key", os.Getenv("WEBDRAFT_API_KEY"), "require Authorization: Bearer KEY on every endpoint but /health (default: $WEBDRAFT_API_KEY; none: open)")
+	// The key's default is read after parsing, so that --help never
+	// prints it; the environment keeps it out of the process list too.
+	apiKey := fs.String("api-key", "", "require Authorization: Bearer KEY on every endpoint but /health, /, /static/ (default: $WEBDRAFT_API_KEY, which keeps the key out of the process list; neither: open)")
+	var corsOrigins []string
+	fs.Func("cors-origin", "an origin (scheme://host[:port], or * for any) whose pages may call the API and open the websocket; repeat it or separate with commas (default: none, CORS off)", func(v string) error {
+		for o := range strings.SplitSeq(v, ",") {
+			o = strings.TrimSpace(o)
+			if err := server.CheckOrigin(o); err != nil {
+				return err
+			}
+			corsOrigins = append(corsOrigins, o)
+		}
+		return nil
+	})
+	d := server.DefaultLimits
+	maxConns := fs.Int("max-connections", d.MaxConnections, "open connections at most (keep it below ulimit -n); past it 16 more are answered GET /health only, and any more refused with 503")
+	maxQueue := fs.Int("max-queue", defaultQueue, "requests waiting to start, each for /draft and for generations; past it 429 with Retry-After")
+	bodyTimeout := fs.Duration("body-timeout", d.BodyTimeout, "a request's body must arrive within this, from its headers' end (else 408 and the connection closes)")
+	idleTimeout := fs.Duration("idle-timeout", d.IdleTimeout, "a keep-alive connection with no new request is closed after this")
+	requestTimeout := fs.Duration("request-timeout", d.RequestTimeout, "a POST /draft, queue included, is answered 504 past this")
+	generationTimeout := fs.Duration("generation-timeout", d.GenerationTimeout, "a generation (/v1/*, a page run), queue included, ends with a 504 error past this")
+	maxSessions := fs.Int("max-sessions", d.MaxSessions, "the live page's sessions (websockets) open at once; past it 429")
+	maxSessionsPerClient := fs.Int("max-sessions-per-client", d.MaxSessionsPerClient, "the live page's sessions open at once from one client address; past it 429")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *apiKey == "" {
+		*apiKey = os.Getenv("WEBDRAFT_API_KEY")
+	}
+	for _, c := range []struct {
+		name string
+		v    int
+	}{{"max-connections", *maxConns}, {"max-queue", *maxQueue}, {"max-sessions", *maxSessions}, {"max-sessions-per-client", *maxSessionsPerClient}} {
+		if c.v < 1 {
+			return usagef("--%s %d: want at least 1", c.name, c.v)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		v    time.Duration
+	}{{"body-timeout", *bodyTimeout}, {"idle-timeout", *idleTimeout}, {"request-timeout", *requestTimeout}, {"generation-timeout", *generationTimeout}} {
+		if c.v <= 0 {
+			return usagef("--%s %v: want a positive duration (30s, 2m)", c.name, c.v)
+		}
 	}
 	if *cacheMB < 1 {
 		return usagef("--cache-mb %d: want at least 1", *cacheMB)
@@ -53,11 +100,16 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := server.New(e.log, *apiKey)
-	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	limits := d
+	limits.MaxConnections, limits.BodyTimeout, limits.IdleTimeout = *maxConns, *bodyTimeout, *idleTimeout
+	limits.RequestTimeout, limits.GenerationTimeout = *requestTimeout, *generationTimeout
+	limits.MaxSessions, limits.MaxSessionsPerClient = *maxSessions, *maxSessionsPerClient
+	srv := server.NewWithOptions(e.log, server.Options{APIKey: *apiKey, Limits: limits, CORSOrigins: corsOrigins})
+	httpSrv := srv.HTTPServer()
 	served := make(chan error, 1)
-	go func() { served <- httpSrv.Serve(ln) }()
-	e.log.Info("listening", "addr", ln.Addr().String(), "api_key", *apiKey != "")
+	go func() { served <- httpSrv.Serve(srv.Listener(ln)) }()
+	e.log.Info("listening", "addr", ln.Addr().String(), "api_key", *apiKey != "", "cors_origins", len(corsOrigins),
+		"max_connections", *maxConns, "max_queue", *maxQueue)
 
 	// Load while /health answers "loading".
 	start := time.Now()
@@ -82,8 +134,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		}
 		cfg.Target = &target.model
 	}
-	cfg.Scheduler = scheduler.Options{ChainSteps: *chainSteps}
-	cfg.Speculative = speculative.Options{K: *k}
+	cfg.Scheduler = scheduler.Options{ChainSteps: *chainSteps, MaxQueue: *maxQueue}
+	cfg.Speculative = speculative.Options{K: *k, MaxQueue: *maxQueue}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- srv.Run(runCtx, cfg) }()
@@ -148,9 +200,23 @@ func openServed(ctx context.Context, e *env, dir, embedded string, backend backe
 	}
 	e.log.Info("model", "name", name, "cache_tokens", eng.KVCapacity())
 	return &served{
-		model: server.Model{Name: name, Engine: eng, Tokenizer: tok},
+		model: server.Model{Name: name, Engine: eng, Tokenizer: tok, Files: modelFiles(dir, embedded)},
 		close: func() { eng.Close(); m.Close() },
 	}, nil
+}
+
+// modelFiles is where the page's in-browser engine fetches the model
+// from: the embedded folder, or dir within its parent (so that a folder
+// beside it, whose embedding the model may use, is there too).
+func modelFiles(dir, embedded string) *server.ModelFiles {
+	if dir == "" {
+		return &server.ModelFiles{FS: weights.FS(), Dir: embedded}
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil // the page then runs on the server only
+	}
+	return &server.ModelFiles{FS: os.DirFS(filepath.Dir(abs)), Dir: filepath.Base(abs)}
 }
 
 // checkPair refuses a drafter and a target whose token ids do not mean

@@ -3,12 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -88,6 +90,16 @@ func TestServeUsage(t *testing.T) {
 		{"serve", "--k", "0"},
 		{"serve", "--k", "65"},
 		{"serve", "--backend", "quantum"},
+		{"serve", "--max-connections", "0"},
+		{"serve", "--max-queue", "0"},
+		{"serve", "--max-sessions", "0"},
+		{"serve", "--max-sessions-per-client", "-1"},
+		{"serve", "--body-timeout", "0s"},
+		{"serve", "--idle-timeout", "-1s"},
+		{"serve", "--request-timeout", "soon"},
+		{"serve", "--generation-timeout", "0"},
+		{"serve", "--cors-origin", "ftp://a.example"},
+		{"serve", "--cors-origin", "https://a.example/path"},
 	} {
 		if code, _, _ := webdraft(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
@@ -114,4 +126,157 @@ func TestServeUsage(t *testing.T) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// startServe runs serve with args until the test ends, and waits for
+// /health to answer 200; it returns the address and serve's stderr.
+func startServe(t *testing.T, args ...string) (string, *syncWriter) {
+	t.Helper()
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	exit := make(chan int, 1)
+	stderr := &syncWriter{}
+	go func() {
+		exit <- run(ctx, append([]string{"serve", "--addr", addr, "--backend", "cpu"}, args...), io.Discard, stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-exit:
+		case <-time.After(40 * time.Second):
+			t.Error("serve did not exit")
+		}
+	})
+	for range 3000 {
+		select {
+		case code := <-exit:
+			t.Fatalf("serve exited %d: %s", code, stderr.String())
+		default:
+		}
+		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				http.DefaultClient.CloseIdleConnections()
+				return addr, stderr
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("never healthy: %s", stderr.String())
+	return "", nil
+}
+
+// syncWriter is a buffer safe for serve's goroutines.
+type syncWriter struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// closedWithin reports whether the server closes c before its deadline.
+func closedWithin(c net.Conn) bool {
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
+}
+
+// TestServeLimits: serve's limit flags reach the server. A client that
+// stalls mid-body is answered 408 and closed after --body-timeout; a
+// keep-alive connection is closed after --idle-timeout; with
+// --max-connections held by stalled clients /health still answers; the
+// key from $WEBDRAFT_API_KEY is required and never written to the log.
+func TestServeLimits(t *testing.T) {
+	const key = "sk-env-SECRET-42"
+	t.Setenv("WEBDRAFT_API_KEY", key)
+	addr, stderr := startServe(t, "--body-timeout", "300ms", "--idle-timeout", "300ms", "--max-connections", "3")
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	body := `{"tokens":[1,2,3,4],"n":2}`
+	post := func(c net.Conn, auth string, part int) *http.Response {
+		t.Helper()
+		fmt.Fprintf(c, "POST /draft HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", auth, len(body), body[:part])
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	if resp := post(dial(), "Bearer "+key, len(body)); resp.StatusCode != 200 {
+		t.Errorf("with the key from the environment: %d", resp.StatusCode)
+	}
+	if resp := post(dial(), "Bearer wrong", len(body)); resp.StatusCode != 401 {
+		t.Errorf("with a wrong key: %d", resp.StatusCode)
+	}
+	start := time.Now()
+	c := dial()
+	if resp := post(c, "Bearer "+key, 10); resp.StatusCode != http.StatusRequestTimeout {
+		t.Errorf("a stalled body: %d, want 408", resp.StatusCode)
+	}
+	if !closedWithin(c) || time.Since(start) > 3*time.Second {
+		t.Errorf("a stalled body's connection still open after %v", time.Since(start))
+	}
+
+	c = dial()
+	fmt.Fprint(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("health: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	start = time.Now()
+	if !closedWithin(c) || time.Since(start) > 3*time.Second {
+		t.Errorf("an idle keep-alive connection still open after %v", time.Since(start))
+	}
+
+	for range 3 {
+		fmt.Fprint(dial(), "GET /health HTTP/1.1\r\n") // headers never finished
+	}
+	time.Sleep(100 * time.Millisecond)
+	c = dial()
+	fmt.Fprint(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 200 {
+		t.Errorf("/health with every connection held: %v %v", resp, err)
+	}
+	if strings.Contains(stderr.String(), key) || strings.Contains(stderr.String(), "SECRET") {
+		t.Errorf("the key is in serve's log:\n%s", stderr.String())
+	}
+}
+
+// TestServeHelpHidesKey: --help lists the limit flags with their
+// defaults, and never prints the key that $WEBDRAFT_API_KEY holds.
+func TestServeHelpHidesKey(t *testing.T) {
+	t.Setenv("WEBDRAFT_API_KEY", "sk-help-SECRET")
+	code, _, stderr := webdraft(t, "serve", "--help")
+	if code != 0 || strings.Contains(stderr, "SECRET") {
+		t.Errorf("exit %d; the help holds the key:\n%s", code, stderr)
+	}
+	for _, want := range []string{"-max-connections", "(default 1024)", "-max-queue", "(default 256)", "-body-timeout", "(default 30s)",
+		"-idle-timeout", "(default 2m0s)", "-request-timeout", "(default 1m0s)", "-generation-timeout", "(default 10m0s)",
+		"-max-sessions", "(default 64)", "-max-sessions-per-client", "(default 4)", "-cors-origin", "WEBDRAFT_API_KEY"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("the help lacks %q", want)
+		}
+	}
 }

@@ -44,6 +44,16 @@ func Require(t *testing.T, what string) {
 // tab's context (chromedp.NewContext of it opens more tabs); it logs the
 // browser and the pages' console until the test ends.
 func New(t *testing.T, timeout time.Duration) context.Context {
+	return start(t, timeout, false)
+}
+
+// NewStrict is New, and a console error or an uncaught exception fails
+// the test: for a page that promises to work, where either is a bug.
+func NewStrict(t *testing.T, timeout time.Duration) context.Context {
+	return start(t, timeout, true)
+}
+
+func start(t *testing.T, timeout time.Duration, strict bool) context.Context {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(Chromium), chromedp.UserDataDir(t.TempDir())}
 	for _, f := range flags {
@@ -73,19 +83,19 @@ func New(t *testing.T, timeout time.Duration) context.Context {
 		t.Fatal(err)
 	}
 	t.Logf("browser: %s", ua)
-	Console(t, ctx, &wg)
+	console(t, ctx, &wg, strict)
 	return ctx
 }
 
-// Console logs a tab's console messages until its context ends; an error
-// or an uncaught exception fails the test (a page that works logs none).
-func Console(t *testing.T, ctx context.Context, wg *sync.WaitGroup) {
+// console logs a tab's console messages until its context ends; with
+// strict an error or an uncaught exception fails the test.
+func console(t *testing.T, ctx context.Context, wg *sync.WaitGroup, strict bool) {
 	wg.Go(func() {
 		for m, err := range chromedp.Console(ctx) {
 			if err != nil {
 				return
 			}
-			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
+			if strict && (m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException) {
 				t.Errorf("console %s", m)
 			} else {
 				t.Logf("console %s", m)

@@ -7,21 +7,37 @@ package jobqueue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
 
 var (
-	// ErrFull: the queue is full; try again shortly.
+	// ErrFull: the queue is full; try again shortly. Push returns it as a
+	// *FullError, which names the bound.
 	ErrFull = errors.New("too many requests waiting")
 	// ErrStopped: the loop has stopped.
 	ErrStopped = errors.New("stopped")
 )
 
-// Queue holds submitted items until the loop drains them. Push, Waiting
-// and Stopped may be called from any goroutine; the rest by the loop.
+// FullError is ErrFull with the bound that was reached.
+type FullError struct{ Size int }
+
+func (e *FullError) Error() string {
+	return fmt.Sprintf("%v: %d waiting, the most the queue holds", ErrFull, e.Size)
+}
+
+// Is makes errors.Is(err, ErrFull) hold.
+func (e *FullError) Is(target error) bool { return target == ErrFull }
+
+// Queue holds submitted items from Push until the loop has started them
+// (Started). The bound counts every item in between — in the hand-off
+// channel or in the loop's own waiting list, which Drain fills — so that
+// no more than size items ever wait. Push, Waiting and Stopped may be
+// called from any goroutine; the rest by the loop.
 type Queue[T any] struct {
 	ch      chan T
+	size    int
 	stopped chan struct{}
 	once    sync.Once
 	waiting atomic.Int64 // pushed, not yet started
@@ -29,23 +45,32 @@ type Queue[T any] struct {
 
 // New returns a queue of at most size waiting items.
 func New[T any](size int) *Queue[T] {
-	return &Queue[T]{ch: make(chan T, size), stopped: make(chan struct{})}
+	return &Queue[T]{ch: make(chan T, size), size: size, stopped: make(chan struct{})}
 }
 
-// Push queues t: ErrStopped once the loop has stopped, ErrFull when size
-// items wait.
+// Push queues t: ErrStopped once the loop has stopped, a *FullError when
+// size items wait (pushed and not started, wherever they are).
 func (q *Queue[T]) Push(t T) error {
 	select {
 	case <-q.stopped:
 		return ErrStopped
 	default:
 	}
+	for {
+		n := q.waiting.Load()
+		if n >= int64(q.size) {
+			return &FullError{q.size}
+		}
+		if q.waiting.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
 	select {
-	case q.ch <- t:
-		q.waiting.Add(1)
+	case q.ch <- t: // never full: it holds size items, and fewer than size wait
 		return nil
 	default:
-		return ErrFull
+		q.waiting.Add(-1)
+		return &FullError{q.size}
 	}
 }
 
@@ -76,7 +101,7 @@ func (q *Queue[T]) Drain(into []T) []T {
 func (q *Queue[T]) Pending() bool { return len(q.ch) > 0 }
 
 // Started records that an item taken earlier has started (or was dropped):
-// it no longer counts as waiting.
+// it no longer counts as waiting, and frees its place for a Push.
 func (q *Queue[T]) Started() { q.waiting.Add(-1) }
 
 // Waiting is how many pushed items have not started.

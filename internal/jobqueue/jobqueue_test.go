@@ -3,6 +3,9 @@ package jobqueue
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -34,6 +37,59 @@ func TestQueue(t *testing.T) {
 	q.Stop()
 	if err := q.Push(4); !errors.Is(err, ErrStopped) {
 		t.Errorf("Push after Stop: %v", err)
+	}
+}
+
+// TestQueueBoundsDrained: the bound counts the items the loop has drained
+// into its own waiting list too, until it starts them — not only those in
+// the hand-off channel (issue 26: the waiting list grew without bound).
+func TestQueueBoundsDrained(t *testing.T) {
+	q := New[int](2)
+	var waiting []int
+	for i := range 2 {
+		if err := q.Push(i); err != nil {
+			t.Fatal(err)
+		}
+		waiting = q.Drain(waiting) // the loop takes it, but does not start it
+	}
+	err := q.Push(2)
+	var full *FullError
+	if !errors.Is(err, ErrFull) || !errors.As(err, &full) || full.Size != 2 {
+		t.Fatalf("a third item with two drained and not started: %v", err)
+	}
+	if !strings.Contains(err.Error(), "2 waiting") {
+		t.Errorf("the error does not name the bound: %v", err)
+	}
+	q.Started() // one leaves the waiting list: one place frees
+	if err := q.Push(3); err != nil {
+		t.Errorf("after one started: %v", err)
+	}
+	if err := q.Push(4); !errors.Is(err, ErrFull) {
+		t.Errorf("full again: %v", err)
+	}
+	if q.Waiting() != 2 {
+		t.Errorf("waiting %d, want 2", q.Waiting())
+	}
+}
+
+// TestQueueConcurrentPush: pushes racing from many goroutines never take
+// more than the bound.
+func TestQueueConcurrentPush(t *testing.T) {
+	q := New[int](8)
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if q.Push(i) == nil {
+				ok.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 8 || q.Waiting() != 8 {
+		t.Errorf("%d pushes taken, %d waiting; want 8", ok.Load(), q.Waiting())
 	}
 }
 

@@ -35,12 +35,81 @@
   }
 
   function send(msg) {
+    if (where() === "browser") {
+      if (engine.ready) engine.worker.postMessage({ op: "send", message: msg });
+      return;
+    }
     if (!ws || ws.readyState !== WebSocket.OPEN) {
       connect();
       ws.addEventListener("open", () => ws.send(JSON.stringify(msg)), { once: true });
       return;
     }
     ws.send(JSON.stringify(msg));
+  }
+
+  // ---- the engine in this browser (worker.js): the same messages as the
+  // websocket's, over postMessage, from the same live view.
+
+  const engine = { worker: null, ready: false, info: null, log: [] };
+  window.webdraftEngineLog = engine.log;
+  const where = () => (document.querySelector('input[name="where"]:checked') || {}).value || "server";
+
+  function startEngine() {
+    const box = $("engine"), bar = $("engine-progress"), note = $("engine-note");
+    box.hidden = false;
+    if (engine.worker) return;
+    startBtn.disabled = true;
+    note.textContent = "starting the engine…";
+    const w = new Worker(document.getElementById("app").dataset.worker);
+    engine.worker = w;
+    w.onmessage = (ev) => {
+      const m = ev.data;
+      switch (m.op) {
+        case "progress":
+          bar.max = m.total;
+          bar.value = m.done;
+          note.textContent = (m.cached ? "from this browser's cache: " : "downloading ") + m.file + " · " +
+            (m.done / 1048576).toFixed(1) + " of " + (m.total / 1048576).toFixed(1) + " MiB";
+          break;
+        case "ready":
+          engine.ready = true;
+          engine.info = m;
+          bar.value = bar.max;
+          document.body.dataset.engine = "ready";
+          note.textContent = "ready on " + m.adapter + " in " + m.seconds.toFixed(1) + " s (" +
+            (m.downloaded ? (m.downloaded / 1048576).toFixed(1) + " MiB downloaded" : "models from this browser's cache") + ")";
+          startBtn.disabled = false;
+          break;
+        case "event":
+          // What the engine here sent, as the server keeps a session's
+          // events (GET /sessions/{id}/events): the last 4,096.
+          engine.log.push(m.event);
+          if (engine.log.length > 4096) engine.log.shift();
+          handle(m.event);
+          break;
+        case "failed":
+          engine.worker = null;
+          w.terminate();
+          document.body.dataset.engine = "failed";
+          note.textContent = "This browser cannot run the engine: " + m.message + ". Running on the server instead.";
+          $("where-server").checked = true;
+          startBtn.disabled = false;
+          break;
+      }
+    };
+    w.onerror = (ev) => {
+      ev.preventDefault();
+      w.onmessage({ data: { op: "failed", message: ev.message || "the worker failed" } });
+    };
+    const key = $("api_key");
+    w.postMessage({ op: "init", key: key ? key.value : "" });
+  }
+
+  for (const r of document.querySelectorAll('input[name="where"]')) {
+    r.addEventListener("change", () => {
+      if (where() === "browser") startEngine();
+      else $("engine").hidden = !document.body.dataset.engine;
+    });
   }
 
   function setStatus(text, error) {
@@ -94,6 +163,10 @@
   function handle(m) {
     switch (m.type) {
       case "hello":
+        if (m.adapter) {
+          setStatus("in this browser · " + m.adapter);
+          break;
+        }
         document.body.dataset.session = m.session;
         setStatus("connected · session " + m.session);
         $("cpu-note").hidden = m.backend !== "cpu";
@@ -215,7 +288,7 @@
     let h = "";
     if (info.draft) h += table("drafter's top 5", info.draft.top, info.draft.id);
     if (info.target) h += table("target's top 5", info.target.top, info.target.id);
-    if (!h) h = "<p>no alternatives recorded for this token</p>";
+    if (!h) h = "<p>no alternatives recorded for this token" + (where() === "browser" ? " (a run in this browser reads out the chosen tokens only: the top 5 are slow to read out on a GPU a CPU renders)" : "") + "</p>";
     tip.innerHTML = h;
     tip.hidden = false;
     const box = span.getBoundingClientRect(), view = tip.parentElement.getBoundingClientRect();

@@ -1,0 +1,253 @@
+// Package live runs the live view's generations: a page's start and stop
+// messages become speculative runs (and, with a race, the target alone
+// after them), and each run's progress comes back as the events the page
+// draws — the protocol of web/README.md. It knows no transport: the server
+// feeds it from a websocket, the browser build from the page's worker, and
+// both send the same events.
+package live
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"webdraft/sampling"
+	"webdraft/speculative"
+	"webdraft/tokenizer"
+)
+
+// Bounds of a run.
+const (
+	MaxTokens = 512 // a run's longest output
+	TopN      = 5   // the alternatives shown for each token, at most
+)
+
+// Start is the page's request for a run.
+type Start struct {
+	Type        string  `json:"type"`
+	Prompt      string  `json:"prompt"`
+	Chat        bool    `json:"chat"`
+	K           int     `json:"k"`
+	MaxTokens   int     `json:"max_tokens"`
+	Temperature float64 `json:"temperature"`
+	TopP        float64 `json:"top_p"`
+	Seed        uint64  `json:"seed"`
+	Race        bool    `json:"race"`
+}
+
+// Runner runs one page's generations, one at a time, on a generator.
+type Runner struct {
+	Gen        *speculative.Generator
+	Tokenizer  *tokenizer.Tokenizer // the target's
+	Stop       []int                // the tokens that end a generation
+	MaxContext int                  // positions both models hold
+	// TopN is how many alternatives each token shows, 0 … TopN: each costs
+	// the read-out of a row's top tokens (slow on a CPU-rendered GPU, where
+	// the browser may run; 0 reads out the argmax alone).
+	TopN int
+	// Emit takes each event, in order (from the run's goroutine).
+	Emit func(event map[string]any)
+	// Done, when set, is told of each finished generation and its kind
+	// ("speculative" or "target").
+	Done func(run string, res speculative.Result)
+	// Timeout, when set, bounds a start's runs together; past it the run
+	// ends with TimeoutError as its error event.
+	Timeout      time.Duration
+	TimeoutError error
+
+	mu     sync.Mutex
+	cancel context.CancelFunc // the current run's; nil when none
+	ran    chan struct{}      // closed when the current run has ended
+}
+
+// Request checks a start message and makes it a generation request.
+func (r *Runner) Request(m Start) (speculative.Request, error) {
+	tok := r.Tokenizer
+	switch {
+	case tok == nil:
+		return speculative.Request{}, errors.New("the target has no tokenizer: the page takes text")
+	case strings.TrimSpace(m.Prompt) == "":
+		return speculative.Request{}, errors.New("the prompt is empty")
+	case m.K < 1 || m.K > speculative.MaxK:
+		return speculative.Request{}, fmt.Errorf("k %d: want 1…%d", m.K, speculative.MaxK)
+	case m.MaxTokens < 1 || m.MaxTokens > MaxTokens:
+		return speculative.Request{}, fmt.Errorf("max tokens %d: want 1…%d", m.MaxTokens, MaxTokens)
+	case !(m.Temperature >= 0 && m.Temperature <= 2):
+		return speculative.Request{}, fmt.Errorf("temperature %v: want 0…2", m.Temperature)
+	case m.TopP != 0 && !(m.TopP > 0 && m.TopP <= 1):
+		return speculative.Request{}, fmt.Errorf("top_p %v: want a value in (0, 1]", m.TopP)
+	}
+	text := m.Prompt
+	if m.Chat {
+		var err error
+		if text, err = tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: m.Prompt}}, true, true); err != nil {
+			return speculative.Request{}, err
+		}
+	}
+	prompt := tok.Encode(text)
+	if room := r.MaxContext - len(prompt); room < m.MaxTokens {
+		return speculative.Request{}, fmt.Errorf("a prompt of %d tokens leaves %d of the context's %d for the output, not %d", len(prompt), max(room, 0), r.MaxContext, m.MaxTokens)
+	}
+	req := speculative.Request{
+		Prompt: prompt, MaxTokens: m.MaxTokens, K: m.K, Seed: m.Seed, TopN: r.TopN, DraftTopN: r.TopN,
+		Sampling: sampling.Params{Temperature: float32(m.Temperature), TopP: float32(m.TopP)}, Stop: r.Stop, Fresh: true,
+	}
+	return req, r.Gen.Check(req)
+}
+
+// Begin ends the current run, if any, and starts req: speculative
+// decoding, then with race the target alone on the same prompt, one after
+// the other so neither slows the other, both from a cold prompt.
+func (r *Runner) Begin(req speculative.Request, race bool) {
+	r.End()
+	ctx, cancel := context.WithCancel(context.Background())
+	if r.Timeout > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), r.Timeout)
+	}
+	ran := make(chan struct{})
+	r.mu.Lock()
+	r.cancel, r.ran = cancel, ran
+	r.mu.Unlock()
+	go func() {
+		defer close(ran)
+		defer cancel()
+		spec, ok := r.generate(ctx, "speculative", req)
+		if !ok {
+			return
+		}
+		if race {
+			alone := req
+			alone.K, alone.DraftTopN = speculative.NoDraft, 0
+			base, ok := r.generate(ctx, "target", alone)
+			if !ok {
+				return
+			}
+			r.Emit(map[string]any{"type": "race", "speculative_tokens_per_s": spec, "target_tokens_per_s": base, "speedup": spec / base})
+		}
+		r.Emit(map[string]any{"type": "finished"})
+	}()
+}
+
+// End ends the current run, if any, and waits until its sequences are
+// back with the generator.
+func (r *Runner) End() {
+	r.mu.Lock()
+	cancel, ran := r.cancel, r.ran
+	r.cancel, r.ran = nil, nil
+	r.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-ran
+}
+
+// Abort ends the current run without waiting (from Emit, say, when the
+// events cannot be delivered).
+func (r *Runner) Abort() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancel != nil {
+		r.cancel()
+	}
+}
+
+// generate runs one generation, sending its events; it returns its
+// tokens/s and whether it finished.
+func (r *Runner) generate(ctx context.Context, run string, req speculative.Request) (float64, bool) {
+	dec := r.Tokenizer.NewStreamDecoder()
+	steps := 0
+	req.OnStep = func(s speculative.Step) bool {
+		steps++
+		r.Emit(StepEvent(run, steps, s, r.Tokenizer, dec))
+		return true
+	}
+	r.Emit(map[string]any{"type": "start", "run": run, "prompt_tokens": len(req.Prompt), "k": max(req.K, 0)})
+	start := time.Now()
+	res, err := r.Gen.Submit(ctx, req)
+	secs := time.Since(start).Seconds()
+	switch {
+	case errors.Is(err, context.Canceled):
+		r.Emit(map[string]any{"type": "stopped", "run": run})
+		return 0, false
+	case errors.Is(err, context.DeadlineExceeded) && r.TimeoutError != nil:
+		r.Emit(map[string]any{"type": "error", "message": r.TimeoutError.Error()})
+		return 0, false
+	case err != nil:
+		r.Emit(map[string]any{"type": "error", "message": err.Error()})
+		return 0, false
+	}
+	if r.Done != nil {
+		r.Done(run, res)
+	}
+	tps := float64(len(res.Tokens)) / secs
+	r.Emit(map[string]any{
+		"type": "done", "run": run, "tokens": len(res.Tokens), "steps": res.Stats.Steps, "seconds": round3(secs),
+		"tokens_per_s": round3(tps), "tau": round3(res.Stats.Tau()), "drafted": res.Stats.Drafted,
+		"accepted": res.Stats.Accepted, "finish": res.Finish,
+	})
+	return tps, true
+}
+
+// Token is a token as the page shows it.
+type Token struct {
+	ID      int      `json:"id"`
+	Text    string   `json:"text"`
+	P       float64  `json:"p"` // its probability (the softmax at temperature 1)
+	Drafted bool     `json:"drafted,omitempty"`
+	Top     []Choice `json:"top"`
+}
+
+// Choice is one of a model's most likely tokens at a position.
+type Choice struct {
+	ID   int     `json:"id"`
+	Text string  `json:"text"`
+	P    float64 `json:"p"`
+}
+
+// StepEvent is a step as the page gets it: the draft with the drafter's
+// alternatives, how much of it was accepted, the tokens emitted (their
+// text through dec, so that it adds up to the output) with the target's
+// alternatives, and the step's times.
+func StepEvent(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, dec *tokenizer.StreamDecoder) map[string]any {
+	one := func(id int) string {
+		t, err := tok.Decode([]int{id})
+		if err != nil {
+			return fmt.Sprintf("<%d>", id)
+		}
+		return t
+	}
+	choices := func(top []sampling.TokenLogprob) []Choice {
+		out := make([]Choice, len(top))
+		for i, c := range top {
+			out[i] = Choice{ID: c.Token, Text: one(c.Token), P: prob(c.Logprob)}
+		}
+		return out
+	}
+	draft := make([]Token, len(s.Draft))
+	for i, d := range s.Draft {
+		draft[i] = Token{ID: d.ID, Text: one(d.ID), P: prob(d.Logprob), Top: choices(d.Top)}
+	}
+	tokens := make([]Token, len(s.Tokens))
+	for i, t := range s.Tokens {
+		text, err := dec.Next(t.ID)
+		if err != nil {
+			text = fmt.Sprintf("<%d>", t.ID)
+		}
+		tokens[i] = Token{ID: t.ID, Text: text, P: prob(t.Logprob), Drafted: t.Drafted, Top: choices(t.Top)}
+	}
+	return map[string]any{
+		"type": "step", "run": run, "step": n, "draft": draft, "accepted": s.Accepted, "tokens": tokens,
+		"draft_ms": round3(ms(s.DraftTime)), "verify_ms": round3(ms(s.VerifyTime)),
+	}
+}
+
+func prob(logprob float32) float64 { return round3(math.Exp(float64(logprob))) }
+
+func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,163 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"webdraft/engine"
+	"webdraft/internal/browsertest"
+	"webdraft/wasm/dist"
+)
+
+// TestBrowserEngine drives the page's in-browser mode in headless Chromium
+// (WebGPU on SwiftShader): a worker loads the engine's build and both
+// models from the server, with progress, and runs prompts on the page's
+// GPU. Each draft equals the native drafter's greedy tokens from the same
+// context, each output the target's greedy continuation, the race reports
+// a speedup; a reload takes the models from Cache Storage (the server
+// sends no model file twice). Run `go tool task wasm` first (task test
+// does): the binary embeds the build it serves.
+func TestBrowserEngine(t *testing.T) {
+	browsertest.Require(t, "the in-browser engine test")
+	if !dist.Built() {
+		t.Skip("no browser build in wasm/dist/files: run `go tool task wasm` first")
+	}
+	f := newPairFixture(t, "")
+	ctx := browsertest.NewStrict(t, 25*time.Minute)
+	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	ready := func() string {
+		t.Helper()
+		do("choosing this browser", chromedp.Click("#where-browser"))
+		state, err := chromedp.Run(ctx, chromedp.Poll[string](`document.body.dataset.engine || false`, chromedp.WithPollingTimeout(5*time.Minute)))
+		note, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("engine-note").textContent`))
+		if err != nil || state != "ready" {
+			t.Fatalf("the engine did not start (%q, %v): %s", state, err, note)
+		}
+		t.Logf("engine: %s", note)
+		return note
+	}
+
+	do("opening the page", chromedp.Navigate(f.url+"/"))
+	first := ready()
+	if !strings.Contains(first, "SwiftShader") && !strings.Contains(first, "ready on") {
+		t.Errorf("the note does not name the adapter: %q", first)
+	}
+	downloads := f.modelDownloads.Load()
+	if downloads == 0 {
+		t.Fatal("the server sent no model file")
+	}
+
+	// Short runs: SwiftShader renders on the CPU, a target step in seconds.
+	const n = 10
+	for i, prompt := range []string{"import os\n\n\ndef read_config(path):\n    \"\"\"", "class Stack:\n    def __init__(self):\n        "} {
+		before, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`window.webdraftEngineLog.length`))
+		race := i == 0
+		do("starting a run",
+			chromedp.SetValue("#prompt", prompt), chromedp.SetValue("#k", "4"), chromedp.SetValue("#max_tokens", strconv.Itoa(n)),
+			chromedp.SetValue("#temperature", "0"),
+			chromedp.Evaluate[chromedp.Void](`document.getElementById("race").checked = `+strconv.FormatBool(race)),
+			chromedp.Click("#start"))
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent.startsWith("done")`,
+			chromedp.WithPollingTimeout(8*time.Minute))); err != nil {
+			status, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("status").textContent`))
+			last, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify(window.webdraftEngineLog.slice(-3))`))
+			t.Fatalf("prompt %d: the run never finished (status %q): %v; the last events: %.2000s", i, status, err, last)
+		}
+		raw, err := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify(window.webdraftEngineLog.slice(`+strconv.Itoa(before)+`))`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var events []map[string]any
+		if err := json.Unmarshal([]byte(raw), &events); err != nil {
+			t.Fatal(err)
+		}
+		ids := f.tok.Encode(prompt)
+		seen := append([]int(nil), ids...) // the context so far
+		var out []int
+		steps := 0
+		for _, ev := range events {
+			if ev["type"] != "step" || ev["run"] != "speculative" {
+				continue
+			}
+			steps++
+			draft := eventIDs(ev["draft"])
+			if want := f.drafterGreedy(t, seen, len(draft)); !slices.Equal(draft, want) {
+				t.Errorf("prompt %d step %d: the browser drafted %v, the native drafter %v", i, steps, draft, want)
+			}
+			emitted := eventIDs(ev["tokens"])
+			seen = append(seen, emitted...)
+			out = append(out, emitted...)
+		}
+		want, _ := f.greedy(t, ids, n)
+		if steps == 0 || !slices.Equal(out, want) {
+			t.Errorf("prompt %d: %d steps gave %v, the target's greedy continuation is %v", i, steps, out, want)
+		}
+		if race {
+			speedup, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("speedup").textContent`))
+			if !strings.HasSuffix(speedup, "× speedup") {
+				t.Errorf("the race: %q", speedup)
+			}
+			t.Logf("in the browser: %s (%d steps)", speedup, steps)
+		}
+	}
+
+	// A reload: the models come from the cache.
+	do("reloading", chromedp.Reload())
+	again := ready()
+	if n := f.modelDownloads.Load(); n != downloads {
+		t.Errorf("after a reload the server sent %d model files more", n-downloads)
+	}
+	if !strings.Contains(again, "from this browser's cache") {
+		t.Errorf("after a reload: %q", again)
+	}
+}
+
+// drafterGreedy is the native drafter's n greedy tokens after context.
+func (f *pairFixture) drafterGreedy(t *testing.T, seen []int, n int) []int {
+	t.Helper()
+	if n == 0 {
+		return nil
+	}
+	seq, err := f.drafter.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Release()
+	out, err := engine.Draft(context.Background(), f.drafter, seq, seen, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.IDs(out)
+}
+
+// countModelFiles counts the model files (not the manifest) the server
+// sends.
+func (f *pairFixture) countModelFiles(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/models/") && r.URL.Path != "/models/index.json" {
+			f.modelDownloads.Add(1)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func eventIDs(v any) []int {
+	var ids []int
+	for _, t := range v.([]any) {
+		ids = append(ids, int(t.(map[string]any)["id"].(float64)))
+	}
+	return ids
+}

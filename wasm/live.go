@@ -1,0 +1,184 @@
+//go:build js && wasm
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"syscall/js"
+	"testing/fstest"
+
+	"webdraft/engine"
+	"webdraft/live"
+	"webdraft/speculative"
+)
+
+// liveSession is speculative decoding in the page: both models on the
+// page's GPU, run by the same loop and the same live view as on the server
+// (package live), its events handed to onEvent as JSON text.
+type liveSession struct {
+	runner  *live.Runner
+	cancel  context.CancelFunc // ends the loop
+	done    chan struct{}      // closed when the loop has ended
+	onEvent js.Value
+}
+
+func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession, error) {
+	if target.tok == nil {
+		return nil, errors.New("the target has no tokenizer: the live view takes text")
+	}
+	gen, err := speculative.New(&locked{d: d, Engine: drafter.e}, &locked{d: d, Engine: target.e}, speculative.Options{MaxBatch: 2})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &liveSession{cancel: cancel, done: make(chan struct{}), onEvent: onEvent}
+	go func() {
+		defer close(l.done)
+		if err := gen.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			l.emit(map[string]any{"type": "error", "message": "the loop stopped: " + err.Error()})
+		}
+	}()
+	// A first generation compiles the pipelines a run needs (the drafter's
+	// chained steps, the target's verification of a few rows): slow on a
+	// CPU-rendered adapter, and better paid before the page says ready.
+	warm := speculative.Request{Prompt: make([]int, 16), MaxTokens: 8, K: 4, Fresh: true}
+	if _, err := gen.Submit(ctx, warm); err != nil {
+		cancel()
+		<-l.done
+		return nil, fmt.Errorf("warming up: %w", err)
+	}
+	dc, tc := drafter.e.Config(), target.e.Config()
+	l.runner = &live.Runner{
+		Gen: gen, Tokenizer: target.tok, Stop: target.stop,
+		MaxContext: min(dc.MaxPositionEmbeddings, tc.MaxPositionEmbeddings), Emit: l.emit,
+		// The alternatives' read-out (sample.wgsl, a workgroup a row) is
+		// what a CPU-rendered adapter is slowest at: 33 s for a step's 4
+		// draft tokens with the top 5 on SwiftShader.
+		TopN: 0,
+	}
+	l.emit(map[string]any{"type": "hello", "session": "in-browser", "drafter": drafter.name, "target": target.name,
+		"k": gen.K(), "backend": "webgpu", "adapter": drafter.info["adapter"]})
+	return l, nil
+}
+
+// emit hands an event to the page's callback.
+func (l *liveSession) emit(event map[string]any) {
+	b, err := json.Marshal(event)
+	if err != nil {
+		b, _ = json.Marshal(map[string]any{"type": "error", "message": "an event: " + err.Error()}) // a map of strings marshals
+	}
+	l.onEvent.Invoke(string(b))
+}
+
+// object is the Live a live call resolves to.
+func (l *liveSession) object() js.Value {
+	obj := js.Global().Get("Object").New()
+	obj.Set("send", js.FuncOf(func(_ js.Value, args []js.Value) any {
+		msg := arg(args, 0)
+		text := msg
+		if msg.Type() == js.TypeObject {
+			text = js.Global().Get("JSON").Call("stringify", msg)
+		}
+		data := text.String()
+		go l.receive([]byte(data)) // End waits for the run: never on the event loop's turn
+		return nil
+	}))
+	obj.Set("close", js.FuncOf(func(js.Value, []js.Value) any {
+		return promise(func() (any, error) {
+			l.runner.End()
+			l.cancel()
+			<-l.done
+			return nil, nil
+		})
+	}))
+	return obj
+}
+
+// receive takes one of the page's messages: start or stop, as the
+// server's websocket takes them.
+func (l *liveSession) receive(data []byte) {
+	var m live.Start
+	if err := strictJSON(data, &m); err != nil {
+		l.emit(map[string]any{"type": "error", "message": err.Error()})
+		return
+	}
+	switch m.Type {
+	case "start":
+		req, err := l.runner.Request(m)
+		if err != nil {
+			l.emit(map[string]any{"type": "error", "message": err.Error()})
+			return
+		}
+		l.runner.Begin(req, m.Race)
+	case "stop":
+		l.runner.End()
+	default:
+		l.emit(map[string]any{"type": "error", "message": fmt.Sprintf("type %q: want start or stop", m.Type)})
+	}
+}
+
+// strictJSON decodes one object, refusing unknown fields.
+func strictJSON(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("a message: %w", err)
+	}
+	return nil
+}
+
+// locked runs an engine under the drafter's lock: every engine of the page
+// shares one device, which one goroutine uses at a time.
+type locked struct {
+	d *drafter
+	engine.Engine
+}
+
+func (l *locked) Step(ctx context.Context, batch []*engine.Entry) error {
+	l.d.mu.Lock()
+	defer l.d.mu.Unlock()
+	return l.Engine.Step(ctx, batch)
+}
+
+func (l *locked) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
+	l.d.mu.Lock()
+	defer l.d.mu.Unlock()
+	return l.Engine.Verify(ctx, batch)
+}
+
+func (l *locked) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]engine.Token, error) {
+	l.d.mu.Lock()
+	defer l.d.mu.Unlock()
+	return engine.StepN(ctx, l.Engine, batch, n)
+}
+
+func (l *locked) NewSequence() (engine.Sequence, error) {
+	l.d.mu.Lock()
+	defer l.d.mu.Unlock()
+	return l.Engine.NewSequence()
+}
+
+// filesFS makes the in-memory file system of an object of paths to
+// Uint8Arrays (the page's fetched, cached model files).
+func filesFS(v js.Value) (fstest.MapFS, error) {
+	if v.Type() != js.TypeObject {
+		return nil, errors.New("not an object of paths to Uint8Arrays")
+	}
+	keys := js.Global().Get("Object").Call("keys", v)
+	fsys := fstest.MapFS{}
+	for i := range keys.Length() {
+		name := keys.Index(i).String()
+		arr := v.Get(name)
+		if arr.Type() != js.TypeObject || arr.Get("byteLength").Type() != js.TypeNumber {
+			return nil, fmt.Errorf("%s: not a Uint8Array", name)
+		}
+		data := make([]byte, arr.Get("byteLength").Int())
+		js.CopyBytesToGo(data, js.Global().Get("Uint8Array").New(arr.Get("buffer"), arr.Get("byteOffset"), arr.Get("byteLength")))
+		fsys[name] = &fstest.MapFile{Data: data}
+	}
+	return fsys, nil
+}

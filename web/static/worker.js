@@ -1,0 +1,125 @@
+// worker.js: webdraft's engine in the browser, in a dedicated worker so the
+// page's thread never waits on it. It loads the engine's build (the Go
+// program of package wasm and the toolchain's wasm_exec.js, from the
+// server's /models/index.json), fetches both models with progress, keeps
+// them in Cache Storage under their SHA-256 (a reload reads them from there)
+// and runs the live view on the user's GPU. Messages:
+//
+//   from the page:  {op: "init", key}           key: the API key, if the server wants one
+//                   {op: "send", message}       a start or stop, as on the websocket
+//   to the page:    {op: "progress", done, total, file, cached}
+//                   {op: "ready", adapter, features, f16, seconds, downloaded, cached}
+//                   {op: "event", event}        the live view's events (web/README.md)
+//                   {op: "failed", message}     the engine could not start here
+"use strict";
+
+const CACHE = "webdraft-models-v1";
+let live = null;
+let headers = {}; // the API key's, for /models/
+
+self.onmessage = (ev) => {
+  const m = ev.data;
+  if (m.op === "init") {
+    if (m.key) headers = { Authorization: "Bearer " + m.key };
+    init().catch((err) => self.postMessage({ op: "failed", message: String(err && err.message ? err.message : err) }));
+  } else if (m.op === "send" && live) {
+    live.send(JSON.stringify(m.message));
+  }
+};
+
+async function init() {
+  const t0 = performance.now();
+  if (!self.navigator.gpu) throw new Error("this browser has no WebGPU (navigator.gpu is missing in a worker)");
+  const adapter = await self.navigator.gpu.requestAdapter();
+  if (!adapter) throw new Error("this browser's WebGPU found no adapter");
+  const man = await json("/models/index.json");
+  if (man.unavailable) throw new Error(man.unavailable);
+  if (!man.program) throw new Error("this server's binary has no browser engine (build it with `go tool task build`)");
+
+  importScripts(man.loader);
+  const go = new self.Go();
+  const inst = await WebAssembly.instantiateStreaming(fetch(man.program), go.importObject);
+  self.wasm = inst; // the WebGPU binding hands Go memory to writeBuffer through it
+  // The program runs until it exits, which it does only when it crashes
+  // (its panic is in the console): the page then hears of it.
+  go.run(inst.instance).then(() => {
+    live = null;
+    self.postMessage({ op: "event", event: { type: "error", message: "the engine in this browser stopped (its Go program exited; the console says why)" } });
+  });
+  if (!self.webdraft) throw new Error("the engine did not start");
+
+  const { files, downloaded, cached } = await fetchModels(man.files);
+  const drafter = await self.webdraft.loadFiles(files, man.drafter, { kvMiB: 64, maxSequences: 4 });
+  const target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4 });
+  live = await self.webdraft.live(drafter, target, (event) => self.postMessage({ op: "event", event: JSON.parse(event) }));
+  self.postMessage({
+    op: "ready", adapter: drafter.adapter, features: drafter.features, f16: drafter.f16,
+    seconds: (performance.now() - t0) / 1000, downloaded, cached,
+  });
+}
+
+async function json(url) {
+  const r = await fetch(url, { headers });
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+  return r.json();
+}
+
+// fetchModels returns every file of the manifest by path, from the cache
+// when it holds the file's hash, else downloaded (with progress) and kept.
+async function fetchModels(list) {
+  const cache = await self.caches.open(CACHE);
+  const total = list.reduce((n, f) => n + f.size, 0);
+  const files = {};
+  let done = 0, downloaded = 0, cached = 0;
+  for (const f of list) {
+    const key = `/models/${f.path}?sha256=${f.sha256}`;
+    let bytes = null;
+    const hit = await cache.match(key);
+    if (hit) {
+      bytes = new Uint8Array(await hit.arrayBuffer());
+      if ((await sha256(bytes)) !== f.sha256) {
+        await cache.delete(key);
+        bytes = null;
+      } else {
+        cached += bytes.length;
+      }
+    }
+    if (!bytes) {
+      bytes = await download(key, f, (n) => progress(done + n, total, f.path, false));
+      if ((await sha256(bytes)) !== f.sha256) throw new Error(`${f.path}: the download does not have the hash the server announced`);
+      await cache.put(key, new Response(bytes, { headers: { "Content-Type": "application/octet-stream" } }));
+      downloaded += bytes.length;
+    }
+    done += f.size;
+    progress(done, total, f.path, !!hit);
+    files[f.path] = bytes;
+  }
+  return { files, downloaded, cached };
+}
+
+function progress(done, total, file, cached) {
+  self.postMessage({ op: "progress", done, total, file, cached });
+}
+
+async function download(url, f, onBytes) {
+  const r = await fetch(url, { headers });
+  if (!r.ok || !r.body) throw new Error(`${url}: HTTP ${r.status}`);
+  const out = new Uint8Array(f.size);
+  const reader = r.body.getReader();
+  let n = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (n + value.length > out.length) throw new Error(`${f.path}: longer than the ${f.size} bytes announced`);
+    out.set(value, n);
+    n += value.length;
+    onBytes(n);
+  }
+  if (n !== f.size) throw new Error(`${f.path}: ${n} bytes, ${f.size} announced`);
+  return out;
+}
+
+async function sha256(bytes) {
+  const d = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(d, (b) => b.toString(16).padStart(2, "0")).join("");
+}

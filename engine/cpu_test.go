@@ -10,10 +10,20 @@ import (
 	"webdraft/internal/synth"
 )
 
+// TestCPU runs the engine suite on the golden models, tied and untied, and
+// on a head over part of the vocabulary (lm_head.token_ids).
 func TestCPU(t *testing.T) {
-	for _, name := range []string{"tied", "untied"} {
+	partial := filepath.Join(t.TempDir(), "partial")
+	if err := synth.Write(partial, synth.Shapes["tiny"], synth.Options{Seed: 12, Std: 0.3, HeadTokens: 100}); err != nil {
+		t.Fatal(err)
+	}
+	for name, dir := range map[string]string{
+		"tied":         filepath.Join("..", "testdata", "golden", "tied"),
+		"untied":       filepath.Join("..", "testdata", "golden", "untied"),
+		"partial_head": partial,
+	} {
 		t.Run(name, func(t *testing.T) {
-			m, err := checkpoint.Load(filepath.Join("..", "testdata", "golden", name), checkpoint.LoadOptions{})
+			m, err := checkpoint.Load(dir, checkpoint.LoadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -25,23 +35,4 @@ func TestCPU(t *testing.T) {
 			enginetest.Run(t, e, m.Config, m.Weights)
 		})
 	}
-}
-
-// TestCPUPartialHead: a head over part of the vocabulary (lm_head.token_ids).
-func TestCPUPartialHead(t *testing.T) {
-	cfg := synth.Shapes["tiny"]
-	dir := filepath.Join(t.TempDir(), "partial")
-	if err := synth.Write(dir, cfg, synth.Options{Seed: 12, Std: 0.3, HeadTokens: 100}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	e, err := engine.NewCPU(m.Config, m.Weights, 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	enginetest.Run(t, e, m.Config, m.Weights)
 }

@@ -84,18 +84,27 @@ func (f *pairFixture) events(t *testing.T, session string) []map[string]any {
 	return evs
 }
 
-// metricSum adds up the samples of /metrics whose series starts with
-// prefix (a metric's name and its first labels).
-func (f *pairFixture) metricSum(t *testing.T, prefix string) float64 {
+// metricsText is /metrics' exposition.
+func (f *pairFixture) metricsText(t *testing.T) string {
 	t.Helper()
 	resp, err := http.Get(f.url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+// metricSum adds up the samples of /metrics whose series starts with
+// prefix (a metric's name and its first labels).
+func (f *pairFixture) metricSum(t *testing.T, prefix string) float64 {
+	t.Helper()
 	sum := 0.0
-	for _, m := range regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(prefix)+`.* (\S+)$`).FindAllStringSubmatch(string(body), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(prefix)+`.* (\S+)$`).FindAllStringSubmatch(f.metricsText(t), -1) {
 		v, _ := strconv.ParseFloat(m[1], 64)
 		sum += v
 	}
@@ -105,13 +114,7 @@ func (f *pairFixture) metricSum(t *testing.T, prefix string) float64 {
 // metric reads one sample of /metrics.
 func (f *pairFixture) metric(t *testing.T, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(f.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindStringSubmatch(string(body))
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindStringSubmatch(f.metricsText(t))
 	if m == nil {
 		t.Fatalf("/metrics has no %s", name)
 	}

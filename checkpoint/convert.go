@@ -168,6 +168,16 @@ func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (Co
 // lm_head.token_ids when it has them (all for n == 0): they set the head's
 // rows.
 func emptyWeights(folder *safetensors.Folder, cfg *qwen3.Config, n int) (*qwen3.Weights, error) {
+	// The config's layers must be in the folder before the tree is sized
+	// by them: the last one's first tensor, and 11 tensors a layer.
+	if l := cfg.NumHiddenLayers; l > 0 {
+		if last := fmt.Sprintf("model.layers.%d.input_layernorm.weight", l-1); !folderHas(folder, last) {
+			return nil, fmt.Errorf("%s: tensor %s is missing", folder.Dir, last)
+		}
+		if have := len(folder.Names()); l > have/11 {
+			return nil, fmt.Errorf("%s: num_hidden_layers %d needs 11 tensors a layer; the folder holds %d", folder.Dir, l, have)
+		}
+	}
 	w, _ := qwen3.NewWeights(cfg)
 	t, ok := folder.Tensor(qwen3.HeadTokensName)
 	switch {
@@ -201,6 +211,11 @@ func emptyWeights(folder *safetensors.Folder, cfg *qwen3.Config, n int) (*qwen3.
 	}
 	w.HeadTokens = ids
 	return w, nil
+}
+
+func folderHas(f *safetensors.Folder, name string) bool {
+	_, ok := f.Tensor(name)
+	return ok
 }
 
 // shareEmbedding checks opts.EmbeddingFrom for an output that uses its

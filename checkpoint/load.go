@@ -194,7 +194,11 @@ func (m *Model) loadConverted() error {
 	}
 	for _, s := range slots {
 		if s.Name == embedName && m.shared != nil {
-			err = m.loadSlot(m.shared, s, sq, sg) // in that folder's format
+			// In that folder's format, which must fit the embedding's shape.
+			if err := checkMatrixShapes([]qwen3.Slot{s}, sq, sg); err != nil {
+				return fmt.Errorf("%s: the embedding shared with %s: %w", m.Dir, m.SharedEmbedding, err)
+			}
+			err = m.loadSlot(m.shared, s, sq, sg)
 		} else {
 			err = m.loadSlot(m.folder, s, q, g)
 		}

@@ -34,7 +34,11 @@ func pairHF(t *testing.T, drafterSeed uint64) (target, drafter string) {
 
 // without rewrites an HF folder's model.safetensors without one tensor (as
 // the training recipe exports a drafter: no copy of the shared embedding).
-func without(t *testing.T, dir, name string) {
+func without(t *testing.T, dir, name string) { rewrite(t, dir, name, nil) }
+
+// rewrite rewrites a folder's model.safetensors without the tensor drop,
+// its metadata edited by edit when set.
+func rewrite(t *testing.T, dir, drop string, edit func(map[string]string)) {
 	t.Helper()
 	f, err := safetensors.Open(filepath.Join(dir, safetensors.SingleFile))
 	if err != nil {
@@ -42,8 +46,12 @@ func without(t *testing.T, dir, name string) {
 	}
 	var specs []safetensors.Spec
 	var data []byte
+	meta := f.Metadata
+	if edit != nil {
+		edit(meta)
+	}
 	for _, n := range f.Names() {
-		if n == name {
+		if n == drop {
 			continue
 		}
 		tt, _ := f.Tensor(n)
@@ -55,7 +63,7 @@ func without(t *testing.T, dir, name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := safetensors.NewWriter(out, specs, nil)
+	w, err := safetensors.NewWriter(out, specs, meta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,5 +188,16 @@ func TestSharedEmbeddingAndPartialHead(t *testing.T) {
 	}
 	if _, err := Load(drafter, LoadOptions{}); err == nil || !strings.Contains(err.Error(), "sha256") {
 		t.Errorf("a drafter whose target changed: %v", err)
+	}
+
+	// A shared folder whose group size does not fit the embedding (its
+	// bytes, and so the hash, unchanged) is refused, not read past its
+	// scales.
+	if _, err := Convert(ctx, drafterHF, filepath.Join(root, "d2"), ConvertOptions{EmbeddingFrom: target}); err != nil {
+		t.Fatal(err)
+	}
+	rewrite(t, target, "", func(m map[string]string) { m[metaGroupSize] = "128" })
+	if _, err := Load(filepath.Join(root, "d2"), LoadOptions{}); err == nil || !strings.Contains(err.Error(), "embedding shared") {
+		t.Errorf("a shared embedding of group size 128 over hidden 64: %v", err)
 	}
 }

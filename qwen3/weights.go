@@ -36,7 +36,7 @@ func CheckHeadTokens(ids []int32, vocab int) error {
 	if len(ids) == 0 {
 		return fmt.Errorf("%s is empty", HeadTokensName)
 	}
-	seen := make([]bool, vocab)
+	seen := make(map[int32]bool, len(ids)) // not vocab-sized: vocab is what a config claims
 	for i, t := range ids {
 		switch {
 		case t < 0 || int(t) >= vocab:

@@ -132,7 +132,9 @@ func Parse(path string, data []byte) (*File, error) {
 			return nil, fmt.Errorf("%s: tensor %s: needs bytes [%d, %d) of data but the file holds %d (truncated)", path, name, begin, end, len(body))
 		}
 		f.tensors[name] = Tensor{Name: name, DType: e.DType, Shape: e.Shape, Data: body[begin:end:end]}
-		spans = append(spans, span{begin, end, name})
+		if end > begin { // an empty tensor holds no bytes: it overlaps nothing
+			spans = append(spans, span{begin, end, name})
+		}
 	}
 	sort.Slice(spans, func(i, j int) bool { return spans[i].begin < spans[j].begin })
 	for i := 1; i < len(spans); i++ {

@@ -45,7 +45,7 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 	// A first generation compiles the pipelines a run needs (the drafter's
 	// chained steps, the target's verification of a few rows): slow on a
 	// CPU-rendered adapter, and better paid before the page says ready.
-	warm := speculative.Request{Prompt: make([]int, 16), MaxTokens: 8, K: 4, Fresh: true}
+	warm := speculative.Request{Prompt: make([]int, 16), MaxTokens: 5, K: 4, Fresh: true}
 	if _, err := gen.Submit(ctx, warm); err != nil {
 		cancel()
 		<-l.done

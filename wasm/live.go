@@ -24,6 +24,7 @@ type liveSession struct {
 	cancel  context.CancelFunc // ends the loop
 	done    chan struct{}      // closed when the loop has ended
 	onEvent js.Value
+	inbox   chan []byte // the page's messages, taken in order by one goroutine
 }
 
 func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession, error) {
@@ -35,7 +36,7 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &liveSession{cancel: cancel, done: make(chan struct{}), onEvent: onEvent}
+	l := &liveSession{cancel: cancel, done: make(chan struct{}), onEvent: onEvent, inbox: make(chan []byte, 16)}
 	go func() {
 		defer close(l.done)
 		if err := gen.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -60,6 +61,11 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 		// draft tokens with the top 5 on SwiftShader.
 		TopN: 0,
 	}
+	go func() {
+		for msg := range l.inbox {
+			l.receive(msg) // End waits for the run: never on the event loop's turn
+		}
+	}()
 	l.emit(map[string]any{"type": "hello", "session": "in-browser", "drafter": drafter.name, "target": target.name,
 		"k": gen.K(), "backend": "webgpu", "adapter": drafter.info["adapter"]})
 	return l, nil
@@ -83,8 +89,11 @@ func (l *liveSession) object() js.Value {
 		if msg.Type() == js.TypeObject {
 			text = js.Global().Get("JSON").Call("stringify", msg)
 		}
-		data := text.String()
-		go l.receive([]byte(data)) // End waits for the run: never on the event loop's turn
+		select {
+		case l.inbox <- []byte(text.String()):
+		default:
+			l.emit(map[string]any{"type": "error", "message": "too many messages at once: this one was dropped"})
+		}
 		return nil
 	}))
 	obj.Set("close", js.FuncOf(func(js.Value, []js.Value) any {

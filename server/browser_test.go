@@ -59,6 +59,10 @@ func TestBrowserEngine(t *testing.T) {
 	if downloads == 0 {
 		t.Fatal("the server sent no model file")
 	}
+	// The page's thread while the engine runs: the long tasks (over 50 ms)
+	// it sees.
+	do("watching long tasks", chromedp.Evaluate[chromedp.Void](`window.longTasks = [];
+		new PerformanceObserver((l) => { for (const e of l.getEntries()) window.longTasks.push(e.duration); }).observe({type: "longtask"})`))
 
 	// Short runs: SwiftShader renders on the CPU, and slowly — a step of
 	// the target takes seconds there (BENCHMARKS.md, "Browser").
@@ -113,6 +117,17 @@ func TestBrowserEngine(t *testing.T) {
 			}
 			t.Logf("in the browser: %s (%d steps)", speedup, steps)
 		}
+	}
+
+	// The engine ran in its worker: the page's thread never stalled for
+	// long (a frame's worth of drawing at most).
+	long, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`window.longTasks`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the page's long tasks while the engine ran: %d, longest %.0f ms", len(long), slices.Max(append(long, 0)))
+	if m := slices.Max(append(long, 0)); m > 250 {
+		t.Errorf("the page's thread was blocked for %.0f ms while the engine ran in its worker", m)
 	}
 
 	// A reload: the models come from the cache.

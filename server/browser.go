@@ -162,14 +162,24 @@ func (s *Server) modelFileHandler(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, &apiError{http.StatusNotFound, "not_found", "no such model file: " + quote(p)})
 		return
 	}
-	data, err := fs.ReadFile(mf.FS, path.Join(mf.Dir, r.PathValue("name")))
+	f, err := mf.FS.Open(path.Join(mf.Dir, r.PathValue("name")))
 	if err != nil {
 		s.fail(w, &apiError{http.StatusInternalServerError, "internal", "reading " + p + ": " + err.Error()})
 		return
 	}
+	defer f.Close()
+	content, ok := f.(io.ReadSeeker) // embedded and on-disk files are: served as they are read
+	if !ok {
+		data, err := io.ReadAll(f)
+		if err != nil {
+			s.fail(w, &apiError{http.StatusInternalServerError, "internal", "reading " + p + ": " + err.Error()})
+			return
+		}
+		content = bytes.NewReader(data)
+	}
 	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 	w.Header().Set("Content-Type", "application/octet-stream")
-	http.ServeContent(w, r, path.Base(p), time.Time{}, bytes.NewReader(data))
+	http.ServeContent(w, r, path.Base(p), time.Time{}, content)
 }
 
 // wasmFiles serves GET /wasm/…: the browser engine's build (mount it

@@ -2,7 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -176,4 +179,43 @@ func eventIDs(v any) []int {
 		ids = append(ids, int(t.(map[string]any)["id"].(float64)))
 	}
 	return ids
+}
+
+// TestModelFiles: the manifest lists the pair's files with the hashes of
+// the bytes served; nothing else under /models/ or /wasm/ is served.
+func TestModelFiles(t *testing.T) {
+	f := newPairFixture(t, "")
+	get := func(path string) (int, []byte) {
+		t.Helper()
+		resp, err := http.Get(f.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, body
+	}
+	code, body := get("/models/index.json")
+	var man modelManifest
+	if err := json.Unmarshal(body, &man); code != 200 || err != nil {
+		t.Fatalf("the manifest: %d %v %s", code, err, body)
+	}
+	if man.Drafter != "drafter" || man.Target != "target" || len(man.Files) != 4 {
+		t.Fatalf("manifest %+v", man)
+	}
+	for _, mf := range man.Files {
+		code, data := get("/models/" + mf.Path)
+		sum := sha256.Sum256(data)
+		if code != 200 || int64(len(data)) != mf.Size || hex.EncodeToString(sum[:]) != mf.SHA256 {
+			t.Errorf("%s: %d, %d bytes (manifest %d), hash %x (manifest %s)", mf.Path, code, len(data), mf.Size, sum[:4], mf.SHA256[:8])
+		}
+	}
+	for _, p := range []string{"/models/drafter/other.json", "/models/x/config.json", "/models/target/model.safetensors.index.json", "/wasm/main.go", "/wasm/"} {
+		if code, body := get(p); code != 404 && code != 301 || code == 404 && !json.Valid(body) {
+			t.Errorf("%s: %d %s", p, code, body)
+		}
+	}
 }

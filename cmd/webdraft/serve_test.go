@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -278,5 +279,31 @@ func TestServeHelpHidesKey(t *testing.T) {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("the help lacks %q", want)
 		}
+	}
+}
+
+// TestServeRefusesDamagedWeights: a truncated or garbled weights file
+// stops serve before it listens for work, with one line naming the file.
+func TestServeRefusesDamagedWeights(t *testing.T) {
+	for name, damage := range map[string]func(path string) error{
+		"truncated": func(p string) error { return os.Truncate(p, 4096) },
+		"garbled":   func(p string) error { return os.WriteFile(p, []byte("not a safetensors file"), 0o644) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "model")
+			if err := os.CopyFS(dir, os.DirFS(goldenTied)); err != nil {
+				t.Fatal(err)
+			}
+			weights := filepath.Join(dir, "model.safetensors")
+			if err := damage(weights); err != nil {
+				t.Fatal(err)
+			}
+			code, _, stderr := webdraft(t, "serve", "--model", dir, "--addr", "127.0.0.1:0", "--backend", "cpu")
+			lines := strings.Split(strings.TrimSpace(stderr), "\n")
+			last := lines[len(lines)-1]
+			if code != 1 || !strings.HasPrefix(last, "webdraft serve: "+weights+": ") {
+				t.Errorf("exit %d, last line %q", code, last)
+			}
+		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -505,5 +506,34 @@ func TestAPIKey(t *testing.T) {
 	}
 	if code, out := f.postJSON(t, "/draft", `{"tokens":[1,2,3],"p_min":1.5}`); code != 400 {
 		t.Errorf("p_min 1.5: %d %v", code, out)
+	}
+}
+
+// TestDisconnectFreesGeneration: a client that leaves mid-stream ends its
+// generation at the loop's next step, its sequences back at once.
+func TestDisconnectFreesGeneration(t *testing.T) {
+	f := newPairFixture(t, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	body := `{"model":"target","messages":[{"role":"user","content":"Write a long story."}],"max_tokens":400,"temperature":0.7,"stream":true}`
+	req, _ := http.NewRequestWithContext(ctx, "POST", f.url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil { // the first chunk: it runs
+		t.Fatal(err)
+	}
+	if running := f.metric(t, "webdraft_generations_running"); running != 1 {
+		t.Fatalf("generations running while streaming: %v", running)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.metric(t, "webdraft_generations_running") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a departed client's generation still runs after 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

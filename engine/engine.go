@@ -130,7 +130,21 @@ var (
 	// ErrNoCapacity reports a KV cache (or its sequence slots) used up:
 	// release sequences and try again.
 	ErrNoCapacity = errors.New("KV cache full")
+	// ErrFault reports an engine broken by its device — a GPU error, a
+	// lost device: the pass that met it did not complete, none of the
+	// engine's sequences can be trusted, and every later call fails with
+	// it. Its sequences may still be released; the way on is a new engine.
+	ErrFault = errors.New("engine fault")
 )
+
+// Fault is the error that broke eng (one wrapping ErrFault), or nil while
+// it works; engines that cannot fault (the CPU engine) always say nil.
+func Fault(eng Engine) error {
+	if f, ok := eng.(interface{ Fault() error }); ok {
+		return f.Fault()
+	}
+	return nil
+}
 
 // CheckBatch validates a batch against the model before any work is done:
 // tokens in the vocabulary, positions within max_position_embeddings.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cogentcore/webgpu/wgpu"
 )
@@ -168,6 +169,7 @@ type Device struct {
 	readback       *wgpu.Buffer   // MapRead staging for Read, grown on demand
 	readbackSize   uint64
 	closed         bool
+	lost           atomic.Pointer[string] // why Lose was called; nil while the device works
 }
 
 // Info describes the adapter in use.
@@ -222,11 +224,29 @@ func (d *Device) Close() {
 	d.dev.Release()
 }
 
+// ErrLost is the error of every call on a device after Lose.
+var ErrLost = errors.New("device lost")
+
+// Lose loses the device as a GPU fault would — a reset, a driver crash, a
+// browser taking the GPU back — for fault drills: every later submission
+// and read fails with ErrLost (and why). In the browser the device is
+// destroyed, lost for real; natively it is marked lost (the bundled
+// wgpu-native cannot destroy a device). Close still releases it. Safe to
+// call from any goroutine.
+func (d *Device) Lose(why string) {
+	if d.lost.CompareAndSwap(nil, &why) {
+		d.destroy()
+	}
+}
+
 // check pops the device's catch-all error scopes, pushes them again, and
 // returns what they caught (or that the device is lost), naming op.
 func (d *Device) check(op string) error {
 	if d.closed {
 		return fmt.Errorf("gpu: %s: device is closed", op)
+	}
+	if why := d.lost.Load(); why != nil {
+		return fmt.Errorf("gpu: %s: %w: %s", op, ErrLost, *why)
 	}
 	if err := d.scopes.check(); err != nil {
 		return fmt.Errorf("gpu: %s: %w", op, err)

@@ -179,11 +179,14 @@ func (j *job) add(tokens []engine.Token) bool {
 	return false
 }
 
-// Run drives the engine until ctx ends; it then fails what is still queued or
-// running and releases every sequence.
-func (s *Scheduler) Run(ctx context.Context) error {
+// Run drives the engine until ctx ends or the engine faults; it then fails
+// what is still queued or running and releases every sequence. After a
+// fault (engine.ErrFault) it returns the fault, which every unfinished
+// request gets too; when ctx is cancelled with a cause
+// (context.WithCancelCause) they get the cause, else ErrClosed.
+func (s *Scheduler) Run(ctx context.Context) (err error) {
 	r := &runner{s: s, cache: prefixcache.New(s.opts.CacheTokens)}
-	defer r.shutdown()
+	defer func() { r.shutdown(stopError(ctx, err)) }()
 	for {
 		if len(r.active) == 0 && len(r.waiting) == 0 {
 			j, ok := s.queue.Next(ctx)
@@ -197,8 +200,13 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		}
 		r.waiting = s.queue.Drain(r.waiting)
 		r.admit()
-		if err := r.step(ctx); err != nil && ctx.Err() != nil {
-			return nil
+		if err := r.step(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, engine.ErrFault) {
+				return err
+			}
 		}
 		r.publish()
 	}
@@ -331,7 +339,7 @@ func (r *runner) step(ctx context.Context) error {
 	if err != nil {
 		jobErr = fmt.Errorf("forward pass: %w", err)
 		if ctx.Err() != nil {
-			jobErr = ErrClosed
+			jobErr = stopError(ctx, nil)
 		}
 	}
 	now := time.Now()
@@ -408,15 +416,28 @@ func (r *runner) publish() {
 	r.s.reserveToks.Store(int64(r.reserved))
 }
 
-// shutdown fails everything still queued or running and frees every sequence.
-func (r *runner) shutdown() {
+// stopError is what unfinished requests get when Run ends: the fault
+// that ended it, else the cause ctx was cancelled with, else ErrClosed.
+func stopError(ctx context.Context, fault error) error {
+	if fault != nil {
+		return fault
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return ErrClosed
+}
+
+// shutdown fails everything still queued or running with err and frees
+// every sequence.
+func (r *runner) shutdown(err error) {
 	r.s.queue.Stop()
 	r.waiting = r.s.queue.Drain(r.waiting)
 	for _, j := range r.waiting {
-		j.Finish(ErrClosed)
+		j.Finish(err)
 	}
 	for _, j := range r.active {
-		r.retire(j, ErrClosed, false)
+		r.retire(j, err, false)
 	}
 	r.active, r.waiting = nil, nil
 	r.cache.Clear()

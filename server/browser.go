@@ -140,7 +140,7 @@ func hashOf(fsys fs.FS, name string) string {
 func (s *Server) modelsIndex(w http.ResponseWriter, r *http.Request) {
 	st := s.ready.Load()
 	if st == nil {
-		s.fail(w, &apiError{http.StatusServiceUnavailable, "loading", "the models are loading"})
+		s.fail(w, s.unavailable())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -153,7 +153,7 @@ func (s *Server) modelsIndex(w http.ResponseWriter, r *http.Request) {
 func (s *Server) modelFileHandler(w http.ResponseWriter, r *http.Request) {
 	st := s.ready.Load()
 	if st == nil {
-		s.fail(w, &apiError{http.StatusServiceUnavailable, "loading", "the models are loading"})
+		s.fail(w, s.unavailable())
 		return
 	}
 	p := r.PathValue("dir") + "/" + r.PathValue("name")

@@ -2,6 +2,7 @@ package server
 
 import (
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -34,6 +35,8 @@ type metrics struct {
 	specSeconds      *prometheus.HistogramVec // draft, verify
 
 	refusedConns prometheus.Counter // past the connection cap and the spares
+	faults       prometheus.Counter // engine faults recovered from
+	faultsSeen   atomic.Int64       // the same, for /health
 }
 
 func newMetrics() *metrics {
@@ -95,11 +98,14 @@ func newMetrics() *metrics {
 		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "webdraft_refused_connections_total", Help: "Connections refused at once, past --max-connections and the spare connections.",
 		}),
+		faults: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "webdraft_engine_faults_total", Help: "Engine faults (a GPU error, a lost device) that failed the requests they met and made the server reopen the engine.",
+		}),
 	}
 	m.registry.MustRegister(m.requests, m.draftTokens, m.prefillTokens, m.cachedTokens,
 		m.batchSeqs, m.batchTokens, m.stepSeconds, m.phaseSeconds,
 		m.numDrafts, m.numDraftTokens, m.numAccepted, m.acceptedPerPos, m.generationTokens, m.promptTokens, m.generations, m.specSeconds,
-		m.refusedConns,
+		m.refusedConns, m.faults,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -114,18 +120,50 @@ func (m *metrics) watchServer(s *Server) {
 			func() float64 { return float64(s.open.count()) }))
 }
 
-// watch exports a scheduler's gauges.
-func (m *metrics) watch(s *scheduler.Scheduler) {
-	gauge := func(name, help string, read func(scheduler.Gauges) int64) {
-		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
-			func() float64 { return float64(read(s.Gauges())) }))
+// watchState exports the gauges of the state that serves (load reads
+// it; between states — loading, recovering — they read 0): the
+// scheduler's and the generator's, and the engine faults met so far.
+func (m *metrics) watchState(load func() *state) {
+	gauge := func(name, help string, read func(*state) int64) {
+		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			if st := load(); st != nil {
+				return float64(read(st))
+			}
+			return 0
+		}))
 	}
-	gauge("webdraft_queue_depth", "Requests waiting to start.", func(g scheduler.Gauges) int64 { return g.Waiting })
-	gauge("webdraft_running_requests", "Requests being prefilled or decoded.", func(g scheduler.Gauges) int64 { return g.Running })
-	gauge("webdraft_cache_sequences", "Idle sequences kept in the prefix cache.", func(g scheduler.Gauges) int64 { return g.CachedSequences })
-	gauge("webdraft_cache_tokens", "Positions held by the prefix cache.", func(g scheduler.Gauges) int64 { return g.CachedTokens })
-	gauge("webdraft_reserved_tokens", "KV positions reserved by running requests.", func(g scheduler.Gauges) int64 { return g.ReservedTokens })
+	sched := func(read func(scheduler.Gauges) int64) func(*state) int64 {
+		return func(st *state) int64 { return read(st.sched.Gauges()) }
+	}
+	gen := func(read func(speculative.Gauges) int64) func(*state) int64 {
+		return func(st *state) int64 {
+			if st.gen == nil {
+				return 0
+			}
+			return read(st.gen.Gauges())
+		}
+	}
+	gauge("webdraft_queue_depth", "Requests waiting to start.", sched(func(g scheduler.Gauges) int64 { return g.Waiting }))
+	gauge("webdraft_running_requests", "Requests being prefilled or decoded.", sched(func(g scheduler.Gauges) int64 { return g.Running }))
+	gauge("webdraft_cache_sequences", "Idle sequences kept in the prefix cache.", sched(func(g scheduler.Gauges) int64 { return g.CachedSequences }))
+	gauge("webdraft_cache_tokens", "Positions held by the prefix cache.", sched(func(g scheduler.Gauges) int64 { return g.CachedTokens }))
+	gauge("webdraft_reserved_tokens", "KV positions reserved by running requests.", sched(func(g scheduler.Gauges) int64 { return g.ReservedTokens }))
+	gauge("webdraft_generations_waiting", "Generations waiting to start.", gen(func(g speculative.Gauges) int64 { return g.Waiting }))
+	gauge("webdraft_generations_running", "Generations being prefilled or decoded.", gen(func(g speculative.Gauges) int64 { return g.Running }))
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "webdraft_ready", Help: "1 while the models serve; 0 while they load or the server recovers from an engine fault."},
+		func() float64 {
+			if load() != nil {
+				return 1
+			}
+			return 0
+		}))
 }
+
+// recovering counts a recovery from an engine fault.
+func (m *metrics) recovering() { m.faults.Inc(); m.faultsSeen.Add(1) }
+
+// faultCount is the engine faults met so far.
+func (m *metrics) faultCount() int64 { return m.faultsSeen.Load() }
 
 // onStep records one forward pass.
 func (m *metrics) onStep(st scheduler.StepStats) {
@@ -134,16 +172,12 @@ func (m *metrics) onStep(st scheduler.StepStats) {
 	m.stepSeconds.Observe(st.Duration.Seconds())
 }
 
-// watchGenerator exports a generator's gauges.
+// watchGenerator makes the per-position acceptance series of a
+// generator's default draft exist from the start (at 0).
 func (m *metrics) watchGenerator(g *speculative.Generator) {
 	for pos := range g.K() { // the default draft's positions, from zero
 		m.acceptedPerPos.WithLabelValues(strconv.Itoa(pos))
 	}
-	m.registry.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "webdraft_generations_waiting", Help: "Generations waiting to start."},
-			func() float64 { return float64(g.Gauges().Waiting) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "webdraft_generations_running", Help: "Generations being prefilled or decoded."},
-			func() float64 { return float64(g.Gauges().Running) }))
 }
 
 // onSpecStep records one speculative step.

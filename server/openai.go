@@ -435,7 +435,8 @@ func (s *Server) openAIState() (*state, *openAIError) {
 	st := s.ready.Load()
 	switch {
 	case st == nil:
-		return nil, &openAIError{http.StatusServiceUnavailable, "server_error", "", "loading", "the models are still loading"}
+		e := s.unavailable()
+		return nil, &openAIError{e.status, "server_error", "", e.code, e.message}
 	case st.target == nil:
 		return nil, &openAIError{http.StatusNotFound, "invalid_request_error", "", "no_target",
 			"this server drafts only (POST /draft): start it with a target to serve the OpenAI-compatible API"}
@@ -956,7 +957,13 @@ func (s *Server) generationError(err error) *openAIError {
 		return &openAIError{http.StatusBadRequest, "invalid_request_error", "max_tokens", "context_length_exceeded", err.Error()}
 	case errors.Is(err, speculative.ErrOverloaded):
 		return &openAIError{http.StatusTooManyRequests, "rate_limit_error", "", "overloaded", queueFull(err, "the generator's")}
+	case errors.Is(err, engine.ErrFault):
+		return &openAIError{http.StatusServiceUnavailable, "server_error", "", "engine_fault", faultMessage(err)}
 	case errors.Is(err, speculative.ErrClosed):
+		if s.fault.Load() != nil {
+			e := s.unavailable()
+			return &openAIError{e.status, "server_error", "", e.code, e.message}
+		}
 		return &openAIError{http.StatusServiceUnavailable, "server_error", "", "shutting_down", "the server is shutting down"}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return &openAIError{499, "invalid_request_error", "", "client_closed", "the client went away"}

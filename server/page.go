@@ -100,7 +100,7 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 	st := s.ready.Load()
 	switch {
 	case st == nil:
-		s.fail(w, &apiError{http.StatusServiceUnavailable, "loading", "the models are still loading"})
+		s.fail(w, s.unavailable())
 		return
 	case st.target == nil:
 		s.fail(w, &apiError{http.StatusNotFound, "no_target", "this server drafts only: start it with a target for the live page"})
@@ -164,6 +164,27 @@ func (ps *pageSession) newRunner() *live.Runner {
 	}
 }
 
+// follow moves the session onto the state that serves now, when the
+// server has recovered from an engine fault since the last run: the
+// session outlives the generator it began on. It fails while no state
+// serves.
+func (ps *pageSession) follow() *apiError {
+	st := ps.s.ready.Load()
+	if st == nil || st.gen == nil {
+		return ps.s.unavailable()
+	}
+	if st == ps.st {
+		return nil
+	}
+	ps.run.End()
+	ps.mu.Lock()
+	ps.st = st
+	ps.run = ps.newRunner()
+	ps.abort = ps.run.Abort
+	ps.mu.Unlock()
+	return nil
+}
+
 // read takes the page's messages until the socket closes, then ends the
 // run and the writer. Messages are decoded as strictly as the API's bodies
 // (input.go): exact names, no duplicates, no nulls, no unknown fields.
@@ -191,6 +212,10 @@ func (ps *pageSession) read() {
 		}
 		switch m.Type {
 		case "start":
+			if err := ps.follow(); err != nil {
+				ps.emit(map[string]any{"type": "error", "message": err.message})
+				continue
+			}
 			req, err := ps.run.Request(m)
 			if err != nil {
 				ps.emit(map[string]any{"type": "error", "message": err.Error()})

@@ -47,6 +47,10 @@ type Model struct {
 	// Files, when set, is the model's folder, which the page can fetch to
 	// run the model in the browser (/models/).
 	Files *ModelFiles
+	// Reopen, when set, opens a new engine for the model after Engine
+	// faulted (engine.ErrFault); the server has closed the broken one
+	// and owns the new one. Without it a fault ends Server.Run.
+	Reopen func(ctx context.Context) (engine.Engine, error)
 }
 
 // Config is what Run serves.
@@ -79,9 +83,10 @@ type Server struct {
 	limits   Limits
 	origins  origins
 	ready    atomic.Pointer[state]
-	sessions sessionLogs  // the live page's sessions' events
-	open     sessionSlots // the live page's sessions open, in all and by client
-	conns    atomic.Int64 // connections open on Listener's listener
+	fault    atomic.Pointer[faultState] // set while the server recovers from an engine fault
+	sessions sessionLogs                // the live page's sessions' events
+	open     sessionSlots               // the live page's sessions open, in all and by client
+	conns    atomic.Int64               // connections open on Listener's listener
 }
 
 type state struct {
@@ -108,12 +113,17 @@ func New(log *slog.Logger, apiKey string) *Server {
 func NewWithOptions(log *slog.Logger, o Options) *Server {
 	s := &Server{log: log, metrics: newMetrics(), apiKey: o.APIKey, limits: o.Limits.withDefaults(), origins: newOrigins(o.CORSOrigins)}
 	s.metrics.watchServer(s)
+	s.metrics.watchState(s.ready.Load)
 	return s
 }
 
 // Run serves c until ctx ends; the server is ready while it runs. With a
 // target, the drafter's KV cache is split between /draft and the
-// generations, half each.
+// generations, half each. An engine fault (engine.ErrFault: a GPU error,
+// a lost device) does not end it: the requests the fault met fail with
+// 503, /health answers 503 "recovering", the broken engines are replaced
+// through their models' Reopen, and serving resumes (recovery.go). A fault
+// with no Reopen to recover through ends Run with the fault.
 func (s *Server) Run(ctx context.Context, c Config) error {
 	onStep := c.Scheduler.OnStep
 	c.Scheduler.OnStep = func(st scheduler.StepStats) {
@@ -122,6 +132,35 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 			onStep(st)
 		}
 	}
+	if c.Target != nil {
+		onSpec := c.Speculative.OnStep
+		c.Speculative.OnStep = func(ss speculative.StepStats) {
+			s.metrics.onSpecStep(ss)
+			if onSpec != nil {
+				onSpec(ss)
+			}
+		}
+	}
+	rec := &recovery{s: s}
+	defer rec.closeOpened()
+	for {
+		st, err := s.newState(c)
+		if err != nil {
+			return err
+		}
+		err = s.serve(ctx, st)
+		if ctx.Err() != nil || !errors.Is(err, engine.ErrFault) {
+			return err
+		}
+		if c, err = rec.recover(ctx, c, err); err != nil || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// newState builds what serves c: the scheduler over the drafter, the
+// generator over both models, the page's files.
+func (s *Server) newState(c Config) (*state, error) {
 	st := &state{drafter: c.Drafter, target: c.Target, started: time.Now(), encodeSlots: newEncodeSlots()}
 	st.drafterText = textBound(c.Drafter.Tokenizer, c.Drafter.Engine.Config().MaxPositionEmbeddings)
 	if c.Target != nil {
@@ -132,16 +171,9 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 		}
 		half := c.Drafter.Engine.KVCapacity() / 2
 		c.Scheduler.CacheTokens, c.Speculative.DraftTokens = half, half
-		onSpec := c.Speculative.OnStep
-		c.Speculative.OnStep = func(ss speculative.StepStats) {
-			s.metrics.onSpecStep(ss)
-			if onSpec != nil {
-				onSpec(ss)
-			}
-		}
 		var err error
 		if st.gen, err = speculative.New(c.Drafter.Engine, c.Target.Engine, c.Speculative); err != nil {
-			return err
+			return nil, err
 		}
 		s.metrics.watchGenerator(st.gen)
 		st.targetText = textBound(st.target.Tokenizer, st.maxContext())
@@ -152,25 +184,42 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 	}
 	browser, err := newBrowserFiles(c.Drafter.Files, target)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	st.browser = browser
 	st.sched = scheduler.New(c.Drafter.Engine, c.Scheduler)
-	s.metrics.watch(st.sched)
+	return st, nil
+}
+
+// serve makes st the server's state and runs its scheduler and generator
+// until ctx ends or one of them faults; a fault stops the other too, its
+// requests failing with the fault.
+func (s *Server) serve(ctx context.Context, st *state) error {
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	s.fault.Store(nil)
 	s.ready.Store(st)
-	args := []any{"drafter", c.Drafter.Name, "backend", c.Drafter.Engine.Info().Backend, "adapter", c.Drafter.Engine.Info().Adapter}
-	if c.Target != nil {
-		args = append(args, "target", c.Target.Name, "k", st.gen.K())
+	args := []any{"drafter", st.drafter.Name, "backend", st.drafter.Engine.Info().Backend, "adapter", st.drafter.Engine.Info().Adapter}
+	if st.target != nil {
+		args = append(args, "target", st.target.Name, "k", st.gen.K())
 	}
 	s.log.Info("ready", args...)
 	errs := make(chan error, 2)
-	go func() { errs <- st.sched.Run(ctx) }()
+	run := func(loop func(context.Context) error) {
+		err := loop(runCtx)
+		if errors.Is(err, engine.ErrFault) {
+			s.faulted(err)
+			stop(err)
+		}
+		errs <- err
+	}
+	go run(st.sched.Run)
 	if st.gen != nil {
-		go func() { errs <- st.gen.Run(ctx) }()
+		go run(st.gen.Run)
 	} else {
 		errs <- nil
 	}
-	err = errors.Join(<-errs, <-errs)
+	err := errors.Join(<-errs, <-errs)
 	s.ready.Store(nil)
 	return err
 }
@@ -332,7 +381,11 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	st := s.ready.Load()
 	if st == nil {
 		w.Header().Set("Retry-After", retryAfter)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "loading"})
+		h := map[string]any{"status": "loading"}
+		if f := s.fault.Load(); f != nil {
+			h = map[string]any{"status": "recovering", "error": f.err.Error(), "since": f.since.UTC().Format(time.RFC3339Nano), "faults": s.metrics.faultCount()}
+		}
+		writeJSON(w, http.StatusServiceUnavailable, h)
 		return
 	}
 	info, cfg := st.drafter.Engine.Info(), st.drafter.Engine.Config()
@@ -380,7 +433,7 @@ type draftResponse struct {
 func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 	st := s.ready.Load()
 	if st == nil {
-		s.fail(w, &apiError{http.StatusServiceUnavailable, "loading", "the model is still loading"})
+		s.fail(w, s.unavailable())
 		return
 	}
 	// The request's time limit counts from here: the body, the
@@ -590,7 +643,12 @@ func (s *Server) schedulerError(err error) *apiError {
 		return &apiError{http.StatusRequestEntityTooLarge, "context_too_large", err.Error()}
 	case errors.Is(err, scheduler.ErrOverloaded):
 		return &apiError{http.StatusTooManyRequests, "overloaded", queueFull(err, "the drafter's")}
+	case errors.Is(err, engine.ErrFault):
+		return &apiError{http.StatusServiceUnavailable, "engine_fault", faultMessage(err)}
 	case errors.Is(err, scheduler.ErrClosed):
+		if s.fault.Load() != nil {
+			return s.unavailable()
+		}
 		return &apiError{http.StatusServiceUnavailable, "shutting_down", "the server is shutting down"}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return &apiError{499, "client_closed", "the client went away"}

@@ -14,11 +14,14 @@ import (
 	"webdraft/sampling"
 )
 
-// Run drives both engines until ctx ends; it then fails what is still
-// queued or running and releases every sequence.
-func (g *Generator) Run(ctx context.Context) error {
+// Run drives both engines until ctx ends or one of them faults; it then
+// fails what is still queued or running and releases every sequence. After
+// a fault (engine.ErrFault) it returns the fault, which every unfinished
+// generation gets too; when ctx is cancelled with a cause
+// (context.WithCancelCause) they get the cause, else ErrClosed.
+func (g *Generator) Run(ctx context.Context) (err error) {
 	r := &runner{g: g, draftCache: prefixcache.New(g.draftBudget), targetCache: prefixcache.New(g.targetBudget)}
-	defer r.shutdown()
+	defer func() { r.shutdown(stopError(ctx, err)) }()
 	for {
 		if len(r.active) == 0 && len(r.waiting) == 0 {
 			j, ok := g.queue.Next(ctx)
@@ -32,8 +35,13 @@ func (g *Generator) Run(ctx context.Context) error {
 		}
 		r.waiting = g.queue.Drain(r.waiting)
 		r.admit()
-		if err := r.step(ctx); err != nil && ctx.Err() != nil {
-			return nil
+		if err := r.step(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, engine.ErrFault) {
+				return err
+			}
 		}
 		g.running.Store(int64(len(r.active)))
 	}
@@ -281,7 +289,7 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 // (their caches may be anywhere).
 func (r *runner) fail(ctx context.Context, gens []*gen, err error) {
 	if ctx.Err() != nil {
-		err = ErrClosed
+		err = stopError(ctx, nil)
 	}
 	for _, gn := range gens {
 		gn.draft, gn.target = release(gn.draft), release(gn.target)
@@ -471,17 +479,29 @@ func (r *runner) compact() {
 	r.active = slices.DeleteFunc(r.active, func(gn *gen) bool { return gn.retired })
 }
 
-// shutdown fails everything still queued or running and frees every
-// sequence.
-func (r *runner) shutdown() {
+// stopError is what unfinished generations get when Run ends: the fault
+// that ended it, else the cause ctx was cancelled with, else ErrClosed.
+func stopError(ctx context.Context, fault error) error {
+	if fault != nil {
+		return fault
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return ErrClosed
+}
+
+// shutdown fails everything still queued or running with err and frees
+// every sequence.
+func (r *runner) shutdown(err error) {
 	r.g.queue.Stop()
 	r.waiting = r.g.queue.Drain(r.waiting)
 	for _, j := range r.waiting {
-		j.Finish(ErrClosed)
+		j.Finish(err)
 	}
 	for _, gn := range slices.Clone(r.active) {
 		gn.draft, gn.target = release(gn.draft), release(gn.target)
-		r.retire(gn, ErrClosed)
+		r.retire(gn, err)
 	}
 	r.active, r.waiting = nil, nil
 	r.draftCache.Clear()

@@ -188,19 +188,27 @@ func openServed(ctx context.Context, e *env, dir, embedded string, backend backe
 		m.Close()
 		return nil, err
 	}
-	eng, err := openEngine(e, m, backend, int64(cacheMB)<<20, 0)
+	open := func(ctx context.Context) (engine.Engine, error) {
+		eng, err := openEngine(e, m, backend, int64(cacheMB)<<20, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := engine.Warm(ctx, eng); err != nil {
+			eng.Close()
+			return nil, fmt.Errorf("%s: warm-up: %w", name, err)
+		}
+		return eng, nil
+	}
+	eng, err := open(ctx)
 	if err != nil {
 		m.Close()
 		return nil, err
 	}
-	if err := engine.Warm(ctx, eng); err != nil {
-		eng.Close()
-		m.Close()
-		return nil, fmt.Errorf("%s: warm-up: %w", name, err)
-	}
 	e.log.Info("model", "name", name, "cache_tokens", eng.KVCapacity())
 	return &served{
-		model: server.Model{Name: name, Engine: eng, Tokenizer: tok, Files: modelFiles(dir, embedded)},
+		// After an engine fault the server reopens the engine from the
+		// weights in memory (the folder is not read again).
+		model: server.Model{Name: name, Engine: eng, Tokenizer: tok, Files: modelFiles(dir, embedded), Reopen: open},
 		close: func() { eng.Close(); m.Close() },
 	}, nil
 }

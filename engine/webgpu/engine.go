@@ -14,6 +14,7 @@
 package webgpu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -64,6 +65,7 @@ type Engine struct {
 	act  *activations
 
 	closed     bool
+	fault      error        // set by the first pass the device failed (engine.ErrFault)
 	ownsDevice bool         // Close closes the device (Open made it)
 	profile    *gpu.Profile // non-nil while Profile runs: GPU time per kernel
 }
@@ -177,10 +179,47 @@ func (e *Engine) Profile(f func() error) (gpu.Profile, error) {
 	return *e.profile, err
 }
 
+// Fault is the device failure that broke the engine (wrapping
+// engine.ErrFault), or nil while it works.
+func (e *Engine) Fault() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.fault
+}
+
+// LoseDevice loses the engine's device as a GPU fault would (gpu.Device.
+// Lose), for fault drills: the next pass fails and breaks the engine.
+func (e *Engine) LoseDevice(why string) { e.dev.Lose(why) }
+
+// usable is the error of a call on a closed or broken engine.
+func (e *Engine) usable() error {
+	if e.closed {
+		return errClosed
+	}
+	return e.fault
+}
+
+// broken records a pass's error as the engine's fault and returns it: a
+// pass that did not complete leaves the device's state unknown. A pass
+// stopped by its context is not a fault (the sequences are rolled back).
+func (e *Engine) broken(err error) error {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if e.fault == nil {
+		e.fault = fmt.Errorf("webgpu engine: %w: %w", engine.ErrFault, err)
+	}
+	return e.fault
+}
+
 // Close releases every GPU resource (and the device, when Open made it).
+// Closing a closed engine does nothing.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
 	e.closed = true
 	if e.w != nil {
 		e.w.release()
@@ -205,8 +244,8 @@ var errClosed = errors.New("webgpu engine: closed")
 func (e *Engine) NewSequence() (engine.Sequence, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
-		return nil, errClosed
+	if err := e.usable(); err != nil {
+		return nil, err
 	}
 	s, err := e.kv.NewSeq()
 	if err != nil {

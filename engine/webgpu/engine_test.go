@@ -3,17 +3,20 @@ package webgpu
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
 	"webdraft/engine/enginetest"
+	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
 	"webdraft/reference"
@@ -426,5 +429,58 @@ func TestPartialHead(t *testing.T) {
 			}
 			enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32"}), m.Config, m.Weights)
 		})
+	}
+}
+
+// TestLostDevice: a pass on a lost device fails with engine.ErrFault
+// (naming the loss), and so does every call after it; the engine's
+// sequences can still be released and the engine closed, twice.
+func TestLostDevice(t *testing.T) {
+	m := load(t, "tied", checkpoint.Int4)
+	e, err := New(gputest.Fresh(t), m.Config, m.Weights, Options{KVBytes: 4 << 20, MaxSequences: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	seq, err := e.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: []int{1, 2, 3}}}); err != nil {
+		t.Fatal(err)
+	}
+	if e.Fault() != nil || engine.Fault(e) != nil {
+		t.Fatalf("a working engine reports a fault: %v", e.Fault())
+	}
+	e.LoseDevice("a fault drill")
+	err = e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: []int{4}}})
+	if !errors.Is(err, engine.ErrFault) || !errors.Is(err, gpu.ErrLost) || !strings.Contains(err.Error(), "a fault drill") {
+		t.Fatalf("a step on a lost device: err = %v, want engine.ErrFault and gpu.ErrLost", err)
+	}
+	if seq.Len() != 3 {
+		t.Errorf("the failed step left the sequence at %d positions, want 3", seq.Len())
+	}
+	if !errors.Is(engine.Fault(e), engine.ErrFault) {
+		t.Errorf("engine.Fault = %v", engine.Fault(e))
+	}
+	for name, call := range map[string]func() error{
+		"Step":   func() error { return e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: []int{4}}}) },
+		"StepN":  func() error { _, err := e.StepN(ctx, []*engine.Entry{{Seq: seq, Tokens: []int{4}}}, 3); return err },
+		"Verify": func() error { return e.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Tokens: []int{4}, Out: 1}}) },
+		"NewSequence": func() error {
+			_, err := e.NewSequence()
+			return err
+		},
+	} {
+		if err := call(); !errors.Is(err, engine.ErrFault) {
+			t.Errorf("%s after the fault: err = %v, want engine.ErrFault", name, err)
+		}
+	}
+	seq.Release()
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
 	}
 }

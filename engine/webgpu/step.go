@@ -43,8 +43,8 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
-		return nil, errClosed
+	if err := e.usable(); err != nil {
+		return nil, err
 	}
 	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
 	if err != nil {
@@ -72,7 +72,7 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 		for i, s := range seqs {
 			s.Truncate(lens[i])
 		}
-		return nil, err
+		return nil, e.broken(err)
 	}
 	return out, nil
 }
@@ -252,8 +252,8 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
-		return errClosed
+	if err := e.usable(); err != nil {
+		return err
 	}
 	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
 	if err != nil {
@@ -275,7 +275,7 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 		for i, s := range seqs {
 			s.Truncate(lens[i])
 		}
-		return err
+		return e.broken(err)
 	}
 	for i, v := range batch {
 		v.Rows = work[i].rows

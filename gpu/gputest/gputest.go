@@ -43,3 +43,17 @@ func Device(tb testing.TB) *gpu.Device {
 	}
 	return device
 }
+
+// Fresh returns a device of the test's own, closed when the test ends,
+// for a test that breaks it (a fault drill). It skips or fails without an
+// adapter as Device does.
+func Fresh(tb testing.TB) *gpu.Device {
+	tb.Helper()
+	Device(tb) // the adapter check and its message
+	d, err := gpu.Open(gpu.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(d.Close)
+	return d
+}

@@ -137,6 +137,15 @@ var (
 	ErrFault = errors.New("engine fault")
 )
 
+// DeviceBytes is the GPU memory eng's buffers hold, for engines on a GPU
+// (false for the CPU engine).
+func DeviceBytes(eng Engine) (int64, bool) {
+	if d, ok := eng.(interface{ DeviceBytes() int64 }); ok {
+		return d.DeviceBytes(), true
+	}
+	return 0, false
+}
+
 // Fault is the error that broke eng (one wrapping ErrFault), or nil while
 // it works; engines that cannot fault (the CPU engine) always say nil.
 func Fault(eng Engine) error {

@@ -44,6 +44,7 @@ func (d *Device) NewBuffer(label string, size uint64) (*Buffer, error) {
 		}
 		return nil, fmt.Errorf("gpu: buffer %q (%d bytes): %w", label, size, err)
 	}
+	d.bufferBytes.Add(int64(size))
 	return &Buffer{d: d, buf: buf, size: size, label: label}, nil
 }
 
@@ -126,6 +127,12 @@ func (b *Buffer) Fill(word uint32) error {
 	return nil
 }
 
+// BufferBytes is the memory of the device's buffers alive now — storage
+// buffers and the readback staging buffer — in bytes: what webdraft holds
+// on the GPU beyond pipelines and small uniform chunks. Safe from any
+// goroutine.
+func (d *Device) BufferBytes() int64 { return d.bufferBytes.Load() }
+
 // NaN32 is a quiet f32 NaN with a recognizable payload, for Fill.
 const NaN32 = 0x7fc00bad
 
@@ -147,6 +154,7 @@ func (b *Buffer) Release() {
 		b.buf.Destroy()
 		b.buf.Release()
 		b.buf = nil
+		b.d.bufferBytes.Add(-int64(b.size))
 	}
 }
 
@@ -211,6 +219,7 @@ func (d *Device) readbackBuffer(size uint64) (*wgpu.Buffer, error) {
 	}
 	d.dropReadback()
 	d.readback, d.readbackSize = staging, grown
+	d.bufferBytes.Add(int64(grown))
 	return staging, nil
 }
 
@@ -220,6 +229,7 @@ func (d *Device) dropReadback() {
 	if d.readback != nil {
 		d.readback.Destroy()
 		d.readback.Release()
+		d.bufferBytes.Add(-int64(d.readbackSize))
 		d.readback, d.readbackSize = nil, 0
 	}
 }

@@ -170,6 +170,7 @@ type Device struct {
 	readbackSize   uint64
 	closed         bool
 	lost           atomic.Pointer[string] // why Lose was called; nil while the device works
+	bufferBytes    atomic.Int64           // see BufferBytes
 }
 
 // Info describes the adapter in use.

@@ -552,3 +552,30 @@ func TestCountedScratch(t *testing.T) {
 		t.Error("negative counters accepted")
 	}
 }
+
+// TestBufferBytes: BufferBytes follows buffers made and released.
+func TestBufferBytes(t *testing.T) {
+	d := gputest.Fresh(t)
+	before := d.BufferBytes()
+	a, err := d.NewBuffer("a", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.UploadF32("b", make([]float32, 300))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.BufferBytes() - before; got != 1000+1200 {
+		t.Errorf("after two buffers: %d bytes more, want 2200", got)
+	}
+	if _, err := b.ReadF32(); err != nil { // grows the readback staging buffer (4096 bytes at least)
+		t.Fatal(err)
+	}
+	withStaging := d.BufferBytes()
+	a.Release()
+	a.Release()
+	b.Release()
+	if got := withStaging - d.BufferBytes(); got != 2200 {
+		t.Errorf("releasing both (a twice) freed %d bytes, want 2200", got)
+	}
+}

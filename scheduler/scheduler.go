@@ -119,6 +119,10 @@ func (s *Scheduler) Gauges() Gauges {
 	return Gauges{s.queue.Waiting(), s.running.Load(), s.cachedSeqs.Load(), s.cachedToks.Load(), s.reserveToks.Load()}
 }
 
+// CacheBudget is the KV budget in positions (Options.CacheTokens as
+// granted): running and cached sequences together stay within it.
+func (s *Scheduler) CacheBudget() int { return s.opts.CacheTokens }
+
 // Check reports whether r could ever run: ErrTooLarge when its context
 // exceeds the model's or the KV budget.
 func (s *Scheduler) Check(r Request) error {

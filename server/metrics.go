@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"webdraft/engine"
 	"webdraft/scheduler"
 	"webdraft/speculative"
 )
@@ -150,6 +151,27 @@ func (m *metrics) watchState(load func() *state) {
 	gauge("webdraft_reserved_tokens", "KV positions reserved by running requests.", sched(func(g scheduler.Gauges) int64 { return g.ReservedTokens }))
 	gauge("webdraft_generations_waiting", "Generations waiting to start.", gen(func(g speculative.Gauges) int64 { return g.Waiting }))
 	gauge("webdraft_generations_running", "Generations being prefilled or decoded.", gen(func(g speculative.Gauges) int64 { return g.Running }))
+	gauge("webdraft_cache_budget_tokens", "KV positions /draft's scheduler may hold, running and cached: webdraft_cache_tokens + webdraft_reserved_tokens stay within it.",
+		func(st *state) int64 { return int64(st.sched.CacheBudget()) })
+	for _, role := range []string{"drafter", "target"} {
+		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "webdraft_gpu_buffer_bytes", ConstLabels: prometheus.Labels{"model": role},
+			Help: "GPU memory held by a model's engine in buffers (weights, KV cache, activations, staging), when it runs on a GPU."},
+			func() float64 {
+				st := load()
+				if st == nil {
+					return 0
+				}
+				model := &st.drafter
+				if role == "target" {
+					model = st.target
+				}
+				if model == nil {
+					return 0
+				}
+				n, _ := engine.DeviceBytes(model.Engine)
+				return float64(n)
+			}))
+	}
 	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "webdraft_ready", Help: "1 while the models serve; 0 while they load or the server recovers from an engine fault."},
 		func() float64 {
 			if load() != nil {

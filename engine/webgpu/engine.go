@@ -151,6 +151,10 @@ func (e *Engine) Config() qwen3.Config { return e.cfg }
 // Device is the engine's device (for benchmarks that measure it alongside).
 func (e *Engine) Device() *gpu.Device { return e.dev }
 
+// DeviceBytes is the memory of the device's buffers (gpu.Device.
+// BufferBytes): weights, KV cache, activations, staging.
+func (e *Engine) DeviceBytes() int64 { return e.dev.BufferBytes() }
+
 // KVElemBytes is the size of one cached key or value: 2 (f16) or 4 (f32).
 func (e *Engine) KVElemBytes() int { return e.kv.ElemBytes() }
 

@@ -20,8 +20,13 @@ type RSS struct {
 }
 
 // Read returns the current resident memory.
-func Read() (RSS, error) {
-	data, err := os.ReadFile("/proc/self/status")
+func Read() (RSS, error) { return read("/proc/self/status") }
+
+// ReadProcess returns the current resident memory of process pid.
+func ReadProcess(pid int) (RSS, error) { return read(fmt.Sprintf("/proc/%d/status", pid)) }
+
+func read(path string) (RSS, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return RSS{}, fmt.Errorf("memory statistics need Linux's /proc: %w", err)
 	}

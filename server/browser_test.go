@@ -70,14 +70,18 @@ func TestBrowserEngine(t *testing.T) {
 	// Short runs: SwiftShader renders on the CPU, and slowly — a step of
 	// the target takes seconds there (BENCHMARKS.md, "Browser").
 	const n = 3
-	for i, prompt := range []string{"import os\n\n\ndef read_config(path):\n    \"\"\"", "class Stack:\n    def __init__(self):\n        "} {
-		before, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`window.webdraftEngineLog.length`))
-		race := i == 0
+	start := func(prompt string, race bool) {
+		t.Helper()
 		do("starting a run",
 			chromedp.SetValue("#prompt", prompt), chromedp.SetValue("#k", "4"), chromedp.SetValue("#max_tokens", strconv.Itoa(n)),
 			chromedp.SetValue("#temperature", "0"),
 			chromedp.Evaluate[chromedp.Void](`document.getElementById("race").checked = `+strconv.FormatBool(race)),
 			chromedp.Click("#start"))
+	}
+	run := func(i int, prompt string, race bool) {
+		t.Helper()
+		before, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`window.webdraftEngineLog.length`))
+		start(prompt, race)
 		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent.startsWith("done")`,
 			chromedp.WithPollingTimeout(8*time.Minute))); err != nil {
 			status, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("status").textContent`))
@@ -121,6 +125,10 @@ func TestBrowserEngine(t *testing.T) {
 			t.Logf("in the browser: %s (%d steps)", speedup, steps)
 		}
 	}
+	prompts := []string{"import os\n\n\ndef read_config(path):\n    \"\"\"", "class Stack:\n    def __init__(self):\n        "}
+	for i, prompt := range prompts {
+		run(i, prompt, i == 0)
+	}
 
 	// The engine ran in its worker: the page's thread never stalled for
 	// long (a frame's worth of drawing at most).
@@ -131,6 +139,28 @@ func TestBrowserEngine(t *testing.T) {
 	t.Logf("the page's long tasks while the engine ran: %d, longest %.0f ms", len(long), slices.Max(append(long, 0)))
 	if m := slices.Max(append(long, 0)); m > 250 {
 		t.Errorf("the page's thread was blocked for %.0f ms while the engine ran in its worker", m)
+	}
+
+	// A fault drill: the page's GPU device is lost. The next run meets
+	// it and fails; the worker starts the engine again on a new device,
+	// with the models from the cache, and it runs as before.
+	do("losing the device", chromedp.Evaluate[chromedp.Void](`window.webdraftLoseDevice()`))
+	start(prompts[1], false)
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.body.dataset.engine === "recovering" || document.getElementById("engine-note").textContent.includes("restarted")`,
+		chromedp.WithPollingTimeout(5*time.Minute))); err != nil {
+		note, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("engine-note").textContent`))
+		t.Fatalf("the lost device went unnoticed: %v (%s)", err, note)
+	}
+	state, err := chromedp.Run(ctx, chromedp.Poll[string](`document.body.dataset.engine === "recovering" ? false : document.body.dataset.engine`,
+		chromedp.WithPollingTimeout(8*time.Minute)))
+	note, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("engine-note").textContent`))
+	if err != nil || state != "ready" || !strings.Contains(note, "restarted after a GPU fault") {
+		t.Fatalf("after the fault the engine is %q (%v): %s", state, err, note)
+	}
+	t.Logf("after the fault: %s", note)
+	run(1, prompts[1], false)
+	if n := f.modelDownloads.Load(); n != downloads {
+		t.Errorf("the restart after the fault downloaded %d model files", n-downloads)
 	}
 
 	// A reload: the models come from the cache.

@@ -83,7 +83,10 @@ func newFaultFixture(t *testing.T) *faultFixture {
 			f.mu.Lock()
 			f.opened++
 			f.mu.Unlock()
-			return open(name, m)
+			start := time.Now()
+			e, err := open(name, m)
+			t.Logf("the %s's engine reopened in %.2f s", name, time.Since(start).Seconds())
+			return e, err
 		}}
 	}
 	drafter, target := model("drafter", d), model("target", tg)

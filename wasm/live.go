@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"syscall/js"
 	"testing/fstest"
 
@@ -25,6 +26,9 @@ type liveSession struct {
 	done    chan struct{}      // closed when the loop has ended
 	onEvent js.Value
 	inbox   chan []byte // the page's messages, taken in order by one goroutine
+
+	mu     sync.Mutex
+	closed bool // inbox is closed
 }
 
 func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession, error) {
@@ -39,7 +43,12 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 	l := &liveSession{cancel: cancel, done: make(chan struct{}), onEvent: onEvent, inbox: make(chan []byte, 16)}
 	go func() {
 		defer close(l.done)
-		if err := gen.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		switch err := gen.Run(ctx); {
+		case errors.Is(err, engine.ErrFault):
+			// The GPU failed (the device lost, say): these engines are done
+			// for; the worker opens new ones (webdraft.reset, then load).
+			l.emit(map[string]any{"type": "fault", "message": err.Error()})
+		case err != nil && !errors.Is(err, context.Canceled):
 			l.emit(map[string]any{"type": "error", "message": "the loop stopped: " + err.Error()})
 		}
 	}()
@@ -89,6 +98,12 @@ func (l *liveSession) object() js.Value {
 		if msg.Type() == js.TypeObject {
 			text = js.Global().Get("JSON").Call("stringify", msg)
 		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.closed {
+			l.emit(map[string]any{"type": "error", "message": "this live session is closed"})
+			return nil
+		}
 		select {
 		case l.inbox <- []byte(text.String()):
 		default:
@@ -98,6 +113,12 @@ func (l *liveSession) object() js.Value {
 	}))
 	obj.Set("close", js.FuncOf(func(js.Value, []js.Value) any {
 		return promise(func() (any, error) {
+			l.mu.Lock()
+			if !l.closed {
+				l.closed = true
+				close(l.inbox) // its goroutine ends after the messages already in it
+			}
+			l.mu.Unlock()
 			l.runner.End()
 			l.cancel()
 			<-l.done

@@ -116,6 +116,44 @@ func (d *drafter) object() js.Value {
 			return m.object(), nil
 		})
 	}))
+	// A fault drill: the device is lost as a GPU reset would lose it
+	// (gpu.Device.Lose destroys it); every engine on it then fails.
+	obj.Set("loseDevice", js.FuncOf(func(_ js.Value, args []js.Value) any {
+		why := "a fault drill"
+		if a := arg(args, 0); a.Type() == js.TypeString {
+			why = a.String()
+		}
+		return promise(func() (any, error) {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if d.dev == nil {
+				return nil, errors.New("webdraft.loseDevice: no device is open")
+			}
+			d.dev.Lose(why)
+			return nil, nil
+		})
+	}))
+	// reset closes every model and the device, so that the next load
+	// opens a new device: the way on after a fault.
+	obj.Set("reset", js.FuncOf(func(js.Value, []js.Value) any {
+		return promise(func() (any, error) {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			var errs []error
+			for _, m := range d.models {
+				if m.e != nil {
+					errs = append(errs, m.e.Close())
+					m.e = nil
+				}
+			}
+			clear(d.models)
+			if d.dev != nil {
+				d.dev.Close()
+				d.dev = nil
+			}
+			return nil, errors.Join(errs...)
+		})
+	}))
 	obj.Set("live", js.FuncOf(func(_ js.Value, args []js.Value) any {
 		drafter, target, onEvent := d.loaded(arg(args, 0)), d.loaded(arg(args, 1)), arg(args, 2)
 		return promise(func() (any, error) {

@@ -52,6 +52,9 @@
 
   const engine = { worker: null, ready: false, info: null, log: [] };
   window.webdraftEngineLog = engine.log;
+  // A fault drill for the engine in this browser: its GPU device is lost,
+  // and the worker must start it again (the browser test calls it).
+  window.webdraftLoseDevice = () => engine.worker && engine.worker.postMessage({ op: "lose-device" });
   const where = () => (document.querySelector('input[name="where"]:checked') || {}).value || "server";
 
   function startEngine() {
@@ -86,6 +89,22 @@
           engine.log.push(m.event);
           if (engine.log.length > 4096) engine.log.shift();
           handle(m.event);
+          break;
+        case "fault":
+          // The GPU failed under the engine (a lost device): the worker
+          // starts it again on a new device, from the cached models.
+          engine.ready = false;
+          engine.faults = (engine.faults || 0) + 1;
+          document.body.dataset.engine = "recovering";
+          note.textContent = "The GPU failed (" + m.message + "): restarting the engine in this browser…";
+          running(false);
+          startBtn.disabled = true;
+          break;
+        case "recovered":
+          engine.ready = true;
+          document.body.dataset.engine = "ready";
+          note.textContent = "The engine restarted after a GPU fault in " + m.seconds.toFixed(1) + " s; ready on " + engine.info.adapter + ".";
+          startBtn.disabled = false;
           break;
         case "failed":
           engine.worker = null;

@@ -7,35 +7,54 @@
 //
 //   from the page:  {op: "init", key}           key: the API key, if the server wants one
 //                   {op: "send", message}       a start or stop, as on the websocket
+//                   {op: "lose-device"}         a fault drill: the GPU device is lost
 //   to the page:    {op: "progress", done, total, file, cached}
 //                   {op: "ready", adapter, features, f16, seconds, downloaded, cached}
 //                   {op: "event", event}        the live view's events (web/README.md)
-//                   {op: "failed", message}     the engine could not start here
+//                   {op: "fault", message}      the GPU failed: the engine restarts
+//                   {op: "recovered", seconds, faults}  it runs again, on a new device
+//                   {op: "failed", message}     the engine could not start here (or again)
 "use strict";
 
 const CACHE = "webdraft-models-v1";
 let live = null;
+let man = null; // the server's /models/index.json
 let headers = {}; // the API key's, for /models/
+let faults = 0;
 
 self.onmessage = (ev) => {
   const m = ev.data;
   if (m.op === "init") {
     if (m.key) headers = { Authorization: "Bearer " + m.key };
-    init().catch((err) => self.postMessage({ op: "failed", message: String(err && err.message ? err.message : err) }));
+    init().catch(failed);
   } else if (m.op === "send" && live) {
     live.send(JSON.stringify(m.message));
+  } else if (m.op === "send") {
+    event({ type: "error", message: "the engine in this browser is restarting: start again in a moment" });
+  } else if (m.op === "lose-device" && self.webdraft) {
+    self.webdraft.loseDevice("a fault drill").catch(failed);
   }
 };
+
+function failed(err) {
+  live = null;
+  self.postMessage({ op: "failed", message: String(err && err.message ? err.message : err) });
+}
+
+function event(e) {
+  self.postMessage({ op: "event", event: e });
+}
 
 async function init() {
   const t0 = performance.now();
   if (!self.navigator.gpu) throw new Error("this browser has no WebGPU (navigator.gpu is missing in a worker)");
   const adapter = await self.navigator.gpu.requestAdapter();
   if (!adapter) throw new Error("this browser's WebGPU found no adapter");
-  const man = await json("/models/index.json");
-  if (man.unavailable) throw new Error(man.unavailable);
-  if (!man.program) throw new Error("this server's binary has no browser engine (build it with `go tool task build`)");
+  const manifest = await json("/models/index.json");
+  if (manifest.unavailable) throw new Error(manifest.unavailable);
+  if (!manifest.program) throw new Error("this server's binary has no browser engine (build it with `go tool task build`)");
 
+  man = manifest;
   importScripts(man.loader);
   const go = new self.Go();
   const inst = await WebAssembly.instantiateStreaming(fetch(man.program), go.importObject);
@@ -49,13 +68,45 @@ async function init() {
   if (!self.webdraft) throw new Error("the engine did not start");
 
   const { files, downloaded, cached } = await fetchModels(man.files);
-  const drafter = await self.webdraft.loadFiles(files, man.drafter, { kvMiB: 64, maxSequences: 4 });
-  const target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4 });
-  live = await self.webdraft.live(drafter, target, (event) => self.postMessage({ op: "event", event: JSON.parse(event) }));
+  const drafter = await start(files);
   self.postMessage({
     op: "ready", adapter: drafter.adapter, features: drafter.features, f16: drafter.f16,
     seconds: (performance.now() - t0) / 1000, downloaded, cached,
   });
+}
+
+// start loads both models onto the GPU (opening a device) and starts the
+// live view on them; it resolves to the drafter's description.
+async function start(files) {
+  const drafter = await self.webdraft.loadFiles(files, man.drafter, { kvMiB: 64, maxSequences: 4 });
+  const target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4 });
+  live = await self.webdraft.live(drafter, target, onEvent);
+  return drafter;
+}
+
+function onEvent(text) {
+  const e = JSON.parse(text);
+  if (e.type === "fault") {
+    recover(e.message).catch(failed);
+    return;
+  }
+  event(e);
+}
+
+// recover starts the engine again after a fault — the GPU device lost, a
+// GPU error — on a new device, with the models from Cache Storage (no
+// download): the loop that met the fault has ended, and its engines with it.
+async function recover(message) {
+  const t0 = performance.now();
+  faults++;
+  const old = live;
+  live = null;
+  self.postMessage({ op: "fault", message });
+  if (old) await old.close();
+  await self.webdraft.reset();
+  const { files } = await fetchModels(man.files);
+  await start(files);
+  self.postMessage({ op: "recovered", seconds: (performance.now() - t0) / 1000, faults });
 }
 
 async function json(url) {

@@ -8,6 +8,8 @@
 #            toolchain's); the target from scratch; its int4 folder; the
 #            quality figures of the old and the new target (quality.py)
 #   target-more: another cycle of the target's training (see below)
+#   target-ul: another cycle with sequence-level unlikelihood mixed in
+#            (train.py --stage ul): against greedy loops (see below)
 #   drafter: the corpus again (the same files: prepare_data.py is
 #            deterministic) unless OUT has it; the drafter on raw text over
 #            the int4 target's embedding, frozen, and beside it the target's
@@ -15,9 +17,12 @@
 #            distilled on them, then int4 QAT; the table's drafters
 #            converted against TARGET (the target's int4 folder)
 #   bench:   `webdraft bench spec` of each of those drafters
+#   live:    `webdraft bench spec --live` of the shipped pair (TARGET and
+#            LIVE_DRAFTER), greedy and at temperature 0.7
 #
 #   WEBDRAFT=.gpu/webdraft GO_SRC=.gpu/gosrc.tar.xz OUT=/tmp/pair bash weights/train/pipeline.sh target
 #   WEBDRAFT=.gpu/webdraft OUT=/tmp/pair bash weights/train/pipeline.sh target-more   # as often as time allows
+#   WEBDRAFT=.gpu/webdraft GO_SRC=.gpu/gosrc.tar.xz TARGET=weights/target OUT=/tmp/pair bash weights/train/pipeline.sh target-ul
 #   OUT=/tmp/pair bash weights/train/pipeline.sh export-target DEST   # what leaves the machine
 #   (here: the target into weights/target; then, with that tree, on the machine again)
 #   WEBDRAFT=.gpu/webdraft GO_SRC=.gpu/gosrc.tar.xz TARGET=weights/target OUT=/tmp/pair bash weights/train/pipeline.sh drafter
@@ -27,7 +32,9 @@
 # `webdraft convert --embedding-from weights/target` makes the shipped one
 # (weights/train/README.md). SMOKE=1 runs every stage for a few steps only
 # (checks the plumbing). Budgets in minutes: TARGET_PHASE_MINUTES (9: the
-# target gets what data preparation and its conversion leave), TARGET_MORE_MINUTES (8), RAW_MINUTES
+# target gets what data preparation and its conversion leave), TARGET_MORE_MINUTES (8),
+# TARGET_UL_PHASE_MINUTES (9: as TARGET_PHASE_MINUTES), UL_LR (1e-3),
+# UL_WEIGHT (1), UL_N (10), RAW_MINUTES
 # (2.4), DISTILL_GEN_MINUTES (1.6), DISTILL_MINUTES (2.2), QAT_MINUTES (0.9).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -95,6 +102,33 @@ target_more() {
   waitall
 }
 
+# target-ul: one more warm-up and cosine cycle of the target with
+# sequence-level unlikelihood (train.py --stage ul: the raw-text loss plus
+# -log(1 - p) of the tokens of its own greedy continuations that continue a
+# copy of an earlier UL_N-gram), from OUT/target-hf or TARGET as
+# target-more; then its int4 folder and the quality figures. The target's
+# int4 parts are exported to EXPORT_TO (if set) before quality.py runs, so
+# that they leave even if the phase runs out of time.
+target_ul() {
+  local W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary} from=$OUT/target-hf start=$SECONDS minutes
+  [ -e "$from/config.json" ] || from=${TARGET:?no OUT/target-hf: set TARGET to the int4 target folder}
+  local ul=(--ul-weight "${UL_WEIGHT:-1}" --ul-n "${UL_N:-10}")
+  [ "${SMOKE:-0}" = 1 ] && ul+=(--ul-pool 64 --ul-batch 8 --ul-new 32)
+  prepare
+  minutes=$(python3 -c "print(round(${TARGET_UL_PHASE_MINUTES:-9} - ($SECONDS - $start) / 60 - 0.9, 2))")
+  echo "training the target with unlikelihood for $minutes minutes"
+  on 0 target-ul py train.py --role target --stage ul --data "$D" --init "$from" --out "$OUT/target-hf-ul" \
+    --seed "${CYCLE:-3}" --lr "${UL_LR:-1e-3}" --warmup 100 --minutes "$minutes" "${ul[@]}" "${smoke[@]}"
+  waitall
+  rm -rf "$OUT/target-hf" && mv "$OUT/target-hf-ul" "$OUT/target-hf"
+  "$W" convert --in "$OUT/target-hf" --out "$OUT/target" --quant int4
+  if [ -n "${EXPORT_TO:-}" ]; then
+    mkdir -p "$EXPORT_TO" && split -b 15M -d "$OUT/target/model.safetensors" "$EXPORT_TO/target.safetensors.part"
+  fi
+  on 0 quality py quality.py --data "$D" --model old=weights/target --model new="$OUT/target" --out "$OUT/quality.json"
+  waitall
+}
+
 drafter() {
   local W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary} T=${TARGET:?set TARGET to the int4 target folder}
   local raw=${RAW_MINUTES:-2.4} m=${DISTILL_MINUTES:-2.2} q=${QAT_MINUTES:-0.9} n=1048576
@@ -143,6 +177,24 @@ bench() {
   [ $fail = 0 ] || { echo "a bench failed; logs in $L" >&2; exit 1; }
 }
 
+# live: the shipped pair's wall-clock speedup, `webdraft bench spec --live`
+# of TARGET and LIVE_DRAFTER (default OUT/shipped: the QAT drafter with its
+# head cut to 32,768 tokens, as weights/drafter) on LIVE_PROMPTS (24) of the
+# held-out prompts: greedy at LIVE_KS (2,4,6,8,16), then at temperature 0.7
+# at LIVE_KS_SAMPLED (4,6,8,16).
+live() {
+  local W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary} T=${TARGET:?set TARGET to the int4 target folder}
+  local dr=${LIVE_DRAFTER:-$OUT/shipped} n=${LIVE_PROMPTS:-24}
+  [ "${SMOKE:-0}" = 1 ] && n=2
+  mkdir -p "$OUT/bench"
+  local args=(bench spec --live --target "$T" --drafter "$dr" --prompts weights/heldout_prompts.jsonl
+    --max-prompts "$n" --new-tokens 128 --batch 1 --backend webgpu)
+  "$W" "${args[@]}" --ks "${LIVE_KS:-2,4,6,8,16}" >"$OUT/bench/live-greedy.txt" 2>"$L/live-greedy.log"
+  cat "$OUT/bench/live-greedy.txt"
+  "$W" "${args[@]}" --ks "${LIVE_KS_SAMPLED:-4,6,8,16}" --temperature 0.7 >"$OUT/bench/live-t07.txt" 2>"$L/live-t07.log"
+  cat "$OUT/bench/live-t07.txt"
+}
+
 # export-target DEST / export-drafter DEST: what leaves the machine, in files
 # of at most 15 MiB.
 export_target() {
@@ -166,9 +218,11 @@ export_drafter() {
 case "${1:-}" in
 target) target ;;
 target-more) target_more ;;
+target-ul) target_ul ;;
+live) live ;;
 drafter) drafter ;;
 bench) bench ;;
 export-target) export_target "${2:-}" ;;
 export-drafter) export_drafter "${2:-}" ;;
-*) echo "usage: pipeline.sh target|target-more|drafter|bench|export-target DEST|export-drafter DEST" >&2; exit 2 ;;
+*) echo "usage: pipeline.sh target|target-more|target-ul|drafter|bench|live|export-target DEST|export-drafter DEST" >&2; exit 2 ;;
 esac

@@ -9,7 +9,8 @@ For each webdraft int4 folder (the weights webdraft runs, dequantized):
     that fall into a loop — a run of 12 tokens occurring 3 times without
     overlap — and distinct-4 (unique 4-grams / 4-grams, per continuation,
     averaged), the same definitions as `webdraft bench spec`;
-  - a few continuations as text, to quote.
+  - a few continuations as text, to quote: of the first --quote prompts,
+    and of a few fixed ones (TEXTS, and --text), each alone.
 
 The same figures for random windows of held-out Python code are the
 reference: real code does not loop.
@@ -25,6 +26,15 @@ import numpy as np
 import torch
 
 import common
+
+
+# Fixed prompts whose greedy continuations are quoted for every model.
+TEXTS = [
+    "def fibonacci(n):\n    ",
+    "class Stack:\n    def __init__(self):\n        ",
+    "import os\n\n\ndef read_lines(path):\n    ",
+    "func main() {\n\t",
+]
 
 
 def loops(ids, run=12, times=3):
@@ -79,6 +89,7 @@ def main():
     ap.add_argument("--new", type=int, default=128, help="tokens a continuation")
     ap.add_argument("--windows", type=int, default=64, help="512-token windows for the loss")
     ap.add_argument("--quote", type=int, default=4, help="continuations to keep as text")
+    ap.add_argument("--text", action="append", default=[], help="another prompt to quote (besides TEXTS)")
     ap.add_argument("--out", required=True, help="JSON file")
     args = ap.parse_args()
     dev = "cuda"
@@ -108,9 +119,15 @@ def main():
                 seq = model.generate(input_ids=p, attention_mask=torch.ones_like(p), do_sample=False,
                                      max_new_tokens=args.new, min_new_tokens=args.new)
                 conts += seq[:, p.shape[1]:].cpu().tolist()
+            texts = []
+            for text in TEXTS + args.text:
+                p = torch.tensor([tok.encode(text).ids], device=dev)
+                seq = model.generate(input_ids=p, attention_mask=torch.ones_like(p), do_sample=False,
+                                     max_new_tokens=args.new, min_new_tokens=args.new)
+                texts.append({"prompt": text, "continuation": tok.decode(seq[0, p.shape[1]:].cpu().tolist())})
         fig = {"heldout_loss": round(float(np.mean(losses)), 4), **text_figures(conts),
                "quotes": [{"prompt": tok.decode(prompts[i]), "continuation": tok.decode(conts[i])}
-                          for i in range(min(args.quote, len(conts)))]}
+                          for i in range(min(args.quote, len(conts)))] + texts}
         result["models"][name] = fig
         common.log(model=name, **{k: v for k, v in fig.items() if k != "quotes"})
         del model

@@ -37,13 +37,18 @@ type Options struct {
 	PID      int           // the server's process, whose resident memory is sampled (0: not sampled)
 	Duration time.Duration // how long the mix runs
 	// Concurrency is the clients at once (default 64), in fixed shares:
-	// about 55 % drafting conversations, 15 % generations, and the rest
+	// about 60 % drafting conversations, 10 % generations, and the rest
 	// malformed, oversized, slow and disconnecting clients in equal parts.
 	Concurrency int
 	// BodyTimeout and IdleTimeout are the server's (--body-timeout,
 	// --idle-timeout): slow clients expect a 408, and idle ones the
 	// close, within them.
 	BodyTimeout, IdleTimeout time.Duration
+	// GenerationTimeout is the server's --generation-timeout (and bounds
+	// its --request-timeout): clients wait that long and a minute more,
+	// so that a request the server is slow to serve is answered by the
+	// server — 504, load shed as designed — before its client gives up.
+	GenerationTimeout time.Duration
 	SampleEvery              time.Duration // default 1 s
 	Replay                   int           // recorded answers asked for again alone (default 200)
 	Seed                     uint64
@@ -58,6 +63,9 @@ func (o *Options) defaults() {
 	}
 	if o.Replay <= 0 {
 		o.Replay = 200
+	}
+	if o.GenerationTimeout <= 0 {
+		o.GenerationTimeout = 10 * time.Minute
 	}
 }
 
@@ -112,7 +120,7 @@ func (r *Report) Served() int {
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o.defaults()
 	s := &soak{o: o, rep: &Report{Clients: map[string]int{}, Outcomes: map[string]int{}, Failures: map[string]int{}},
-		client: &http.Client{Timeout: 2 * time.Minute}, start: time.Now()}
+		client: &http.Client{Timeout: o.GenerationTimeout + time.Minute}, start: time.Now()}
 	if err := s.health(ctx); err != nil {
 		return nil, err
 	}
@@ -162,7 +170,7 @@ func pause(ctx context.Context, d time.Duration) {
 func shares(n int) []string {
 	kinds := make([]string, n)
 	hostile := []string{"malformed", "oversized", "slow", "disconnect"}
-	drafts, gens := n*55/100, n*15/100
+	drafts, gens := n*60/100, n*10/100
 	for i := range kinds {
 		switch {
 		case i < drafts:
@@ -304,6 +312,10 @@ func (s *soak) wellFormed(ctx context.Context, kind string, code int, body []byt
 		return true
 	case code == http.StatusTooManyRequests:
 		s.outcome(kind, "429")
+	case code == http.StatusGatewayTimeout && bytes.Contains(body, []byte("request_timeout")):
+		// The server's own bound on a request's time (queue included):
+		// load shed as designed, like a 429.
+		s.outcome(kind, "504")
 	default:
 		s.fail(kind, strconv.Itoa(code), string(body))
 	}
@@ -712,7 +724,7 @@ func (s *soak) pageSession(ctx context.Context, rng *rand.Rand) {
 		return
 	}
 	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	_ = c.SetReadDeadline(time.Now().Add(s.o.GenerationTimeout + time.Minute))
 	start := map[string]any{"type": "start", "prompt": prompts[rng.IntN(len(prompts))], "k": 4, "max_tokens": 64}
 	if err := c.WriteJSON(start); err != nil {
 		return
@@ -733,7 +745,11 @@ func (s *soak) pageSession(ctx context.Context, rng *rand.Rand) {
 				return
 			}
 		case "error":
-			s.fail("page", "error event", fmt.Sprint(m["message"]))
+			if msg := fmt.Sprint(m["message"]); strings.Contains(msg, "--generation-timeout") {
+				s.outcome("page", "timed out (--generation-timeout)")
+			} else {
+				s.fail("page", "error event", msg)
+			}
 			return
 		case "finished":
 			s.outcome("page", "finished")

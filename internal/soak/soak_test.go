@@ -24,11 +24,14 @@ var (
 )
 
 // Server flags of the soak: short body and idle timeouts so that slow
-// clients are refused within the soak, a small KV budget so that the
-// prefix cache evicts all the time.
+// clients are refused within the soak, request and generation time limits
+// that shed load within it when the machine is slow, a small KV budget so
+// that the prefix cache evicts all the time.
 const (
-	bodyTimeout = 3 * time.Second
-	idleTimeout = 5 * time.Second
+	bodyTimeout       = 3 * time.Second
+	idleTimeout       = 5 * time.Second
+	requestTimeout    = time.Minute
+	generationTimeout = 2 * time.Minute
 )
 
 // TestSoak runs `webdraft serve` (the embedded pair) on loopback and soaks
@@ -44,7 +47,8 @@ func TestSoak(t *testing.T) {
 	}
 	addr := freeAddr(t)
 	srv := exec.Command(bin, "serve", "--addr", addr, "--backend", *backend, "--cache-mb", "32", "--max-queue", "48",
-		"--body-timeout", bodyTimeout.String(), "--idle-timeout", idleTimeout.String())
+		"--body-timeout", bodyTimeout.String(), "--idle-timeout", idleTimeout.String(),
+		"--request-timeout", requestTimeout.String(), "--generation-timeout", generationTimeout.String())
 	logs, err := srv.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +78,7 @@ func TestSoak(t *testing.T) {
 	waitHealthy(t, url)
 
 	rep, err := Run(context.Background(), Options{URL: url, PID: srv.Process.Pid, Duration: *duration,
-		BodyTimeout: bodyTimeout, IdleTimeout: idleTimeout, Seed: uint64(time.Now().UnixNano())})
+		BodyTimeout: bodyTimeout, IdleTimeout: idleTimeout, GenerationTimeout: generationTimeout, Seed: uint64(time.Now().UnixNano())})
 	if err != nil {
 		t.Fatal(err)
 	}

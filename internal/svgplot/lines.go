@@ -28,7 +28,7 @@ var lineColours = []string{"#3b7dd8", "#d8703b", "#3ba55d", "#9b59b6"}
 func (c Lines) SVG() []byte {
 	const (
 		w, h                     = 720, 360
-		left, right, top, bottom = 70, 20, 60, 50
+		left, right, top, bottom = 70, 20, 76, 50
 	)
 	plotW, plotH := float64(w-left-right), float64(h-top-bottom)
 	xMin, xMax, yMax := math.Inf(1), math.Inf(-1), 0.0
@@ -40,6 +40,9 @@ func (c Lines) SVG() []byte {
 	}
 	if !(xMax > xMin) {
 		xMin, xMax = 0, 1
+	}
+	if xMin > 0 && xMin < 0.05*(xMax-xMin) {
+		xMin = 0 // a series that starts just after 0 (a first sample) starts the axis at 0
 	}
 	if yMax <= 0 {
 		yMax = 1
@@ -69,10 +72,11 @@ func (c Lines) SVG() []byte {
 			dash = fmt.Sprintf(` stroke-dasharray="%s"`, s.Dash)
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"><title>%s</title></polyline>`+"\n", colour, dash, bytes.TrimSpace(pts.Bytes()), escape(s.Name))
-		// The legend, top right, each entry with its line's colour and dash.
-		ly := top + 14 + 16*i
-		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", w-right-190, ly, w-right-165, ly, colour, dash)
-		fmt.Fprintf(&b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", w-right-160, ly, escape(s.Name))
+		// The legend, above the plot in a row, each entry with its line's
+		// colour and dash, so that no line runs under it.
+		lx := left + 170*i
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", lx, top-10, lx+25, top-10, colour, dash)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", lx+30, top-10, escape(s.Name))
 	}
 	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, h-bottom, w-right, h-bottom)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(left)+plotW/2, h-12, escape(c.XLabel))

@@ -148,7 +148,7 @@ func (rd *remoteDraft) poll(context []int, k int, vocab int, now time.Time) (dra
 		return nil, false, time.Time{}, 0, 0, rd.closed
 	}
 	if rd.asked == nil {
-		a := DraftAsk{ID: rd.next, Tokens: append([]int(nil), context[rd.sent:]...), Reset: rd.sent == 0, K: k}
+		a := DraftAsk{ID: rd.next, Tokens: append(make([]int, 0, len(context)-rd.sent), context[rd.sent:]...), Reset: rd.sent == 0, K: k}
 		rd.next++
 		rd.sent = len(context)
 		rd.asked, rd.askedAt = &a, now

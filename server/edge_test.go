@@ -77,6 +77,7 @@ func TestEdgeDrafting(t *testing.T) {
 	}
 	expectError(map[string]any{"type": "draft", "id": 1, "tokens": []int{1}}, "no edge run asked")
 
+	lastID := 0.0 // the last draft_request's id
 	// run makes an edge run; bad, when set, is sent before the first
 	// answer. It returns the run's tokens and step events.
 	run := func(prompt string, n int, temperature float64, bad func(req map[string]any)) ([]int, []map[string]any) {
@@ -96,6 +97,7 @@ func TestEdgeDrafting(t *testing.T) {
 					t.Errorf("an edge run's start: %v", m)
 				}
 			case "draft_request":
+				lastID = m["id"].(float64)
 				if bad != nil {
 					bad(m)
 					bad = nil
@@ -158,6 +160,13 @@ func TestEdgeDrafting(t *testing.T) {
 	if accepted == 0 {
 		t.Error("no draft token accepted: the drafter's KV cache out of step?")
 	}
+
+	// A draft for the run that has ended is dropped without a word: the
+	// next message is the error of the one after it.
+	if err := p.c.WriteJSON(map[string]any{"type": "draft", "id": lastID, "tokens": []int{1}}); err != nil {
+		t.Fatal(err)
+	}
+	expectError(map[string]any{"type": "drafts"}, "want start, stop or draft")
 
 	// Sampled: the same as the server drafting itself, with the same seed.
 	edge, _ := run(prompt, 12, 0.8, nil)

@@ -177,10 +177,7 @@ func (ps *pageSession) newRunner() *live.Runner {
 				ps.emit(map[string]any{"type": "draft_request", "id": a.ID, "tokens": a.Tokens, "reset": a.Reset, "k": a.K})
 			}, edgeDraftTimeout)
 			ps.mu.Lock()
-			if ps.remote != nil {
-				ps.remote.Close(errors.New("a new run began"))
-			}
-			ps.remote = rm
+			ps.remote = rm // the run before ends with the start (Begin): its late drafts are stale here
 			ps.mu.Unlock()
 			return rm
 		},

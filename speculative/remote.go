@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"webdraft/engine"
@@ -25,7 +26,7 @@ type Remote struct {
 	timeout time.Duration
 
 	mu       sync.Mutex
-	next     int       // the id of the next ask
+	last     int       // the id of the last ask (at first, the last id of any Remote before)
 	asked    *DraftAsk // the ask not answered yet; nil when none
 	askedAt  time.Time
 	answer   *DraftAnswer
@@ -34,7 +35,13 @@ type Remote struct {
 	wake     func() // set by the loop: wakes it when it waits
 }
 
-// DraftAsk is a request for a draft. Tokens extend the context the remote
+// askIDs numbers the asks of every Remote in the process, so that an
+// answer meant for an earlier Remote (a run a page ended, whose draft was
+// on its way) is known for stale by any later one.
+var askIDs atomic.Int64
+
+// DraftAsk is a request for a draft; its ID is unique in the process, and
+// increases. Tokens extend the context the remote
 // was sent before (Reset: they are the whole context, a new generation's
 // prompt); the remote drafts up to K greedy tokens after it. A remote
 // keeps its own KV cache in step by keeping the longest prefix of what it
@@ -76,7 +83,7 @@ func NewRemote(ask func(DraftAsk), timeout time.Duration) *Remote {
 	if timeout <= 0 {
 		timeout = DefaultRemoteTimeout
 	}
-	return &Remote{ask: ask, timeout: timeout, next: 1}
+	return &Remote{ask: ask, timeout: timeout, last: int(askIDs.Load())}
 }
 
 // Pending is the ask waiting for its answer, if any.
@@ -91,19 +98,23 @@ func (r *Remote) Pending() (DraftAsk, bool) {
 
 // Answer hands the loop a draft. It fails — and the draft is dropped —
 // for an id that was never asked (or is answered already), with
-// ErrStaleDraft for an earlier ask, or a draft longer than the ask's K.
+// ErrStaleDraft for an earlier ask (this Remote's or an earlier one's), or
+// a draft longer than the ask's K.
 func (r *Remote) Answer(a DraftAnswer) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	pending := r.asked != nil && r.answer == nil
 	switch {
+	case a.ID <= 0:
+		return fmt.Errorf("draft id %d: no such draft was asked for (ids start at 1)", a.ID)
 	case r.closed != nil:
 		return fmt.Errorf("%w: the generation has ended", ErrStaleDraft)
-	case a.ID <= 0 || a.ID >= r.next:
-		return fmt.Errorf("draft id %d: no such draft was asked for", a.ID)
-	case r.asked == nil || a.ID < r.asked.ID:
-		return fmt.Errorf("%w: draft id %d", ErrStaleDraft, a.ID)
-	case r.answer != nil:
+	case r.asked != nil && a.ID == r.asked.ID && r.answer != nil:
 		return fmt.Errorf("draft id %d is answered already", a.ID)
+	case pending && a.ID < r.asked.ID || !pending && a.ID <= r.last:
+		return fmt.Errorf("%w: draft id %d", ErrStaleDraft, a.ID)
+	case !pending || a.ID > r.asked.ID:
+		return fmt.Errorf("draft id %d: no such draft was asked for", a.ID)
 	case a.Err == nil && len(a.Tokens) > r.asked.K:
 		return fmt.Errorf("draft id %d: %d tokens, more than the %d asked for", a.ID, len(a.Tokens), r.asked.K)
 	}
@@ -148,8 +159,8 @@ func (rd *remoteDraft) poll(context []int, k int, vocab int, now time.Time) (dra
 		return nil, false, time.Time{}, 0, 0, rd.closed
 	}
 	if rd.asked == nil {
-		a := DraftAsk{ID: rd.next, Tokens: append(make([]int, 0, len(context)-rd.sent), context[rd.sent:]...), Reset: rd.sent == 0, K: k}
-		rd.next++
+		a := DraftAsk{ID: int(askIDs.Add(1)), Tokens: append(make([]int, 0, len(context)-rd.sent), context[rd.sent:]...), Reset: rd.sent == 0, K: k}
+		rd.last = a.ID
 		rd.sent = len(context)
 		rd.asked, rd.askedAt = &a, now
 		rd.mu.Unlock()

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -354,10 +356,24 @@ func TestBrowserEdge(t *testing.T) {
 	if shown := text(`document.getElementById("network").hidden ? "" : document.getElementById("network_ms").textContent`); shown == "" || shown == "–" {
 		t.Errorf("the page shows no network time: %q", shown)
 	}
+	// With $WEBDRAFT_SCREENSHOTS set, the edge run as the page shows it.
+	shot := func(name string, capture chromedp.Action[[]byte]) {
+		if dir := os.Getenv("WEBDRAFT_SCREENSHOTS"); dir != "" {
+			png, err := chromedp.Run(ctx, capture)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, name), png, 0o644)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	shot("page-edge-desktop.png", chromedp.CaptureScreenshot())
 	do("phone width", chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2)))
 	if width, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); width > 390 {
 		t.Errorf("at phone width the page scrolls sideways: %d px wide", width)
 	}
+	shot("page-edge-phone.png", chromedp.FullScreenshot(100))
 	do("desktop width", chromedp.EmulateViewport(1280, 1130))
 
 	// A fault drill: the browser's GPU device is lost. The next draft

@@ -94,7 +94,7 @@ type gen struct {
 	target  engine.Sequence
 	remote  *remoteDraft // Request.Remote's state; nil without
 	// The remote's draft for this step, the round trip, the remote's time.
-	remoteDraft          []engine.Token
+	remoteTokens         []engine.Token
 	remoteRTT, remoteOwn time.Duration
 	rng                  *rand.Rand
 	stats                Stats
@@ -291,7 +291,7 @@ func (r *runner) remoteDrafts(ready []*gen) []*gen {
 	now := time.Now()
 	kept := ready[:0]
 	for _, gn := range ready {
-		gn.remoteDraft, gn.remoteRTT, gn.remoteOwn = nil, 0, 0
+		gn.remoteTokens, gn.remoteRTT, gn.remoteOwn = nil, 0, 0
 		k := gn.draftLen(r.g)
 		if gn.remote == nil || k == 0 {
 			kept = append(kept, gn)
@@ -303,7 +303,7 @@ func (r *runner) remoteDrafts(ready []*gen) []*gen {
 			gn.target = release(gn.target)
 			r.retire(gn, err)
 		case ok:
-			gn.remoteDraft, gn.remoteRTT, gn.remoteOwn = draft, rtt, own
+			gn.remoteTokens, gn.remoteRTT, gn.remoteOwn = draft, rtt, own
 			kept = append(kept, gn)
 		case r.until.IsZero() || deadline.Before(r.until):
 			r.until = deadline
@@ -328,7 +328,7 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 	n, room := 0, math.MaxInt
 	for i, gn := range ready {
 		if gn.remote != nil {
-			drafts[i] = gn.remoteDraft
+			drafts[i] = gn.remoteTokens
 			continue
 		}
 		if k := gn.draftLen(r.g); k > 0 {

@@ -15,6 +15,11 @@
 // Prompts are prefilled in chunks between others' steps; new generations
 // join between steps; finished ones leave both sequences to prefix caches,
 // so that a conversation's next turn prefills only what is new.
+//
+// A generation may also be drafted elsewhere (Request.Remote: edge
+// drafting, the browser's drafter over a websocket): it then asks for each
+// step's draft without blocking, and joins the target's pass once the
+// draft has come, while the others step on.
 package speculative
 
 import (

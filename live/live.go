@@ -37,6 +37,9 @@ type Start struct {
 	TopP        float64 `json:"top_p"`
 	Seed        uint64  `json:"seed"`
 	Race        bool    `json:"race"`
+	// Edge drafts in the page (edge drafting): the server's target
+	// verifies what the page's drafter proposes (Runner.Remote).
+	Edge bool `json:"edge"`
 }
 
 // Runner runs one page's generations, one at a time, on a generator.
@@ -58,6 +61,10 @@ type Runner struct {
 	// ends with TimeoutError as its error event.
 	Timeout      time.Duration
 	TimeoutError error
+	// Remote, when set, makes the remote drafter of an edge run (Start.Edge:
+	// the page drafts, over the transport); without it edge runs are
+	// refused.
+	Remote func() *speculative.Remote
 
 	mu     sync.Mutex
 	cancel context.CancelFunc // the current run's; nil when none
@@ -80,6 +87,8 @@ func (r *Runner) Request(m Start) (speculative.Request, error) {
 		return speculative.Request{}, fmt.Errorf("temperature %v: want 0…2", m.Temperature)
 	case m.TopP != 0 && !(m.TopP > 0 && m.TopP <= 1):
 		return speculative.Request{}, fmt.Errorf("top_p %v: want a value in (0, 1]", m.TopP)
+	case m.Edge && r.Remote == nil:
+		return speculative.Request{}, errors.New("edge drafting (the page drafts, the server verifies) needs the server's target: here both models run in this browser")
 	}
 	text := m.Prompt
 	if m.Chat {
@@ -95,6 +104,14 @@ func (r *Runner) Request(m Start) (speculative.Request, error) {
 	req := speculative.Request{
 		Prompt: prompt, MaxTokens: m.MaxTokens, K: m.K, Seed: m.Seed, TopN: r.TopN, DraftTopN: r.TopN,
 		Sampling: sampling.Params{Temperature: float32(m.Temperature), TopP: float32(m.TopP)}, Stop: r.Stop, Fresh: true,
+	}
+	if m.Edge {
+		// The page's drafter reads out its chosen tokens only.
+		req.DraftTopN = 0
+		if err := r.Gen.Check(req); err != nil {
+			return speculative.Request{}, err
+		}
+		req.Remote = r.Remote()
 	}
 	return req, r.Gen.Check(req)
 }
@@ -121,7 +138,7 @@ func (r *Runner) Begin(req speculative.Request, race bool) {
 		}
 		if race {
 			alone := req
-			alone.K, alone.DraftTopN = speculative.NoDraft, 0
+			alone.K, alone.DraftTopN, alone.Remote = speculative.NoDraft, 0, nil
 			base, ok := r.generate(ctx, "target", alone)
 			if !ok {
 				return
@@ -166,7 +183,11 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 		r.Emit(StepEvent(run, steps, s, r.Tokenizer, dec))
 		return true
 	}
-	r.Emit(map[string]any{"type": "start", "run": run, "prompt_tokens": len(req.Prompt), "k": max(req.K, 0)})
+	ev := map[string]any{"type": "start", "run": run, "prompt_tokens": len(req.Prompt), "k": max(req.K, 0)}
+	if req.Remote != nil {
+		ev["edge"] = true
+	}
+	r.Emit(ev)
 	start := time.Now()
 	res, err := r.Gen.Submit(ctx, req)
 	secs := time.Since(start).Seconds()
@@ -240,10 +261,14 @@ func StepEvent(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, 
 		}
 		tokens[i] = Token{ID: t.ID, Text: text, P: prob(t.Logprob), Drafted: t.Drafted, Top: choices(t.Top)}
 	}
-	return map[string]any{
+	ev := map[string]any{
 		"type": "step", "run": run, "step": n, "draft": draft, "accepted": s.Accepted, "tokens": tokens,
 		"draft_ms": round3(ms(s.DraftTime)), "verify_ms": round3(ms(s.VerifyTime)),
 	}
+	if s.Remote {
+		ev["network_ms"] = round3(ms(s.NetworkTime))
+	}
+	return ev
 }
 
 func prob(logprob float32) float64 { return round3(math.Exp(float64(logprob))) }

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,5 +251,155 @@ func TestModelFiles(t *testing.T) {
 		if code, body := get(p); code != 404 && code != 301 || code == 404 && !json.Valid(body) {
 			t.Errorf("%s: %d %s", p, code, body)
 		}
+	}
+}
+
+// TestBrowserEdge drives edge drafting in headless Chromium (WebGPU on
+// SwiftShader): the page's worker loads the drafter alone, the server's
+// target verifies over the websocket what it drafts. Each draft equals the
+// native drafter's greedy tokens from the same context (the browser's KV
+// cache stays in step across the run's draft requests), the output is the
+// target's greedy continuation, every step reports its network time, and
+// the page names the mode and the adapter, at desktop and phone width.
+// Run `go tool task wasm` first.
+func TestBrowserEdge(t *testing.T) {
+	browsertest.Require(t, "the edge drafting test")
+	if !dist.Built() {
+		t.Skip("no browser build in wasm/dist/files: run `go tool task wasm` first")
+	}
+	f := newPairFixture(t, "")
+	ctx := browsertest.NewStrict(t, 15*time.Minute)
+	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	text := func(js string) string {
+		s, _ := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+		return s
+	}
+	begin := time.Now()
+	do("opening the page", chromedp.EmulateViewport(1280, 1130), chromedp.Navigate(f.url+"/"))
+	do("choosing edge drafting", chromedp.Click("#where-edge"))
+	state, err := chromedp.Run(ctx, chromedp.Poll[string](`document.body.dataset.engine || false`, chromedp.WithPollingTimeout(5*time.Minute)))
+	note := text(`document.getElementById("engine-note").textContent`)
+	if err != nil || state != "ready" || !strings.Contains(note, "drafter ready on") {
+		t.Fatalf("the drafter did not start (%q, %v): %s", state, err, note)
+	}
+	t.Logf("drafter: %s (%.0f s)", note, time.Since(begin).Seconds())
+	mode := text(`document.getElementById("mode-name").textContent`)
+	if adapter := text(`document.getElementById("engine-note").textContent.replace(/^drafter ready on (.*) in .*$/, "$1")`); !strings.HasPrefix(mode, "edge · drafting on "+adapter) {
+		t.Errorf("the page names the mode %q (adapter %q)", mode, adapter)
+	}
+	session, err := chromedp.Run(ctx, chromedp.Poll[string](`document.body.dataset.session || false`, chromedp.WithPollingTimeout(20*time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 4
+	run := func(prompt string) {
+		t.Helper()
+		before := len(f.events(t, session))
+		do("starting an edge run",
+			chromedp.SetValue("#prompt", prompt), chromedp.SetValue("#k", "4"), chromedp.SetValue("#max_tokens", strconv.Itoa(n)),
+			chromedp.SetValue("#temperature", "0"),
+			chromedp.Evaluate[chromedp.Void](`document.getElementById("race").checked = false`),
+			chromedp.Click("#start"))
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent.startsWith("done")`,
+			chromedp.WithPollingTimeout(8*time.Minute))); err != nil {
+			t.Fatalf("the edge run never finished (status %q): %v", text(`document.getElementById("status").textContent`), err)
+		}
+
+		ids := f.tok.Encode(prompt)
+		seen := slices.Clone(ids)
+		var out []int
+		steps, asks := 0, 0
+		var network, draftMS []float64
+		for _, ev := range f.events(t, session)[before:] {
+			switch ev["type"] {
+			case "draft_request":
+				asks++
+			case "start":
+				if ev["edge"] != true {
+					t.Errorf("the run's start: %v", ev)
+				}
+			case "step":
+				steps++
+				draft := eventIDs(ev["draft"])
+				if want := f.drafterGreedy(t, seen, len(draft)); !slices.Equal(draft, want) {
+					t.Errorf("step %d: the browser drafted %v, the native drafter %v", steps, draft, want)
+				}
+				ms, ok := ev["network_ms"].(float64)
+				if !ok {
+					t.Errorf("step %d has no network_ms: %v", steps, ev)
+				}
+				network, draftMS = append(network, ms), append(draftMS, ev["draft_ms"].(float64))
+				emitted := eventIDs(ev["tokens"])
+				seen = append(seen, emitted...)
+				out = append(out, emitted...)
+			case "done":
+				t.Logf("edge on SwiftShader: %v tokens in %v steps, τ %v, %v tokens/s, %v of %v draft tokens accepted; draft ms %v, network ms %v",
+					ev["tokens"], ev["steps"], ev["tau"], ev["tokens_per_s"], ev["accepted"], ev["drafted"], draftMS, network)
+			case "error":
+				t.Errorf("error event: %v", ev["message"])
+			}
+		}
+		want, _ := f.greedy(t, ids, n)
+		if steps == 0 || !slices.Equal(out, want) {
+			t.Errorf("%d steps gave %v, the target's greedy continuation is %v", steps, out, want)
+		}
+		if asks == 0 {
+			t.Error("the server asked the page for no draft")
+		}
+	}
+	prompts := []string{"def fibonacci(n):\n    ", "class Stack:\n    def __init__(self):\n        "}
+	run(prompts[0])
+	if shown := text(`document.getElementById("network").hidden ? "" : document.getElementById("network_ms").textContent`); shown == "" || shown == "–" {
+		t.Errorf("the page shows no network time: %q", shown)
+	}
+	// With $WEBDRAFT_SCREENSHOTS set, the edge run as the page shows it.
+	shot := func(name string, capture chromedp.Action[[]byte]) {
+		if dir := os.Getenv("WEBDRAFT_SCREENSHOTS"); dir != "" {
+			png, err := chromedp.Run(ctx, capture)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, name), png, 0o644)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	shot("page-edge-desktop.png", chromedp.CaptureScreenshot())
+	do("phone width", chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2)))
+	if width, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); width > 390 {
+		t.Errorf("at phone width the page scrolls sideways: %d px wide", width)
+	}
+	shot("page-edge-phone.png", chromedp.FullScreenshot(100))
+	do("desktop width", chromedp.EmulateViewport(1280, 1130))
+
+	// A fault drill: the browser's GPU device is lost. The next draft
+	// fails, the run ends with an error, the worker starts the drafter
+	// again on a new device (from Cache Storage), and edge runs go on.
+	downloads := f.modelDownloads.Load()
+	do("losing the device", chromedp.Evaluate[chromedp.Void](`window.webdraftLoseDevice()`))
+	do("starting a run on the lost device",
+		chromedp.SetValue("#prompt", prompts[1]), chromedp.Click("#start"))
+	state, err = chromedp.Run(ctx, chromedp.Poll[string](`document.getElementById("engine-note").textContent.includes("restarted") ? document.body.dataset.engine : false`,
+		chromedp.WithPollingTimeout(5*time.Minute)))
+	if err != nil || state != "ready" {
+		t.Fatalf("after the fault the drafter is %q (%v): %s", state, err, text(`document.getElementById("engine-note").textContent`))
+	}
+	var failed bool
+	for _, ev := range f.events(t, session) {
+		failed = failed || ev["type"] == "error" && strings.Contains(ev["message"].(string), "remote drafter")
+	}
+	if !failed {
+		t.Error("the run on the lost device did not end with the drafter's error")
+	}
+	t.Logf("after the fault: %s", text(`document.getElementById("engine-note").textContent`))
+	run(prompts[1])
+	if d := f.modelDownloads.Load() - downloads; d != 0 {
+		t.Errorf("the restart downloaded %d model files", d)
 	}
 }

@@ -460,7 +460,9 @@ func FuzzWebsocket(f *testing.F) {
 	fuzzSeeds(f, `{"type":"start","prompt":"def f(x):","k":3,"max_tokens":8}`,
 		`{"type":"start","prompt":"hi","chat":true,"k":2,"max_tokens":4,"temperature":0.7,"top_p":0.9,"seed":3,"race":true}`,
 		`{"type":"stop"}`, `{"type":"dance"}`, `nope`, `{"type":"start","prompt":"x","K":3,"k":2,"max_tokens":5}`,
-		`{"type":"start","prompt":"x","k":2,"max_tokens":5,"seed":null}`)
+		`{"type":"start","prompt":"x","k":2,"max_tokens":5,"seed":null}`,
+		`{"type":"start","prompt":"x","k":2,"max_tokens":3,"edge":true}`, `{"type":"draft","id":1,"tokens":[1,2],"draft_ms":3}`,
+		`{"type":"draft","id":1,"tokens":[1],"draft_ms":null}`, `{"type":"draft","id":1,"error":"no GPU"}`, `{"type":"draft","tokens":[-1]}`)
 	var conn *websocket.Conn
 	dial := func(t *testing.T) {
 		c, resp, err := websocket.DefaultDialer.Dial(url, nil)
@@ -528,7 +530,7 @@ func wsNext(t *testing.T, c *websocket.Conn, sent []byte) map[string]any {
 		t.Fatalf("after %q: message %q is not a JSON object: %v", sent, data, err)
 	}
 	typ, _ := m["type"].(string)
-	if !slices.Contains([]string{"hello", "error", "start", "step", "done", "stopped", "finished", "race"}, typ) {
+	if !slices.Contains([]string{"hello", "error", "start", "step", "done", "stopped", "finished", "race", "draft_request"}, typ) {
 		t.Fatalf("after %q: message %q", sent, data)
 	}
 	if typ == "error" {

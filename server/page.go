@@ -4,6 +4,7 @@ import (
 	"bytes"
 	crand "crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/gorilla/websocket"
 
 	"webdraft/live"
@@ -38,6 +40,13 @@ const (
 	// wsSendBytes of messages not yet sent — loses its run.
 	wsSendBuffer = 2*live.MaxTokens + 64
 	wsSendBytes  = 4 << 20
+
+	// edgeDraftTimeout bounds the wait for an edge run's draft from the
+	// page (a draft on a CPU-rendered GPU takes seconds; a tab that never
+	// answers loses its run).
+	edgeDraftTimeout = time.Minute
+	// edgeMaxDraftMS bounds the draft time a page reports.
+	edgeMaxDraftMS = 3600e3
 
 	keptSessions   = 64       // the most recent sessions whose events GET /sessions/{id}/events serves
 	keptEvents     = 4096     // of each, the first this many messages
@@ -127,7 +136,7 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("page session", "session", ps.id, "remote", r.RemoteAddr)
 	go ps.write()
 	ps.emit(map[string]any{"type": "hello", "session": ps.id, "drafter": st.drafter.Name, "target": st.target.Name, "k": st.gen.K(),
-		"backend": st.target.Engine.Info().Backend})
+		"backend": st.target.Engine.Info().Backend, "edge": true})
 	ps.read()
 }
 
@@ -147,7 +156,8 @@ type pageSession struct {
 	abort  func() // ends the run without waiting: run.Abort
 
 	mu     sync.Mutex
-	closed bool // send is closed: nothing more is emitted
+	closed bool                // send is closed: nothing more is emitted
+	remote *speculative.Remote // the latest edge run's drafter: the page
 }
 
 // newRunner is the session's live view on the server's generator, its
@@ -161,6 +171,69 @@ func (ps *pageSession) newRunner() *live.Runner {
 		// Both runs of a start within the generation time limit.
 		Timeout:      ps.s.limits.GenerationTimeout,
 		TimeoutError: &timeoutError{"the run", ps.s.limits.GenerationTimeout, "--generation-timeout"},
+		// Edge drafting: the page drafts each step (draft_request, draft).
+		Remote: func() *speculative.Remote {
+			rm := speculative.NewRemote(func(a speculative.DraftAsk) {
+				ps.emit(map[string]any{"type": "draft_request", "id": a.ID, "tokens": a.Tokens, "reset": a.Reset, "k": a.K})
+			}, edgeDraftTimeout)
+			ps.mu.Lock()
+			ps.remote = rm // the run before ends with the start (Begin): its late drafts are stale here
+			ps.mu.Unlock()
+			return rm
+		},
+	}
+}
+
+// draftMessage is the page's draft for an edge run's draft_request.
+type draftMessage struct {
+	Type    string  `json:"type"`
+	ID      int     `json:"id"`
+	Tokens  *[]int  `json:"tokens"`
+	DraftMS float64 `json:"draft_ms"`
+	Error   string  `json:"error"` // the page could not draft: the run ends with it
+}
+
+// draft hands the page's draft to its edge run, checked: the id asked
+// for, at most k tokens, each in the vocabulary. A draft for a run that
+// has ended (stopped, timed out) is dropped without a word.
+func (ps *pageSession) draft(data []byte) {
+	var m draftMessage
+	err := decodeStrict(bytes.NewReader(data), &m, noNulls)
+	ps.mu.Lock()
+	rm := ps.remote
+	ps.mu.Unlock()
+	vocab := ps.st.target.Engine.Config().VocabSize
+	if err == nil {
+		switch {
+		case m.Tokens == nil && m.Error == "":
+			err = errors.New("a draft: tokens missing")
+		case !(m.DraftMS >= 0 && m.DraftMS <= edgeMaxDraftMS):
+			err = fmt.Errorf("a draft: draft_ms %v: want 0…%v", m.DraftMS, edgeMaxDraftMS)
+		case rm == nil:
+			err = fmt.Errorf("a draft (id %d): no edge run asked for one", m.ID)
+		}
+	}
+	var tokens []int
+	if err == nil && m.Tokens != nil {
+		tokens = *m.Tokens
+		for i, id := range tokens {
+			if id < 0 || id >= vocab {
+				err = fmt.Errorf("a draft: token %d at index %d is outside the vocabulary [0, %d)", id, i, vocab)
+				break
+			}
+		}
+	}
+	if err == nil {
+		a := speculative.DraftAnswer{ID: m.ID, Tokens: tokens, DraftTime: time.Duration(m.DraftMS * float64(time.Millisecond))}
+		if m.Error != "" {
+			a.Err = errors.New(clip(m.Error))
+		}
+		if err = rm.Answer(a); errors.Is(err, speculative.ErrStaleDraft) {
+			return
+		}
+	}
+	if err != nil {
+		ps.emit(map[string]any{"type": "error", "message": err.Error()})
 	}
 }
 
@@ -190,6 +263,11 @@ func (ps *pageSession) follow() *apiError {
 // (input.go): exact names, no duplicates, no nulls, no unknown fields.
 func (ps *pageSession) read() {
 	defer func() {
+		ps.mu.Lock()
+		if ps.remote != nil {
+			ps.remote.Close(errors.New("the page's socket closed")) // its run ends at once
+		}
+		ps.mu.Unlock()
 		ps.run.End()
 		ps.mu.Lock()
 		ps.closed = true
@@ -204,6 +282,13 @@ func (ps *pageSession) read() {
 		_, data, err := ps.conn.ReadMessage()
 		if err != nil {
 			return
+		}
+		var head struct {
+			Type string `json:"type"`
+		}
+		if jsonv2.Unmarshal(data, &head) == nil && head.Type == "draft" {
+			ps.draft(data)
+			continue
 		}
 		var m live.Start
 		if err := decodeStrict(bytes.NewReader(data), &m, noNulls); err != nil {
@@ -225,7 +310,7 @@ func (ps *pageSession) read() {
 		case "stop":
 			ps.run.End()
 		default:
-			ps.emit(map[string]any{"type": "error", "message": fmt.Sprintf("type %s: want start or stop", quote(m.Type))})
+			ps.emit(map[string]any{"type": "error", "message": fmt.Sprintf("type %s: want start, stop or draft", quote(m.Type))})
 		}
 	}
 }

@@ -35,6 +35,7 @@ func (g *Generator) Run(ctx context.Context) (err error) {
 		}
 		r.waiting = g.queue.Drain(r.waiting)
 		r.admit()
+		r.idle, r.until = false, time.Time{}
 		if err := r.step(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -44,6 +45,28 @@ func (g *Generator) Run(ctx context.Context) (err error) {
 			}
 		}
 		g.running.Store(int64(len(r.active)))
+		if r.idle && len(r.active) > 0 {
+			r.wait(ctx)
+		}
+	}
+}
+
+// wait sleeps while every running generation waits for its remote draft:
+// until one comes (or a client leaves: g.wake), a job arrives, the first
+// remote wait runs out, or ctx ends.
+func (r *runner) wait(ctx context.Context) {
+	var timeout <-chan time.Time
+	if !r.until.IsZero() {
+		t := time.NewTimer(time.Until(r.until))
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-r.g.wake:
+	case j := <-r.g.queue.C():
+		r.waiting = append(r.waiting, j)
+	case <-timeout:
+	case <-ctx.Done():
 	}
 }
 
@@ -54,6 +77,10 @@ type runner struct {
 	waiting                       []*job
 	active                        []*gen
 	draftReserved, targetReserved int // Σ active generations' reservations
+	// idle: the last step ran no pass (every generation waits for a remote
+	// draft); until: the first of those waits' ends.
+	idle  bool
+	until time.Time
 }
 
 // gen is a running generation. Each of its sequences holds a prefix of
@@ -61,19 +88,23 @@ type runner struct {
 // to feed.
 type gen struct {
 	*job
-	context     []int // the prompt and the tokens emitted
-	out         []Token
-	draft       engine.Sequence // nil when the target runs alone
-	target      engine.Sequence
-	rng         *rand.Rand
-	stats       Stats
-	started     time.Time
-	first       time.Time
-	draftNeed   int // KV positions reserved in each engine
-	targetNeed  int
-	maxContext  int    // the longest context both models take
-	finishedWhy string // set when the generation is done: FinishLength or FinishStop
-	retired     bool
+	context []int // the prompt and the tokens emitted
+	out     []Token
+	draft   engine.Sequence // nil when the target runs alone or a remote drafts
+	target  engine.Sequence
+	remote  *remoteDraft // Request.Remote's state; nil without
+	// The remote's draft for this step, the round trip, the remote's time.
+	remoteTokens         []engine.Token
+	remoteRTT, remoteOwn time.Duration
+	rng                  *rand.Rand
+	stats                Stats
+	started              time.Time
+	first                time.Time
+	draftNeed            int // KV positions reserved in each engine
+	targetNeed           int
+	maxContext           int    // the longest context both models take
+	finishedWhy          string // set when the generation is done: FinishLength or FinishStop
+	retired              bool
 }
 
 // admit starts waiting jobs, oldest first, while the batch and both KV
@@ -89,7 +120,7 @@ func (r *runner) admit() {
 		}
 		tNeed := g.need(&j.req)
 		dNeed := 0
-		if j.k > 0 {
+		if j.k > 0 && j.req.Remote == nil {
 			// A drafter pass drafts as many tokens as the longest draft in it.
 			dNeed = min(len(j.req.Prompt)+j.req.MaxTokens+MaxK, g.drafter.Config().MaxPositionEmbeddings)
 		}
@@ -105,7 +136,12 @@ func (r *runner) admit() {
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
 		var err error
 		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt, j.req.Fresh)
-		if err == nil && j.k > 0 {
+		if j.req.Remote != nil {
+			gn.remote = &remoteDraft{Remote: j.req.Remote}
+			gn.remote.mu.Lock()
+			gn.remote.wake = g.poke
+			gn.remote.mu.Unlock()
+		} else if err == nil && j.k > 0 {
 			gn.draft, _, err = r.take(r.draftCache, g.drafter, g.draftBudget-r.draftReserved-dNeed, j.req.Prompt, j.req.Fresh)
 		}
 		if err != nil {
@@ -193,7 +229,9 @@ func (r *runner) step(ctx context.Context) error {
 			filling = append(filling, gn)
 		}
 	}
+	ready = r.remoteDrafts(ready)
 	if len(ready) == 0 && len(filling) == 0 {
+		r.idle = true
 		r.retireCanceled()
 		return nil
 	}
@@ -243,6 +281,37 @@ func (r *runner) step(ctx context.Context) error {
 	return nil
 }
 
+// remoteDrafts takes the remote drafts of the ready generations that have
+// one and asks for those not asked yet: it returns the generations ready
+// for the target's pass (those with no remote, and those whose draft has
+// come); the others wait, and a remote that failed, closed or ran out of
+// time ends its generation.
+func (r *runner) remoteDrafts(ready []*gen) []*gen {
+	vocab := r.g.target.Config().VocabSize
+	now := time.Now()
+	kept := ready[:0]
+	for _, gn := range ready {
+		gn.remoteTokens, gn.remoteRTT, gn.remoteOwn = nil, 0, 0
+		k := gn.draftLen(r.g)
+		if gn.remote == nil || k == 0 {
+			kept = append(kept, gn)
+			continue
+		}
+		draft, ok, deadline, rtt, own, err := gn.remote.poll(gn.context, k, vocab, now)
+		switch {
+		case err != nil:
+			gn.target = release(gn.target)
+			r.retire(gn, err)
+		case ok:
+			gn.remoteTokens, gn.remoteRTT, gn.remoteOwn = draft, rtt, own
+			kept = append(kept, gn)
+		case r.until.IsZero() || deadline.Before(r.until):
+			r.until = deadline
+		}
+	}
+	return kept
+}
+
 // drafts runs the drafter: the prompt chunks of fill, then each ready
 // generation's draft — all chained in one StepN as long as the longest —
 // cut to the generation's own length and p_min.
@@ -258,6 +327,10 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 	var who []int
 	n, room := 0, math.MaxInt
 	for i, gn := range ready {
+		if gn.remote != nil {
+			drafts[i] = gn.remoteTokens
+			continue
+		}
 		if k := gn.draftLen(r.g); k > 0 {
 			batch = append(batch, &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN})
 			who = append(who, i)
@@ -319,7 +392,7 @@ func (gn *gen) pendingDraft() []int {
 // may still emit (a step emits the accepted tokens and one more) and the
 // target's context (which feeds them after the context).
 func (gn *gen) draftLen(g *Generator) int {
-	if gn.draft == nil {
+	if gn.draft == nil && gn.remote == nil {
 		return 0
 	}
 	return max(0, min(gn.k, gn.req.MaxTokens-len(gn.out)-1, g.target.Config().MaxPositionEmbeddings-len(gn.context)))
@@ -358,6 +431,9 @@ func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Ti
 		a++
 	}
 	step := Step{Draft: draft, Accepted: a, DraftTime: draftTime, VerifyTime: verifyTime}
+	if gn.remote != nil {
+		step.Remote, step.DraftTime, step.NetworkTime = true, gn.remoteOwn, gn.remoteRTT-gn.remoteOwn
+	}
 	for i := range a + 1 {
 		row := rows[i]
 		t := Token{ID: row.Argmax, Logprob: row.ArgmaxLogprob, Top: row.Top, Drafted: i < a}
@@ -436,6 +512,9 @@ func (r *runner) retire(gn *gen, err error) {
 		return
 	}
 	gn.retired = true
+	if gn.remote != nil {
+		gn.remote.Close(ErrStaleDraft) // its answers from now on are stale
+	}
 	r.targetReserved -= gn.targetNeed
 	r.draftReserved -= gn.draftNeed
 	gn.targetNeed, gn.draftNeed = 0, 0

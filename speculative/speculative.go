@@ -15,6 +15,11 @@
 // Prompts are prefilled in chunks between others' steps; new generations
 // join between steps; finished ones leave both sequences to prefix caches,
 // so that a conversation's next turn prefills only what is new.
+//
+// A generation may also be drafted elsewhere (Request.Remote: edge
+// drafting, the browser's drafter over a websocket): it then asks for each
+// step's draft without blocking, and joins the target's pass once the
+// draft has come, while the others step on.
 package speculative
 
 import (
@@ -86,6 +91,10 @@ type Request struct {
 	// Fresh computes the whole prompt, reusing no cached prefix (a race
 	// against another run of the same prompt stays fair).
 	Fresh bool
+	// Remote, when set, drafts this generation instead of the drafter
+	// (edge drafting: see Remote); one Remote serves one generation. PMin
+	// and DraftTopN do not apply to it.
+	Remote *Remote
 	// OnStep, when set, gets each step's outcome as it happens, from the
 	// loop's goroutine (it must not block). Returning false ends the
 	// generation after that step (a stop string the caller found).
@@ -106,8 +115,11 @@ type Step struct {
 	Accepted int            // how many of it the target kept
 	Tokens   []Token        // emitted: the accepted draft tokens and the target's own, cut at a stop token or MaxTokens
 	// The step's drafter passes and target pass, shared by every
-	// generation in them.
+	// generation in them; with a Remote, DraftTime is the remote's own
+	// time on the draft and NetworkTime the rest of its round trip.
 	DraftTime, VerifyTime time.Duration
+	Remote                bool // drafted by Request.Remote
+	NetworkTime           time.Duration
 }
 
 // Finish reasons.
@@ -179,6 +191,17 @@ type Generator struct {
 	draftBudget, targetBudget int
 
 	running atomic.Int64
+	// wake, of capacity 1, wakes a loop that waits for remote drafts (an
+	// answer came, a client left).
+	wake chan struct{}
+}
+
+// poke wakes the loop if it waits, without blocking.
+func (g *Generator) poke() {
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
 }
 
 // New pairs drafter and target, which must share a vocabulary.
@@ -198,7 +221,7 @@ func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
 	}
 	return &Generator{
 		drafter: drafter, target: target, opts: opts,
-		queue:       jobqueue.New[*job](opts.MaxQueue),
+		queue: jobqueue.New[*job](opts.MaxQueue), wake: make(chan struct{}, 1),
 		draftBudget: budget(opts.DraftTokens, drafter.KVCapacity()), targetBudget: budget(opts.TargetTokens, target.KVCapacity()),
 	}, nil
 }
@@ -239,6 +262,9 @@ func (g *Generator) Check(r Request) error {
 	case r.TopN < 0 || r.TopN > engine.MaxTopN || r.DraftTopN < 0 || r.DraftTopN > engine.MaxTopN:
 		return fmt.Errorf("top %d, draft top %d: want 0…%d", r.TopN, r.DraftTopN, engine.MaxTopN)
 	}
+	if r.Remote != nil && r.K == NoDraft {
+		return errors.New("a remote drafter with the target alone (k = NoDraft): nothing to draft")
+	}
 	if err := r.Sampling.Validate(); err != nil {
 		return err
 	}
@@ -250,7 +276,7 @@ func (g *Generator) Check(r Request) error {
 	if n := len(r.Prompt) + 1; n > tc.MaxPositionEmbeddings || n > g.drafter.Config().MaxPositionEmbeddings {
 		return fmt.Errorf("%w: a prompt of %d tokens leaves no room in the models' context", ErrTooLarge, len(r.Prompt))
 	}
-	if need := g.need(&r); need > g.targetBudget || need > g.draftBudget {
+	if need := g.need(&r); need > g.targetBudget || r.Remote == nil && need > g.draftBudget {
 		return fmt.Errorf("%w: %d positions exceed the KV caches (%d target, %d drafter)", ErrTooLarge, need, g.targetBudget, g.draftBudget)
 	}
 	return nil
@@ -269,6 +295,7 @@ func (g *Generator) Submit(ctx context.Context, r Request) (Result, error) {
 		return Result{}, err
 	}
 	j := &job{Ticket: jobqueue.NewTicket[Result](), req: r, k: g.k(&r), arrived: time.Now()}
+	j.OnCancel(g.poke) // a loop waiting on remote drafts notices at once
 	if err := g.queue.Push(j); err != nil {
 		return Result{}, err
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +89,7 @@ func TestBrowser(t *testing.T) {
 
 	t.Run("shaders", func(t *testing.T) { checkShaders(t, ctx) })
 	t.Run("errors", func(t *testing.T) { checkErrors(t, ctx) })
+	t.Run("session", func(t *testing.T) { checkSession(t, ctx) })
 	t.Run("page", func(t *testing.T) {
 		out, err := chromedp.Run(ctx, eval[string](pageScript))
 		if err != nil {
@@ -224,6 +226,60 @@ func checkErrors(t *testing.T, ctx context.Context) {
 		}
 	}
 }
+
+// checkSession: a drafting session (edge drafting's) drafts what a fresh
+// sequence drafts from the same context, step after step, whatever part of
+// its last draft the context kept; bad calls reject.
+func checkSession(t *testing.T, ctx context.Context) {
+	type result struct {
+		Errors []string `json:"errors"`
+		Same   []bool   `json:"same"`
+	}
+	r, err := chromedp.Run(ctx, eval[result](sessionScript))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"must reset", "k 0", "outside the vocabulary", "session is closed"}
+	if len(r.Errors) != len(want) {
+		t.Fatalf("got %d rejections, want %d: %q", len(r.Errors), len(want), r.Errors)
+	}
+	for i, w := range want {
+		if !strings.Contains(r.Errors[i], w) {
+			t.Errorf("rejection %d: %q, want it to say %q", i, r.Errors[i], w)
+		}
+	}
+	if len(r.Same) != 6 || slices.Contains(r.Same, false) {
+		t.Errorf("the session's drafts equal a fresh sequence's: %v", r.Same)
+	}
+}
+
+// sessionScript drafts on a session as edge drafting does — each step's
+// context the last one, the draft's first tokens kept (none, some, all)
+// and a token of the target's — against fresh drafts.
+const sessionScript = `(async () => {
+  const out = { errors: [], same: [] };
+  const expectReject = async (p) => {
+    try { await p; out.errors.push("resolved"); } catch (e) { out.errors.push(e.message); }
+  };
+  const m = await webdraft.load("models/tied/");
+  const s = m.session();
+  await expectReject(s.draft([1, 2], false, 2));
+  await expectReject(s.draft([1, 2], true, 0));
+  await expectReject(s.draft([1, 99999], true, 2));
+  let ctx = [5, 6, 7, 8];
+  let d = await s.draft(ctx, true, 4);
+  for (const keep of [0, 1, 2, 4, 3]) {
+    out.same.push(JSON.stringify(d.tokens) === JSON.stringify(await m.draft(ctx, 4)));
+    const add = d.tokens.slice(0, keep).concat([((d.tokens[keep] ?? 0) + 1) % 1024]);
+    ctx = ctx.concat(add);
+    d = await s.draft(add, false, 4);
+  }
+  out.same.push(JSON.stringify(d.tokens) === JSON.stringify(await m.draft(ctx, 4)));
+  await s.close();
+  await expectReject(s.draft([1], true, 2));
+  await m.close();
+  return out;
+})()`
 
 // errorsScript makes bad calls and returns the messages they are rejected
 // with, in order.

@@ -11,6 +11,9 @@
 //	webdraft.load(url, options)             → Promise<Model>
 //	webdraft.loadFiles(files, dir, options) → Promise<Model>
 //	model.draft(ids, n)                     → Promise<number[]>
+//	model.session()                         → Session (a drafting sequence kept between calls)
+//	session.draft(tokens, reset, k)         → Promise<{tokens, ms}>
+//	session.close()                         → Promise<void>
 //	model.close()                           → Promise<void>
 //	webdraft.live(drafter, target, onEvent) → Promise<Live>
 //	live.send(message)                      (the page's start and stop)
@@ -338,9 +341,12 @@ func (m *model) object() js.Value {
 	closeFn := js.FuncOf(func(js.Value, []js.Value) any {
 		return promise(func() (any, error) { return nil, m.close() })
 	})
-	// draft and close are never released: calling a released js.Func ends
-	// the Go program, and a closed model answers with an error instead.
+	session := js.FuncOf(func(js.Value, []js.Value) any { return (&draftSession{m: m}).object() })
+	// draft, session and close are never released: calling a released
+	// js.Func ends the Go program, and a closed model answers with an error
+	// instead.
 	obj.Set("draft", draft)
+	obj.Set("session", session)
 	obj.Set("close", closeFn)
 	return obj
 }
@@ -394,7 +400,11 @@ func promise(work func() (any, error)) js.Value {
 		go func() {
 			v, err := safely(work)
 			if err != nil {
-				reject.Invoke(js.Global().Get("Error").New(err.Error()))
+				e := js.Global().Get("Error").New(err.Error())
+				if errors.Is(err, engine.ErrFault) {
+					e.Set("fault", true) // the GPU failed: the device is done for
+				}
+				reject.Invoke(e)
 				return
 			}
 			resolve.Invoke(v)

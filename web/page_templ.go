@@ -69,7 +69,7 @@ func Page(d PageData) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "</code></span> <span id=\"status\" class=\"status\" role=\"status\" aria-live=\"polite\">connecting…</span></p></header>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "</code></span> <span id=\"mode\" class=\"mode\">mode: <strong id=\"mode-name\">the server</strong></span> <span id=\"status\" class=\"status\" role=\"status\" aria-live=\"polite\">connecting…</span></p></header>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -111,7 +111,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var5 string
 		templ_7745c5c3_Var5, templ_7745c5c3_Err = templruntime.NewAttributeExpression("/static/app.js?v=" + Version).ResolveURL(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 37, Col: 55}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 38, Col: 55}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var5)
 		if templ_7745c5c3_Err != nil {
@@ -124,7 +124,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var6 string
 		templ_7745c5c3_Var6, templ_7745c5c3_Err = templruntime.NewAttributeExpression("/static/worker.js?v=" + Version).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 37, Col: 104}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 38, Col: 104}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var6)
 		if templ_7745c5c3_Err != nil {
@@ -162,7 +162,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var8 string
 		templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxK)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 53, Col: 95}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 54, Col: 95}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
 		if templ_7745c5c3_Err != nil {
@@ -175,7 +175,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var9 string
 		templ_7745c5c3_Var9, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.K)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 53, Col: 123}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 54, Col: 123}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var9)
 		if templ_7745c5c3_Err != nil {
@@ -188,7 +188,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var10 string
 		templ_7745c5c3_Var10, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxTokens)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 54, Col: 127}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 55, Col: 127}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var10)
 		if templ_7745c5c3_Err != nil {
@@ -204,7 +204,7 @@ func controls(d PageData) templ.Component {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "<fieldset class=\"where\"><legend>Run on</legend> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-server\" value=\"server\" checked> the server</label> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-browser\" value=\"browser\"> this browser (WebGPU): both models on your GPU</label><div id=\"engine\" class=\"engine\" hidden><progress id=\"engine-progress\" max=\"1\" value=\"0\" aria-label=\"downloading the models\"></progress><p id=\"engine-note\" class=\"note\" role=\"status\" aria-live=\"polite\"></p></div></fieldset><div class=\"row buttons\"><button type=\"submit\" id=\"start\">Start</button> <button type=\"button\" id=\"stop\" disabled>Stop</button></div></form>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "<fieldset class=\"where\"><legend>Run on</legend> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-server\" value=\"server\" checked> the server</label> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-browser\" value=\"browser\"> this browser (WebGPU): both models on your GPU</label> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-edge\" value=\"edge\"> edge: draft here (WebGPU), verify on the server</label><div id=\"engine\" class=\"engine\" hidden><progress id=\"engine-progress\" max=\"1\" value=\"0\" aria-label=\"downloading the models\"></progress><p id=\"engine-note\" class=\"note\" role=\"status\" aria-live=\"polite\"></p></div></fieldset><div class=\"row buttons\"><button type=\"submit\" id=\"start\">Start</button> <button type=\"button\" id=\"stop\" disabled>Stop</button></div></form>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -287,7 +287,7 @@ func panels() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 20, "<section class=\"panels\" aria-label=\"statistics\"><div class=\"card stat\"><h2>τ, tokens a step</h2><p class=\"big\" id=\"tau\">–</p><p class=\"small\"><span id=\"steps\">0</span> steps, <span id=\"accepted\">0</span> of <span id=\"drafted\">0</span> draft tokens accepted</p></div><div class=\"card\"><h2>Accepted a step</h2><svg id=\"hist\" class=\"plot\" role=\"img\" aria-label=\"histogram of draft tokens accepted per step\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card\"><h2>Acceptance by draft position</h2><svg id=\"rates\" class=\"plot\" role=\"img\" aria-label=\"acceptance rate at each draft position\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card stat\"><h2>Time a step</h2><p class=\"small\">drafter <strong id=\"draft_ms\">–</strong> ms, target <strong id=\"verify_ms\">–</strong> ms</p><svg id=\"times\" class=\"plot\" role=\"img\" aria-label=\"the drafter's and the target's time, step by step\" viewBox=\"0 0 320 90\"></svg></div><div class=\"card race\" id=\"race-card\"><h2>Race</h2><div class=\"lane\"><span class=\"who\">speculative</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-spec\"></div></div><span id=\"tps-spec\" class=\"tps\">–</span></div><div class=\"lane\"><span class=\"who\">target alone</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-alone\"></div></div><span id=\"tps-alone\" class=\"tps\">–</span></div><p class=\"big\" id=\"speedup\" aria-live=\"polite\">–</p><p class=\"small\">tokens/s, each run measured alone on the same device, one after the other, both from a cold prompt</p><p class=\"small\" id=\"cpu-note\" hidden>This server runs the CPU engine, where each verified position costs the target a row of compute; on a GPU, k + 1 rows cost about one, and speculation pays.</p></div></section>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 20, "<section class=\"panels\" aria-label=\"statistics\"><div class=\"card stat\"><h2>τ, tokens a step</h2><p class=\"big\" id=\"tau\">–</p><p class=\"small\"><span id=\"steps\">0</span> steps, <span id=\"accepted\">0</span> of <span id=\"drafted\">0</span> draft tokens accepted</p></div><div class=\"card\"><h2>Accepted a step</h2><svg id=\"hist\" class=\"plot\" role=\"img\" aria-label=\"histogram of draft tokens accepted per step\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card\"><h2>Acceptance by draft position</h2><svg id=\"rates\" class=\"plot\" role=\"img\" aria-label=\"acceptance rate at each draft position\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card stat\"><h2>Time a step</h2><p class=\"small\">drafter <strong id=\"draft_ms\">–</strong> ms, target <strong id=\"verify_ms\">–</strong> ms<span id=\"network\" hidden>, network <strong id=\"network_ms\">–</strong> ms</span></p><svg id=\"times\" class=\"plot\" role=\"img\" aria-label=\"the drafter's and the target's time (and in edge drafting the network's), step by step\" viewBox=\"0 0 320 90\"></svg></div><div class=\"card race\" id=\"race-card\"><h2>Race</h2><div class=\"lane\"><span class=\"who\">speculative</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-spec\"></div></div><span id=\"tps-spec\" class=\"tps\">–</span></div><div class=\"lane\"><span class=\"who\">target alone</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-alone\"></div></div><span id=\"tps-alone\" class=\"tps\">–</span></div><p class=\"big\" id=\"speedup\" aria-live=\"polite\">–</p><p class=\"small\">tokens/s, each run measured alone on the same device, one after the other, both from a cold prompt</p><p class=\"small\" id=\"cpu-note\" hidden>This server runs the CPU engine, where each verified position costs the target a row of compute; on a GPU, k + 1 rows cost about one, and speculation pays.</p></div></section>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

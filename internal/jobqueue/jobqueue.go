@@ -85,6 +85,10 @@ func (q *Queue[T]) Next(ctx context.Context) (T, bool) {
 	}
 }
 
+// C is the channel items arrive on, for a loop that waits on other things
+// too: an item received from it is the loop's, as Next's is.
+func (q *Queue[T]) C() <-chan T { return q.ch }
+
 // Drain appends to into every item queued now.
 func (q *Queue[T]) Drain(into []T) []T {
 	for {
@@ -122,7 +126,13 @@ type Ticket[R any] struct {
 	done     chan struct{}
 	once     sync.Once
 	canceled atomic.Bool
+	onCancel func()
 }
+
+// OnCancel has f called once the submitter stops waiting (after Canceled
+// holds): a loop that sleeps can wake to notice. Set it before the ticket
+// is pushed.
+func (t *Ticket[R]) OnCancel(f func()) { t.onCancel = f }
 
 // NewTicket returns a ticket not finished yet.
 func NewTicket[R any]() *Ticket[R] { return &Ticket[R]{done: make(chan struct{})} }
@@ -153,6 +163,9 @@ func (t *Ticket[R]) Wait(ctx context.Context, stopped <-chan struct{}) (R, error
 		return t.Result, nil
 	case <-ctx.Done():
 		t.canceled.Store(true)
+		if t.onCancel != nil {
+			t.onCancel()
+		}
 		select {
 		case <-t.done:
 		case <-stopped:

@@ -34,10 +34,23 @@
     ws.onmessage = (ev) => handle(JSON.parse(ev.data));
   }
 
+  function wsSend(msg) {
+    if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(msg));
+  }
+
   function send(msg) {
-    if (where() === "browser") {
-      if (engine.ready) engine.worker.postMessage({ op: "send", message: msg });
+    const mode = where();
+    if (mode === "browser") {
+      if (engine.ready.browser) engine.worker.postMessage({ op: "send", message: msg });
       return;
+    }
+    if (mode === "edge" && msg.type === "start") {
+      if (!engine.ready.edge) {
+        setStatus("the drafter in this browser is not ready yet", true);
+        running(false);
+        return;
+      }
+      msg.edge = true; // the server verifies, this browser drafts (draft_request ↔ draft)
     }
     if (!ws || ws.readyState !== WebSocket.OPEN) {
       connect();
@@ -50,17 +63,37 @@
   // ---- the engine in this browser (worker.js): the same messages as the
   // websocket's, over postMessage, from the same live view.
 
-  const engine = { worker: null, ready: false, info: null, log: [] };
+  // ready: the modes the worker runs, browser (both models, the live
+  // view) and edge (the drafter alone, for the server's target).
+  const engine = { worker: null, ready: {}, info: null, log: [] };
   window.webdraftEngineLog = engine.log;
   // A fault drill for the engine in this browser: its GPU device is lost,
   // and the worker must start it again (the browser test calls it).
   window.webdraftLoseDevice = () => engine.worker && engine.worker.postMessage({ op: "lose-device" });
   const where = () => (document.querySelector('input[name="where"]:checked') || {}).value || "server";
 
-  function startEngine() {
+  // showMode names where the models run and, once known, on which adapter.
+  function showMode() {
+    const a = engine.info ? engine.info.adapter : "WebGPU";
+    $("mode-name").textContent = {
+      server: "the server",
+      browser: "this browser · " + a,
+      edge: "edge · drafting on " + a + ", verifying on the server",
+    }[where()];
+    $("network").hidden = where() !== "edge";
+  }
+
+  function startEngine(mode) {
     const box = $("engine"), bar = $("engine-progress"), note = $("engine-note");
     box.hidden = false;
-    if (engine.worker) return;
+    if (engine.worker) {
+      if (!engine.ready[mode]) {
+        startBtn.disabled = true;
+        note.textContent = mode === "edge" ? "starting the drafter…" : "loading the target too…";
+        engine.worker.postMessage({ op: "init", key: apiKey(), mode });
+      }
+      return;
+    }
     startBtn.disabled = true;
     note.textContent = "starting the engine…";
     const w = new Worker(document.getElementById("app").dataset.worker);
@@ -75,13 +108,19 @@
             (m.done / 1048576).toFixed(1) + " of " + (m.total / 1048576).toFixed(1) + " MiB";
           break;
         case "ready":
-          engine.ready = true;
+          engine.ready[m.mode] = true;
           engine.info = m;
           bar.value = bar.max;
           document.body.dataset.engine = "ready";
-          note.textContent = "ready on " + m.adapter + " in " + m.seconds.toFixed(1) + " s (" +
+          note.textContent = (m.mode === "edge" ? "drafter ready on " : "ready on ") + m.adapter + " in " + m.seconds.toFixed(1) + " s (" +
             (m.downloaded ? (m.downloaded / 1048576).toFixed(1) + " MiB downloaded" : "models from this browser's cache") + ")";
           startBtn.disabled = false;
+          showMode();
+          break;
+        case "draft":
+          // The drafter's answer to an edge run's draft_request: up the
+          // websocket (dropped if it closed meanwhile: the run has ended).
+          wsSend(m.message);
           break;
         case "event":
           // What the engine here sent, as the server keeps a session's
@@ -93,7 +132,8 @@
         case "fault":
           // The GPU failed under the engine (a lost device): the worker
           // starts it again on a new device, from the cached models.
-          engine.ready = false;
+          engine.wasReady = engine.ready;
+          engine.ready = {};
           engine.faults = (engine.faults || 0) + 1;
           document.body.dataset.engine = "recovering";
           note.textContent = "The GPU failed (" + m.message + "): restarting the engine in this browser…";
@@ -101,7 +141,7 @@
           startBtn.disabled = true;
           break;
         case "recovered":
-          engine.ready = true;
+          engine.ready = engine.wasReady || {};
           document.body.dataset.engine = "ready";
           note.textContent = "The engine restarted after a GPU fault in " + m.seconds.toFixed(1) + " s; ready on " + engine.info.adapter + ".";
           startBtn.disabled = false;
@@ -113,6 +153,7 @@
           note.textContent = "This browser cannot run the engine: " + m.message + ". Running on the server instead.";
           $("where-server").checked = true;
           startBtn.disabled = false;
+          showMode();
           break;
       }
     };
@@ -120,14 +161,20 @@
       ev.preventDefault();
       w.onmessage({ data: { op: "failed", message: ev.message || "the worker failed" } });
     };
+    w.postMessage({ op: "init", key: apiKey(), mode });
+  }
+
+  function apiKey() {
     const key = $("api_key");
-    w.postMessage({ op: "init", key: key ? key.value : "" });
+    return key ? key.value : "";
   }
 
   for (const r of document.querySelectorAll('input[name="where"]')) {
     r.addEventListener("change", () => {
-      if (where() === "browser") startEngine();
+      const mode = where();
+      if (mode !== "server") startEngine(mode);
       else $("engine").hidden = !document.body.dataset.engine;
+      showMode();
     });
   }
 
@@ -171,7 +218,7 @@
     hideTip();
     tokens = [];
     active = -1;
-    run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [] };
+    run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [], networkMs: [] };
     race.spec = race.alone = null;
     race.maxTokens = Number($("max_tokens").value);
     draw();
@@ -181,6 +228,12 @@
 
   function handle(m) {
     switch (m.type) {
+      case "draft_request":
+        // Edge drafting: the server asks this browser's drafter for the
+        // next draft; the worker answers (its "draft" above).
+        if (engine.worker && engine.ready.edge) engine.worker.postMessage({ op: "draft", request: m });
+        else wsSend({ type: "draft", id: m.id, error: "this browser's drafter is not running" });
+        break;
       case "hello":
         if (m.adapter) {
           setStatus("in this browser · " + m.adapter);
@@ -192,6 +245,7 @@
         break;
       case "start":
         if (m.run === "target") setStatus("the target alone, for the race…");
+        else if (m.edge) setStatus("edge drafting: drafting on " + (engine.info ? engine.info.adapter : "this browser") + ", verifying on the server…");
         break;
       case "step":
         if (m.run === "target") aloneStep(m);
@@ -242,6 +296,7 @@
     }
     r.draftMs.push(m.draft_ms);
     r.verifyMs.push(m.verify_ms);
+    if (m.network_ms !== undefined) r.networkMs.push(m.network_ms);
     race.spec = { tokens: r.emitted, seconds: null };
     draw();
   }
@@ -362,7 +417,13 @@
     const mean = (xs) => (xs.length ? xs.reduce((s, x) => s + x, 0) / xs.length : NaN);
     $("draft_ms").textContent = r.steps ? mean(r.draftMs).toFixed(2) : "–";
     $("verify_ms").textContent = r.steps ? mean(r.verifyMs).toFixed(2) : "–";
-    lines($("times"), [r.draftMs.slice(-80), r.verifyMs.slice(-80)], ["draft", "verify"]);
+    $("network_ms").textContent = r.networkMs.length ? mean(r.networkMs).toFixed(2) : "–";
+    const series = [r.draftMs.slice(-80), r.verifyMs.slice(-80)], classes = ["draft", "verify"];
+    if (r.networkMs.length) {
+      series.push(r.networkMs.slice(-80));
+      classes.push("network");
+    }
+    lines($("times"), series, classes);
     drawRace();
   }
 
@@ -403,7 +464,7 @@
       el(svg, "polyline", { class: classes[k], points: pts });
     });
     el(svg, "text", { x: 2, y: 10 }, top.toFixed(2) + " ms");
-    el(svg, "text", { x: W - 2, y: H - 1, "text-anchor": "end" }, "steps →  drafter ─  target ╌");
+    el(svg, "text", { x: W - 2, y: H - 1, "text-anchor": "end" }, "steps →  drafter ─  target ╌" + (classes.includes("network") ? "  network ┈" : ""));
   }
 
   function drawRace() {
@@ -417,5 +478,6 @@
   }
 
   reset();
+  showMode();
   connect();
 })();

@@ -3,30 +3,45 @@
 // program of package wasm and the toolchain's wasm_exec.js, from the
 // server's /models/index.json), fetches both models with progress, keeps
 // them in Cache Storage under their SHA-256 (a reload reads them from there)
-// and runs the live view on the user's GPU. Messages:
+// and runs, on the user's GPU, either the live view (mode "browser": both
+// models here) or the drafter alone for edge drafting (mode "edge": the
+// server's target verifies; the page relays the websocket's draft
+// requests here and the drafts back). Messages:
 //
-//   from the page:  {op: "init", key}           key: the API key, if the server wants one
+//   from the page:  {op: "init", key, mode}     key: the API key, if the server wants one; mode: "browser" or "edge"
 //                   {op: "send", message}       a start or stop, as on the websocket
+//                   {op: "draft", request}      edge: a draft_request from the websocket
 //                   {op: "lose-device"}         a fault drill: the GPU device is lost
 //   to the page:    {op: "progress", done, total, file, cached}
-//                   {op: "ready", adapter, features, f16, seconds, downloaded, cached}
+//                   {op: "ready", mode, adapter, features, f16, seconds, downloaded, cached}
 //                   {op: "event", event}        the live view's events (web/README.md)
+//                   {op: "draft", message}      edge: the draft to send up the websocket
 //                   {op: "fault", message}      the GPU failed: the engine restarts
 //                   {op: "recovered", seconds, faults}  it runs again, on a new device
 //                   {op: "failed", message}     the engine could not start here (or again)
 "use strict";
 
 const CACHE = "webdraft-models-v1";
-let live = null;
+let live = null; // mode "browser": the live view on both models
+let drafter = null, target = null; // the models loaded
+let session = null; // mode "edge": the drafter's sequence kept between drafts
+let modes = {}; // the modes asked for (and started once ready)
 let man = null; // the server's /models/index.json
+let booted = false; // the engine's program runs
 let headers = {}; // the API key's, for /models/
 let faults = 0;
+let chain = Promise.resolve(); // inits and drafts, one at a time
+let recovering = false;
 
 self.onmessage = (ev) => {
   const m = ev.data;
   if (m.op === "init") {
     if (m.key) headers = { Authorization: "Bearer " + m.key };
-    init().catch(failed);
+    const mode = m.mode === "edge" ? "edge" : "browser";
+    modes[mode] = true;
+    chain = chain.then(() => init(mode)).catch(failed);
+  } else if (m.op === "draft") {
+    chain = chain.then(() => draft(m.request));
   } else if (m.op === "send" && live) {
     live.send(JSON.stringify(m.message));
   } else if (m.op === "send") {
@@ -45,8 +60,25 @@ function event(e) {
   self.postMessage({ op: "event", event: e });
 }
 
-async function init() {
+// init starts the engine the first time, then what mode needs: the
+// drafter (edge), or both models and the live view (browser).
+async function init(mode) {
   const t0 = performance.now();
+  let got = null; // the model files (not kept: a later mode reads them from Cache Storage again)
+  if (!booted) {
+    got = await boot();
+    booted = true;
+  } else if (!(mode === "edge" ? session : live)) {
+    got = await fetchModels(man.files);
+  }
+  if (got) await start(got.files, mode);
+  self.postMessage({
+    op: "ready", mode, adapter: drafter.adapter, features: drafter.features, f16: drafter.f16,
+    seconds: (performance.now() - t0) / 1000, downloaded: got ? got.downloaded : 0, cached: got ? got.cached : 0,
+  });
+}
+
+async function boot() {
   if (!self.navigator.gpu) throw new Error("this browser has no WebGPU (navigator.gpu is missing in a worker)");
   const adapter = await self.navigator.gpu.requestAdapter();
   if (!adapter) throw new Error("this browser's WebGPU found no adapter");
@@ -67,21 +99,40 @@ async function init() {
   });
   if (!self.webdraft) throw new Error("the engine did not start");
 
-  const { files, downloaded, cached } = await fetchModels(man.files);
-  const drafter = await start(files);
-  self.postMessage({
-    op: "ready", adapter: drafter.adapter, features: drafter.features, f16: drafter.f16,
-    seconds: (performance.now() - t0) / 1000, downloaded, cached,
-  });
+  return fetchModels(man.files);
 }
 
-// start loads both models onto the GPU (opening a device) and starts the
-// live view on them; it resolves to the drafter's description.
-async function start(files) {
-  const drafter = await self.webdraft.loadFiles(files, man.drafter, { kvMiB: 64, maxSequences: 4 });
-  const target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4 });
-  live = await self.webdraft.live(drafter, target, onEvent);
-  return drafter;
+// start loads onto the GPU (opening a device) what mode needs and is not
+// loaded: the drafter, and for the live view the target.
+async function start(files, mode) {
+  if (!drafter) drafter = await self.webdraft.loadFiles(files, man.drafter, { kvMiB: 64, maxSequences: 4 });
+  if (mode === "browser" && !live) {
+    if (!target) target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4 });
+    live = await self.webdraft.live(drafter, target, onEvent);
+  }
+  if (mode === "edge" && !session) {
+    const s = drafter.session();
+    // A first draft compiles the drafter's pipelines (slow on a
+    // CPU-rendered adapter), before the page says ready.
+    await s.draft(new Array(16).fill(0), true, 4);
+    session = s;
+  }
+}
+
+// draft answers an edge run's draft request: the tokens after the context
+// the server sent (its new tokens on top of the last request's), drafted
+// on the session's sequence, or the error that stopped it.
+async function draft(req) {
+  let msg;
+  try {
+    if (!session) throw new Error("the drafter in this browser is not ready (restarting after a GPU fault?)");
+    const r = await session.draft(req.tokens, req.reset, req.k);
+    msg = { type: "draft", id: req.id, tokens: r.tokens, draft_ms: r.ms };
+  } catch (err) {
+    msg = { type: "draft", id: req.id, error: String(err && err.message ? err.message : err) };
+    if (err && err.fault) recover(msg.error).catch(failed);
+  }
+  self.postMessage({ op: "draft", message: msg });
 }
 
 function onEvent(text) {
@@ -97,15 +148,18 @@ function onEvent(text) {
 // GPU error — on a new device, with the models from Cache Storage (no
 // download): the loop that met the fault has ended, and its engines with it.
 async function recover(message) {
+  if (recovering) return;
+  recovering = true;
   const t0 = performance.now();
   faults++;
   const old = live;
-  live = null;
+  live = session = drafter = target = null;
   self.postMessage({ op: "fault", message });
   if (old) await old.close();
   await self.webdraft.reset();
   const { files } = await fetchModels(man.files);
-  await start(files);
+  for (const mode of Object.keys(modes)) await start(files, mode);
+  recovering = false;
   self.postMessage({ op: "recovered", seconds: (performance.now() - t0) / 1000, faults });
 }
 

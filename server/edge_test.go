@@ -1,0 +1,206 @@
+package server
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"webdraft/engine"
+)
+
+// edgeClient plays the browser in edge drafting: one drafter sequence kept
+// across a run's draft requests, truncated to what it shares with the new
+// context (its accepted draft tokens) and fed the rest, as the page's
+// worker does (wasm's session).
+type edgeClient struct {
+	e       engine.Engine
+	seq     engine.Sequence
+	held    []int // the tokens in seq's cache
+	context []int
+}
+
+func (c *edgeClient) draft(t *testing.T, m map[string]any) []int {
+	t.Helper()
+	tokens := []int{}
+	for _, v := range m["tokens"].([]any) {
+		tokens = append(tokens, int(v.(float64)))
+	}
+	if m["reset"] == true {
+		c.context, c.held = nil, nil
+		if c.seq != nil {
+			c.seq.Release()
+		}
+		var err error
+		if c.seq, err = c.e.NewSequence(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.context = append(c.context, tokens...)
+	keep := 0
+	for keep < min(len(c.held), len(c.context)-1) && c.held[keep] == c.context[keep] {
+		keep++
+	}
+	c.seq.Truncate(keep)
+	k := int(m["k"].(float64))
+	out, err := engine.Draft(context.Background(), c.e, c.seq, c.context[keep:], k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := engine.IDs(out)
+	c.held = append(slices.Clip(c.context), ids...)[:c.seq.Len()]
+	return ids
+}
+
+// TestEdgeDrafting: a Go client acting as the browser drafts on its own
+// drafter (the native CPU one) over the websocket, the server's target
+// verifies: the output is the target's greedy continuation, each step has
+// its network time; bad drafts get error events and the run goes on; a
+// sampled edge run equals the server's own run of the same seed; a socket
+// closed while its draft is awaited ends the run at once.
+func TestEdgeDrafting(t *testing.T) {
+	f := newPairFixture(t, "")
+	d, err := engine.NewCPU(pairDrafter.Config, pairDrafter.Weights, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := dialPage(t, f.url)
+	expectError := func(msg any, want string) {
+		t.Helper()
+		if err := p.c.WriteJSON(msg); err != nil {
+			t.Fatal(err)
+		}
+		if m := p.next(t); m["type"] != "error" || !strings.Contains(m["message"].(string), want) {
+			t.Errorf("after %v: %v, want an error saying %q", msg, m, want)
+		}
+	}
+	expectError(map[string]any{"type": "draft", "id": 1, "tokens": []int{1}}, "no edge run asked")
+
+	lastID := 0.0 // the last draft_request's id
+	// run makes an edge run; bad, when set, is sent before the first
+	// answer. It returns the run's tokens and step events.
+	run := func(prompt string, n int, temperature float64, bad func(req map[string]any)) ([]int, []map[string]any) {
+		t.Helper()
+		if err := p.c.WriteJSON(map[string]any{"type": "start", "prompt": prompt, "k": 4, "max_tokens": n, "edge": true,
+			"temperature": temperature, "seed": 7}); err != nil {
+			t.Fatal(err)
+		}
+		c := &edgeClient{e: d}
+		var out []int
+		var steps []map[string]any
+		for {
+			m := p.next(t)
+			switch m["type"] {
+			case "start":
+				if m["edge"] != true {
+					t.Errorf("an edge run's start: %v", m)
+				}
+			case "draft_request":
+				lastID = m["id"].(float64)
+				if bad != nil {
+					bad(m)
+					bad = nil
+				}
+				begin := time.Now()
+				ids := c.draft(t, m)
+				if err := p.c.WriteJSON(map[string]any{"type": "draft", "id": m["id"], "tokens": ids,
+					"draft_ms": float64(time.Since(begin).Microseconds()) / 1000}); err != nil {
+					t.Fatal(err)
+				}
+			case "step":
+				steps = append(steps, m)
+				out = append(out, eventIDs(m["tokens"])...)
+				if _, ok := m["network_ms"].(float64); !ok {
+					t.Errorf("an edge step without network_ms: %v", m)
+				}
+			case "error":
+				t.Fatalf("edge run: %v", m["message"])
+			case "finished":
+				return out, steps
+			}
+		}
+	}
+
+	prompt := "def fibonacci(n):\n    "
+	const n = 24
+	got, steps := run(prompt, n, 0, func(req map[string]any) {
+		id := int(req["id"].(float64))
+		k := int(req["k"].(float64))
+		vocab := pairTarget.Config.VocabSize
+		for _, bad := range []struct {
+			msg  any
+			want string
+		}{
+			{map[string]any{"type": "draft", "id": id + 1, "tokens": []int{1}}, "no such draft"},
+			{map[string]any{"type": "draft", "id": id, "tokens": make([]int, k+1)}, "more than"},
+			{map[string]any{"type": "draft", "id": id, "tokens": []int{1, vocab}}, "outside the vocabulary"},
+			{map[string]any{"type": "draft", "id": id, "tokens": []int{-1}}, "outside the vocabulary"},
+			{map[string]any{"type": "draft", "id": id, "tokens": []int{1}, "draft_ms": -1}, "draft_ms"},
+			{map[string]any{"type": "draft", "id": id, "tokens": []int{1}, "extra": 1}, "extra"},
+			{map[string]any{"type": "draft", "id": id, "tokens": nil}, "null"},
+			{map[string]any{"type": "draft", "id": id}, "tokens missing"},
+			{map[string]any{"type": "draft", "id": "1", "tokens": []int{1}}, "id"},
+			{map[string]any{"type": "draft", "id": id, "tokens": []any{1.5}}, "tokens"},
+		} {
+			expectError(bad.msg, bad.want)
+		}
+	})
+	want, _ := f.greedy(t, f.tok.Encode(prompt), n)
+	if !slices.Equal(got, want) {
+		t.Errorf("edge drafting gave %v, the target's greedy continuation is %v", got, want)
+	}
+	accepted, network := 0, 0.0
+	for _, s := range steps {
+		accepted += int(s["accepted"].(float64))
+		network += s["network_ms"].(float64)
+	}
+	t.Logf("edge: %d tokens in %d steps (τ %.2f), %d draft tokens accepted, network %.2f ms a step",
+		len(got), len(steps), float64(len(got))/float64(len(steps)), accepted, network/float64(len(steps)))
+	if accepted == 0 {
+		t.Error("no draft token accepted: the drafter's KV cache out of step?")
+	}
+
+	// A draft for the run that has ended is dropped without a word: the
+	// next message is the error of the one after it.
+	if err := p.c.WriteJSON(map[string]any{"type": "draft", "id": lastID, "tokens": []int{1}}); err != nil {
+		t.Fatal(err)
+	}
+	expectError(map[string]any{"type": "drafts"}, "want start, stop or draft")
+
+	// Sampled: the same as the server drafting itself, with the same seed.
+	edge, _ := run(prompt, 12, 0.8, nil)
+	if err := p.c.WriteJSON(map[string]any{"type": "start", "prompt": prompt, "k": 4, "max_tokens": 12, "temperature": 0.8, "seed": 7}); err != nil {
+		t.Fatal(err)
+	}
+	var server []int
+	for m := p.next(t); m["type"] != "finished"; m = p.next(t) {
+		if m["type"] == "step" {
+			server = append(server, eventIDs(m["tokens"])...)
+		}
+	}
+	if !slices.Equal(edge, server) {
+		t.Errorf("sampled: edge %v, the server drafting %v", edge, server)
+	}
+
+	// A socket closed while the server waits for its draft: the run ends
+	// at once (the next page runs without waiting for it).
+	if err := p.c.WriteJSON(map[string]any{"type": "start", "prompt": prompt, "k": 4, "max_tokens": 100, "edge": true}); err != nil {
+		t.Fatal(err)
+	}
+	for m := p.next(t); m["type"] != "draft_request"; m = p.next(t) {
+	}
+	p.c.Close()
+	begin := time.Now()
+	q := dialPage(t, f.url)
+	if text := q.run(t, prompt); text == "" || time.Since(begin) > 30*time.Second {
+		t.Errorf("after a closed edge socket: %q in %v", text, time.Since(begin))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for f.srv.ready.Load().gen.Gauges().Running != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if g := f.srv.ready.Load().gen.Gauges(); g.Running != 0 {
+		t.Errorf("after the closed socket: %d generations running", g.Running)
+	}
+}

@@ -49,9 +49,9 @@ type Options struct {
 	// so that a request the server is slow to serve is answered by the
 	// server — 504, load shed as designed — before its client gives up.
 	GenerationTimeout time.Duration
-	SampleEvery              time.Duration // default 1 s
-	Replay                   int           // recorded answers asked for again alone (default 200)
-	Seed                     uint64
+	SampleEvery       time.Duration // default 1 s
+	Replay            int           // recorded answers asked for again alone (default 200)
+	Seed              uint64
 }
 
 func (o *Options) defaults() {

@@ -17,9 +17,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,10 +40,11 @@ import (
 )
 
 var (
-	prompts = flag.Int("browserbench.prompts", 0, "held-out prompts to race (0: do not run)")
-	tokens  = flag.Int("browserbench.tokens", 16, "tokens a run generates")
-	k       = flag.Int("browserbench.k", 4, "the draft length")
-	out     = flag.String("browserbench.out", "", "also write the table here")
+	prompts       = flag.Int("browserbench.prompts", 0, "held-out prompts to race (0: do not run)")
+	tokens        = flag.Int("browserbench.tokens", 16, "tokens a run generates")
+	k             = flag.Int("browserbench.k", 4, "the draft length")
+	out           = flag.String("browserbench.out", "", "also write the table here")
+	drafterFolder = flag.String("browserbench.drafter", "", "a drafter folder to race instead of the embedded one (named drafter, beside a copy of the embedded target named target when it uses the target's embedding)")
 )
 
 func TestSpeedup(t *testing.T) {
@@ -119,8 +122,8 @@ func serve(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	model := func(name, dir string) server.Model {
-		m, err := checkpoint.LoadFS(weights.FS(), dir, checkpoint.LoadOptions{})
+	model := func(name string, fsys fs.FS, dir string) server.Model {
+		m, err := checkpoint.LoadFS(fsys, dir, checkpoint.LoadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,9 +132,13 @@ func serve(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return server.Model{Name: name, Engine: e, Tokenizer: tok, Files: &server.ModelFiles{FS: weights.FS(), Dir: dir}}
+		return server.Model{Name: name, Engine: e, Tokenizer: tok, Files: &server.ModelFiles{FS: fsys, Dir: dir}}
 	}
-	drafter, target := model("drafter", weights.DrafterDir), model("target", weights.TargetDir)
+	drafterFS, drafterDir := weights.FS(), weights.DrafterDir
+	if *drafterFolder != "" {
+		drafterFS, drafterDir = os.DirFS(filepath.Dir(*drafterFolder)), filepath.Base(*drafterFolder)
+	}
+	drafter, target := model("drafter", drafterFS, drafterDir), model("target", weights.FS(), weights.TargetDir)
 	srv := server.New(slog.New(slog.NewTextHandler(io.Discard, nil)), "")
 	ts := httptest.NewServer(srv.Handler())
 	ctx, cancel := context.WithCancel(context.Background())

@@ -190,7 +190,7 @@ func (j *job) add(tokens []engine.Token) bool {
 // (context.WithCancelCause) they get the cause, else ErrClosed.
 func (s *Scheduler) Run(ctx context.Context) (err error) {
 	r := &runner{s: s, cache: prefixcache.New(s.opts.CacheTokens)}
-	defer func() { r.shutdown(stopError(ctx, err)) }()
+	defer func() { r.shutdown(jobqueue.StopError(ctx, err)) }()
 	for {
 		if len(r.active) == 0 && len(r.waiting) == 0 {
 			j, ok := s.queue.Next(ctx)
@@ -343,7 +343,7 @@ func (r *runner) step(ctx context.Context) error {
 	if err != nil {
 		jobErr = fmt.Errorf("forward pass: %w", err)
 		if ctx.Err() != nil {
-			jobErr = stopError(ctx, nil)
+			jobErr = jobqueue.StopError(ctx, nil)
 		}
 	}
 	now := time.Now()
@@ -418,18 +418,6 @@ func (r *runner) publish() {
 	r.s.cachedSeqs.Store(int64(r.cache.Len()))
 	r.s.cachedToks.Store(int64(r.cache.Tokens()))
 	r.s.reserveToks.Store(int64(r.reserved))
-}
-
-// stopError is what unfinished requests get when Run ends: the fault
-// that ended it, else the cause ctx was cancelled with, else ErrClosed.
-func stopError(ctx context.Context, fault error) error {
-	if fault != nil {
-		return fault
-	}
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
-		return cause
-	}
-	return ErrClosed
 }
 
 // shutdown fails everything still queued or running with err and frees

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"webdraft/engine"
+	"webdraft/internal/jobqueue"
 	"webdraft/prefixcache"
 	"webdraft/sampling"
 )
@@ -21,7 +22,7 @@ import (
 // (context.WithCancelCause) they get the cause, else ErrClosed.
 func (g *Generator) Run(ctx context.Context) (err error) {
 	r := &runner{g: g, draftCache: prefixcache.New(g.draftBudget), targetCache: prefixcache.New(g.targetBudget)}
-	defer func() { r.shutdown(stopError(ctx, err)) }()
+	defer func() { r.shutdown(jobqueue.StopError(ctx, err)) }()
 	for {
 		if len(r.active) == 0 && len(r.waiting) == 0 {
 			j, ok := g.queue.Next(ctx)
@@ -362,7 +363,7 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 // (their caches may be anywhere).
 func (r *runner) fail(ctx context.Context, gens []*gen, err error) {
 	if ctx.Err() != nil {
-		err = stopError(ctx, nil)
+		err = jobqueue.StopError(ctx, nil)
 	}
 	for _, gn := range gens {
 		gn.draft, gn.target = release(gn.draft), release(gn.target)
@@ -556,18 +557,6 @@ func (r *runner) retireCanceled() {
 // compact drops retired generations from the active list.
 func (r *runner) compact() {
 	r.active = slices.DeleteFunc(r.active, func(gn *gen) bool { return gn.retired })
-}
-
-// stopError is what unfinished generations get when Run ends: the fault
-// that ended it, else the cause ctx was cancelled with, else ErrClosed.
-func stopError(ctx context.Context, fault error) error {
-	if fault != nil {
-		return fault
-	}
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
-		return cause
-	}
-	return ErrClosed
 }
 
 // shutdown fails everything still queued or running with err and frees

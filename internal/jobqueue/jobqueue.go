@@ -175,3 +175,17 @@ func (t *Ticket[R]) Wait(ctx context.Context, stopped <-chan struct{}) (R, error
 		return zero, ErrStopped
 	}
 }
+
+// StopError is what the work a loop leaves unfinished gets when it stops:
+// fault, the error that stopped it, when set; else the cause its context
+// was cancelled with (context.WithCancelCause), when there is one; else
+// ErrStopped.
+func StopError(ctx context.Context, fault error) error {
+	if fault != nil {
+		return fault
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return ErrStopped
+}

@@ -50,10 +50,7 @@ func (c Lines) SVG() []byte {
 	px := func(x float64) float64 { return float64(left) + plotW*(x-xMin)/(xMax-xMin) }
 	py := func(y float64) float64 { return float64(top) + plotH*(1-y/yMax) }
 	var b bytes.Buffer
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
-	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, escape(c.Title))
-	fmt.Fprintf(&b, `<text x="%d" y="42">%s</text>`+"\n", left, escape(c.Subtitle))
+	header(&b, w, h, left, c.Title, c.Subtitle)
 	for q := 0; q <= 4; q++ {
 		y := py(yMax * float64(q) / 4)
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", left, y, w-right, y)

@@ -35,10 +35,7 @@ func (c Bars) SVG() []byte {
 		most = 1
 	}
 	var b bytes.Buffer
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
-	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, escape(c.Title))
-	fmt.Fprintf(&b, `<text x="%d" y="42">%s</text>`+"\n", left, escape(c.Subtitle))
+	header(&b, w, h, left, c.Title, c.Subtitle)
 	// Horizontal grid lines at quarters of the tallest bar.
 	for q := 0; q <= 4; q++ {
 		y := float64(top) + plotH*(1-float64(q)/4)
@@ -65,6 +62,14 @@ func (c Bars) SVG() []byte {
 	fmt.Fprintf(&b, `<text transform="translate(16 %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", float64(top)+plotH/2, escape(c.YLabel))
 	b.WriteString("</svg>\n")
 	return b.Bytes()
+}
+
+// header opens a w×h document on white with its title and subtitle.
+func header(b *bytes.Buffer, w, h, left int, title, subtitle string) {
+	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
+	fmt.Fprintf(b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
+	fmt.Fprintf(b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, escape(title))
+	fmt.Fprintf(b, `<text x="%d" y="42">%s</text>`+"\n", left, escape(subtitle))
 }
 
 // tick formats an axis or bar value with at most three significant digits.

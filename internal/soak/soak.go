@@ -93,6 +93,7 @@ type Sample struct {
 	At            time.Duration
 	RSSAnon       int64 // the server's anonymous resident memory (its heap and the engines' host memory)
 	HeapInuse     int64 // go_memstats_heap_inuse_bytes
+	HeapRetained  int64 // go_memstats_heap_sys_bytes − go_memstats_heap_released_bytes: the heap's pages Go holds from the OS
 	GPUBytes      int64 // webdraft_gpu_buffer_bytes, both models
 	CacheTokens   int64 // webdraft_cache_tokens
 	Reserved      int64 // webdraft_reserved_tokens
@@ -796,7 +797,8 @@ func (s *soak) sample(ctx context.Context) (Sample, error) {
 		return Sample{}, err
 	}
 	smp := Sample{
-		At: time.Since(s.start), HeapInuse: m["go_memstats_heap_inuse_bytes"], GPUBytes: m["webdraft_gpu_buffer_bytes"],
+		At: time.Since(s.start), HeapInuse: m["go_memstats_heap_inuse_bytes"],
+		HeapRetained: m["go_memstats_heap_sys_bytes"] - m["go_memstats_heap_released_bytes"], GPUBytes: m["webdraft_gpu_buffer_bytes"],
 		CacheTokens: m["webdraft_cache_tokens"], Reserved: m["webdraft_reserved_tokens"], CacheBudget: m["webdraft_cache_budget_tokens"],
 		Running: m["webdraft_running_requests"] + m["webdraft_generations_running"], Connections: m["webdraft_open_connections"],
 		PageSessions: m["webdraft_page_sessions"], Goroutines: m["go_goroutines"], OpenFDs: m["process_open_fds"],

@@ -146,6 +146,16 @@ func DeviceBytes(eng Engine) (int64, bool) {
 	return 0, false
 }
 
+// KVBlockSize is the positions a block of eng's KV cache holds, the unit
+// it allocates KV memory in (the WebGPU engine's pages); 1 for engines
+// that allocate position by position (the CPU engine).
+func KVBlockSize(eng Engine) int {
+	if b, ok := eng.(interface{ KVBlockSize() int }); ok {
+		return b.KVBlockSize()
+	}
+	return 1
+}
+
 // Fault is the error that broke eng (one wrapping ErrFault), or nil while
 // it works; engines that cannot fault (the CPU engine) always say nil.
 func Fault(eng Engine) error {

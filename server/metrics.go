@@ -181,6 +181,67 @@ func (m *metrics) watchState(load func() *state) {
 		}))
 }
 
+// The model-server protocol of Kubernetes' Gateway API Inference
+// Extension: the gauges its endpoint picker scrapes to route, by the
+// meanings the protocol gives them, named after vLLM's (webdraft_ for
+// vllm:, since Prometheus' linter reserves the colon). The picker's
+// engine config points at them (deploy/README.md):
+//
+//	queuedRequestsSpec:  webdraft_num_requests_waiting
+//	runningRequestsSpec: webdraft_num_requests_running
+//	kvUsageSpec:         webdraft_kv_cache_usage_perc
+//	cacheInfoSpec:       webdraft_cache_config_info
+const (
+	protocolWaiting   = "webdraft_num_requests_waiting"
+	protocolRunning   = "webdraft_num_requests_running"
+	protocolKVUsage   = "webdraft_kv_cache_usage_perc"
+	protocolCacheInfo = "webdraft_cache_config_info"
+)
+
+// watchProtocol exports the protocol's gauges of the state that serves
+// (load reads it; 0 between states): requests waiting and running, on
+// /draft and the OpenAI-compatible API together; the KV caches' use, as
+// the fraction of the fullest of them that running requests reserve (the
+// prefix cache's idle sequences are evicted to make room, as vLLM counts
+// its cached blocks free); and the cache's layout as labels.
+func (m *metrics) watchProtocol(load func() *state) {
+	gauge := func(name, help string, read func(*state) float64) {
+		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			if st := load(); st != nil {
+				return read(st)
+			}
+			return 0
+		}))
+	}
+	gauge(protocolWaiting, "Requests waiting to start (/draft and the OpenAI-compatible API): the Inference Extension's TotalQueuedRequests.",
+		func(st *state) float64 { return float64(st.sched.Gauges().Waiting + st.genGauges().Waiting) })
+	gauge(protocolRunning, "Requests being prefilled or decoded (/draft and the OpenAI-compatible API): the Inference Extension's TotalRunningRequests.",
+		func(st *state) float64 { return float64(st.sched.Gauges().Running + st.genGauges().Running) })
+	gauge(protocolKVUsage, "KV-cache use, 0 to 1: the share of the fullest KV budget (/draft's, the generations' target and drafter) that running requests reserve; the Inference Extension's KVCacheUtilization.",
+		func(st *state) float64 { return st.kvUsage() })
+	m.registry.MustRegister(&cacheInfo{load: load, desc: prometheus.NewDesc(protocolCacheInfo,
+		"The KV cache's layout, in labels: block_size (positions a block) and num_gpu_blocks (the blocks of the cache the OpenAI-compatible API's requests reuse; /draft's without a target). Always 1.",
+		[]string{"block_size", "num_gpu_blocks"}, nil)})
+}
+
+// cacheInfo collects webdraft_cache_config_info, whose labels are read
+// at each scrape (a recovered engine may differ).
+type cacheInfo struct {
+	load func() *state
+	desc *prometheus.Desc
+}
+
+func (c *cacheInfo) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *cacheInfo) Collect(ch chan<- prometheus.Metric) {
+	st := c.load()
+	if st == nil {
+		return
+	}
+	size, blocks := st.cacheLayout()
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, strconv.Itoa(size), strconv.Itoa(blocks))
+}
+
 // recovering counts a recovery from an engine fault.
 func (m *metrics) recovering() { m.faults.Inc(); m.faultsSeen.Add(1) }
 

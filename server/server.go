@@ -102,6 +102,42 @@ type state struct {
 	encodeSlots             chan struct{} // tokenizations at once (encode)
 }
 
+// genGauges are the generator's gauges, zero without a target.
+func (st *state) genGauges() speculative.Gauges {
+	if st.gen == nil {
+		return speculative.Gauges{}
+	}
+	return st.gen.Gauges()
+}
+
+// kvUsage is the share of the fullest KV budget that running requests
+// reserve: /draft's, and with a target the generations' in each model.
+func (st *state) kvUsage() float64 {
+	share := func(used, budget int64) float64 {
+		if budget <= 0 {
+			return 0
+		}
+		return min(float64(used)/float64(budget), 1)
+	}
+	u := share(st.sched.Gauges().ReservedTokens, int64(st.sched.CacheBudget()))
+	if g := st.genGauges(); st.gen != nil {
+		u = max(u, share(g.TargetReserved, g.TargetBudget), share(g.DraftReserved, g.DraftBudget))
+	}
+	return u
+}
+
+// cacheLayout is the KV block size and the blocks of the cache that the
+// OpenAI-compatible API's requests reuse (the target's, for the
+// generations), or /draft's without a target.
+func (st *state) cacheLayout() (blockSize, blocks int) {
+	if st.gen != nil {
+		blockSize = engine.KVBlockSize(st.target.Engine)
+		return blockSize, int(st.gen.Gauges().TargetBudget) / blockSize
+	}
+	blockSize = engine.KVBlockSize(st.drafter.Engine)
+	return blockSize, st.sched.CacheBudget() / blockSize
+}
+
 // New returns a server that is not ready yet, with the default limits;
 // with apiKey set every endpoint but /health needs "Authorization: Bearer
 // apiKey".
@@ -114,6 +150,7 @@ func NewWithOptions(log *slog.Logger, o Options) *Server {
 	s := &Server{log: log, metrics: newMetrics(), apiKey: o.APIKey, limits: o.Limits.withDefaults(), origins: newOrigins(o.CORSOrigins)}
 	s.metrics.watchServer(s)
 	s.metrics.watchState(s.ready.Load)
+	s.metrics.watchProtocol(s.ready.Load)
 	return s
 }
 

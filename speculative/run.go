@@ -152,10 +152,18 @@ func (r *runner) admit() {
 			j.Finish(fmt.Errorf("new sequence: %w", err))
 			continue
 		}
-		r.targetReserved += tNeed
-		r.draftReserved += dNeed
+		r.reserve(tNeed, dNeed)
 		r.active = append(r.active, gn)
 	}
+}
+
+// reserve adds target and draft positions to the reservations, and
+// publishes them for Gauges.
+func (r *runner) reserve(target, draft int) {
+	r.targetReserved += target
+	r.draftReserved += draft
+	r.g.targetReserved.Store(int64(r.targetReserved))
+	r.g.draftReserved.Store(int64(r.draftReserved))
 }
 
 func (r *runner) pop() {
@@ -516,8 +524,7 @@ func (r *runner) retire(gn *gen, err error) {
 	if gn.remote != nil {
 		gn.remote.Close(ErrStaleDraft) // its answers from now on are stale
 	}
-	r.targetReserved -= gn.targetNeed
-	r.draftReserved -= gn.draftNeed
+	r.reserve(-gn.targetNeed, -gn.draftNeed)
 	gn.targetNeed, gn.draftNeed = 0, 0
 	keep := err == nil || errors.Is(err, context.Canceled)
 	for _, c := range []struct {

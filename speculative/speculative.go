@@ -191,6 +191,9 @@ type Generator struct {
 	draftBudget, targetBudget int
 
 	running atomic.Int64
+	// The positions running generations reserve in each KV cache (the
+	// loop's, published for Gauges).
+	targetReserved, draftReserved atomic.Int64
 	// wake, of capacity 1, wakes a loop that waits for remote drafts (an
 	// answer came, a client left).
 	wake chan struct{}
@@ -230,10 +233,20 @@ func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
 func (g *Generator) K() int { return g.opts.K }
 
 // Gauges are the loop's current state, for metrics.
-type Gauges struct{ Waiting, Running int64 }
+type Gauges struct {
+	Waiting, Running int64
+	// The KV positions running generations reserve in the target's and
+	// the drafter's cache, and the budgets they stay within.
+	TargetReserved, DraftReserved int64
+	TargetBudget, DraftBudget     int64
+}
 
 // Gauges reads the current state (safe from any goroutine).
-func (g *Generator) Gauges() Gauges { return Gauges{g.queue.Waiting(), g.running.Load()} }
+func (g *Generator) Gauges() Gauges {
+	return Gauges{Waiting: g.queue.Waiting(), Running: g.running.Load(),
+		TargetReserved: g.targetReserved.Load(), DraftReserved: g.draftReserved.Load(),
+		TargetBudget: int64(g.targetBudget), DraftBudget: int64(g.draftBudget)}
+}
 
 // k is the draft length r asks for.
 func (g *Generator) k(r *Request) int {

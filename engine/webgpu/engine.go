@@ -169,6 +169,9 @@ func (e *Engine) Info() engine.Info {
 // KVCapacity is the positions the cache holds for certain (KVCache.Capacity).
 func (e *Engine) KVCapacity() int { return e.kv.Capacity() }
 
+// KVBlockSize is the positions a block of the KV cache holds.
+func (e *Engine) KVBlockSize() int { return e.kv.BlockSize }
+
 // Profile runs f (which calls Step) with every dispatch timed on the GPU in
 // a pass of its own, and returns the time per kernel in timestamp ticks.
 // Passes of one dispatch each cost extra: use it to see where time goes,

@@ -28,6 +28,15 @@ type Options struct {
 	MaxPrompt     int
 	Accept        float64 // probability the verifier accepts each next draft token
 	Seed          uint64
+	// SessionHeader, when set, names the header each request carries its
+	// conversation's key in ("s<seed>-<conversation>"), as a verifier
+	// sends its session's to a router that keeps a session on one replica
+	// (X-Session-ID).
+	SessionHeader string
+	// ServedByHeader, when set, names the response header a router names
+	// the replica that answered in (the cluster's X-Served-By); each
+	// Event records it.
+	ServedByHeader string
 	// Warm plays every conversation's first turn before the clock starts
 	// and leaves it out of the report: the figures are then those of
 	// /draft on contexts the server has cached (given a cache that holds
@@ -47,6 +56,21 @@ type Report struct {
 	DraftTokens   int
 	CachedTokens  int
 	PrefillTokens int
+	// Start is when the timed run began (after Warm's turns); Events are
+	// its requests, in the order they finished.
+	Start  time.Time
+	Events []Event
+}
+
+// Event is one timed request.
+type Event struct {
+	At            time.Duration // when it finished, from the start of the timed run
+	Latency       time.Duration
+	Conversation  int
+	Failure       string // "" when it was answered
+	CachedTokens  int
+	PrefillTokens int
+	ServedBy      string // Options.ServedByHeader's value
 }
 
 // DraftTokensPerSecond over the whole run.
@@ -70,6 +94,7 @@ type draftResponse struct {
 	Draft         []int `json:"draft"`
 	CachedTokens  int   `json:"cached_tokens"`
 	PrefillTokens int   `json:"prefill_tokens"`
+	servedBy      string
 }
 
 // Run generates the load and waits for it to finish or ctx to end.
@@ -86,10 +111,12 @@ func Run(ctx context.Context, client *http.Client, o Options) (Report, error) {
 		rep       = Report{FailureCodes: map[string]int{}}
 		latencies []time.Duration
 	)
-	record := func(lat time.Duration, res *draftResponse, failure string) {
+	var start time.Time
+	record := func(c *conversation, lat time.Duration, res *draftResponse, failure string) {
 		mu.Lock()
 		defer mu.Unlock()
 		rep.Requests++
+		ev := Event{At: time.Since(start), Latency: lat, Conversation: c.id, Failure: failure}
 		if failure != "" {
 			rep.Failures++
 			rep.FailureCodes[failure]++
@@ -98,7 +125,9 @@ func Run(ctx context.Context, client *http.Client, o Options) (Report, error) {
 			rep.DraftTokens += len(res.Draft)
 			rep.CachedTokens += res.CachedTokens
 			rep.PrefillTokens += res.PrefillTokens
+			ev.CachedTokens, ev.PrefillTokens, ev.ServedBy = res.CachedTokens, res.PrefillTokens, res.servedBy
 		}
+		rep.Events = append(rep.Events, ev)
 		if o.Progress != nil {
 			o.Progress()
 		}
@@ -108,7 +137,7 @@ func Run(ctx context.Context, client *http.Client, o Options) (Report, error) {
 		convs[id] = newConversation(o, h, id)
 	}
 	if o.Warm {
-		warm := func(time.Duration, *draftResponse, string) {
+		warm := func(*conversation, time.Duration, *draftResponse, string) {
 			if o.Progress != nil {
 				mu.Lock()
 				o.Progress()
@@ -117,7 +146,8 @@ func Run(ctx context.Context, client *http.Client, o Options) (Report, error) {
 		}
 		play(ctx, o.Concurrency, convs, func(c *conversation) { c.turn(ctx, client, o, h, warm) })
 	}
-	start := time.Now()
+	start = time.Now()
+	rep.Start = start
 	play(ctx, o.Concurrency, convs, func(c *conversation) {
 		for c.turn(ctx, client, o, h, record) {
 		}
@@ -159,6 +189,8 @@ feed:
 // conversation is one simulated verifier's session: its context so far and
 // the turns it has played.
 type conversation struct {
+	id     int
+	key    string // its session key (Options.SessionHeader)
 	rng    *rand.Rand
 	tokens []int
 	turns  int
@@ -172,19 +204,19 @@ func newConversation(o Options, h health, id int) *conversation {
 	for i := range tokens {
 		tokens[i] = rng.IntN(h.VocabSize)
 	}
-	return &conversation{rng: rng, tokens: tokens}
+	return &conversation{id: id, key: fmt.Sprintf("s%d-%d", o.Seed, id), rng: rng, tokens: tokens}
 }
 
 // turn plays the conversation's next /draft call, then verifies like a
 // target would: it keeps the longest prefix the "target" agrees with, then
 // one token of its own. It reports whether the conversation goes on.
-func (c *conversation) turn(ctx context.Context, client *http.Client, o Options, h health, record func(time.Duration, *draftResponse, string)) bool {
+func (c *conversation) turn(ctx context.Context, client *http.Client, o Options, h health, record func(*conversation, time.Duration, *draftResponse, string)) bool {
 	if c.over || c.turns == o.Turns || ctx.Err() != nil || len(c.tokens)+o.N-1 > h.MaxContext {
 		return false // done, failed, or the context is full
 	}
 	start := time.Now()
-	res, failure := draft(ctx, client, o.URL, c.tokens, o.N)
-	record(time.Since(start), res, failure)
+	res, failure := c.draft(ctx, client, o)
+	record(c, time.Since(start), res, failure)
 	c.turns++
 	if failure != "" {
 		c.over = true
@@ -199,16 +231,21 @@ func (c *conversation) turn(ctx context.Context, client *http.Client, o Options,
 	return true
 }
 
-func draft(ctx context.Context, client *http.Client, url string, tokens []int, n int) (*draftResponse, string) {
-	body, err := json.Marshal(map[string]any{"tokens": tokens, "n": n})
+// draft asks for a draft of o.N tokens after the conversation's context;
+// the failure's kind when none comes.
+func (c *conversation) draft(ctx context.Context, client *http.Client, o Options) (*draftResponse, string) {
+	body, err := json.Marshal(map[string]any{"tokens": c.tokens, "n": o.N})
 	if err != nil {
 		return nil, "encode"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/draft", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.URL+"/draft", bytes.NewReader(body))
 	if err != nil {
 		return nil, "request"
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if o.SessionHeader != "" {
+		req.Header.Set(o.SessionHeader, c.key)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, "transport"
@@ -219,8 +256,11 @@ func draft(ctx context.Context, client *http.Client, url string, tokens []int, n
 		return nil, fmt.Sprintf("status %d", resp.StatusCode)
 	}
 	var out draftResponse
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Draft) != n {
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Draft) != o.N {
 		return nil, "bad response"
+	}
+	if o.ServedByHeader != "" {
+		out.servedBy = resp.Header.Get(o.ServedByHeader)
 	}
 	return &out, ""
 }

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+	"golang.org/x/net/http/httpguts"
 
 	"webdraft/loadgen"
 )
 
 func runLoadtest(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "loadtest", "--url URL [--concurrency 32] [--conversations 100] [--turns 20] [--n 16] [--warm]")
+	fs := newFlags(e, "loadtest", "--url URL [--concurrency 32] [--conversations 100] [--turns 20] [--n 16] [--warm] [--session-header X-Session-ID]")
 	url := fs.String("url", "http://127.0.0.1:8080", "webdraft server to load")
 	conc := fs.Int("concurrency", 32, "conversations in flight")
 	convs := fs.Int("conversations", 100, "conversations in all")
@@ -25,6 +26,7 @@ func runLoadtest(ctx context.Context, e *env, args []string) error {
 	maxPrompt := fs.Int("max-prompt", 256, "longest first-turn context, in tokens")
 	accept := fs.Float64("accept", 0.7, "chance the simulated verifier accepts each next draft token")
 	seed := fs.Uint64("seed", 1, "random seed")
+	session := fs.String("session-header", "X-Session-ID", "header that carries each conversation's session key, for a router that keeps a session on one replica (\"\": none)")
 	warm := fs.Bool("warm", false, "play each conversation's first turn before timing and leave it out: figures for contexts already cached")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -38,9 +40,12 @@ func runLoadtest(ctx context.Context, e *env, args []string) error {
 		return usagef("want 1 ≤ --min-prompt ≤ --max-prompt")
 	case *accept < 0 || *accept > 1:
 		return usagef("--accept %g: want 0…1", *accept)
+	case *session != "" && !httpguts.ValidHeaderFieldName(*session):
+		return usagef("--session-header %q: not a header name", *session)
 	}
 	opts := loadgen.Options{URL: strings.TrimRight(*url, "/"), Concurrency: *conc, Conversations: *convs, Turns: *turns,
-		N: *n, MinPrompt: *minPrompt, MaxPrompt: *maxPrompt, Accept: *accept, Seed: *seed, Warm: *warm}
+		N: *n, MinPrompt: *minPrompt, MaxPrompt: *maxPrompt, Accept: *accept, Seed: *seed, Warm: *warm,
+		SessionHeader: *session}
 	if bar := newProgressBar(e, "requests"); bar != nil {
 		bar.ChangeMax(*convs * *turns)
 		progressbar.OptionShowBytes(false)(bar)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +27,22 @@ func TestProtocolMetrics(t *testing.T) {
 	info := fmt.Sprintf(`%s{block_size="1",num_gpu_blocks="%d"}`, protocolCacheInfo, f.target.KVCapacity())
 	if got := f.metric(t, info); got != 1 {
 		t.Errorf("%s = %g, want 1", info, got)
+	}
+
+	// The endpoint picker's configuration in deploy/ names these gauges.
+	epp, err := os.ReadFile("../deploy/kubernetes/epp.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exposition := f.metricsText(t)
+	specs := regexp.MustCompile(`(?m)^\s+(\w+Spec): (\S+)$`).FindAllStringSubmatch(string(epp), -1)
+	if len(specs) < 4 {
+		t.Fatalf("deploy/kubernetes/epp.yaml names %d metrics, want the protocol's 4", len(specs))
+	}
+	for _, m := range specs {
+		if name := strings.Trim(m[2], `"`); name != "" && !strings.Contains(exposition, "\n"+name+" ") && !strings.Contains(exposition, "\n"+name+"{") {
+			t.Errorf("deploy/kubernetes/epp.yaml's %s is %s, which /metrics does not export", m[1], name)
+		}
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())

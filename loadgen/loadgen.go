@@ -197,6 +197,9 @@ type conversation struct {
 	over   bool // a failure ended it
 }
 
+// SessionKey is the session key of conversation id in a run of seed.
+func SessionKey(seed uint64, id int) string { return fmt.Sprintf("s%d-%d", seed, id) }
+
 // newConversation starts conversation id with a random first-turn context.
 func newConversation(o Options, h health, id int) *conversation {
 	rng := rand.New(rand.NewPCG(o.Seed, uint64(id)))
@@ -204,7 +207,7 @@ func newConversation(o Options, h health, id int) *conversation {
 	for i := range tokens {
 		tokens[i] = rng.IntN(h.VocabSize)
 	}
-	return &conversation{id: id, key: fmt.Sprintf("s%d-%d", o.Seed, id), rng: rng, tokens: tokens}
+	return &conversation{id: id, key: SessionKey(o.Seed, id), rng: rng, tokens: tokens}
 }
 
 // turn plays the conversation's next /draft call, then verifies like a

@@ -39,7 +39,7 @@ func (r *Report) Analyze() Kill {
 	k := Kill{To: map[string]int{}}
 	last := map[int]string{}    // conversation → the replica that answered it last
 	recovered := map[int]bool{} // a moved conversation → whether its cache came back
-	var before, after [2]int // cached, prefill
+	var before, after [2]int    // cached, prefill
 	for _, e := range r.Kill.Events {
 		if e.Failure != "" {
 			if last[e.Conversation] == r.Killed && e.At >= r.KilledAt {

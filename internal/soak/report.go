@@ -52,7 +52,7 @@ func heap(s Sample) int64 { return s.HeapInuse }
 
 // outside is the resident memory the Go heap does not account for.
 func outside(s Sample) int64 { return s.RSSAnon - s.HeapRetained }
-func gpu(s Sample) int64  { return s.GPUBytes }
+func gpu(s Sample) int64     { return s.GPUBytes }
 
 // Problems lists what the soak shows wrong: failures, answers that
 // differed, memory that grew, a prefix cache past its budget, requests,

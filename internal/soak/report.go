@@ -49,10 +49,10 @@ func (r *Report) Late(field func(Sample) int64) int64  { return r.window(0.8, 1,
 
 func rss(s Sample) int64  { return s.RSSAnon }
 func heap(s Sample) int64 { return s.HeapInuse }
+func gpu(s Sample) int64  { return s.GPUBytes }
 
 // outside is the resident memory the Go heap does not account for.
 func outside(s Sample) int64 { return s.RSSAnon - s.HeapRetained }
-func gpu(s Sample) int64     { return s.GPUBytes }
 
 // Problems lists what the soak shows wrong: failures, answers that
 // differed, memory that grew, a prefix cache past its budget, requests,

@@ -304,8 +304,10 @@ func (s *soak) post(ctx context.Context, path, body string) (int, []byte, error)
 // 429 under load; anything else fails. It reports whether it was a 200.
 func (s *soak) wellFormed(ctx context.Context, kind string, code int, body []byte, err error) bool {
 	switch {
-	case ctx.Err() != nil:
+	case ended(ctx):
 		return false // the soak's end cut it short
+	case errors.Is(err, errTimeLimit):
+		s.outcome(kind, "time limit") // as the 504 below, in a stream
 	case err != nil:
 		s.fail(kind, "transport", err.Error())
 	case code == http.StatusOK:
@@ -391,8 +393,12 @@ func completionText(b []byte) (string, error) {
 	return res.Choices[0].Text, nil
 }
 
+// errTimeLimit: a stream ended with the server's time limit's error event
+// (--generation-timeout), the streamed form of its 504.
+var errTimeLimit = errors.New("the generation's time limit")
+
 // stream reads a streamed completion whole: its text, or an error for an
-// error event in it.
+// error event in it (errTimeLimit for the server's time limit).
 func (s *soak) stream(ctx context.Context, body string) (string, int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.o.URL+"/v1/completions", strings.NewReader(body))
 	if err != nil {
@@ -430,6 +436,12 @@ func (s *soak) stream(ctx context.Context, body string) (string, int, error) {
 			return "", resp.StatusCode, fmt.Errorf("a stream event is not JSON: %.200s", line)
 		}
 		if ev.Error != nil {
+			var e struct {
+				Code string `json:"code"`
+			}
+			if json.Unmarshal(ev.Error, &e) == nil && e.Code == "request_timeout" {
+				return "", resp.StatusCode, fmt.Errorf("%w: %s", errTimeLimit, ev.Error)
+			}
 			return "", resp.StatusCode, fmt.Errorf("an error event: %s", ev.Error)
 		}
 		for _, c := range ev.Choices {
@@ -530,9 +542,9 @@ func (s *soak) oversized(ctx context.Context, rng *rand.Rand) {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := s.client.Do(req)
 	if err != nil {
-		if ctx.Err() == nil && !isReset(err) {
+		if !ended(ctx) && !isReset(err) {
 			s.fail("oversized", "transport", err.Error())
-		} else if ctx.Err() == nil {
+		} else if !ended(ctx) {
 			s.outcome("oversized", "closed while sending")
 		}
 		return
@@ -571,7 +583,7 @@ func isReset(err error) bool {
 
 func (s *soak) expect(ctx context.Context, kind string, code int, body []byte, err error, want int) {
 	switch {
-	case ctx.Err() != nil:
+	case ended(ctx):
 	case err != nil:
 		s.fail(kind, "transport", err.Error())
 	case code == want:
@@ -604,6 +616,14 @@ func (s *soak) rawRequest(ctx context.Context, head string, limit time.Duration)
 	return resp.StatusCode, b, nil
 }
 
+// ended reports whether the soak's end has come for ctx: canceled, or
+// past its deadline. A dial or read bounded by the deadline can fail
+// with an i/o timeout a moment before ctx.Err() says so.
+func ended(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(d)
+}
+
 func (s *soak) dial(ctx context.Context) (net.Conn, error) {
 	u, err := url.Parse(s.o.URL)
 	if err != nil {
@@ -621,7 +641,7 @@ func (s *soak) slow(ctx context.Context, rng *rand.Rand) {
 	if rng.IntN(2) == 0 {
 		start := time.Now()
 		code, b, err := s.rawRequest(ctx, "POST /draft HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tok", s.o.BodyTimeout+slack)
-		if ctx.Err() == nil && err == nil && code == http.StatusRequestTimeout && time.Since(start) < s.o.BodyTimeout-time.Second/2 {
+		if !ended(ctx) && err == nil && code == http.StatusRequestTimeout && time.Since(start) < s.o.BodyTimeout-time.Second/2 {
 			s.fail("slow", "408 early", fmt.Sprintf("after %v, before --body-timeout %v", time.Since(start), s.o.BodyTimeout))
 			return
 		}
@@ -630,7 +650,7 @@ func (s *soak) slow(ctx context.Context, rng *rand.Rand) {
 	}
 	conn, err := s.dial(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
+		if !ended(ctx) {
 			s.fail("slow", "transport", err.Error())
 		}
 		return
@@ -645,7 +665,7 @@ func (s *soak) slow(ctx context.Context, rng *rand.Rand) {
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		if ctx.Err() == nil {
+		if !ended(ctx) {
 			s.fail("slow", "transport", err.Error())
 		}
 		return
@@ -655,7 +675,7 @@ func (s *soak) slow(ctx context.Context, rng *rand.Rand) {
 	// Idle now: the server must close the connection.
 	_, err = br.ReadByte()
 	switch {
-	case ctx.Err() != nil:
+	case ended(ctx):
 	case errors.Is(err, io.EOF):
 		s.outcome("slow", "idle closed")
 	default:
@@ -678,7 +698,7 @@ func (s *soak) disconnect(ctx context.Context, rng *rand.Rand) {
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := s.client.Do(req)
 		if err != nil {
-			if ctx.Err() == nil {
+			if !ended(ctx) {
 				s.fail("disconnect", "transport", err.Error())
 			}
 			return
@@ -714,7 +734,7 @@ func (s *soak) pageSession(ctx context.Context, rng *rand.Rand) {
 	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second}
 	c, resp, err := d.DialContext(ctx, u, nil)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ended(ctx) {
 			return
 		}
 		if resp != nil && resp.StatusCode == http.StatusTooManyRequests {
@@ -734,7 +754,7 @@ func (s *soak) pageSession(ctx context.Context, rng *rand.Rand) {
 	for {
 		var m map[string]any
 		if err := c.ReadJSON(&m); err != nil {
-			if ctx.Err() == nil {
+			if !ended(ctx) {
 				s.fail("page", "read", err.Error())
 			}
 			return

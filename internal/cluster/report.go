@@ -147,13 +147,13 @@ func (r *Report) Markdown() string {
 	l := r.Load
 	fmt.Fprintf(&b, "%d replicas (%s) behind HAProxy; each run %d conversations, %d at a time, %d turns of `/draft` (n = %d, first context %d–%d tokens, a new seed a run).\n\n",
 		len(r.Replicas), strings.Join(r.Replicas, ", "), l.Conversations, l.Concurrency, l.Turns, l.N, l.MinPrompt, l.MaxPrompt)
-	fmt.Fprintf(&b, "| routing | requests | failed | cache reuse | p50 | p99 | draft tokens/s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Fprintf(&b, "| routing | requests | failed | cache reuse | context tokens computed | p50 | p99 | draft tokens/s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, run := range []struct {
 		name string
 		rep  loadgen.Report
 	}{{"round-robin", r.RoundRobin}, {"X-Session-ID, consistent hash", r.Affinity}, {fmt.Sprintf("the same, %s killed mid-run", r.Killed), r.Kill}} {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %s | %s | %.0f |\n", run.name, run.rep.Requests, run.rep.Failures, 100*run.rep.CacheReuse(),
-			ms(run.rep.P50), ms(run.rep.P99), run.rep.DraftTokensPerSecond())
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %d | %s | %s | %.0f |\n", run.name, run.rep.Requests, run.rep.Failures, 100*run.rep.CacheReuse(),
+			run.rep.PrefillTokens, ms(run.rep.P50), ms(run.rep.P99), run.rep.DraftTokensPerSecond())
 	}
 	k := r.Analyze()
 	var to []string
@@ -162,42 +162,54 @@ func (r *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "\n%s was killed (SIGKILL) at %.1f s of the kill run; HAProxy's checks took it out %.2f s later. ", r.Killed, r.KilledAt.Seconds(), r.DownAfter.Seconds())
 	fmt.Fprintf(&b, "Its conversations moved: %d (%s); other conversations that changed replica: %d. ", k.Moved, strings.Join(to, ", "), k.Strays)
-	fmt.Fprintf(&b, "Requests failed: %d of those %s was serving, %d others; HAProxy sent %d requests again after %s failed them (%d to another replica). ",
-		len(k.InFlight), r.Killed, len(k.Other), r.Retried+r.Redispatched, r.Killed, r.Redispatched)
+	fmt.Fprintf(&b, "Requests failed: %d of those %s was serving, %d others; HAProxy retried %d times on %s's failures (refused or closed before an answer), sending %d requests to another replica. ",
+		len(k.InFlight), r.Killed, len(k.Other), r.Retried, r.Killed, r.Redispatched)
 	fmt.Fprintf(&b, "Cache reuse %.1f %% before the kill; every moved conversation reused its cache again %.1f s after it (%d ended first); reuse after that %.1f %%.\n",
 		100*k.Before, k.Recovered.Seconds(), k.Unrecovered, 100*k.After)
 	return b.String()
 }
 
-// Plot draws the kill run's cache reuse over time, in bins.
+// Plot draws each run's cache reuse over time, in bins, and the kill.
 func (r *Report) Plot() []byte {
-	const bins = 40
+	kill := svgplot.Series{Name: r.Killed + " killed", Dash: "2 3", X: []float64{r.KilledAt.Seconds(), r.KilledAt.Seconds()}, Y: []float64{0, 100}}
+	return svgplot.Lines{
+		Title:    "webdraft replicas behind HAProxy: prefix-cache reuse over each run",
+		Subtitle: fmt.Sprintf("%d replicas; X-Session-ID hashed, then round-robin; %s killed at %.0f s of the last run", len(r.Replicas), r.Killed, r.KilledAt.Seconds()),
+		XLabel:   "seconds", YLabel: "% of context tokens cached",
+		Series: []svgplot.Series{
+			reuseSeries("hashed, "+r.Killed+" killed", "", r.Kill.Events),
+			reuseSeries("hashed, all up", "6 3", r.Affinity.Events),
+			reuseSeries("round-robin", "1 2", r.RoundRobin.Events),
+			kill,
+		},
+	}.SVG()
+}
+
+// reuseSeries is the share of context tokens cached, in 30 bins of a
+// run's time.
+func reuseSeries(name, dash string, events []loadgen.Event) svgplot.Series {
+	const bins = 30
 	end := time.Duration(0)
-	for _, e := range r.Kill.Events {
+	for _, e := range events {
 		end = max(end, e.At)
 	}
 	width := max(end/bins, time.Millisecond)
 	var tok [bins + 1][2]int
-	for _, e := range r.Kill.Events {
+	for _, e := range events {
 		if e.Failure == "" {
 			i := min(int(e.At/width), bins)
 			tok[i][0] += e.CachedTokens
 			tok[i][1] += e.PrefillTokens
 		}
 	}
-	reuse := svgplot.Series{Name: "cache reuse (%)"}
+	s := svgplot.Series{Name: name, Dash: dash}
 	for i, t := range tok {
 		if t[0]+t[1] > 0 {
-			reuse.X = append(reuse.X, (time.Duration(i)*width + width/2).Seconds())
-			reuse.Y = append(reuse.Y, 100*share(t))
+			s.X = append(s.X, (time.Duration(i)*width + width/2).Seconds())
+			s.Y = append(s.Y, 100*share(t))
 		}
 	}
-	kill := svgplot.Series{Name: r.Killed + " killed", Dash: "4 3", X: []float64{r.KilledAt.Seconds(), r.KilledAt.Seconds()}, Y: []float64{0, 100}}
-	return svgplot.Lines{
-		Title:    "webdraft replicas behind HAProxy: cache reuse while one dies",
-		Subtitle: fmt.Sprintf("%d replicas, X-Session-ID hashed; %s killed at %.0f s", len(r.Replicas), r.Killed, r.KilledAt.Seconds()),
-		XLabel:   "seconds", YLabel: "% of context tokens cached", Series: []svgplot.Series{reuse, kill},
-	}.SVG()
+	return s
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }

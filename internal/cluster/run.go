@@ -43,6 +43,15 @@ type Report struct {
 // with affinity again while it kills the replica serving the most
 // conversations, and stops it.
 func Run(ctx context.Context, o Options) (rep *Report, err error) {
+	l := o.Load
+	switch {
+	case l.Conversations < 1 || l.Concurrency < 1 || l.Turns < 1 || l.N < 1:
+		return nil, fmt.Errorf("cluster: %d conversations, %d at a time, %d turns of %d tokens: want 1 at least of each", l.Conversations, l.Concurrency, l.Turns, l.N)
+	case l.MinPrompt < 1 || l.MaxPrompt < l.MinPrompt:
+		return nil, fmt.Errorf("cluster: first contexts of %d–%d tokens: want 1 ≤ min ≤ max", l.MinPrompt, l.MaxPrompt)
+	case o.KillAfter <= 0 || o.KillAfter >= 1:
+		return nil, fmt.Errorf("cluster: a kill after %g of the run: want a share between 0 and 1", o.KillAfter)
+	}
 	c, err := Start(ctx, o.Cluster)
 	if err != nil {
 		return nil, err

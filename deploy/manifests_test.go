@@ -53,47 +53,36 @@ func (o *objects) decode(doc []byte) error {
 	if name == "" {
 		return fmt.Errorf("%s %s without a name", head.APIVersion, head.Kind)
 	}
-	into := func(v any) error {
-		if err := yaml.UnmarshalStrict(doc, v); err != nil {
-			return fmt.Errorf("%s %s: %w", head.Kind, name, err)
-		}
-		return nil
-	}
-	switch head.APIVersion + " " + head.Kind {
+	kind := head.APIVersion + " " + head.Kind
+	switch kind {
 	case "apps/v1 Deployment":
-		v := &appsv1.Deployment{}
-		o.deployments[name] = v
-		return into(v)
+		return put(o.deployments, kind, name, doc)
 	case "v1 Service":
-		v := &corev1.Service{}
-		o.services[name] = v
-		return into(v)
+		return put(o.services, kind, name, doc)
 	case "v1 ConfigMap":
-		v := &corev1.ConfigMap{}
-		o.configMaps[name] = v
-		return into(v)
+		return put(o.configMaps, kind, name, doc)
 	case "v1 ServiceAccount":
-		v := &corev1.ServiceAccount{}
-		o.accounts[name] = v
-		return into(v)
+		return put(o.accounts, kind, name, doc)
 	case "rbac.authorization.k8s.io/v1 Role":
-		v := &rbacv1.Role{}
-		o.roles[name] = v
-		return into(v)
+		return put(o.roles, kind, name, doc)
 	case "rbac.authorization.k8s.io/v1 RoleBinding":
-		v := &rbacv1.RoleBinding{}
-		o.roleBindings[name] = v
-		return into(v)
+		return put(o.roleBindings, kind, name, doc)
 	case "inference.networking.k8s.io/v1 InferencePool":
-		v := &infv1.InferencePool{}
-		o.pools[name] = v
-		return into(v)
+		return put(o.pools, kind, name, doc)
 	case "gateway.networking.k8s.io/v1 HTTPRoute":
-		v := &gwv1.HTTPRoute{}
-		o.routes[name] = v
-		return into(v)
+		return put(o.routes, kind, name, doc)
 	}
 	return fmt.Errorf("%s: unknown kind %s %s", name, head.APIVersion, head.Kind)
+}
+
+// put decodes doc strictly into a new T and files it under name.
+func put[T any](m map[string]*T, kind, name string, doc []byte) error {
+	v := new(T)
+	if err := yaml.UnmarshalStrict(doc, v); err != nil {
+		return fmt.Errorf("%s %s: %w", kind, name, err)
+	}
+	m[name] = v
+	return nil
 }
 
 // load decodes every document of every manifest in dir.

@@ -174,7 +174,7 @@ func (r *Report) Plot() []byte {
 	kill := svgplot.Series{Name: r.Killed + " killed", Dash: "2 3", X: []float64{r.KilledAt.Seconds(), r.KilledAt.Seconds()}, Y: []float64{0, 100}}
 	return svgplot.Lines{
 		Title:    "webdraft replicas behind HAProxy: prefix-cache reuse over each run",
-		Subtitle: fmt.Sprintf("%d replicas; X-Session-ID hashed, then round-robin; %s killed at %.0f s of the last run", len(r.Replicas), r.Killed, r.KilledAt.Seconds()),
+		Subtitle: fmt.Sprintf("%d replicas; each run on its own clock; %s killed at %.0f s of the kill run", len(r.Replicas), r.Killed, r.KilledAt.Seconds()),
 		XLabel:   "seconds", YLabel: "% of context tokens cached",
 		Series: []svgplot.Series{
 			reuseSeries("hashed, "+r.Killed+" killed", "", r.Kill.Events),

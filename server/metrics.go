@@ -126,12 +126,7 @@ func (m *metrics) watchServer(s *Server) {
 // scheduler's and the generator's, and the engine faults met so far.
 func (m *metrics) watchState(load func() *state) {
 	gauge := func(name, help string, read func(*state) int64) {
-		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			if st := load(); st != nil {
-				return float64(read(st))
-			}
-			return 0
-		}))
+		m.stateGauge(load, name, help, func(st *state) float64 { return float64(read(st)) })
 	}
 	sched := func(read func(scheduler.Gauges) int64) func(*state) int64 {
 		return func(st *state) int64 { return read(st.sched.Gauges()) }
@@ -205,14 +200,7 @@ const (
 // prefix cache's idle sequences are evicted to make room, as vLLM counts
 // its cached blocks free); and the cache's layout as labels.
 func (m *metrics) watchProtocol(load func() *state) {
-	gauge := func(name, help string, read func(*state) float64) {
-		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			if st := load(); st != nil {
-				return read(st)
-			}
-			return 0
-		}))
-	}
+	gauge := func(name, help string, read func(*state) float64) { m.stateGauge(load, name, help, read) }
 	gauge(protocolWaiting, "Requests waiting to start (/draft and the OpenAI-compatible API): the Inference Extension's TotalQueuedRequests.",
 		func(st *state) float64 { return float64(st.sched.Gauges().Waiting + st.genGauges().Waiting) })
 	gauge(protocolRunning, "Requests being prefilled or decoded (/draft and the OpenAI-compatible API): the Inference Extension's TotalRunningRequests.",
@@ -240,6 +228,17 @@ func (c *cacheInfo) Collect(ch chan<- prometheus.Metric) {
 	}
 	size, blocks := st.cacheLayout()
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, strconv.Itoa(size), strconv.Itoa(blocks))
+}
+
+// stateGauge registers a gauge that reads the state that serves (load
+// reads it), 0 between states.
+func (m *metrics) stateGauge(load func() *state, name, help string, read func(*state) float64) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+		if st := load(); st != nil {
+			return read(st)
+		}
+		return 0
+	}))
 }
 
 // recovering counts a recovery from an engine fault.

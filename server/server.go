@@ -119,11 +119,9 @@ func (st *state) kvUsage() float64 {
 		}
 		return min(float64(used)/float64(budget), 1)
 	}
-	u := share(st.sched.Gauges().ReservedTokens, int64(st.sched.CacheBudget()))
-	if g := st.genGauges(); st.gen != nil {
-		u = max(u, share(g.TargetReserved, g.TargetBudget), share(g.DraftReserved, g.DraftBudget))
-	}
-	return u
+	g := st.genGauges() // zero budgets without a target
+	return max(share(st.sched.Gauges().ReservedTokens, int64(st.sched.CacheBudget())),
+		share(g.TargetReserved, g.TargetBudget), share(g.DraftReserved, g.DraftBudget))
 }
 
 // cacheLayout is the KV block size and the blocks of the cache that the

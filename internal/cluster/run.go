@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"webdraft/loadgen"
@@ -78,18 +79,13 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	// The kill run: once KillAfter of its requests have finished, the
 	// replica that served the most of its conversations so far dies.
 	var (
-		mu       sync.Mutex
-		done     int
+		done     atomic.Int64
 		killOnce sync.Once
 		killed   = make(chan killResult, 1)
 	)
-	total := o.Load.Conversations * o.Load.Turns
+	total := int64(o.Load.Conversations * o.Load.Turns)
 	progress := func() { // called with loadgen's lock held: hand the kill off
-		mu.Lock()
-		done++
-		n := done
-		mu.Unlock()
-		if float64(n) >= o.KillAfter*float64(total) {
+		if float64(done.Add(1)) >= o.KillAfter*float64(total) {
 			killOnce.Do(func() { go func() { killed <- c.killBusiest(ctx, rep) }() })
 		}
 	}

@@ -33,6 +33,11 @@ type Options struct {
 	// then returns an error wrapping ErrNoAdapter, naming them, when they
 	// are all there is.
 	HardwareOnly bool
+	// MaxStorageBufferBindingSize > 0 asks for storage bindings of at most
+	// this many bytes, below the adapter's: a test's way to make a model's
+	// large tensors split across bindings as on an adapter that offers
+	// small ones.
+	MaxStorageBufferBindingSize uint64
 }
 
 // AdapterInfo describes the adapter Open chose.
@@ -115,11 +120,15 @@ type Limits struct {
 	MinUniformBufferOffsetAlignment   uint32
 }
 
-// request returns the limits to ask a device for, given the adapter's.
-func (a Limits) request() Limits {
+// request returns the limits to ask a device for, given the adapter's
+// and the options.
+func (a Limits) request(opts Options) Limits {
 	r := a
 	r.MaxBufferSize = min(a.MaxBufferSize, maxBufferCap)
 	r.MaxStorageBufferBindingSize = min(a.MaxStorageBufferBindingSize, r.MaxBufferSize)
+	if opts.MaxStorageBufferBindingSize > 0 {
+		r.MaxStorageBufferBindingSize = min(r.MaxStorageBufferBindingSize, opts.MaxStorageBufferBindingSize)
+	}
 	r.MaxUniformBufferBindingSize = min(a.MaxUniformBufferBindingSize, paramsChunkSize)
 	return r
 }

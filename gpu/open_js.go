@@ -52,7 +52,7 @@ func Open(opts Options) (*Device, error) {
 	}))
 	f16 := !opts.NoF16 && adapter.Get("features").Call("has", "shader-f16").Bool()
 
-	limits := jsLimits(adapter.Get("limits")).request()
+	limits := jsLimits(adapter.Get("limits")).request(opts)
 	features := []any{}
 	if f16 {
 		features = append(features, "shader-f16")

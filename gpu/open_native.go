@@ -58,7 +58,7 @@ func Open(opts Options) (*Device, error) {
 	if timestamps {
 		features = append(features, wgpu.FeatureNameTimestampQuery)
 	}
-	limits := fromWGPU(best.GetLimits().Limits).request()
+	limits := fromWGPU(best.GetLimits().Limits).request(opts)
 
 	// No DeviceLostCallback: the library passes it to C in a way cgo's
 	// pointer checks reject (a panic). A lost device shows up natively as

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,29 +78,40 @@ func BenchmarkMatMulKernels(b *testing.B) {
 	// gate|up, o_proj and down_proj add into the residual.
 	// A CPU adapter (lavapipe) would take hours over every row count: it
 	// gets two, and no head.
+	sh := benchModel(b)
 	ts, headTs, downPlainTs := benchTs, []int{1, 2, 4, 8, 16, 32}, []int{1, 4, 32}
-	if d.Info().Type == "cpu" {
+	if d.Info().Software() {
 		ts, headTs, downPlainTs = []int{1, 16}, nil, nil
 	}
-	for _, s := range []struct {
+	if *benchRows != "" {
+		ts, headTs, downPlainTs = benchRowList(b), benchRowList(b), nil
+	}
+	H, I, qDim, kvDim := sh.hidden, sh.intermediate, sh.heads*sh.headDim, sh.kvHeads*sh.headDim
+	shapes := []struct {
 		name   string
 		N, K   int
 		Ts     []int
 		in     matMulInput
 		xWidth int // x's columns per K
 	}{
-		{"qkv_2048x4096", 4096, 2048, ts, matMulInput{norm: &gpu.Buffer{}}, 1},
-		{"o_2048x2048", 2048, 2048, ts, matMulInput{accumulate: true}, 1},
-		{"gate_up_2048x12288", 12288, 2048, ts, matMulInput{norm: &gpu.Buffer{}}, 1},
-		{"down_6144x2048", 2048, 6144, ts, matMulInput{swiglu: true, accumulate: true}, 2},
+		{"qkv", qDim + 2*kvDim, H, ts, matMulInput{norm: &gpu.Buffer{}}, 1},
+		{"o", H, qDim, ts, matMulInput{accumulate: true}, 1},
+		{"gate_up", 2 * I, H, ts, matMulInput{norm: &gpu.Buffer{}}, 1},
+		{"down", H, I, ts, matMulInput{swiglu: true, accumulate: true}, 2},
 		// down_proj of an input already through SwiGLU: what computing it
 		// once, before the matmul, would leave.
-		{"down_plain_6144x2048", 2048, 6144, downPlainTs, matMulInput{accumulate: true}, 1},
-		{"head_2048x151936", 151936, 2048, headTs, matMulInput{}, 1},
-	} {
+		{"down_plain", H, I, downPlainTs, matMulInput{accumulate: true}, 1},
+		{"head", sh.vocab, H, headTs, matMulInput{}, 1},
+	}
+	if sh.headRows > 0 { // the drafter's head over its most used tokens
+		shapes = append(shapes, shapes[len(shapes)-1])
+		shapes[len(shapes)-1].name, shapes[len(shapes)-1].N = "head_part", sh.headRows
+	}
+	for _, s := range shapes {
 		if len(s.Ts) == 0 {
 			continue
 		}
+		s.name = fmt.Sprintf("%s_%dx%d", s.name, s.K, s.N)
 		m, w := benchMatrix(b, d, r, s.name, s.N, s.K)
 		if w == nil {
 			continue
@@ -166,13 +179,22 @@ func BenchmarkMatMulKernels(b *testing.B) {
 					}
 				}
 			}
+			groups := []int{128, 512, 1024}
+			if d.Info().Software() { // a CPU's few threads: no split, or a few
+				groups = []int{1, 8, 32}
+			}
 			if T >= 2 && T <= 64 {
-				for _, g := range []int{128, 512, 1024} {
+				for _, g := range groups {
 					add(kernelSkinny, func(c *matMulChoice) { c.groups = g })
 				}
 			}
+			if d.Info().Software() {
+				groups = append(groups, 128)
+			} else {
+				groups = []int{128, 256, 1024}
+			}
 			if T >= 16 && T <= 64 {
-				for _, g := range []int{128, 256, 1024} {
+				for _, g := range groups {
 					for _, k := range []matMulKernel{kernelGEMM2x8, kernelGEMM4} {
 						add(k, func(c *matMulChoice) { c.groups = g })
 					}
@@ -239,6 +261,48 @@ func benchMatrix(b *testing.B, d *gpu.Device, r *rand.Rand, name string, n, k in
 	return m, w
 }
 
+// benchModel is the model whose shapes the benchmarks take: -benchshape
+// qwen3-1.7b (the default) or embedded (the shipped pair, weights/target
+// and weights/drafter: what the page runs in the browser).
+func benchModel(b *testing.B) benchShape {
+	s, ok := benchShapes[*benchShapeName]
+	if !ok {
+		b.Fatalf("-benchshape %q: want qwen3-1.7b or embedded", *benchShapeName)
+	}
+	return s
+}
+
+// benchShape is a Qwen3 model's shapes, as the benchmarks need them.
+type benchShape struct {
+	hidden, intermediate, heads, kvHeads, headDim, vocab int
+	headRows                                             int // > 0: a head over this many of the vocabulary's tokens too
+	context                                              int // decode attention's position
+}
+
+var benchShapes = map[string]benchShape{
+	"qwen3-1.7b": {hidden: 2048, intermediate: 6144, heads: 16, kvHeads: 8, headDim: 128, vocab: 151936, context: 1024},
+	// The page's contexts are a prompt and a few dozen tokens.
+	"embedded": {hidden: 256, intermediate: 1024, heads: 4, kvHeads: 2, headDim: 64, vocab: 151936, headRows: 32768, context: 256},
+}
+
+var (
+	benchShapeName = flag.String("benchshape", "qwen3-1.7b", "the benchmarks' model shapes: qwen3-1.7b or embedded (the shipped pair)")
+	benchRows      = flag.String("benchts", "", "the activation rows the benchmarks time, comma-separated (default: each benchmark's own)")
+)
+
+// benchRowList is -benchts's rows.
+func benchRowList(b *testing.B) []int {
+	var ts []int
+	for f := range strings.SplitSeq(*benchRows, ",") {
+		T, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || T < 1 {
+			b.Fatalf("-benchts %q: want positive row counts, comma-separated", *benchRows)
+		}
+		ts = append(ts, T)
+	}
+	return ts
+}
+
 // benchTs are the activation rows BenchmarkMatMulKernels times the layers'
 // projections at.
 var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}
@@ -280,6 +344,9 @@ var benchMatVecLayouts = []matVecLayout{
 // records while the GPU runs the passes before, so there only the larger
 // of the two counts).
 func benchMatMuls(b *testing.B, d *gpu.Device, out *gpu.Buffer, reps int, record func(*gpu.Batch) error) float64 {
+	if d.Info().Software() { // up to seconds a dispatch on SwiftShader: one, or many minutes a benchmark
+		reps = 1
+	}
 	batch := func(n int) (total, host time.Duration) {
 		start := time.Now()
 		bt, err := d.NewBatch("bench")
@@ -334,7 +401,9 @@ func randInt4(r *rand.Rand, n, k, g int) *tensor.Int4 {
 // keys and values read.
 func BenchmarkAttentionDecode(b *testing.B) {
 	d := gputest.Device(b)
-	const kvHeads, group, D, blockSize, context, reps = 8, 2, 128, 16, 1024, 16
+	sh := benchModel(b)
+	const blockSize, reps = 16, 16
+	kvHeads, group, D, context := sh.kvHeads, sh.heads/sh.kvHeads, sh.headDim, sh.context
 	heads := kvHeads * group
 	// The plan's tuning with the changes below (zero fields keep it).
 	Ts, changes := []int{1, 4, 32}, []decodeTuning{
@@ -343,6 +412,17 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		{wg: 256, vb: 4}, {wg: 256, vb: 8}, {wg: 256, vb: 16}, {wg: 256, workgroups: 256, maxChunk: 512, vb: 16},
 		// one split of the whole context, which needs no merge
 		{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16}, {wg: 256, workgroups: 1, maxChunk: 1024, vb: 16},
+	}
+	if d.Info().Software() {
+		// A CPU's few threads: few splits, or one (no merge).
+		changes = []decodeTuning{
+			{}, {mergeDispatch: true},
+			{wg: 64, workgroups: 1, maxChunk: 1024, vb: 8}, {wg: 64, workgroups: 1, maxChunk: 1024, vb: 4}, {wg: 64, workgroups: 1, maxChunk: 1024, vb: 16},
+			{wg: 128, workgroups: 1, maxChunk: 1024, vb: 8}, {wg: 128, workgroups: 1, maxChunk: 1024, vb: 16}, {wg: 256, workgroups: 1, maxChunk: 1024, vb: 16},
+			{wg: 64, workgroups: 4, maxChunk: 1024, vb: 8}, {wg: 64, workgroups: 16, maxChunk: 1024, vb: 8}, {wg: 64, workgroups: 64, maxChunk: 1024, vb: 8},
+			{wg: 64, workgroups: 16, maxChunk: 256, vb: 8}, {wg: 128, workgroups: 16, maxChunk: 256, vb: 8},
+			{wg: 64, workgroups: 16, maxChunk: 256, vb: 8, mergeDispatch: true},
+		}
 	}
 	tunings := make([]decodeTuning, len(changes))
 	for i, ch := range changes {
@@ -358,7 +438,9 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		t.mergeDispatch = ch.mergeDispatch
 		tunings[i] = t
 	}
-	if d.Info().Type == "cpu" { // lavapipe would take many minutes over them all
+	if *benchRows != "" {
+		Ts = benchRowList(b)
+	} else if d.Info().Software() && *benchShapeName != "embedded" { // lavapipe would take many minutes over them all
 		Ts, tunings = []int{1}, tunings[:2]
 	}
 	for _, T := range Ts {
@@ -408,11 +490,18 @@ func BenchmarkAttentionDecode(b *testing.B) {
 // model's shapes.
 func BenchmarkDecodeLayer(b *testing.B) {
 	d := gputest.Device(b)
-	const context, reps = 1024, 8
-	H, I, kvHeads, group, D, copies := 2048, 6144, 8, 2, 128, 8
+	const reps = 8
+	sh := benchModel(b)
+	H, I, kvHeads, group, D, context, copies := sh.hidden, sh.intermediate, sh.kvHeads, sh.heads/sh.kvHeads, sh.headDim, sh.context, 8
 	Ts := []int{1, 8, 16, 32, 64}
-	if d.Info().Type == "cpu" {
-		H, I, kvHeads, D, copies, Ts = 256, 512, 2, 64, 2, []int{8}
+	if d.Info().Software() {
+		copies, Ts = 2, []int{8}
+		if *benchShapeName != "embedded" { // a small model's shapes
+			H, I, kvHeads, D = 256, 512, 2, 64
+		}
+	}
+	if *benchRows != "" {
+		Ts = benchRowList(b)
 	}
 	heads := kvHeads * group
 	qDim, kvDim := heads*D, kvHeads*D

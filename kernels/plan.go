@@ -18,7 +18,10 @@ type plan struct {
 	// and for prompt chunks of skinnyMinPrefillT rows or more; the GEMM in
 	// between, at 4 × 4 outputs a thread from gemm4MinT rows, else at 2 × 8
 	// or 2 × 4 from gemmMinT rows.
-	rowTileMinK       int
+	rowTileMinK int
+	// matVec, where set, is matvec_int4.wgsl's layout at every shape
+	// (else pickMatVecLayout's, the H200's by shape).
+	matVec            matVecLayout
 	skinnyMaxT        int
 	skinnyMinPrefillT int
 	gemmMinT          int
@@ -66,14 +69,51 @@ var measuredH200 = plan{
 	decode:            decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
 }
 
-// plans holds each class's plan. Only the H200's is measured: other GPUs,
-// lavapipe and SwiftShader take it until they are (their rows here are
-// where their own measurements go).
+// measuredSwiftShader is the plan measured on Chromium's SwiftShader (the
+// browser's CPU adapter; headless Chromium 156 on 2 shared cores), with
+// `go test ./lab/kernelplan -run TestKernelPlan -v -args
+// -kernelplan.bench 'MatMulKernels/(o_|qkv|down_|gate_up|head_part)/T(1|5)/'
+// -kernelplan.benchtime 1x -kernelplan.args '-benchshape=embedded
+// -benchts=1,5'` (and -kernelplan.bench AttentionDecode, 2 rounds), at the
+// shipped pair's shapes: one row (drafting) and five (verifying k = 4).
+// SwiftShader runs a dispatch in milliseconds to seconds, by its
+// workgroups' barriers and threads more than by its bytes:
+//   - one row: matvec_int4.wgsl at 16 lanes × 4 rows, 64 threads is the
+//     fastest at every projection — 3.7 ms against 27 ms at down_proj
+//     (the H200's layout; the row-tile kernel 16 ms), 8.6 ms against
+//     229 ms at q|k|v, 47 ms against 323 ms at gate|up, 217 ms against
+//     821 ms at the drafter's 32,768-row head; skinny_int4.wgsl 1.2–4.6×
+//     slower;
+//   - five rows: skinny_int4.wgsl without split-K (one workgroup target):
+//     2.9–17.5 ms against 7–27 ms split to 512 workgroups; the GEMM
+//     130–820 ms at its best tile, so skinny_int4.wgsl takes every row
+//     count (larger ones, the prompt's 64, not measured; 2–4 rows keep
+//     matvec_batch_int4.wgsl, unmeasured here);
+//   - decode attention: one split of up to 1,024 positions (no merge),
+//     64 threads, eight values a load: at five rows 11–18 ms against
+//     29–38 ms at the H200's 1,024 workgroups; 128 and 256 threads slower.
+var measuredSwiftShader = plan{
+	rowTileMinK:       1 << 30,
+	matVec:            matVecLayout{lanes: 16, rt: 4, wg: 64},
+	skinnyMaxT:        1 << 30,
+	skinnyMinPrefillT: 1,
+	gemmMinT:          1 << 30,
+	gemm4MinT:         1 << 30,
+	gemm2Groups:       1,
+	gemm4Groups:       1,
+	skinnyGroups:      1,
+	skinnyGroupsWide:  1,
+	decode:            decodeTuning{wg: 64, workgroups: 1, maxChunk: 1024, vb: 8, mergeMinRows: 2},
+}
+
+// plans holds each class's plan. The H200's and SwiftShader's are
+// measured; other GPUs and lavapipe take the H200's until they are (their
+// rows here are where their own measurements go).
 var plans = [gpu.NumClasses]plan{
 	gpu.ClassH200:        measuredH200,
 	gpu.ClassGPU:         measuredH200,
 	gpu.ClassLavapipe:    measuredH200,
-	gpu.ClassSwiftShader: measuredH200,
+	gpu.ClassSwiftShader: measuredSwiftShader,
 }
 
 // planFor returns the plan of d's adapter class.
@@ -179,6 +219,11 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 	switch {
 	case k == kernelMatVec:
 		c.matVec, _ = matVecFor(w, T, l)
+		if p.matVec.lanes > 0 {
+			if m, ok := matVecAt(p.matVec, w, T, l); ok {
+				c.matVec = m
+			}
+		}
 	case k == kernelSkinny:
 		c.skinny = pickSkinnyLayout(w.N, T)
 		c.groups = p.skinnyGroups

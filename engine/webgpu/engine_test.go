@@ -21,6 +21,7 @@ import (
 	"webdraft/internal/synth"
 	"webdraft/reference"
 	"webdraft/sampling"
+	shipped "webdraft/weights"
 )
 
 func load(t *testing.T, name string, q checkpoint.Quant) *checkpoint.Model {
@@ -482,5 +483,70 @@ func TestLostDevice(t *testing.T) {
 	}
 	if err := e.Close(); err != nil {
 		t.Errorf("a second Close: %v", err)
+	}
+}
+
+// TestSmallBindings: on a device whose storage bindings are small — as an
+// adapter may offer — the shipped pair's large tensors are bound in row
+// blocks (the 151,936-row embedding, the target's tied head, the
+// drafter's 32,768-row head), and both models draft what they draft on
+// the adapter's own limits: the same tokens, the same log-probabilities
+// of the top 20.
+func TestSmallBindings(t *testing.T) {
+	const limit = 4 << 20 // the embedding's 19.4 MB of codes in 5 blocks, the drafter's head in 2
+	small, err := gpu.Open(gpu.Options{MaxStorageBufferBindingSize: limit})
+	if errors.Is(err, gpu.ErrNoAdapter) {
+		gputest.Device(t) // skips or fails as every GPU test does
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(small.Close)
+	if got := small.Limits().MaxStorageBufferBindingSize; got > limit {
+		t.Skipf("the adapter granted %d-byte storage bindings, not %d", got, limit)
+	}
+	prompt := []int{750, 75698, 1445, 982, 262, 220, 16, 17, 18, 19, 20} // "def fibonacci(n):\n   " and more
+	for _, dir := range []string{shipped.TargetDir, shipped.DrafterDir} {
+		t.Run(dir, func(t *testing.T) {
+			m, err := checkpoint.LoadFS(shipped.FS(), dir, checkpoint.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			embedBytes := uint64(m.Config.VocabSize) * uint64(m.Config.HiddenSize) / 2
+			if embedBytes <= limit {
+				t.Fatalf("the %d-byte embedding fits one %d-byte binding: nothing splits", embedBytes, limit)
+			}
+			draft := func(d *gpu.Device) []engine.Token {
+				e, err := New(d, m.Config, m.Weights, Options{KVBytes: 2 << 20, MaxSequences: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				s, err := e.NewSequence()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Release()
+				got, err := e.StepN(context.Background(), []*engine.Entry{{Seq: s, Tokens: prompt, TopN: engine.MaxTopN}}, 8)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got[0]
+			}
+			want, got := draft(gputest.Device(t)), draft(small)
+			if !slices.Equal(engine.IDs(got), engine.IDs(want)) {
+				t.Fatalf("drafted %v in row blocks, %v unsplit", engine.IDs(got), engine.IDs(want))
+			}
+			for i := range want {
+				for j, w := range want[i].Top {
+					g := got[i].Top[j]
+					if g.Token != w.Token || math.Abs(float64(g.Logprob-w.Logprob)) > 1e-4 {
+						t.Fatalf("token %d, top %d: %+v in row blocks, %+v unsplit", i, j, g, w)
+					}
+				}
+			}
+			t.Logf("%d tokens %v, top 20 the same, on %d-byte bindings", len(got), engine.IDs(got), small.Limits().MaxStorageBufferBindingSize)
+		})
 	}
 }

@@ -7,7 +7,9 @@
 //
 //	go tool task wasm && go test ./lab/browserbench -run TestSpeedup -v -timeout 2h -args -browserbench.prompts 3 -browserbench.tokens 16
 //
-// and writes its table to the log (and to -browserbench.out).
+// and writes its table to the log (and to -browserbench.out). With
+// -browserbench.wasm a.wasm,b.wasm it races builds of the engine (two
+// revisions, say) against each other in one run.
 package browserbench
 
 import (
@@ -19,6 +21,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -44,6 +47,7 @@ var (
 	tokens        = flag.Int("browserbench.tokens", 16, "tokens a run generates")
 	k             = flag.Int("browserbench.k", 4, "the draft length")
 	out           = flag.String("browserbench.out", "", "also write the table here")
+	wasmFiles     = flag.String("browserbench.wasm", "", "drafter.wasm builds to race one against another, comma-separated (a tab each, the prompts alternating; default: the embedded build)")
 	drafterFolder = flag.String("browserbench.drafter", "", "a drafter folder to race instead of the embedded one (named drafter, beside a copy of the embedded target named target when it uses the target's embedding)")
 )
 
@@ -52,71 +56,148 @@ func TestSpeedup(t *testing.T) {
 		t.Skip("a measurement: -browserbench.prompts N runs it")
 	}
 	browsertest.Require(t, "the browser measurement")
-	if !dist.Built() {
+	builds := []string{""} // "": the embedded build
+	if *wasmFiles != "" {
+		builds = strings.Split(*wasmFiles, ",")
+	} else if !dist.Built() {
 		t.Fatal("no browser build in wasm/dist/files: run `go tool task wasm` first")
 	}
-	url := serve(t)
-	ctx := browsertest.New(t, 2*time.Hour)
-	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(ctx, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
+	handler := serve(t)
+	browser := browsertest.New(t, 4*time.Hour)
+	// A tab a build, each on its own origin (its own Cache Storage), the
+	// engine started once; the prompts alternate between the tabs.
+	type tab struct {
+		build string
+		ctx   context.Context
+		note  string
+		rows  []string
+		spec  float64
+		base  float64
+		tau   float64
 	}
-	run("opening the page", chromedp.Navigate(url+"/"), chromedp.Click("#where-browser"))
-	start := time.Now()
-	if state, err := chromedp.Run(ctx, chromedp.Poll[string](`document.body.dataset.engine || false`, chromedp.WithPollingTimeout(10*time.Minute))); err != nil || state != "ready" {
-		t.Fatalf("the engine did not start: %q %v", state, err)
+	var tabs []*tab
+	for _, build := range builds {
+		ctx, cancel := chromedp.NewContext(browser)
+		t.Cleanup(cancel)
+		tb := &tab{build: build, ctx: ctx}
+		tb.note = startEngine(t, ctx, origin(t, handler, build))
+		t.Logf("%s: engine %s", label(build), tb.note)
+		tabs = append(tabs, tb)
 	}
-	note, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("engine-note").textContent`))
-	t.Logf("engine: %s (%.0f s)", note, time.Since(start).Seconds())
-
-	var rows []string
-	var specSum, baseSum, tauSum float64
 	for i, p := range heldOut(t, *prompts) {
-		before, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`window.webdraftEngineLog.length`))
-		run("a race",
-			chromedp.SetValue("#prompt", p), chromedp.SetValue("#k", strconv.Itoa(*k)), chromedp.SetValue("#max_tokens", strconv.Itoa(*tokens)),
-			chromedp.SetValue("#temperature", "0"), chromedp.Evaluate[chromedp.Void](`document.getElementById("race").checked = true`),
-			chromedp.Click("#start"))
-		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`window.webdraftEngineLog.slice(`+strconv.Itoa(before)+`).some((e) => e.type === "finished" || e.type === "error")`,
-			chromedp.WithPollingTimeout(time.Hour))); err != nil {
-			t.Fatalf("prompt %d: %v", i, err)
+		for _, tb := range tabs {
+			spec, base, tau := race(t, tb.ctx, i, p)
+			tb.rows = append(tb.rows, fmt.Sprintf("| %d | %.3f | %.3f | %.2f | %.2f× |", i, spec, base, tau, spec/base))
+			tb.spec, tb.base, tb.tau = tb.spec+spec, tb.base+base, tb.tau+tau
+			t.Logf("%s, prompt %d: speculative %.3f tok/s (τ %.2f), the target alone %.3f tok/s: %.2f×", label(tb.build), i, spec, tau, base, spec/base)
 		}
-		raw, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify(window.webdraftEngineLog.slice(`+strconv.Itoa(before)+`))`))
-		var events []map[string]any
-		if err := json.Unmarshal([]byte(raw), &events); err != nil {
-			t.Fatal(err)
-		}
-		var spec, base, tau float64
-		for _, e := range events {
-			switch {
-			case e["type"] == "error":
-				t.Fatalf("prompt %d: %v", i, e["message"])
-			case e["type"] == "done" && e["run"] == "speculative":
-				spec, tau = e["tokens_per_s"].(float64), e["tau"].(float64)
-			case e["type"] == "done" && e["run"] == "target":
-				base = e["tokens_per_s"].(float64)
-			}
-		}
-		rows = append(rows, fmt.Sprintf("| %d | %.3f | %.3f | %.2f | %.2f× |", i, spec, base, tau, spec/base))
-		specSum, baseSum, tauSum = specSum+spec, baseSum+base, tauSum+tau
-		t.Logf("prompt %d: speculative %.3f tok/s (τ %.2f), the target alone %.3f tok/s: %.2f×", i, spec, tau, base, spec/base)
 	}
-	n := float64(len(rows))
-	table := fmt.Sprintf("In-browser (%s), k = %d, %d tokens a run, greedy:\n\n| prompt | speculative tok/s | target alone tok/s | τ | speedup |\n| ---: | ---: | ---: | ---: | ---: |\n%s\n| mean | %.3f | %.3f | %.2f | %.2f× |\n",
-		note, *k, *tokens, strings.Join(rows, "\n"), specSum/n, baseSum/n, tauSum/n, specSum/baseSum)
-	t.Logf("\n%s", table)
+	var table strings.Builder
+	for _, tb := range tabs {
+		n := float64(len(tb.rows))
+		fmt.Fprintf(&table, "In-browser (%s%s), k = %d, %d tokens a run, greedy:\n\n| prompt | speculative tok/s | target alone tok/s | τ | speedup |\n| ---: | ---: | ---: | ---: | ---: |\n%s\n| mean | %.3f | %.3f | %.2f | %.2f× |\n\n",
+			tb.note, buildNote(tb.build), *k, *tokens, strings.Join(tb.rows, "\n"), tb.spec/n, tb.base/n, tb.tau/n, tb.spec/tb.base)
+	}
+	for _, tb := range tabs[1:] {
+		fmt.Fprintf(&table, "%s against %s: speculative tok/s %.2f×, the target alone's %.2f×\n",
+			label(tb.build), label(tabs[0].build), tb.spec/tabs[0].spec, tb.base/tabs[0].base)
+	}
+	t.Logf("\n%s", table.String())
 	if *out != "" {
-		if err := os.WriteFile(*out, []byte(table), 0o644); err != nil {
+		if err := os.WriteFile(*out, []byte(table.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
+func label(build string) string {
+	if build == "" {
+		return "the embedded build"
+	}
+	return build
+}
+
+func buildNote(build string) string {
+	if build == "" {
+		return ""
+	}
+	return "; " + build
+}
+
+// origin serves handler on an origin of its own, with build's
+// drafter.wasm in place of the embedded one ("": the embedded one).
+func origin(t *testing.T, handler http.Handler, build string) string {
+	t.Helper()
+	h := handler
+	if build != "" {
+		if _, err := os.Stat(build); err != nil {
+			t.Fatal(err)
+		}
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/wasm/"+dist.Program {
+				w.Header().Set("Content-Type", "application/wasm")
+				http.ServeFile(w, r, build)
+				return
+			}
+			handler.ServeHTTP(w, r)
+		})
+	}
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close)
+	return ts.URL
+}
+
+// startEngine opens the page at url in ctx's tab and starts its
+// in-browser engine; it returns the page's note on it.
+func startEngine(t *testing.T, ctx context.Context, url string) string {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.Navigate(url+"/"), chromedp.Click("#where-browser")); err != nil {
+		t.Fatalf("opening the page: %v", err)
+	}
+	start := time.Now()
+	if state, err := chromedp.Run(ctx, chromedp.Poll[string](`document.body.dataset.engine || false`, chromedp.WithPollingTimeout(10*time.Minute))); err != nil || state != "ready" {
+		t.Fatalf("the engine did not start: %q %v", state, err)
+	}
+	note, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("engine-note").textContent`))
+	return fmt.Sprintf("%s (%.0f s)", note, time.Since(start).Seconds())
+}
+
+// race runs prompt p on the page in ctx's tab: speculative decoding and
+// the target alone; it returns their tokens a second and τ.
+func race(t *testing.T, ctx context.Context, i int, p string) (spec, base, tau float64) {
+	t.Helper()
+	before, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`window.webdraftEngineLog.length`))
+	if err := chromedp.Do(ctx,
+		chromedp.SetValue("#prompt", p), chromedp.SetValue("#k", strconv.Itoa(*k)), chromedp.SetValue("#max_tokens", strconv.Itoa(*tokens)),
+		chromedp.SetValue("#temperature", "0"), chromedp.Evaluate[chromedp.Void](`document.getElementById("race").checked = true`),
+		chromedp.Click("#start")); err != nil {
+		t.Fatalf("a race: %v", err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`window.webdraftEngineLog.slice(`+strconv.Itoa(before)+`).some((e) => e.type === "finished" || e.type === "error")`,
+		chromedp.WithPollingTimeout(time.Hour))); err != nil {
+		t.Fatalf("prompt %d: %v", i, err)
+	}
+	raw, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify(window.webdraftEngineLog.slice(`+strconv.Itoa(before)+`))`))
+	var events []map[string]any
+	if err := json.Unmarshal([]byte(raw), &events); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events {
+		switch {
+		case e["type"] == "error":
+			t.Fatalf("prompt %d: %v", i, e["message"])
+		case e["type"] == "done" && e["run"] == "speculative":
+			spec, tau = e["tokens_per_s"].(float64), e["tau"].(float64)
+		case e["type"] == "done" && e["run"] == "target":
+			base = e["tokens_per_s"].(float64)
+		}
+	}
+	return spec, base, tau
+}
+
 // serve serves the embedded pair on CPU engines (the page's files and
-// models; the browser runs both models itself).
-func serve(t *testing.T) string {
+// models; the browser runs both models itself): the server's handler.
+func serve(t *testing.T) http.Handler {
 	t.Helper()
 	tok, err := tokenizer.Default()
 	if err != nil {
@@ -140,7 +221,8 @@ func serve(t *testing.T) string {
 	}
 	drafter, target := model("drafter", drafterFS, drafterDir), model("target", weights.FS(), weights.TargetDir)
 	srv := server.New(slog.New(slog.NewTextHandler(io.Discard, nil)), "")
-	ts := httptest.NewServer(srv.Handler())
+	h := srv.Handler()
+	ts := httptest.NewServer(h)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -153,7 +235,7 @@ func serve(t *testing.T) string {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return ts.URL
+				return h
 			}
 		}
 		if time.Now().After(deadline) {

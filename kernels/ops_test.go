@@ -199,11 +199,16 @@ func TestArgmax(t *testing.T) {
 
 // TestSample holds sample.wgsl to package sampling on fresh random rows:
 // greedy, at a temperature, in a nucleus, with and without a proposal,
-// with ties, a NaN, and a vocabulary-sized row.
+// with ties, a NaN, a vocabulary-sized row and one of more chunks than a
+// workgroup has threads. Peaked rows find their nucleus in the chunks'
+// lists, flat ones (a vocabulary's at a high temperature) need the whole
+// row: both must happen. Lavapipe ends an invocation's loops after 65,535
+// iterations in all, fewer than 33 bisection passes over a row of more
+// than 256 chunks take, so there only the peaked rows have a nucleus.
 func TestSample(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, V := range []int{1, 2 + r.IntN(300), 1 + r.IntN(5000), 151936} {
+	for _, V := range []int{1, 2 + r.IntN(300), 1 + r.IntN(5000), 151936, 256*sampleChunk + 1 + r.IntN(5000)} {
 		rows := 6 + r.IntN(6)
 		topN := min(V, r.IntN(21))
 		t.Run(fmt.Sprintf("rows%d_V%d_top%d", rows, V, topN), func(t *testing.T) {
@@ -222,6 +227,15 @@ func TestSample(t *testing.T) {
 					l[r.IntN(V)] = 30
 				}
 				params[row] = sampling.Params{Temperature: []float32{0, 0.3, 1, 1.7}[r.IntN(4)], TopP: []float32{1, 0.9, 0.5, 0.05, 0}[r.IntN(5)]}
+				switch row % 6 {
+				case 0: // flat: a nucleus of most of the row
+					params[row] = sampling.Params{Temperature: 1.7, TopP: 0.9}
+				case 3: // peaked: a nucleus of one token
+					params[row] = sampling.Params{Temperature: 1, TopP: 0.5}
+				}
+				if V > 256*sampleChunk && d.Info().Software() && row%6 != 3 {
+					params[row].TopP = 1
+				}
 				draws[row] = sampling.Draw{X: r.IntN(V), U: r.Float32(), V: r.Float32()}
 				if row%6 == 4 {
 					draws[row].X = sampling.NoProposal
@@ -267,13 +281,18 @@ func TestSample(t *testing.T) {
 				if gotIDs[row] != uint32(got.Argmax) || gotLPs[row] != got.ArgmaxLogprob {
 					t.Errorf("row %d: ids/lps %d %v, out says %d %v", row, gotIDs[row], gotLPs[row], got.Argmax, got.ArgmaxLogprob)
 				}
+				if wide := ow[row*SampleWords+2]&sampleWide != 0; V > 8*sampleChunk && (row%6 == 0 && params[row].TopP < 1 && !wide || row%6 == 3 && wide) {
+					t.Errorf("row %d (%+v): the whole row read for its nucleus: %v", row, params[row], wide)
+				}
 				close("logsumexp", got.LogSumExp, want.LogSumExp)
 				close("log p(argmax)", got.ArgmaxLogprob, want.ArgmaxLogprob)
 				if err := samplingtest.Check(l, params[row], draws[row], got); err != nil {
 					t.Errorf("row %d (%+v, %+v): %v", row, params[row], draws[row], err)
 				}
 				if !params[row].Greedy() {
-					close("threshold", got.Threshold, want.Threshold)
+					if !nucleusEdge(l, params[row], got.Threshold, want.Threshold) {
+						t.Errorf("row %d: threshold %v, want %v", row, got.Threshold, want.Threshold)
+					}
 					if draws[row].X != sampling.NoProposal {
 						close("log p(X)", got.XLogprob, l[draws[row].X]-want.LogSumExp)
 					}
@@ -294,6 +313,34 @@ func TestSample(t *testing.T) {
 			}
 		})
 	}
+}
+
+// nucleusEdge reports whether got is want's nucleus threshold: close to
+// it, or (the f32 sums' order telling the goal from a neighbouring
+// token's edge) a threshold whose tokens hold the nucleus's mass, within
+// 1e-5, and whose tokens above it do not.
+func nucleusEdge(l []float32, p sampling.Params, got, want float32) bool {
+	if math.Abs(float64(got-want)) <= 1e-4*max(1, math.Abs(float64(want))) {
+		return true
+	}
+	if p.TopP <= 0 || p.TopP >= 1 {
+		return false
+	}
+	probs, err := samplingtest.Probs(l, sampling.Params{Temperature: p.Temperature, TopP: 1})
+	if err != nil {
+		return false
+	}
+	var at, above float64
+	for i, q := range probs {
+		switch s := l[i] / p.Temperature; {
+		case s > got:
+			above += q
+			at += q
+		case s == got:
+			at += q
+		}
+	}
+	return at >= float64(p.TopP)-1e-5 && above < float64(p.TopP)+1e-5
 }
 
 // TestMLPFused runs Qwen3's MLP block the fused way — one matmul over

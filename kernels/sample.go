@@ -10,13 +10,28 @@ import (
 	"webdraft/shaders"
 )
 
-var sampleKernel = gpu.Kernel{
-	Module: "sample.wgsl", Source: shaders.Sample, Entry: "main", Params: reflect.TypeFor[sampleParams](),
-	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite}, // logits, draws, temps, out, top, ids, lps
-}
+var (
+	samplePartial = gpu.Kernel{
+		Module: "sample.wgsl", Source: shaders.Sample, Entry: "partial", Params: reflect.TypeFor[sampleParams](),
+		Storage: sampleStorage,
+	}
+	sampleMerge = gpu.Kernel{
+		Module: "sample.wgsl", Source: shaders.Sample, Entry: "merge", Params: reflect.TypeFor[sampleParams](),
+		Storage: sampleStorage,
+	}
+	// logits, draws, temps, parts, out, top, ids, lps
+	sampleStorage = []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite}
+)
 
 // sampleParams are sample.wgsl's params.
-type sampleParams struct{ V, TopN, _, _ uint32 }
+type sampleParams struct{ V, TopN, Chunks, _ uint32 }
+
+// sample.wgsl's first pass: the logits a workgroup covers (CHUNK) and the
+// words of the record it writes (REC).
+const (
+	sampleChunk  = 2048
+	sampleRecord = 8 + 2*32
+)
 
 // SampleWords is how many u32 words Sample writes a row.
 const SampleWords = 8
@@ -36,12 +51,15 @@ const (
 	sampleGreedy = 1 // draws
 	sampleAccept = 1 // out
 	sampleNaN    = 2 // out
+	sampleWide   = 4 // out: the nucleus took passes over the whole row
 )
 
 // Sample records the verifier's read-out of rows of logits (sample.wgsl):
 // each row's argmax and log-probabilities, its topN most likely tokens,
 // and for a sampled row the acceptance of its proposal and a draw —
-// sampling.Choose and sampling.Top on the GPU.
+// sampling.Choose and sampling.Top on the GPU, in two dispatches: one
+// workgroup a 2,048-logit chunk of a row, then one a row merging them
+// (their records live in the device's scratch buffer).
 //
 //	logits (rows, V) f32
 //	draws  (rows, SampleDrawWords) u32, temps (rows, SampleTempWords) f32: PutSampleRow
@@ -64,17 +82,31 @@ func Sample(b *gpu.Batch, out, top, ids, lp, logits, draws, temps *gpu.Buffer, r
 			return err
 		}
 	}
-	p, err := b.Device().Pipeline(sampleKernel, nil)
+	d := b.Device()
+	chunks := (V + sampleChunk - 1) / sampleChunk
+	partsBytes := uint64(rows*chunks*sampleRecord) * 4
+	parts, err := d.Scratch(partsBytes)
 	if err != nil {
 		return err
 	}
 	binds := []gpu.Binding{
 		logits.Slice(0, uint64(rows*V)*4), draws.Slice(0, uint64(rows*SampleDrawWords)*4), temps.Slice(0, uint64(rows*SampleTempWords)*4),
+		parts.Slice(0, partsBytes),
 		out.Slice(0, uint64(rows*SampleWords)*4), top.Slice(0, uint64(rows*max(topN, 1)*2)*4),
 		ids.Slice(0, uint64(rows)*4), lp.Slice(0, uint64(rows)*4),
 	}
-	if err := gpu.Dispatch(b, p, &sampleParams{V: uint32(V), TopN: uint32(topN)}, binds, uint32(rows), 1, 1); err != nil {
-		return fmt.Errorf("kernels: %s: %w", op, err)
+	params := &sampleParams{V: uint32(V), TopN: uint32(topN), Chunks: uint32(chunks)}
+	for _, pass := range []struct {
+		k    gpu.Kernel
+		x, y int
+	}{{samplePartial, chunks, rows}, {sampleMerge, rows, 1}} {
+		p, err := d.Pipeline(pass.k, nil)
+		if err != nil {
+			return err
+		}
+		if err := gpu.Dispatch(b, p, params, binds, uint32(pass.x), uint32(pass.y), 1); err != nil {
+			return fmt.Errorf("kernels: %s: %w", op, err)
+		}
 	}
 	return nil
 }

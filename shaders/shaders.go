@@ -32,6 +32,13 @@
 // loop whose loads should go out together a fixed count. lab/nvsass shows
 // what the driver made of a kernel.
 //
+// And lavapipe, CI's Vulkan, ends a function's loops after 65,535
+// iterations in all (llvmpipe's LP_MAX_TGSI_LOOP_ITERATIONS, shared by
+// every loop of the function): an invocation that loops longer gives wrong
+// results there without an error. Kernels keep an invocation's loops short
+// (a row split across workgroups, not walked by one), and tests that would
+// pass the limit stay within it on software adapters (TestSample).
+//
 // And workgroup memory is occupancy: on the H200 NVIDIA's driver fits about
 // 56 KB of it an SM (8 KB a workgroup: 6 an SM; 12 KB: 4; 28 KB or more: 1;
 // lab/gridsync's TestResidentWorkgroups), so a kernel's arrays share one region

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -150,12 +151,12 @@ func TestArgmax(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	for _, V := range []int{1, 1 + r.IntN(5000), 151936} {
-		T := []int{4, 5, 17}[r.IntN(3)] // every kind of row below
+		T := []int{5, 6, 17}[r.IntN(3)] // every kind of row below
 		t.Run(fmt.Sprintf("T%d_V%d", T, V), func(t *testing.T) {
 			logits := randVec(r, T*V, 5)
 			for row := range T {
 				l := logits[row*V : (row+1)*V]
-				switch row % 4 {
+				switch row % 5 {
 				case 1: // a tie for the maximum: the first index must win
 					i, j := r.IntN(V), r.IntN(V)
 					l[i], l[j] = 100, 100
@@ -167,6 +168,8 @@ func TestArgmax(t *testing.T) {
 					for i := range l {
 						l[i] = -2
 					}
+				case 4:
+					partialHead(r, l)
 				}
 			}
 			lb := upload(t, d, "logits", logits)
@@ -189,7 +192,7 @@ func TestArgmax(t *testing.T) {
 				if got[row] != uint32(want.Argmax) {
 					t.Errorf("row %d: id %d, want %d", row, got[row], want.Argmax)
 				}
-				if math.Abs(float64(gotLP[row]-want.ArgmaxLogprob)) > 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob))) {
+				if !(math.Abs(float64(gotLP[row]-want.ArgmaxLogprob)) <= 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob)))) { // a NaN fails
 					t.Errorf("row %d: log p %v, want %v", row, gotLP[row], want.ArgmaxLogprob)
 				}
 			}
@@ -225,6 +228,8 @@ func TestSample(t *testing.T) {
 					l[r.IntN(V)] = float32(math.NaN())
 				case 3: // a peaked row: the nucleus is a few tokens
 					l[r.IntN(V)] = 30
+				case 4:
+					partialHead(r, l)
 				}
 				params[row] = sampling.Params{Temperature: []float32{0, 0.3, 1, 1.7}[r.IntN(4)], TopP: []float32{1, 0.9, 0.5, 0.05, 0}[r.IntN(5)]}
 				switch row % 6 {
@@ -274,7 +279,7 @@ func TestSample(t *testing.T) {
 					continue
 				}
 				close := func(name string, g, w float32) {
-					if math.Abs(float64(g-w)) > 1e-4*max(1, math.Abs(float64(w))) {
+					if g != w && !(math.Abs(float64(g-w)) <= 1e-4*max(1, math.Abs(float64(w)))) { // a NaN fails
 						t.Errorf("row %d: %s %v, want %v", row, name, g, w)
 					}
 				}
@@ -315,12 +320,28 @@ func TestSample(t *testing.T) {
 	}
 }
 
+// partialHead makes l a row of a head over part of the vocabulary: −∞ but
+// at a few tokens, so that most chunks of a long row hold nothing else.
+func partialHead(r *rand.Rand, l []float32) {
+	keep := map[int]float32{}
+	for range 1 + r.IntN(40) {
+		i := r.IntN(len(l))
+		keep[i] = l[i]
+	}
+	for i := range l {
+		l[i] = float32(math.Inf(-1))
+	}
+	for i, v := range keep {
+		l[i] = v
+	}
+}
+
 // nucleusEdge reports whether got is want's nucleus threshold: close to
 // it, or (the f32 sums' order telling the goal from a neighbouring
 // token's edge) a threshold whose tokens hold the nucleus's mass, within
 // 1e-5, and whose tokens above it do not.
 func nucleusEdge(l []float32, p sampling.Params, got, want float32) bool {
-	if math.Abs(float64(got-want)) <= 1e-4*max(1, math.Abs(float64(want))) {
+	if got == want || math.Abs(float64(got-want)) <= 1e-4*max(1, math.Abs(float64(want))) {
 		return true
 	}
 	if p.TopP <= 0 || p.TopP >= 1 {

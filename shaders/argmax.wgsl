@@ -115,7 +115,9 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     reduce(lid, bv, bi, nan);
     let top = best_v[0];
     var s = 0.0;
-    if best_i[0] != NONE && nan_seen[0] == 0u {
+    // A chunk of −∞ (a partial head's other tokens) sums to 0, not to
+    // exp(−∞ + ∞).
+    if best_i[0] != NONE && nan_seen[0] == 0u && top > -3.402823466e38 {
         for (var i = 0u; i < PER; i++) {
             if v0 + i * WG < p.V {
                 s += exp(xs[i] - top);

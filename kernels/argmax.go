@@ -58,17 +58,5 @@ func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V int) error {
 	}
 	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*16), ids.Slice(0, uint64(T)*4), lp.Slice(0, uint64(T)*4)}
 	params := &argmaxParams{T: uint32(T), V: uint32(V), Chunks: uint32(chunks)}
-	for _, pass := range []struct {
-		k    gpu.Kernel
-		x, y int
-	}{{argmaxPartial, chunks, T}, {argmaxMerge, T, 1}} {
-		p, err := d.Pipeline(pass.k, nil)
-		if err != nil {
-			return err
-		}
-		if err := gpu.Dispatch(b, p, params, binds, uint32(pass.x), uint32(pass.y), 1); err != nil {
-			return fmt.Errorf("kernels: %s: %w", op, err)
-		}
-	}
-	return nil
+	return dispatchPasses(b, op, params, binds, pass{argmaxPartial, chunks, T}, pass{argmaxMerge, T, 1})
 }

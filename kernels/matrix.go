@@ -209,3 +209,27 @@ func need(op, name string, buf *gpu.Buffer, n int) error {
 	}
 	return nil
 }
+
+// pass is one dispatch of an operation recorded by dispatchPasses: its
+// kernel and its workgroup grid (x, y, 1).
+type pass struct {
+	kernel gpu.Kernel
+	x, y   int
+}
+
+// dispatchPasses records an operation's passes one after the other, all
+// over the same params and bindings (a partial pass and the merge that
+// reads what it wrote).
+func dispatchPasses[P any](b *gpu.Batch, op string, params *P, binds []gpu.Binding, passes ...pass) error {
+	d := b.Device()
+	for _, ps := range passes {
+		p, err := d.Pipeline(ps.kernel, nil)
+		if err != nil {
+			return err
+		}
+		if err := gpu.Dispatch(b, p, params, binds, uint32(ps.x), uint32(ps.y), 1); err != nil {
+			return fmt.Errorf("kernels: %s: %w", op, err)
+		}
+	}
+	return nil
+}

@@ -96,19 +96,7 @@ func Sample(b *gpu.Batch, out, top, ids, lp, logits, draws, temps *gpu.Buffer, r
 		ids.Slice(0, uint64(rows)*4), lp.Slice(0, uint64(rows)*4),
 	}
 	params := &sampleParams{V: uint32(V), TopN: uint32(topN), Chunks: uint32(chunks)}
-	for _, pass := range []struct {
-		k    gpu.Kernel
-		x, y int
-	}{{samplePartial, chunks, rows}, {sampleMerge, rows, 1}} {
-		p, err := d.Pipeline(pass.k, nil)
-		if err != nil {
-			return err
-		}
-		if err := gpu.Dispatch(b, p, params, binds, uint32(pass.x), uint32(pass.y), 1); err != nil {
-			return fmt.Errorf("kernels: %s: %w", op, err)
-		}
-	}
-	return nil
+	return dispatchPasses(b, op, params, binds, pass{samplePartial, chunks, rows}, pass{sampleMerge, rows, 1})
 }
 
 // PutSampleRow writes one row's inputs to Sample: its draws words (d's X,

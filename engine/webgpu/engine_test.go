@@ -550,3 +550,47 @@ func TestSmallBindings(t *testing.T) {
 		})
 	}
 }
+
+// TestShippedLogprobs: the shipped pair's greedy tokens carry the same
+// log-probability through the argmax read-out (no top-N) as through the
+// sampling one (top 1). The drafter's head scores 32,768 tokens, so whole
+// chunks of its logits rows are −∞, which once made the former NaN.
+func TestShippedLogprobs(t *testing.T) {
+	d := gputest.Device(t)
+	prompt := []int{750, 75698, 1445, 982, 262, 220, 16, 17, 18, 19, 20}
+	for _, dir := range []string{shipped.TargetDir, shipped.DrafterDir} {
+		t.Run(dir, func(t *testing.T) {
+			m, err := checkpoint.LoadFS(shipped.FS(), dir, checkpoint.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			e, err := New(d, m.Config, m.Weights, Options{KVBytes: 2 << 20, MaxSequences: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			draft := func(topN int) []engine.Token {
+				s, err := e.NewSequence()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Release()
+				got, err := e.StepN(context.Background(), []*engine.Entry{{Seq: s, Tokens: prompt, TopN: topN}}, 6)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got[0]
+			}
+			argmax, sampled := draft(0), draft(1)
+			if !slices.Equal(engine.IDs(argmax), engine.IDs(sampled)) {
+				t.Fatalf("drafted %v through argmax, %v through sample", engine.IDs(argmax), engine.IDs(sampled))
+			}
+			for i, a := range argmax {
+				if lp := float64(a.Logprob); math.IsNaN(lp) || lp > 0 || math.Abs(lp-float64(sampled[i].Logprob)) > 1e-4 {
+					t.Errorf("token %d: log p %v through argmax, %v through sample", i, a.Logprob, sampled[i].Logprob)
+				}
+			}
+		})
+	}
+}

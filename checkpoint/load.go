@@ -265,7 +265,7 @@ func (m *Model) openSharedEmbedding() (Quant, int, error) {
 	where := fmt.Sprintf("%s: the embedding shared with %s", m.Dir, rel)
 	shared, err := m.sibling(rel)
 	if err != nil {
-		return "", 0, fmt.Errorf("%s: %w", where, err)
+		return "", 0, fmt.Errorf("%s (a path from this folder: keep the two folders as they were converted, or convert again with --embedding-from): %w", where, err)
 	}
 	m.shared, m.SharedEmbedding = shared, rel
 	q, g, err := parseMetadata(shared.Metadata())

@@ -157,6 +157,18 @@ func TestSharedEmbeddingAndPartialHead(t *testing.T) {
 		}
 	}
 
+	// A drafter moved away from its target says what its path is relative to.
+	moved := filepath.Join(root, "elsewhere", "drafter")
+	if err := os.MkdirAll(filepath.Dir(moved), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(moved, os.DirFS(drafter)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(moved, LoadOptions{}); err == nil || !strings.Contains(err.Error(), "../target (a path from this folder") {
+		t.Errorf("a drafter moved from its target: %v", err)
+	}
+
 	// The errors: a head longer than the ranked list, a drafter not trained
 	// on this embedding, a target converted again since.
 	if _, err := Convert(ctx, drafterHF, filepath.Join(root, "x"), ConvertOptions{EmbeddingFrom: target, HeadTokens: 101}); err == nil || !strings.Contains(err.Error(), "only 100") {

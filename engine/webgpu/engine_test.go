@@ -505,14 +505,9 @@ func TestSmallBindings(t *testing.T) {
 	if got := small.Limits().MaxStorageBufferBindingSize; got > limit {
 		t.Skipf("the adapter granted %d-byte storage bindings, not %d", got, limit)
 	}
-	prompt := []int{750, 75698, 1445, 982, 262, 220, 16, 17, 18, 19, 20} // "def fibonacci(n):\n   " and more
 	for _, dir := range []string{shipped.TargetDir, shipped.DrafterDir} {
 		t.Run(dir, func(t *testing.T) {
-			m, err := checkpoint.LoadFS(shipped.FS(), dir, checkpoint.LoadOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
+			m := loadShipped(t, dir)
 			embedBytes := uint64(m.Config.VocabSize) * uint64(m.Config.HiddenSize) / 2
 			if embedBytes <= limit {
 				t.Fatalf("the %d-byte embedding fits one %d-byte binding: nothing splits", embedBytes, limit)
@@ -528,7 +523,7 @@ func TestSmallBindings(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer s.Release()
-				got, err := e.StepN(context.Background(), []*engine.Entry{{Seq: s, Tokens: prompt, TopN: engine.MaxTopN}}, 8)
+				got, err := e.StepN(context.Background(), []*engine.Entry{{Seq: s, Tokens: shippedPrompt, TopN: engine.MaxTopN}}, 8)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -557,14 +552,9 @@ func TestSmallBindings(t *testing.T) {
 // chunks of its logits rows are −∞, which once made the former NaN.
 func TestShippedLogprobs(t *testing.T) {
 	d := gputest.Device(t)
-	prompt := []int{750, 75698, 1445, 982, 262, 220, 16, 17, 18, 19, 20}
 	for _, dir := range []string{shipped.TargetDir, shipped.DrafterDir} {
 		t.Run(dir, func(t *testing.T) {
-			m, err := checkpoint.LoadFS(shipped.FS(), dir, checkpoint.LoadOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
+			m := loadShipped(t, dir)
 			e, err := New(d, m.Config, m.Weights, Options{KVBytes: 2 << 20, MaxSequences: 2})
 			if err != nil {
 				t.Fatal(err)
@@ -576,7 +566,7 @@ func TestShippedLogprobs(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer s.Release()
-				got, err := e.StepN(context.Background(), []*engine.Entry{{Seq: s, Tokens: prompt, TopN: topN}}, 6)
+				got, err := e.StepN(context.Background(), []*engine.Entry{{Seq: s, Tokens: shippedPrompt, TopN: topN}}, 6)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -593,4 +583,19 @@ func TestShippedLogprobs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// shippedPrompt is "def fibonacci(n):\n   " and more, in the shipped pair's
+// tokens.
+var shippedPrompt = []int{750, 75698, 1445, 982, 262, 220, 16, 17, 18, 19, 20}
+
+// loadShipped loads a folder of the embedded pair, closed with the test.
+func loadShipped(t *testing.T, dir string) *checkpoint.Model {
+	t.Helper()
+	m, err := checkpoint.LoadFS(shipped.FS(), dir, checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }

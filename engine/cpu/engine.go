@@ -1,0 +1,260 @@
+// Package cpu is webdraft's fast CPU engine (--backend cpu): the Qwen3
+// forward pass of package reference, restructured for the machine. int4
+// weights are read in place by vector kernels (package ops); every matrix
+// is read once for all the rows of a pass — a verification's k+1 rows
+// and every sequence of a batch, the 151,936-row head included; a team
+// of persistent workers (parallel.Pool) splits each phase of the pass
+// and meets at barriers, so a step allocates nothing and starts no
+// goroutine.
+//
+// It passes the engine suite (enginetest) against the reference, the
+// oracle it is tested against and which stays the reference engine
+// (--backend reference).
+package cpu
+
+import (
+	"context"
+	"fmt"
+
+	"webdraft/engine"
+	"webdraft/engine/cpu/ops"
+	"webdraft/internal/parallel"
+	"webdraft/qwen3"
+	"webdraft/tensor"
+)
+
+// Engine is the CPU engine. Like every engine it is driven by one
+// goroutine at a time.
+type Engine struct {
+	cfg     qwen3.Config
+	embed   tensor.Matrix
+	layers  []layer
+	norm    []float32
+	head    *ops.Linear
+	tokens  []int32   // the token of each head row; nil: row i is token i
+	invFreq []float32 // (D/2) RoPE inverse frequencies
+	kvBytes int64
+	pool    *parallel.Pool
+	pass    pass // the buffers of a forward pass, reused
+}
+
+// layer is one decoder layer's weights, ready for the kernels.
+type layer struct {
+	inputNorm, postNorm []float32
+	qNorm, kNorm        []float32
+	q, k, v, o          *ops.Linear
+	gate, up, down      *ops.Linear
+}
+
+var (
+	_ engine.Engine  = (*Engine)(nil)
+	_ engine.Chainer = (*Engine)(nil)
+)
+
+// Options configure New.
+type Options struct {
+	// KVBytes is the memory for KV caches (f32 keys and values) the
+	// engine reports as its capacity.
+	KVBytes int64
+	// Threads is the number of workers (0: GOMAXPROCS).
+	Threads int
+}
+
+// New returns the CPU engine over a loaded weight tree.
+func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(w.Layers) != cfg.NumHiddenLayers || w.EmbedTokens == nil || w.LMHead == nil {
+		return nil, fmt.Errorf("cpu engine: weights do not match the config (%d layers, want %d)", len(w.Layers), cfg.NumHiddenLayers)
+	}
+	if err := engine.CheckHead(&cfg, w); err != nil {
+		return nil, err
+	}
+	if rows, _ := w.LMHead.Shape(); rows != w.HeadRows(&cfg) {
+		return nil, fmt.Errorf("cpu engine: the head has %d rows, want %d", rows, w.HeadRows(&cfg))
+	}
+	if opts.KVBytes < 0 || opts.Threads < 0 {
+		return nil, fmt.Errorf("cpu engine: KV bytes %d, threads %d: want ≥ 0", opts.KVBytes, opts.Threads)
+	}
+	e := &Engine{
+		cfg: cfg, embed: w.EmbedTokens, norm: w.Norm, head: ops.NewLinear(w.LMHead),
+		tokens: w.HeadTokens, invFreq: cfg.RopeInvFreq(), kvBytes: opts.KVBytes,
+		pool: parallel.NewPool(opts.Threads),
+	}
+	for _, l := range w.Layers {
+		e.layers = append(e.layers, layer{
+			inputNorm: l.InputLayernorm, postNorm: l.PostAttentionLayernorm, qNorm: l.QNorm, kNorm: l.KNorm,
+			q: ops.NewLinear(l.QProj), k: ops.NewLinear(l.KProj), v: ops.NewLinear(l.VProj), o: ops.NewLinear(l.OProj),
+			gate: ops.NewLinear(l.GateProj), up: ops.NewLinear(l.UpProj), down: ops.NewLinear(l.DownProj),
+		})
+	}
+	e.pass.init(e)
+	return e, nil
+}
+
+func (e *Engine) Config() qwen3.Config { return e.cfg }
+
+func (e *Engine) Info() engine.Info {
+	return engine.Info{Backend: "cpu", Adapter: fmt.Sprintf("Go CPU engine, %s kernels, %d threads", ops.Vector(), e.pool.Workers())}
+}
+
+// KVCapacity is the positions of f32 keys and values the KV budget holds.
+func (e *Engine) KVCapacity() int {
+	return int(e.kvBytes / int64(engine.KVBytesPerToken(&e.cfg, 4)))
+}
+
+// Close stops the workers.
+func (e *Engine) Close() error {
+	e.pool.Close()
+	return nil
+}
+
+// NewSequence returns an empty sequence.
+func (e *Engine) NewSequence() (engine.Sequence, error) {
+	return &sequence{owner: e, k: make([][]float32, len(e.layers)), v: make([][]float32, len(e.layers))}, nil
+}
+
+// sequence is one sequence's KV cache: per layer, (len, kv_heads·D) keys
+// (RoPE applied) and values, grown as positions come.
+type sequence struct {
+	owner *Engine
+	len   int
+	k, v  [][]float32
+}
+
+func (s *sequence) Len() int { return s.len }
+
+func (s *sequence) Truncate(n int) {
+	if n >= 0 && n < s.len {
+		s.len = n
+	}
+}
+
+func (s *sequence) Release() { s.k, s.v, s.len = nil, nil, 0 }
+
+// reserve makes room for n more positions in every layer's cache.
+func (s *sequence) reserve(n, kvDim int) {
+	want := (s.len + n) * kvDim
+	for l := range s.k {
+		if cap(s.k[l]) < want {
+			c := max(want, 2*cap(s.k[l]))
+			s.k[l] = append(make([]float32, 0, c), s.k[l][:s.len*kvDim]...)
+			s.v[l] = append(make([]float32, 0, c), s.v[l][:s.len*kvDim]...)
+		}
+		s.k[l], s.v[l] = s.k[l][:want], s.v[l][:want]
+	}
+}
+
+// sequences checks that every sequence is this engine's, once in the
+// batch and not released.
+func (e *Engine) sequences(seqs []engine.Sequence) ([]*sequence, error) {
+	out := make([]*sequence, len(seqs))
+	for i, s := range seqs {
+		q, ok := s.(*sequence)
+		switch {
+		case !ok || q.owner != e:
+			return nil, fmt.Errorf("cpu engine: batch entry %d: a sequence of another engine (%T)", i, s)
+		case q.k == nil:
+			return nil, fmt.Errorf("cpu engine: batch entry %d: a released sequence", i)
+		}
+		for _, p := range out[:i] {
+			if p == q {
+				return nil, fmt.Errorf("cpu engine: batch entry %d repeats a sequence of the batch", i)
+			}
+		}
+		out[i] = q
+	}
+	return out, nil
+}
+
+// Step runs one forward pass over the batch and reads out each entry's
+// greedy token after its last one.
+func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
+	if err := engine.CheckBatch(&e.cfg, batch); err != nil {
+		return err
+	}
+	seqs := make([]engine.Sequence, len(batch))
+	tokens := make([][]int, len(batch))
+	reads := make([]readout, len(batch))
+	for i, en := range batch {
+		seqs[i], tokens[i] = en.Seq, en.Tokens
+		reads[i] = readout{rows: 1, topN: en.TopN}
+	}
+	rows, err := e.forward(ctx, seqs, tokens, reads)
+	if err != nil {
+		return err
+	}
+	for i, en := range batch {
+		r := rows[i][0]
+		en.Next, en.Logprob, en.Top = r.Argmax, r.ArgmaxLogprob, r.Top
+	}
+	return nil
+}
+
+// StepN runs n greedy steps, each entry fed its own token between them
+// (engine.Chainer): on the CPU a chain is the same passes as n Steps, and
+// this checks the whole chain's room first, so that a chain that would
+// run past the context changes no cache.
+func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]engine.Token, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("step n: n = %d, want > 0", n)
+	}
+	if err := engine.CheckBatch(&e.cfg, batch); err != nil {
+		return nil, err
+	}
+	seqs := make([]engine.Sequence, len(batch))
+	for i, en := range batch {
+		seqs[i] = en.Seq
+		if end := en.Seq.Len() + len(en.Tokens) + n - 1; end > e.cfg.MaxPositionEmbeddings {
+			return nil, fmt.Errorf("batch entry %d: %d positions after %d steps: %w (max_position_embeddings %d)", i, end, n, engine.ErrContextFull, e.cfg.MaxPositionEmbeddings)
+		}
+	}
+	if _, err := e.sequences(seqs); err != nil {
+		return nil, err
+	}
+	tokens := make([][]int, len(batch))
+	for i, en := range batch {
+		tokens[i] = en.Tokens
+	}
+	defer func() {
+		for i, en := range batch {
+			en.Tokens = tokens[i]
+		}
+	}()
+	out := make([][]engine.Token, len(batch))
+	for range n {
+		if err := e.Step(ctx, batch); err != nil {
+			return out, err
+		}
+		for i, en := range batch {
+			out[i] = append(out[i], engine.Token{ID: en.Next, Logprob: en.Logprob, Top: en.Top})
+			en.Tokens = []int{en.Next}
+		}
+	}
+	return out, nil
+}
+
+// Verify runs one forward pass over the batch and reads out each entry's
+// last Out rows: greedy rows here, sampled ones by package sampling's
+// rule over the row's logits.
+func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
+	if err := engine.CheckVerify(&e.cfg, batch); err != nil {
+		return err
+	}
+	seqs := make([]engine.Sequence, len(batch))
+	tokens := make([][]int, len(batch))
+	reads := make([]readout, len(batch))
+	for i, en := range batch {
+		seqs[i], tokens[i] = en.Seq, en.Tokens
+		reads[i] = readout{rows: en.Out, topN: en.TopN, params: en.Sampling, draws: en.Draws}
+	}
+	rows, err := e.forward(ctx, seqs, tokens, reads)
+	if err != nil {
+		return err
+	}
+	for i, en := range batch {
+		en.Rows = rows[i]
+	}
+	return nil
+}

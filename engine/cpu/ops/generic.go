@@ -1,0 +1,143 @@
+package ops
+
+import "math"
+
+// The portable kernels: plain Go, the same arithmetic as the vector ones
+// in another order. They run where the vector kernels cannot and are what
+// those are compared with first.
+
+// int4RowGo is int4Row in plain Go: for each block the row's 32 weights
+// are widened once, then dotted with up to 8 input rows at a time.
+func int4RowGo(codes []byte, scales []uint16, bps int, x []float32, cols, T int, out []float32, ld int, add bool) {
+	const chunk = 8
+	var w [Block]float32
+	for t0 := 0; t0 < T; t0 += chunk {
+		n := min(chunk, T-t0)
+		var acc [chunk]float32
+		for b := 0; b < cols/Block; b++ {
+			s := f16[scales[b/bps]]
+			c := codes[b*Block/2 : (b+1)*Block/2]
+			for i, v := range c {
+				w[i] = float32(int32(v&15)-8) * s
+				w[Block/2+i] = float32(int32(v>>4)-8) * s
+			}
+			for t := range n {
+				xb := x[(t0+t)*cols+b*Block : (t0+t)*cols+(b+1)*Block]
+				var d float32
+				for i, wv := range w {
+					d += wv * xb[i]
+				}
+				acc[t] += d
+			}
+		}
+		for t := range n {
+			if add {
+				out[(t0+t)*ld] += acc[t]
+			} else {
+				out[(t0+t)*ld] = acc[t]
+			}
+		}
+	}
+}
+
+// dotGo is Σ a[i]·b[i] over len(a).
+func dotGo(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpyGo is y += a·x over len(y).
+func axpyGo(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += a * x[i]
+	}
+}
+
+// expSumGo sets x[i] = exp(x[i] − m) and returns their sum.
+func expSumGo(x []float32, m float32) float32 {
+	var s float32
+	for i, v := range x {
+		e := float32(math.Exp(float64(v - m)))
+		x[i] = e
+		s += e
+	}
+	return s
+}
+
+// maxGo is the largest value of a non-empty x and its first index; NaN
+// is reported by nan.
+func maxGo(x []float32) (best float32, at int, nan bool) {
+	best = x[0]
+	for i, v := range x {
+		if v != v {
+			return 0, i, true
+		}
+		if v > best {
+			best, at = v, i
+		}
+	}
+	return best, at, false
+}
+
+// expSumFromGo is Σ exp(x[i] − m), x left as it is.
+func expSumFromGo(x []float32, m float32) float32 {
+	var s float32
+	for _, v := range x {
+		s += float32(math.Exp(float64(v - m)))
+	}
+	return s
+}
+
+// RMSNorm computes out = x / sqrt(mean(x²) + eps) · weight over
+// len(weight) (Qwen3RMSNorm in f32); out may be x.
+func RMSNorm(out, x, weight []float32, eps float64) {
+	x = x[:len(weight)]
+	ss := Dot(x, x)
+	inv := float32(1 / math.Sqrt(float64(ss/float32(len(weight)))+eps))
+	for i, wt := range weight {
+		out[i] = wt * (x[i] * inv)
+	}
+}
+
+// Rope rotates one head x (D) in the split-halves layout by the angles
+// whose cosines and sines (D/2 each) are given: x·cos + rotate_half(x)·sin.
+func Rope(x, cos, sin []float32) {
+	half := len(cos)
+	x1, x2 := x[:half], x[half:2*half]
+	sin = sin[:half]
+	for i, c := range cos {
+		a, b := x1[i], x2[i]
+		x1[i] = a*c - b*sin[i]
+		x2[i] = b*c + a*sin[i]
+	}
+}
+
+// RopeAngles fills cos and sin (D/2 each) for position pos, as the
+// reference computes them: angle = pos·inv_freq in f32, then sin and cos
+// in float64.
+func RopeAngles(cos, sin []float32, pos int, invFreq []float32) {
+	for i, f := range invFreq {
+		s, c := math.Sincos(float64(float32(pos) * f))
+		cos[i], sin[i] = float32(c), float32(s)
+	}
+}
+
+// siluMulGo is g[i] = SiLU(g[i])·u[i], SiLU(x) = x·sigmoid(x).
+func siluMulGo(g, u []float32) {
+	u = u[:len(g)]
+	for i, x := range g {
+		g[i] = x / (1 + float32(math.Exp(float64(-x)))) * u[i]
+	}
+}

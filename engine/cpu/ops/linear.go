@@ -1,0 +1,87 @@
+package ops
+
+import (
+	"unsafe"
+
+	"webdraft/tensor"
+)
+
+// Linear is a weight matrix W (Rows, Cols), nn.Linear's layout, ready for
+// MulRows. An int4 matrix whose groups are whole blocks (group size a
+// multiple of 32) is read in place, codes and f16 scales; any other
+// matrix (f32, f16, int4 of smaller groups) is widened a row at a time
+// into the worker's scratch.
+type Linear struct {
+	Rows, Cols int
+	m          tensor.Matrix
+	// The in-place int4 path: codes as bytes, 16 a block (two codes a
+	// byte, the first in the low nibble), and the f16 scales, one per
+	// blocksPerScale blocks. nil codes: the row-at-a-time path.
+	codes          []byte
+	scales         []uint16
+	blocksPerScale int
+}
+
+// NewLinear prepares m for MulRows; it copies nothing.
+func NewLinear(m tensor.Matrix) *Linear {
+	rows, cols := m.Shape()
+	l := &Linear{Rows: rows, Cols: cols, m: m}
+	if q, ok := m.(*tensor.Int4); ok && q.GroupSize%Block == 0 && len(q.QWeight) > 0 {
+		// A []uint32 read as bytes: little-endian, so byte j of word w
+		// holds codes 8w+2j (low nibble) and 8w+2j+1 (high nibble).
+		l.codes = unsafe.Slice((*byte)(unsafe.Pointer(&q.QWeight[0])), 4*len(q.QWeight))
+		l.scales = q.Scales
+		l.blocksPerScale = q.GroupSize / Block
+	}
+	return l
+}
+
+// InPlace reports whether MulRows reads the matrix in place (int4 in
+// whole blocks) rather than widening each row.
+func (l *Linear) InPlace() bool { return l.codes != nil && littleEndian }
+
+// ScratchLen is the scratch MulRows needs: 2·Cols floats.
+func (l *Linear) ScratchLen() int { return 2 * l.Cols }
+
+// MulRows computes, for the weight rows r in [lo, hi) and each of the T
+// input rows x_t (x is (T, Cols) in the blocked layout of Permute):
+//
+//	out[t*ld + r] = Σ_c W[r][c]·x_t[c]     (y = x @ W.T, nn.Linear)
+//
+// or adds it there with add (the residual stream's hidden += o_proj(…)).
+// scratch holds at least ScratchLen floats; only the row-at-a-time path
+// uses it.
+func (l *Linear) MulRows(out []float32, ld int, x []float32, T int, lo, hi int, add bool, scratch []float32) {
+	if lo >= hi || T == 0 {
+		return
+	}
+	if l.InPlace() {
+		bytesPerRow := l.Cols / 2
+		scalesPerRow := l.Cols / Block / l.blocksPerScale
+		for r := lo; r < hi; r++ {
+			codes := l.codes[r*bytesPerRow : (r+1)*bytesPerRow]
+			scales := l.scales[r*scalesPerRow : (r+1)*scalesPerRow]
+			int4Row(codes, scales, l.blocksPerScale, x, l.Cols, T, out[r:], ld, add)
+		}
+		return
+	}
+	raw, row := scratch[:l.Cols], scratch[l.Cols:2*l.Cols]
+	for r := lo; r < hi; r++ {
+		l.m.Row(r, raw)
+		Permute(row, raw)
+		for t := range T {
+			s := Dot(row, x[t*l.Cols:(t+1)*l.Cols])
+			if add {
+				out[t*ld+r] += s
+			} else {
+				out[t*ld+r] = s
+			}
+		}
+	}
+}
+
+// littleEndian: the in-place path reads a word's codes byte by byte.
+var littleEndian = func() bool {
+	w := uint32(1)
+	return *(*byte)(unsafe.Pointer(&w)) == 1
+}()

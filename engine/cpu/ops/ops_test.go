@@ -1,0 +1,275 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"webdraft/reference"
+	"webdraft/tensor"
+)
+
+// randMatrix is a random (rows, cols) matrix in the named format.
+func randMatrix(t testing.TB, rng *rand.Rand, format string, rows, cols int) tensor.Matrix {
+	t.Helper()
+	w := make([]float32, rows*cols)
+	for i := range w {
+		w[i] = float32(rng.NormFloat64()) * 0.5
+	}
+	var group int
+	switch format {
+	case "f32":
+		return &tensor.F32{Rows: rows, Cols: cols, Data: w}
+	case "f16":
+		h := make([]uint16, len(w))
+		for i, v := range w {
+			h[i] = tensor.F32ToF16(v)
+		}
+		return &tensor.F16{Rows: rows, Cols: cols, Data: h}
+	default:
+		if _, err := fmt.Sscanf(format, "int4g%d", &group); err != nil {
+			t.Fatalf("format %q", format)
+		}
+	}
+	m, err := tensor.QuantizeInt4(w, rows, cols, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func randRow(rng *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	return x
+}
+
+// closeTo holds got to want within tol × max|want| (f32 sums in another
+// order).
+func closeTo(got, want []float32, tol float64) error {
+	var scale float64
+	for _, v := range want {
+		scale = math.Max(scale, math.Abs(float64(v)))
+	}
+	for i := range want {
+		if d := math.Abs(float64(got[i] - want[i])); !(d <= tol*scale) {
+			return fmt.Errorf("at %d: %v, want %v (|Δ| %.3g, max|want| %.3g)", i, got[i], want[i], d, scale)
+		}
+	}
+	return nil
+}
+
+// TestMulRows holds MulRows to reference.MatMul on random matrices of
+// every format and input row counts around the kernels' blocking, over a
+// poisoned output, for a split of the rows as workers take them, and in
+// add mode.
+func TestMulRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	for _, format := range []string{"int4g32", "int4g64", "int4g128", "int4g8", "int4g16", "f16", "f32"} {
+		for _, shape := range [][2]int{{1, 32}, {37, 64}, {129, 256}, {8, 128}, {5, 48}} {
+			rows, cols := shape[0], shape[1]
+			var g int
+			if fmt.Sscanf(format, "int4g%d", &g); g > 0 && cols%g != 0 {
+				continue
+			}
+			if format == "f32" || format == "f16" {
+				cols += rng.IntN(3) // dense rows need not be whole blocks
+			}
+			m := randMatrix(t, rng, format, rows, cols)
+			l := NewLinear(m)
+			for _, T := range []int{1, 2, 3, 4, 5, 7, 8, 9, 17} {
+				t.Run(fmt.Sprintf("%s/%dx%d/T%d", format, rows, cols, T), func(t *testing.T) {
+					x := randRow(rng, T*cols)
+					want := make([]float32, T*rows)
+					reference.MatMul(want, x, m, T)
+					xp := make([]float32, len(x))
+					for r := range T {
+						Permute(xp[r*cols:(r+1)*cols], x[r*cols:(r+1)*cols])
+					}
+					got := make([]float32, T*rows)
+					for i := range got {
+						got[i] = float32(math.NaN())
+					}
+					scratch := make([]float32, l.ScratchLen())
+					mid := rng.IntN(rows + 1)
+					l.MulRows(got, rows, xp, T, 0, mid, false, scratch)
+					l.MulRows(got, rows, xp, T, mid, rows, false, scratch)
+					if err := closeTo(got, want, 1e-5); err != nil {
+						t.Fatal(err)
+					}
+					l.MulRows(got, rows, xp, T, 0, rows, true, scratch)
+					for i := range want {
+						want[i] *= 2
+					}
+					if err := closeTo(got, want, 1e-5); err != nil {
+						t.Fatalf("add: %v", err)
+					}
+				})
+			}
+			if format == "int4g32" && !l.InPlace() {
+				t.Errorf("an int4 matrix of 32-column groups is not read in place")
+			}
+		}
+	}
+}
+
+func TestPermute(t *testing.T) {
+	for _, n := range []int{0, 5, 32, 70, 96} {
+		src := make([]float32, n)
+		for i := range src {
+			src[i] = float32(i)
+		}
+		dst := make([]float32, n)
+		Permute(dst, src)
+		for c := range n {
+			if dst[Permuted(c, n)] != src[c] {
+				t.Fatalf("n %d: column %d at %d holds %v", n, c, Permuted(c, n), dst[Permuted(c, n)])
+			}
+		}
+	}
+}
+
+// TestVectorOps holds Dot, Axpy, ExpSum, ExpSumFrom and Max to plain
+// loops on random lengths, −Inf and NaN included.
+func TestVectorOps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 2))
+	for _, n := range []int{1, 3, 15, 16, 17, 31, 33, 64, 100, 1000} {
+		a, b := randRow(rng, n), randRow(rng, n)
+		var dot float64
+		for i := range a {
+			dot += float64(a[i]) * float64(b[i])
+		}
+		if got := Dot(a, b); math.Abs(float64(got)-dot) > 1e-5*float64(n) {
+			t.Errorf("n %d: Dot %v, want %v", n, got, dot)
+		}
+		y := append([]float32(nil), b...)
+		Axpy(y, 0.5, a)
+		for i := range y {
+			if want := b[i] + 0.5*a[i]; math.Abs(float64(y[i]-want)) > 1e-6 {
+				t.Fatalf("n %d: Axpy[%d] %v, want %v", n, i, y[i], want)
+			}
+		}
+		x := randRow(rng, n)
+		for i := range x {
+			x[i] *= 30
+		}
+		if n > 2 {
+			x[rng.IntN(n)] = float32(math.Inf(-1))
+		}
+		best, at, nan := Max(x)
+		wantBest, wantAt, _ := maxGo(x)
+		if best != wantBest || at != wantAt || nan {
+			t.Errorf("n %d: Max %v at %d (nan %v), want %v at %d", n, best, at, nan, wantBest, wantAt)
+		}
+		var sum float64
+		for _, v := range x {
+			sum += math.Exp(float64(v - best))
+		}
+		if got := ExpSumFrom(x, best); math.Abs(float64(got)-sum) > 1e-6*sum {
+			t.Errorf("n %d: ExpSumFrom %v, want %v", n, got, sum)
+		}
+		e := append([]float32(nil), x...)
+		if got := ExpSum(e, best); math.Abs(float64(got)-sum) > 1e-6*sum {
+			t.Errorf("n %d: ExpSum %v, want %v", n, got, sum)
+		}
+		for i, v := range x {
+			want := math.Exp(float64(v - best))
+			if math.Abs(float64(e[i])-want) > 3e-7*want+minNormal {
+				t.Fatalf("n %d: exp(%v) = %v, want %v", n, v-best, e[i], want)
+			}
+		}
+		x[n-1] = float32(math.NaN())
+		if _, _, nan := Max(x); !nan {
+			t.Errorf("n %d: Max missed a NaN", n)
+		}
+	}
+}
+
+// minNormal is f32's smallest normal number: below it exp may give 0.
+const minNormal = 0x1p-126
+
+// TestExpRange holds the vector exp to math.Exp over its whole range and
+// past it.
+func TestExpRange(t *testing.T) {
+	var x []float32
+	for v := -100.0; v <= 0; v += 0.013 {
+		x = append(x, float32(v))
+	}
+	e := append([]float32(nil), x...)
+	ExpSum(e, 0)
+	for i, v := range x {
+		want := math.Exp(float64(v))
+		if math.Abs(float64(e[i])-want) > 3e-7*want+minNormal {
+			t.Fatalf("exp(%v) = %v, want %v", v, e[i], want)
+		}
+	}
+}
+
+// BenchmarkMulRows is one worker's matrix product at the embedded
+// target's shapes (hidden 256, MLP 1024, the 151,936-row tied head), for
+// the input rows of a step (1) and of a 7-row verification.
+func BenchmarkMulRows(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, s := range []struct {
+		name       string
+		rows, cols int
+	}{{"qkv_256x256", 512, 256}, {"gate_up_2048x256", 2048, 256}, {"down_256x1024", 256, 1024}, {"head_151936x256", 151936, 256}} {
+		m := randMatrix(b, rng, "int4g32", s.rows, s.cols)
+		l := NewLinear(m)
+		for _, T := range []int{1, 4, 7} {
+			b.Run(fmt.Sprintf("%s/T%d", s.name, T), func(b *testing.B) {
+				x := randRow(rng, T*s.cols)
+				out := make([]float32, T*s.rows)
+				b.SetBytes(int64(len(l.codes) + 2*len(l.scales)))
+				for b.Loop() {
+					l.MulRows(out, s.rows, x, T, 0, s.rows, false, nil)
+				}
+			})
+		}
+	}
+}
+
+// TestRowOps holds RMSNorm, Rope and SiLUMul to the reference's.
+func TestRowOps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 3))
+	for _, n := range []int{8, 33, 64, 256} {
+		x, w := randRow(rng, n), randRow(rng, n)
+		want := make([]float32, n)
+		reference.RMSNorm(want, x, w, 1e-6)
+		got := append([]float32(nil), x...)
+		RMSNorm(got, got, w, 1e-6)
+		if err := closeTo(got, want, 1e-6); err != nil {
+			t.Errorf("RMSNorm n %d: %v", n, err)
+		}
+		g, u := randRow(rng, n), randRow(rng, n)
+		for i := range g {
+			g[i] *= 10
+		}
+		for i := range want {
+			want[i] = reference.SiLU(g[i]) * u[i]
+		}
+		SiLUMul(g, u)
+		if err := closeTo(g, want, 1e-6); err != nil {
+			t.Errorf("SiLUMul n %d: %v", n, err)
+		}
+		if n%2 == 0 {
+			inv := make([]float32, n/2)
+			for i := range inv {
+				inv[i] = float32(math.Pow(10000, -2*float64(i)/float64(n)))
+			}
+			pos := rng.IntN(5000)
+			h := randRow(rng, n)
+			want := append([]float32(nil), h...)
+			reference.Rope(want, pos, inv)
+			cos, sin := make([]float32, n/2), make([]float32, n/2)
+			RopeAngles(cos, sin, pos, inv)
+			Rope(h, cos, sin)
+			if err := closeTo(h, want, 0); err != nil {
+				t.Errorf("Rope n %d: %v", n, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,32 @@
+//go:build !(goexperiment.simd && amd64)
+
+package ops
+
+// Without simd/archsimd (another architecture, or a toolchain without
+// GOEXPERIMENT=simd) every kernel is the portable one.
+
+// Vector reports which kernels run: "portable" here.
+func Vector() string { return "portable" }
+
+func int4Row(codes []byte, scales []uint16, bps int, x []float32, cols, T int, out []float32, ld int, add bool) {
+	int4RowGo(codes, scales, bps, x, cols, T, out, ld, add)
+}
+
+// Dot is Σ a[i]·b[i] over len(a) (b at least as long).
+func Dot(a, b []float32) float32 { return dotGo(a, b) }
+
+// Axpy is y += a·x over len(y) (x at least as long).
+func Axpy(y []float32, a float32, x []float32) { axpyGo(y, a, x) }
+
+// ExpSum sets x[i] = exp(x[i] − m) and returns their sum.
+func ExpSum(x []float32, m float32) float32 { return expSumGo(x, m) }
+
+// ExpSumFrom is Σ exp(x[i] − m), x unchanged.
+func ExpSumFrom(x []float32, m float32) float32 { return expSumFromGo(x, m) }
+
+// Max is the largest value of a non-empty x and its first index; nan
+// reports a NaN in x.
+func Max(x []float32) (float32, int, bool) { return maxGo(x) }
+
+// SiLUMul sets g[i] = SiLU(g[i])·u[i] (the MLP's act_fn(gate)·up).
+func SiLUMul(g, u []float32) { siluMulGo(g, u) }

@@ -1,0 +1,338 @@
+//go:build goexperiment.simd && amd64
+
+package ops
+
+import (
+	"math/bits"
+	"simd/archsimd"
+	"unsafe"
+)
+
+// The vector kernels: AVX-512 through simd/archsimd, sixteen f32 lanes.
+// Each falls back to its portable twin on a processor without AVX-512.
+
+// Vector reports which kernels run: "avx512" or "portable".
+func Vector() string {
+	if useAVX512 {
+		return "avx512"
+	}
+	return "portable"
+}
+
+var useAVX512 = archsimd.X86.AVX512()
+
+// int4Row computes out[t*ld] (or adds to it) = Σ_c W[c]·x_t[c] for one
+// int4 weight row (codes: Cols/2 bytes; scales: one per bps blocks) and
+// the T input rows of x, four at a time so that each block of weights is
+// widened once for four rows.
+func int4Row(codes []byte, scales []uint16, bps int, x []float32, cols, T int, out []float32, ld int, add bool) {
+	if !useAVX512 {
+		int4RowGo(codes, scales, bps, x, cols, T, out, ld, add)
+		return
+	}
+	if len(codes)*2 != cols || len(scales)*bps*Block != cols || len(x) < T*cols || len(out) < (T-1)*ld+1 {
+		panic("ops: int4Row: shapes do not match")
+	}
+	put := func(t int, s float32) {
+		if add {
+			out[t*ld] += s
+		} else {
+			out[t*ld] = s
+		}
+	}
+	row := func(t int) []float32 { return x[t*cols : (t+1)*cols] }
+	t := 0
+	for ; t+4 <= T; t += 4 {
+		s0, s1, s2, s3 := int4Dot4(codes, scales, bps, row(t), row(t+1), row(t+2), row(t+3))
+		put(t, s0)
+		put(t+1, s1)
+		put(t+2, s2)
+		put(t+3, s3)
+	}
+	switch T - t {
+	case 3:
+		s0, s1, s2, _ := int4Dot4(codes, scales, bps, row(t), row(t+1), row(t+2), row(t+2))
+		put(t, s0)
+		put(t+1, s1)
+		put(t+2, s2)
+	case 2:
+		s0, s1 := int4Dot2(codes, scales, bps, row(t), row(t+1))
+		put(t, s0)
+		put(t+1, s1)
+	case 1:
+		put(t, int4Dot1(codes, scales, bps, row(t)))
+	}
+}
+
+// The int4 dot products walk raw pointers: a block is 16 bytes of codes
+// and 32 floats (128 bytes) of each input row, and slicing per block
+// costs more scalar work than the block's vector work. Callers pass
+// slices of matching length (MulRows' shapes), checked once in int4Row.
+
+// widen turns a block's 16 bytes of codes into its 32 weights: the
+// even columns' and the odd columns'. tbl holds the group's 16 values,
+// (code − 8)·s as the reference dequantizes them, and each code picks
+// its value out of it (VPERMPS reads an index's low 4 bits, so the low
+// nibble needs no mask).
+func widen(codes unsafe.Pointer, tbl archsimd.Float32x16) (even, odd archsimd.Float32x16) {
+	c := archsimd.LoadUint8x16((*[16]byte)(codes)).ExtendToUint32()
+	return tbl.Permute(c), tbl.Permute(c.ShiftAllRight(4))
+}
+
+// levels are the codes' values before scaling: code − 8.
+var levels = [16]float32{-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7}
+
+// table is a group's 16 weight values for scale bits sb.
+func table(sb uint16) archsimd.Float32x16 {
+	return archsimd.LoadFloat32x16(&levels).Mul(archsimd.BroadcastFloat32x16(f16[sb]))
+}
+
+func load16(x []float32) archsimd.Float32x16 {
+	return archsimd.LoadFloat32x16((*[16]float32)(x))
+}
+
+// at loads the 16 floats at byte offset off from p.
+func at(p unsafe.Pointer, off uintptr) archsimd.Float32x16 {
+	return archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p, off)))
+}
+
+func int4Dot4(codes []byte, scales []uint16, bps int, x0, x1, x2, x3 []float32) (float32, float32, float32, float32) {
+	var a0, a1, a2, a3 archsimd.Float32x16
+	c0 := unsafe.Pointer(unsafe.SliceData(codes))
+	var co uintptr
+	p0, p1 := unsafe.Pointer(unsafe.SliceData(x0)), unsafe.Pointer(unsafe.SliceData(x1))
+	p2, p3 := unsafe.Pointer(unsafe.SliceData(x2)), unsafe.Pointer(unsafe.SliceData(x3))
+	var o uintptr
+	for _, sb := range scales {
+		tbl := table(sb)
+		for range bps {
+			even, odd := widen(unsafe.Add(c0, co), tbl)
+			a0 = at(p0, o).MulAdd(even, a0)
+			a1 = at(p1, o).MulAdd(even, a1)
+			a2 = at(p2, o).MulAdd(even, a2)
+			a3 = at(p3, o).MulAdd(even, a3)
+			a0 = at(p0, o+64).MulAdd(odd, a0)
+			a1 = at(p1, o+64).MulAdd(odd, a1)
+			a2 = at(p2, o+64).MulAdd(odd, a2)
+			a3 = at(p3, o+64).MulAdd(odd, a3)
+			co += 16
+			o += 128
+		}
+	}
+	return sum16(a0), sum16(a1), sum16(a2), sum16(a3)
+}
+
+func int4Dot2(codes []byte, scales []uint16, bps int, x0, x1 []float32) (float32, float32) {
+	var a0, a1 archsimd.Float32x16
+	c0 := unsafe.Pointer(unsafe.SliceData(codes))
+	var co uintptr
+	p0, p1 := unsafe.Pointer(unsafe.SliceData(x0)), unsafe.Pointer(unsafe.SliceData(x1))
+	var o uintptr
+	for _, sb := range scales {
+		tbl := table(sb)
+		for range bps {
+			even, odd := widen(unsafe.Add(c0, co), tbl)
+			a0 = at(p0, o).MulAdd(even, a0)
+			a1 = at(p1, o).MulAdd(even, a1)
+			a0 = at(p0, o+64).MulAdd(odd, a0)
+			a1 = at(p1, o+64).MulAdd(odd, a1)
+			co += 16
+			o += 128
+		}
+	}
+	return sum16(a0), sum16(a1)
+}
+
+func int4Dot1(codes []byte, scales []uint16, bps int, x0 []float32) float32 {
+	var a0, a1 archsimd.Float32x16
+	c0 := unsafe.Pointer(unsafe.SliceData(codes))
+	var co uintptr
+	p0 := unsafe.Pointer(unsafe.SliceData(x0))
+	var o uintptr
+	for _, sb := range scales {
+		tbl := table(sb)
+		for range bps {
+			even, odd := widen(unsafe.Add(c0, co), tbl)
+			a0 = at(p0, o).MulAdd(even, a0)
+			a1 = at(p0, o+64).MulAdd(odd, a1)
+			co += 16
+			o += 128
+		}
+	}
+	return sum16(a0.Add(a1))
+}
+
+// sum16 adds a vector's lanes.
+func sum16(v archsimd.Float32x16) float32 {
+	s8 := v.GetLo().Add(v.GetHi())
+	s4 := s8.GetLo().Add(s8.GetHi())
+	s4 = s4.AddPairs(s4)
+	s4 = s4.AddPairs(s4)
+	return s4.GetElem(0)
+}
+
+// Dot is Σ a[i]·b[i] over len(a) (b at least as long).
+func Dot(a, b []float32) float32 {
+	if !useAVX512 {
+		return dotGo(a, b)
+	}
+	b = b[:len(a)]
+	var a0, a1 archsimd.Float32x16
+	i := 0
+	for ; i+32 <= len(a); i += 32 {
+		a0 = load16(a[i:]).MulAdd(load16(b[i:]), a0)
+		a1 = load16(a[i+16:]).MulAdd(load16(b[i+16:]), a1)
+	}
+	if i+16 <= len(a) {
+		a0 = load16(a[i:]).MulAdd(load16(b[i:]), a0)
+		i += 16
+	}
+	s := sum16(a0.Add(a1))
+	for ; i < len(a); i++ {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+// Axpy is y += a·x over len(y) (x at least as long).
+func Axpy(y []float32, a float32, x []float32) {
+	if !useAVX512 {
+		axpyGo(y, a, x)
+		return
+	}
+	x = x[:len(y)]
+	av := archsimd.BroadcastFloat32x16(a)
+	i := 0
+	for ; i+16 <= len(y); i += 16 {
+		p := (*[16]float32)(y[i:])
+		load16(x[i:]).MulAdd(av, archsimd.LoadFloat32x16(p)).Store(p)
+	}
+	for ; i < len(y); i++ {
+		y[i] += a * x[i]
+	}
+}
+
+// ExpSum sets x[i] = exp(x[i] − m) and returns their sum (m at least
+// every x[i]: a softmax's numerators).
+func ExpSum(x []float32, m float32) float32 {
+	if !useAVX512 {
+		return expSumGo(x, m)
+	}
+	mv := archsimd.BroadcastFloat32x16(m)
+	var acc archsimd.Float32x16
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		p := (*[16]float32)(x[i:])
+		e := exp16(archsimd.LoadFloat32x16(p).Sub(mv))
+		e.Store(p)
+		acc = acc.Add(e)
+	}
+	s := sum16(acc)
+	if i < len(x) {
+		s += expSumGo(x[i:], m)
+	}
+	return s
+}
+
+// ExpSumFrom is Σ exp(x[i] − m), x unchanged (a row's softmax
+// denominator after its maximum m).
+func ExpSumFrom(x []float32, m float32) float32 {
+	if !useAVX512 {
+		return expSumFromGo(x, m)
+	}
+	mv := archsimd.BroadcastFloat32x16(m)
+	var a0, a1 archsimd.Float32x16
+	i := 0
+	for ; i+32 <= len(x); i += 32 {
+		a0 = a0.Add(exp16(load16(x[i:]).Sub(mv)))
+		a1 = a1.Add(exp16(load16(x[i+16:]).Sub(mv)))
+	}
+	s := sum16(a0.Add(a1))
+	if i < len(x) {
+		s += expSumFromGo(x[i:], m)
+	}
+	return s
+}
+
+// Max is the largest value of a non-empty x and the first index where it
+// stands; nan reports a NaN in x.
+func Max(x []float32) (best float32, at int, nan bool) {
+	if !useAVX512 || len(x) < 16 {
+		return maxGo(x)
+	}
+	m := load16(x)
+	var isNaN archsimd.Mask32x16
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		v := load16(x[i:])
+		isNaN = isNaN.Or(v.IsNaN())
+		m = m.Max(v)
+	}
+	if isNaN.ToBits() != 0 {
+		return maxGo(x)
+	}
+	m8 := m.GetLo().Max(m.GetHi())
+	m4 := m8.GetLo().Max(m8.GetHi())
+	best = max(m4.GetElem(0), m4.GetElem(1), m4.GetElem(2), m4.GetElem(3))
+	for _, v := range x[i:] {
+		if v != v {
+			return maxGo(x)
+		}
+		best = max(best, v)
+	}
+	bv := archsimd.BroadcastFloat32x16(best)
+	for j := 0; j+16 <= len(x); j += 16 {
+		if hit := load16(x[j:]).Equal(bv).ToBits(); hit != 0 {
+			return best, j + bits.TrailingZeros16(hit), false
+		}
+	}
+	for j := i; j < len(x); j++ {
+		if x[j] == best {
+			return best, j, false
+		}
+	}
+	return best, 0, false // unreachable: best is one of x
+}
+
+// exp16 is e^x lane by lane (Cephes' expf: x = n·ln2 + r, a degree-6
+// polynomial in r, 2^n through the exponent bits), within 2 ulp; exactly 0
+// below −87.3 (−Inf included), where f32's normal range ends.
+func exp16(x archsimd.Float32x16) archsimd.Float32x16 {
+	const (
+		hi, lo = 88.3762626647949, -87.3365447504019
+		log2e  = 1.44269504088896341
+		c1, c2 = 0.693359375, -2.12194440e-4
+	)
+	live := x.GreaterEqual(archsimd.BroadcastFloat32x16(lo))
+	x = x.Min(archsimd.BroadcastFloat32x16(hi)).Max(archsimd.BroadcastFloat32x16(lo))
+	n := x.Mul(archsimd.BroadcastFloat32x16(log2e)).RoundToEvenScaled(0)
+	r := x.Sub(n.Mul(archsimd.BroadcastFloat32x16(c1))).Sub(n.Mul(archsimd.BroadcastFloat32x16(c2)))
+	p := archsimd.BroadcastFloat32x16(1.9875691500e-4)
+	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(1.3981999507e-3))
+	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(8.3334519073e-3))
+	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(4.1665795894e-2))
+	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(1.6666665459e-1))
+	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(5.0000001201e-1))
+	p = p.MulAdd(r.Mul(r), r).Add(archsimd.BroadcastFloat32x16(1))
+	pow := n.ConvertToInt32().Add(archsimd.BroadcastInt32x16(127)).ShiftAllLeft(23).AsFloat32x16()
+	return p.Mul(pow).Masked(live)
+}
+
+// SiLUMul sets g[i] = SiLU(g[i])·u[i] (the MLP's act_fn(gate)·up).
+func SiLUMul(g, u []float32) {
+	if !useAVX512 {
+		siluMulGo(g, u)
+		return
+	}
+	u = u[:len(g)]
+	one := archsimd.BroadcastFloat32x16(1)
+	zero := archsimd.BroadcastFloat32x16(0)
+	i := 0
+	for ; i+16 <= len(g); i += 16 {
+		p := (*[16]float32)(g[i:])
+		x := archsimd.LoadFloat32x16(p)
+		e := exp16(zero.Sub(x))
+		x.Div(one.Add(e)).Mul(load16(u[i:])).Store(p)
+	}
+	siluMulGo(g[i:], u[i:])
+}

@@ -1,0 +1,438 @@
+package cpu
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"webdraft/engine"
+	"webdraft/engine/cpu/ops"
+	"webdraft/sampling"
+)
+
+// readout says what a pass reads out of one entry: its last rows, with
+// their topN most likely tokens, chosen by params with draws (one a row;
+// unused when greedy).
+type readout struct {
+	rows, topN int
+	params     sampling.Params
+	draws      []sampling.Draw
+}
+
+// segment locates an entry's rows in the pass: rows r0 … r0+T-1 are its
+// positions P … P+T-1.
+type segment struct {
+	seq      *sequence
+	r0, T, P int
+}
+
+// pass holds a forward pass's buffers, kept from pass to pass so that a
+// step allocates only when a batch outgrows them. R is the pass's rows
+// (every entry's new tokens), n the rows read out; H hidden_size, D
+// head_dim, I intermediate_size. Inputs of a matrix product are kept in
+// ops' blocked layout (Permute).
+type pass struct {
+	e    *Engine
+	segs []segment
+	R    int
+	// per row r of the pass: its segment and position
+	rowSeg []int32
+	rowPos []int32
+
+	x         []float32 // (R, H) the residual stream, hidden_states
+	act       []float32 // (R, max(H, qDim)) blocked: a normed hidden, or the attention output
+	q         []float32 // (R, qDim) queries, then normed and rotated in place
+	k, v      []float32 // (R, kvDim) new keys and values before the cache
+	attn      []float32 // (R, qDim) attention output, natural order
+	gate, up  []float32 // (R, I) MLP projections
+	mlp       []float32 // (R, I) blocked: SiLU(gate)·up
+	cos, sin  []float32 // (R, D/2) RoPE at each row's position
+	read      []int32   // (n) the rows read out, in entry order
+	headIn    []float32 // (n, H) blocked: norm(hidden) of the rows read out
+	logits    []float32 // (n, head rows)
+	partials  []partial // (workers, n) each worker's share of a row's read-out
+	sums      []float32 // (workers, n) each worker's Σ exp(logit − the row's max)
+	workers   []scratch
+	attnScale float32
+	headRows  int
+}
+
+// scratch is one worker's own memory.
+type scratch struct {
+	mm     []float32 // a matrix product's row-at-a-time scratch
+	row    []float32 // one row of up to max(H, qDim, I)
+	scores []float32 // attention scores, one per position attended to
+}
+
+// partial is a worker's part of a row's read-out: over its chunk of the
+// head's rows, the largest logit and where.
+type partial struct {
+	max  float32
+	at   int
+	nan  bool
+	none bool // an empty chunk
+}
+
+func (p *pass) init(e *Engine) {
+	c := &e.cfg
+	p.e = e
+	p.attnScale = float32(1 / math.Sqrt(float64(c.HeadDim)))
+	p.headRows = e.head.Rows
+	mm := e.head.ScratchLen()
+	wide := max(c.HiddenSize, c.QDim(), c.IntermediateSize)
+	for _, l := range e.layers {
+		for _, m := range []*ops.Linear{l.q, l.k, l.v, l.o, l.gate, l.up, l.down} {
+			mm = max(mm, m.ScratchLen())
+		}
+	}
+	p.workers = make([]scratch, e.pool.Workers())
+	for i := range p.workers {
+		p.workers[i] = scratch{mm: make([]float32, mm), row: make([]float32, wide)}
+	}
+}
+
+// grow returns buf with length n, reallocated only when too short.
+func grow[T any](buf []T, n int) []T {
+	if cap(buf) < n {
+		return make([]T, n, n+n/4)
+	}
+	return buf[:n]
+}
+
+// forward appends each entry's tokens to its sequence, runs the pass, and
+// reads out each entry's last rows. Nothing changes when the batch is
+// refused.
+func (e *Engine) forward(ctx context.Context, seqs []engine.Sequence, tokens [][]int, reads []readout) ([][]engine.VerifyRow, error) {
+	ss, err := e.sequences(seqs)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c := &e.cfg
+	H, qDim, kvDim, I, half := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize, c.HeadDim/2
+	p := &e.pass
+	p.segs = p.segs[:0]
+	R, n := 0, 0
+	for i, s := range ss {
+		T := len(tokens[i])
+		p.segs = append(p.segs, segment{seq: s, r0: R, T: T, P: s.len})
+		R += T
+		n += reads[i].rows
+	}
+	p.R = R
+	p.rowSeg, p.rowPos = grow(p.rowSeg, R), grow(p.rowPos, R)
+	p.x, p.act = grow(p.x, R*H), grow(p.act, R*max(H, qDim))
+	p.q, p.attn = grow(p.q, R*qDim), grow(p.attn, R*qDim)
+	p.k, p.v = grow(p.k, R*kvDim), grow(p.v, R*kvDim)
+	p.gate, p.up, p.mlp = grow(p.gate, R*I), grow(p.up, R*I), grow(p.mlp, R*I)
+	p.cos, p.sin = grow(p.cos, R*half), grow(p.sin, R*half)
+	p.read = grow(p.read, n)[:0]
+	p.headIn, p.logits = grow(p.headIn, n*H), grow(p.logits, n*p.headRows)
+	p.partials, p.sums = grow(p.partials, len(p.workers)*n), grow(p.sums, len(p.workers)*n)
+	longest := 0
+	for i, sg := range p.segs {
+		for t := range sg.T {
+			r := sg.r0 + t
+			p.rowSeg[r], p.rowPos[r] = int32(i), int32(sg.P+t)
+			// hidden = embed_tokens(input_ids); cos, sin = rotary_emb(positions)
+			e.embed.Row(tokens[i][t], p.x[r*H:(r+1)*H])
+			ops.RopeAngles(p.cos[r*half:(r+1)*half], p.sin[r*half:(r+1)*half], sg.P+t, e.invFreq)
+		}
+		for r := sg.r0 + sg.T - reads[i].rows; r < sg.r0+sg.T; r++ {
+			p.read = append(p.read, int32(r))
+		}
+		sg.seq.reserve(sg.T, kvDim)
+		longest = max(longest, sg.P+sg.T)
+	}
+	for i := range p.workers {
+		p.workers[i].scores = grow(p.workers[i].scores, longest)
+	}
+
+	e.pool.Run(p.run)
+
+	for _, sg := range p.segs {
+		sg.seq.len += sg.T
+	}
+	return p.readOut(reads)
+}
+
+// run is one worker's part of the pass (Pool.Run): the decoder layers,
+// the final norm and head over the rows read out, and the read-out's
+// reductions, phase by phase.
+func (p *pass) run(w int) {
+	e, c := p.e, &p.e.cfg
+	H, qDim, kvDim, I, D := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize, c.HeadDim
+	heads, kvHeads, half := c.NumAttentionHeads, c.NumKeyValueHeads, D/2
+	pool, ws, R := e.pool, &p.workers[w], p.R
+	eps := c.RMSNormEps
+
+	for l := range e.layers {
+		L := &e.layers[l]
+		// residual = hidden; h = input_layernorm(hidden): (R, H), blocked
+		lo, hi := pool.Split(R, w)
+		for r := lo; r < hi; r++ {
+			ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], L.inputNorm, eps)
+			ops.Permute(p.act[r*H:(r+1)*H], ws.row[:H])
+		}
+		pool.Barrier()
+		// q, k, v = q_proj(h), k_proj(h), v_proj(h): their rows split as one
+		lo, hi = pool.Split(qDim+2*kvDim, w)
+		project(lo, hi, p.act, R, ws.mm, L.q, p.q, L.k, p.k, L.v, p.v)
+		pool.Barrier()
+		// q_norm, k_norm over each head (head_dim only), RoPE at each
+		// row's position; the new keys and values into the cache.
+		lo, hi = pool.Split(R*(heads+kvHeads), w)
+		for i := lo; i < hi; i++ {
+			r, h := i/(heads+kvHeads), i%(heads+kvHeads)
+			cos, sin := p.cos[r*half:(r+1)*half], p.sin[r*half:(r+1)*half]
+			if h < heads {
+				qh := p.q[r*qDim+h*D : r*qDim+(h+1)*D]
+				ops.RMSNorm(qh, qh, L.qNorm, eps)
+				ops.Rope(qh, cos, sin)
+				continue
+			}
+			h -= heads
+			kh := p.k[r*kvDim+h*D : r*kvDim+(h+1)*D]
+			ops.RMSNorm(kh, kh, L.kNorm, eps)
+			ops.Rope(kh, cos, sin)
+			seq, at := p.segs[p.rowSeg[r]].seq, int(p.rowPos[r])*kvDim+h*D
+			copy(seq.k[l][at:at+D], kh)
+			copy(seq.v[l][at:at+D], p.v[r*kvDim+h*D:r*kvDim+(h+1)*D])
+		}
+		pool.Barrier()
+		// attn = softmax(q·kᵀ/√D + causal mask)·v, GQA: (R, heads·D)
+		lo, hi = pool.Split(R*heads, w)
+		for i := lo; i < hi; i++ {
+			r, h := i/heads, i%heads
+			p.attend(ws, l, r, h)
+		}
+		pool.Barrier()
+		lo, hi = pool.Split(R, w)
+		for r := lo; r < hi; r++ {
+			ops.Permute(p.act[r*qDim:(r+1)*qDim], p.attn[r*qDim:(r+1)*qDim])
+		}
+		pool.Barrier()
+		// hidden = residual + o_proj(attn)
+		lo, hi = pool.Split(H, w)
+		L.o.MulRows(p.x, H, p.act, R, lo, hi, true, ws.mm)
+		pool.Barrier()
+		// residual = hidden; h = post_attention_layernorm(hidden)
+		lo, hi = pool.Split(R, w)
+		for r := lo; r < hi; r++ {
+			ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], L.postNorm, eps)
+			ops.Permute(p.act[r*H:(r+1)*H], ws.row[:H])
+		}
+		pool.Barrier()
+		// m = SiLU(gate_proj(h))·up_proj(h): this worker's columns of m,
+		// written where down_proj reads them.
+		lo, hi = pool.Split(I, w)
+		L.gate.MulRows(p.gate, I, p.act, R, lo, hi, false, ws.mm)
+		L.up.MulRows(p.up, I, p.act, R, lo, hi, false, ws.mm)
+		for r := range R {
+			g := p.gate[r*I+lo : r*I+hi]
+			ops.SiLUMul(g, p.up[r*I+lo:r*I+hi])
+			m := p.mlp[r*I : (r+1)*I]
+			for j, v := range g {
+				m[ops.Permuted(lo+j, I)] = v
+			}
+		}
+		pool.Barrier()
+		// hidden = residual + down_proj(m)
+		lo, hi = pool.Split(H, w)
+		L.down.MulRows(p.x, H, p.mlp, R, lo, hi, true, ws.mm)
+		pool.Barrier()
+	}
+
+	// hidden = norm(hidden) at the rows read out; logits = lm_head(hidden)
+	n := len(p.read)
+	lo, hi := pool.Split(n, w)
+	for i := lo; i < hi; i++ {
+		r := int(p.read[i])
+		ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], e.norm, eps)
+		ops.Permute(p.headIn[i*H:(i+1)*H], ws.row[:H])
+	}
+	pool.Barrier()
+	lo, hi = pool.Split(p.headRows, w)
+	e.head.MulRows(p.logits, p.headRows, p.headIn, n, lo, hi, false, ws.mm)
+	pool.Barrier()
+	// Each row's largest logit and Σ exp(logit − max), over every worker's
+	// chunk of the head's rows: the argmax and the log-sum-exp.
+	mine := p.partials[w*n : (w+1)*n]
+	for i := range mine {
+		row := p.logits[i*p.headRows+lo : i*p.headRows+hi]
+		if len(row) == 0 {
+			mine[i] = partial{none: true}
+			continue
+		}
+		m, at, nan := ops.Max(row)
+		mine[i] = partial{max: m, at: lo + at, nan: nan}
+	}
+	pool.Barrier()
+	sums := p.sums[w*n : (w+1)*n]
+	for i := range mine {
+		sums[i] = 0
+		if mine[i].none || mine[i].nan {
+			continue
+		}
+		m := p.rowMax(i)
+		if math.IsInf(float64(m), -1) {
+			continue // an all −∞ row: the read-out refuses it
+		}
+		sums[i] = ops.ExpSumFrom(p.logits[i*p.headRows+lo:i*p.headRows+hi], m)
+	}
+}
+
+// rowMax is read row i's largest logit over every worker's chunk.
+func (p *pass) rowMax(i int) float32 {
+	n := len(p.read)
+	m := float32(math.Inf(-1))
+	for w := range p.workers {
+		if q := p.partials[w*n+i]; !q.none {
+			m = max(m, q.max)
+		}
+	}
+	return m
+}
+
+// attend computes row r's attention output for query head h over its
+// sequence's cached positions 0 … its own (causal).
+func (p *pass) attend(ws *scratch, l, r, h int) {
+	c := &p.e.cfg
+	D, qDim, kvDim := c.HeadDim, c.QDim(), c.KVDim()
+	seq := p.segs[p.rowSeg[r]].seq
+	n := int(p.rowPos[r]) + 1
+	qh := p.q[r*qDim+h*D : r*qDim+(h+1)*D]
+	kv := (h / c.GroupSize()) * D
+	keys, values := seq.k[l], seq.v[l]
+	scores := ws.scores[:n]
+	for j := range scores {
+		scores[j] = ops.Dot(qh, keys[j*kvDim+kv:j*kvDim+kv+D]) * p.attnScale
+	}
+	m, _, _ := ops.Max(scores)
+	inv := 1 / ops.ExpSum(scores, m)
+	out := p.attn[r*qDim+h*D : r*qDim+(h+1)*D]
+	clear(out)
+	for j, s := range scores {
+		ops.Axpy(out, s*inv, values[j*kvDim+kv:j*kvDim+kv+D])
+	}
+}
+
+// project computes rows [lo, hi) of the matrices ms stacked (q, k, v as
+// one matrix): each matrix's share into its own output.
+func project(lo, hi int, in []float32, R int, mm []float32, pairs ...any) {
+	base := 0
+	for i := 0; i < len(pairs); i += 2 {
+		m, out := pairs[i].(*ops.Linear), pairs[i+1].([]float32)
+		a, b := max(lo-base, 0), min(hi-base, m.Rows)
+		m.MulRows(out, m.Rows, in, R, a, b, false, mm)
+		base += m.Rows
+	}
+}
+
+// readOut turns the workers' partial reductions into each entry's rows:
+// the argmax and log-sum-exp always; a sampled row's draw by package
+// sampling over its logits; the most likely tokens where asked.
+func (p *pass) readOut(reads []readout) ([][]engine.VerifyRow, error) {
+	e := p.e
+	n := len(p.read)
+	out := make([][]engine.VerifyRow, len(reads))
+	var full []float32
+	i := 0
+	for en, rd := range reads {
+		out[en] = make([]engine.VerifyRow, rd.rows)
+		for j := range rd.rows {
+			best, at, sum := float32(math.Inf(-1)), -1, float32(0)
+			for w := range p.workers {
+				q := p.partials[w*n+i]
+				if q.none {
+					continue
+				}
+				if q.nan {
+					return nil, fmt.Errorf("cpu engine: batch entry %d row %d: %w", en, j, sampling.ErrNaN)
+				}
+				if q.max > best || at < 0 {
+					best, at = q.max, q.at
+				}
+				sum += p.sums[w*n+i]
+			}
+			if math.IsInf(float64(best), -1) {
+				return nil, fmt.Errorf("cpu engine: batch entry %d row %d: every logit is −Inf", en, j)
+			}
+			logits := p.logits[i*p.headRows : (i+1)*p.headRows]
+			lse := best + float32(math.Log(float64(sum)))
+			row := sampling.Row{Argmax: e.token(at), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
+			if !rd.params.Greedy() {
+				full = e.fullRow(full, logits)
+				r, err := sampling.Choose(full, rd.params, rd.draws[j])
+				if err != nil {
+					return nil, fmt.Errorf("cpu engine: batch entry %d row %d: %w", en, j, err)
+				}
+				row = r
+			}
+			out[en][j].Row = row
+			if rd.topN > 0 {
+				out[en][j].Top = e.top(logits, rd.topN, lse)
+			}
+			i++
+		}
+	}
+	return out, nil
+}
+
+// token is the vocabulary token of head row i.
+func (e *Engine) token(i int) int {
+	if e.tokens != nil {
+		return int(e.tokens[i])
+	}
+	return i
+}
+
+// fullRow returns a head's logits over the whole vocabulary in buf: the
+// head's own row when it scores every token, else −Inf for the tokens it
+// leaves out.
+func (e *Engine) fullRow(buf, logits []float32) []float32 {
+	if e.tokens == nil {
+		return logits
+	}
+	buf = grow(buf, e.cfg.VocabSize)
+	for i := range buf {
+		buf[i] = float32(math.Inf(-1))
+	}
+	for j, t := range e.tokens {
+		buf[t] = logits[j]
+	}
+	return buf
+}
+
+// top returns the n most likely tokens of a head row, most likely first,
+// the lower token first on ties (sampling.Top's order), without sorting
+// the row: a short list kept in order, which most logits fail to enter.
+func (e *Engine) top(logits []float32, n int, lse float32) []sampling.TokenLogprob {
+	type cand struct {
+		v   float32
+		tok int
+	}
+	better := func(a, b cand) bool { return a.v > b.v || a.v == b.v && a.tok < b.tok }
+	best := make([]cand, 0, n+1)
+	for j, v := range logits {
+		c := cand{v, e.token(j)}
+		if len(best) == n && !better(c, best[n-1]) {
+			continue
+		}
+		k := len(best)
+		best = append(best, c)
+		for k > 0 && better(c, best[k-1]) {
+			best[k] = best[k-1]
+			k--
+		}
+		best[k] = c
+		best = best[:min(len(best), n)]
+	}
+	out := make([]sampling.TokenLogprob, len(best))
+	for k, c := range best {
+		out[k] = sampling.TokenLogprob{Token: c.tok, Logprob: c.v - lse}
+	}
+	return out
+}

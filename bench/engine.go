@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"webdraft/engine"
@@ -173,4 +174,46 @@ func profile(e *webgpu.Engine, f func() error, period float64) ([]Kernel, error)
 			Time: time.Duration(float64(prof.Ticks[name]) * period * 1e9)})
 	}
 	return out, nil
+}
+
+// Verify prefills a sequence with context random tokens, then times a
+// verification of rows tokens — one Verify pass reading out every row, as
+// a target checks rows−1 drafted tokens and its own next — the sequence
+// cut back to its context after each. It returns the median of reps
+// passes after a warm-up one.
+func Verify(ctx context.Context, e engine.Engine, rows, context, reps int) (time.Duration, error) {
+	if rows < 1 || reps < 1 {
+		return 0, fmt.Errorf("verify: %d rows, %d repetitions", rows, reps)
+	}
+	cfg := e.Config()
+	rng := rand.New(rand.NewPCG(5, uint64(rows)))
+	random := func(n int) []int {
+		p := make([]int, n)
+		for j := range p {
+			p[j] = rng.IntN(cfg.VocabSize)
+		}
+		return p
+	}
+	s, err := e.NewSequence()
+	if err != nil {
+		return 0, err
+	}
+	defer s.Release()
+	if err := e.Step(ctx, []*engine.Entry{{Seq: s, Tokens: random(context)}}); err != nil {
+		return 0, fmt.Errorf("prefill: %w", err)
+	}
+	fed := random(rows)
+	times := make([]time.Duration, 0, reps)
+	for i := range reps + 1 {
+		start := time.Now()
+		if err := e.Verify(ctx, []*engine.VerifyEntry{{Seq: s, Tokens: fed, Out: rows}}); err != nil {
+			return 0, err
+		}
+		if i > 0 {
+			times = append(times, time.Since(start))
+		}
+		s.Truncate(context)
+	}
+	slices.Sort(times)
+	return times[len(times)/2], nil
 }

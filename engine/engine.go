@@ -1,8 +1,9 @@
 // Package engine defines what a backend does — forward passes of a Qwen3
 // model over batches of sequences, each with its own KV cache: a drafter's
 // greedy steps (Step, StepN), and a verifier's pass that reads out every
-// position it feeds (Verify) — and provides the CPU engine over the
-// reference model. The WebGPU engine implements the same interface, so the
+// position it feeds (Verify) — and provides the engine over the reference
+// model. The CPU engine (engine/cpu) and the WebGPU engine (engine/webgpu)
+// implement the same interface, so the
 // server and the command line never see a kernel.
 package engine
 
@@ -17,7 +18,7 @@ import (
 
 // Info names what an engine runs on.
 type Info struct {
-	Backend string // "cpu" or "webgpu"
+	Backend string // "cpu", "reference" or "webgpu"
 	Adapter string // the GPU adapter, or the CPU description
 }
 
@@ -138,7 +139,7 @@ var (
 )
 
 // DeviceBytes is the GPU memory eng's buffers hold, for engines on a GPU
-// (false for the CPU engine).
+// (false for the engines on the CPU).
 func DeviceBytes(eng Engine) (int64, bool) {
 	if d, ok := eng.(interface{ DeviceBytes() int64 }); ok {
 		return d.DeviceBytes(), true
@@ -148,7 +149,7 @@ func DeviceBytes(eng Engine) (int64, bool) {
 
 // KVBlockSize is the positions a block of eng's KV cache holds, the unit
 // it allocates KV memory in (the WebGPU engine's pages); 1 for engines
-// that allocate position by position (the CPU engine).
+// that allocate position by position (the engines on the CPU).
 func KVBlockSize(eng Engine) int {
 	if b, ok := eng.(interface{ KVBlockSize() int }); ok {
 		return b.KVBlockSize()
@@ -157,7 +158,7 @@ func KVBlockSize(eng Engine) int {
 }
 
 // Fault is the error that broke eng (one wrapping ErrFault), or nil while
-// it works; engines that cannot fault (the CPU engine) always say nil.
+// it works; engines that cannot fault (those on the CPU) always say nil.
 func Fault(eng Engine) error {
 	if f, ok := eng.(interface{ Fault() error }); ok {
 		return f.Fault()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -19,7 +20,7 @@ import (
 )
 
 func benchEngine(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--context 1024] [--batches 1,32] [--prefill 512] [--svg FILE]")
+	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--backend webgpu|cpu|reference] [--context 1024] [--batches 1,32] [--prefill 512] [--rows 1,5,7,9,17] [--baseline reference|none] [--svg FILE]")
 	shape := fs.String("shape", "qwen3-1.7b", "published shape, with random int4 weights: "+strings.Join(shapeNames(), ", "))
 	modelDir := fs.String("model", "", "measure this model folder instead of random weights")
 	context := fs.Int("context", 1024, "context length of each sequence before the timed decode steps")
@@ -30,6 +31,9 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measurements to this file")
 	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size and the prefill kernel by kernel on the GPU (timestamp queries)")
 	svg := fs.String("svg", "", "also plot milliseconds per decode step against batch size, as SVG, to this file")
+	backendFlag := fs.String("backend", "webgpu", "webgpu, or an engine on the CPU: cpu (the fast CPU engine) or reference (the plain-Go oracle)")
+	rowsFlag := fs.String("rows", "1,5,7,9,17", "with cpu or reference: the verification passes to time, in rows (a verification of k drafted tokens reads k+1)")
+	baseline := fs.String("baseline", "reference", "with --backend cpu: the engine measured beside it in the same run, for the ratios: reference, or none")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -58,6 +62,17 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	if *context < 1 || *steps < 1 || *prefill < 1 {
 		return usagef("--context, --steps and --prefill must be positive")
 	}
+	backend, err := parseBackend(*backendFlag)
+	if err != nil || backend == "auto" {
+		return usagef("--backend %q: want webgpu, cpu or reference", *backendFlag)
+	}
+	rows, err := parseIDs(*rowsFlag)
+	if err != nil || len(rows) == 0 || slices.Min(rows) < 1 {
+		return usagef("--rows %q: want comma-separated row counts, each at least 1", *rowsFlag)
+	}
+	if *baseline != "reference" && *baseline != "none" {
+		return usagef("--baseline %q: want reference or none", *baseline)
+	}
 
 	var cfg qwen3.Config
 	var w *qwen3.Weights
@@ -81,6 +96,12 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	}
 	kvPositions := maxBatch*(*context+*steps+8) + 2**prefill
 	kvBytes := int64(kvPositions+(maxBatch+8)*16) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
+	if backend != "webgpu" {
+		return benchCPU(ctx, e, cpuBench{
+			cfg: cfg, w: w, label: label, backend: backend, baseline: *baseline == "reference" && backend == "cpu",
+			kvBytes: kvBytes, batches: batches, rows: rows, context: *context, steps: *steps, prefill: *prefill,
+		}, args)
+	}
 	eng, err := webgpu.Open(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: maxBatch + 8, MaxRows: max(*prefill, maxBatch)})
 	if err != nil {
 		return fmt.Errorf("webgpu: %w", err)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/engine/cpu"
 	"webdraft/engine/webgpu"
 	"webdraft/gpu"
 	"webdraft/tokenizer"
@@ -17,7 +19,7 @@ import (
 const maxDraft = 64
 
 func runDraft(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "draft", "[--model DIR] (--ids 1,2,3 | --text \"…\") [--n 16] [--backend auto|webgpu|cpu]")
+	fs := newFlags(e, "draft", "[--model DIR] (--ids 1,2,3 | --text \"…\") [--n 16] [--backend auto|webgpu|cpu|reference]")
 	modelDir := fs.String("model", "", "model folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	idsFlag := fs.String("ids", "", "input token ids, comma-separated")
 	text := fs.String("text", "", "input text (tokenized with the model's tokenizer)")
@@ -98,17 +100,17 @@ func runDraft(ctx context.Context, e *env, args []string) error {
 }
 
 // backendUsage is the --backend flag's help.
-const backendUsage = "auto (WebGPU on a GPU, else the CPU engine; a software renderer such as lavapipe only with webgpu), webgpu or cpu"
+const backendUsage = "auto (WebGPU on a GPU, else the CPU engine; a software renderer such as lavapipe only with webgpu), webgpu, cpu (the fast CPU engine) or reference (the plain-Go oracle: slow)"
 
 // backendChoice is a --backend value.
 type backendChoice string
 
 func parseBackend(s string) (backendChoice, error) {
 	switch s {
-	case "auto", "cpu", "webgpu":
+	case "auto", "cpu", "webgpu", "reference":
 		return backendChoice(s), nil
 	}
-	return "", usagef("--backend %q: want auto, webgpu or cpu", s)
+	return "", usagef("--backend %q: want auto, webgpu, cpu or reference", s)
 }
 
 // draftKVBytes is the KV memory `webdraft draft` gives its one sequence.
@@ -122,6 +124,13 @@ const draftKVBytes = 256 << 20
 // webgpu.
 func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64, seqs int) (engine.Engine, error) {
 	why := "--backend " + string(b)
+	if b == "reference" {
+		eng, err := engine.NewReference(m.Config, m.Weights, kvBytes)
+		if err != nil {
+			return nil, err
+		}
+		return logEngine(e, eng, why), nil
+	}
 	if b != "cpu" {
 		opts := webgpu.Options{KVBytes: kvBytes, MaxSequences: seqs, Device: gpu.Options{HardwareOnly: b == "auto"}}
 		eng, err := webgpu.Open(m.Config, m.Weights, opts)
@@ -139,7 +148,7 @@ func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64, seq
 			return nil, fmt.Errorf("webgpu: %w", err)
 		}
 	}
-	eng, err := engine.NewCPU(m.Config, m.Weights, kvBytes)
+	eng, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: kvBytes})
 	if err != nil {
 		return nil, err
 	}
@@ -164,6 +173,9 @@ func loadModel(dir string) (*checkpoint.Model, string, error) {
 func loadModelOr(dir, embedded string) (*checkpoint.Model, string, error) {
 	if dir == "" {
 		return loadEmbedded(embedded)
+	}
+	if name, ok := strings.CutPrefix(dir, "embedded:"); ok && (name == weights.DrafterDir || name == weights.TargetDir) {
+		return loadEmbedded(name)
 	}
 	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{})
 	return m, dir, err

@@ -19,7 +19,7 @@ import (
 const generateCacheMB = 64
 
 func runGenerate(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k 8] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu]")
+	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k 8] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
 	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded drafter")
 	targetDir := fs.String("target", "", "the target's folder; default: the embedded target")
 	text := fs.String("text", "", "the prompt as text")

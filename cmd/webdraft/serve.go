@@ -27,7 +27,7 @@ const drainTimeout = 30 * time.Second
 const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k 8] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
+	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k 8] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
 	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given, else none")
 	k := fs.Int("k", 8, "draft tokens per verification step (a request's speculative.k overrides it)")

@@ -20,12 +20,18 @@ import (
 
 // Shapes are published Qwen3 sizes (docs/reference.md, "Model folders") and a tiny one.
 var Shapes = map[string]qwen3.Config{
+	"qwen3-0.6b": {VocabSize: 151936, HiddenSize: 1024, IntermediateSize: 3072, NumHiddenLayers: 28,
+		NumAttentionHeads: 16, NumKeyValueHeads: 8, HeadDim: 128, RMSNormEps: 1e-6, RopeTheta: 1e6,
+		MaxPositionEmbeddings: 40960, TieWordEmbeddings: true},
 	"qwen3-1.7b": {VocabSize: 151936, HiddenSize: 2048, IntermediateSize: 6144, NumHiddenLayers: 28,
 		NumAttentionHeads: 16, NumKeyValueHeads: 8, HeadDim: 128, RMSNormEps: 1e-6, RopeTheta: 1e6,
 		MaxPositionEmbeddings: 40960, TieWordEmbeddings: true},
 	"qwen3-8b": {VocabSize: 151936, HiddenSize: 4096, IntermediateSize: 12288, NumHiddenLayers: 36,
 		NumAttentionHeads: 32, NumKeyValueHeads: 8, HeadDim: 128, RMSNormEps: 1e-6, RopeTheta: 1e6,
 		MaxPositionEmbeddings: 40960, TieWordEmbeddings: false},
+	"qwen3-4b": {VocabSize: 151936, HiddenSize: 2560, IntermediateSize: 9728, NumHiddenLayers: 36,
+		NumAttentionHeads: 32, NumKeyValueHeads: 8, HeadDim: 128, RMSNormEps: 1e-6, RopeTheta: 1e6,
+		MaxPositionEmbeddings: 40960, TieWordEmbeddings: true},
 	"tiny": {VocabSize: 256, HiddenSize: 64, IntermediateSize: 96, NumHiddenLayers: 2,
 		NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 32, RMSNormEps: 1e-6, RopeTheta: 10000,
 		MaxPositionEmbeddings: 128, TieWordEmbeddings: false},

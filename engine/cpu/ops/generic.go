@@ -40,6 +40,17 @@ func int4RowGo(codes []byte, scales []uint16, bps int, x []float32, cols, T int,
 	}
 }
 
+// int4Dot1x4Go is one input row's dot products with four consecutive
+// weight rows.
+func int4Dot1x4Go(codes []byte, scales []uint16, bps int, x []float32) (float32, float32, float32, float32) {
+	var s [4]float32
+	cols := len(x)
+	for i := range s {
+		int4RowGo(codes[i*cols/2:(i+1)*cols/2], scales[i*len(scales)/4:(i+1)*len(scales)/4], bps, x, cols, 1, s[i:], 1, false)
+	}
+	return s[0], s[1], s[2], s[3]
+}
+
 // dotGo is Σ a[i]·b[i] over len(a).
 func dotGo(a, b []float32) float32 {
 	b = b[:len(a)]
@@ -140,4 +151,19 @@ func siluMulGo(g, u []float32) {
 	for i, x := range g {
 		g[i] = x / (1 + float32(math.Exp(float64(-x)))) * u[i]
 	}
+}
+
+// sink keeps the yardstick's result alive.
+var sink float32
+
+// fmaLoopGo is fmaLoop in scalar Go: eight chains.
+func fmaLoopGo(n int) float64 {
+	a := [8]float32{1, 2, 3, 4, 5, 6, 7, 8}
+	for range n {
+		for i := range a {
+			a[i] = a[i]*0.999 + 1e-3
+		}
+	}
+	sink = a[0] + a[7]
+	return float64(n) * 8
 }

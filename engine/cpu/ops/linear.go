@@ -58,7 +58,23 @@ func (l *Linear) MulRows(out []float32, ld int, x []float32, T int, lo, hi int, 
 	if l.InPlace() {
 		bytesPerRow := l.Cols / 2
 		scalesPerRow := l.Cols / Block / l.blocksPerScale
-		for r := lo; r < hi; r++ {
+		r := lo
+		if T == 1 {
+			// One input row: four weight rows at a time.
+			x := x[:l.Cols]
+			for ; r+4 <= hi; r += 4 {
+				s0, s1, s2, s3 := int4Dot1x4(l.codes[r*bytesPerRow:(r+4)*bytesPerRow], l.scales[r*scalesPerRow:(r+4)*scalesPerRow], l.blocksPerScale, x)
+				if add {
+					out[r] += s0
+					out[r+1] += s1
+					out[r+2] += s2
+					out[r+3] += s3
+				} else {
+					out[r], out[r+1], out[r+2], out[r+3] = s0, s1, s2, s3
+				}
+			}
+		}
+		for ; r < hi; r++ {
 			codes := l.codes[r*bytesPerRow : (r+1)*bytesPerRow]
 			scales := l.scales[r*scalesPerRow : (r+1)*scalesPerRow]
 			int4Row(codes, scales, l.blocksPerScale, x, l.Cols, T, out[r:], ld, add)

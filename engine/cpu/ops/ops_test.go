@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"webdraft/reference"
 	"webdraft/tensor"
@@ -271,5 +272,11 @@ func TestRowOps(t *testing.T) {
 				t.Errorf("Rope n %d: %v", n, err)
 			}
 		}
+	}
+}
+
+func TestFMARate(t *testing.T) {
+	if r := FMARate(1, 10*time.Millisecond); !(r > 0) {
+		t.Errorf("FMARate %v", r)
 	}
 }

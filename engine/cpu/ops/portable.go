@@ -30,3 +30,9 @@ func Max(x []float32) (float32, int, bool) { return maxGo(x) }
 
 // SiLUMul sets g[i] = SiLU(g[i])·u[i] (the MLP's act_fn(gate)·up).
 func SiLUMul(g, u []float32) { siluMulGo(g, u) }
+
+func int4Dot1x4(codes []byte, scales []uint16, bps int, x []float32) (float32, float32, float32, float32) {
+	return int4Dot1x4Go(codes, scales, bps, x)
+}
+
+func fmaLoop(n int) float64 { return fmaLoopGo(n) }

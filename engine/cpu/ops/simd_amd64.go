@@ -96,6 +96,43 @@ func at(p unsafe.Pointer, off uintptr) archsimd.Float32x16 {
 	return archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p, off)))
 }
 
+// int4Dot1x4 is one input row's dot products with four weight rows that
+// follow each other in memory (bytesPerRow codes, scalesPerRow scales
+// each): four independent chains, the input read once.
+func int4Dot1x4(codes []byte, scales []uint16, bps int, x []float32) (float32, float32, float32, float32) {
+	if !useAVX512 {
+		return int4Dot1x4Go(codes, scales, bps, x)
+	}
+	rowBytes, rowScales := uintptr(len(codes)/4), len(scales)/4
+	var a0, a1, a2, a3 archsimd.Float32x16
+	c0 := unsafe.Pointer(unsafe.SliceData(codes))
+	p := unsafe.Pointer(unsafe.SliceData(x))
+	var co, o uintptr
+	for g := range rowScales {
+		t0, t1 := table(scales[g]), table(scales[rowScales+g])
+		t2, t3 := table(scales[2*rowScales+g]), table(scales[3*rowScales+g])
+		for range bps {
+			xe, xo := at(p, o), at(p, o+64)
+			c := unsafe.Add(c0, co)
+			e0, o0 := widen(c, t0)
+			e1, o1 := widen(unsafe.Add(c, rowBytes), t1)
+			e2, o2 := widen(unsafe.Add(c, 2*rowBytes), t2)
+			e3, o3 := widen(unsafe.Add(c, 3*rowBytes), t3)
+			a0 = e0.MulAdd(xe, a0)
+			a1 = e1.MulAdd(xe, a1)
+			a2 = e2.MulAdd(xe, a2)
+			a3 = e3.MulAdd(xe, a3)
+			a0 = o0.MulAdd(xo, a0)
+			a1 = o1.MulAdd(xo, a1)
+			a2 = o2.MulAdd(xo, a2)
+			a3 = o3.MulAdd(xo, a3)
+			co += 16
+			o += 128
+		}
+	}
+	return sum4x16(a0, a1, a2, a3)
+}
+
 func int4Dot4(codes []byte, scales []uint16, bps int, x0, x1, x2, x3 []float32) (float32, float32, float32, float32) {
 	var a0, a1, a2, a3 archsimd.Float32x16
 	c0 := unsafe.Pointer(unsafe.SliceData(codes))
@@ -119,7 +156,7 @@ func int4Dot4(codes []byte, scales []uint16, bps int, x0, x1, x2, x3 []float32) 
 			o += 128
 		}
 	}
-	return sum16(a0), sum16(a1), sum16(a2), sum16(a3)
+	return sum4x16(a0, a1, a2, a3)
 }
 
 func int4Dot2(codes []byte, scales []uint16, bps int, x0, x1 []float32) (float32, float32) {
@@ -160,6 +197,17 @@ func int4Dot1(codes []byte, scales []uint16, bps int, x0 []float32) float32 {
 		}
 	}
 	return sum16(a0.Add(a1))
+}
+
+// sum4x16 adds each vector's lanes, the four reductions sharing their
+// horizontal adds.
+func sum4x16(a, b, c, d archsimd.Float32x16) (float32, float32, float32, float32) {
+	ab := a.GetLo().Add(a.GetHi()).AddPairsGrouped(b.GetLo().Add(b.GetHi()))
+	cd := c.GetLo().Add(c.GetHi()).AddPairsGrouped(d.GetLo().Add(d.GetHi()))
+	h := ab.AddPairsGrouped(cd)
+	var r [4]float32
+	h.GetLo().Add(h.GetHi()).Store(&r)
+	return r[0], r[1], r[2], r[3]
 }
 
 // sum16 adds a vector's lanes.
@@ -335,4 +383,27 @@ func SiLUMul(g, u []float32) {
 		x.Div(one.Add(e)).Mul(load16(u[i:])).Store(p)
 	}
 	siluMulGo(g[i:], u[i:])
+}
+
+// fmaLoop runs n rounds of 8 independent vector multiply-adds twice and
+// returns the multiply-adds done (16 lanes each): the machine's peak, a
+// yardstick for kernels bound by arithmetic. Eight chains hide the
+// instruction's latency and stay in registers.
+func fmaLoop(n int) float64 {
+	if !useAVX512 {
+		return fmaLoopGo(n)
+	}
+	m := archsimd.BroadcastFloat32x16(0.999)
+	c := archsimd.BroadcastFloat32x16(1e-3)
+	v := func(i float32) archsimd.Float32x16 { return archsimd.BroadcastFloat32x16(i) }
+	// Chains of different values, so that none is computed once for two.
+	a0, a1, a2, a3, a4, a5, a6, a7 := v(1), v(2), v(3), v(4), v(5), v(6), v(7), v(8)
+	for range n {
+		a0, a1, a2, a3 = a0.MulAdd(m, c), a1.MulAdd(m, c), a2.MulAdd(m, c), a3.MulAdd(m, c)
+		a4, a5, a6, a7 = a4.MulAdd(m, c), a5.MulAdd(m, c), a6.MulAdd(m, c), a7.MulAdd(m, c)
+		a0, a1, a2, a3 = a0.MulAdd(m, c), a1.MulAdd(m, c), a2.MulAdd(m, c), a3.MulAdd(m, c)
+		a4, a5, a6, a7 = a4.MulAdd(m, c), a5.MulAdd(m, c), a6.MulAdd(m, c), a7.MulAdd(m, c)
+	}
+	sink = sum16(a0.Add(a1).Add(a2).Add(a3).Add(a4).Add(a5).Add(a6).Add(a7))
+	return float64(n) * 16 * 16
 }

@@ -10,9 +10,9 @@ import (
 	"webdraft/internal/synth"
 )
 
-// TestCPU runs the engine suite on the golden models, tied and untied, and
+// TestReference runs the engine suite on the golden models, tied and untied, and
 // on a head over part of the vocabulary (lm_head.token_ids).
-func TestCPU(t *testing.T) {
+func TestReference(t *testing.T) {
 	partial := filepath.Join(t.TempDir(), "partial")
 	if err := synth.Write(partial, synth.Shapes["tiny"], synth.Options{Seed: 12, Std: 0.3, HeadTokens: 100}); err != nil {
 		t.Fatal(err)
@@ -28,7 +28,7 @@ func TestCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			e, err := engine.NewCPU(m.Config, m.Weights, 64<<20)
+			e, err := engine.NewReference(m.Config, m.Weights, 64<<20)
 			if err != nil {
 				t.Fatal(err)
 			}

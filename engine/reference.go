@@ -10,17 +10,19 @@ import (
 	"webdraft/sampling"
 )
 
-// CPU is the engine over the plain-Go reference model (--backend cpu).
-type CPU struct {
+// Reference is the engine over the plain-Go reference model (--backend
+// reference): the oracle's own arithmetic, slow and plain. The fast CPU
+// engine is package engine/cpu.
+type Reference struct {
 	model   *reference.Model
 	kvBytes int64
 }
 
-var _ Engine = (*CPU)(nil)
+var _ Engine = (*Reference)(nil)
 
-// NewCPU returns the CPU engine for a loaded weight tree, with kvBytes of
+// NewReference returns the reference engine for a loaded weight tree, with kvBytes of
 // memory for KV caches (the scheduler keeps within it).
-func NewCPU(cfg qwen3.Config, w *qwen3.Weights, kvBytes int64) (*CPU, error) {
+func NewReference(cfg qwen3.Config, w *qwen3.Weights, kvBytes int64) (*Reference, error) {
 	if err := CheckHead(&cfg, w); err != nil {
 		return nil, err
 	}
@@ -28,26 +30,26 @@ func NewCPU(cfg qwen3.Config, w *qwen3.Weights, kvBytes int64) (*CPU, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &CPU{model: m, kvBytes: kvBytes}, nil
+	return &Reference{model: m, kvBytes: kvBytes}, nil
 }
 
-func (c *CPU) Config() qwen3.Config { return c.model.Config() }
+func (c *Reference) Config() qwen3.Config { return c.model.Config() }
 
-func (c *CPU) Info() Info {
-	return Info{Backend: "cpu", Adapter: fmt.Sprintf("Go reference engine, %d threads", runtime.GOMAXPROCS(0))}
+func (c *Reference) Info() Info {
+	return Info{Backend: "reference", Adapter: fmt.Sprintf("Go reference engine, %d threads", runtime.GOMAXPROCS(0))}
 }
 
-func (c *CPU) NewSequence() (Sequence, error) { return &cpuSequence{c.model.NewSequence()}, nil }
+func (c *Reference) NewSequence() (Sequence, error) { return &cpuSequence{c.model.NewSequence()}, nil }
 
 // KVCapacity: the budget over f32 keys and values of every layer.
-func (c *CPU) KVCapacity() int {
+func (c *Reference) KVCapacity() int {
 	cfg := c.model.Config()
 	return int(c.kvBytes / int64(KVBytesPerToken(&cfg, 4)))
 }
 
 // Step runs the whole batch as one reference forward pass: every matrix is
 // read once for all the batch's tokens.
-func (c *CPU) Step(ctx context.Context, batch []*Entry) error {
+func (c *Reference) Step(ctx context.Context, batch []*Entry) error {
 	cfg := c.model.Config()
 	if err := CheckBatch(&cfg, batch); err != nil {
 		return err
@@ -59,7 +61,7 @@ func (c *CPU) Step(ctx context.Context, batch []*Entry) error {
 	for i, e := range batch {
 		seq, ok := e.Seq.(*cpuSequence)
 		if !ok {
-			return fmt.Errorf("cpu engine: sequence of another engine (%T)", e.Seq)
+			return fmt.Errorf("reference engine: sequence of another engine (%T)", e.Seq)
 		}
 		inputs[i] = reference.Input{Seq: seq.Sequence, Tokens: e.Tokens}
 	}
@@ -70,7 +72,7 @@ func (c *CPU) Step(ctx context.Context, batch []*Entry) error {
 	for i, e := range batch {
 		row, err := sampling.Choose(logits[i], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
 		if err != nil {
-			return fmt.Errorf("cpu engine: batch entry %d: %w", i, err)
+			return fmt.Errorf("reference engine: batch entry %d: %w", i, err)
 		}
 		e.Next, e.Logprob, e.Top = row.Argmax, row.ArgmaxLogprob, nil
 		if e.TopN > 0 {
@@ -82,7 +84,7 @@ func (c *CPU) Step(ctx context.Context, batch []*Entry) error {
 
 // Verify runs the batch as one reference forward pass and reads out each
 // entry's last Out rows through package sampling, as the GPU does.
-func (c *CPU) Verify(ctx context.Context, batch []*VerifyEntry) error {
+func (c *Reference) Verify(ctx context.Context, batch []*VerifyEntry) error {
 	cfg := c.model.Config()
 	if err := CheckVerify(&cfg, batch); err != nil {
 		return err
@@ -95,7 +97,7 @@ func (c *CPU) Verify(ctx context.Context, batch []*VerifyEntry) error {
 	for i, e := range batch {
 		seq, ok := e.Seq.(*cpuSequence)
 		if !ok {
-			return fmt.Errorf("cpu engine: sequence of another engine (%T)", e.Seq)
+			return fmt.Errorf("reference engine: sequence of another engine (%T)", e.Seq)
 		}
 		inputs[i] = reference.Input{Seq: seq.Sequence, Tokens: e.Tokens}
 		outs[i] = e.Out
@@ -113,7 +115,7 @@ func (c *CPU) Verify(ctx context.Context, batch []*VerifyEntry) error {
 			}
 			row, err := sampling.Choose(logits, e.Sampling, d)
 			if err != nil {
-				return fmt.Errorf("cpu engine: batch entry %d row %d: %w", i, j, err)
+				return fmt.Errorf("reference engine: batch entry %d row %d: %w", i, j, err)
 			}
 			e.Rows[j].Row = row
 			if e.TopN > 0 {
@@ -124,7 +126,7 @@ func (c *CPU) Verify(ctx context.Context, batch []*VerifyEntry) error {
 	return nil
 }
 
-func (c *CPU) Close() error { return nil }
+func (c *Reference) Close() error { return nil }
 
 type cpuSequence struct{ *reference.Sequence }
 

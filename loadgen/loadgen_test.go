@@ -25,7 +25,7 @@ func TestAgainstServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	eng, err := engine.NewCPU(m.Config, m.Weights, 64<<20)
+	eng, err := engine.NewReference(m.Config, m.Weights, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

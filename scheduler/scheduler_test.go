@@ -22,7 +22,7 @@ func newEngine(t *testing.T) engine.Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	e, err := engine.NewCPU(m.Config, m.Weights, 64<<20)
+	e, err := engine.NewReference(m.Config, m.Weights, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func (c *edgeClient) draft(t *testing.T, m map[string]any) []int {
 // closed while its draft is awaited ends the run at once.
 func TestEdgeDrafting(t *testing.T) {
 	f := newPairFixture(t, "")
-	d, err := engine.NewCPU(pairDrafter.Config, pairDrafter.Weights, 64<<20)
+	d, err := engine.NewReference(pairDrafter.Config, pairDrafter.Weights, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,7 +78,7 @@ func newFuzzServer(f *testing.F, network bool) *fuzzServer {
 		return m
 	}
 	newEngine := func(m *checkpoint.Model) engine.Engine {
-		e, err := engine.NewCPU(m.Config, m.Weights, 4<<20)
+		e, err := engine.NewReference(m.Config, m.Weights, 4<<20)
 		if err != nil {
 			f.Fatal(err)
 		}

@@ -129,7 +129,7 @@ func goldenDrafter(t *testing.T, delay time.Duration) Model {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	cpu, err := engine.NewCPU(m.Config, m.Weights, 64<<20)
+	cpu, err := engine.NewReference(m.Config, m.Weights, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func synthPair(t *testing.T, delay time.Duration) Config {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.Close() })
-		cpu, err := engine.NewCPU(m.Config, m.Weights, 8<<20)
+		cpu, err := engine.NewReference(m.Config, m.Weights, 8<<20)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/engine/cpu"
 	"webdraft/scheduler"
 	"webdraft/speculative"
 	"webdraft/tokenizer"
@@ -63,14 +64,17 @@ func newPairFixture(t *testing.T, apiKey string) *pairFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := engine.NewCPU(pairDrafter.Config, pairDrafter.Weights, 64<<20)
+	// The pair on the fast CPU engine, as `serve` runs it without a GPU.
+	d, err := cpu.New(pairDrafter.Config, pairDrafter.Weights, cpu.Options{KVBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg, err := engine.NewCPU(pairTarget.Config, pairTarget.Weights, 64<<20)
+	t.Cleanup(func() { d.Close() })
+	tg, err := cpu.New(pairTarget.Config, pairTarget.Weights, cpu.Options{KVBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { tg.Close() })
 	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)), apiKey)
 	f := &pairFixture{drafter: d, target: tg, tok: tok, srv: srv}
 	ts := httptest.NewServer(f.countModelFiles(srv.Handler()))

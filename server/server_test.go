@@ -18,6 +18,7 @@ import (
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/engine/cpu"
 	"webdraft/scheduler"
 	"webdraft/tokenizer"
 )
@@ -48,10 +49,12 @@ func newFixtureTokenizer(t *testing.T, opts scheduler.Options, wrap func(engine.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	var eng engine.Engine
-	if eng, err = engine.NewCPU(m.Config, m.Weights, 64<<20); err != nil {
+	c, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: 64 << 20})
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { c.Close() })
+	var eng engine.Engine = c
 	if wrap != nil {
 		eng = wrap(eng)
 	}

@@ -18,7 +18,7 @@ func cpuEngine(t *testing.T, name string, q checkpoint.Quant) engine.Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	e, err := engine.NewCPU(m.Config, m.Weights, 16<<20)
+	e, err := engine.NewReference(m.Config, m.Weights, 16<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

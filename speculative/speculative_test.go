@@ -36,7 +36,7 @@ func load(t *testing.T, name string, q checkpoint.Quant) *checkpoint.Model {
 
 func cpu(t *testing.T, m *checkpoint.Model) engine.Engine {
 	t.Helper()
-	e, err := engine.NewCPU(m.Config, m.Weights, 32<<20)
+	e, err := engine.NewReference(m.Config, m.Weights, 32<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

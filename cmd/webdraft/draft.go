@@ -11,6 +11,7 @@ import (
 	"webdraft/engine/cpu"
 	"webdraft/engine/webgpu"
 	"webdraft/gpu"
+	"webdraft/speculative"
 	"webdraft/tokenizer"
 	"webdraft/weights"
 )
@@ -112,6 +113,24 @@ func parseBackend(s string) (backendChoice, error) {
 	}
 	return "", usagef("--backend %q: want auto, webgpu, cpu or reference", s)
 }
+
+// defaultK is the draft length serve, generate and the live page take when
+// --k is left out: the one measured best for the engine the target runs on
+// (BENCHMARKS.md, "Speculative decoding"): 6 through WebGPU on the H200;
+// on the CPU engines a short draft, since each position a verification
+// adds costs the target a step's arithmetic there.
+func defaultK(backend string) int {
+	if backend == "webgpu" {
+		return 6
+	}
+	return cpuDefaultK
+}
+
+// cpuDefaultK is defaultK on the CPU engines.
+const cpuDefaultK = 2
+
+// kUsage is the --k flag's help in serve and generate.
+var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d; left out, the best measured for the target's engine (6 on a GPU, %d on the CPU)", speculative.MaxK, cpuDefaultK)
 
 // draftKVBytes is the KV memory `webdraft draft` gives its one sequence.
 const draftKVBytes = 256 << 20

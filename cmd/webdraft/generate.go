@@ -19,13 +19,13 @@ import (
 const generateCacheMB = 64
 
 func runGenerate(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k 8] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
+	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
 	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded drafter")
 	targetDir := fs.String("target", "", "the target's folder; default: the embedded target")
 	text := fs.String("text", "", "the prompt as text")
 	idsFlag := fs.String("ids", "", "the prompt as token ids, comma-separated")
 	chat := fs.Bool("chat", false, "wrap --text in Qwen3's chat template as a user's message")
-	k := fs.Int("k", 8, fmt.Sprintf("draft tokens per verification step (1…%d)", speculative.MaxK))
+	k := fs.Int("k", 0, kUsage)
 	maxTokens := fs.Int("max-tokens", 128, "tokens to generate at most")
 	temperature := fs.Float64("temperature", 0, "0: greedy (the target's own greedy output); above: sampled (0…2)")
 	topP := fs.Float64("top-p", 1, "the nucleus of top_p when sampling, (0, 1]")
@@ -39,7 +39,7 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 		return usagef("give exactly one of --ids and --text")
 	case *chat && *text == "":
 		return usagef("--chat takes --text")
-	case *k < 1 || *k > speculative.MaxK:
+	case *k < 0 || *k > speculative.MaxK:
 		return usagef("--k %d: want 1…%d", *k, speculative.MaxK)
 	case *maxTokens < 1:
 		return usagef("--max-tokens %d: want at least 1", *maxTokens)
@@ -64,6 +64,9 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	defer target.close()
 	if err := checkPair(drafter.model, target.model); err != nil {
 		return err
+	}
+	if *k == 0 {
+		*k = defaultK(target.model.Engine.Info().Backend)
 	}
 	tok := target.model.Tokenizer
 	if tok == nil {

@@ -27,10 +27,10 @@ const drainTimeout = 30 * time.Second
 const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k 8] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
+	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
 	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given, else none")
-	k := fs.Int("k", 8, "draft tokens per verification step (a request's speculative.k overrides it)")
+	k := fs.Int("k", 0, kUsage+" (a request's speculative.k overrides it)")
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", backendUsage)
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB")
@@ -86,7 +86,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if *chainSteps < 1 || *chainSteps > maxDraft {
 		return usagef("--chain-steps %d: want 1…%d", *chainSteps, maxDraft)
 	}
-	if *k < 1 || *k > speculative.MaxK {
+	if *k < 0 || *k > speculative.MaxK {
 		return usagef("--k %d: want 1…%d", *k, speculative.MaxK)
 	}
 	backend, err := parseBackend(*backendFlag)
@@ -133,7 +133,11 @@ func runServe(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		cfg.Target = &target.model
+		if *k == 0 {
+			*k = defaultK(target.model.Engine.Info().Backend)
+		}
 	}
+	*k = max(*k, 1) // a drafter alone drafts n a request; its k is unused
 	cfg.Scheduler = scheduler.Options{ChainSteps: *chainSteps, MaxQueue: *maxQueue}
 	cfg.Speculative = speculative.Options{K: *k, MaxQueue: *maxQueue}
 	runCtx, stopRun := context.WithCancel(context.Background())

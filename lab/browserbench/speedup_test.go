@@ -209,7 +209,7 @@ func serve(t *testing.T) http.Handler {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.Close() })
-		e, err := engine.NewCPU(m.Config, m.Weights, 64<<20)
+		e, err := engine.NewReference(m.Config, m.Weights, 64<<20)
 		if err != nil {
 			t.Fatal(err)
 		}

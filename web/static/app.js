@@ -212,7 +212,16 @@
 
   stopBtn.addEventListener("click", () => send({ type: "stop" }));
 
+  // The note on the CPU engine stands under a run whose target runs on the
+  // server's CPU engine (the server's mode and edge drafting), not under
+  // a run in this browser.
+  let serverBackend = "";
+  function cpuNote() {
+    $("cpu-note").hidden = where() === "browser" || (serverBackend !== "cpu" && serverBackend !== "reference");
+  }
+
   function reset() {
+    cpuNote();
     out.textContent = "";
     alone.textContent = "";
     hideTip();
@@ -241,7 +250,8 @@
         }
         document.body.dataset.session = m.session;
         setStatus("connected · session " + m.session);
-        $("cpu-note").hidden = m.backend !== "cpu";
+        serverBackend = m.backend;
+        cpuNote();
         break;
       case "start":
         if (m.run === "target") setStatus("the target alone, for the race…");

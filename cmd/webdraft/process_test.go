@@ -69,14 +69,14 @@ func TestAutoBackend(t *testing.T) {
 		env  []string
 		want string // in the engine's log line
 	}{
-		{"no adapter", []string{"VK_ICD_FILENAMES=/nonexistent/icd.json", "XDG_RUNTIME_DIR="}, `backend=cpu adapter="Go reference engine`},
+		{"no adapter", []string{"VK_ICD_FILENAMES=/nonexistent/icd.json", "XDG_RUNTIME_DIR="}, `backend=cpu adapter="Go CPU engine`},
 	}
 	if d, err := gpu.Open(gpu.Options{}); err == nil {
 		info := d.Info()
 		d.Close()
 		want := "backend=webgpu"
 		if info.Software() {
-			want = `backend=cpu adapter="Go reference engine`
+			want = `backend=cpu adapter="Go CPU engine`
 		}
 		cases = append(cases, struct {
 			name string

@@ -58,7 +58,7 @@ func (l *Linear) MulRows(out []float32, ld int, x []float32, T int, lo, hi int, 
 	if l.InPlace() {
 		bytesPerRow := l.Cols / 2
 		scalesPerRow := l.Cols / Block / l.blocksPerScale
-		r := lo
+		r := int4Tiles(l.codes, l.scales, l.blocksPerScale, l.Cols, x, T, out, ld, lo, hi, add)
 		if T == 1 {
 			// One input row: four weight rows at a time.
 			x := x[:l.Cols]

@@ -407,3 +407,58 @@ func fmaLoop(n int) float64 {
 	sink = sum16(a0.Add(a1).Add(a2).Add(a3).Add(a4).Add(a5).Add(a6).Add(a7))
 	return float64(n) * 16 * 16
 }
+
+// int4Tile4x4 and int4Tile4x2 are in int4tile_amd64.s.
+//
+//go:noescape
+func int4Tile4x4(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32)
+
+//go:noescape
+func int4Tile4x2(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32)
+
+// int4Tiles computes the weight rows [lo, hi) four at a time against the
+// T ≥ 2 input rows in tiles of four, then two (three inputs: a tile of
+// four with the last repeated; one: int4Dot1x4), with the assembly
+// kernels, for weights of one scale a block; it returns the first row it
+// left to the caller (lo when it took none).
+func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int, out []float32, ld, lo, hi int, add bool) int {
+	if !useAVX512 || bps != 1 || T < 2 || hi-lo < 4 {
+		return lo
+	}
+	bytesPerRow, scalesPerRow, blocks := cols/2, cols/Block, cols/Block
+	if len(codes) < hi*bytesPerRow || len(scales) < hi*scalesPerRow || len(x) < T*cols || len(out) < (T-1)*ld+hi {
+		panic("ops: int4Tiles: shapes do not match")
+	}
+	var ptrs [4]*float32
+	var sums [16]float32
+	r := lo
+	for ; r+4 <= hi; r += 4 {
+		for t0 := 0; t0 < T; {
+			n := min(4, T-t0)
+			for i := range ptrs {
+				ptrs[i] = &x[min(t0+i, T-1)*cols]
+			}
+			switch n {
+			case 1:
+				sums[0], sums[1], sums[2], sums[3] = int4Dot1x4(codes[r*bytesPerRow:(r+4)*bytesPerRow], scales[r*scalesPerRow:(r+4)*scalesPerRow], 1, x[t0*cols:(t0+1)*cols])
+			case 2:
+				int4Tile4x2(&codes[r*bytesPerRow], bytesPerRow, &scales[r*scalesPerRow], scalesPerRow, blocks, &ptrs, &levels, &sums)
+			default:
+				int4Tile4x4(&codes[r*bytesPerRow], bytesPerRow, &scales[r*scalesPerRow], scalesPerRow, blocks, &ptrs, &levels, &sums)
+			}
+			for i := range n {
+				o := out[(t0+i)*ld+r : (t0+i)*ld+r+4]
+				if add {
+					o[0] += sums[4*i]
+					o[1] += sums[4*i+1]
+					o[2] += sums[4*i+2]
+					o[3] += sums[4*i+3]
+				} else {
+					copy(o, sums[4*i:4*i+4])
+				}
+			}
+			t0 += n
+		}
+	}
+	return r
+}

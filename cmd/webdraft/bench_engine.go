@@ -37,17 +37,11 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	batches, err := parseIDs(*batchesFlag)
 	if err != nil || len(batches) == 0 {
 		return usagef("--batches %q: want comma-separated sizes", *batchesFlag)
@@ -214,6 +208,23 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench engine %s\n", strings.Join(args, " "))
 	return nil
+}
+
+// startCPUProfile writes a Go CPU profile to file (none when file is "")
+// until stop is called.
+func startCPUProfile(file string) (stop func(), err error) {
+	if file == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // profileKernels prints the GPU time per kernel of one decode step for each

@@ -34,9 +34,15 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	ksFlag := fs.String("ks", "1,2,4,8,16", "with --live: the draft lengths to measure")
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
+	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	stop, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	if *promptsFile == "" {
 		return usagef("--prompts is required")
 	}

@@ -2,7 +2,7 @@
 
 #include "textflag.h"
 
-// func int4Tile4x4(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32)
+// func int4Tile4x4(codes *byte, rowBytes int, scales *uint16, _ int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
 //
 // The dot products of four consecutive int4 weight rows with four input
 // rows, for weights in groups of 32 columns (one f16 scale a block): the
@@ -14,28 +14,54 @@
 //
 // codes:  row r's block b at codes + r·rowBytes + 16·b (two codes a byte,
 //         the even column in the low nibble)
-// scales: row r's block b at scales + 2·(r·rowScales + b)
+// scales: row r's block b at scales + 2·(r·blocks + b) (f16), widened
+//         first into scratch (4·blocks floats; blocks even)
 // x[i]:   input i's block b at x[i] + 128·b: 16 even columns, then 16 odd
 // out:    out[4·i + r] = Σ_c W[r][c]·x_i[c]
 //
 // Registers: Z0–Z15 accumulators (4·r + i), Z16–Z23 the inputs' block
 // (even, odd per input), Z24–Z28 a row's codes and weights, Z31 levels.
-TEXT ·int4Tile4x4(SB), NOSPLIT, $0-64
+// CONVERT_SCALES widens the four rows' f16 scales (one a block, the rows
+// one after the other: 4·blocks of them at R8, blocks even) to f32 in
+// scratch, and leaves R8 at scratch, R11 at a row of them in bytes
+// (4·blocks) and R12 equal to it: the loop then takes each block's scale
+// as an embedded broadcast.
+#define CONVERT_SCALES \
+	MOVQ scratch+64(FP), R12     \
+	MOVQ AX, R11                 \
+	SHRQ $1, R11                 \
+	XORQ R10, R10                \
+convert:                         \
+	CMPQ R10, R11                \
+	JGE  converted               \
+	MOVQ R10, R9                 \
+	SHLQ $4, R9                  \
+	VCVTPH2PS (R8)(R9*1), Y26    \
+	VMOVUPS Y26, (R12)(R9*2)     \
+	INCQ R10                     \
+	JMP  convert                 \
+converted:                       \
+	MOVQ R12, R8                 \
+	MOVQ AX, R11                 \
+	SHLQ $2, R11                 \
+	MOVQ R11, R12                \
+	MOVQ rowBytes+8(FP), R9
+
+TEXT ·int4Tile4x4(SB), NOSPLIT, $0-72
 	MOVQ codes+0(FP), SI
 	MOVQ rowBytes+8(FP), R9
 	MOVQ scales+16(FP), R8
-	MOVQ rowScales+24(FP), R11
 	MOVQ blocks+32(FP), AX
 	MOVQ x+40(FP), R13
 	MOVQ levels+48(FP), R12
 	VMOVUPS (R12), Z31
+	CONVERT_SCALES
 	MOVQ 0(R13), DI
 	MOVQ 8(R13), BX
 	MOVQ 16(R13), CX
 	MOVQ 24(R13), DX
 	LEAQ (R9)(R9*2), R10   // 3·rowBytes
-	SHLQ $1, R11           // rowScales in bytes
-	LEAQ (R11)(R11*2), R12 // 3·rowScales bytes
+	LEAQ (R12)(R12*2), R12 // 3 rows of f32 scales, bytes
 	XORQ R13, R13          // byte offset into the inputs
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -61,9 +87,7 @@ TEXT ·int4Tile4x4(SB), NOSPLIT, $0-64
 #define ROW(CODES, SCALE, A0, A1, A2, A3) \
 	VPMOVZXBD   CODES, Z24       \
 	VPSRLD      $4, Z24, Z25     \
-	VPBROADCASTW SCALE, Y26      \
-	VCVTPH2PS   Y26, Z26         \
-	VMULPS      Z31, Z26, Z26    \
+	VMULPS.BCST SCALE, Z31, Z26  \
 	VPERMPS     Z26, Z24, Z27    \
 	VPERMPS     Z26, Z25, Z28    \
 	VFMADD231PS Z16, Z27, A0     \
@@ -89,7 +113,7 @@ loop:
 	ROW((SI)(R9*2), (R8)(R11*2), Z8, Z9, Z10, Z11)
 	ROW((SI)(R10*1), (R8)(R12*1), Z12, Z13, Z14, Z15)
 	ADDQ $16, SI
-	ADDQ $2, R8
+	ADDQ $4, R8
 	ADDQ $128, R13
 	DECQ AX
 	JNZ  loop
@@ -121,24 +145,23 @@ reduce:
 	VZEROUPPER
 	RET
 
-// func int4Tile4x2(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32)
+// func int4Tile4x2(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
 //
 // int4Tile4x4 for two inputs (x[0], x[1]): out[4·i + r] for i < 2.
 // Registers: Z0–Z7 accumulators (2·r + i), Z16–Z19 the inputs' block.
-TEXT ·int4Tile4x2(SB), NOSPLIT, $0-64
+TEXT ·int4Tile4x2(SB), NOSPLIT, $0-72
 	MOVQ codes+0(FP), SI
 	MOVQ rowBytes+8(FP), R9
 	MOVQ scales+16(FP), R8
-	MOVQ rowScales+24(FP), R11
 	MOVQ blocks+32(FP), AX
 	MOVQ x+40(FP), R13
 	MOVQ levels+48(FP), R12
 	VMOVUPS (R12), Z31
+	CONVERT_SCALES
 	MOVQ 0(R13), DI
 	MOVQ 8(R13), BX
 	LEAQ (R9)(R9*2), R10
-	SHLQ $1, R11
-	LEAQ (R11)(R11*2), R12
+	LEAQ (R12)(R12*2), R12
 	XORQ R13, R13
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -154,9 +177,7 @@ TEXT ·int4Tile4x2(SB), NOSPLIT, $0-64
 #define ROW2(CODES, SCALE, A0, A1) \
 	VPMOVZXBD   CODES, Z24       \
 	VPSRLD      $4, Z24, Z25     \
-	VPBROADCASTW SCALE, Y26      \
-	VCVTPH2PS   Y26, Z26         \
-	VMULPS      Z31, Z26, Z26    \
+	VMULPS.BCST SCALE, Z31, Z26  \
 	VPERMPS     Z26, Z24, Z27    \
 	VPERMPS     Z26, Z25, Z28    \
 	VFMADD231PS Z16, Z27, A0     \
@@ -174,7 +195,7 @@ loop2:
 	ROW2((SI)(R9*2), (R8)(R11*2), Z4, Z5)
 	ROW2((SI)(R10*1), (R8)(R12*1), Z6, Z7)
 	ADDQ $16, SI
-	ADDQ $2, R8
+	ADDQ $4, R8
 	ADDQ $128, R13
 	DECQ AX
 	JNZ  loop2
@@ -183,5 +204,65 @@ reduce2:
 	MOVQ out+56(FP), DI
 	SUM4(Z0, Z2, Z4, Z6, Y0, Y2, Y4, Y6, X0, 0)
 	SUM4(Z1, Z3, Z5, Z7, Y1, Y3, Y5, Y7, X1, 16)
+	VZEROUPPER
+	RET
+
+// func int4Tile4x1(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
+//
+// int4Tile4x4 for one input (x[0]): out[r] for the four rows. The even and
+// the odd columns have accumulators of their own (Z0–Z3, Z4–Z7), so that
+// every multiply-add of a block starts a chain of its own.
+TEXT ·int4Tile4x1(SB), NOSPLIT, $0-72
+	MOVQ codes+0(FP), SI
+	MOVQ rowBytes+8(FP), R9
+	MOVQ scales+16(FP), R8
+	MOVQ blocks+32(FP), AX
+	MOVQ x+40(FP), R13
+	MOVQ levels+48(FP), R12
+	VMOVUPS (R12), Z31
+	CONVERT_SCALES
+	MOVQ 0(R13), DI
+	LEAQ (R9)(R9*2), R10
+	LEAQ (R12)(R12*2), R12
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	TESTQ AX, AX
+	JEQ   reduce1
+
+#define ROW1(CODES, SCALE, E, O) \
+	VPMOVZXBD   CODES, Z24       \
+	VPSRLD      $4, Z24, Z25     \
+	VMULPS.BCST SCALE, Z31, Z26  \
+	VPERMPS     Z26, Z24, Z27    \
+	VPERMPS     Z26, Z25, Z28    \
+	VFMADD231PS Z16, Z27, E      \
+	VFMADD231PS Z17, Z28, O
+
+loop1:
+	VMOVUPS (DI), Z16
+	VMOVUPS 64(DI), Z17
+	ROW1((SI), (R8), Z0, Z4)
+	ROW1((SI)(R9*1), (R8)(R11*1), Z1, Z5)
+	ROW1((SI)(R9*2), (R8)(R11*2), Z2, Z6)
+	ROW1((SI)(R10*1), (R8)(R12*1), Z3, Z7)
+	ADDQ $16, SI
+	ADDQ $4, R8
+	ADDQ $128, DI
+	DECQ AX
+	JNZ  loop1
+
+reduce1:
+	MOVQ out+56(FP), DI
+	VADDPS Z4, Z0, Z0
+	VADDPS Z5, Z1, Z1
+	VADDPS Z6, Z2, Z2
+	VADDPS Z7, Z3, Z3
+	SUM4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0, 0)
 	VZEROUPPER
 	RET

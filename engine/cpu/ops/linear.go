@@ -49,8 +49,8 @@ func (l *Linear) ScratchLen() int { return 2 * l.Cols }
 //	out[t*ld + r] = Σ_c W[r][c]·x_t[c]     (y = x @ W.T, nn.Linear)
 //
 // or adds it there with add (the residual stream's hidden += o_proj(…)).
-// scratch holds at least ScratchLen floats; only the row-at-a-time path
-// uses it.
+// scratch holds at least ScratchLen floats (a block's scales widened, or
+// a row widened).
 func (l *Linear) MulRows(out []float32, ld int, x []float32, T int, lo, hi int, add bool, scratch []float32) {
 	if lo >= hi || T == 0 {
 		return
@@ -58,7 +58,7 @@ func (l *Linear) MulRows(out []float32, ld int, x []float32, T int, lo, hi int, 
 	if l.InPlace() {
 		bytesPerRow := l.Cols / 2
 		scalesPerRow := l.Cols / Block / l.blocksPerScale
-		r := int4Tiles(l.codes, l.scales, l.blocksPerScale, l.Cols, x, T, out, ld, lo, hi, add)
+		r := int4Tiles(l.codes, l.scales, l.blocksPerScale, l.Cols, x, T, out, ld, lo, hi, add, scratch)
 		if T == 1 {
 			// One input row: four weight rows at a time.
 			x := x[:l.Cols]

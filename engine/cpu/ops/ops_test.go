@@ -224,9 +224,10 @@ func BenchmarkMulRows(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/T%d", s.name, T), func(b *testing.B) {
 				x := randRow(rng, T*s.cols)
 				out := make([]float32, T*s.rows)
+				scratch := make([]float32, l.ScratchLen())
 				b.SetBytes(int64(len(l.codes) + 2*len(l.scales)))
 				for b.Loop() {
-					l.MulRows(out, s.rows, x, T, 0, s.rows, false, nil)
+					l.MulRows(out, s.rows, x, T, 0, s.rows, false, scratch)
 				}
 			})
 		}

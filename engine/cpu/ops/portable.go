@@ -38,6 +38,6 @@ func int4Dot1x4(codes []byte, scales []uint16, bps int, x []float32) (float32, f
 func fmaLoop(n int) float64 { return fmaLoopGo(n) }
 
 // int4Tiles takes no rows here: the per-row kernels do them all.
-func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int, out []float32, ld, lo, hi int, add bool) int {
+func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int, out []float32, ld, lo, hi int, add bool, scratch []float32) int {
 	return lo
 }

@@ -408,56 +408,71 @@ func fmaLoop(n int) float64 {
 	return float64(n) * 16 * 16
 }
 
-// int4Tile4x4 and int4Tile4x2 are in int4tile_amd64.s.
+// int4Tile4x4, int4Tile4x2 and int4Tile4x1 are in int4tile_amd64.s.
 //
 //go:noescape
-func int4Tile4x4(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32)
+func int4Tile4x4(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
 
 //go:noescape
-func int4Tile4x2(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32)
+func int4Tile4x1(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
+
+//go:noescape
+func int4Tile4x2(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
 
 // int4Tiles computes the weight rows [lo, hi) four at a time against the
-// T ≥ 2 input rows in tiles of four, then two (three inputs: a tile of
-// four with the last repeated; one: int4Dot1x4), with the assembly
+// input rows in tiles of four, then two or one, with the assembly
 // kernels, for weights of one scale a block; it returns the first row it
 // left to the caller (lo when it took none).
-func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int, out []float32, ld, lo, hi int, add bool) int {
-	if !useAVX512 || bps != 1 || T < 2 || hi-lo < 4 {
+func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int, out []float32, ld, lo, hi int, add bool, scratch []float32) int {
+	if !useAVX512 || bps != 1 || T < 1 || hi-lo < 4 || cols/Block%2 != 0 || len(scratch) < 4*cols/Block {
 		return lo
 	}
 	bytesPerRow, scalesPerRow, blocks := cols/2, cols/Block, cols/Block
 	if len(codes) < hi*bytesPerRow || len(scales) < hi*scalesPerRow || len(x) < T*cols || len(out) < (T-1)*ld+hi {
 		panic("ops: int4Tiles: shapes do not match")
 	}
-	var ptrs [4]*float32
+	// The input tiles, the same for every four weight rows: four inputs
+	// (three: the last twice), then two or one.
+	type tile struct {
+		t0, n int
+		x     [4]*float32
+	}
+	var buf [8]tile
+	tiles := buf[:0]
+	for t0 := 0; t0 < T; {
+		tl := tile{t0: t0, n: min(4, T-t0)}
+		for i := range tl.x {
+			tl.x[i] = &x[min(t0+i, T-1)*cols]
+		}
+		tiles = append(tiles, tl)
+		t0 += tl.n
+	}
 	var sums [16]float32
+	sc0 := &scratch[0]
 	r := lo
 	for ; r+4 <= hi; r += 4 {
-		for t0 := 0; t0 < T; {
-			n := min(4, T-t0)
-			for i := range ptrs {
-				ptrs[i] = &x[min(t0+i, T-1)*cols]
-			}
-			switch n {
+		c, sc := &codes[r*bytesPerRow], &scales[r*scalesPerRow]
+		for i := range tiles {
+			tl := &tiles[i]
+			switch tl.n {
 			case 1:
-				sums[0], sums[1], sums[2], sums[3] = int4Dot1x4(codes[r*bytesPerRow:(r+4)*bytesPerRow], scales[r*scalesPerRow:(r+4)*scalesPerRow], 1, x[t0*cols:(t0+1)*cols])
+				int4Tile4x1(c, bytesPerRow, sc, scalesPerRow, blocks, &tl.x, &levels, &sums, sc0)
 			case 2:
-				int4Tile4x2(&codes[r*bytesPerRow], bytesPerRow, &scales[r*scalesPerRow], scalesPerRow, blocks, &ptrs, &levels, &sums)
+				int4Tile4x2(c, bytesPerRow, sc, scalesPerRow, blocks, &tl.x, &levels, &sums, sc0)
 			default:
-				int4Tile4x4(&codes[r*bytesPerRow], bytesPerRow, &scales[r*scalesPerRow], scalesPerRow, blocks, &ptrs, &levels, &sums)
+				int4Tile4x4(c, bytesPerRow, sc, scalesPerRow, blocks, &tl.x, &levels, &sums, sc0)
 			}
-			for i := range n {
-				o := out[(t0+i)*ld+r : (t0+i)*ld+r+4]
+			for j := range tl.n {
+				o := (tl.t0+j)*ld + r
 				if add {
-					o[0] += sums[4*i]
-					o[1] += sums[4*i+1]
-					o[2] += sums[4*i+2]
-					o[3] += sums[4*i+3]
+					out[o] += sums[4*j]
+					out[o+1] += sums[4*j+1]
+					out[o+2] += sums[4*j+2]
+					out[o+3] += sums[4*j+3]
 				} else {
-					copy(o, sums[4*i:4*i+4])
+					out[o], out[o+1], out[o+2], out[o+3] = sums[4*j], sums[4*j+1], sums[4*j+2], sums[4*j+3]
 				}
 			}
-			t0 += n
 		}
 	}
 	return r

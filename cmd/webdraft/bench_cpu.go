@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -68,7 +69,11 @@ func benchCPU(ctx context.Context, e *env, b cpuBench, args []string) error {
 	// slower.
 	refSteps := min(b.steps, 4)
 	var step1 time.Duration
+	// A collection before each figure: the reference engine's garbage
+	// (a row of logits a position) would otherwise be collected during
+	// the next figure.
 	for _, batch := range b.batches {
+		runtime.GC()
 		d, err := bench.Decode(ctx, eng, batch, b.context, b.steps)
 		if err != nil {
 			return fmt.Errorf("decode batch %d: %w", batch, err)
@@ -79,6 +84,7 @@ func benchCPU(ctx context.Context, e *env, b cpuBench, args []string) error {
 		cells := []string{fmt.Sprintf("decode step, batch %d, context %d", batch, b.context),
 			fmt.Sprintf("%.2f ms, %.1f tok/s", ms64(d), float64(batch)/d.Seconds())}
 		if ref != nil && batch == 1 {
+			runtime.GC()
 			r, err := bench.Decode(ctx, ref, batch, b.context, refSteps)
 			if err != nil {
 				return fmt.Errorf("reference decode: %w", err)
@@ -93,6 +99,7 @@ func benchCPU(ctx context.Context, e *env, b cpuBench, args []string) error {
 		}
 	}
 	for _, n := range b.rows {
+		runtime.GC()
 		d, err := bench.Verify(ctx, eng, n, b.context, b.steps)
 		if err != nil {
 			return fmt.Errorf("verify %d rows: %w", n, err)
@@ -100,6 +107,7 @@ func benchCPU(ctx context.Context, e *env, b cpuBench, args []string) error {
 		cells := []string{fmt.Sprintf("verification, %d rows read out (k = %d)", n, n-1),
 			fmt.Sprintf("%.2f ms, %.2f× a step", ms64(d), d.Seconds()/step1.Seconds())}
 		if ref != nil {
+			runtime.GC()
 			r, err := bench.Verify(ctx, ref, n, b.context, refSteps)
 			if err != nil {
 				return fmt.Errorf("reference verify: %w", err)
@@ -108,6 +116,7 @@ func benchCPU(ctx context.Context, e *env, b cpuBench, args []string) error {
 		}
 		row(cells...)
 	}
+	runtime.GC()
 	pre, err := bench.Prefill(ctx, eng, b.prefill, 2)
 	if err != nil {
 		return fmt.Errorf("prefill: %w", err)

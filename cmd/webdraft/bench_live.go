@@ -21,6 +21,9 @@ type liveBench struct {
 	prompts                 [][]int
 	ks                      []int
 	newTokens, batch        int
+	// rounds repeats the whole sequence (the target alone, then each k),
+	// so that a machine whose speed drifts weighs on every figure alike.
+	rounds int
 	// sampling is every request's: greedy at temperature 0, else prompt i
 	// draws with seed i.
 	sampling sampling.Params
@@ -38,6 +41,17 @@ type liveRun struct {
 	outputs        [][]int         // the timed pass's tokens, per prompt
 }
 
+// add sums another round of the same configuration into r.
+func (r *liveRun) add(o *liveRun) {
+	r.tokens += o.tokens
+	r.steps += o.steps
+	r.drafted += o.drafted
+	r.accep += o.accep
+	r.wall += o.wall
+	r.draft = append(r.draft, o.draft...)
+	r.verify = append(r.verify, o.verify...)
+}
+
 func (r *liveRun) rate() float64 { return float64(r.tokens) / r.wall.Seconds() }
 func (r *liveRun) tau() float64  { return float64(r.tokens) / float64(r.steps) }
 
@@ -53,14 +67,21 @@ func (r *liveRun) step() time.Duration { return r.wall / time.Duration(max(len(r
 // the target's time per step alone; and the loop rate and distinct-4 of
 // the target alone's outputs.
 func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
-	var runs []*liveRun
-	for _, k := range append([]int{0}, b.ks...) {
-		e.log.Info("measuring", "k", k, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
-		r, err := b.run(ctx, k)
-		if err != nil {
-			return fmt.Errorf("k %d: %w", k, err)
+	ks := append([]int{0}, b.ks...)
+	runs := make([]*liveRun, len(ks))
+	for round := range max(b.rounds, 1) {
+		for i, k := range ks {
+			e.log.Info("measuring", "k", k, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
+			r, err := b.run(ctx, k)
+			if err != nil {
+				return fmt.Errorf("k %d: %w", k, err)
+			}
+			if runs[i] == nil {
+				runs[i] = r
+			} else {
+				runs[i].add(r)
+			}
 		}
-		runs = append(runs, r)
 	}
 	alone := runs[0]
 	tTarget := mean(alone.verify)
@@ -68,8 +89,8 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	if !b.sampling.Greedy() {
 		mode = fmt.Sprintf("temperature %g, top-p %g, prompt i with seed i", b.sampling.Temperature, b.sampling.TopP)
 	}
-	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, %d new tokens each, %s, %d at once\n",
-		b.targetName, b.drafterName, len(b.prompts), b.newTokens, mode, b.batch)
+	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, %d new tokens each, %s, %d at once, %d round(s)\n",
+		b.targetName, b.drafterName, len(b.prompts), b.newTokens, mode, b.batch, max(b.rounds, 1))
 	fmt.Fprintf(e.stdout, "the target alone: %.1f tokens/s, t_target %.3f ms a step (%.3f ms with the loop's own time)\n", alone.rate(), ms(tTarget), ms(alone.step()))
 	fmt.Fprintf(e.stdout, "the target alone's outputs: %s\n\n", textSummary(textstats.Summarize(alone.outputs)))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)

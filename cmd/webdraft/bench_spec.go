@@ -35,6 +35,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
+	rounds := fs.Int("rounds", 1, "with --live: run the target alone and every k this many times over, in turn, and sum them (figures from a machine whose speed drifts)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -54,6 +55,9 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	}
 	if *live && !isSet(fs, "batch") {
 		*batch = 1
+	}
+	if *rounds < 1 || *rounds > 100 {
+		return usagef("--rounds %d: want 1…100", *rounds)
 	}
 	if *k < 1 || *k > maxDraft || *newTokens < 1 || *batch < 1 || *batch > 128 {
 		return usagef("--k must be 1…%d, --new-tokens positive and --batch 1…128", maxDraft)
@@ -110,7 +114,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		}
 		return benchSpecLive(ctx, e, liveBench{
 			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
-			prompts: prompts, ks: ks, newTokens: *newTokens, batch: *batch, args: args,
+			prompts: prompts, ks: ks, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
 			sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		})
 	}

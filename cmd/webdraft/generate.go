@@ -39,7 +39,7 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 		return usagef("give exactly one of --ids and --text")
 	case *chat && *text == "":
 		return usagef("--chat takes --text")
-	case flagGiven(fs, "k") && (*k < 1 || *k > speculative.MaxK):
+	case isSet(fs, "k") && (*k < 1 || *k > speculative.MaxK):
 		return usagef("--k %d: want 1…%d", *k, speculative.MaxK)
 	case *maxTokens < 1:
 		return usagef("--max-tokens %d: want at least 1", *maxTokens)

@@ -139,13 +139,6 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// flagGiven reports whether the command line set the flag name.
-func flagGiven(fs *flag.FlagSet, name string) bool {
-	given := false
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
-	return given
-}
-
 // oneLine folds an error message onto one line.
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")

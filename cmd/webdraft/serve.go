@@ -86,7 +86,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if *chainSteps < 1 || *chainSteps > maxDraft {
 		return usagef("--chain-steps %d: want 1…%d", *chainSteps, maxDraft)
 	}
-	if flagGiven(fs, "k") && (*k < 1 || *k > speculative.MaxK) {
+	if isSet(fs, "k") && (*k < 1 || *k > speculative.MaxK) {
 		return usagef("--k %d: want 1…%d", *k, speculative.MaxK)
 	}
 	backend, err := parseBackend(*backendFlag)

@@ -305,18 +305,8 @@ func (p *pass) attend(ws *scratch, l, r, h int) {
 	n := int(p.rowPos[r]) + 1
 	qh := p.q[r*qDim+h*D : r*qDim+(h+1)*D]
 	kv := (h / c.GroupSize()) * D
-	keys, values := seq.k[l], seq.v[l]
-	scores := ws.scores[:n]
-	for j := range scores {
-		scores[j] = ops.Dot(qh, keys[j*kvDim+kv:j*kvDim+kv+D]) * p.attnScale
-	}
-	m, _, _ := ops.Max(scores)
-	inv := 1 / ops.ExpSum(scores, m)
 	out := p.attn[r*qDim+h*D : r*qDim+(h+1)*D]
-	clear(out)
-	for j, s := range scores {
-		ops.Axpy(out, s*inv, values[j*kvDim+kv:j*kvDim+kv+D])
-	}
+	ops.Attend(out, qh, seq.k[l][kv:], seq.v[l][kv:], kvDim, n, p.attnScale, ws.scores)
 }
 
 // project computes rows [lo, hi) of the matrices ms stacked (q, k, v as

@@ -167,3 +167,18 @@ func fmaLoopGo(n int) float64 {
 	sink = a[0] + a[7]
 	return float64(n) * 8
 }
+
+// attendGo is Attend in plain Go.
+func attendGo(out, q, keys, values []float32, stride, n int, scale float32, scores []float32) {
+	D := len(q)
+	scores = scores[:n]
+	for j := range scores {
+		scores[j] = Dot(q, keys[j*stride:j*stride+D]) * scale
+	}
+	m, _, _ := Max(scores)
+	inv := 1 / ExpSum(scores, m)
+	clear(out[:D])
+	for j, s := range scores {
+		Axpy(out[:D], s*inv, values[j*stride:j*stride+D])
+	}
+}

@@ -41,3 +41,10 @@ func fmaLoop(n int) float64 { return fmaLoopGo(n) }
 func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int, out []float32, ld, lo, hi int, add bool, scratch []float32) int {
 	return lo
 }
+
+// Attend computes one query head's attention over n cached positions:
+// out = softmax(q·kⱼ·scale)·vⱼ, key j at keys[j·stride:], value j at
+// values[j·stride:], both len(q) long; scores holds n floats of scratch.
+func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores []float32) {
+	attendGo(out, q, keys, values, stride, n, scale, scores)
+}

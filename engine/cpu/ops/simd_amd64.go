@@ -408,31 +408,37 @@ func fmaLoop(n int) float64 {
 	return float64(n) * 16 * 16
 }
 
-// int4Tile4x4, int4Tile4x2 and int4Tile4x1 are in int4tile_amd64.s.
+// int4Rows4x4, int4Rows4x2 and int4Rows4x1 are in int4tile_amd64.s.
 //
 //go:noescape
-func int4Tile4x4(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
+func int4Rows4x4(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int)
 
 //go:noescape
-func int4Tile4x1(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
+func int4Rows4x2(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int)
 
 //go:noescape
-func int4Tile4x2(codes *byte, rowBytes int, scales *uint16, rowScales int, blocks int, x *[4]*float32, levels *[16]float32, out *[16]float32, scratch *float32)
+func int4Rows4x1(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int)
 
-// int4Tiles computes the weight rows [lo, hi) four at a time against the
-// input rows in tiles of four, then two or one, with the assembly
-// kernels, for weights of one scale a block; it returns the first row it
-// left to the caller (lo when it took none).
+// tileGroups is how many groups of four weight rows a kernel call takes:
+// their codes (8 KiB at 256 columns) stay in cache while every input tile
+// passes over them, so the weights are read from memory once.
+const tileGroups = 16
+
+// int4Tiles computes the weight rows [lo, hi), four at a time, against
+// the input rows in tiles of four (three: the last input twice), then two
+// or one, with the assembly kernels, for weights of one scale a block
+// (blocks even); it returns the first row it left to the caller (lo when
+// it took none).
 func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int, out []float32, ld, lo, hi int, add bool, scratch []float32) int {
-	if !useAVX512 || bps != 1 || T < 1 || hi-lo < 4 || cols/Block%2 != 0 || len(scratch) < 4*cols/Block {
+	blocks := cols / Block
+	groups := (hi - lo) / 4
+	if !useAVX512 || bps != 1 || T < 1 || groups == 0 || blocks%2 != 0 || len(scratch) < 4*blocks {
 		return lo
 	}
-	bytesPerRow, scalesPerRow, blocks := cols/2, cols/Block, cols/Block
+	bytesPerRow, scalesPerRow := cols/2, blocks
 	if len(codes) < hi*bytesPerRow || len(scales) < hi*scalesPerRow || len(x) < T*cols || len(out) < (T-1)*ld+hi {
 		panic("ops: int4Tiles: shapes do not match")
 	}
-	// The input tiles, the same for every four weight rows: four inputs
-	// (three: the last twice), then two or one.
 	type tile struct {
 		t0, n int
 		x     [4]*float32
@@ -447,33 +453,99 @@ func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int,
 		tiles = append(tiles, tl)
 		t0 += tl.n
 	}
-	var sums [16]float32
-	sc0 := &scratch[0]
-	r := lo
-	for ; r+4 <= hi; r += 4 {
+	a := 0
+	if add {
+		a = 1
+	}
+	for g0 := 0; g0 < groups; g0 += tileGroups {
+		r := lo + 4*g0
+		n := min(tileGroups, groups-g0)
 		c, sc := &codes[r*bytesPerRow], &scales[r*scalesPerRow]
 		for i := range tiles {
 			tl := &tiles[i]
+			o := &out[tl.t0*ld+r]
 			switch tl.n {
 			case 1:
-				int4Tile4x1(c, bytesPerRow, sc, scalesPerRow, blocks, &tl.x, &levels, &sums, sc0)
+				int4Rows4x1(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a)
 			case 2:
-				int4Tile4x2(c, bytesPerRow, sc, scalesPerRow, blocks, &tl.x, &levels, &sums, sc0)
+				int4Rows4x2(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a)
 			default:
-				int4Tile4x4(c, bytesPerRow, sc, scalesPerRow, blocks, &tl.x, &levels, &sums, sc0)
-			}
-			for j := range tl.n {
-				o := (tl.t0+j)*ld + r
-				if add {
-					out[o] += sums[4*j]
-					out[o+1] += sums[4*j+1]
-					out[o+2] += sums[4*j+2]
-					out[o+3] += sums[4*j+3]
-				} else {
-					out[o], out[o+1], out[o+2], out[o+3] = sums[4*j], sums[4*j+1], sums[4*j+2], sums[4*j+3]
-				}
+				int4Rows4x4(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a)
 			}
 		}
 	}
-	return r
+	return lo + 4*groups
+}
+
+// Attend computes one query head's attention over n cached positions:
+// out = softmax(q·kⱼ·scale)·vⱼ, key j at keys[j·stride:], value j at
+// values[j·stride:], both len(q) long; scores holds n floats of scratch.
+// Heads of 64 or 128 (Qwen3's) take the vector path: four keys' scores
+// reduced together, and the weighted sum of values in registers.
+func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores []float32) {
+	D := len(q)
+	if !useAVX512 || (D != 64 && D != 128) || n < 1 {
+		attendGo(out, q, keys, values, stride, n, scale, scores)
+		return
+	}
+	scores = scores[:n]
+	_ = keys[(n-1)*stride+D-1]
+	_ = values[(n-1)*stride+D-1]
+	kp := unsafe.Pointer(unsafe.SliceData(keys))
+	vp := unsafe.Pointer(unsafe.SliceData(values))
+	st := uintptr(stride) * 4
+	q0, q1, q2, q3 := load16(q), load16(q[16:]), load16(q[32:]), load16(q[48:])
+	var q4, q5, q6, q7 archsimd.Float32x16
+	if D == 128 {
+		q4, q5, q6, q7 = load16(q[64:]), load16(q[80:]), load16(q[96:]), load16(q[112:])
+	}
+	dot := func(k unsafe.Pointer) archsimd.Float32x16 {
+		a := at(k, 0).Mul(q0)
+		a = at(k, 64).MulAdd(q1, a)
+		a = at(k, 128).MulAdd(q2, a)
+		a = at(k, 192).MulAdd(q3, a)
+		if D == 128 {
+			a = at(k, 256).MulAdd(q4, a)
+			a = at(k, 320).MulAdd(q5, a)
+			a = at(k, 384).MulAdd(q6, a)
+			a = at(k, 448).MulAdd(q7, a)
+		}
+		return a
+	}
+	j := 0
+	for ; j+4 <= n; j += 4 {
+		k := unsafe.Add(kp, uintptr(j)*st)
+		s0, s1, s2, s3 := sum4x16(dot(k), dot(unsafe.Add(k, st)), dot(unsafe.Add(k, 2*st)), dot(unsafe.Add(k, 3*st)))
+		scores[j], scores[j+1], scores[j+2], scores[j+3] = s0*scale, s1*scale, s2*scale, s3*scale
+	}
+	for ; j < n; j++ {
+		scores[j] = sum16(dot(unsafe.Add(kp, uintptr(j)*st))) * scale
+	}
+	m, _, _ := Max(scores)
+	inv := 1 / ExpSum(scores, m)
+	var o0, o1, o2, o3, o4, o5, o6, o7 archsimd.Float32x16
+	for j, s := range scores {
+		p := archsimd.BroadcastFloat32x16(s * inv)
+		v := unsafe.Add(vp, uintptr(j)*st)
+		o0 = at(v, 0).MulAdd(p, o0)
+		o1 = at(v, 64).MulAdd(p, o1)
+		o2 = at(v, 128).MulAdd(p, o2)
+		o3 = at(v, 192).MulAdd(p, o3)
+		if D == 128 {
+			o4 = at(v, 256).MulAdd(p, o4)
+			o5 = at(v, 320).MulAdd(p, o5)
+			o6 = at(v, 384).MulAdd(p, o6)
+			o7 = at(v, 448).MulAdd(p, o7)
+		}
+	}
+	o0.Store((*[16]float32)(out))
+	o1.Store((*[16]float32)(out[16:]))
+	o2.Store((*[16]float32)(out[32:]))
+	o3.Store((*[16]float32)(out[48:]))
+	if D == 128 {
+		o4.Store((*[16]float32)(out[64:]))
+		o5.Store((*[16]float32)(out[80:]))
+		o6.Store((*[16]float32)(out[96:]))
+		o7.Store((*[16]float32)(out[112:]))
+	}
 }

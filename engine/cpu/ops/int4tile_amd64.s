@@ -7,7 +7,7 @@
 // int4Rows4x1), for weights in groups of 32 columns (one f16 scale a
 // block):
 //
-// func int4Rows4xN(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int)
+// func int4Rows4xN(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int, inputs int)
 //
 // codes:   row r's block b at codes + r·rowBytes + 16·b (two codes a byte,
 //          the even column in the low nibble); rowBytes = 16·blocks
@@ -16,7 +16,9 @@
 //          its 16 odd ones (ops' blocked layout)
 // scratch: 4·blocks floats: a group's scales widened to f32 (blocks even)
 // out:     input i's result for row r of group g at
-//          out + i·ldBytes + 4·(4g + r), stored, or added with add ≠ 0
+//          out + i·ldBytes + 4·(4g + r), stored, or added with add ≠ 0,
+//          for the first inputs inputs (the four-input kernel also serves
+//          three: its fourth input repeats the third, and is not written)
 //
 // Each block widens each of the four weight rows once — codes → (code −
 // 8)·s by VPERMPS from the block's 16 values, the scale an embedded
@@ -46,9 +48,20 @@
 	MOVQ groups+32(FP), AX   \
 	MOVQ AX, left-8(SP)
 
-// GROUP widens the group's scales into scratch (R14 moves on to the next
-// group's) and sets up the block loop's registers.
+// GROUP asks for the codes of the group three ahead (prefetch), widens
+// the group's scales into scratch (R14 moves on to the next group's) and
+// sets up the block loop's registers.
 #define GROUP \
+	MOVQ rowBytes+8(FP), R10 \
+	LEAQ (R10)(R10*2), R9    \
+	LEAQ (SI)(R9*4), R9      \
+	SHLQ $2, R10             \
+	ADDQ R9, R10             \
+prefetch:                    \
+	PREFETCHT0 (R9)          \
+	ADDQ $64, R9             \
+	CMPQ R9, R10             \
+	JLT  prefetch            \
 	MOVQ scratch+56(FP), R12 \
 	MOVQ blocks+24(FP), R10  \
 	SHLQ $3, R10             \
@@ -122,7 +135,7 @@ converted:                   \
 
 #define ZERO(Z) VPXORD Z, Z, Z
 
-TEXT ·int4Rows4x4(SB), NOSPLIT, $8-88
+TEXT ·int4Rows4x4(SB), NOSPLIT, $8-96
 	PROLOGUE
 group4:
 	CMPQ left-8(SP), $0
@@ -169,13 +182,16 @@ loop4:
 	PUT(X0, (R15))
 	PUT(X1, (R15)(R9*1))
 	PUT(X2, (R15)(R9*2))
+	CMPQ inputs+88(FP), $4
+	JLT  skip4
 	PUT(X3, (R15)(R11*1))
+skip4:
 	EPILOGUE(group4)
 done4:
 	VZEROUPPER
 	RET
 
-TEXT ·int4Rows4x2(SB), NOSPLIT, $8-88
+TEXT ·int4Rows4x2(SB), NOSPLIT, $8-96
 	PROLOGUE
 group2:
 	CMPQ left-8(SP), $0
@@ -217,7 +233,7 @@ done2:
 // The one-input kernel keeps the even and the odd columns in
 // accumulators of their own (Z0–Z3, Z4–Z7): eight chains of one
 // multiply-add a block.
-TEXT ·int4Rows4x1(SB), NOSPLIT, $8-88
+TEXT ·int4Rows4x1(SB), NOSPLIT, $8-96
 	PROLOGUE
 group1:
 	CMPQ left-8(SP), $0

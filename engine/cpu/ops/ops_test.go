@@ -63,6 +63,22 @@ func closeTo(got, want []float32, tol float64) error {
 	return nil
 }
 
+// closeToTerms holds got to want within tol × (max|want| + terms[i]),
+// terms[i] the sum of |w|·|x| behind output i: f32 sums in another order
+// err by that much at most.
+func closeToTerms(got, want, terms []float32, tol float64) error {
+	var scale float64
+	for _, v := range want {
+		scale = math.Max(scale, math.Abs(float64(v)))
+	}
+	for i := range want {
+		if d := math.Abs(float64(got[i] - want[i])); !(d <= tol*(scale+float64(terms[i]))) {
+			return fmt.Errorf("at %d: %v, want %v (|Δ| %.3g, max|want| %.3g, Σ|w·x| %.3g)", i, got[i], want[i], d, scale, terms[i])
+		}
+	}
+	return nil
+}
+
 // TestMulRows holds MulRows to reference.MatMul on random matrices of
 // every format and input row counts around the kernels' blocking, over a
 // poisoned output, for a split of the rows as workers take them, and in
@@ -81,31 +97,57 @@ func TestMulRows(t *testing.T) {
 			}
 			m := randMatrix(t, rng, format, rows, cols)
 			l := NewLinear(m)
+			// |W|, for the scale of each output's terms: a sum that
+			// cancels to near zero is held to the size of what it added.
+			abs := &tensor.F32{Rows: rows, Cols: cols, Data: make([]float32, rows*cols)}
+			for r := range rows {
+				m.Row(r, abs.Data[r*cols:(r+1)*cols])
+			}
+			for i, v := range abs.Data {
+				abs.Data[i] = float32(math.Abs(float64(v)))
+			}
 			for _, T := range []int{1, 2, 3, 4, 5, 7, 8, 9, 17} {
 				t.Run(fmt.Sprintf("%s/%dx%d/T%d", format, rows, cols, T), func(t *testing.T) {
 					x := randRow(rng, T*cols)
 					want := make([]float32, T*rows)
 					reference.MatMul(want, x, m, T)
+					xAbs := make([]float32, len(x))
+					for i, v := range x {
+						xAbs[i] = float32(math.Abs(float64(v)))
+					}
+					terms := make([]float32, T*rows)
+					reference.MatMul(terms, xAbs, abs, T)
 					xp := make([]float32, len(x))
 					for r := range T {
 						Permute(xp[r*cols:(r+1)*cols], x[r*cols:(r+1)*cols])
 					}
-					got := make([]float32, T*rows)
-					for i := range got {
-						got[i] = float32(math.NaN())
+					// Poisoned, with a guard past the end that no kernel may touch.
+					const guard = 64
+					buf := make([]float32, T*rows+guard)
+					for i := range buf {
+						buf[i] = float32(math.NaN())
 					}
+					got := buf[:T*rows]
+					defer func() {
+						for i, v := range buf[T*rows:] {
+							if v == v {
+								t.Fatalf("a write past the output, %d after its end", i)
+							}
+						}
+					}()
 					scratch := make([]float32, l.ScratchLen())
 					mid := rng.IntN(rows + 1)
 					l.MulRows(got, rows, xp, T, 0, mid, false, scratch)
 					l.MulRows(got, rows, xp, T, mid, rows, false, scratch)
-					if err := closeTo(got, want, 1e-5); err != nil {
+					if err := closeToTerms(got, want, terms, 1e-5); err != nil {
 						t.Fatal(err)
 					}
 					l.MulRows(got, rows, xp, T, 0, rows, true, scratch)
 					for i := range want {
 						want[i] *= 2
+						terms[i] *= 2
 					}
-					if err := closeTo(got, want, 1e-5); err != nil {
+					if err := closeToTerms(got, want, terms, 1e-5); err != nil {
 						t.Fatalf("add: %v", err)
 					}
 				})

@@ -411,13 +411,13 @@ func fmaLoop(n int) float64 {
 // int4Rows4x4, int4Rows4x2 and int4Rows4x1 are in int4tile_amd64.s.
 //
 //go:noescape
-func int4Rows4x4(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int)
+func int4Rows4x4(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int, inputs int)
 
 //go:noescape
-func int4Rows4x2(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int)
+func int4Rows4x2(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int, inputs int)
 
 //go:noescape
-func int4Rows4x1(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int)
+func int4Rows4x1(codes *byte, rowBytes int, scales *uint16, blocks int, groups int, x *[4]*float32, levels *[16]float32, scratch *float32, out *float32, ldBytes int, add int, inputs int)
 
 // tileGroups is how many groups of four weight rows a kernel call takes:
 // their codes (8 KiB at 256 columns) stay in cache while every input tile
@@ -466,11 +466,11 @@ func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int,
 			o := &out[tl.t0*ld+r]
 			switch tl.n {
 			case 1:
-				int4Rows4x1(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a)
+				int4Rows4x1(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a, tl.n)
 			case 2:
-				int4Rows4x2(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a)
+				int4Rows4x2(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a, tl.n)
 			default:
-				int4Rows4x4(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a)
+				int4Rows4x4(c, bytesPerRow, sc, blocks, n, &tl.x, &levels, &scratch[0], o, 4*ld, a, tl.n)
 			}
 		}
 	}

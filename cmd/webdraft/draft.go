@@ -127,7 +127,7 @@ func defaultK(backend string) int {
 }
 
 // cpuDefaultK is defaultK on the CPU engines.
-const cpuDefaultK = 2
+const cpuDefaultK = 1
 
 // kUsage is the --k flag's help in serve and generate.
 var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d; left out, the best measured for the target's engine (6 on a GPU, %d on the CPU)", speculative.MaxK, cpuDefaultK)

@@ -9,17 +9,32 @@ import (
 // Pool runs one function on a fixed team of workers at once, SPMD style:
 // every worker runs the same code on its own share of each loop
 // (Split) and they meet at barriers (Barrier) between phases that read
-// what the others wrote. The workers are goroutines started once, so a
-// Run costs a wake-up of each, not a goroutine or an allocation.
+// what the others wrote. The workers are goroutines started once; between
+// Runs each spins a little (a forward pass's next one usually follows at
+// once) and then parks, so a Run costs neither a goroutine nor, mostly, a
+// wake-up.
 //
 // A Pool runs one Run at a time; Run is not reentrant.
 type Pool struct {
 	n       int
-	start   []chan func(w int) // one per helper (workers 1 … n-1)
-	done    sync.WaitGroup
+	helpers []helper // workers 1 … n-1
+	task    func(w int)
+	epoch   atomic.Uint64 // one more for each Run: the helpers' signal
+	done    atomic.Int32  // helpers finished with the Run's task
+	closed  atomic.Bool
 	barrier barrier
 	mu      sync.Mutex // one Run at a time
 }
+
+// helper is a worker's parking place.
+type helper struct {
+	parked atomic.Bool
+	wake   chan struct{} // one token: a Run that found it parked
+}
+
+// spinRounds is how long a helper looks for the next Run before it parks:
+// rounds of 64 loads and a yield, some tens of microseconds.
+const spinRounds = 256
 
 // NewPool starts a pool of n workers (n < 1: GOMAXPROCS). The caller of
 // Run is worker 0, so n-1 goroutines wait between Runs. Close stops them.
@@ -27,19 +42,46 @@ func NewPool(n int) *Pool {
 	if n < 1 {
 		n = runtime.GOMAXPROCS(0)
 	}
-	p := &Pool{n: n, start: make([]chan func(int), n-1)}
+	p := &Pool{n: n, helpers: make([]helper, n-1)}
 	p.barrier.n = int32(n)
-	for i := range p.start {
-		ch := make(chan func(int))
-		p.start[i] = ch
-		go func() {
-			for fn := range ch {
-				fn(i + 1)
-				p.done.Done()
-			}
-		}()
+	for i := range p.helpers {
+		p.helpers[i].wake = make(chan struct{}, 1)
+		go p.serve(i)
 	}
 	return p
+}
+
+// serve is helper i's loop: wait for a Run (spinning, then parked), run
+// its task as worker i+1, count it done.
+func (p *Pool) serve(i int) {
+	h := &p.helpers[i]
+	var seen uint64
+	for {
+		e := p.epoch.Load()
+		for rounds := 0; e == seen; rounds++ {
+			if rounds < spinRounds {
+				for range 64 {
+					if e = p.epoch.Load(); e != seen {
+						break
+					}
+				}
+				runtime.Gosched()
+				continue
+			}
+			h.parked.Store(true)
+			if e = p.epoch.Load(); e == seen {
+				<-h.wake
+			}
+			h.parked.Store(false)
+			e, rounds = p.epoch.Load(), 0
+		}
+		if p.closed.Load() {
+			return
+		}
+		seen = e
+		p.task(i + 1)
+		p.done.Add(1)
+	}
 }
 
 // Workers is the number of workers a Run runs on.
@@ -51,12 +93,30 @@ func (p *Pool) Workers() int { return p.n }
 func (p *Pool) Run(fn func(w int)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.done.Add(len(p.start))
-	for _, ch := range p.start {
-		ch <- fn
-	}
+	p.task = fn
+	p.done.Store(0)
+	p.epoch.Add(1) // publishes task to the helpers
+	p.wakeParked()
 	fn(0)
-	p.done.Wait()
+	for i := 0; p.done.Load() != int32(len(p.helpers)); i++ {
+		if i&63 == 63 {
+			runtime.Gosched()
+		}
+	}
+}
+
+// wakeParked hands a token to every parked helper (a helper that parks
+// after this sees the new epoch first, and a spare token only makes it
+// look once more).
+func (p *Pool) wakeParked() {
+	for i := range p.helpers {
+		if h := &p.helpers[i]; h.parked.Load() {
+			select {
+			case h.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // Barrier returns once every worker of the Run has called it (each
@@ -75,10 +135,13 @@ func (p *Pool) Split(n, w int) (lo, hi int) {
 
 // Close stops the workers; the pool must not be used afterwards.
 func (p *Pool) Close() {
-	for _, ch := range p.start {
-		close(ch)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Swap(true) {
+		return
 	}
-	p.start = nil
+	p.epoch.Add(1)
+	p.wakeParked()
 }
 
 // barrier is a reusable spinning barrier: the last of n arrivals resets

@@ -3,9 +3,12 @@
 // reductions a read-out needs, vectorized where the machine allows.
 //
 // On amd64 with AVX-512, built with GOEXPERIMENT=simd, the kernels run on
-// simd/archsimd's 512-bit vectors; anywhere else (arm64, an older amd64,
-// a toolchain without the experiment) the same functions run as portable
-// Go. Both are tested against package reference, the plain-Go oracle.
+// 512-bit vectors: the int4 matrix products in assembly
+// (int4tile_amd64.s: four weight rows against one, two or four input
+// rows, all 32 vector registers), the rest through simd/archsimd; anywhere
+// else (arm64, an older amd64, a toolchain without the experiment) the
+// same functions run as portable Go. Both are tested against package
+// reference, the plain-Go oracle.
 //
 // Matrix products read their input rows in the blocked layout of
 // Permute: each 32-column block as its 16 even columns, then its 16 odd

@@ -58,6 +58,9 @@ func (l *Linear) MulRows(out []float32, ld int, x []float32, T int, lo, hi int, 
 	if l.InPlace() {
 		bytesPerRow := l.Cols / 2
 		scalesPerRow := l.Cols / Block / l.blocksPerScale
+		// The assembly kernels take four rows at a time where they can (one
+		// scale a block, an even number of blocks); the rest go row by
+		// row, or four at a time for one input, through the Go kernels.
 		r := int4Tiles(l.codes, l.scales, l.blocksPerScale, l.Cols, x, T, out, ld, lo, hi, add, scratch)
 		if T == 1 {
 			// One input row: four weight rows at a time.

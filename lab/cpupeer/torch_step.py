@@ -14,7 +14,6 @@ Prints a table on stderr and one JSON line on stdout:
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import struct
@@ -181,15 +180,23 @@ def greedy(W, logits):
     return W["head_ids"][idx] if W["head_ids"] is not None else idx
 
 
+def blas():
+    """The BLAS torch's matmuls run on. Debian's torch calls the system
+    libblas.so.3: the slow reference BLAS unless OpenBLAS provides it."""
+    if torch.backends.mkl.is_available():
+        return "mkl"
+    maps = open("/proc/self/maps").read()
+    return "openblas" if "openblas" in maps else "reference" if "libblas" in maps else "unknown"
+
+
 def median_ms(fn, reps, warmup=3):
-    for _ in range(warmup):
-        fn()
+    """Median milliseconds of fn over reps calls, after warmup calls."""
     times = []
-    for _ in range(reps):
+    for _ in range(warmup + reps):
         t = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times[warmup:])
 
 
 def main():
@@ -213,13 +220,10 @@ def main():
 
     with torch.inference_mode():
         if args.check:
-            ids, draft = torch.tensor([785, 3974, 13876]), []
-            pos = 0
-            while len(draft) < 8:
-                tok = int(greedy(W, forward(cfg, W, cache, rope_cs, ids, pos, 1))[-1])
-                pos += ids.shape[0]
-                draft.append(tok)
-                ids = torch.tensor([tok])
+            ids, pos, draft = [785, 3974, 13876], 0, []
+            while len(draft) < 8:  # the prompt, then each drafted token at the next position
+                draft.append(int(greedy(W, forward(cfg, W, cache, rope_cs, torch.tensor(ids), pos, 1))[-1]))
+                pos, ids = pos + len(ids), draft[-1:]
             print(json.dumps({"draft": draft}))
             return
 
@@ -235,14 +239,16 @@ def main():
             verify_ms[str(r)] = median_ms(lambda: greedy(W, forward(cfg, W, cache, rope_cs, ids, args.context, r)),
                                           args.reps)
 
-    name = os.path.basename(os.path.normpath(args.model))
-    print(f"{name}: {W['params'] / 1e6:.1f}M params, torch {torch.__version__}, {args.threads} threads, "
+    name, lib = os.path.basename(os.path.normpath(args.model)), blas()
+    print(f"{name}: {W['params'] / 1e6:.1f}M params, torch {torch.__version__} ({lib} BLAS), {args.threads} threads, "
           f"context {args.context}, median of {args.reps}", file=sys.stderr)
+    if lib == "reference":
+        print("  warning: the reference BLAS is slow; install OpenBLAS (Debian: libopenblas0-openmp)", file=sys.stderr)
     print(f"  {'step (1 row + argmax)':<24}{step_ms:8.2f} ms", file=sys.stderr)
     for r, ms in verify_ms.items():
         print(f"  {'verify ' + r + ' rows':<24}{ms:8.2f} ms", file=sys.stderr)
     print(json.dumps({"model": args.model, "threads": args.threads, "context": args.context,
-                      "torch": torch.__version__.split("+")[0], "step_ms": round(step_ms, 3),
+                      "torch": torch.__version__.split("+")[0], "blas": lib, "step_ms": round(step_ms, 3),
                       "verify_ms": {r: round(ms, 3) for r, ms in verify_ms.items()}, "params": W["params"]}))
 
 

@@ -1,6 +1,10 @@
 package ops
 
-import "math"
+import (
+	"math"
+
+	"webdraft/tensor"
+)
 
 // The portable kernels: plain Go, the same arithmetic as the vector ones
 // in another order. They run where the vector kernels cannot and are what
@@ -15,7 +19,7 @@ func int4RowGo(codes []byte, scales []uint16, bps int, x []float32, cols, T int,
 		n := min(chunk, T-t0)
 		var acc [chunk]float32
 		for b := 0; b < cols/Block; b++ {
-			s := f16[scales[b/bps]]
+			s := tensor.F16ToF32(scales[b/bps])
 			c := codes[b*Block/2 : (b+1)*Block/2]
 			for i, v := range c {
 				w[i] = float32(int32(v&15)-8) * s

@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"simd/archsimd"
 	"unsafe"
+
+	"webdraft/tensor"
 )
 
 // The vector kernels: AVX-512 through simd/archsimd, sixteen f32 lanes.
@@ -84,7 +86,7 @@ var levels = [16]float32{-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7}
 
 // table is a group's 16 weight values for scale bits sb.
 func table(sb uint16) archsimd.Float32x16 {
-	return archsimd.LoadFloat32x16(&levels).Mul(archsimd.BroadcastFloat32x16(f16[sb]))
+	return archsimd.LoadFloat32x16(&levels).Mul(archsimd.BroadcastFloat32x16(tensor.F16ToF32(sb)))
 }
 
 func load16(x []float32) archsimd.Float32x16 {

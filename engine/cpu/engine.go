@@ -15,6 +15,7 @@ package cpu
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"webdraft/engine"
 	"webdraft/engine/cpu/ops"
@@ -23,9 +24,11 @@ import (
 	"webdraft/tensor"
 )
 
-// Engine is the CPU engine. Like every engine it is driven by one
-// goroutine at a time.
+// Engine is the CPU engine. Its passes are serialized: a server drives
+// one engine from two goroutines (its /draft scheduler and its
+// generator), and a pass's buffers are the engine's.
 type Engine struct {
+	mu      sync.Mutex // one pass at a time: pass and pool are shared
 	cfg     qwen3.Config
 	embed   tensor.Matrix
 	layers  []layer
@@ -106,6 +109,8 @@ func (e *Engine) KVCapacity() int {
 
 // Close stops the workers.
 func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.pool.Close()
 	return nil
 }

@@ -110,6 +110,8 @@ func (e *Engine) forward(ctx context.Context, seqs []engine.Sequence, tokens [][
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	c := &e.cfg
 	H, qDim, kvDim, I, half := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize, c.HeadDim/2
 	p := &e.pass

@@ -15,6 +15,7 @@ package cpu
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"webdraft/engine"
@@ -138,16 +139,13 @@ func (s *sequence) Truncate(n int) {
 
 func (s *sequence) Release() { s.k, s.v, s.len = nil, nil, 0 }
 
-// reserve makes room for n more positions in every layer's cache.
+// reserve makes room for n more positions in every layer's cache,
+// growing it as append does.
 func (s *sequence) reserve(n, kvDim int) {
-	want := (s.len + n) * kvDim
+	have, want := s.len*kvDim, (s.len+n)*kvDim
 	for l := range s.k {
-		if cap(s.k[l]) < want {
-			c := max(want, 2*cap(s.k[l]))
-			s.k[l] = append(make([]float32, 0, c), s.k[l][:s.len*kvDim]...)
-			s.v[l] = append(make([]float32, 0, c), s.v[l][:s.len*kvDim]...)
-		}
-		s.k[l], s.v[l] = s.k[l][:want], s.v[l][:want]
+		s.k[l] = slices.Grow(s.k[l][:have], want-have)[:want]
+		s.v[l] = slices.Grow(s.v[l][:have], want-have)[:want]
 	}
 }
 

@@ -157,7 +157,33 @@ func (e *Engine) forward(ctx context.Context, seqs []engine.Sequence, tokens [][
 	for _, sg := range p.segs {
 		sg.seq.len += sg.T
 	}
-	return p.readOut(reads)
+	rows, err := p.readOut(reads)
+	p.trim()
+	return rows, err
+}
+
+// keepRows and keepReads bound the buffers a pass keeps for the next:
+// those of a larger pass (a long prefill, a wide batch of verifications)
+// go to the collector after it, so that the engine holds what its usual
+// passes need rather than the largest it ever ran.
+const keepRows, keepReads = 64, 16
+
+// trim drops the buffers sized past keepRows rows or keepReads rows read
+// out.
+func (p *pass) trim() {
+	c := &p.e.cfg
+	if cap(p.x) > keepRows*c.HiddenSize {
+		p.x, p.act, p.q, p.attn, p.k, p.v = nil, nil, nil, nil, nil, nil
+		p.gate, p.up, p.mlp, p.cos, p.sin, p.rowSeg, p.rowPos = nil, nil, nil, nil, nil, nil, nil
+	}
+	if cap(p.logits) > keepReads*p.headRows {
+		p.logits, p.headIn, p.read, p.partials, p.sums = nil, nil, nil, nil, nil
+	}
+	for i := range p.workers {
+		if cap(p.workers[i].scores) > 1<<16 {
+			p.workers[i].scores = nil
+		}
+	}
 }
 
 // run is one worker's part of the pass (Pool.Run): the decoder layers,

@@ -426,7 +426,8 @@ func (e *Engine) fullRow(buf, logits []float32) []float32 {
 
 // top returns the n most likely tokens of a head row, most likely first,
 // the lower token first on ties (sampling.Top's order), without sorting
-// the row: a short list kept in order, which most logits fail to enter.
+// the row: a short list kept in order, which a chunk of 64 logits enters
+// only when its largest (a vector reduction) could.
 func (e *Engine) top(logits []float32, n int, lse float32) []sampling.TokenLogprob {
 	type cand struct {
 		v   float32
@@ -434,19 +435,28 @@ func (e *Engine) top(logits []float32, n int, lse float32) []sampling.TokenLogpr
 	}
 	better := func(a, b cand) bool { return a.v > b.v || a.v == b.v && a.tok < b.tok }
 	best := make([]cand, 0, n+1)
-	for j, v := range logits {
-		c := cand{v, e.token(j)}
-		if len(best) == n && !better(c, best[n-1]) {
-			continue
+	const chunk = 64
+	for c0 := 0; c0 < len(logits); c0 += chunk {
+		part := logits[c0:min(c0+chunk, len(logits))]
+		if len(best) == n {
+			if m, _, _ := ops.Max(part); m < best[n-1].v {
+				continue
+			}
 		}
-		k := len(best)
-		best = append(best, c)
-		for k > 0 && better(c, best[k-1]) {
-			best[k] = best[k-1]
-			k--
+		for j, v := range part {
+			c := cand{v, e.token(c0 + j)}
+			if len(best) == n && !better(c, best[n-1]) {
+				continue
+			}
+			k := len(best)
+			best = append(best, c)
+			for k > 0 && better(c, best[k-1]) {
+				best[k] = best[k-1]
+				k--
+			}
+			best[k] = c
+			best = best[:min(len(best), n)]
 		}
-		best[k] = c
-		best = best[:min(len(best), n)]
 	}
 	out := make([]sampling.TokenLogprob, len(best))
 	for k, c := range best {

@@ -50,10 +50,9 @@ type layer struct {
 	gate, up, down      *ops.Linear
 }
 
-var (
-	_ engine.Engine  = (*Engine)(nil)
-	_ engine.Chainer = (*Engine)(nil)
-)
+// A chain of greedy steps (engine.StepN) is the same passes as that many
+// Steps on the CPU, so the engine leaves it to engine.StepN's.
+var _ engine.Engine = (*Engine)(nil)
 
 // Options configure New.
 type Options struct {
@@ -193,49 +192,6 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 		en.Next, en.Logprob, en.Top = r.Argmax, r.ArgmaxLogprob, r.Top
 	}
 	return nil
-}
-
-// StepN runs n greedy steps, each entry fed its own token between them
-// (engine.Chainer): on the CPU a chain is the same passes as n Steps, and
-// this checks the whole chain's room first, so that a chain that would
-// run past the context changes no cache.
-func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]engine.Token, error) {
-	if n <= 0 {
-		return nil, fmt.Errorf("step n: n = %d, want > 0", n)
-	}
-	if err := engine.CheckBatch(&e.cfg, batch); err != nil {
-		return nil, err
-	}
-	seqs := make([]engine.Sequence, len(batch))
-	for i, en := range batch {
-		seqs[i] = en.Seq
-		if end := en.Seq.Len() + len(en.Tokens) + n - 1; end > e.cfg.MaxPositionEmbeddings {
-			return nil, fmt.Errorf("batch entry %d: %d positions after %d steps: %w (max_position_embeddings %d)", i, end, n, engine.ErrContextFull, e.cfg.MaxPositionEmbeddings)
-		}
-	}
-	if _, err := e.sequences(seqs); err != nil {
-		return nil, err
-	}
-	tokens := make([][]int, len(batch))
-	for i, en := range batch {
-		tokens[i] = en.Tokens
-	}
-	defer func() {
-		for i, en := range batch {
-			en.Tokens = tokens[i]
-		}
-	}()
-	out := make([][]engine.Token, len(batch))
-	for range n {
-		if err := e.Step(ctx, batch); err != nil {
-			return out, err
-		}
-		for i, en := range batch {
-			out[i] = append(out[i], engine.Token{ID: en.Next, Logprob: en.Logprob, Top: en.Top})
-			en.Tokens = []int{en.Next}
-		}
-	}
-	return out, nil
 }
 
 // Verify runs one forward pass over the batch and reads out each entry's

@@ -23,7 +23,7 @@ var benchmarks = map[string]struct {
 	run     func(ctx context.Context, e *env, args []string) error
 }{
 	"convert": {"convert a checkpoint (by default a random one of a published shape) and measure time and memory", benchConvert},
-	"engine":  {"measure the WebGPU engine: copy bandwidth, int4 matvec, decode steps, prefill", benchEngine},
+	"engine":  {"measure an engine: on WebGPU copy bandwidth, int4 matvec, decode steps, prefill; on the CPU (--backend cpu|reference) steps, verifications by rows, prefill", benchEngine},
 	"spec":    {"measure speculative decoding: a drafter's mean acceptance length τ against a target", benchSpec},
 }
 

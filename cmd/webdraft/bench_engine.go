@@ -22,7 +22,7 @@ import (
 func benchEngine(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--backend webgpu|cpu|reference] [--context 1024] [--batches 1,32] [--prefill 512] [--rows 1,5,7,9,17] [--baseline reference|none] [--svg FILE]")
 	shape := fs.String("shape", "qwen3-1.7b", "published shape, with random int4 weights: "+strings.Join(shapeNames(), ", "))
-	modelDir := fs.String("model", "", "measure this model folder instead of random weights")
+	modelDir := fs.String("model", "", "measure this model folder (or embedded:target, embedded:drafter) instead of random weights")
 	context := fs.Int("context", 1024, "context length of each sequence before the timed decode steps")
 	batchesFlag := fs.String("batches", "1,32", "decode batch sizes, comma-separated")
 	steps := fs.Int("steps", 32, "timed decode steps per batch size")

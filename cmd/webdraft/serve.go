@@ -117,7 +117,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	drafter, err := openServed(ctx, e, *modelDir, weights.DrafterDir, backend, *cacheMB)
 	if err != nil {
 		httpSrv.Close()
-		return err
+		return stoppedLoading(ctx, e, err)
 	}
 	defer drafter.close()
 	cfg := server.Config{Drafter: drafter.model}
@@ -125,7 +125,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		target, err := openServed(ctx, e, *targetDir, weights.TargetDir, backend, *cacheMB)
 		if err != nil {
 			httpSrv.Close()
-			return err
+			return stoppedLoading(ctx, e, err)
 		}
 		defer target.close()
 		if err := checkPair(drafter.model, target.model); err != nil {
@@ -174,6 +174,17 @@ func runServe(ctx context.Context, e *env, args []string) error {
 type served struct {
 	model server.Model
 	close func()
+}
+
+// stoppedLoading is serve's end when loading a model failed with err: a
+// stop like any other when a signal (ctx) interrupted the loading, else
+// the error.
+func stoppedLoading(ctx context.Context, e *env, err error) error {
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		e.log.Info("stopped", "while", "loading")
+		return nil
+	}
+	return err
 }
 
 // openServed loads the model in dir (or the embedded one named embedded),

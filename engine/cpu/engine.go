@@ -4,8 +4,8 @@
 // is read once for all the rows of a pass — a verification's k+1 rows
 // and every sequence of a batch, the 151,936-row head included; a team
 // of persistent workers (parallel.Pool) splits each phase of the pass
-// and meets at barriers, so a step allocates nothing and starts no
-// goroutine.
+// and meets at barriers, so a step starts no goroutine and reuses the
+// pass's buffers (it allocates only its few small results).
 //
 // It passes the engine suite (enginetest) against the reference, the
 // oracle it is tested against and which stays the reference engine

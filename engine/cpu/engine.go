@@ -148,11 +148,12 @@ func (s *sequence) reserve(n, kvDim int) {
 	}
 }
 
-// sequences checks that every sequence is this engine's, once in the
-// batch and not released.
-func (e *Engine) sequences(seqs []engine.Sequence) ([]*sequence, error) {
-	out := make([]*sequence, len(seqs))
-	for i, s := range seqs {
+// sequences checks that every entry's sequence is this engine's, once in
+// the batch and not released.
+func (e *Engine) sequences(feeds []feed) ([]*sequence, error) {
+	out := make([]*sequence, len(feeds))
+	for i, f := range feeds {
+		s := f.seq
 		q, ok := s.(*sequence)
 		switch {
 		case !ok || q.owner != e:
@@ -176,14 +177,11 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 	if err := engine.CheckBatch(&e.cfg, batch); err != nil {
 		return err
 	}
-	seqs := make([]engine.Sequence, len(batch))
-	tokens := make([][]int, len(batch))
-	reads := make([]readout, len(batch))
+	feeds := make([]feed, len(batch))
 	for i, en := range batch {
-		seqs[i], tokens[i] = en.Seq, en.Tokens
-		reads[i] = readout{rows: 1, topN: en.TopN}
+		feeds[i] = feed{en.Seq, en.Tokens, readout{rows: 1, topN: en.TopN}}
 	}
-	rows, err := e.forward(ctx, seqs, tokens, reads)
+	rows, err := e.forward(ctx, feeds)
 	if err != nil {
 		return err
 	}
@@ -201,14 +199,11 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 	if err := engine.CheckVerify(&e.cfg, batch); err != nil {
 		return err
 	}
-	seqs := make([]engine.Sequence, len(batch))
-	tokens := make([][]int, len(batch))
-	reads := make([]readout, len(batch))
+	feeds := make([]feed, len(batch))
 	for i, en := range batch {
-		seqs[i], tokens[i] = en.Seq, en.Tokens
-		reads[i] = readout{rows: en.Out, topN: en.TopN, params: en.Sampling, draws: en.Draws}
+		feeds[i] = feed{en.Seq, en.Tokens, readout{rows: en.Out, topN: en.TopN, params: en.Sampling, draws: en.Draws}}
 	}
-	rows, err := e.forward(ctx, seqs, tokens, reads)
+	rows, err := e.forward(ctx, feeds)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,14 @@ import (
 	"webdraft/sampling"
 )
 
+// feed is one entry of a pass: the tokens appended to its sequence, and
+// what is read out.
+type feed struct {
+	seq    engine.Sequence
+	tokens []int
+	read   readout
+}
+
 // readout says what a pass reads out of one entry: its last rows, with
 // their topN most likely tokens, chosen by params with draws (one a row;
 // unused when greedy).
@@ -102,8 +110,8 @@ func grow[T any](buf []T, n int) []T {
 // forward appends each entry's tokens to its sequence, runs the pass, and
 // reads out each entry's last rows. Nothing changes when the batch is
 // refused.
-func (e *Engine) forward(ctx context.Context, seqs []engine.Sequence, tokens [][]int, reads []readout) ([][]engine.VerifyRow, error) {
-	ss, err := e.sequences(seqs)
+func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRow, error) {
+	ss, err := e.sequences(feeds)
 	if err != nil {
 		return nil, err
 	}
@@ -118,10 +126,10 @@ func (e *Engine) forward(ctx context.Context, seqs []engine.Sequence, tokens [][
 	p.segs = p.segs[:0]
 	R, n := 0, 0
 	for i, s := range ss {
-		T := len(tokens[i])
+		T := len(feeds[i].tokens)
 		p.segs = append(p.segs, segment{seq: s, r0: R, T: T, P: s.len})
 		R += T
-		n += reads[i].rows
+		n += feeds[i].read.rows
 	}
 	p.R = R
 	p.rowSeg, p.rowPos = grow(p.rowSeg, R), grow(p.rowPos, R)
@@ -139,10 +147,10 @@ func (e *Engine) forward(ctx context.Context, seqs []engine.Sequence, tokens [][
 			r := sg.r0 + t
 			p.rowSeg[r], p.rowPos[r] = int32(i), int32(sg.P+t)
 			// hidden = embed_tokens(input_ids); cos, sin = rotary_emb(positions)
-			e.embed.Row(tokens[i][t], p.x[r*H:(r+1)*H])
+			e.embed.Row(feeds[i].tokens[t], p.x[r*H:(r+1)*H])
 			ops.RopeAngles(p.cos[r*half:(r+1)*half], p.sin[r*half:(r+1)*half], sg.P+t, e.invFreq)
 		}
-		for r := sg.r0 + sg.T - reads[i].rows; r < sg.r0+sg.T; r++ {
+		for r := sg.r0 + sg.T - feeds[i].read.rows; r < sg.r0+sg.T; r++ {
 			p.read = append(p.read, int32(r))
 		}
 		sg.seq.reserve(sg.T, kvDim)
@@ -157,7 +165,7 @@ func (e *Engine) forward(ctx context.Context, seqs []engine.Sequence, tokens [][
 	for _, sg := range p.segs {
 		sg.seq.len += sg.T
 	}
-	rows, err := p.readOut(reads)
+	rows, err := p.readOut(feeds)
 	p.trim()
 	return rows, err
 }
@@ -352,13 +360,14 @@ func project(lo, hi int, in []float32, R int, mm []float32, pairs ...any) {
 // readOut turns the workers' partial reductions into each entry's rows:
 // the argmax and log-sum-exp always; a sampled row's draw by package
 // sampling over its logits; the most likely tokens where asked.
-func (p *pass) readOut(reads []readout) ([][]engine.VerifyRow, error) {
+func (p *pass) readOut(feeds []feed) ([][]engine.VerifyRow, error) {
 	e := p.e
 	n := len(p.read)
-	out := make([][]engine.VerifyRow, len(reads))
+	out := make([][]engine.VerifyRow, len(feeds))
 	var full []float32
 	i := 0
-	for en, rd := range reads {
+	for en, f := range feeds {
+		rd := f.read
 		out[en] = make([]engine.VerifyRow, rd.rows)
 		for j := range rd.rows {
 			best, at, sum := float32(math.Inf(-1)), -1, float32(0)

@@ -10,7 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"webdraft/engine"
@@ -93,11 +93,12 @@ type Scheduler struct {
 	opts  Options
 	queue *jobqueue.Queue[*job]
 
-	// Read by metrics from other goroutines.
-	running     atomic.Int64
-	cachedSeqs  atomic.Int64
-	cachedToks  atomic.Int64
-	reserveToks atomic.Int64
+	// Read by metrics from other goroutines: one snapshot, published
+	// whole after each pass, so that the cache and the reservations are
+	// read as they stood together (a job retired moves its positions from
+	// one to the other).
+	gaugesMu sync.Mutex
+	gauges   Gauges
 }
 
 // New returns a scheduler for eng; call Run to start it.
@@ -116,7 +117,11 @@ type Gauges struct {
 
 // Gauges reads the current state (safe from any goroutine).
 func (s *Scheduler) Gauges() Gauges {
-	return Gauges{s.queue.Waiting(), s.running.Load(), s.cachedSeqs.Load(), s.cachedToks.Load(), s.reserveToks.Load()}
+	s.gaugesMu.Lock()
+	g := s.gauges
+	s.gaugesMu.Unlock()
+	g.Waiting = s.queue.Waiting()
+	return g
 }
 
 // CacheBudget is the KV budget in positions (Options.CacheTokens as
@@ -414,10 +419,11 @@ func (r *runner) compact() {
 }
 
 func (r *runner) publish() {
-	r.s.running.Store(int64(len(r.active)))
-	r.s.cachedSeqs.Store(int64(r.cache.Len()))
-	r.s.cachedToks.Store(int64(r.cache.Tokens()))
-	r.s.reserveToks.Store(int64(r.reserved))
+	g := Gauges{Running: int64(len(r.active)), CachedSequences: int64(r.cache.Len()),
+		CachedTokens: int64(r.cache.Tokens()), ReservedTokens: int64(r.reserved)}
+	r.s.gaugesMu.Lock()
+	r.s.gauges = g
+	r.s.gaugesMu.Unlock()
 }
 
 // shutdown fails everything still queued or running with err and frees

@@ -128,9 +128,6 @@ func (m *metrics) watchState(load func() *state) {
 	gauge := func(name, help string, read func(*state) int64) {
 		m.stateGauge(load, name, help, func(st *state) float64 { return float64(read(st)) })
 	}
-	sched := func(read func(scheduler.Gauges) int64) func(*state) int64 {
-		return func(st *state) int64 { return read(st.sched.Gauges()) }
-	}
 	gen := func(read func(speculative.Gauges) int64) func(*state) int64 {
 		return func(st *state) int64 {
 			if st.gen == nil {
@@ -139,11 +136,13 @@ func (m *metrics) watchState(load func() *state) {
 			return read(st.gen.Gauges())
 		}
 	}
-	gauge("webdraft_queue_depth", "Requests waiting to start.", sched(func(g scheduler.Gauges) int64 { return g.Waiting }))
-	gauge("webdraft_running_requests", "Requests being prefilled or decoded.", sched(func(g scheduler.Gauges) int64 { return g.Running }))
-	gauge("webdraft_cache_sequences", "Idle sequences kept in the prefix cache.", sched(func(g scheduler.Gauges) int64 { return g.CachedSequences }))
-	gauge("webdraft_cache_tokens", "Positions held by the prefix cache.", sched(func(g scheduler.Gauges) int64 { return g.CachedTokens }))
-	gauge("webdraft_reserved_tokens", "KV positions reserved by running requests.", sched(func(g scheduler.Gauges) int64 { return g.ReservedTokens }))
+	m.registry.MustRegister(&schedGauges{load: load, descs: []schedGauge{
+		{prometheus.NewDesc("webdraft_queue_depth", "Requests waiting to start.", nil, nil), func(g scheduler.Gauges) int64 { return g.Waiting }},
+		{prometheus.NewDesc("webdraft_running_requests", "Requests being prefilled or decoded.", nil, nil), func(g scheduler.Gauges) int64 { return g.Running }},
+		{prometheus.NewDesc("webdraft_cache_sequences", "Idle sequences kept in the prefix cache.", nil, nil), func(g scheduler.Gauges) int64 { return g.CachedSequences }},
+		{prometheus.NewDesc("webdraft_cache_tokens", "Positions held by the prefix cache.", nil, nil), func(g scheduler.Gauges) int64 { return g.CachedTokens }},
+		{prometheus.NewDesc("webdraft_reserved_tokens", "KV positions reserved by running requests.", nil, nil), func(g scheduler.Gauges) int64 { return g.ReservedTokens }},
+	}})
 	gauge("webdraft_generations_waiting", "Generations waiting to start.", gen(func(g speculative.Gauges) int64 { return g.Waiting }))
 	gauge("webdraft_generations_running", "Generations being prefilled or decoded.", gen(func(g speculative.Gauges) int64 { return g.Running }))
 	gauge("webdraft_cache_budget_tokens", "KV positions /draft's scheduler may hold, running and cached: webdraft_cache_tokens + webdraft_reserved_tokens stay within it.",
@@ -292,4 +291,33 @@ func (m *metrics) result(r scheduler.Result) {
 	m.phaseSeconds.WithLabelValues("queue").Observe(r.Queue.Seconds())
 	m.phaseSeconds.WithLabelValues("prefill").Observe(r.Prefill.Seconds())
 	m.phaseSeconds.WithLabelValues("decode").Observe(r.Decode.Seconds())
+}
+
+// schedGauges exports the scheduler's gauges from one snapshot a scrape:
+// read one by one, a job retired between two reads would count its
+// positions both as reserved and as cached.
+type schedGauges struct {
+	load  func() *state
+	descs []schedGauge
+}
+
+type schedGauge struct {
+	desc *prometheus.Desc
+	read func(scheduler.Gauges) int64
+}
+
+func (c *schedGauges) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d.desc
+	}
+}
+
+func (c *schedGauges) Collect(ch chan<- prometheus.Metric) {
+	var g scheduler.Gauges
+	if st := c.load(); st != nil {
+		g = st.sched.Gauges()
+	}
+	for _, d := range c.descs {
+		ch <- prometheus.MustNewConstMetric(d.desc, prometheus.GaugeValue, float64(d.read(g)))
+	}
 }

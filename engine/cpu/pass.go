@@ -174,7 +174,7 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 // those of a larger pass (a long prefill, a wide batch of verifications)
 // go to the collector after it, so that the engine holds what its usual
 // passes need rather than the largest it ever ran.
-const keepRows, keepReads = 64, 16
+const keepRows, keepReads = 256, 16
 
 // trim drops the buffers sized past keepRows rows or keepReads rows read
 // out.

@@ -20,7 +20,7 @@ var (
 )
 
 // TestCluster runs three replicas of `webdraft serve` (the embedded pair,
-// CPU engine) behind HAProxy on loopback, loads them round-robin and
+// reference engine) behind HAProxy on loopback, loads them round-robin and
 // with X-Session-ID affinity, kills one in the middle of a third run,
 // and checks Report.Problems: affinity reuses the prefix caches more, no
 // conversation changes replica but the killed one's, nothing fails but

@@ -135,7 +135,7 @@ func defaultK(backend string) int {
 const cpuDefaultK = 1
 
 // kUsage is the --k flag's help in serve and generate.
-var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d; left out, the best measured for the target's engine (6 on a GPU, %d on the CPU)", speculative.MaxK, cpuDefaultK)
+var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d; left out, the best measured for the target's engine (6 on a GPU, %d on the CPU engine, 8 on the reference engine)", speculative.MaxK, cpuDefaultK)
 
 // draftKVBytes is the KV memory `webdraft draft` gives its one sequence.
 const draftKVBytes = 256 << 20

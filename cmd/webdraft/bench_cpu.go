@@ -12,6 +12,7 @@ import (
 	"webdraft/bench"
 	"webdraft/engine"
 	"webdraft/engine/cpu"
+	"webdraft/engine/cpu/ops"
 	"webdraft/qwen3"
 )
 
@@ -65,6 +66,8 @@ func benchCPU(ctx context.Context, e *env, b cpuBench, args []string) error {
 	} else {
 		row("figure", "measured")
 	}
+	peak := ops.FMARate(runtime.GOMAXPROCS(0), 500*time.Millisecond)
+	row(fmt.Sprintf("f32 multiply-add peak, registers only, %d threads", runtime.GOMAXPROCS(0)), fmt.Sprintf("%.0f G/s", peak/1e9))
 	// refSteps keeps the reference's share of the run short: it is ~50×
 	// slower.
 	refSteps := min(b.steps, 4)

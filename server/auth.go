@@ -25,12 +25,11 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 			return
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="webdraft"`)
-		msg := "a missing or wrong API key: send Authorization: Bearer KEY"
+		code := "unauthorized"
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
-			s.failOpenAI(w, &openAIError{http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key", msg})
-			return
+			code = "invalid_api_key" // OpenAI's
 		}
-		s.fail(w, &apiError{http.StatusUnauthorized, "unauthorized", msg})
+		s.failRoute(w, r, http.StatusUnauthorized, code, "a missing or wrong API key: send Authorization: Bearer KEY")
 	})
 }
 

@@ -1,8 +1,10 @@
 // Package server is webdraft's HTTP API (docs/reference.md, "HTTP API"):
-// POST /draft, the drafter an outside verifier calls; the OpenAI-compatible
-// API, served by speculative decoding with a target in the same process;
-// GET /health; GET /metrics in Prometheus' format. Drafts run on a
-// scheduler (continuous batching, prefix cache) over the drafter's engine,
+// POST /draft, the drafter an outside verifier calls, and POST
+// /completion, the same drafts in llama-server's native API (llama.cpp's
+// remote drafter calls it); the OpenAI-compatible API, served by
+// speculative decoding with a target in the same process; GET /health;
+// GET /metrics in Prometheus' format. Drafts run on a scheduler
+// (continuous batching, prefix cache) over the drafter's engine,
 // generations on a speculative.Generator over both engines; the server
 // never sees a kernel.
 package server
@@ -198,6 +200,9 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 func (s *Server) newState(c Config) (*state, error) {
 	st := &state{drafter: c.Drafter, target: c.Target, started: time.Now(), encodeSlots: newEncodeSlots()}
 	st.drafterText = textBound(c.Drafter.Tokenizer, c.Drafter.Engine.Config().MaxPositionEmbeddings)
+	if st.drafter.Stop == nil {
+		st.drafter.Stop = tokenizer.StopIDs(c.Drafter.Engine.Config().EOSTokenIDs, c.Drafter.Tokenizer)
+	}
 	if c.Target != nil {
 		if c.Target.Stop == nil {
 			t := *c.Target
@@ -268,6 +273,7 @@ func (s *Server) serve(ctx context.Context, st *state) error {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /draft", s.draft)
+	mux.HandleFunc("POST /completion", s.llamaCompletion)
 	mux.HandleFunc("GET /health", s.health)
 	mux.Handle("GET /metrics", s.jsonErrors(promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("POST /v1/completions", s.completions)
@@ -323,8 +329,13 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, h http.Handler)
 	s.failRoute(w, r, status, code, msg)
 }
 
-// failRoute answers an error in the shape of r's route.
+// failRoute answers an error in the shape of r's route: OpenAI's under
+// /v1/, llama-server's on /completion, the server's own elsewhere.
 func (s *Server) failRoute(w http.ResponseWriter, r *http.Request, status int, code, msg string) {
+	if isLlamaRoute(r.URL.Path) {
+		s.failLlama(w, &apiError{status, code, msg})
+		return
+	}
 	if strings.HasPrefix(r.URL.Path, "/v1/") {
 		typ := "invalid_request_error"
 		if status >= 500 {
@@ -476,9 +487,6 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.limits.RequestTimeout)
 	defer cancel()
 	req, tokens, apiErr := s.parse(ctx, w, r, st)
-	if apiErr == nil {
-		apiErr = gone(r) // nothing is queued for a client that has left
-	}
 	if apiErr != nil {
 		s.fail(w, apiErr)
 		return
@@ -491,26 +499,50 @@ func (s *Server) draft(w http.ResponseWriter, r *http.Request) {
 	if req.PMin != nil {
 		pMin = *req.PMin
 	}
-	res, err := st.sched.Submit(ctx, scheduler.Request{Tokens: tokens, N: n, PMin: pMin})
-	if err != nil {
-		if te := pastLimit(ctx, r, "the request", s.limits.RequestTimeout, "--request-timeout"); te != nil {
-			err = te
-		}
-		s.fail(w, s.schedulerError(err))
+	res, apiErr := s.runDraft(ctx, r, st, scheduler.Request{Tokens: tokens, N: n, PMin: pMin})
+	if apiErr != nil {
+		s.fail(w, apiErr)
 		return
-	}
-	var text string
-	if tok := st.drafter.Tokenizer; tok != nil {
-		if text, err = tok.Decode(res.Draft); err != nil {
-			text = "" // ids past the tokenizer's vocabulary (a model with a larger one)
-		}
 	}
 	s.metrics.result(res)
 	s.metrics.request(http.StatusOK, "")
 	writeJSON(w, http.StatusOK, draftResponse{
-		Draft: res.Draft, Text: text, CachedTokens: res.CachedTokens, PrefillTokens: res.PrefillTokens,
+		Draft: res.Draft, Text: st.decodeDraft(res.Draft), CachedTokens: res.CachedTokens, PrefillTokens: res.PrefillTokens,
 		TimingMS: map[string]any{"queue": ms(res.Queue), "prefill": ms(res.Prefill), "decode": ms(res.Decode)},
 	})
+}
+
+// runDraft drafts req on the scheduler within ctx (the request's time
+// limit): the drafting path of POST /draft and POST /completion. Nothing
+// is queued for a client that has left (499); past the time limit the
+// answer is a 504 naming --request-timeout.
+func (s *Server) runDraft(ctx context.Context, r *http.Request, st *state, req scheduler.Request) (scheduler.Result, *apiError) {
+	if e := gone(r); e != nil {
+		return scheduler.Result{}, e
+	}
+	res, err := st.sched.Submit(ctx, req)
+	if err != nil {
+		if te := pastLimit(ctx, r, "the request", s.limits.RequestTimeout, "--request-timeout"); te != nil {
+			err = te
+		}
+		return scheduler.Result{}, s.schedulerError(err)
+	}
+	return res, nil
+}
+
+// decodeDraft is ids decoded by the drafter's tokenizer, special tokens
+// included: "" without a tokenizer, or when an id is past its vocabulary
+// (a model with a larger one).
+func (st *state) decodeDraft(ids []int) string {
+	tok := st.drafter.Tokenizer
+	if tok == nil {
+		return ""
+	}
+	text, err := tok.Decode(ids)
+	if err != nil {
+		return ""
+	}
+	return text
 }
 
 // parse decodes and validates a request body into the context tokens.
@@ -594,16 +626,24 @@ func (s *Server) parse(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	if len(tokens) == 0 {
 		return nil, nil, badRequest(field, field+" is empty")
 	}
-	for i, t := range tokens {
-		if t < 0 || t >= cfg.VocabSize {
-			where := field
-			if field == "tokens" {
-				where = fmt.Sprintf("tokens[%d]", i)
-			}
-			return nil, nil, badRequest(where, fmt.Sprintf("token %d is outside the model's vocabulary [0, %d)", t, cfg.VocabSize))
+	if i := outsideVocab(tokens, cfg.VocabSize); i >= 0 {
+		where := field
+		if field == "tokens" {
+			where = fmt.Sprintf("tokens[%d]", i)
 		}
+		return nil, nil, badRequest(where, fmt.Sprintf("token %d is outside the model's vocabulary [0, %d)", tokens[i], cfg.VocabSize))
 	}
 	return &req, tokens, nil
+}
+
+// outsideVocab is the index of the first id outside [0, vocab), or -1.
+func outsideVocab(ids []int, vocab int) int {
+	for i, t := range ids {
+		if t < 0 || t >= vocab {
+			return i
+		}
+	}
+	return -1
 }
 
 // encode runs a tokenization for /draft in an encode slot: a 504 when

@@ -7,6 +7,7 @@ import (
 
 	"webdraft/engine"
 	"webdraft/engine/cpu/ops"
+	"webdraft/internal/parallel"
 	"webdraft/sampling"
 )
 
@@ -37,8 +38,8 @@ type segment struct {
 // pass holds a forward pass's buffers, kept from pass to pass so that a
 // step allocates only when a batch outgrows them. R is the pass's rows
 // (every entry's new tokens), n the rows read out; H hidden_size, D
-// head_dim, I intermediate_size. Inputs of a matrix product are kept in
-// ops' blocked layout (Permute).
+// head_dim, I intermediate_size. Inputs of a matrix product are
+// ops.Inputs, prepared once for the matrices that read them.
 type pass struct {
 	e    *Engine
 	segs []segment
@@ -47,19 +48,20 @@ type pass struct {
 	rowSeg []int32
 	rowPos []int32
 
-	x         []float32 // (R, H) the residual stream, hidden_states
-	act       []float32 // (R, max(H, qDim)) blocked: a normed hidden, or the attention output
-	q         []float32 // (R, qDim) queries, then normed and rotated in place
-	k, v      []float32 // (R, kvDim) new keys and values before the cache
-	attn      []float32 // (R, qDim) attention output, natural order
-	gate, up  []float32 // (R, I) MLP projections
-	mlp       []float32 // (R, I) blocked: SiLU(gate)·up
-	cos, sin  []float32 // (R, D/2) RoPE at each row's position
-	read      []int32   // (n) the rows read out, in entry order
-	headIn    []float32 // (n, H) blocked: norm(hidden) of the rows read out
-	logits    []float32 // (n, head rows)
-	partials  []partial // (workers, n) each worker's share of a row's read-out
-	sums      []float32 // (workers, n) each worker's Σ exp(logit − the row's max)
+	x         []float32  // (R, H) the residual stream, hidden_states
+	normed    *ops.Input // (R, H): a normed hidden, the input of q, k, v and gate, up
+	attnIn    *ops.Input // (R, qDim): the attention output, o_proj's input
+	q         []float32  // (R, qDim) queries, then normed and rotated in place
+	k, v      []float32  // (R, kvDim) new keys and values before the cache
+	attn      []float32  // (R, qDim) attention output, natural order
+	gate, up  []float32  // (R, I) MLP projections
+	mlp       *ops.Input // (R, I): SiLU(gate)·up, down_proj's input
+	cos, sin  []float32  // (R, D/2) RoPE at each row's position
+	read      []int32    // (n) the rows read out, in entry order
+	headIn    *ops.Input // (n, H): norm(hidden) of the rows read out
+	logits    []float32  // (n, head rows)
+	partials  []partial  // (workers, n) each worker's share of a row's read-out
+	sums      []float32  // (workers, n) each worker's Σ exp(logit − the row's max)
 	workers   []scratch
 	attnScale float32
 	headRows  int
@@ -88,11 +90,16 @@ func (p *pass) init(e *Engine) {
 	p.headRows = e.head.Rows
 	mm := e.head.ScratchLen()
 	wide := max(c.HiddenSize, c.QDim(), c.IntermediateSize)
+	var normedBy, attnBy, mlpBy []*ops.Linear
 	for _, l := range e.layers {
 		for _, m := range []*ops.Linear{l.q, l.k, l.v, l.o, l.gate, l.up, l.down} {
 			mm = max(mm, m.ScratchLen())
 		}
+		normedBy = append(normedBy, l.q, l.k, l.v, l.gate, l.up)
+		attnBy, mlpBy = append(attnBy, l.o), append(mlpBy, l.down)
 	}
+	p.normed, p.attnIn, p.mlp = ops.NewInput(normedBy...), ops.NewInput(attnBy...), ops.NewInput(mlpBy...)
+	p.headIn = ops.NewInput(e.head)
 	p.workers = make([]scratch, e.pool.Workers())
 	for i := range p.workers {
 		p.workers[i] = scratch{mm: make([]float32, mm), row: make([]float32, wide)}
@@ -133,13 +140,17 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 	}
 	p.R = R
 	p.rowSeg, p.rowPos = grow(p.rowSeg, R), grow(p.rowPos, R)
-	p.x, p.act = grow(p.x, R*H), grow(p.act, R*max(H, qDim))
+	p.x = grow(p.x, R*H)
+	p.normed.Resize(R, H)
+	p.attnIn.Resize(R, qDim)
+	p.mlp.Resize(R, I)
 	p.q, p.attn = grow(p.q, R*qDim), grow(p.attn, R*qDim)
 	p.k, p.v = grow(p.k, R*kvDim), grow(p.v, R*kvDim)
-	p.gate, p.up, p.mlp = grow(p.gate, R*I), grow(p.up, R*I), grow(p.mlp, R*I)
+	p.gate, p.up = grow(p.gate, R*I), grow(p.up, R*I)
 	p.cos, p.sin = grow(p.cos, R*half), grow(p.sin, R*half)
 	p.read = grow(p.read, n)[:0]
-	p.headIn, p.logits = grow(p.headIn, n*H), grow(p.logits, n*p.headRows)
+	p.headIn.Resize(n, H)
+	p.logits = grow(p.logits, n*p.headRows)
 	p.partials, p.sums = grow(p.partials, len(p.workers)*n), grow(p.sums, len(p.workers)*n)
 	longest := 0
 	for i, sg := range p.segs {
@@ -181,11 +192,15 @@ const keepRows, keepReads = 256, 16
 func (p *pass) trim() {
 	c := &p.e.cfg
 	if cap(p.x) > keepRows*c.HiddenSize {
-		p.x, p.act, p.q, p.attn, p.k, p.v = nil, nil, nil, nil, nil, nil
-		p.gate, p.up, p.mlp, p.cos, p.sin, p.rowSeg, p.rowPos = nil, nil, nil, nil, nil, nil, nil
+		p.x, p.q, p.attn, p.k, p.v = nil, nil, nil, nil, nil
+		p.gate, p.up, p.cos, p.sin, p.rowSeg, p.rowPos = nil, nil, nil, nil, nil, nil
+		p.normed.Trim(keepRows)
+		p.attnIn.Trim(keepRows)
+		p.mlp.Trim(keepRows)
 	}
 	if cap(p.logits) > keepReads*p.headRows {
-		p.logits, p.headIn, p.read, p.partials, p.sums = nil, nil, nil, nil, nil
+		p.logits, p.read, p.partials, p.sums = nil, nil, nil, nil
+		p.headIn.Trim(keepReads)
 	}
 	for i := range p.workers {
 		if cap(p.workers[i].scores) > 1<<16 {
@@ -210,12 +225,12 @@ func (p *pass) run(w int) {
 		lo, hi := pool.Split(R, w)
 		for r := lo; r < hi; r++ {
 			ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], L.inputNorm, eps)
-			ops.Permute(p.act[r*H:(r+1)*H], ws.row[:H])
+			p.normed.Set(r, ws.row)
 		}
 		pool.Barrier()
 		// q, k, v = q_proj(h), k_proj(h), v_proj(h): their rows split as one
-		lo, hi = pool.Split(qDim+2*kvDim, w)
-		project(lo, hi, p.act, R, ws.mm, L.q, p.q, L.k, p.k, L.v, p.v)
+		lo, hi = splitRows(pool, qDim+2*kvDim, w)
+		project(lo, hi, p.normed, ws.mm, L.q, p.q, L.k, p.k, L.v, p.v)
 		pool.Barrier()
 		// q_norm, k_norm over each head (head_dim only), RoPE at each
 		// row's position; the new keys and values into the cache.
@@ -247,37 +262,37 @@ func (p *pass) run(w int) {
 		pool.Barrier()
 		lo, hi = pool.Split(R, w)
 		for r := lo; r < hi; r++ {
-			ops.Permute(p.act[r*qDim:(r+1)*qDim], p.attn[r*qDim:(r+1)*qDim])
+			p.attnIn.Set(r, p.attn[r*qDim:(r+1)*qDim])
 		}
 		pool.Barrier()
 		// hidden = residual + o_proj(attn)
-		lo, hi = pool.Split(H, w)
-		L.o.MulRows(p.x, H, p.act, R, lo, hi, true, ws.mm)
+		lo, hi = splitRows(pool, H, w)
+		L.o.MulRows(p.x, H, p.attnIn, lo, hi, true, ws.mm)
 		pool.Barrier()
 		// residual = hidden; h = post_attention_layernorm(hidden)
 		lo, hi = pool.Split(R, w)
 		for r := lo; r < hi; r++ {
 			ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], L.postNorm, eps)
-			ops.Permute(p.act[r*H:(r+1)*H], ws.row[:H])
+			p.normed.Set(r, ws.row)
 		}
 		pool.Barrier()
 		// m = SiLU(gate_proj(h))·up_proj(h): this worker's columns of m,
-		// written where down_proj reads them.
-		lo, hi = pool.Split(I, w)
-		L.gate.MulRows(p.gate, I, p.act, R, lo, hi, false, ws.mm)
-		L.up.MulRows(p.up, I, p.act, R, lo, hi, false, ws.mm)
+		// in place of gate.
+		lo, hi = splitRows(pool, I, w)
+		L.gate.MulRows(p.gate, I, p.normed, lo, hi, false, ws.mm)
+		L.up.MulRows(p.up, I, p.normed, lo, hi, false, ws.mm)
 		for r := range R {
-			g := p.gate[r*I+lo : r*I+hi]
-			ops.SiLUMul(g, p.up[r*I+lo:r*I+hi])
-			m := p.mlp[r*I : (r+1)*I]
-			for j, v := range g {
-				m[ops.Permuted(lo+j, I)] = v
-			}
+			ops.SiLUMul(p.gate[r*I+lo:r*I+hi], p.up[r*I+lo:r*I+hi])
+		}
+		pool.Barrier()
+		lo, hi = pool.Split(R, w)
+		for r := lo; r < hi; r++ {
+			p.mlp.Set(r, p.gate[r*I:(r+1)*I])
 		}
 		pool.Barrier()
 		// hidden = residual + down_proj(m)
-		lo, hi = pool.Split(H, w)
-		L.down.MulRows(p.x, H, p.mlp, R, lo, hi, true, ws.mm)
+		lo, hi = splitRows(pool, H, w)
+		L.down.MulRows(p.x, H, p.mlp, lo, hi, true, ws.mm)
 		pool.Barrier()
 	}
 
@@ -287,11 +302,11 @@ func (p *pass) run(w int) {
 	for i := lo; i < hi; i++ {
 		r := int(p.read[i])
 		ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], e.norm, eps)
-		ops.Permute(p.headIn[i*H:(i+1)*H], ws.row[:H])
+		p.headIn.Set(i, ws.row)
 	}
 	pool.Barrier()
-	lo, hi = pool.Split(p.headRows, w)
-	e.head.MulRows(p.logits, p.headRows, p.headIn, n, lo, hi, false, ws.mm)
+	lo, hi = splitRows(pool, p.headRows, w)
+	e.head.MulRows(p.logits, p.headRows, p.headIn, lo, hi, false, ws.mm)
 	pool.Barrier()
 	// Each row's largest logit and Σ exp(logit − max), over every worker's
 	// chunk of the head's rows: the argmax and the log-sum-exp.
@@ -345,14 +360,21 @@ func (p *pass) attend(ws *scratch, l, r, h int) {
 	ops.Attend(out, qh, seq.k[l][kv:], seq.v[l][kv:], kvDim, n, p.attnScale, ws.scores)
 }
 
+// splitRows is worker w's share of n weight rows, in whole blocks of 16
+// rows (the fixed-point kernel's) but for the last.
+func splitRows(pool *parallel.Pool, n, w int) (lo, hi int) {
+	lo, hi = pool.Split((n+15)/16, w)
+	return min(16*lo, n), min(16*hi, n)
+}
+
 // project computes rows [lo, hi) of the matrices ms stacked (q, k, v as
 // one matrix): each matrix's share into its own output.
-func project(lo, hi int, in []float32, R int, mm []float32, pairs ...any) {
+func project(lo, hi int, in *ops.Input, mm []float32, pairs ...any) {
 	base := 0
 	for i := 0; i < len(pairs); i += 2 {
 		m, out := pairs[i].(*ops.Linear), pairs[i+1].([]float32)
 		a, b := max(lo-base, 0), min(hi-base, m.Rows)
-		m.MulRows(out, m.Rows, in, R, a, b, false, mm)
+		m.MulRows(out, m.Rows, in, a, b, false, mm)
 		base += m.Rows
 	}
 }

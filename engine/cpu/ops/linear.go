@@ -8,12 +8,20 @@ import (
 
 // Linear is a weight matrix W (Rows, Cols), nn.Linear's layout, ready for
 // MulRows. An int4 matrix whose groups are whole blocks (group size a
-// multiple of 32) is read in place, codes and f16 scales; any other
-// matrix (f32, f16, int4 of smaller groups) is widened a row at a time
-// into the worker's scratch.
+// multiple of 32) is multiplied from its codes and f16 scales: on a
+// machine with AVX-512 VNNI repacked once into the fixed-point kernel's
+// layout (the same bytes, in another order) and multiplied with
+// fixed-point inputs, elsewhere read in place by the f32 kernels. Any
+// other matrix (f32, f16, int4 of smaller groups) is widened a row at a
+// time into the worker's scratch.
 type Linear struct {
 	Rows, Cols int
 	m          tensor.Matrix
+	// The fixed-point path: packFixed's codes and scales, and the group
+	// size. nil fixed: another path.
+	fixed       []byte
+	fixedScales []uint16
+	groupSize   int
 	// The in-place int4 path: codes as bytes, 16 a block (two codes a
 	// byte, the first in the low nibble), and the f16 scales, one per
 	// blocksPerScale blocks. nil codes: the row-at-a-time path.
@@ -22,10 +30,16 @@ type Linear struct {
 	blocksPerScale int
 }
 
-// NewLinear prepares m for MulRows; it copies nothing.
+// NewLinear prepares m for MulRows: it repacks an int4 matrix for the
+// fixed-point kernel where that runs, and otherwise copies nothing.
 func NewLinear(m tensor.Matrix) *Linear {
 	rows, cols := m.Shape()
 	l := &Linear{Rows: rows, Cols: cols, m: m}
+	if q, ok := m.(*tensor.Int4); ok && q.GroupSize%Block == 0 && len(q.QWeight) > 0 && useFixed {
+		l.fixed, l.fixedScales = packFixed(rows, cols, q.GroupSize, q.QWeight, q.Scales)
+		l.groupSize = q.GroupSize
+		return l
+	}
 	if q, ok := m.(*tensor.Int4); ok && q.GroupSize%Block == 0 && len(q.QWeight) > 0 {
 		// A []uint32 read as bytes: little-endian, so byte j of word w
 		// holds codes 8w+2j (low nibble) and 8w+2j+1 (high nibble).
@@ -36,25 +50,37 @@ func NewLinear(m tensor.Matrix) *Linear {
 	return l
 }
 
-// InPlace reports whether MulRows reads the matrix in place (int4 in
-// whole blocks) rather than widening each row.
-func (l *Linear) InPlace() bool { return l.codes != nil && littleEndian }
+// InPlace reports whether MulRows multiplies the matrix from its int4
+// codes (in place or repacked) rather than widening each row.
+func (l *Linear) InPlace() bool { return l.fixed != nil || l.codes != nil && littleEndian }
+
+// Fixed reports whether MulRows takes the fixed-point kernel.
+func (l *Linear) Fixed() bool { return l.fixed != nil }
 
 // ScratchLen is the scratch MulRows needs: 2·Cols floats.
 func (l *Linear) ScratchLen() int { return 2 * l.Cols }
 
-// MulRows computes, for the weight rows r in [lo, hi) and each of the T
-// input rows x_t (x is (T, Cols) in the blocked layout of Permute):
+// MulRows computes, for the weight rows r in [lo, hi) and each of the
+// input rows x_t of in (prepared for l: NewInput(…, l, …)):
 //
 //	out[t*ld + r] = Σ_c W[r][c]·x_t[c]     (y = x @ W.T, nn.Linear)
 //
 // or adds it there with add (the residual stream's hidden += o_proj(…)).
 // scratch holds at least ScratchLen floats (a block's scales widened, or
 // a row widened).
-func (l *Linear) MulRows(out []float32, ld int, x []float32, T int, lo, hi int, add bool, scratch []float32) {
+func (l *Linear) MulRows(out []float32, ld int, in *Input, lo, hi int, add bool, scratch []float32) {
+	T := in.T
 	if lo >= hi || T == 0 {
 		return
 	}
+	if l.fixed != nil {
+		l.mulFixed(out, ld, in, lo, hi, add)
+		return
+	}
+	if in.blocked == nil || in.Cols != l.Cols {
+		panic("ops: MulRows: the input is not prepared in the blocked layout for this matrix")
+	}
+	x := in.blocked
 	if l.InPlace() {
 		bytesPerRow := l.Cols / 2
 		scalesPerRow := l.Cols / Block / l.blocksPerScale

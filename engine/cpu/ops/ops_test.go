@@ -1,9 +1,12 @@
 package ops
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,7 +89,7 @@ func closeToTerms(got, want, terms []float32, tol float64) error {
 func TestMulRows(t *testing.T) {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
 	for _, format := range []string{"int4g32", "int4g64", "int4g128", "int4g8", "int4g16", "f16", "f32"} {
-		for _, shape := range [][2]int{{1, 32}, {37, 64}, {129, 256}, {8, 128}, {5, 48}} {
+		for _, shape := range [][2]int{{1, 32}, {37, 64}, {129, 256}, {8, 128}, {5, 48}, {48, 96}} {
 			rows, cols := shape[0], shape[1]
 			var g int
 			if fmt.Sscanf(format, "int4g%d", &g); g > 0 && cols%g != 0 {
@@ -117,9 +120,17 @@ func TestMulRows(t *testing.T) {
 					}
 					terms := make([]float32, T*rows)
 					reference.MatMul(terms, xAbs, abs, T)
-					xp := make([]float32, len(x))
+					in := NewInput(l)
+					in.Resize(T, cols)
 					for r := range T {
-						Permute(xp[r*cols:(r+1)*cols], x[r*cols:(r+1)*cols])
+						in.Set(r, x[r*cols:(r+1)*cols])
+					}
+					if l.Fixed() {
+						// The kernel's sums are exact to its fixed-point
+						// input: held to the reference on that input
+						// (TestQuantize bounds its distance from x).
+						x = dequantize(in)
+						reference.MatMul(want, x, m, T)
 					}
 					// Poisoned, with a guard past the end that no kernel may touch.
 					const guard = 64
@@ -137,12 +148,12 @@ func TestMulRows(t *testing.T) {
 					}()
 					scratch := make([]float32, l.ScratchLen())
 					mid := rng.IntN(rows + 1)
-					l.MulRows(got, rows, xp, T, 0, mid, false, scratch)
-					l.MulRows(got, rows, xp, T, mid, rows, false, scratch)
+					l.MulRows(got, rows, in, 0, mid, false, scratch)
+					l.MulRows(got, rows, in, mid, rows, false, scratch)
 					if err := closeToTerms(got, want, terms, 1e-5); err != nil {
 						t.Fatal(err)
 					}
-					l.MulRows(got, rows, xp, T, 0, rows, true, scratch)
+					l.MulRows(got, rows, in, 0, rows, true, scratch)
 					for i := range want {
 						want[i] *= 2
 						terms[i] *= 2
@@ -154,6 +165,9 @@ func TestMulRows(t *testing.T) {
 			}
 			if format == "int4g32" && !l.InPlace() {
 				t.Errorf("an int4 matrix of 32-column groups is not read in place")
+			}
+			if strings.HasPrefix(format, "int4") && g%Block == 0 && l.Fixed() != useFixed {
+				t.Errorf("%s: fixed-point kernel %v, want %v", format, l.Fixed(), useFixed)
 			}
 		}
 	}
@@ -265,11 +279,16 @@ func BenchmarkMulRows(b *testing.B) {
 		for _, T := range []int{1, 4, 7} {
 			b.Run(fmt.Sprintf("%s/T%d", s.name, T), func(b *testing.B) {
 				x := randRow(rng, T*s.cols)
+				in := NewInput(l)
+				in.Resize(T, s.cols)
+				for r := range T {
+					in.Set(r, x[r*s.cols:(r+1)*s.cols])
+				}
 				out := make([]float32, T*s.rows)
 				scratch := make([]float32, l.ScratchLen())
-				b.SetBytes(int64(len(l.codes) + 2*len(l.scales)))
+				b.SetBytes(int64(s.rows * s.cols / 2))
 				for b.Loop() {
-					l.MulRows(out, s.rows, x, T, 0, s.rows, false, scratch)
+					l.MulRows(out, s.rows, in, 0, s.rows, false, scratch)
 				}
 			})
 		}
@@ -369,6 +388,79 @@ func TestAttend(t *testing.T) {
 			if err := closeTo(got, want, 1e-5); err != nil {
 				t.Errorf("D %d, %d keys: %v", D, n, err)
 			}
+		}
+	}
+}
+
+// dequantize is in's rows as the fixed-point kernel sees them: s·v.
+func dequantize(in *Input) []float32 {
+	nb, stride := in.Cols/Block, fixedStride(in.Cols)
+	x := make([]float32, in.T*in.Cols)
+	for t := range in.T {
+		row := in.fixed[t*stride : (t+1)*stride]
+		for b := range nb {
+			s := math.Float32frombits(binary.LittleEndian.Uint32(row[96*nb+8*b:]))
+			for i := range Block {
+				x[t*in.Cols+b*Block+i] = s * float32(fixedValue(row, b, i))
+			}
+		}
+	}
+	return x
+}
+
+// fixedValue is the value v of block b's column i in a fixed-point row.
+func fixedValue(row []byte, b, i int) int32 {
+	return 65536*int32(int8(row[96*b+i])) + 256*int32(int8(row[96*b+32+i])) + int32(int8(row[96*b+64+i]))
+}
+
+// TestQuantize holds the fixed-point input to its definition: the
+// vector quantizer equal to quantizeGo byte for byte, every value within
+// a step of its source (half, and f32 rounding of x/s), the correction −8·Σv, zero blocks exact,
+// and a NaN or an infinity making its block's scale NaN.
+func TestQuantize(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 4))
+	for _, cols := range []int{32, 64, 256, 1024} {
+		row := randRow(rng, cols)
+		for i := range row {
+			row[i] *= float32(math.Exp(4 * rng.NormFloat64())) // magnitudes far apart
+		}
+		clear(row[:Block]) // a zero block
+		got, want := make([]byte, fixedStride(cols)), make([]byte, fixedStride(cols))
+		quantize(got, row)
+		quantizeGo(want, row)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("cols %d: quantize differs from quantizeGo", cols)
+		}
+		in := &Input{T: 1, Cols: cols, fixed: got}
+		x := dequantize(in)
+		nb := cols / Block
+		for b := range nb {
+			var m float64
+			var sv int32
+			for i := range Block {
+				m = math.Max(m, math.Abs(float64(row[b*Block+i])))
+				sv += fixedValue(got, b, i)
+			}
+			if corr := int32(binary.LittleEndian.Uint32(got[96*nb+8*b+4:])); corr != -8*sv {
+				t.Fatalf("cols %d block %d: correction %d, want %d", cols, b, corr, -8*sv)
+			}
+			for i := range Block {
+				c := b*Block + i
+				if d := math.Abs(float64(x[c] - row[c])); d > m/fixedMax {
+					t.Fatalf("cols %d: column %d: %v for %v (|Δ| %.3g, block max %.3g)", cols, c, x[c], row[c], d, m)
+				}
+			}
+		}
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+			if nb < 2 {
+				break
+			}
+			row[Block+3] = bad
+			quantize(got, row)
+			if x := dequantize(in); !math.IsNaN(float64(x[Block])) || math.IsNaN(float64(x[0])) {
+				t.Fatalf("cols %d: %v in block 1 gives %v there and %v in block 0", cols, bad, x[Block], x[0])
+			}
+			row[Block+3] = 1
 		}
 	}
 }

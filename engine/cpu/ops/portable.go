@@ -48,3 +48,12 @@ func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int,
 func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores []float32) {
 	attendGo(out, q, keys, values, stride, n, scale, scores)
 }
+
+// useFixed: the fixed-point kernel is amd64 assembly.
+const useFixed = false
+
+func quantize(dst []byte, row []float32) { quantizeGo(dst, row) }
+
+func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool) {
+	panic("ops: the fixed-point kernel is not built on this platform")
+}

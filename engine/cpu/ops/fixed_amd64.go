@@ -1,0 +1,126 @@
+//go:build goexperiment.simd && amd64
+
+package ops
+
+import (
+	"encoding/binary"
+	"math"
+	"simd/archsimd"
+	"unsafe"
+)
+
+// useFixed: int4 matrices take the fixed-point kernel (int4Fixed16),
+// which needs AVX-512 VNNI's VPDPBUSD.
+var useFixed = useAVX512 && archsimd.X86.AVX512VNNI()
+
+// int4Fixed16 is in int4fixed_amd64.s.
+//
+//go:noescape
+func int4Fixed16(codes *byte, scales *uint16, groups, bps int, x *byte, stride int, T int, out *float32, ldBytes int, blocks16 int, mask int, addMask int)
+
+// fixedInputs is how many input rows one kernel call takes.
+const fixedInputs = 8
+
+// mulFixed computes the weight rows [lo, hi) against every input row:
+// the 16-row blocks that [lo, hi) covers whole in one call for each eight
+// inputs, a block it covers in part by a call of its own, masked to its
+// rows.
+func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool) {
+	if in.fixed == nil || in.Cols != l.Cols {
+		panic("ops: MulRows: the input is not prepared in fixed point for this matrix")
+	}
+	if len(out) < (in.T-1)*ld+hi {
+		panic("ops: MulRows: output too short")
+	}
+	groups, bps := l.Cols/l.groupSize, l.groupSize/Block
+	stride := fixedStride(l.Cols)
+	bytes16, scales16 := l.Cols/Block*256, groups*16
+	call := func(rb, n int, mask uint16) {
+		for t0 := 0; t0 < in.T; t0 += fixedInputs {
+			T := min(fixedInputs, in.T-t0)
+			addMask := 0
+			if add {
+				addMask = int(mask)
+			}
+			int4Fixed16(&l.fixed[rb*bytes16], &l.fixedScales[rb*scales16], groups, bps,
+				&in.fixed[t0*stride], stride, T, &out[t0*ld+16*rb], 4*ld, n, int(mask), addMask)
+		}
+	}
+	// rowsMask is the mask of rows [a, b) of the block starting at row r.
+	rowsMask := func(r, a, b int) uint16 {
+		var m uint16
+		for i := max(a-r, 0); i < min(b-r, 16); i++ {
+			m |= 1 << i
+		}
+		return m
+	}
+	first, last := lo/16, (hi-1)/16
+	if lo%16 != 0 || first == last {
+		call(first, 1, rowsMask(16*first, lo, hi))
+		first++
+	}
+	if first > last {
+		return
+	}
+	whole := last
+	if hi%16 != 0 {
+		whole--
+	}
+	if whole >= first {
+		call(first, whole-first+1, 0xFFFF)
+	}
+	if whole < last {
+		call(last, 1, rowsMask(16*last, lo, hi))
+	}
+}
+
+// quantize writes row (whole 32-column blocks) in fixed point into dst;
+// the vector twin of quantizeGo, equal to it bit for bit.
+func quantize(dst []byte, row []float32) {
+	if !useAVX512 {
+		quantizeGo(dst, row)
+		return
+	}
+	nb := len(row) / Block
+	meta := dst[96*nb:]
+	signs := archsimd.BroadcastInt32x16(math.MaxInt32)
+	half := archsimd.BroadcastInt32x16(128)
+	for b := range nb {
+		p := unsafe.Pointer(&row[b*Block])
+		x0, x1 := at(p, 0), at(p, 64)
+		a0 := x0.AsInt32x16().And(signs).AsFloat32x16()
+		a1 := x1.AsInt32x16().And(signs).AsFloat32x16()
+		s, inv := fixedScale(max16(a0.Max(a1)), sum16(x0.Add(x1)))
+		iv := archsimd.BroadcastFloat32x16(inv)
+		q0 := x0.Mul(iv).RoundToEvenScaled(0).ConvertToInt32()
+		q1 := x1.Mul(iv).RoundToEvenScaled(0).ConvertToInt32()
+		d := (*[96]int8)(unsafe.Pointer(&dst[96*b]))
+		for i, q := range [2]archsimd.Int32x16{q0, q1} {
+			// split's arithmetic, sixteen lanes at a time
+			t := q.Add(half).ShiftAllRight(8)
+			h := t.Add(half).ShiftAllRight(8)
+			h.TruncateToInt8().Store((*[16]int8)(d[16*i:]))
+			t.Sub(h.ShiftAllLeft(8)).TruncateToInt8().Store((*[16]int8)(d[32+16*i:]))
+			q.Sub(t.ShiftAllLeft(8)).TruncateToInt8().Store((*[16]int8)(d[64+16*i:]))
+		}
+		var sv [16]int32
+		q0.Add(q1).Store(&sv)
+		var total int32
+		for _, v := range sv {
+			total += v
+		}
+		binary.LittleEndian.PutUint32(meta[8*b:], math.Float32bits(s))
+		binary.LittleEndian.PutUint32(meta[8*b+4:], uint32(-8*total))
+	}
+}
+
+// max16 is a vector's largest lane (none of them NaN).
+func max16(v archsimd.Float32x16) float32 {
+	var r [16]float32
+	v.Store(&r)
+	m := r[0]
+	for _, x := range r[1:] {
+		m = max(m, x)
+	}
+	return m
+}

@@ -26,7 +26,7 @@ import (
 	"webdraft/tokenizer"
 )
 
-// The handlers' fuzz targets: /draft, /v1/completions and
+// The handlers' fuzz targets: /draft, /completion, /v1/completions and
 // /v1/chat/completions bodies, driven in-process (httptest), and the live
 // page's websocket messages. Whatever the bytes, the server must answer
 // in time with a 2xx or a 4xx — never a 5xx — in JSON (an SSE stream of
@@ -150,11 +150,20 @@ func (fs *fuzzServer) post(t *testing.T, path string, body []byte) *httptest.Res
 	return rec
 }
 
+// errorShape is the shape of a route's errors.
+type errorShape int
+
+const (
+	ownErrors    errorShape = iota // {"error": {"code", "message"}}
+	openAIErrors                   // {"error": {"message", "type", "param", "code"}}
+	llamaErrors                    // llama-server's {"error": {"code": status, "message", "type"}}
+)
+
 // answer checks what every answer must be — 2xx or 4xx, nosniff, JSON in
 // the route's error shape when it is an error — and returns the status
-// and the JSON object; for an SSE stream, its events (the [DONE] left
-// out) instead.
-func answer(t *testing.T, rec *httptest.ResponseRecorder, body []byte, openAI bool) (int, map[string]any, []map[string]any) {
+// and the JSON object; for an SSE stream (OpenAI's routes only), its
+// events (the [DONE] left out) instead.
+func answer(t *testing.T, rec *httptest.ResponseRecorder, body []byte, shape errorShape) (int, map[string]any, []map[string]any) {
 	t.Helper()
 	status, h := rec.Code, rec.Header()
 	where := fmt.Sprintf("body %q: status %d", body, status)
@@ -168,7 +177,7 @@ func answer(t *testing.T, rec *httptest.ResponseRecorder, body []byte, openAI bo
 		t.Fatalf("%s: no Retry-After", where)
 	}
 	if status == http.StatusOK && h.Get("Content-Type") == "text/event-stream" {
-		if !openAI {
+		if shape != openAIErrors {
 			t.Fatalf("%s: an event stream", where)
 		}
 		return status, nil, sseEvents(t, where, rec.Body.Bytes())
@@ -181,14 +190,16 @@ func answer(t *testing.T, rec *httptest.ResponseRecorder, body []byte, openAI bo
 		t.Fatalf("%s: not a JSON object (%v): %q", where, err, rec.Body.Bytes())
 	}
 	if status >= 400 {
-		checkError(t, where, obj, openAI)
+		checkError(t, where, obj, shape, status)
 	}
 	return status, obj, nil
 }
 
-// checkError checks an error body: {"error": {"code", "message"}}, or
-// OpenAI's {"error": {"message", "type", "param", "code"}}.
-func checkError(t *testing.T, where string, obj map[string]any, openAI bool) {
+// checkError checks an error body in shape: {"error": {"code",
+// "message"}}, OpenAI's {"error": {"message", "type", "param", "code"}},
+// or llama-server's {"error": {"code", "message", "type"}}, its code the
+// status (0: not known, in a stream).
+func checkError(t *testing.T, where string, obj map[string]any, shape errorShape, status int) {
 	t.Helper()
 	e, ok := obj["error"].(map[string]any)
 	if !ok || len(obj) != 1 {
@@ -198,8 +209,15 @@ func checkError(t *testing.T, where string, obj map[string]any, openAI bool) {
 	if !ok || msg == "" || len(msg) > fuzzMessageBytes {
 		t.Fatalf("%s: error message of %d bytes: %.2000q", where, len(msg), msg)
 	}
-	if !openAI {
+	switch shape {
+	case ownErrors:
 		if code, ok := e["code"].(string); !ok || code == "" || len(e) != 2 {
+			t.Fatalf("%s: error %v", where, e)
+		}
+		return
+	case llamaErrors:
+		typ, ok := e["type"].(string)
+		if code, isNum := e["code"].(float64); !isNum || int(code) != status || !ok || typ == "" || typ == "server_error" || len(e) != 3 {
 			t.Fatalf("%s: error %v", where, e)
 		}
 		return
@@ -243,7 +261,7 @@ func sseEvents(t *testing.T, where string, stream []byte) []map[string]any {
 			t.Fatalf("%s: event %q: %v", where, data, err)
 		}
 		if _, isErr := ev["error"]; isErr {
-			checkError(t, where, ev, true)
+			checkError(t, where, ev, openAIErrors, 0)
 		}
 		events = append(events, ev)
 	}
@@ -261,6 +279,9 @@ type lenient struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stop                json.RawMessage `json:"stop"`
 	ReturnTokenIDs      bool            `json:"return_token_ids"`
+	NPredict            *int            `json:"n_predict"`
+	ReturnTokens        bool            `json:"return_tokens"`
+	IgnoreEOS           bool            `json:"ignore_eos"`
 }
 
 func readLenient(t *testing.T, body []byte) lenient {
@@ -291,7 +312,7 @@ func FuzzDraft(f *testing.F) {
 		`{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"n":2}`,
 		`{"tokens":[1,null,2]}`, `{"Tokens":[1],"tokens":null,"TEXT":"a"}`, `{"tokens":[1],"n":65}`, `{"text":"a\u00e9\ud83d\ude00","n":1}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		status, obj, _ := answer(t, fs.post(t, "/draft", body), body, false)
+		status, obj, _ := answer(t, fs.post(t, "/draft", body), body, ownErrors)
 		if status != http.StatusOK {
 			return
 		}
@@ -321,6 +342,76 @@ func FuzzDraft(f *testing.F) {
 			if v, ok := obj[k].(float64); !ok || v < 0 {
 				t.Fatalf("body %q: %s %v", body, k, obj[k])
 			}
+		}
+	})
+}
+
+// FuzzLlamaCompletion posts arbitrary bodies to /completion (llama-server's
+// API). Besides what every answer must be (errors in llama-server's
+// shape), a 200 drafts at most n_predict tokens (16 when not given or -1),
+// each one the drafter's head can score, returned only with return_tokens;
+// content is their text (an end token's left out); the timings add up.
+func FuzzLlamaCompletion(f *testing.F) {
+	fs := newFuzzServer(f, false)
+	fuzzSeeds(f, `{"prompt":[5,6,7,8],"n_predict":3,"cache_prompt":true,"return_tokens":true,"temperature":0,"top_k":1,"samplers":["top_k"],"stream":false}`,
+		`{"prompt":"def f(x):","n_predict":-1,"return_tokens":true,"id_slot":-1,"top_p":0.9,"seed":3}`,
+		`{"prompt":[1,2,"x = ",3],"n_predict":0}`, `{"prompt":[[9,8,7]],"n_predict":2,"ignore_eos":true,"return_tokens":true}`,
+		`{"prompt":["a"],"temperature":0.7,"top_k":1,"samplers":"kt"}`, `{"prompt":["a","b"]}`, `{"prompt":[1],"stream":true}`,
+		`{"prompt":[1],"n_predict":65}`, `{"prompt":{"prompt_string":"a"}}`, `{"prompt":[1,null]}`, `{"prompt":null,"n_probs":2}`)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		status, obj, _ := answer(t, fs.post(t, "/completion", body), body, llamaErrors)
+		if status != http.StatusOK {
+			return
+		}
+		l := readLenient(t, body)
+		n := DefaultNPredict
+		if l.NPredict != nil && *l.NPredict >= 0 {
+			n = *l.NPredict
+		}
+		num := func(o map[string]any, k string) int {
+			v, ok := o[k].(float64)
+			if !ok || v < 0 || v != float64(int(v)) {
+				t.Fatalf("body %q: %s %v", body, k, o[k])
+			}
+			return int(v)
+		}
+		raw, ok := obj["tokens"].([]any)
+		predicted := num(obj, "tokens_predicted")
+		if !ok || predicted > n || !l.ReturnTokens && len(raw) != 0 || l.ReturnTokens && len(raw) != predicted || obj["stop"] != true {
+			t.Fatalf("body %q: %d tokens of %d predicted for n_predict %d: %v", body, len(raw), predicted, n, obj)
+		}
+		ids := make([]int, len(raw))
+		for i, v := range raw {
+			x, ok := v.(float64)
+			if ids[i] = int(x); !ok || !fs.head[ids[i]] {
+				t.Fatalf("body %q: drafted %v, which the drafter's head cannot score", body, v)
+			}
+		}
+		switch obj["stop_type"] {
+		case "limit":
+			if predicted != n {
+				t.Fatalf("body %q: %d tokens to the limit %d", body, predicted, n)
+			}
+		case "eos":
+			if l.IgnoreEOS || len(ids) > 0 && !slices.Contains(tokenizer.StopIDs(nil, fs.tok), ids[len(ids)-1]) {
+				t.Fatalf("body %q: stop_type eos, tokens %v", body, ids)
+			}
+			ids = ids[:max(len(ids)-1, 0)]
+		default:
+			t.Fatalf("body %q: stop_type %v", body, obj["stop_type"])
+		}
+		if l.ReturnTokens {
+			want, err := fs.tok.Decode(ids)
+			if err != nil {
+				want = "" // ids past the tokenizer's vocabulary
+			}
+			if obj["content"] != want {
+				t.Fatalf("body %q: content %q for %v, the tokenizer's %q", body, obj["content"], ids, want)
+			}
+		}
+		tm, ok := obj["timings"].(map[string]any)
+		if !ok || num(tm, "prompt_n")+num(tm, "cache_n") != num(obj, "tokens_evaluated") || num(tm, "cache_n") != num(obj, "tokens_cached") || num(tm, "predicted_n") != predicted || num(obj, "tokens_evaluated") < 1 {
+			t.Fatalf("body %q: timings %v in %v", body, obj["timings"], obj)
 		}
 	})
 }
@@ -424,7 +515,7 @@ func FuzzCompletions(f *testing.F) {
 		`{"model":"target","prompt":[[9,8]],"max_tokens":3,"speculative":{"k":0},"n":1,"best_of":1,"logit_bias":{}}`,
 		`{"model":"nope","prompt":"a"}`, `{"model":"target","prompt":"a","n":2}`, `{"model":"target","prompt":null}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		status, obj, events := answer(t, fs.post(t, "/v1/completions", body), body, true)
+		status, obj, events := answer(t, fs.post(t, "/v1/completions", body), body, openAIErrors)
 		if status == http.StatusOK {
 			fs.checkGeneration(t, body, obj, events, false)
 		}
@@ -440,7 +531,7 @@ func FuzzChatCompletions(f *testing.F) {
 		`{"model":"target","messages":[{"role":"user","content":"x"}],"tools":[],"max_tokens":2}`,
 		`{"model":"target","messages":[{"role":"user","content":null}]}`, `{"model":"target","messages":[]}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		status, obj, events := answer(t, fs.post(t, "/v1/chat/completions", body), body, true)
+		status, obj, events := answer(t, fs.post(t, "/v1/chat/completions", body), body, openAIErrors)
 		if status == http.StatusOK {
 			fs.checkGeneration(t, body, obj, events, true)
 		}

@@ -105,15 +105,15 @@ var (
 	// messages.
 	noNulls = nullHook(func(*jsontext.Decoder) error { return errNull })
 	// openAINulls takes null as absent for a top-level field but the
-	// required ones, as OpenAI's API does for its optional fields; null
-	// anywhere else — an array's element, a message's field, within an
-	// object — is refused.
+	// required ones, as OpenAI's API does for its optional fields (and
+	// llama-server for /completion's); null anywhere else — an array's
+	// element, a message's field, within an object — is refused.
 	openAINulls = nullHook(func(dec *jsontext.Decoder) error {
 		if dec.StackDepth() != 1 {
 			return errNull
 		}
 		switch dec.StackPointer().LastToken() {
-		case "model", "prompt", "messages":
+		case "prompt", "messages":
 			return errNullRequired
 		}
 		return nil

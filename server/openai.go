@@ -197,6 +197,7 @@ type generation struct {
 	stream       bool
 	includeUsage bool
 	returnIDs    bool
+	tally        *specTally // counts the steps for metrics.speculative_decoding; nil: not asked for
 }
 
 // decodeOpenAI reads a request body into v strictly (input.go): null
@@ -233,11 +234,15 @@ func (st *state) openAIInputError(err error) *openAIError {
 
 // common checks and applies the fields both endpoints share.
 func (st *state) common(f *samplingFields, g *generation) *openAIError {
-	if f.Model != st.target.Name {
+	switch f.Model {
+	case "", st.target.Name: // absent, null or "": the target, as vLLM and llama-server take it
+	case st.drafterID():
+		return invalid("model", fmt.Sprintf("%s is the drafter: it drafts (POST /draft, POST /completion); generations are the target's, %q", quote(f.Model), st.target.Name))
+	default:
 		return &openAIError{http.StatusNotFound, "invalid_request_error", "model", "model_not_found",
-			fmt.Sprintf("model: %s is not served here; GET /v1/models lists %q", quote(f.Model), st.target.Name)}
+			fmt.Sprintf("model: %s is not served here; GET /v1/models lists %q (and its drafter)", quote(f.Model), st.target.Name)}
 	}
-	g.model = f.Model
+	g.model = st.target.Name
 	if f.N != nil && *f.N != 1 {
 		return invalid("n", fmt.Sprintf("n is %d: webdraft returns one choice a request", *f.N))
 	}
@@ -590,6 +595,9 @@ func (s *Server) parseChat(ctx context.Context, r *http.Request, st *state, req 
 }
 
 // usage is OpenAI's usage with speculative decoding's counts added.
+// OpenAI's completion_tokens_details counts a predicted output's tokens
+// the completion kept and those it did not: here the draft tokens the
+// target accepted and those it rejected.
 type usage struct {
 	PromptTokens        int `json:"prompt_tokens"`
 	CompletionTokens    int `json:"completion_tokens"`
@@ -597,6 +605,10 @@ type usage struct {
 	PromptTokensDetails struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	CompletionTokensDetails struct {
+		AcceptedPredictionTokens int `json:"accepted_prediction_tokens"`
+		RejectedPredictionTokens int `json:"rejected_prediction_tokens"`
+	} `json:"completion_tokens_details"`
 	DraftedTokens        int     `json:"drafted_tokens"`
 	AcceptedTokens       int     `json:"accepted_tokens"`
 	VerificationSteps    int     `json:"verification_steps"`
@@ -611,6 +623,8 @@ func usageOf(res speculative.Result) *usage {
 		MeanAcceptanceLength: math.Round(st.Tau()*1000) / 1000,
 	}
 	u.PromptTokensDetails.CachedTokens = st.CachedTokens
+	u.CompletionTokensDetails.AcceptedPredictionTokens = st.Accepted
+	u.CompletionTokensDetails.RejectedPredictionTokens = st.Drafted - st.Accepted
 	return u
 }
 
@@ -678,6 +692,16 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		s.failOpenAI(w, e)
 		return
 	}
+	if s.spec != SpecMetricsNone {
+		k := g.req.K
+		switch k {
+		case 0:
+			k = st.gen.K()
+		case speculative.NoDraft:
+			k = 0
+		}
+		g.tally = &specTally{k: k, detailed: s.spec == SpecMetricsDetailed}
+	}
 	out := &output{g: g, lp: logprobs{tok: st.target.Tokenizer, topN: g.req.TopN}, created: time.Now().Unix(), id: newID(g.chat)}
 	if tok := st.target.Tokenizer; tok != nil {
 		out.text = newTextStream(tok, g.stops)
@@ -689,6 +713,7 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	var text strings.Builder
 	var textErr error
 	g.req.OnStep = func(step speculative.Step) bool {
+		out.tally(step)
 		t, err := out.push(step.Tokens)
 		text.WriteString(t)
 		textErr = errors.Join(textErr, err)
@@ -730,6 +755,21 @@ func newID(chat bool) string {
 		return "chatcmpl-" + crand.Text()
 	}
 	return "cmpl-" + crand.Text()
+}
+
+// tally counts a step for metrics.speculative_decoding, when asked for.
+func (o *output) tally(step speculative.Step) {
+	if o.g.tally != nil {
+		o.g.tally.add(step)
+	}
+}
+
+// addMetrics adds metrics.speculative_decoding to a response or its last
+// chunk, when asked for.
+func (o *output) addMetrics(resp map[string]any) {
+	if o.g.tally != nil {
+		resp["metrics"] = map[string]any{"speculative_decoding": o.g.tally.speculativeDecoding()}
+	}
 }
 
 func (o *output) push(tokens []speculative.Token) (string, error) {
@@ -794,6 +834,7 @@ func (o *output) response(res speculative.Result, text string) map[string]any {
 	if o.g.returnIDs {
 		resp["prompt_token_ids"] = o.g.prompt
 	}
+	o.addMetrics(resp)
 	return resp
 }
 
@@ -859,6 +900,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	// loop never waits on the channel.
 	events := make(chan streamEvent, g.req.MaxTokens+1)
 	g.req.OnStep = func(step speculative.Step) bool {
+		out.tally(step)
 		text, err := out.push(step.Tokens)
 		if err != nil {
 			s.log.Warn("decoding the output", "err", err)
@@ -927,11 +969,16 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, r *http.Requ
 				flusher.Flush()
 				return
 			}
-			send(out.chunk(out.flush(), nil, first, finishReason(rs.res, out)))
+			// The last chunk — the usage's when asked, else the
+			// finish reason's — carries metrics.speculative_decoding.
+			last := out.chunk(out.flush(), nil, first, finishReason(rs.res, out))
 			if g.includeUsage {
-				send(map[string]any{"id": out.id, "object": chunkObject(g), "created": out.created, "model": g.model,
-					"choices": []any{}, "usage": usageOf(rs.res)})
+				send(last)
+				last = map[string]any{"id": out.id, "object": chunkObject(g), "created": out.created, "model": g.model,
+					"choices": []any{}, "usage": usageOf(rs.res)}
 			}
+			out.addMetrics(last)
+			send(last)
 			fmt.Fprint(w, "data: [DONE]\n\n")
 			flusher.Flush()
 			s.metrics.generated(rs.res, endpointOf(g))
@@ -972,16 +1019,33 @@ func (s *Server) generationError(err error) *openAIError {
 	return &openAIError{http.StatusInternalServerError, "server_error", "", "internal", "generation failed: " + err.Error()}
 }
 
-// models answers GET /v1/models: the target, by the name requests give.
+// models answers GET /v1/models: the target, by the name requests give
+// (or leave out), then its drafter, which serves /draft and /completion.
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	st, e := s.openAIState()
 	if e != nil {
 		s.failOpenAI(w, e)
 		return
 	}
-	cfg := st.target.Engine.Config()
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
-		"id": st.target.Name, "object": "model", "created": st.started.Unix(), "owned_by": "webdraft",
-		"max_model_len": st.maxContext(), "vocab_size": cfg.VocabSize, "drafter": st.drafter.Name,
-	}}})
+	tcfg, dcfg := st.target.Engine.Config(), st.drafter.Engine.Config()
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
+		map[string]any{
+			"id": st.target.Name, "object": "model", "created": st.started.Unix(), "owned_by": "webdraft", "role": "target",
+			"max_model_len": st.maxContext(), "vocab_size": tcfg.VocabSize, "drafter": st.drafterID(),
+		},
+		map[string]any{
+			"id": st.drafterID(), "object": "model", "created": st.started.Unix(), "owned_by": "webdraft", "role": "drafter",
+			"max_model_len": dcfg.MaxPositionEmbeddings, "vocab_size": dcfg.VocabSize, "endpoints": []string{"/draft", "/completion"},
+		},
+	}})
+}
+
+// drafterID is the drafter's id in GET /v1/models: its name, or with a
+// target of the same name (one folder served as both), the name and
+// ":drafter".
+func (st *state) drafterID() string {
+	if st.target != nil && st.drafter.Name == st.target.Name {
+		return st.drafter.Name + ":drafter"
+	}
+	return st.drafter.Name
 }

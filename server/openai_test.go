@@ -49,6 +49,12 @@ var (
 
 func newPairFixture(t *testing.T, apiKey string) *pairFixture {
 	t.Helper()
+	return newPairFixtureOptions(t, Options{APIKey: apiKey})
+}
+
+// newPairFixtureOptions is newPairFixture with the server's options.
+func newPairFixtureOptions(t *testing.T, opts Options) *pairFixture {
+	t.Helper()
 	if !weights.Embedded() {
 		t.Skip("built without the embedded pair")
 	}
@@ -75,7 +81,7 @@ func newPairFixture(t *testing.T, apiKey string) *pairFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tg.Close() })
-	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)), apiKey)
+	srv := NewWithOptions(slog.New(slog.NewTextHandler(io.Discard, nil)), opts)
 	f := &pairFixture{drafter: d, target: tg, tok: tok, srv: srv}
 	ts := httptest.NewServer(f.countModelFiles(srv.Handler()))
 	f.url = ts.URL
@@ -221,7 +227,7 @@ func TestOpenAIClient(t *testing.T) {
 	}
 
 	models, err := c.Models.List(ctx)
-	if err != nil || len(models.Data) != 1 || models.Data[0].ID != "target" {
+	if err != nil || len(models.Data) != 2 || models.Data[0].ID != "target" || models.Data[1].ID != "drafter" {
 		t.Errorf("models %+v, %v", models, err)
 	}
 

@@ -75,6 +75,10 @@ type Options struct {
 	// the websocket ("*": any); each must pass CheckOrigin. None: CORS off
 	// (cors.go).
 	CORSOrigins []string
+	// SpecMetrics adds each generation's speculation to its /v1/*
+	// response, as metrics.speculative_decoding (vLLM's
+	// --per-request-spec-decode-metrics); the zero value adds nothing.
+	SpecMetrics SpecMetrics
 }
 
 // Server serves the API. It answers 503 until Run has made it ready.
@@ -84,6 +88,7 @@ type Server struct {
 	apiKey   string
 	limits   Limits
 	origins  origins
+	spec     SpecMetrics
 	ready    atomic.Pointer[state]
 	fault    atomic.Pointer[faultState] // set while the server recovers from an engine fault
 	sessions sessionLogs                // the live page's sessions' events
@@ -147,7 +152,7 @@ func New(log *slog.Logger, apiKey string) *Server {
 
 // NewWithOptions returns a server that is not ready yet, configured by o.
 func NewWithOptions(log *slog.Logger, o Options) *Server {
-	s := &Server{log: log, metrics: newMetrics(), apiKey: o.APIKey, limits: o.Limits.withDefaults(), origins: newOrigins(o.CORSOrigins)}
+	s := &Server{log: log, metrics: newMetrics(), apiKey: o.APIKey, limits: o.Limits.withDefaults(), origins: newOrigins(o.CORSOrigins), spec: o.SpecMetrics}
 	s.metrics.watchServer(s)
 	s.metrics.watchState(s.ready.Load)
 	s.metrics.watchProtocol(s.ready.Load)

@@ -39,9 +39,9 @@ type Limits struct {
 	// spareConnections more are served GET /health only, and any more are
 	// refused at once (connections.go).
 	MaxConnections int
-	// RequestTimeout bounds a POST /draft from the end of its headers to
-	// its answer, body, tokenizing and queue included (default 1 min):
-	// past it, 504.
+	// RequestTimeout bounds a POST /draft or /completion from the end of
+	// its headers to its answer, body, tokenizing and queue included
+	// (default 1 min): past it, 504.
 	RequestTimeout time.Duration
 	// GenerationTimeout bounds a generation of the OpenAI-compatible API
 	// the same way, and a page run from its start message (default 10

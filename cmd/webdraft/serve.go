@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,7 +29,7 @@ const drainTimeout = 30 * time.Second
 const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
+	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
 	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given, else none")
 	k := fs.Int("k", 0, kUsage+" (a request's speculative.k overrides it)")
@@ -49,16 +51,17 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		}
 		return nil
 	})
+	specMetrics := specMetricsVar(fs)
 	d := server.DefaultLimits
 	maxConns := fs.Int("max-connections", d.MaxConnections, "open connections at most (keep it below ulimit -n); past it 16 more are answered GET /health only, and any more refused with 503")
 	maxQueue := fs.Int("max-queue", defaultQueue, "requests waiting to start, each for /draft and for generations; past it 429 with Retry-After")
 	bodyTimeout := fs.Duration("body-timeout", d.BodyTimeout, "a request's body must arrive within this, from its headers' end (else 408 and the connection closes)")
 	idleTimeout := fs.Duration("idle-timeout", d.IdleTimeout, "a keep-alive connection with no new request is closed after this")
-	requestTimeout := fs.Duration("request-timeout", d.RequestTimeout, "a POST /draft, queue included, is answered 504 past this")
+	requestTimeout := fs.Duration("request-timeout", d.RequestTimeout, "a POST /draft or /completion, queue included, is answered 504 past this")
 	generationTimeout := fs.Duration("generation-timeout", d.GenerationTimeout, "a generation (/v1/*, a page run), queue included, ends with a 504 error past this")
 	maxSessions := fs.Int("max-sessions", d.MaxSessions, "the live page's sessions (websockets) open at once; past it 429")
 	maxSessionsPerClient := fs.Int("max-sessions-per-client", d.MaxSessionsPerClient, "the live page's sessions open at once from one client address; past it 429")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, joinFlagValue(args, specMetricsFlagName, "none", "summary", "detailed")); err != nil {
 		return err
 	}
 	if *apiKey == "" {
@@ -104,12 +107,12 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	limits.MaxConnections, limits.BodyTimeout, limits.IdleTimeout = *maxConns, *bodyTimeout, *idleTimeout
 	limits.RequestTimeout, limits.GenerationTimeout = *requestTimeout, *generationTimeout
 	limits.MaxSessions, limits.MaxSessionsPerClient = *maxSessions, *maxSessionsPerClient
-	srv := server.NewWithOptions(e.log, server.Options{APIKey: *apiKey, Limits: limits, CORSOrigins: corsOrigins})
+	srv := server.NewWithOptions(e.log, server.Options{APIKey: *apiKey, Limits: limits, CORSOrigins: corsOrigins, SpecMetrics: *specMetrics})
 	httpSrv := srv.HTTPServer()
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(srv.Listener(ln)) }()
 	e.log.Info("listening", "addr", ln.Addr().String(), "api_key", *apiKey != "", "cors_origins", len(corsOrigins),
-		"max_connections", *maxConns, "max_queue", *maxQueue)
+		"max_connections", *maxConns, "max_queue", *maxQueue, "per_request_spec_decode_metrics", specMetrics.String())
 
 	// Load while /health answers "loading".
 	start := time.Now()
@@ -168,6 +171,67 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	e.log.Info("stopped")
 	return nil
+}
+
+// specMetricsFlagName is vLLM's flag for per-request speculation metrics.
+const specMetricsFlagName = "per-request-spec-decode-metrics"
+
+// specMetricsVar defines --per-request-spec-decode-metrics on fs.
+func specMetricsVar(fs *flag.FlagSet) *server.SpecMetrics {
+	level := new(server.SpecMetrics)
+	fs.Var(specMetricsFlag{level}, specMetricsFlagName, "add each generation's speculation to its /v1/* response as metrics.speculative_decoding, in vLLM's names (vLLM's flag): alone or =summary, the counts, the rates and the acceptance histogram; =detailed, each step's counts too; =none (the default), nothing")
+	return level
+}
+
+// specMetricsFlag is --per-request-spec-decode-metrics: alone it means
+// summary (a boolean flag's "true"); =summary, =detailed and =none name
+// the level as vLLM does.
+type specMetricsFlag struct{ level *server.SpecMetrics }
+
+func (f specMetricsFlag) String() string {
+	if f.level == nil { // the flag package's zero value, for its defaults
+		return server.SpecMetricsNone.String()
+	}
+	return f.level.String()
+}
+
+func (f specMetricsFlag) Set(v string) error {
+	switch v {
+	case "true":
+		*f.level = server.SpecMetricsSummary
+	case "false":
+		*f.level = server.SpecMetricsNone
+	default:
+		level, err := server.ParseSpecMetrics(v)
+		if err != nil {
+			return err
+		}
+		*f.level = level
+	}
+	return nil
+}
+
+func (f specMetricsFlag) IsBoolFlag() bool { return true }
+
+// joinFlagValue writes "--name value" as "--name=value" when value is one
+// of values: vLLM puts --per-request-spec-decode-metrics' level after a
+// space, and a flag that may stand alone takes its value after "=". Args
+// after "--" are left as they are.
+func joinFlagValue(args []string, name string, values ...string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		if (a == "-"+name || a == "--"+name) && i+1 < len(args) && slices.Contains(values, args[i+1]) {
+			out = append(out, a+"="+args[i+1])
+			i++
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // served is a model opened for serving: its weights, engine and tokenizer.

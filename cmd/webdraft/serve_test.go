@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"webdraft/server"
 )
 
 func freeAddr(t *testing.T) string {
@@ -101,6 +104,7 @@ func TestServeUsage(t *testing.T) {
 		{"serve", "--generation-timeout", "0"},
 		{"serve", "--cors-origin", "ftp://a.example"},
 		{"serve", "--cors-origin", "https://a.example/path"},
+		{"serve", "--per-request-spec-decode-metrics=all"},
 	} {
 		if code, _, _ := webdraft(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
@@ -278,7 +282,8 @@ func TestServeHelpHidesKey(t *testing.T) {
 	}
 	for _, want := range []string{"-max-connections", "(default 1024)", "-max-queue", "(default 256)", "-body-timeout", "(default 30s)",
 		"-idle-timeout", "(default 2m0s)", "-request-timeout", "(default 1m0s)", "-generation-timeout", "(default 10m0s)",
-		"-max-sessions", "(default 64)", "-max-sessions-per-client", "(default 4)", "-cors-origin", "WEBDRAFT_API_KEY"} {
+		"-max-sessions", "(default 64)", "-max-sessions-per-client", "(default 4)", "-cors-origin", "WEBDRAFT_API_KEY",
+		"-per-request-spec-decode-metrics", "metrics.speculative_decoding", "--per-request-spec-decode-metrics[=summary|detailed]"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("the help lacks %q", want)
 		}
@@ -308,5 +313,30 @@ func TestServeRefusesDamagedWeights(t *testing.T) {
 				t.Errorf("exit %d, last line %q", code, last)
 			}
 		})
+	}
+}
+
+// TestSpecMetricsFlag: --per-request-spec-decode-metrics alone is
+// summary; its level may follow "=" or, as vLLM spells it, a space.
+func TestSpecMetricsFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want server.SpecMetrics
+	}{
+		{nil, server.SpecMetricsNone},
+		{[]string{"--per-request-spec-decode-metrics"}, server.SpecMetricsSummary},
+		{[]string{"--per-request-spec-decode-metrics", "--k", "3"}, server.SpecMetricsSummary},
+		{[]string{"--per-request-spec-decode-metrics=detailed"}, server.SpecMetricsDetailed},
+		{[]string{"--per-request-spec-decode-metrics", "detailed", "--k", "3"}, server.SpecMetricsDetailed},
+		{[]string{"-per-request-spec-decode-metrics", "summary"}, server.SpecMetricsSummary},
+		{[]string{"--per-request-spec-decode-metrics", "none"}, server.SpecMetricsNone},
+	} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		level := specMetricsVar(fs)
+		fs.Int("k", 0, "")
+		if err := parseFlags(fs, joinFlagValue(c.args, specMetricsFlagName, "none", "summary", "detailed")); err != nil || *level != c.want {
+			t.Errorf("%q: %v, %v; want %v", c.args, *level, err, c.want)
+		}
 	}
 }

@@ -424,7 +424,7 @@ func checkGreedy(req *llamaRequest) *apiError {
 	if req.TopK != nil && *req.TopK == 1 && topKSampler {
 		return nil
 	}
-	return badRequest("temperature", fmt.Sprintf("temperature %v samples: webdraft drafts greedily; send temperature 0 (or top_k 1)", *req.Temperature))
+	return badRequest("temperature", fmt.Sprintf("%v samples, and webdraft drafts greedily: send 0, or top_k 1", *req.Temperature))
 }
 
 // checkNeutral refuses a field that would change the draft or the answer's

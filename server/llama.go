@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -410,9 +411,9 @@ func checkGreedy(req *llamaRequest) *apiError {
 		var names []string
 		var chars string
 		switch {
-		case decodeStrict(strings.NewReader(string(req.Samplers)), &names, noNulls) == nil:
+		case decodeStrict(bytes.NewReader(req.Samplers), &names, noNulls) == nil:
 			topKSampler = slices.Contains(names, "top_k")
-		case decodeStrict(strings.NewReader(string(req.Samplers)), &chars, noNulls) == nil:
+		case decodeStrict(bytes.NewReader(req.Samplers), &chars, noNulls) == nil:
 			topKSampler = strings.ContainsRune(chars, 'k')
 		default:
 			return badRequest("samplers", "want an array of sampler names or a string of their letters")

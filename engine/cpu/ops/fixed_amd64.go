@@ -21,10 +21,15 @@ func int4Fixed16(codes *byte, scales *uint16, groups, bps int, x *byte, stride i
 // fixedInputs is how many input rows one kernel call takes.
 const fixedInputs = 8
 
+// fixedChunkBytes bounds the codes of the row blocks every group of
+// fixedInputs inputs passes over in turn: they stay in L2, so that a
+// matrix is read from memory once however many inputs meet it.
+const fixedChunkBytes = 64 << 10
+
 // mulFixed computes the weight rows [lo, hi) against every input row:
-// the 16-row blocks that [lo, hi) covers whole in one call for each eight
-// inputs, a block it covers in part by a call of its own, masked to its
-// rows.
+// the 16-row blocks that [lo, hi) covers whole in calls of up to
+// fixedChunkBytes of codes for each eight inputs, a block it covers in
+// part by a call of its own, masked to its rows.
 func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool) {
 	if in.fixed == nil || in.Cols != l.Cols {
 		panic("ops: MulRows: the input is not prepared in fixed point for this matrix")
@@ -35,15 +40,18 @@ func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool
 	groups, bps := l.Cols/l.groupSize, l.groupSize/Block
 	stride := fixedStride(l.Cols)
 	bytes16, scales16 := l.Cols/Block*256, groups*16
+	chunk := max(1, fixedChunkBytes/bytes16)
 	call := func(rb, n int, mask uint16) {
-		for t0 := 0; t0 < in.T; t0 += fixedInputs {
-			T := min(fixedInputs, in.T-t0)
-			addMask := 0
-			if add {
-				addMask = int(mask)
+		addMask := 0
+		if add {
+			addMask = int(mask)
+		}
+		for c := rb; c < rb+n; c += chunk {
+			m := min(chunk, rb+n-c)
+			for t0 := 0; t0 < in.T; t0 += fixedInputs {
+				int4Fixed16(&l.fixed[c*bytes16], &l.fixedScales[c*scales16], groups, bps,
+					&in.fixed[t0*stride], stride, min(fixedInputs, in.T-t0), &out[t0*ld+16*c], 4*ld, m, int(mask), addMask)
 			}
-			int4Fixed16(&l.fixed[rb*bytes16], &l.fixedScales[rb*scales16], groups, bps,
-				&in.fixed[t0*stride], stride, T, &out[t0*ld+16*rb], 4*ld, n, int(mask), addMask)
 		}
 	}
 	// rowsMask is the mask of rows [a, b) of the block starting at row r.

@@ -111,12 +111,7 @@ func quantize(dst []byte, row []float32) {
 			t.Sub(h.ShiftAllLeft(8)).TruncateToInt8().Store((*[16]int8)(d[32+16*i:]))
 			q.Sub(t.ShiftAllLeft(8)).TruncateToInt8().Store((*[16]int8)(d[64+16*i:]))
 		}
-		var sv [16]int32
-		q0.Add(q1).Store(&sv)
-		var total int32
-		for _, v := range sv {
-			total += v
-		}
+		total := sum16i(q0.Add(q1))
 		binary.LittleEndian.PutUint32(meta[8*b:], math.Float32bits(s))
 		binary.LittleEndian.PutUint32(meta[8*b+4:], uint32(-8*total))
 	}
@@ -124,11 +119,18 @@ func quantize(dst []byte, row []float32) {
 
 // max16 is a vector's largest lane (none of them NaN).
 func max16(v archsimd.Float32x16) float32 {
-	var r [16]float32
-	v.Store(&r)
-	m := r[0]
-	for _, x := range r[1:] {
-		m = max(m, x)
-	}
-	return m
+	m8 := v.GetLo().Max(v.GetHi())
+	m4 := m8.GetLo().Max(m8.GetHi())
+	m4 = m4.Max(m4.SelectFromPair(2, 3, 0, 1, m4))
+	m4 = m4.Max(m4.SelectFromPair(1, 0, 3, 2, m4))
+	return m4.GetElem(0)
+}
+
+// sum16i adds a vector's lanes.
+func sum16i(v archsimd.Int32x16) int32 {
+	s8 := v.GetLo().Add(v.GetHi())
+	s4 := s8.GetLo().Add(s8.GetHi())
+	s4 = s4.AddPairs(s4)
+	s4 = s4.AddPairs(s4)
+	return s4.GetElem(0)
 }

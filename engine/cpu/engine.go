@@ -22,7 +22,6 @@ import (
 	"webdraft/engine/cpu/ops"
 	"webdraft/internal/parallel"
 	"webdraft/qwen3"
-	"webdraft/tensor"
 )
 
 // Engine is the CPU engine. Its passes are serialized: a server drives
@@ -31,7 +30,7 @@ import (
 type Engine struct {
 	mu      sync.Mutex // one pass at a time: pass and pool are shared
 	cfg     qwen3.Config
-	embed   tensor.Matrix
+	embed   interface{ Row(r int, dst []float32) } // embed_tokens: the head itself when tied
 	layers  []layer
 	norm    []float32
 	head    *ops.Linear
@@ -63,7 +62,10 @@ type Options struct {
 	Threads int
 }
 
-// New returns the CPU engine over a loaded weight tree.
+// New returns the CPU engine over a loaded weight tree. Where its int4
+// matrices take the fixed-point kernel the engine keeps its own packed
+// copies and copies of the small vectors (norms), so that w need not stay
+// in memory after: a caller done with w may free it.
 func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -81,13 +83,17 @@ func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("cpu engine: KV bytes %d, threads %d: want ≥ 0", opts.KVBytes, opts.Threads)
 	}
 	e := &Engine{
-		cfg: cfg, embed: w.EmbedTokens, norm: w.Norm, head: ops.NewLinear(w.LMHead),
-		tokens: w.HeadTokens, invFreq: cfg.RopeInvFreq(), kvBytes: opts.KVBytes,
+		cfg: cfg, embed: w.EmbedTokens, norm: slices.Clone(w.Norm), head: ops.NewLinear(w.LMHead),
+		tokens: slices.Clone(w.HeadTokens), invFreq: cfg.RopeInvFreq(), kvBytes: opts.KVBytes,
 		pool: parallel.NewPool(opts.Threads),
+	}
+	if w.EmbedTokens == w.LMHead {
+		e.embed = e.head // its packed copy, so that the original may be freed
 	}
 	for _, l := range w.Layers {
 		e.layers = append(e.layers, layer{
-			inputNorm: l.InputLayernorm, postNorm: l.PostAttentionLayernorm, qNorm: l.QNorm, kNorm: l.KNorm,
+			inputNorm: slices.Clone(l.InputLayernorm), postNorm: slices.Clone(l.PostAttentionLayernorm),
+			qNorm: slices.Clone(l.QNorm), kNorm: slices.Clone(l.KNorm),
 			q: ops.NewLinear(l.QProj), k: ops.NewLinear(l.KProj), v: ops.NewLinear(l.VProj), o: ops.NewLinear(l.OProj),
 			gate: ops.NewLinear(l.GateProj), up: ops.NewLinear(l.UpProj), down: ops.NewLinear(l.DownProj),
 		})

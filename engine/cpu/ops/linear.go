@@ -38,6 +38,7 @@ func NewLinear(m tensor.Matrix) *Linear {
 	if q, ok := m.(*tensor.Int4); ok && q.GroupSize%Block == 0 && len(q.QWeight) > 0 && useFixed {
 		l.fixed, l.fixedScales = packFixed(rows, cols, q.GroupSize, q.QWeight, q.Scales)
 		l.groupSize = q.GroupSize
+		l.m = nil // the packed copy serves Row too: m may be freed
 		return l
 	}
 	if q, ok := m.(*tensor.Int4); ok && q.GroupSize%Block == 0 && len(q.QWeight) > 0 {
@@ -122,6 +123,25 @@ func (l *Linear) MulRows(out []float32, ld int, in *Input, lo, hi int, add bool,
 				out[t*ld+r] = s
 			}
 		}
+	}
+}
+
+// Row writes row r of W into dst (Cols floats): an embedding lookup, for
+// a model whose head is its embedding.
+func (l *Linear) Row(r int, dst []float32) {
+	if l.fixed == nil {
+		l.m.Row(r, dst)
+		return
+	}
+	groups := l.Cols / l.groupSize
+	rb, lane := r/16, r%16
+	block := l.fixed[rb*l.Cols/Block*256:]
+	for c := range l.Cols {
+		b, i := c/Block, c%Block
+		j, half, k := i/8, i%8/4, i%4
+		code := block[b*256+64*j+4*lane+k] >> (4 * half) & 0xF
+		s := tensor.F16ToF32(l.fixedScales[(rb*groups+c/l.groupSize)*16+lane])
+		dst[c] = float32(int(code)-8) * s
 	}
 }
 

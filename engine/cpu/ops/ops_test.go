@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -162,6 +163,14 @@ func TestMulRows(t *testing.T) {
 						t.Fatalf("add: %v", err)
 					}
 				})
+			}
+			got, want := make([]float32, cols), make([]float32, cols)
+			for r := range rows {
+				l.Row(r, got)
+				m.Row(r, want)
+				if !slices.Equal(got, want) {
+					t.Fatalf("%s %dx%d: Row(%d) differs from the matrix's", format, rows, cols, r)
+				}
 			}
 			if format == "int4g32" && !l.InPlace() {
 				t.Errorf("an int4 matrix of 32-column groups is not read in place")

@@ -30,10 +30,24 @@ func OpenFolder(dir string) (*Folder, error) {
 	return openFolder(dir, os.ReadFile, Open)
 }
 
+// ReadOnlyFS is a file system that can hand out a file's bytes without a
+// copy, read-only (an embedded model's weights): OpenFolderFS reads it so,
+// and the tensors then alias those bytes.
+type ReadOnlyFS interface {
+	fs.FS
+	ReadFileReadOnly(name string) ([]byte, error)
+}
+
 // OpenFolderFS opens the weights of a checkpoint folder in fsys (an embedded
-// model, or files fetched by a browser), reading each file whole.
+// model, or files fetched by a browser), reading each file whole (in place
+// from a ReadOnlyFS).
 func OpenFolderFS(fsys fs.FS, dir string) (*Folder, error) {
-	read := func(name string) ([]byte, error) { return fs.ReadFile(fsys, filepath.ToSlash(name)) }
+	read := func(name string) ([]byte, error) {
+		if r, ok := fsys.(ReadOnlyFS); ok {
+			return r.ReadFileReadOnly(filepath.ToSlash(name))
+		}
+		return fs.ReadFile(fsys, filepath.ToSlash(name))
+	}
 	open := func(name string) (*File, error) {
 		data, err := read(name)
 		if err != nil {

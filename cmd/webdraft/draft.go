@@ -117,7 +117,7 @@ func parseBackend(s string) (backendChoice, error) {
 // defaultK is the draft length serve, generate and the live page take when
 // --k is left out: the one measured best for the engine the target runs on
 // (BENCHMARKS.md, "Speculative decoding" and "The CPU engine"): 6 through
-// WebGPU on the H200, 1 on the CPU engine, where each position a
+// WebGPU on the H200, 2 on the CPU engine, where each position a
 // verification adds costs the target a share of a step's arithmetic; the
 // reference engine keeps the 8 it always had (it is the oracle, not
 // measured for speed).
@@ -132,7 +132,7 @@ func defaultK(backend string) int {
 }
 
 // cpuDefaultK is defaultK on the CPU engines.
-const cpuDefaultK = 1
+const cpuDefaultK = 2
 
 // kUsage is the --k flag's help in serve and generate.
 var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d; left out, the best measured for the target's engine (6 on a GPU, %d on the CPU engine, 8 on the reference engine)", speculative.MaxK, cpuDefaultK)

@@ -1,6 +1,8 @@
 // Package cpu is webdraft's fast CPU engine (--backend cpu): the Qwen3
 // forward pass of package reference, restructured for the machine. int4
-// weights are read in place by vector kernels (package ops); every matrix
+// matrices are multiplied by vector kernels (package ops: with AVX-512
+// VNNI from a packed copy made at load, against fixed-point inputs as
+// precise as f32; otherwise read in place by f32 kernels); every matrix
 // is read once for all the rows of a pass — a verification's k+1 rows
 // and every sequence of a batch, the 151,936-row head included; a team
 // of persistent workers (parallel.Pool) splits each phase of the pass

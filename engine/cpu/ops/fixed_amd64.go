@@ -11,7 +11,10 @@ import (
 
 // useFixed: int4 matrices take the fixed-point kernel (int4Fixed16),
 // which needs AVX-512 VNNI's VPDPBUSD.
-var useFixed = useAVX512 && archsimd.X86.AVX512VNNI()
+var useFixed = hasFixed
+
+// hasFixed: this machine can run the fixed-point kernel.
+var hasFixed = useAVX512 && archsimd.X86.AVX512VNNI()
 
 // int4Fixed16 is in int4fixed_amd64.s.
 //

@@ -145,6 +145,15 @@ func (l *Linear) Row(r int, dst []float32) {
 	}
 }
 
+// SetFixed chooses, for the Linears made after it, the fixed-point kernel
+// (on, where the machine has it) or the f32 kernels (off), and returns
+// the previous choice: tests and benchmarks run both kernels on a machine
+// with VNNI. It is not safe to call while Linears are being made.
+func SetFixed(on bool) (was bool) {
+	was, useFixed = useFixed, on && hasFixed
+	return was
+}
+
 // littleEndian: the in-place path reads a word's codes byte by byte.
 var littleEndian = func() bool {
 	w := uint32(1)

@@ -88,6 +88,18 @@ func closeToTerms(got, want, terms []float32, tol float64) error {
 // poisoned output, for a split of the rows as workers take them, and in
 // add mode.
 func TestMulRows(t *testing.T) {
+	for _, fixed := range []bool{false, true} {
+		if fixed && !hasFixed {
+			continue
+		}
+		t.Run(fmt.Sprintf("fixed=%v", fixed), func(t *testing.T) {
+			defer SetFixed(SetFixed(fixed))
+			testMulRows(t)
+		})
+	}
+}
+
+func testMulRows(t *testing.T) {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
 	for _, format := range []string{"int4g32", "int4g64", "int4g128", "int4g8", "int4g16", "f16", "f32"} {
 		for _, shape := range [][2]int{{1, 32}, {37, 64}, {129, 256}, {8, 128}, {5, 48}, {48, 96}} {

@@ -50,7 +50,7 @@ func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores
 }
 
 // useFixed: the fixed-point kernel is amd64 assembly.
-const useFixed = false
+var useFixed, hasFixed = false, false
 
 func quantize(dst []byte, row []float32) { quantizeGo(dst, row) }
 

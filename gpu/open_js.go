@@ -46,10 +46,7 @@ func Open(opts Options) (*Device, error) {
 	if opts.HardwareOnly && info.Software() {
 		return nil, fmt.Errorf("%w (%s)", ErrNoHardwareAdapter, info)
 	}
-	adapter.Get("features").Call("forEach", js.FuncOf(func(_ js.Value, args []js.Value) any {
-		info.Features = append(info.Features, args[0].String())
-		return nil
-	}))
+	info.Features = featureNames(adapter.Get("features"))
 	f16 := !opts.NoF16 && adapter.Get("features").Call("has", "shader-f16").Bool()
 
 	limits := jsLimits(adapter.Get("limits")).request(opts)
@@ -79,6 +76,19 @@ func Open(opts Options) (*Device, error) {
 	}
 	dev := wgpu.NewDevice(jsDev)
 	return newDevice(&dev, info, jsLimits(jsDev.Get("limits")), f16, newErrorScopes(jsDev))
+}
+
+// featureNames lists the entries of a GPUSupportedFeatures setlike through
+// the JavaScript iterator protocol (Array.from), which every implementation
+// has: browsers' setlike also has forEach, but Dawn's for Node (the npm
+// package webgpu's dawn.node) has only has, keys, size and Symbol.iterator.
+func featureNames(set js.Value) []string {
+	arr := js.Global().Get("Array").Call("from", set)
+	names := make([]string, arr.Length())
+	for i := range names {
+		names[i] = arr.Index(i).String()
+	}
+	return names
 }
 
 // jsLimits reads a GPUSupportedLimits object.

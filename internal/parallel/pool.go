@@ -20,7 +20,6 @@ type Pool struct {
 	helpers []helper // workers 1 … n-1
 	task    func(w int)
 	epoch   atomic.Uint64 // one more for each Run: the helpers' signal
-	done    atomic.Int32  // helpers finished with the Run's task
 	closed  atomic.Bool
 	barrier barrier
 	mu      sync.Mutex // one Run at a time
@@ -44,6 +43,7 @@ func NewPool(n int) *Pool {
 	}
 	p := &Pool{n: n, helpers: make([]helper, n-1)}
 	p.barrier.n = int32(n)
+	p.barrier.wake.L = &p.barrier.mu
 	for i := range p.helpers {
 		p.helpers[i].wake = make(chan struct{}, 1)
 		go p.serve(i)
@@ -52,7 +52,7 @@ func NewPool(n int) *Pool {
 }
 
 // serve is helper i's loop: wait for a Run (spinning, then parked), run
-// its task as worker i+1, count it done.
+// its task as worker i+1, and meet the others at the Run's end.
 func (p *Pool) serve(i int) {
 	h := &p.helpers[i]
 	var seen uint64
@@ -80,7 +80,7 @@ func (p *Pool) serve(i int) {
 		}
 		seen = e
 		p.task(i + 1)
-		p.done.Add(1)
+		p.barrier.wait() // the Run's end
 	}
 }
 
@@ -94,14 +94,11 @@ func (p *Pool) Run(fn func(w int)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.task = fn
-	p.done.Store(0)
 	p.epoch.Add(1) // publishes task to the helpers
 	p.wakeParked()
 	fn(0)
-	for i := 0; p.done.Load() != int32(len(p.helpers)); i++ {
-		if i&63 == 63 {
-			runtime.Gosched()
-		}
+	if p.n > 1 {
+		p.barrier.wait() // every helper is done with fn
 	}
 }
 
@@ -144,26 +141,51 @@ func (p *Pool) Close() {
 	p.wakeParked()
 }
 
-// barrier is a reusable spinning barrier: the last of n arrivals resets
-// the count and starts a new generation, the others wait for it. Phases
-// of a forward pass are microseconds long, so waiters spin, yielding the
-// processor now and then rather than parking.
+// barrier is a reusable barrier: the last of n arrivals resets the count
+// and starts a new generation, the others wait for it. Phases of a forward
+// pass are microseconds long, so a waiter first spins (yielding to other
+// goroutines now and then); past barrierSpins it sleeps on a condition
+// variable, so that a worker the system has descheduled — the machine
+// shared with another program — gets the waiter's core rather than
+// waiting for it.
 type barrier struct {
-	n     int32
-	count atomic.Int32
-	gen   atomic.Uint32
+	n        int32
+	count    atomic.Int32
+	gen      atomic.Uint32
+	sleepers atomic.Int32
+	mu       sync.Mutex
+	wake     sync.Cond // on mu: a new generation, for the sleepers
 }
+
+// barrierSpins is how many checks a waiter spins before it sleeps: some
+// tens of microseconds, several phases' worth.
+const barrierSpins = 1 << 14
 
 func (b *barrier) wait() {
 	g := b.gen.Load()
 	if b.count.Add(1) == b.n {
 		b.count.Store(0)
 		b.gen.Add(1)
+		if b.sleepers.Load() > 0 {
+			b.mu.Lock()
+			b.wake.Broadcast()
+			b.mu.Unlock()
+		}
 		return
 	}
-	for i := 0; b.gen.Load() == g; i++ {
+	for i := 0; i < barrierSpins; i++ {
+		if b.gen.Load() != g {
+			return
+		}
 		if i&63 == 63 {
 			runtime.Gosched()
 		}
 	}
+	b.mu.Lock()
+	b.sleepers.Add(1)
+	for b.gen.Load() == g {
+		b.wake.Wait()
+	}
+	b.sleepers.Add(-1)
+	b.mu.Unlock()
 }

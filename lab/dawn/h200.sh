@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The GPU machine's runs of lab/dawn (the device tool's `run`, in the
+# checkout's copy there; README.md). Two calls, back to back, while the
+# machine stays held:
+#
+#   bash lab/dawn/h200.sh dawn     carry .gl .gpu/dawn: unpacks Node and
+#                                  dawn.node in .gpu/dawn/ (they stay there),
+#                                  prints the adapter Dawn finds
+#   bash lab/dawn/h200.sh run      carry .gl .gpu/run: correctness and figures,
+#                                  through Dawn and natively, into $OUT
+#
+# PROMPTS (default 8), TOKENS (128), KS (4,6) size the race; TESTS=0 skips
+# the tests' wasm binaries.
+set -uo pipefail
+what=${1:?usage: h200.sh dawn | run}
+: "${OUT:?OUT: the folder for the results}"
+for f in .gl/*.deb; do dpkg -x "$f" / > /dev/null; done
+ldconfig
+# The machine has python3 but no xz.
+unxz() { python3 -c "import lzma, sys; open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" "$1" "$2"; }
+root=$PWD
+node=$root/.gpu/dawn/node
+export DAWN_NODE=$root/.gpu/dawn/dawn.node
+
+case $what in
+dawn)
+  set -e
+  unxz .gpu/dawn/node.xz "$node" && chmod +x "$node"
+  unxz .gpu/dawn/dawn.node.xz "$DAWN_NODE"
+  rm .gpu/dawn/*.xz
+  "$node" --version
+  "$node" lab/dawn/harness.cjs adapter --out "$OUT/adapter.json"
+  ;;
+run)
+  if [ ! -x "$node" ] || [ ! -e "$DAWN_NODE" ]; then
+    echo "h200.sh: no $node or $DAWN_NODE here: run \`h200.sh dawn\` first, on this same machine (a fresh one starts bare)" >&2
+    exit 1
+  fi
+  run=.gpu/run
+  for f in "$run"/*.xz; do unxz "$f" "${f%.xz}" && rm "$f"; done
+  chmod +x "$run/webdraft"
+  prompts=${PROMPTS:-8} tokens=${TOKENS:-128} ks=${KS:-4,6}
+  # harness SECONDS MODE [options]: lab/dawn/harness.cjs on the pair, its
+  # drafts checked against native webdraft's.
+  harness() {
+    local secs=$1 mode=$2
+    shift 2
+    timeout "$secs" "$node" lab/dawn/harness.cjs "$mode" --wasm "$run" --prompts "$run/prompts.jsonl" \
+      --max-prompts "$prompts" --native "$run/webdraft" "$@"
+    local rc=$?
+    [ $rc = 124 ] && echo "h200.sh: harness $mode: stopped after $secs s"
+    return $rc
+  }
+  {
+    echo "revision $(cat "$run/REVISION"); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+    echo "== native (wgpu-native, Vulkan): the pair's steps"
+    for m in drafter target; do
+      timeout 60 "$run/webdraft" bench engine --backend webgpu --model "weights/$m" --context 128 --batches 1 --steps 64 \
+        --prefill 64 --copy-mb 256 2>&1 | grep -E "^(adapter|model|decode step|  chained|batch-1 step floor|reproduce)"
+    done
+    echo "== native: mode (a)'s loop (bench spec --live), the same prompts"
+    timeout 120 "$run/webdraft" bench spec --live --backend webgpu --target weights/target --drafter weights/drafter \
+      --prompts "$run/prompts.jsonl" --max-prompts "$prompts" --new-tokens "$tokens" --batch 1 --ks "$ks" 2>&1 | grep -v "level=INFO"
+    echo "== Dawn: the engine alone (drafts against native webdraft's, steps)"
+    harness 150 engine --n 16 --steps 64 --chain 16 --rounds 16 --out "$OUT/engine.json"
+    echo "== Dawn: the page's worker, mode (a): the race"
+    harness 200 browser --k "$ks" --max-tokens "$tokens" --out "$OUT/browser.json"
+    echo "== Dawn: the page's worker, edge, from a cold cache over loopback HTTP"
+    harness 90 edge --cold --n 16 --out "$OUT/edge.json"
+  } 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/figures.txt"
+  if [ "${TESTS:-1}" != 0 ]; then
+    export WASM_EXEC=$root/$run/wasm_exec.js
+    {
+      echo "== the tests compiled to wasm, through Dawn"
+      for t in gpu:gpu:60 kernels:kernels:200 engine/webgpu:webgpu:120; do
+        IFS=: read -r dir bin secs <<< "$t"
+        echo "-- $dir"
+        # The shipped-pair tests need the embedded pair, which these
+        # binaries lack (webdraft_noembed): the harness checks the pair.
+        (cd "$dir" && timeout "$secs" "$node" "$root/lab/dawn/gotest.cjs" "$root/$run/$bin.test.wasm" -test.v -test.count=1 \
+          -test.timeout "$((secs - 5))s" -test.skip 'TestSmallBindings|TestShippedLogprobs' 2>&1 | grep -v -E "^=== (RUN|PAUSE|CONT)"
+          echo "exit ${PIPESTATUS[0]}")
+      done
+    } 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/tests.txt"
+  fi
+  ;;
+*)
+  echo "h200.sh: $what: want dawn or run" >&2
+  exit 2
+  ;;
+esac

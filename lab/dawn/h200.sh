@@ -62,17 +62,17 @@ run)
     timeout 120 "$run/webdraft" bench spec --live --backend webgpu --target weights/target --drafter weights/drafter \
       --prompts "$run/prompts.jsonl" --max-prompts "$prompts" --new-tokens "$tokens" --batch 1 --ks "$ks" 2>&1 | grep -v "level=INFO"
     echo "== Dawn: the engine alone (drafts against native webdraft's, steps)"
-    harness 150 engine --n 16 --steps 64 --chain 16 --rounds 16 --out "$OUT/engine.json"
+    harness 120 engine --n 16 --steps 64 --chain 16 --rounds 16 --out "$OUT/engine.json"
     echo "== Dawn: the page's worker, mode (a): the race"
-    harness 200 browser --k "$ks" --max-tokens "$tokens" --out "$OUT/browser.json"
+    harness 180 browser --k "$ks" --max-tokens "$tokens" --out "$OUT/browser.json"
     echo "== Dawn: the page's worker, edge, from a cold cache over loopback HTTP"
-    harness 90 edge --cold --n 16 --out "$OUT/edge.json"
+    harness 60 edge --cold --n 16 --out "$OUT/edge.json"
   } 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/figures.txt"
   if [ "${TESTS:-1}" != 0 ]; then
     export WASM_EXEC=$root/$run/wasm_exec.js
     {
       echo "== the tests compiled to wasm, through Dawn"
-      for t in gpu:gpu:60 kernels:kernels:200 engine/webgpu:webgpu:120; do
+      for t in gpu:gpu:60 kernels:kernels:180 engine/webgpu:webgpu:100; do
         IFS=: read -r dir bin secs <<< "$t"
         echo "-- $dir"
         # The shipped-pair tests need the embedded pair, which these

@@ -10,7 +10,8 @@
 #                                  through Dawn and natively, into $OUT
 #
 # PROMPTS (default 8), TOKENS (128), KS (4,6) size the race; TESTS=0 skips
-# the tests' wasm binaries.
+# the tests' wasm binaries; PROFILE=1 adds the engine alone under Node's
+# CPU profiler ($OUT/engine.cpuprofile: lab/dawn/cpuprofile.py reads it).
 set -uo pipefail
 what=${1:?usage: h200.sh dawn | run}
 : "${OUT:?OUT: the folder for the results}"
@@ -37,7 +38,7 @@ run)
     exit 1
   fi
   run=.gpu/run
-  for f in "$run"/*.xz; do unxz "$f" "${f%.xz}" && rm "$f"; done
+  for f in "$run"/*.xz "$run"/*/*.xz; do unxz "$f" "${f%.xz}" && rm "$f"; done
   chmod +x "$run/webdraft"
   prompts=${PROMPTS:-8} tokens=${TOKENS:-128} ks=${KS:-4,6}
   # harness SECONDS MODE [options]: lab/dawn/harness.cjs on the pair, its
@@ -67,6 +68,11 @@ run)
     harness 180 browser --k "$ks" --max-tokens "$tokens" --out "$OUT/browser.json"
     echo "== Dawn: the page's worker, edge, from a cold cache over loopback HTTP"
     harness 60 edge --cold --n 16 --out "$OUT/edge.json"
+    if [ "${PROFILE:-0}" != 0 ]; then
+      echo "== Dawn: the engine alone under Node's CPU profiler (drafter.wasm with its function names)"
+      timeout 120 "$node" --cpu-prof --cpu-prof-dir "$OUT" --cpu-prof-name engine.cpuprofile lab/dawn/harness.cjs engine \
+        --wasm "$run/prof" --prompts "$run/prompts.jsonl" --max-prompts 1 --steps 256 --rounds 32
+    fi
   } 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/figures.txt"
   if [ "${TESTS:-1}" != 0 ]; then
     export WASM_EXEC=$root/$run/wasm_exec.js

@@ -10,7 +10,8 @@
 #   bash lab/dawn/pack.sh run [REV]   .gpu/run/: drafter.wasm, wasm_exec.js,
 #                                     webdraft (native, no embedded pair), the
 #                                     kernels', engine's and gpu's tests as wasm,
-#                                     prompts.jsonl (held-out ids with their text);
+#                                     prompts.jsonl (held-out ids with their text),
+#                                     prof/ (drafter.wasm with its function names);
 #                                     built from REV (default HEAD) in a clean
 #                                     worktree, so others' uncommitted edits stay out
 #
@@ -44,6 +45,12 @@ run)
   cd "$src"
   GOOS=js GOARCH=wasm go build -trimpath -ldflags=-s -o "$out/drafter.wasm" ./wasm
   cp "$(go env GOROOT)/lib/wasm/wasm_exec.js" "$out/"
+  # The same program with its function names (the page's is stripped), for
+  # h200.sh's PROFILE=1.
+  mkdir -p "$out/prof"
+  GOOS=js GOARCH=wasm go build -trimpath -o "$out/prof/drafter.wasm" ./wasm
+  xz -T0 -9 "$out/prof/drafter.wasm"
+  cp "$out/wasm_exec.js" "$out/prof/"
   bin=$(mktemp)
   GOEXPERIMENT=simd go build -tags webdraft_noembed -ldflags='-s -w' -o "$bin" ./cmd/webdraft
   # The held-out prompts with their text: the page sends text, and native

@@ -40,6 +40,7 @@ type Engine struct {
 	invFreq []float32 // (D/2) RoPE inverse frequencies
 	kvBytes int64
 	pool    *parallel.Pool
+	ownPool bool // pool is the engine's own (Options.Threads), not the shared one
 	pass    pass // the buffers of a forward pass, reused
 }
 
@@ -60,9 +61,17 @@ type Options struct {
 	// KVBytes is the memory for KV caches (f32 keys and values) the
 	// engine reports as its capacity.
 	KVBytes int64
-	// Threads is the number of workers (0: GOMAXPROCS).
+	// Threads is the number of workers. 0 takes the process's shared
+	// team of GOMAXPROCS workers, which every engine made so shares: a
+	// drafter and a target in one process then hand the same workers back
+	// and forth, rather than one engine's workers spinning for its next
+	// pass while the other's run on the same cores.
 	Threads int
 }
+
+// shared is the team engines made with Threads 0 share, started by the
+// first of them and never stopped.
+var shared = sync.OnceValue(func() *parallel.Pool { return parallel.NewPool(0) })
 
 // New returns the CPU engine over a loaded weight tree. Where its int4
 // matrices take the fixed-point kernel the engine keeps its own packed
@@ -87,10 +96,14 @@ func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, embed: w.EmbedTokens, norm: slices.Clone(w.Norm), head: ops.NewLinear(w.LMHead),
 		tokens: slices.Clone(w.HeadTokens), invFreq: cfg.RopeInvFreq(), kvBytes: opts.KVBytes,
-		pool: parallel.NewPool(opts.Threads),
+		ownPool: opts.Threads > 0,
 	}
 	if w.EmbedTokens == w.LMHead {
 		e.embed = e.head // its packed copy, so that the original may be freed
+	}
+	e.pool = shared()
+	if e.ownPool {
+		e.pool = parallel.NewPool(opts.Threads)
 	}
 	for _, l := range w.Layers {
 		e.layers = append(e.layers, layer{
@@ -115,11 +128,13 @@ func (e *Engine) KVCapacity() int {
 	return int(e.kvBytes / int64(engine.KVBytesPerToken(&e.cfg, 4)))
 }
 
-// Close stops the workers.
+// Close stops the engine's own workers (the shared team stays).
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.pool.Close()
+	if e.ownPool {
+		e.pool.Close()
+	}
 	return nil
 }
 

@@ -16,7 +16,7 @@ import sys
 
 def kind(frame):
     url, name = frame["url"], frame["functionName"]
-    if url.startswith("wasm://"):
+    if url.startswith("wasm://") or url.split("?")[0].endswith(".wasm"):
         return "Go program (wasm)"
     if url.endswith("wasm_exec.js"):
         return "wasm_exec.js (syscall/js glue)"

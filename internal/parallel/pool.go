@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Pool runs one function on a fixed team of workers at once, SPMD style:
@@ -144,7 +145,7 @@ func (p *Pool) Close() {
 // barrier is a reusable barrier: the last of n arrivals resets the count
 // and starts a new generation, the others wait for it. Phases of a forward
 // pass are microseconds long, so a waiter first spins (yielding to other
-// goroutines now and then); past barrierSpins it sleeps on a condition
+// goroutines now and then); past barrierSpin it sleeps on a condition
 // variable, so that a worker the system has descheduled — the machine
 // shared with another program — gets the waiter's core rather than
 // waiting for it.
@@ -157,9 +158,11 @@ type barrier struct {
 	wake     sync.Cond // on mu: a new generation, for the sleepers
 }
 
-// barrierSpins is how many checks a waiter spins before it sleeps: some
-// tens of microseconds, several phases' worth.
-const barrierSpins = 1 << 14
+// barrierSpin is how long a waiter spins before it sleeps: far longer
+// than a phase's imbalance (a sleeper's wake-up costs tens of
+// microseconds, which every phase would pay), far shorter than the
+// scheduler's time slice a descheduled worker waits out.
+const barrierSpin = 500 * time.Microsecond
 
 func (b *barrier) wait() {
 	g := b.gen.Load()
@@ -173,11 +176,18 @@ func (b *barrier) wait() {
 		}
 		return
 	}
-	for i := 0; i < barrierSpins; i++ {
+	var deadline time.Time
+	for i := 1; ; i++ {
 		if b.gen.Load() != g {
 			return
 		}
-		if i&63 == 63 {
+		if i&63 == 0 {
+			now := time.Now()
+			if deadline.IsZero() {
+				deadline = now.Add(barrierSpin)
+			} else if now.After(deadline) {
+				break
+			}
 			runtime.Gosched()
 		}
 	}

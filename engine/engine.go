@@ -55,6 +55,13 @@ type Sequence interface {
 	Len() int
 	// Truncate drops positions from n on (a rejected draft rolls back).
 	Truncate(n int)
+	// KeepPath ends the sequence's token tree (see Entry.Parents), keeping
+	// the nodes of path — slots, a root first, each the child of the one
+	// before — moved on the device to follow the line: the cache then holds
+	// what feeding the path's tokens as a line would have left. An empty
+	// path drops the tree. A path that is not one of the tree's is refused
+	// (treemask.ErrPath) and changes nothing.
+	KeepPath(path []int) error
 	// Release frees the cache; the sequence must not be used afterwards.
 	Release()
 }
@@ -63,6 +70,14 @@ type Sequence interface {
 type Entry struct {
 	Seq    Sequence
 	Tokens []int // appended to Seq; at least one
+	// Parents, when set (one per token), makes tokens nodes of a token
+	// tree in Seq: token i's parent is the cached slot Parents[i] — the
+	// line's last slot for a root, an earlier node's slot otherwise — or
+	// treemask.Line for a token that continues the line (only before any
+	// node). A node is rotated at its parent's position plus one and
+	// attends to the line and its own ancestors (package treemask). Nil:
+	// every token continues the line.
+	Parents []int
 	// TopN, 0 … MaxTopN, asks Step for the most likely tokens after the
 	// last one too (a drafter's alternatives, for a page to show).
 	TopN int
@@ -95,7 +110,10 @@ func IDs(tokens []Token) []int {
 type VerifyEntry struct {
 	Seq    Sequence
 	Tokens []int // appended to Seq; at least one
-	Out    int   // the last Out positions are read out, 1 … len(Tokens)
+	// Parents places the tokens as Entry.Parents does: a verification of
+	// a token tree reads out its nodes' rows (the last Out positions).
+	Parents []int
+	Out     int // the last Out positions are read out, 1 … len(Tokens)
 	// Sampling is how each row's Sample is drawn; with Temperature 0 there
 	// is no draw and Draws is unused. Draws holds Out draws, one a row.
 	Sampling sampling.Params
@@ -170,7 +188,7 @@ func Fault(eng Engine) error {
 // tokens in the vocabulary, positions within max_position_embeddings.
 func CheckBatch(c *qwen3.Config, batch []*Entry) error {
 	for i, e := range batch {
-		if err := checkTokens(c, i, e.Seq, e.Tokens); err != nil {
+		if err := checkTokens(c, i, e.Seq, e.Tokens, e.Parents); err != nil {
 			return err
 		}
 		if e.TopN < 0 || e.TopN > MaxTopN {
@@ -180,9 +198,12 @@ func CheckBatch(c *qwen3.Config, batch []*Entry) error {
 	return nil
 }
 
-func checkTokens(c *qwen3.Config, i int, seq Sequence, tokens []int) error {
+func checkTokens(c *qwen3.Config, i int, seq Sequence, tokens, parents []int) error {
 	if len(tokens) == 0 {
 		return fmt.Errorf("batch entry %d: no tokens", i)
+	}
+	if parents != nil && len(parents) != len(tokens) {
+		return fmt.Errorf("batch entry %d: %d parents for %d tokens", i, len(parents), len(tokens))
 	}
 	if n := seq.Len() + len(tokens); n > c.MaxPositionEmbeddings {
 		return fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, n, ErrContextFull, c.MaxPositionEmbeddings)
@@ -200,7 +221,7 @@ func checkTokens(c *qwen3.Config, i int, seq Sequence, tokens []int) error {
 // proposals in the vocabulary, TopN within MaxTopN.
 func CheckVerify(c *qwen3.Config, batch []*VerifyEntry) error {
 	for i, e := range batch {
-		if err := checkTokens(c, i, e.Seq, e.Tokens); err != nil {
+		if err := checkTokens(c, i, e.Seq, e.Tokens, e.Parents); err != nil {
 			return err
 		}
 		if e.Out < 1 || e.Out > len(e.Tokens) {
@@ -244,6 +265,11 @@ type Chainer interface {
 func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]Token, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("step n: n = %d, want > 0", n)
+	}
+	for i, en := range batch {
+		if en.Parents != nil {
+			return nil, fmt.Errorf("step n: batch entry %d: tree nodes (Parents) do not chain", i)
+		}
 	}
 	if c, ok := e.(Chainer); ok {
 		return c.StepN(ctx, batch, n)

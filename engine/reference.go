@@ -63,7 +63,7 @@ func (c *Reference) Step(ctx context.Context, batch []*Entry) error {
 		if !ok {
 			return fmt.Errorf("reference engine: sequence of another engine (%T)", e.Seq)
 		}
-		inputs[i] = reference.Input{Seq: seq.Sequence, Tokens: e.Tokens}
+		inputs[i] = reference.Input{Seq: seq.Sequence, Tokens: e.Tokens, Parents: e.Parents}
 	}
 	logits, err := c.model.ForwardBatch(inputs)
 	if err != nil {
@@ -99,7 +99,7 @@ func (c *Reference) Verify(ctx context.Context, batch []*VerifyEntry) error {
 		if !ok {
 			return fmt.Errorf("reference engine: sequence of another engine (%T)", e.Seq)
 		}
-		inputs[i] = reference.Input{Seq: seq.Sequence, Tokens: e.Tokens}
+		inputs[i] = reference.Input{Seq: seq.Sequence, Tokens: e.Tokens, Parents: e.Parents}
 		outs[i] = e.Out
 	}
 	rows, err := c.model.ForwardRows(inputs, outs)

@@ -11,6 +11,7 @@ import (
 	"webdraft/qwen3"
 	"webdraft/reference"
 	"webdraft/tensor"
+	"webdraft/treemask"
 )
 
 // testCache is a KV cache filled from the host with random histories, and
@@ -222,7 +223,7 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 		seq[row], pos[row] = tc.slot(slot), uint32(p)
 		maxLen = max(maxLen, p+1)
 		kv := (p + 1) * cfg.KVDim()
-		reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[slot][:kv], tc.v[slot][:kv], 1, p, cfg)
+		reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[slot][:kv], tc.v[slot][:kv], p, treemask.LineRows(p, 1), cfg)
 	}
 	qb, sb, pb := upload(t, d, "q", q), uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
 	scratch := tc.c.decodeScratch(T, cfg.NumAttentionHeads, maxLen, tune)
@@ -266,7 +267,7 @@ func TestAttentionPrefill(t *testing.T) {
 				pos[row0+i] = uint32(P + i)
 			}
 			want := make([]float32, T*qDim)
-			reference.Attention(want, q[row0*qDim:], tc.k[1], tc.v[1], T, P, cfg)
+			reference.Attention(want, q[row0*qDim:], tc.k[1], tc.v[1], P, treemask.LineRows(P, T), cfg)
 			qb, pb := upload(t, d, "q", q), uploadU32(t, d, "pos", pos)
 			out := poisoned(t, d, "out", len(q))
 			run(t, d, "prefill", func(b *gpu.Batch) error {

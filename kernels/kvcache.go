@@ -239,6 +239,14 @@ func (s *KVSeq) Truncate(n int) {
 	}
 }
 
+// KeepPath: token trees are not placed in this cache yet.
+func (s *KVSeq) KeepPath(path []int) error {
+	if len(path) == 0 {
+		return nil
+	}
+	return errors.New("kernels: kv cache: token trees are not supported yet")
+}
+
 // Release returns the sequence's blocks and slot; it must not be used
 // afterwards (a second Release does nothing).
 func (s *KVSeq) Release() {

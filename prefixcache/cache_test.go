@@ -11,9 +11,10 @@ type fakeSeq struct {
 	released bool
 }
 
-func (s *fakeSeq) Len() int       { return 0 }
-func (s *fakeSeq) Truncate(n int) {}
-func (s *fakeSeq) Release()       { s.released = true }
+func (s *fakeSeq) Len() int             { return 0 }
+func (s *fakeSeq) Truncate(n int)       {}
+func (s *fakeSeq) KeepPath([]int) error { return nil }
+func (s *fakeSeq) Release()             { s.released = true }
 
 func TestTakeLongestPrefix(t *testing.T) {
 	c := New(1000)

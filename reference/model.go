@@ -13,6 +13,7 @@ import (
 	"math"
 
 	"webdraft/qwen3"
+	"webdraft/treemask"
 )
 
 // Model runs a Qwen3 weight tree. It holds no per-sequence state and is safe
@@ -44,6 +45,7 @@ func (m *Model) Config() qwen3.Config { return m.cfg }
 type Sequence struct {
 	len  int
 	k, v [][]float32 // per layer: (len, kv_heads*D), RoPE already applied to k
+	tree treemask.Tree
 }
 
 // NewSequence returns an empty sequence for m.
@@ -65,6 +67,27 @@ func (s *Sequence) Truncate(n int) {
 		s.v[l] = s.v[l][:n*kvDim]
 	}
 	s.len = n
+	s.tree.Truncate(n)
+}
+
+// KeepPath ends the sequence's token tree keeping the nodes of path, moved
+// to follow the line (treemask.Tree.KeepPath).
+func (s *Sequence) KeepPath(path []int) error {
+	moves, n, err := s.tree.KeepPath(s.len, path)
+	if err != nil {
+		return err
+	}
+	for l := range s.k {
+		kvDim := len(s.k[l]) / max(s.len, 1)
+		for _, m := range moves {
+			copy(s.k[l][m.To*kvDim:(m.To+1)*kvDim], s.k[l][m.From*kvDim:(m.From+1)*kvDim])
+			copy(s.v[l][m.To*kvDim:(m.To+1)*kvDim], s.v[l][m.From*kvDim:(m.From+1)*kvDim])
+		}
+	}
+	if n < s.len {
+		s.Truncate(n)
+	}
+	return nil
 }
 
 // Forward appends tokens to seq's cache and returns the logits (vocab) at the
@@ -81,6 +104,9 @@ func (m *Model) Forward(seq *Sequence, tokens []int) ([]float32, error) {
 type Input struct {
 	Seq    *Sequence
 	Tokens []int
+	// Parents places the tokens in a token tree (package treemask); nil:
+	// they continue the sequence's line.
+	Parents []int
 }
 
 // segment locates an input's rows in the batch: rows r0 … r0+T-1 of x are its
@@ -88,6 +114,7 @@ type Input struct {
 type segment struct {
 	seq      *Sequence
 	r0, T, P int
+	rows     []treemask.Row // each token's position and the slots it attends to
 }
 
 // ForwardBatch appends each input's tokens to its sequence and returns, per
@@ -139,8 +166,22 @@ func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
 		if outs[i] < 1 || outs[i] > T {
 			return nil, fmt.Errorf("forward: input %d reads out %d of its %d rows", i, outs[i], T)
 		}
+		if in.Parents != nil && len(in.Parents) != T {
+			return nil, fmt.Errorf("forward: input %d has %d parents for %d tokens", i, len(in.Parents), T)
+		}
+		parents := in.Parents
+		if parents == nil {
+			parents = make([]int, T)
+			for j := range parents {
+				parents[j] = treemask.Line
+			}
+		}
+		placed, err := in.Seq.tree.Plan(P, parents)
+		if err != nil {
+			return nil, fmt.Errorf("forward: input %d: %w", i, err)
+		}
 		seen[in.Seq] = true
-		segs[i] = segment{seq: in.Seq, r0: rows, T: T, P: P}
+		segs[i] = segment{seq: in.Seq, r0: rows, T: T, P: P, rows: placed}
 		rows += T
 	}
 
@@ -156,6 +197,7 @@ func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
 		m.layer(l, x, segs)
 	}
 	for _, sg := range segs {
+		sg.seq.tree.Commit(sg.P, sg.rows)
 		sg.seq.len += sg.T
 	}
 
@@ -235,10 +277,10 @@ func (m *Model) layer(l int, x []float32, segs []segment) {
 		for t := range sg.T {
 			r := sg.r0 + t
 			for i := 0; i < qDim; i += D {
-				Rope(q[r*qDim+i:r*qDim+i+D], sg.P+t, m.invFreq)
+				Rope(q[r*qDim+i:r*qDim+i+D], sg.rows[t].Pos, m.invFreq)
 			}
 			for i := 0; i < kvDim; i += D {
-				Rope(k[r*kvDim+i:r*kvDim+i+D], sg.P+t, m.invFreq)
+				Rope(k[r*kvDim+i:r*kvDim+i+D], sg.rows[t].Pos, m.invFreq)
 			}
 		}
 		// past_key_values.update(k, v): the cache grows to (P+T, kv_heads*D).
@@ -246,7 +288,7 @@ func (m *Model) layer(l int, x []float32, segs []segment) {
 		sg.seq.k[l] = append(sg.seq.k[l], rows(k, kvDim)...)
 		sg.seq.v[l] = append(sg.seq.v[l], rows(v, kvDim)...)
 		// attn = softmax(q·kᵀ/√D + causal mask)·v with GQA: (T, heads*D)
-		Attention(rows(attn, qDim), rows(q, qDim), sg.seq.k[l], sg.seq.v[l], sg.T, sg.P, c)
+		Attention(rows(attn, qDim), rows(q, qDim), sg.seq.k[l], sg.seq.v[l], sg.P, sg.rows, c)
 	}
 	// hidden = residual + o_proj(attn)
 	o := make([]float32, T*H)

@@ -6,6 +6,7 @@ import (
 	"webdraft/internal/parallel"
 	"webdraft/qwen3"
 	"webdraft/tensor"
+	"webdraft/treemask"
 )
 
 // MatMul computes out = x·Wᵀ for x (T, in) and W (out, in): out (T, out),
@@ -58,33 +59,46 @@ func Rope(x []float32, pos int, invFreq []float32) {
 	}
 }
 
-// Attention computes causal GQA attention for T new queries at positions
-// P … P+T-1 over the cache (P+T, kv_heads*D): out (T, heads*D). Query head h
+// Attention computes GQA attention for the T new queries fed at slots
+// P … P+T-1 over the cache (P+T, kv_heads*D): out (T, heads*D). Query t
+// attends to the slots rows[t] makes visible (treemask.Row: causal for a
+// line token, the line and its ancestors for a tree node). Query head h
 // reads key/value head h / (heads/kv_heads) (repeat_kv).
-func Attention(out, q, k, v []float32, T, P int, c *qwen3.Config) {
+func Attention(out, q, k, v []float32, P int, rows []treemask.Row, c *qwen3.Config) {
 	D, heads, qDim, kvDim, group := c.HeadDim, c.NumAttentionHeads, c.QDim(), c.KVDim(), c.GroupSize()
+	T := len(rows)
 	scale := float32(1 / math.Sqrt(float64(D)))
 	parallel.For(T*heads, 4, func(lo, hi int) {
 		scores := make([]float32, P+T)
 		for th := lo; th < hi; th++ {
 			t, h := th/heads, th%heads
+			row := rows[t]
 			qh := q[t*qDim+h*D : t*qDim+(h+1)*D]
 			kvOff := (h / group) * D
-			n := P + t + 1 // causal: positions 0 … P+t
+			n := P + t + 1 // slots 0 … P+t, those the row sees
 			// scores = q·kᵀ · D^-0.5; softmax in f32
 			best := float32(math.Inf(-1))
 			for j := range n {
+				if !row.Visible(j) {
+					continue
+				}
 				scores[j] = dot(qh, k[j*kvDim+kvOff:j*kvDim+kvOff+D]) * scale
 				best = max(best, scores[j])
 			}
 			var sum float32
 			for j := range n {
+				if !row.Visible(j) {
+					continue
+				}
 				scores[j] = float32(math.Exp(float64(scores[j] - best)))
 				sum += scores[j]
 			}
 			oh := out[t*qDim+h*D : t*qDim+(h+1)*D]
 			clear(oh)
 			for j := range n {
+				if !row.Visible(j) {
+					continue
+				}
 				p := scores[j] / sum
 				vj := v[j*kvDim+kvOff : j*kvDim+kvOff+D]
 				for i := range oh {

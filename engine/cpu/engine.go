@@ -16,6 +16,7 @@ package cpu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"webdraft/engine/cpu/ops"
 	"webdraft/internal/parallel"
 	"webdraft/qwen3"
+	"webdraft/treemask"
 )
 
 // Engine is the CPU engine. Its passes are serialized: a server drives
@@ -149,6 +151,7 @@ type sequence struct {
 	owner *Engine
 	len   int
 	k, v  [][]float32
+	tree  treemask.Tree
 }
 
 func (s *sequence) Len() int { return s.len }
@@ -156,7 +159,29 @@ func (s *sequence) Len() int { return s.len }
 func (s *sequence) Truncate(n int) {
 	if n >= 0 && n < s.len {
 		s.len = n
+		s.tree.Truncate(n)
 	}
+}
+
+// KeepPath ends the sequence's token tree keeping the nodes of path, their
+// keys and values copied to follow the line (treemask.Tree.KeepPath).
+func (s *sequence) KeepPath(path []int) error {
+	if s.k == nil {
+		return errors.New("cpu engine: keep path: a released sequence")
+	}
+	moves, n, err := s.tree.KeepPath(s.len, path)
+	if err != nil {
+		return err
+	}
+	kvDim := s.owner.cfg.KVDim()
+	for l := range s.k {
+		for _, m := range moves {
+			copy(s.k[l][m.To*kvDim:(m.To+1)*kvDim], s.k[l][m.From*kvDim:(m.From+1)*kvDim])
+			copy(s.v[l][m.To*kvDim:(m.To+1)*kvDim], s.v[l][m.From*kvDim:(m.From+1)*kvDim])
+		}
+	}
+	s.len = n
+	return nil
 }
 
 func (s *sequence) Release() { s.k, s.v, s.len = nil, nil, 0 }
@@ -202,7 +227,7 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 	}
 	feeds := make([]feed, len(batch))
 	for i, en := range batch {
-		feeds[i] = feed{en.Seq, en.Tokens, readout{rows: 1, topN: en.TopN}}
+		feeds[i] = feed{en.Seq, en.Tokens, en.Parents, readout{rows: 1, topN: en.TopN}}
 	}
 	rows, err := e.forward(ctx, feeds)
 	if err != nil {
@@ -224,7 +249,7 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 	}
 	feeds := make([]feed, len(batch))
 	for i, en := range batch {
-		feeds[i] = feed{en.Seq, en.Tokens, readout{rows: en.Out, topN: en.TopN, params: en.Sampling, draws: en.Draws}}
+		feeds[i] = feed{en.Seq, en.Tokens, en.Parents, readout{rows: en.Out, topN: en.TopN, params: en.Sampling, draws: en.Draws}}
 	}
 	rows, err := e.forward(ctx, feeds)
 	if err != nil {

@@ -9,14 +9,16 @@ import (
 	"webdraft/engine/cpu/ops"
 	"webdraft/internal/parallel"
 	"webdraft/sampling"
+	"webdraft/treemask"
 )
 
 // feed is one entry of a pass: the tokens appended to its sequence, and
 // what is read out.
 type feed struct {
-	seq    engine.Sequence
-	tokens []int
-	read   readout
+	seq     engine.Sequence
+	tokens  []int
+	parents []int // treemask placement; nil: the line
+	read    readout
 }
 
 // readout says what a pass reads out of one entry: its last rows, with
@@ -33,6 +35,7 @@ type readout struct {
 type segment struct {
 	seq      *sequence
 	r0, T, P int
+	rows     []treemask.Row // each token's position and the slots it reads
 }
 
 // pass holds a forward pass's buffers, kept from pass to pass so that a
@@ -44,9 +47,11 @@ type pass struct {
 	e    *Engine
 	segs []segment
 	R    int
-	// per row r of the pass: its segment and position
-	rowSeg []int32
-	rowPos []int32
+	// per row r of the pass: its segment, the cache slot it writes, and
+	// the slots its attention reads
+	rowSeg  []int32
+	rowSlot []int32
+	rowMask []ops.Mask
 
 	x         []float32  // (R, H) the residual stream, hidden_states
 	normed    *ops.Input // (R, H): a normed hidden, the input of q, k, v and gate, up
@@ -134,12 +139,16 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 	R, n := 0, 0
 	for i, s := range ss {
 		T := len(feeds[i].tokens)
-		p.segs = append(p.segs, segment{seq: s, r0: R, T: T, P: s.len})
+		rows, err := placeRows(&s.tree, s.len, T, feeds[i].parents)
+		if err != nil {
+			return nil, fmt.Errorf("cpu engine: batch entry %d: %w", i, err)
+		}
+		p.segs = append(p.segs, segment{seq: s, r0: R, T: T, P: s.len, rows: rows})
 		R += T
 		n += feeds[i].read.rows
 	}
 	p.R = R
-	p.rowSeg, p.rowPos = grow(p.rowSeg, R), grow(p.rowPos, R)
+	p.rowSeg, p.rowSlot, p.rowMask = grow(p.rowSeg, R), grow(p.rowSlot, R), grow(p.rowMask, R)
 	p.x = grow(p.x, R*H)
 	p.normed.Resize(R, H)
 	p.attnIn.Resize(R, qDim)
@@ -156,10 +165,11 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 	for i, sg := range p.segs {
 		for t := range sg.T {
 			r := sg.r0 + t
-			p.rowSeg[r], p.rowPos[r] = int32(i), int32(sg.P+t)
+			row := sg.rows[t]
+			p.rowSeg[r], p.rowSlot[r], p.rowMask[r] = int32(i), int32(sg.P+t), ops.Mask{Base: row.Base, Bits: row.Mask}
 			// hidden = embed_tokens(input_ids); cos, sin = rotary_emb(positions)
 			e.embed.Row(feeds[i].tokens[t], p.x[r*H:(r+1)*H])
-			ops.RopeAngles(p.cos[r*half:(r+1)*half], p.sin[r*half:(r+1)*half], sg.P+t, e.invFreq)
+			ops.RopeAngles(p.cos[r*half:(r+1)*half], p.sin[r*half:(r+1)*half], row.Pos, e.invFreq)
 		}
 		for r := sg.r0 + sg.T - feeds[i].read.rows; r < sg.r0+sg.T; r++ {
 			p.read = append(p.read, int32(r))
@@ -174,6 +184,7 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 	e.pool.Run(p.run)
 
 	for _, sg := range p.segs {
+		sg.seq.tree.Commit(sg.P, sg.rows)
 		sg.seq.len += sg.T
 	}
 	rows, err := p.readOut(feeds)
@@ -193,7 +204,7 @@ func (p *pass) trim() {
 	c := &p.e.cfg
 	if cap(p.x) > keepRows*c.HiddenSize {
 		p.x, p.q, p.attn, p.k, p.v = nil, nil, nil, nil, nil
-		p.gate, p.up, p.cos, p.sin, p.rowSeg, p.rowPos = nil, nil, nil, nil, nil, nil
+		p.gate, p.up, p.cos, p.sin, p.rowSeg, p.rowSlot, p.rowMask = nil, nil, nil, nil, nil, nil, nil
 		p.normed.Trim(keepRows)
 		p.attnIn.Trim(keepRows)
 		p.mlp.Trim(keepRows)
@@ -248,7 +259,7 @@ func (p *pass) run(w int) {
 			kh := p.k[r*kvDim+h*D : r*kvDim+(h+1)*D]
 			ops.RMSNorm(kh, kh, L.kNorm, eps)
 			ops.Rope(kh, cos, sin)
-			seq, at := p.segs[p.rowSeg[r]].seq, int(p.rowPos[r])*kvDim+h*D
+			seq, at := p.segs[p.rowSeg[r]].seq, int(p.rowSlot[r])*kvDim+h*D
 			copy(seq.k[l][at:at+D], kh)
 			copy(seq.v[l][at:at+D], p.v[r*kvDim+h*D:r*kvDim+(h+1)*D])
 		}
@@ -347,17 +358,18 @@ func (p *pass) rowMax(i int) float32 {
 	return m
 }
 
-// attend computes row r's attention output for query head h over its
-// sequence's cached positions 0 … its own (causal).
+// attend computes row r's attention output for query head h over the
+// slots of its sequence it reads: those up to its own that its mask keeps
+// (all of them for a line token).
 func (p *pass) attend(ws *scratch, l, r, h int) {
 	c := &p.e.cfg
 	D, qDim, kvDim := c.HeadDim, c.QDim(), c.KVDim()
 	seq := p.segs[p.rowSeg[r]].seq
-	n := int(p.rowPos[r]) + 1
+	n := int(p.rowSlot[r]) + 1
 	qh := p.q[r*qDim+h*D : r*qDim+(h+1)*D]
 	kv := (h / c.GroupSize()) * D
 	out := p.attn[r*qDim+h*D : r*qDim+(h+1)*D]
-	ops.Attend(out, qh, seq.k[l][kv:], seq.v[l][kv:], kvDim, n, p.attnScale, ws.scores)
+	ops.Attend(out, qh, seq.k[l][kv:], seq.v[l][kv:], kvDim, n, p.attnScale, ws.scores, p.rowMask[r])
 }
 
 // splitRows is worker w's share of n weight rows, in whole blocks of 16
@@ -494,4 +506,13 @@ func (e *Engine) top(logits []float32, n int, lse float32) []sampling.TokenLogpr
 		out[k] = sampling.TokenLogprob{Token: c.tok, Logprob: c.v - lse}
 	}
 	return out
+}
+
+// placeRows places T tokens fed at slot at of a sequence with tree t
+// (treemask.Tree.Plan), every token a line token when parents is nil.
+func placeRows(t *treemask.Tree, at, T int, parents []int) ([]treemask.Row, error) {
+	if parents == nil {
+		return treemask.LineRows(at, T), nil
+	}
+	return t.Plan(at, parents)
 }

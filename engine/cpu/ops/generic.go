@@ -173,16 +173,36 @@ func fmaLoopGo(n int) float64 {
 }
 
 // attendGo is Attend in plain Go.
-func attendGo(out, q, keys, values []float32, stride, n int, scale float32, scores []float32) {
+func attendGo(out, q, keys, values []float32, stride, n int, scale float32, scores []float32, mask Mask) {
 	D := len(q)
 	scores = scores[:n]
 	for j := range scores {
 		scores[j] = Dot(q, keys[j*stride:j*stride+D]) * scale
 	}
+	mask.apply(scores)
 	m, _, _ := Max(scores)
 	inv := 1 / ExpSum(scores, m)
 	clear(out[:D])
 	for j, s := range scores {
 		Axpy(out[:D], s*inv, values[j*stride:j*stride+D])
+	}
+}
+
+// Mask is which of the slots an attention row reads: every slot below
+// Base, and slot Base + i where bit i of Bits is set (a token tree's
+// ancestors; package treemask). Causal attention over n slots is
+// Mask{Base: n}.
+type Mask struct {
+	Base int
+	Bits uint64
+}
+
+// apply sets the scores of the slots m hides to −Inf, which the softmax
+// weighs 0.
+func (m Mask) apply(scores []float32) {
+	for j := m.Base; j < len(scores); j++ {
+		if i := j - m.Base; i >= 64 || m.Bits>>uint(i)&1 == 0 {
+			scores[j] = float32(math.Inf(-1))
+		}
 	}
 }

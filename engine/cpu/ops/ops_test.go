@@ -367,49 +367,66 @@ func TestFMARate(t *testing.T) {
 // TestAttend holds Attend to reference.Attention's arithmetic for one
 // head: heads of 64 and 128 (the vector path) and 32, over key counts
 // around its blocking of four, keys strided as in a cache of several
-// heads.
+// heads; causal, and with a random tree mask over the last slots.
 func TestAttend(t *testing.T) {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 4))
 	for _, D := range []int{32, 64, 128} {
 		for _, n := range []int{1, 3, 4, 5, 17, 200} {
-			stride := 3 * D // three kv heads; this one is the second
-			keys, values := randRow(rng, n*stride), randRow(rng, n*stride)
-			q := randRow(rng, D)
-			scale := float32(1 / math.Sqrt(float64(D)))
-			// The reference: one query at position n-1 over the n keys of
-			// its head, as reference.Attention computes it.
-			want := make([]float32, D)
-			scores := make([]float64, n)
-			best := math.Inf(-1)
-			for j := range n {
-				var d float64
-				for i := range D {
-					d += float64(q[i]) * float64(keys[j*stride+D+i])
-				}
-				scores[j] = d * float64(scale)
-				best = math.Max(best, scores[j])
-			}
-			var sum float64
-			for j := range scores {
-				scores[j] = math.Exp(scores[j] - best)
-				sum += scores[j]
-			}
-			for i := range D {
-				var o float64
-				for j := range n {
-					o += scores[j] / sum * float64(values[j*stride+D+i])
-				}
-				want[i] = float32(o)
-			}
-			got := make([]float32, D)
-			for i := range got {
-				got[i] = float32(math.NaN())
-			}
-			Attend(got, q, keys[D:], values[D:], stride, n, scale, make([]float32, n))
-			if err := closeTo(got, want, 1e-5); err != nil {
-				t.Errorf("D %d, %d keys: %v", D, n, err)
+			for _, tree := range []bool{false, true} {
+				testAttend(t, rng, D, n, tree)
 			}
 		}
+	}
+}
+
+func testAttend(t *testing.T, rng *rand.Rand, D, n int, tree bool) {
+	mask := Mask{Base: n}
+	if tree {
+		// Slots from Base on are tree nodes; the row sees a random
+		// subset of them and always its own slot, n-1.
+		mask.Base = max(n-64, 0) + rng.IntN(min(n, 64))
+		mask.Bits = rng.Uint64() | 1<<uint(n-1-mask.Base)
+	}
+	stride := 3 * D // three kv heads; this one is the second
+	keys, values := randRow(rng, n*stride), randRow(rng, n*stride)
+	q := randRow(rng, D)
+	scale := float32(1 / math.Sqrt(float64(D)))
+	// The reference: one query at position n-1 over the n keys of
+	// its head, as reference.Attention computes it.
+	want := make([]float32, D)
+	scores := make([]float64, n)
+	best := math.Inf(-1)
+	for j := range n {
+		if j >= mask.Base && mask.Bits>>uint(j-mask.Base)&1 == 0 {
+			scores[j] = math.Inf(-1)
+			continue
+		}
+		var d float64
+		for i := range D {
+			d += float64(q[i]) * float64(keys[j*stride+D+i])
+		}
+		scores[j] = d * float64(scale)
+		best = math.Max(best, scores[j])
+	}
+	var sum float64
+	for j := range scores {
+		scores[j] = math.Exp(scores[j] - best)
+		sum += scores[j]
+	}
+	for i := range D {
+		var o float64
+		for j := range n {
+			o += scores[j] / sum * float64(values[j*stride+D+i])
+		}
+		want[i] = float32(o)
+	}
+	got := make([]float32, D)
+	for i := range got {
+		got[i] = float32(math.NaN())
+	}
+	Attend(got, q, keys[D:], values[D:], stride, n, scale, make([]float32, n), mask)
+	if err := closeTo(got, want, 1e-5); err != nil {
+		t.Errorf("D %d, %d keys, mask %+v: %v", D, n, mask, err)
 	}
 }
 

@@ -45,8 +45,8 @@ func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int,
 // Attend computes one query head's attention over n cached positions:
 // out = softmax(q·kⱼ·scale)·vⱼ, key j at keys[j·stride:], value j at
 // values[j·stride:], both len(q) long; scores holds n floats of scratch.
-func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores []float32) {
-	attendGo(out, q, keys, values, stride, n, scale, scores)
+func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores []float32, mask Mask) {
+	attendGo(out, q, keys, values, stride, n, scale, scores, mask)
 }
 
 // useFixed: the fixed-point kernel is amd64 assembly.

@@ -479,15 +479,16 @@ func int4Tiles(codes []byte, scales []uint16, bps, cols int, x []float32, T int,
 	return lo + 4*groups
 }
 
-// Attend computes one query head's attention over n cached positions:
-// out = softmax(q·kⱼ·scale)·vⱼ, key j at keys[j·stride:], value j at
-// values[j·stride:], both len(q) long; scores holds n floats of scratch.
-// Heads of 64 or 128 (Qwen3's) take the vector path: four keys' scores
-// reduced together, and the weighted sum of values in registers.
-func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores []float32) {
+// Attend computes one query head's attention over the first n cached
+// slots that mask leaves visible: out = softmax(q·kⱼ·scale)·vⱼ, key j at
+// keys[j·stride:], value j at values[j·stride:], both len(q) long; scores
+// holds n floats of scratch. Heads of 64 or 128 (Qwen3's) take the vector
+// path: four keys' scores reduced together, and the weighted sum of values
+// in registers.
+func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores []float32, mask Mask) {
 	D := len(q)
 	if !useAVX512 || (D != 64 && D != 128) || n < 1 {
-		attendGo(out, q, keys, values, stride, n, scale, scores)
+		attendGo(out, q, keys, values, stride, n, scale, scores, mask)
 		return
 	}
 	scores = scores[:n]
@@ -523,6 +524,7 @@ func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores
 	for ; j < n; j++ {
 		scores[j] = sum16(dot(unsafe.Add(kp, uintptr(j)*st))) * scale
 	}
+	mask.apply(scores)
 	m, _, _ := Max(scores)
 	inv := 1 / ExpSum(scores, m)
 	var o0, o1, o2, o3, o4, o5, o6, o7 archsimd.Float32x16

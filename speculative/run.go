@@ -247,7 +247,7 @@ func (r *runner) step(ctx context.Context) error {
 	st := StepStats{Sequences: len(ready)}
 
 	start := time.Now()
-	drafts, err := r.drafts(ctx, ready, draftFill)
+	drafts, trees, err := r.drafts(ctx, ready, draftFill)
 	st.Draft = time.Since(start)
 	if err != nil {
 		r.fail(ctx, append(ready, filling...), fmt.Errorf("drafter: %w", err))
@@ -255,7 +255,11 @@ func (r *runner) step(ctx context.Context) error {
 	}
 	verify := make([]*engine.VerifyEntry, len(ready), len(ready)+len(targetFill))
 	for i, gn := range ready {
-		verify[i] = gn.verifyEntry(drafts[i])
+		if trees[i] != nil {
+			verify[i] = gn.treeVerifyEntry(trees[i])
+		} else {
+			verify[i] = gn.verifyEntry(drafts[i])
+		}
 	}
 	start = time.Now()
 	err = g.target.Verify(ctx, append(verify, targetFill...))
@@ -266,10 +270,22 @@ func (r *runner) step(ctx context.Context) error {
 	}
 	now := time.Now()
 	for i, gn := range ready {
-		a, emitted := gn.accept(drafts[i], verify[i].Rows, now, st.Draft, st.Verify)
-		if len(drafts[i]) > 0 {
+		var a, emitted, drafted int
+		if trees[i] != nil {
+			a, emitted, err = gn.acceptTree(trees[i], verify[i].Rows, now, st.Draft, st.Verify)
+			if err != nil {
+				gn.draft, gn.target = release(gn.draft), release(gn.target)
+				r.retire(gn, err)
+				continue
+			}
+			drafted = len(trees[i].kept)
+		} else {
+			a, emitted = gn.accept(drafts[i], verify[i].Rows, now, st.Draft, st.Verify)
+			drafted = len(drafts[i])
+		}
+		if drafted > 0 {
 			st.Drafts++
-			st.DraftTokens += len(drafts[i])
+			st.DraftTokens += drafted
 			st.Accepted += a
 			for len(st.AcceptedAt) < a {
 				st.AcceptedAt = append(st.AcceptedAt, 0)
@@ -322,22 +338,30 @@ func (r *runner) remoteDrafts(ready []*gen) []*gen {
 }
 
 // drafts runs the drafter: the prompt chunks of fill, then each ready
-// generation's draft — all chained in one StepN as long as the longest —
-// cut to the generation's own length and p_min.
-func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry) ([][]engine.Token, error) {
+// generation's draft. Chains are chained in one StepN as long as the
+// longest, each cut to its generation's own length and p_min; trees are
+// drafted level by level (treeDrafts).
+func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry) ([][]engine.Token, []*draftTree, error) {
 	d := r.g.drafter
 	if len(fill) > 0 {
 		if err := d.Step(ctx, fill); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	drafts := make([][]engine.Token, len(ready))
+	trees := make([]*draftTree, len(ready))
+	var treeGens []*gen
+	var treeWho []int
 	var batch []*engine.Entry
 	var who []int
 	n, room := 0, math.MaxInt
 	for i, gn := range ready {
 		if gn.remote != nil {
 			drafts[i] = gn.remoteTokens
+			continue
+		}
+		if gn.draftLen(r.g) > 0 && gn.treeWidth() > 1 {
+			treeGens, treeWho = append(treeGens, gn), append(treeWho, i)
 			continue
 		}
 		if k := gn.draftLen(r.g); k > 0 {
@@ -347,12 +371,21 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 			room = min(room, d.Config().MaxPositionEmbeddings-len(gn.context)+1)
 		}
 	}
+	if len(treeGens) > 0 {
+		ts, err := r.treeDrafts(ctx, treeGens)
+		if err != nil {
+			return nil, nil, err
+		}
+		for b, i := range treeWho {
+			trees[i] = ts[b]
+		}
+	}
 	if len(batch) == 0 {
-		return drafts, nil
+		return drafts, trees, nil
 	}
 	out, err := engine.StepN(ctx, d, batch, min(n, room))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for b, i := range who {
 		gn := ready[i]
@@ -364,7 +397,7 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 			drafts[i] = append(drafts[i], t)
 		}
 	}
-	return drafts, nil
+	return drafts, trees, nil
 }
 
 // fail ends generations after an engine error, releasing their sequences
@@ -405,6 +438,12 @@ func (gn *gen) draftLen(g *Generator) int {
 		return 0
 	}
 	return max(0, min(gn.k, gn.req.MaxTokens-len(gn.out)-1, g.target.Config().MaxPositionEmbeddings-len(gn.context)))
+}
+
+// treeNodes is how many nodes gn's tree may send to the target: its
+// budget, within the target's context past gn's.
+func (gn *gen) treeNodes(g *Generator) int {
+	return max(0, min(gn.nodes, g.target.Config().MaxPositionEmbeddings-len(gn.context)))
 }
 
 // verifyEntry is gn's part of the target's pass: its pending tokens and
@@ -458,15 +497,28 @@ func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Ti
 	// accepted. The drafter's holds the context and all but the draft's
 	// last token (or more, drafting for a longer draft): the same.
 	kept := len(gn.context) + a
-	emitted := gn.emit(&step)
 	for _, s := range []engine.Sequence{gn.target, gn.draft} {
 		if s != nil {
-			s.Truncate(min(s.Len(), kept, len(gn.context)))
+			s.Truncate(min(s.Len(), kept))
+		}
+	}
+	return a, gn.settle(&step, len(draft), now)
+}
+
+// settle emits a verified step's tokens, cuts both caches back to the
+// context where a stop cut the step short, and counts the step; it returns
+// how many tokens were emitted.
+func (gn *gen) settle(step *Step, drafted int, now time.Time) int {
+	a := step.Accepted
+	emitted := gn.emit(step)
+	for _, s := range []engine.Sequence{gn.target, gn.draft} {
+		if s != nil {
+			s.Truncate(min(s.Len(), len(gn.context)))
 		}
 	}
 	gn.stats.Steps++
 	gn.stats.Tokens += emitted
-	gn.stats.Drafted += len(draft)
+	gn.stats.Drafted += drafted
 	gn.stats.Accepted += a
 	for len(gn.stats.AcceptedAt) < a {
 		gn.stats.AcceptedAt = append(gn.stats.AcceptedAt, 0)
@@ -477,10 +529,10 @@ func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Ti
 	if gn.first.IsZero() && emitted > 0 {
 		gn.first = now
 	}
-	if gn.req.OnStep != nil && !gn.req.OnStep(step) && gn.finishedWhy == "" {
+	if gn.req.OnStep != nil && !gn.req.OnStep(*step) && gn.finishedWhy == "" {
 		gn.finishedWhy = FinishStop
 	}
-	return a, emitted
+	return emitted
 }
 
 // emit appends the step's tokens to the output, cutting the step at a

@@ -37,11 +37,15 @@ import (
 
 // Options tune the loop; zero values take the defaults.
 type Options struct {
-	K             int // draft tokens per step unless a request says (default 8)
-	MaxBatch      int // generations stepped together (default 64)
-	PrefillChunk  int // prompt tokens of one generation per pass (default 256)
-	PrefillBudget int // prompt tokens of all generations per pass (default 1024)
-	MaxQueue      int // requests waiting to start before Submit refuses (default 256)
+	K int // draft tokens per step unless a request says (default 8)
+	// TopK and TreeNodes shape token trees unless a request says: TopK
+	// children a node (default 1: a chain), TreeNodes nodes verified
+	// (default DefaultTreeNodes).
+	TopK, TreeNodes int
+	MaxBatch        int // generations stepped together (default 64)
+	PrefillChunk    int // prompt tokens of one generation per pass (default 256)
+	PrefillBudget   int // prompt tokens of all generations per pass (default 1024)
+	MaxQueue        int // requests waiting to start before Submit refuses (default 256)
 	// DraftTokens and TargetTokens are the KV budgets in positions, for
 	// running and cached sequences together (default and maximum: each
 	// engine's KVCapacity; less where another user shares the engine).
@@ -57,6 +61,8 @@ func (o *Options) defaults() {
 		}
 	}
 	def(&o.K, 8)
+	def(&o.TopK, 1)
+	def(&o.TreeNodes, DefaultTreeNodes)
 	def(&o.MaxBatch, 64)
 	def(&o.PrefillChunk, 256)
 	def(&o.PrefillBudget, 1024)
@@ -75,7 +81,12 @@ type Request struct {
 	Prompt    []int
 	MaxTokens int
 	// K is the draft length: 0 takes Options.K, NoDraft the target alone.
+	// With a tree it is the tree's depth.
 	K int
+	// TopK above 1 drafts a token tree (see tree.go): each node's TopK
+	// most likely children, TreeNodes nodes verified; 0 takes Options'.
+	// Sampled generations and remote drafts draft chains.
+	TopK, TreeNodes int
 	// PMin, above 0, ends a draft early before the first token the drafter
 	// gives a probability below it (llama.cpp's --draft-p-min).
 	PMin float64
@@ -111,9 +122,15 @@ type Token struct {
 
 // Step is what one verification gave a generation.
 type Step struct {
-	Draft    []engine.Token // the drafter's proposal (with DraftTopN, its alternatives)
-	Accepted int            // how many of it the target kept
-	Tokens   []Token        // emitted: the accepted draft tokens and the target's own, cut at a stop token or MaxTokens
+	// Draft is the drafter's proposal (with DraftTopN, its alternatives);
+	// for a tree, the accepted path and the drafter's best continuation
+	// below it among the verified nodes.
+	Draft    []engine.Token
+	Accepted int // how many of it the target kept
+	// Tree is every node a tree step's drafter explored (nil for a chain),
+	// parents before children.
+	Tree   []DraftNode
+	Tokens []Token // emitted: the accepted draft tokens and the target's own, cut at a stop token or MaxTokens
 	// The step's drafter passes and target pass, shared by every
 	// generation in them; with a Remote, DraftTime is the remote's own
 	// time on the draft and NetworkTime the rest of its round trip.
@@ -141,7 +158,7 @@ type Stats struct {
 	CachedTokens int // prompt positions the target reused from its prefix cache
 	Steps        int // verification steps (target passes that emitted tokens)
 	Tokens       int // tokens emitted
-	Drafted      int // draft tokens proposed
+	Drafted      int // draft tokens proposed (a tree's: the nodes verified)
 	Accepted     int // draft tokens accepted
 	// AcceptedAt[i] counts the steps that accepted draft position i.
 	AcceptedAt []int
@@ -213,6 +230,9 @@ func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
 	if opts.K > MaxK {
 		return nil, fmt.Errorf("speculative: k %d: want 1…%d", opts.K, MaxK)
 	}
+	if opts.TopK > MaxTopK || opts.TreeNodes > MaxTreeNodes {
+		return nil, fmt.Errorf("speculative: top k %d, tree nodes %d: want 1…%d and 1…%d", opts.TopK, opts.TreeNodes, MaxTopK, MaxTreeNodes)
+	}
 	if d, t := drafter.Config().VocabSize, target.Config().VocabSize; d != t {
 		return nil, fmt.Errorf("speculative: the drafter's vocabulary has %d tokens, the target's %d", d, t)
 	}
@@ -259,6 +279,22 @@ func (g *Generator) k(r *Request) int {
 	return r.K
 }
 
+// topK is the tree width r asks for (1: a chain).
+func (g *Generator) topK(r *Request) int {
+	if r.TopK == 0 {
+		return g.opts.TopK
+	}
+	return r.TopK
+}
+
+// treeNodes is the node budget of r's trees.
+func (g *Generator) treeNodes(r *Request) int {
+	if r.TreeNodes == 0 {
+		return g.opts.TreeNodes
+	}
+	return r.TreeNodes
+}
+
 // Check reports whether r could ever run: a clear error for bad
 // parameters, ErrTooLarge when it cannot fit.
 func (g *Generator) Check(r Request) error {
@@ -274,6 +310,10 @@ func (g *Generator) Check(r Request) error {
 		return fmt.Errorf("p_min %v: want 0…1", r.PMin)
 	case r.TopN < 0 || r.TopN > engine.MaxTopN || r.DraftTopN < 0 || r.DraftTopN > engine.MaxTopN:
 		return fmt.Errorf("top %d, draft top %d: want 0…%d", r.TopN, r.DraftTopN, engine.MaxTopN)
+	case r.TopK < 0 || r.TopK > MaxTopK:
+		return fmt.Errorf("top k %d: want 0…%d", r.TopK, MaxTopK)
+	case r.TreeNodes < 0 || r.TreeNodes > MaxTreeNodes:
+		return fmt.Errorf("draft tokens %d: want 0…%d", r.TreeNodes, MaxTreeNodes)
 	}
 	if r.Remote != nil && r.K == NoDraft {
 		return errors.New("a remote drafter with the target alone (k = NoDraft): nothing to draft")
@@ -299,6 +339,9 @@ func (g *Generator) Check(r Request) error {
 // prompt, its tokens and a draft past them, within the models' context.
 func (g *Generator) need(r *Request) int {
 	n := len(r.Prompt) + r.MaxTokens + g.k(r)
+	if g.k(r) > 0 && g.topK(r) > 1 {
+		n = len(r.Prompt) + r.MaxTokens + max(g.k(r), g.treeNodes(r))
+	}
 	return min(n, g.target.Config().MaxPositionEmbeddings, g.drafter.Config().MaxPositionEmbeddings)
 }
 
@@ -307,7 +350,7 @@ func (g *Generator) Submit(ctx context.Context, r Request) (Result, error) {
 	if err := g.Check(r); err != nil {
 		return Result{}, err
 	}
-	j := &job{Ticket: jobqueue.NewTicket[Result](), req: r, k: g.k(&r), arrived: time.Now()}
+	j := &job{Ticket: jobqueue.NewTicket[Result](), req: r, k: g.k(&r), topK: g.topK(&r), nodes: g.treeNodes(&r), arrived: time.Now()}
 	j.OnCancel(g.poke) // a loop waiting on remote drafts notices at once
 	if err := g.queue.Push(j); err != nil {
 		return Result{}, err
@@ -320,5 +363,7 @@ type job struct {
 	*jobqueue.Ticket[Result]
 	req     Request
 	k       int // draft length; 0: the target alone
+	topK    int // tree width; 1: a chain
+	nodes   int // a tree's node budget
 	arrived time.Time
 }

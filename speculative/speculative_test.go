@@ -13,6 +13,7 @@ import (
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	enginecpu "webdraft/engine/cpu"
 	"webdraft/engine/webgpu"
 	"webdraft/gpu/gputest"
 	"webdraft/qwen3"
@@ -517,5 +518,110 @@ func TestCancel(t *testing.T) {
 	}
 	if res, err := g.Submit(context.Background(), speculative.Request{Prompt: []int{1, 2}, MaxTokens: 3}); err != nil || len(res.Tokens) != 3 {
 		t.Errorf("after a cancel: %v, %v", res, err)
+	}
+}
+
+// TestTreesEqualTarget: greedy speculation over token trees is token for
+// token the target's greedy output, for trees of several widths and node
+// budgets (and the chain, b = 1), each prompt alone and all batched, on
+// the reference and CPU engines and on WebGPU; each step's tree marks the
+// accepted path its draft begins with.
+func TestTreesEqualTarget(t *testing.T) {
+	fast := func(t *testing.T, m *checkpoint.Model) engine.Engine {
+		t.Helper()
+		e, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 32 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	type shape struct{ k, b, n int }
+	shapes := []shape{{4, 1, 16}, {4, 2, 4}, {6, 2, 16}, {4, 4, 16}, {8, 4, 64}}
+	for _, backend := range []struct {
+		name string
+		open func(*testing.T, *checkpoint.Model) engine.Engine
+	}{{"reference", cpu}, {"cpu", fast}, {"webgpu", gpu}} {
+		t.Run(backend.name, func(t *testing.T) {
+			ps, n := prompts(3, 5), 24
+			all := pairs(t, backend.open)
+			if backend.name == "webgpu" { // lavapipe: the CPU covers the rest
+				ps, n, all, shapes = ps[:2], 12, all[:1], []shape{{4, 2, 8}, {6, 4, 32}}
+			}
+			for _, p := range all {
+				g := start(t, p, speculative.Options{PrefillChunk: 16, PrefillBudget: 48})
+				want := make([][]int, len(ps))
+				for i, pr := range ps {
+					want[i] = greedy(t, p.target, pr, n)
+				}
+				for _, sh := range shapes {
+					t.Run(fmt.Sprintf("%s/k%d-b%d-n%d", p.name, sh.k, sh.b, sh.n), func(t *testing.T) {
+						var mu sync.Mutex
+						var tau []float64
+						onStep := func(st speculative.Step) bool {
+							mu.Lock()
+							defer mu.Unlock()
+							accepted := 0
+							for _, nd := range st.Tree {
+								if nd.Accepted {
+									accepted++
+								}
+								if nd.Accepted && !nd.Verified {
+									t.Errorf("an accepted node the target never saw: %+v", nd)
+								}
+							}
+							if sh.b > 1 && len(st.Draft) > 0 && (accepted != st.Accepted || len(st.Tree) == 0) {
+								t.Errorf("step: %d nodes marked accepted of %d, %d accepted", accepted, len(st.Tree), st.Accepted)
+							}
+							for i := range min(st.Accepted, len(st.Tokens)) {
+								if st.Draft[i].ID != st.Tokens[i].ID || !st.Tokens[i].Drafted {
+									t.Errorf("step: draft %v, tokens %v, %d accepted", engine.IDs(st.Draft), st.Tokens, st.Accepted)
+									break
+								}
+							}
+							return true
+						}
+						req := func(pr []int) speculative.Request {
+							return speculative.Request{Prompt: pr, MaxTokens: n, K: sh.k, TopK: sh.b, TreeNodes: sh.n, OnStep: onStep}
+						}
+						check := func(how string, i int, res speculative.Result) {
+							if got := ids(res.Tokens); !slices.Equal(got, want[i]) {
+								t.Errorf("%s, prompt %d: %v, target alone %v", how, i, got, want[i])
+							}
+							st := res.Stats
+							if res.Finish != speculative.FinishLength || st.Tokens != n || st.Accepted > st.Drafted || st.Accepted+st.Steps != n {
+								t.Errorf("%s, prompt %d: finish %q, stats %+v", how, i, res.Finish, st)
+							}
+							mu.Lock()
+							tau = append(tau, st.Tau())
+							mu.Unlock()
+						}
+						for i, pr := range ps {
+							res, err := g.Submit(context.Background(), req(pr))
+							if err != nil {
+								t.Fatal(err)
+							}
+							check("alone", i, res)
+						}
+						results := make([]speculative.Result, len(ps))
+						var wg sync.WaitGroup
+						for i, pr := range ps {
+							wg.Go(func() {
+								res, err := g.Submit(context.Background(), req(pr))
+								if err != nil {
+									t.Error(err)
+								}
+								results[i] = res
+							})
+						}
+						wg.Wait()
+						for i := range ps {
+							check("batched", i, results[i])
+						}
+						t.Logf("τ %.2f", tau)
+					})
+				}
+			}
+		})
 	}
 }

@@ -40,6 +40,12 @@ type Start struct {
 	// Edge drafts in the page (edge drafting): the server's target
 	// verifies what the page's drafter proposes (Runner.Remote).
 	Edge bool `json:"edge"`
+	// TopK above 1 drafts a token tree (speculative.Request.TopK): each
+	// node's TopK likeliest children, K levels deep, the DraftTokens
+	// best-scored nodes verified (0: speculative.DefaultTreeNodes). 0 or
+	// 1 drafts a chain of K tokens, where DraftTokens does not apply.
+	TopK        int `json:"top_k"`
+	DraftTokens int `json:"draft_tokens"`
 }
 
 // Runner runs one page's generations, one at a time, on a generator.
@@ -87,6 +93,14 @@ func (r *Runner) Request(m Start) (speculative.Request, error) {
 		return speculative.Request{}, fmt.Errorf("temperature %v: want 0…2", m.Temperature)
 	case m.TopP != 0 && !(m.TopP > 0 && m.TopP <= 1):
 		return speculative.Request{}, fmt.Errorf("top_p %v: want a value in (0, 1]", m.TopP)
+	case m.TopK < 0 || m.TopK > speculative.MaxTopK:
+		return speculative.Request{}, fmt.Errorf("top_k %d: want 1…%d (1 drafts a chain, more a tree of each node's top_k likeliest children)", m.TopK, speculative.MaxTopK)
+	case m.DraftTokens < 0 || m.DraftTokens > speculative.MaxTreeNodes:
+		return speculative.Request{}, fmt.Errorf("draft_tokens %d: want 1…%d (a tree's nodes verified a step)", m.DraftTokens, speculative.MaxTreeNodes)
+	case m.TopK > 1 && m.Temperature != 0:
+		return speculative.Request{}, fmt.Errorf("a token tree (top_k %d) is drafted and verified greedily: set temperature 0, or top_k 1 for a chain", m.TopK)
+	case m.TopK > 1 && m.Edge:
+		return speculative.Request{}, fmt.Errorf("edge drafting drafts chains (the page sends one draft a step): set top_k 1, not %d", m.TopK)
 	case m.Edge && r.Remote == nil:
 		return speculative.Request{}, errors.New("edge drafting (the page drafts, the server verifies) needs the server's target: here both models run in this browser")
 	}
@@ -104,6 +118,15 @@ func (r *Runner) Request(m Start) (speculative.Request, error) {
 	req := speculative.Request{
 		Prompt: prompt, MaxTokens: m.MaxTokens, K: m.K, Seed: m.Seed, TopN: r.TopN, DraftTopN: r.TopN,
 		Sampling: sampling.Params{Temperature: float32(m.Temperature), TopP: float32(m.TopP)}, Stop: r.Stop, Fresh: true,
+		// The shape explicit, so that the generator's defaults
+		// (Options.TopK, TreeNodes) never turn the page's chain into a tree.
+		TopK: 1,
+	}
+	if m.TopK > 1 {
+		req.TopK, req.TreeNodes = m.TopK, m.DraftTokens
+		if req.TreeNodes == 0 {
+			req.TreeNodes = speculative.DefaultTreeNodes
+		}
 	}
 	if m.Edge {
 		// The page's drafter reads out its chosen tokens only.
@@ -187,6 +210,9 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 	if req.Remote != nil {
 		ev["edge"] = true
 	}
+	if req.K > 0 && req.TopK > 1 {
+		ev["top_k"], ev["draft_tokens"] = req.TopK, req.TreeNodes
+	}
 	r.Emit(ev)
 	start := time.Now()
 	res, err := r.Gen.Submit(ctx, req)
@@ -230,10 +256,26 @@ type Choice struct {
 	P    float64 `json:"p"`
 }
 
+// Node is a node of a step's token tree as the page gets it.
+type Node struct {
+	ID     int     `json:"id"`
+	Text   string  `json:"text"`   // its text alone
+	Parent int     `json:"parent"` // its parent's index in the tree; −1 for a root (after the context)
+	Depth  int     `json:"depth"`  // 1 for a root: a node at depth d stands at draft position d
+	P      float64 `json:"p"`      // its probability under the drafter (the softmax at temperature 1)
+	// Verified: the node went to the target (absent: the drafter explored
+	// it and the node budget pruned it). Accepted: it is on the path the
+	// target kept.
+	Verified bool `json:"verified,omitempty"`
+	Accepted bool `json:"accepted,omitempty"`
+}
+
 // StepEvent is a step as the page gets it: the draft with the drafter's
 // alternatives, how much of it was accepted, the tokens emitted (their
 // text through dec, so that it adds up to the output) with the target's
-// alternatives, and the step's times.
+// alternatives, and the step's times; for a tree step, every node the
+// drafter explored too (its draft is the accepted path and the drafter's
+// best verified continuation below it).
 func StepEvent(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, dec *tokenizer.StreamDecoder) map[string]any {
 	one := func(id int) string {
 		t, err := tok.Decode([]int{id})
@@ -267,6 +309,13 @@ func StepEvent(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, 
 	}
 	if s.Remote {
 		ev["network_ms"] = round3(ms(s.NetworkTime))
+	}
+	if s.Tree != nil {
+		tree := make([]Node, len(s.Tree))
+		for i, n := range s.Tree {
+			tree[i] = Node{ID: n.ID, Text: one(n.ID), Parent: n.Parent, Depth: n.Depth, P: prob(n.Logprob), Verified: n.Verified, Accepted: n.Accepted}
+		}
+		ev["tree"] = tree
 	}
 	return ev
 }

@@ -1,0 +1,167 @@
+package live
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"webdraft/checkpoint"
+	"webdraft/engine"
+	"webdraft/speculative"
+	"webdraft/tokenizer"
+)
+
+// runner is a page's runner on the golden pair (vocabulary 1024, the
+// reference engine): enough for Request's checks, which run nothing.
+func runner(t *testing.T) *Runner {
+	t.Helper()
+	open := func(name string) engine.Engine {
+		m, err := checkpoint.Load(filepath.Join("..", "testdata", "golden", name), checkpoint.LoadOptions{Quant: checkpoint.F32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		e, err := engine.NewReference(m.Config, m.Weights, 8<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	gen, err := speculative.New(open("tied"), open("untied"), speculative.Options{K: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Runner{Gen: gen, Tokenizer: tok, MaxContext: 512, TopN: TopN} // the golden models' context
+}
+
+// TestRequestShape: a start's top_k and draft_tokens become the request's
+// tree shape; a chain's is explicit (TopK 1), so the generator's defaults
+// never make it a tree.
+func TestRequestShape(t *testing.T) {
+	r := runner(t)
+	for _, c := range []struct {
+		name              string
+		topK, draftTokens int
+		wantK, wantNodes  int
+	}{
+		{"absent: a chain", 0, 0, 1, 0},
+		{"top_k 1: a chain, draft_tokens ignored", 1, 9, 1, 0},
+		{"a tree, the default budget", 3, 0, 3, speculative.DefaultTreeNodes},
+		{"a tree", 4, 10, 4, 10},
+		{"the bounds", speculative.MaxTopK, speculative.MaxTreeNodes, speculative.MaxTopK, speculative.MaxTreeNodes},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req, err := r.Request(Start{Type: "start", Prompt: "x", K: 3, MaxTokens: 4, TopK: c.topK, DraftTokens: c.draftTokens})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if req.K != 3 || req.TopK != c.wantK || req.TreeNodes != c.wantNodes {
+				t.Errorf("k %d, top k %d, tree nodes %d; want 3, %d, %d", req.K, req.TopK, req.TreeNodes, c.wantK, c.wantNodes)
+			}
+		})
+	}
+}
+
+// TestRequestRefusesBadTrees: a tree shape out of bounds, a sampled tree
+// and an edge tree are refused, each error naming what to change.
+func TestRequestRefusesBadTrees(t *testing.T) {
+	r := runner(t)
+	for _, c := range []struct {
+		name string
+		m    Start
+		want string
+	}{
+		{"top_k below 0", Start{TopK: -1}, fmt.Sprintf("top_k -1: want 1…%d", speculative.MaxTopK)},
+		{"top_k past MaxTopK", Start{TopK: speculative.MaxTopK + 1}, fmt.Sprintf("top_k %d: want 1…%d", speculative.MaxTopK+1, speculative.MaxTopK)},
+		{"draft_tokens below 0", Start{TopK: 2, DraftTokens: -3}, fmt.Sprintf("draft_tokens -3: want 1…%d", speculative.MaxTreeNodes)},
+		{"draft_tokens past MaxTreeNodes", Start{TopK: 2, DraftTokens: speculative.MaxTreeNodes + 1}, fmt.Sprintf("draft_tokens %d: want 1…%d", speculative.MaxTreeNodes+1, speculative.MaxTreeNodes)},
+		{"draft_tokens past the bound in a chain", Start{TopK: 1, DraftTokens: 1000}, "draft_tokens 1000"},
+		{"a sampled tree", Start{TopK: 2, Temperature: 0.7}, "set temperature 0, or top_k 1"},
+		{"an edge tree", Start{TopK: 2, Edge: true}, "edge drafting drafts chains"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := c.m
+			m.Type, m.Prompt, m.K, m.MaxTokens = "start", "x", 3, 4
+			_, err := r.Request(m)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %v, want one saying %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestStepEventTree: a tree step's event carries every explored node —
+// its token's text, parent, depth, the drafter's probability, and
+// verified and accepted only when true — and a chain step's no tree.
+func TestStepEventTree(t *testing.T) {
+	tok, err := tokenizer.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := tok.Encode(" a b c d")
+	if len(ids) != 4 {
+		t.Fatalf("%q encodes to %v: want 4 tokens", " a b c d", ids)
+	}
+	node := func(id int, p float32, parent, depth int, verified, accepted bool) speculative.DraftNode {
+		return speculative.DraftNode{Token: engine.Token{ID: id, Logprob: p}, Parent: parent, Depth: depth, Verified: verified, Accepted: accepted}
+	}
+	// Two roots; the first accepted, its child verified and refused, a
+	// pruned grandchild; the second root pruned.
+	tree := []speculative.DraftNode{
+		node(ids[0], -0.1, -1, 1, true, true),
+		node(ids[1], -2.5, -1, 1, false, false),
+		node(ids[2], -0.5, 0, 2, true, false),
+		node(ids[3], -1.5, 2, 3, false, false),
+	}
+	step := speculative.Step{
+		Draft:    []engine.Token{tree[0].Token, tree[2].Token},
+		Accepted: 1,
+		Tree:     tree,
+		Tokens:   []speculative.Token{{ID: ids[0], Drafted: true}, {ID: ids[1]}},
+	}
+	ev := StepEvent("speculative", 1, step, tok, tok.NewStreamDecoder())
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Tree []map[string]any `json:"tree"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := []map[string]any{
+		{"id": float64(ids[0]), "text": " a", "parent": -1.0, "depth": 1.0, "p": 0.905, "verified": true, "accepted": true},
+		{"id": float64(ids[1]), "text": " b", "parent": -1.0, "depth": 1.0, "p": 0.082},
+		{"id": float64(ids[2]), "text": " c", "parent": 0.0, "depth": 2.0, "p": 0.607, "verified": true},
+		{"id": float64(ids[3]), "text": " d", "parent": 2.0, "depth": 3.0, "p": 0.223},
+	}
+	if len(got.Tree) != len(want) {
+		t.Fatalf("tree %s: want %d nodes", b, len(want))
+	}
+	for i := range want {
+		if g, w := toJSON(t, got.Tree[i]), toJSON(t, want[i]); g != w {
+			t.Errorf("node %d: %s, want %s", i, g, w)
+		}
+	}
+
+	step.Tree = nil
+	if _, ok := StepEvent("speculative", 1, step, tok, tok.NewStreamDecoder())["tree"]; ok {
+		t.Error("a chain step has a tree")
+	}
+}
+
+func toJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -14,6 +14,7 @@ import (
 
 	"webdraft/qwen3"
 	"webdraft/sampling"
+	"webdraft/treemask"
 )
 
 // Info names what an engine runs on.
@@ -119,6 +120,17 @@ type VerifyEntry struct {
 	Sampling sampling.Params
 	Draws    []sampling.Draw
 	TopN     int // 0 … MaxTopN: the most likely tokens to read out a row
+	// Propose, with sampling, makes the pass a sampled drafter's: read-out
+	// row j draws len(Propose[j]) distinct tokens from its distribution
+	// under Sampling (sampling.DrawDistinct with those uniforms) into
+	// VerifyRow.Drawn, and keeps the distribution as VerifyRow.Q for the
+	// target's rule. Nil, or an empty row, draws nothing. Needs an engine
+	// that SamplesDrafts.
+	Propose [][]float32
+	// Tree, with sampling, makes the pass a target's verification of
+	// sampled proposals by the multi-draft rule (see SampledTree). Needs
+	// an engine that SamplesDrafts.
+	Tree *SampledTree
 	// Rows is set by Verify: Out rows, for the positions in order.
 	Rows []VerifyRow
 }
@@ -127,6 +139,85 @@ type VerifyEntry struct {
 type VerifyRow struct {
 	sampling.Row
 	Top []sampling.TokenLogprob // TopN of them, most likely first
+	// With VerifyEntry.Propose: the tokens drawn, in draw order, their
+	// log-probabilities under the row's distribution (Sampling applied),
+	// and that distribution.
+	Drawn        []int
+	DrawnLogprob []float32
+	Q            Dist
+}
+
+// Dist is a distribution over the vocabulary that a drafter drew
+// proposals from (VerifyRow.Q), for a target to hold them to
+// (SampledNode.Q). An engine takes the kinds it can read; HostDist every
+// engine that SamplesDrafts.
+type Dist interface {
+	// Len is the number of tokens the distribution may give.
+	Len() int
+}
+
+// HostDist is a Dist in host memory: P[i] is the probability of token
+// Tokens[i] (of token i when Tokens is nil); every other token has 0.
+type HostDist struct {
+	Tokens []int32
+	P      []float32
+}
+
+func (d *HostDist) Len() int { return len(d.P) }
+
+// Dense writes d over a vocabulary of n tokens into buf (grown as needed)
+// and returns it.
+func (d *HostDist) Dense(buf []float64, n int) []float64 {
+	if cap(buf) < n {
+		buf = make([]float64, n)
+	}
+	buf = buf[:n]
+	if d.Tokens == nil {
+		for i, p := range d.P {
+			buf[i] = float64(p)
+		}
+		clear(buf[len(d.P):])
+		return buf
+	}
+	clear(buf)
+	for i, t := range d.Tokens {
+		buf[t] = float64(d.P[i])
+	}
+	return buf
+}
+
+// SampledTree is a token tree of sampled proposals for Verify to hold to
+// the multi-draft rule (package sampling: recursive rejection sampling),
+// chains being trees of one child a node. Node j is read-out row j: row 0
+// the line's last token (the root), the others the drafted tokens. From
+// the root, each node's children are tried in draw order against the
+// target's distribution p there (Sampling applied) and the drafter's Q;
+// the first accepted becomes the node walked next, and when all are
+// rejected a token is drawn from the last residual: the tokens that come
+// out follow the target's distribution.
+type SampledTree struct {
+	Nodes []SampledNode // one a read-out row
+	// Set by Verify: the accepted nodes' rows, root first (never 0);
+	// each accepted token's log-probability under the target at
+	// temperature 1; and the token drawn after the path, with its.
+	Path     []int
+	Logprobs []float32
+	Bonus    sampling.TokenLogprob
+}
+
+// SampledNode is one node of a SampledTree.
+type SampledNode struct {
+	Children []int     // read-out rows of the node's children, in draw order
+	Q        Dist      // the drafter's distribution the children were drawn from
+	U        []float32 // one uniform in [0, 1) a child
+	V        float32   // the uniform of the draw after the node
+}
+
+// SamplesDrafts reports whether e takes VerifyEntry.Propose and
+// VerifyEntry.Tree: sampled drafts and their exact verification.
+func SamplesDrafts(e Engine) bool {
+	s, ok := e.(interface{ SamplesDrafts() bool })
+	return ok && s.SamplesDrafts()
 }
 
 // MaxTopN bounds Entry.TopN and VerifyEntry.TopN (OpenAI's top_logprobs
@@ -234,6 +325,15 @@ func CheckVerify(c *qwen3.Config, batch []*VerifyEntry) error {
 			return fmt.Errorf("batch entry %d: %w", i, err)
 		}
 		if e.Sampling.Greedy() {
+			if e.Propose != nil || e.Tree != nil {
+				return fmt.Errorf("batch entry %d: sampled proposals or their tree with greedy decoding", i)
+			}
+			continue
+		}
+		if err := checkSampled(c, i, e); err != nil {
+			return err
+		}
+		if e.Tree != nil || e.Propose != nil {
 			continue
 		}
 		if len(e.Draws) != e.Out {
@@ -243,6 +343,64 @@ func CheckVerify(c *qwen3.Config, batch []*VerifyEntry) error {
 			if d.X != sampling.NoProposal && (d.X < 0 || d.X >= c.VocabSize) || !(d.U >= 0 && d.U < 1) || !(d.V >= 0 && d.V < 1) {
 				return fmt.Errorf("batch entry %d: draw %d %+v: want a proposal in the vocabulary (or none) and uniforms in [0, 1)", i, j, d)
 			}
+		}
+	}
+	return nil
+}
+
+// checkSampled validates an entry's sampled drafts: proposals or a tree,
+// not both; uniforms in [0, 1); a tree's nodes one a read-out row, each
+// child a later row that no other node claims and whose token the entry
+// feeds as the node's child (Parents; the next row in a line), and a
+// distribution over the vocabulary at every node with children.
+func checkSampled(c *qwen3.Config, i int, e *VerifyEntry) error {
+	unit := func(u float32) bool { return u >= 0 && u < 1 }
+	if e.Propose != nil {
+		if e.Tree != nil {
+			return fmt.Errorf("batch entry %d: both proposals and a tree to verify", i)
+		}
+		if len(e.Propose) != e.Out {
+			return fmt.Errorf("batch entry %d: proposals for %d rows, %d read out", i, len(e.Propose), e.Out)
+		}
+		for j, us := range e.Propose {
+			if len(us) > MaxTopN {
+				return fmt.Errorf("batch entry %d row %d: %d proposals: want at most %d", i, j, len(us), MaxTopN)
+			}
+			for _, u := range us {
+				if !unit(u) {
+					return fmt.Errorf("batch entry %d row %d: uniform %v outside [0, 1)", i, j, u)
+				}
+			}
+		}
+	}
+	t := e.Tree
+	if t == nil {
+		return nil
+	}
+	if len(t.Nodes) != e.Out {
+		return fmt.Errorf("batch entry %d: a tree of %d nodes, %d rows read out", i, len(t.Nodes), e.Out)
+	}
+	claimed := make([]bool, e.Out)
+	for j, n := range t.Nodes {
+		if !unit(n.V) || len(n.U) != len(n.Children) {
+			return fmt.Errorf("batch entry %d node %d: %d uniforms for %d children, v %v: want one a child, in [0, 1)", i, j, len(n.U), len(n.Children), n.V)
+		}
+		first := len(e.Tokens) - e.Out // the token of read-out row 0
+		for k, ch := range n.Children {
+			if ch <= j || ch >= e.Out || claimed[ch] || !unit(n.U[k]) {
+				return fmt.Errorf("batch entry %d node %d: child row %d (uniform %v): want a later row of no other node, uniforms in [0, 1)", i, j, ch, n.U[k])
+			}
+			parent := first + ch - 1 // a line's token follows the one before
+			if e.Parents != nil && e.Parents[first+ch] != treemask.Line {
+				parent = e.Parents[first+ch] - e.Seq.Len()
+			}
+			if parent != first+j {
+				return fmt.Errorf("batch entry %d node %d: child row %d is fed as another token's child", i, j, ch)
+			}
+			claimed[ch] = true
+		}
+		if len(n.Children) > 0 && (n.Q == nil || n.Q.Len() == 0 || n.Q.Len() > c.VocabSize) {
+			return fmt.Errorf("batch entry %d node %d: children without a distribution of the vocabulary", i, j)
 		}
 	}
 	return nil

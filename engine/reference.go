@@ -106,14 +106,18 @@ func (c *Reference) Verify(ctx context.Context, batch []*VerifyEntry) error {
 	if err != nil {
 		return err
 	}
+	var hs HostSampler
 	for i, e := range batch {
 		e.Rows = make([]VerifyRow, e.Out)
 		for j, logits := range rows[i] {
-			d := sampling.Draw{X: sampling.NoProposal}
-			if !e.Sampling.Greedy() {
+			d, params := sampling.Draw{X: sampling.NoProposal}, e.Sampling
+			switch {
+			case e.Propose != nil || e.Tree != nil:
+				params = sampling.Params{} // the rows' greedy read-out; hs draws
+			case !e.Sampling.Greedy():
 				d = e.Draws[j]
 			}
-			row, err := sampling.Choose(logits, e.Sampling, d)
+			row, err := sampling.Choose(logits, params, d)
 			if err != nil {
 				return fmt.Errorf("reference engine: batch entry %d row %d: %w", i, j, err)
 			}
@@ -122,9 +126,16 @@ func (c *Reference) Verify(ctx context.Context, batch []*VerifyEntry) error {
 				e.Rows[j].Top = sampling.Top(logits, e.TopN, row.LogSumExp)
 			}
 		}
+		if err := hs.Read(e, func(j int) []float32 { return rows[i][j] }); err != nil {
+			return fmt.Errorf("reference engine: batch entry %d: %w", i, err)
+		}
 	}
 	return nil
 }
+
+// SamplesDrafts: the reference engine reads out sampled drafts
+// (engine.SamplesDrafts).
+func (c *Reference) SamplesDrafts() bool { return true }
 
 func (c *Reference) Close() error { return nil }
 

@@ -240,6 +240,10 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 	return nil
 }
 
+// SamplesDrafts: the CPU engine reads out sampled drafts on the host
+// (engine.SamplesDrafts).
+func (e *Engine) SamplesDrafts() bool { return true }
+
 // Verify runs one forward pass over the batch and reads out each entry's
 // last Out rows: greedy rows here, sampled ones by package sampling's
 // rule over the row's logits.
@@ -249,7 +253,11 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 	}
 	feeds := make([]feed, len(batch))
 	for i, en := range batch {
-		feeds[i] = feed{en.Seq, en.Tokens, en.Parents, readout{rows: en.Out, topN: en.TopN, params: en.Sampling, draws: en.Draws}}
+		rd := readout{rows: en.Out, topN: en.TopN, params: en.Sampling, draws: en.Draws}
+		if en.Propose != nil || en.Tree != nil {
+			rd.draws, rd.sampled = nil, en
+		}
+		feeds[i] = feed{en.Seq, en.Tokens, en.Parents, rd}
 	}
 	rows, err := e.forward(ctx, feeds)
 	if err != nil {

@@ -28,6 +28,7 @@ type readout struct {
 	rows, topN int
 	params     sampling.Params
 	draws      []sampling.Draw
+	sampled    *engine.VerifyEntry // an entry with sampled proposals or their tree; nil: none
 }
 
 // segment locates an entry's rows in the pass: rows r0 … r0+T-1 are its
@@ -70,6 +71,7 @@ type pass struct {
 	workers   []scratch
 	attnScale float32
 	headRows  int
+	sampler   engine.HostSampler // sampled drafts' read-out
 }
 
 // scratch is one worker's own memory.
@@ -403,6 +405,7 @@ func (p *pass) readOut(feeds []feed) ([][]engine.VerifyRow, error) {
 	for en, f := range feeds {
 		rd := f.read
 		out[en] = make([]engine.VerifyRow, rd.rows)
+		i0 := i
 		for j := range rd.rows {
 			best, at, sum := float32(math.Inf(-1)), -1, float32(0)
 			for w := range p.workers {
@@ -424,7 +427,7 @@ func (p *pass) readOut(feeds []feed) ([][]engine.VerifyRow, error) {
 			logits := p.logits[i*p.headRows : (i+1)*p.headRows]
 			lse := best + float32(math.Log(float64(sum)))
 			row := sampling.Row{Argmax: e.token(at), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
-			if !rd.params.Greedy() {
+			if !rd.params.Greedy() && rd.draws != nil {
 				full = e.fullRow(full, logits)
 				r, err := sampling.Choose(full, rd.params, rd.draws[j])
 				if err != nil {
@@ -437,6 +440,16 @@ func (p *pass) readOut(feeds []feed) ([][]engine.VerifyRow, error) {
 				out[en][j].Top = e.top(logits, rd.topN, lse)
 			}
 			i++
+		}
+		if v := rd.sampled; v != nil {
+			v.Rows = out[en]
+			err := p.sampler.Read(v, func(j int) []float32 {
+				full = e.fullRow(full, p.logits[(i0+j)*p.headRows:(i0+j+1)*p.headRows])
+				return full
+			})
+			if err != nil {
+				return nil, fmt.Errorf("cpu engine: batch entry %d: %w", en, err)
+			}
 		}
 	}
 	return out, nil

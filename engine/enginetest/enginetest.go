@@ -256,6 +256,7 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 	})
 	t.Run("verify", func(t *testing.T) { runVerify(t, e, c, ref, prompt) })
 	t.Run("trees", func(t *testing.T) { runTrees(t, e, c, ref, prompt) })
+	t.Run("sampled drafts", func(t *testing.T) { runSampled(t, e, c, ref, prompt) })
 }
 
 // newEntries gives each prompt a fresh sequence of e, released when the

@@ -94,6 +94,11 @@ type gen struct {
 	draft   engine.Sequence // nil when the target runs alone or a remote drafts
 	target  engine.Sequence
 	remote  *remoteDraft // Request.Remote's state; nil without
+	// sampled: the drafter samples its proposals from its own
+	// distribution and the target holds them to the multi-draft rule
+	// (both engines SampleDrafts); else a sampled generation's drafter
+	// proposes its greedy tokens.
+	sampled bool
 	// The remote's draft for this step, the round trip, the remote's time.
 	remoteTokens         []engine.Token
 	remoteRTT, remoteOwn time.Duration
@@ -134,6 +139,7 @@ func (r *runner) admit() {
 		if j.k > 0 {
 			gn.maxContext = min(gn.maxContext, g.drafter.Config().MaxPositionEmbeddings)
 		}
+		gn.sampled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && engine.SamplesDrafts(g.drafter) && engine.SamplesDrafts(g.target)
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
 		var err error
 		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt, j.req.Fresh)
@@ -272,7 +278,7 @@ func (r *runner) step(ctx context.Context) error {
 	for i, gn := range ready {
 		var a, emitted, drafted int
 		if trees[i] != nil {
-			a, emitted, err = gn.acceptTree(trees[i], verify[i].Rows, now, st.Draft, st.Verify)
+			a, emitted, err = gn.acceptTree(trees[i], verify[i], now, st.Draft, st.Verify)
 			if err != nil {
 				gn.draft, gn.target = release(gn.draft), release(gn.target)
 				r.retire(gn, err)
@@ -360,7 +366,7 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 			drafts[i] = gn.remoteTokens
 			continue
 		}
-		if gn.draftLen(r.g) > 0 && gn.treeWidth() > 1 {
+		if gn.draftLen(r.g) > 0 && (gn.treeWidth() > 1 || gn.sampled) {
 			treeGens, treeWho = append(treeGens, gn), append(treeWho, i)
 			continue
 		}

@@ -83,6 +83,10 @@ func start(t *testing.T, p pair, opts speculative.Options) *speculative.Generato
 	return g
 }
 
+// greedyDrafter hides an engine's sampled drafts (engine.SamplesDrafts):
+// a sampled generation's drafter then proposes its greedy tokens.
+type greedyDrafter struct{ engine.Engine }
+
 // greedy is the target's own greedy continuation, no drafter.
 func greedy(t *testing.T, e engine.Engine, prompt []int, n int) []int {
 	t.Helper()
@@ -231,9 +235,17 @@ func TestSamplingFollowsTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range pairs(t, cpu)[:1] { // the other drafter's tokens are all but never accepted
-		t.Run(p.name, func(t *testing.T) {
-			g := start(t, p, speculative.Options{})
+	p := pairs(t, cpu)[0] // the other drafter's tokens are all but never accepted
+	// The drafter samples its proposals (the reference engine
+	// SamplesDrafts): chains and trees held to the multi-draft rule; and a
+	// drafter that proposes its greedy tokens (one that does not).
+	for _, v := range []struct {
+		name    string
+		drafter engine.Engine
+		topK    int
+	}{{"sampled-chain", p.drafter, 1}, {"sampled-tree", p.drafter, 3}, {"greedy-drafts", greedyDrafter{p.drafter}, 1}} {
+		t.Run(v.name, func(t *testing.T) {
+			g := start(t, pair{v.name, p.target, v.drafter}, speculative.Options{TopK: v.topK, TreeNodes: 10})
 			counts := map[[2]int]int{}
 			var mu sync.Mutex
 			var wg sync.WaitGroup

@@ -59,6 +59,12 @@ type draftTree struct {
 	fresh  []int     // the last level's new nodes
 	pmin   float64
 	drafts int // drafter slots the tree took
+	// A sampled tree's children were drawn from the drafter's
+	// distribution: rootQ at the root, q[n] at node n (nil where it has
+	// none), for the target's rule.
+	sampled bool
+	rootQ   engine.Dist
+	q       []engine.Dist
 }
 
 // add appends the children a row of the drafter gave parent (−1: the
@@ -69,7 +75,7 @@ func (t *draftTree) add(parent int, top []sampling.TokenLogprob) {
 		base, depth = t.score[parent], t.nodes[parent].Depth+1
 	}
 	for _, c := range top {
-		if t.pmin > 0 && math.Exp(float64(c.Logprob)) < t.pmin {
+		if !t.sampled && t.pmin > 0 && math.Exp(float64(c.Logprob)) < t.pmin {
 			continue
 		}
 		t.nodes = append(t.nodes, DraftNode{Token: engine.Token{ID: c.Token, Logprob: c.Logprob}, Parent: parent, Depth: depth})
@@ -79,9 +85,14 @@ func (t *draftTree) add(parent int, top []sampling.TokenLogprob) {
 	}
 }
 
-// frontier is the b best-scored of the last level's new nodes.
+// frontier is the b best-scored of the last level's new nodes. A sampled
+// tree does not expand a node the drafter gave less than p_min (a greedy
+// tree never added one).
 func (t *draftTree) frontier(b int) []int {
 	f := slices.Clone(t.fresh)
+	if t.sampled && t.pmin > 0 {
+		f = slices.DeleteFunc(f, func(n int) bool { return math.Exp(float64(t.nodes[n].Logprob)) < t.pmin })
+	}
 	sort.SliceStable(f, func(i, j int) bool { return t.score[f[i]] > t.score[f[j]] })
 	return f[:min(b, len(f))]
 }
@@ -133,56 +144,113 @@ func (t *draftTree) choose(n int) {
 
 // treeWidth is the b a generation drafts with (1: a chain).
 func (gn *gen) treeWidth() int {
-	if gn.remote != nil || !gn.req.Sampling.Greedy() {
+	if gn.remote != nil || !gn.req.Sampling.Greedy() && !gn.sampled {
 		return 1
 	}
 	return gn.topK
 }
 
-// treeDrafts drafts a tree for each of gens (every one drafting, b > 1):
-// level 0 feeds each generation's pending tokens and reads the b most
-// likely tokens after them; each later level feeds every generation's
-// frontier as tree nodes and reads each node's b most likely children.
+// expand asks the drafter for the children of the nodes of f (−1: the
+// root) in one pass entry: greedily their b most likely next tokens, or
+// sampled, m distinct draws from the drafter's distribution with m fixed
+// before drawing (what the node budget leaves), all of them kept.
+func (t *draftTree) expand(gn *gen, f []int, b, budget int) *engine.VerifyEntry {
+	en := &engine.VerifyEntry{Seq: gn.draft, Out: len(f)}
+	if f[0] < 0 {
+		en.Tokens = gn.pendingDraft()
+	} else {
+		line := len(gn.context) - 1 // the drafter's last line slot
+		for j, n := range f {
+			en.Tokens = append(en.Tokens, t.nodes[n].ID)
+			parent := line
+			if p := t.nodes[n].Parent; p >= 0 {
+				parent = t.dslot[p]
+			}
+			en.Parents = append(en.Parents, parent)
+			t.dslot[n] = gn.draft.Len() + j
+		}
+		t.drafts += len(f)
+	}
+	if !t.sampled {
+		en.TopN = b
+		return en
+	}
+	en.Sampling = gn.req.Sampling
+	en.Propose = make([][]float32, len(f))
+	for j := range f {
+		m := min(b, budget)
+		budget -= m
+		for range m {
+			en.Propose[j] = append(en.Propose[j], gn.rng.Float32())
+		}
+	}
+	return en
+}
+
+// grow adds the children a pass gave the nodes of f.
+func (t *draftTree) grow(f []int, rows []engine.VerifyRow) {
+	for j, n := range f {
+		if !t.sampled {
+			t.add(n, rows[j].Top)
+			continue
+		}
+		r := rows[j]
+		first := len(t.nodes)
+		top := make([]sampling.TokenLogprob, len(r.Drawn))
+		for k, x := range r.Drawn {
+			top[k] = sampling.TokenLogprob{Token: x, Logprob: r.DrawnLogprob[k]}
+		}
+		t.add(n, top)
+		if n < 0 {
+			t.rootQ = r.Q
+		} else {
+			t.q[n] = r.Q
+		}
+		for c := first; c < len(t.nodes); c++ {
+			t.q = append(t.q, nil)
+		}
+	}
+}
+
+// treeDrafts drafts a tree for each of gens, level by level: level 0 feeds
+// each generation's pending tokens and reads the children of the root
+// (the context's last token); each later level feeds every generation's
+// frontier — its best-scored new nodes — as tree nodes and reads their
+// children. A greedy tree then keeps its TreeNodes best-scored nodes; a
+// sampled one keeps every node it drew, the budget having bounded the
+// draws (pruning a drawn child by its value would bias the rule).
 func (r *runner) treeDrafts(ctx context.Context, gens []*gen) ([]*draftTree, error) {
 	d := r.g.drafter
 	trees := make([]*draftTree, len(gens))
 	batch := make([]*engine.VerifyEntry, len(gens))
+	root := []int{-1}
 	for i, gn := range gens {
-		trees[i] = &draftTree{pmin: gn.req.PMin}
-		batch[i] = &engine.VerifyEntry{Seq: gn.draft, Tokens: gn.pendingDraft(), Out: 1, TopN: gn.topK}
+		trees[i] = &draftTree{pmin: gn.req.PMin, sampled: gn.sampled}
+		batch[i] = trees[i].expand(gn, root, gn.treeWidth(), gn.treeNodes(r.g))
 	}
 	if err := d.Verify(ctx, batch); err != nil {
 		return nil, err
 	}
 	for i, v := range batch {
-		trees[i].add(-1, v.Rows[0].Top)
+		trees[i].grow(root, v.Rows)
 	}
 	for level := 1; ; level++ {
 		batch, who := batch[:0], []int(nil)
 		var frontiers [][]int
 		for i, gn := range gens {
 			t := trees[i]
-			k := gn.draftLen(r.g)
-			b := gn.topK
+			b, budget := gn.treeWidth(), gn.treeNodes(r.g)-len(t.nodes)
 			room := min(MaxTreeNodes-t.drafts, d.Config().MaxPositionEmbeddings-gn.draft.Len())
-			f := t.frontier(min(b, room))
+			width := min(b, room)
+			if t.sampled {
+				width = min(width, (budget+b-1)/b) // whole sets of children, the last cut to the budget
+			}
+			f := t.frontier(width)
 			t.fresh = t.fresh[:0]
-			if level >= k || len(f) == 0 {
+			if level >= gn.draftLen(r.g) || len(f) == 0 || t.sampled && budget <= 0 {
 				continue
 			}
-			line := len(gn.context) - 1 // the drafter's last line slot
-			en := &engine.VerifyEntry{Seq: gn.draft, Out: len(f), TopN: b}
-			for j, n := range f {
-				en.Tokens = append(en.Tokens, t.nodes[n].ID)
-				parent := line
-				if p := t.nodes[n].Parent; p >= 0 {
-					parent = t.dslot[p]
-				}
-				en.Parents = append(en.Parents, parent)
-				t.dslot[n] = gn.draft.Len() + j
-			}
-			t.drafts += len(f)
-			batch, who, frontiers = append(batch, en), append(who, i), append(frontiers, f)
+			batch, who, frontiers = append(batch, t.expand(gn, f, b, budget)), append(who, i), append(frontiers, f)
 		}
 		if len(batch) == 0 {
 			break
@@ -191,13 +259,15 @@ func (r *runner) treeDrafts(ctx context.Context, gens []*gen) ([]*draftTree, err
 			return nil, err
 		}
 		for b, i := range who {
-			for j, n := range frontiers[b] {
-				trees[i].add(n, batch[b].Rows[j].Top)
-			}
+			trees[i].grow(frontiers[b], batch[b].Rows)
 		}
 	}
 	for i, gn := range gens {
-		trees[i].choose(gn.treeNodes(r.g))
+		n := gn.treeNodes(r.g)
+		if trees[i].sampled {
+			n = len(trees[i].nodes)
+		}
+		trees[i].choose(n)
 	}
 	return trees, nil
 }
@@ -221,15 +291,57 @@ func (gn *gen) treeVerifyEntry(t *draftTree) *engine.VerifyEntry {
 		}
 		v.Parents = append(v.Parents, parent)
 	}
+	if t.sampled {
+		v.Sampling = gn.req.Sampling
+		v.Tree = t.sampledTree(gn)
+	}
 	return v
+}
+
+// sampledTree is the tree for the target's rule: read-out row 0 the root,
+// row 1 + r the r-th kept node; each node's children in draw order (the
+// order add appended them), the drafter's distribution there, and fresh
+// uniforms.
+func (t *draftTree) sampledTree(gn *gen) *engine.SampledTree {
+	st := &engine.SampledTree{Nodes: make([]engine.SampledNode, len(t.kept)+1)}
+	for n := range t.nodes {
+		if t.row[n] < 0 {
+			continue
+		}
+		at := 0 // the parent's row
+		if p := t.nodes[n].Parent; p >= 0 {
+			at = 1 + t.row[p]
+		}
+		node := &st.Nodes[at]
+		node.Children = append(node.Children, 1+t.row[n])
+		node.U = append(node.U, gn.rng.Float32())
+	}
+	for j := range st.Nodes {
+		st.Nodes[j].V = gn.rng.Float32()
+		if len(st.Nodes[j].Children) == 0 {
+			continue
+		}
+		if j == 0 {
+			st.Nodes[j].Q = t.rootQ
+		} else {
+			st.Nodes[j].Q = t.q[t.kept[j-1]]
+		}
+	}
+	return st
 }
 
 // acceptTree applies the target's verdict on a tree (walkTree): both
 // caches keep the accepted path, moved into place, and the step is
 // emitted and counted as a chain's (settle). It returns how many draft
 // tokens were accepted and how many tokens were emitted.
-func (gn *gen) acceptTree(t *draftTree, rows []engine.VerifyRow, now time.Time, draftTime, verifyTime time.Duration) (int, int, error) {
-	tokens, path := walkTree(t, rows)
+func (gn *gen) acceptTree(t *draftTree, v *engine.VerifyEntry, now time.Time, draftTime, verifyTime time.Duration) (int, int, error) {
+	var tokens []Token
+	var path []int
+	if t.sampled {
+		tokens, path = sampledPath(t, v)
+	} else {
+		tokens, path = walkTree(t, v.Rows)
+	}
 	first := len(gn.context) // the target's slot of the first kept node
 	target := make([]int, len(path))
 	var draft []int
@@ -275,6 +387,32 @@ func walkTree(t *draftTree, rows []engine.VerifyRow) ([]Token, []int) {
 		path = append(path, next)
 		at, row = next, 1+t.row[next]
 	}
+}
+
+// sampledPath is the path the target's rule accepted in a sampled tree
+// (engine.SampledTree) as walkTree gives a greedy one: the accepted
+// tokens, then the token drawn after them.
+func sampledPath(t *draftTree, v *engine.VerifyEntry) ([]Token, []int) {
+	var tokens []Token
+	var path []int
+	for i, row := range v.Tree.Path {
+		n := t.kept[row-1]
+		t.nodes[n].Accepted = true
+		tokens = append(tokens, Token{ID: t.nodes[n].ID, Logprob: v.Tree.Logprobs[i], Top: v.Rows[rowBefore(v.Tree, i)].Top, Drafted: true})
+		path = append(path, n)
+	}
+	b := v.Tree.Bonus
+	tokens = append(tokens, Token{ID: b.Token, Logprob: b.Logprob, Top: v.Rows[rowBefore(v.Tree, len(v.Tree.Path))].Top})
+	return tokens, path
+}
+
+// rowBefore is the read-out row whose distribution gave the i-th token of
+// an accepted path (the bonus token when i is the path's length).
+func rowBefore(st *engine.SampledTree, i int) int {
+	if i == 0 {
+		return 0
+	}
+	return st.Path[i-1]
 }
 
 // chainOf is the tree's accepted path followed by the drafter's best-scored

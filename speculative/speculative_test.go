@@ -347,22 +347,25 @@ func chiSquareBound(df int, z float64) float64 {
 // TestSameSeedSameOutput: a seed replays its generation; another seed
 // gives another.
 func TestSameSeedSameOutput(t *testing.T) {
-	p := pairs(t, cpu)[1]
-	g := start(t, p, speculative.Options{})
-	run := func(seed uint64) []int {
-		res, err := g.Submit(context.Background(), speculative.Request{Prompt: []int{5, 6, 7}, MaxTokens: 30, K: 3,
-			Sampling: sampling.Params{Temperature: 1}, Seed: seed})
-		if err != nil {
-			t.Fatal(err)
+	for _, p := range pairs(t, cpu) {
+		g := start(t, p, speculative.Options{})
+		for _, topK := range []int{1, 3} { // sampled chains and trees
+			run := func(seed uint64) []int {
+				res, err := g.Submit(context.Background(), speculative.Request{Prompt: []int{5, 6, 7}, MaxTokens: 30, K: 3, TopK: topK,
+					Sampling: sampling.Params{Temperature: 1}, Seed: seed})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ids(res.Tokens)
+			}
+			a, b, c := run(7), run(7), run(8)
+			if !slices.Equal(a, b) {
+				t.Errorf("%s, top k %d: seed 7 twice: %v, then %v", p.name, topK, a, b)
+			}
+			if slices.Equal(a, c) {
+				t.Errorf("%s, top k %d: seeds 7 and 8 gave the same %v", p.name, topK, a)
+			}
 		}
-		return ids(res.Tokens)
-	}
-	a, b, c := run(7), run(7), run(8)
-	if !slices.Equal(a, b) {
-		t.Errorf("seed 7 twice: %v, then %v", a, b)
-	}
-	if slices.Equal(a, c) {
-		t.Errorf("seeds 7 and 8 gave the same %v", a)
 	}
 }
 

@@ -12,16 +12,16 @@ import (
 var (
 	attnDecode = gpu.Kernel{
 		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", Params: reflect.TypeFor[attentionDecodeParams](),
-		// q, kcache, vcache, table, seq, pos, part, out
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
+		// q, kcache, vcache, table, rows, part, out
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
 	}
 	attnMerge = gpu.Kernel{
 		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", Params: reflect.TypeFor[attentionMergeParams](),
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // part, pos, out
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // part, rows, out
 	}
 	attnPrefill = gpu.Kernel{
 		Module: "attention_prefill.wgsl", Source: shaders.AttentionPrefill, Entry: "main", Params: reflect.TypeFor[attentionPrefillParams](),
-		// q, kcache, vcache, table, pos, out
+		// q, kcache, vcache, table, rows, out
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
 	}
 )
@@ -119,14 +119,17 @@ func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int, tune deco
 		c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen, tune), true, tune) <= c.wgMemory
 }
 
-// AttentionDecode records causal GQA attention for T single query rows,
-// each of its own sequence slot and position, over layer's cache — split
-// over the context, then merged:
+// AttentionDecode records GQA attention for T single query rows, each of
+// its own sequence, slot and mask, over layer's cache — split over the
+// context, then merged:
 //
-//	q        (T, heads, D) f32, after q_norm and RoPE
-//	seq, pos (T) u32: row t attends to positions 0 … pos[t] of slot seq[t]
-//	maxLen   ≥ pos[t]+1 for every row (a row beyond it comes out NaN)
-//	out      (T, heads, D) f32
+//	q       (T, heads, D) f32, after q_norm and RoPE
+//	rows    (T, RowWords) u32 (PutRow): row t attends to the slots
+//	        0 … slot of its sequence that its mask leaves visible — all
+//	        of them for a line token, the line and its ancestors for a
+//	        token-tree node
+//	maxLen  ≥ slot+1 for every row (a row beyond it comes out NaN)
+//	out     (T, heads, D) f32
 //
 // It is one dispatch when a single split covers maxLen, or when the last
 // split to finish can merge them (gpu.Device.DeviceScopeBarrier, rows
@@ -135,15 +138,15 @@ func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int, tune deco
 // (gpu.Device.CountedScratch or Scratch). The rows' own keys and values
 // must already be in the cache (QKVProjRopeKV). The adapter's plan tunes
 // it.
-func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int) error {
-	return attentionDecode(b, out, q, c, layer, seq, pos, T, heads, maxLen, planFor(b.Device()).decode)
+func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads, maxLen int) error {
+	return attentionDecode(b, out, q, c, layer, rows, T, heads, maxLen, planFor(b.Device()).decode)
 }
 
 // attentionDecode is AttentionDecode at tuning tune (tests and benchmarks
 // try others).
-func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, maxLen int, tune decodeTuning) error {
+func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads, maxLen int, tune decodeTuning) error {
 	op := "attention_decode"
-	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
+	if err := c.checkRows(op, layer, T, rows); err != nil {
 		return err
 	}
 	if err := c.checkHeads(op, heads); err != nil {
@@ -202,11 +205,11 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 		return err
 	}
 	kc, vc := c.layer(layer)
-	rows := uint64(T) * 4
+	rowBinding := rows.Slice(0, uint64(T*RowWords)*4)
 	params := &attentionDecodeParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), BS: uint32(c.BlockSize),
 		MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), Scale: attentionScale(c.D), Part0: uint32(part0 / 4)}
 	part := scratch.Slice(0, part0+partBytes)
-	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.table.All(), seq.Slice(0, rows), pos.Slice(0, rows), part, out.Slice(0, uint64(n)*4)}
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.table.All(), rowBinding, part, out.Slice(0, uint64(n)*4)}
 	if err := gpu.Dispatch(b, split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
@@ -219,7 +222,7 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, se
 	if err != nil {
 		return err
 	}
-	binds = []gpu.Binding{part, pos.Slice(0, rows), out.Slice(0, uint64(n)*4)}
+	binds = []gpu.Binding{part, rowBinding, out.Slice(0, uint64(n)*4)}
 	mp := &attentionMergeParams{T: uint32(T), Heads: uint32(heads), Splits: uint32(splits)}
 	if err := gpu.Dispatch(b, mergePipe, mp, binds, uint32(heads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: merge: %w", op, err)
@@ -268,21 +271,24 @@ func (ch prefillChunks) memory() int {
 	return 4 * (ch.dk*prefillRows + 4*ch.kvs() + prefillRows*prefillKeys)
 }
 
-// AttentionPrefill records causal GQA attention for the T query rows
-// row0 … row0+T-1 (one sequence's part of a batch) over layer's cache, tiled:
+// AttentionPrefill records GQA attention for the T query rows
+// row0 … row0+T-1 (one sequence's part of a batch, its table row seq) over
+// layer's cache, tiled:
 //
-//	q    (row0+T, heads, D) f32, after q_norm and RoPE
-//	pos  (row0+T) u32: row t attends to positions 0 … pos[t] of slot seq
-//	out  (row0+T, heads, D) f32; only the T rows are written
+//	q     (row0+T, heads, D) f32, after q_norm and RoPE
+//	rows  (row0+T, RowWords) u32 (PutRow): row t attends to the slots
+//	      0 … slot of the sequence its mask leaves visible (causal for a
+//	      line token, the line and its ancestors for a token-tree node)
+//	out   (row0+T, heads, D) f32; only the T rows are written
 //
-// Every position up to the largest pos, the rows' own included, must be in
-// the cache (QKVProjRopeKV). The cache must be PrefillSupported.
-func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq int, pos *gpu.Buffer, row0, T, heads int) error {
+// Every slot up to the largest, the rows' own included, must be in the
+// cache (QKVProjRopeKV). The cache must be PrefillSupported.
+func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq int, rows *gpu.Buffer, row0, T, heads int) error {
 	op := "attention_prefill"
 	if row0 < 0 {
 		return fmt.Errorf("kernels: %s: row0 = %d", op, row0)
 	}
-	if err := c.checkRows(op, layer, row0+T, map[string]*gpu.Buffer{"pos": pos}); err != nil {
+	if err := c.checkRows(op, layer, row0+T, rows); err != nil {
 		return err
 	}
 	if err := c.checkHeads(op, heads); err != nil {
@@ -310,7 +316,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 	kc, vc := c.layer(layer)
 	params := &attentionPrefillParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), BS: uint32(c.BlockSize),
 		MaxBlocks: uint32(c.MaxBlocks), Seq: uint32(seq), Scale: attentionScale(c.D), Row0: uint32(row0)}
-	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.table.All(), pos.Slice(0, uint64(row0+T)*4), out.Slice(0, uint64(n)*4)}
+	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.table.All(), rows.Slice(0, uint64((row0+T)*RowWords)*4), out.Slice(0, uint64(n)*4)}
 	if err := gpu.Dispatch(b, p, params, binds, uint32(c.KVHeads), divCeil(T*group, prefillRows), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

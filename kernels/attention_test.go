@@ -55,7 +55,7 @@ func newTestCache(t *testing.T, d *gpu.Device, r *rand.Rand, kvHeads, D, blockSi
 		if err := c.Reserve([]*KVSeq{s}, []int{n}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Commit(n); err != nil {
+		if err := s.Commit(n, nil); err != nil {
 			t.Fatal(err)
 		}
 		tc.seqs = append(tc.seqs, s)
@@ -199,39 +199,57 @@ func TestAttentionDecode(t *testing.T) {
 			tune.workgroups, tune.maxChunk, tune.vb = 1, 1024, 1
 		}
 		tune.mergeDispatch = i%2 == 1
-		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v_%+v", s.kvHeads, s.group, s.D, s.blockSize, T, lens, tune)
-		t.Run(name, func(t *testing.T) { testAttentionDecode(t, d, r, s, lens, T, tune) })
+		tree := i%3 != 0 // rows of token trees, else of lines
+		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v_tree=%v_%+v", s.kvHeads, s.group, s.D, s.blockSize, T, lens, tree, tune)
+		t.Run(name, func(t *testing.T) {
+			place := func(p int) treemask.Row {
+				if tree && r.IntN(4) > 0 {
+					return randTreeRow(r, p)
+				}
+				return treemask.LineRow(p)
+			}
+			testAttentionDecode(t, d, r, s, lens, T, tune, place)
+		})
 	}
 }
 
-// testAttentionDecode runs T decode rows, each on a random slot at a random
-// position of its history, against reference.Attention on that history.
-func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape, lens []int, T int, tune decodeTuning) {
+// randTreeRow places a row at slot p as a random token-tree node: its base
+// at most 63 slots below, its mask its own bit and a random subset of the
+// slots between — any such subset is the ancestors of a node of some tree.
+func randTreeRow(r *rand.Rand, p int) treemask.Row {
+	k := r.IntN(min(p, treemask.MaxNodes-1) + 1)
+	return treemask.Row{Pos: p - k, Base: p - k, Mask: r.Uint64()&(1<<uint(k)-1) | 1<<uint(k)}
+}
+
+// testAttentionDecode runs T decode rows, each on a random sequence at a
+// random slot of its history, placed there by place(slot) (causal, or a
+// token-tree node's mask), against reference.Attention on that history.
+func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape, lens []int, T int, tune decodeTuning, place func(slot int) treemask.Row) {
 	tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, lens, r.IntN(2) == 1)
 	cfg := s.config()
 	qDim := cfg.QDim()
 	q := randVec(r, T*qDim, 1)
-	seq, pos := make([]uint32, T), make([]uint32, T)
+	seq, slots, rows := make([]uint32, T), make([]uint32, T), make([]treemask.Row, T)
 	want := make([]float32, T*qDim)
 	maxLen := 0
 	for row := range T {
-		slot := r.IntN(len(lens))
-		p := r.IntN(lens[slot])
+		i := r.IntN(len(lens))
+		p := r.IntN(lens[i])
 		if row == 0 {
-			p = lens[slot] - 1 // the longest context the slot has
+			p = lens[i] - 1 // the longest context the sequence has
 		}
-		seq[row], pos[row] = tc.slot(slot), uint32(p)
+		seq[row], slots[row], rows[row] = tc.slot(i), uint32(p), place(p)
 		maxLen = max(maxLen, p+1)
 		kv := (p + 1) * cfg.KVDim()
-		reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[slot][:kv], tc.v[slot][:kv], p, treemask.LineRows(p, 1), cfg)
+		reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[i][:kv], tc.v[i][:kv], p, rows[row:row+1], cfg)
 	}
-	qb, sb, pb := upload(t, d, "q", q), uploadU32(t, d, "seq", seq), uploadU32(t, d, "pos", pos)
+	qb, rb := upload(t, d, "q", q), uploadRows(t, d, seq, slots, rows)
 	scratch := tc.c.decodeScratch(T, cfg.NumAttentionHeads, maxLen, tune)
 	poisonScratch(t, d, scratch)
 	counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, scratch)
 	out := poisoned(t, d, "out", T*qDim)
 	run(t, d, "decode", func(b *gpu.Batch) error {
-		return attentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, cfg.NumAttentionHeads, maxLen, tune)
+		return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, cfg.NumAttentionHeads, maxLen, tune)
 	})
 	t.Logf("%d splits, merged by the last %v, f16 cache %v", tc.c.decodeSplits(T, cfg.NumAttentionHeads, maxLen, tune),
 		tc.c.lastSplitMerges(d, T, cfg.NumAttentionHeads, maxLen, tune), tc.c.F16)
@@ -242,10 +260,11 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 func TestAttentionPrefill(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for range 14 {
+	for i := range 14 {
 		s := randAttnShape(r)
 		T := []int{1, 5, 16, 17, 64, 130}[r.IntN(6)]
 		P := []int{0, r.IntN(200)}[r.IntN(2)]
+		tree := i%2 == 1                           // the last (up to 64) rows a random token tree's nodes
 		row0 := []int{0, 1 + r.IntN(7)}[r.IntN(2)] // the sequence's rows start here in the batch
 		// The device's workgroup memory, or WebGPU's default 16 KiB: other
 		// staging chunks (and value chunks the output registers loop over).
@@ -253,7 +272,7 @@ func TestAttentionPrefill(t *testing.T) {
 		if r.IntN(4) == 0 { // a head_dim whose chunks are not halves (32 of 96 at 16 KiB)
 			s.D = 96
 		}
-		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d_row%d_mem%d", s.kvHeads, s.group, s.D, s.blockSize, T, P, row0, memory), func(t *testing.T) {
+		t.Run(fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_P%d_row%d_mem%d_tree=%v", s.kvHeads, s.group, s.D, s.blockSize, T, P, row0, memory, tree), func(t *testing.T) {
 			// Sequence 1 is the one attended to; sequence 0 holds other blocks.
 			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{1 + r.IntN(50), P + T}, r.IntN(2) == 1)
 			tc.c.wgMemory = memory
@@ -262,16 +281,21 @@ func TestAttentionPrefill(t *testing.T) {
 			cfg := s.config()
 			qDim := cfg.QDim()
 			q := randVec(r, (row0+T)*qDim, 1) // rows before row0 belong to other sequences
-			pos := make([]uint32, row0+T)
+			place := treemask.LineRows(P, T)
+			if tree {
+				place = randTree(t, r, P, T)
+			}
+			seq, slots := make([]uint32, row0+T), make([]uint32, row0+T)
+			rows := make([]treemask.Row, row0+T)
 			for i := range T {
-				pos[row0+i] = uint32(P + i)
+				seq[row0+i], slots[row0+i], rows[row0+i] = tc.slot(1), uint32(P+i), place[i]
 			}
 			want := make([]float32, T*qDim)
-			reference.Attention(want, q[row0*qDim:], tc.k[1], tc.v[1], P, treemask.LineRows(P, T), cfg)
-			qb, pb := upload(t, d, "q", q), uploadU32(t, d, "pos", pos)
+			reference.Attention(want, q[row0*qDim:], tc.k[1], tc.v[1], P, place, cfg)
+			qb, rb := upload(t, d, "q", q), uploadRows(t, d, seq, slots, rows)
 			out := poisoned(t, d, "out", len(q))
 			run(t, d, "prefill", func(b *gpu.Batch) error {
-				return AttentionPrefill(b, out, qb, tc.c, tc.layer, int(tc.slot(1)), pb, row0, T, cfg.NumAttentionHeads)
+				return AttentionPrefill(b, out, qb, tc.c, tc.layer, int(tc.slot(1)), rb, row0, T, cfg.NumAttentionHeads)
 			})
 			got := readF32(t, out, len(q))
 			checkClose(t, "out", got[row0*qDim:], want, kvTol(tc.c))
@@ -280,6 +304,102 @@ func TestAttentionPrefill(t *testing.T) {
 					t.Fatalf("out[%d] = %v: a row before row0 was written", i, v)
 				}
 			}
+		})
+	}
+}
+
+// randTree places T tokens fed at slot P as treemask.Tree.Plan does: line
+// tokens first (at least one where P = 0, since a tree follows a line
+// slot), then up to 64 nodes of a random tree, each the child of a random
+// earlier node or a root.
+func randTree(t *testing.T, r *rand.Rand, P, T int) []treemask.Row {
+	t.Helper()
+	line := max(T-treemask.MaxNodes, 0)
+	line += r.IntN(T - line + 1)
+	if P+line == 0 {
+		line = 1
+	}
+	parents := make([]int, T)
+	for i := range parents {
+		switch s := P + i; {
+		case i < line:
+			parents[i] = treemask.Line
+		default:
+			parents[i] = P + line - 1 + r.IntN(s-(P+line)+1) // the line's last slot (a root) … s − 1
+		}
+	}
+	var tree treemask.Tree
+	rows, err := tree.Plan(P, parents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// TestAttentionHiddenKeys: rows that see none of some splits' keys (decode:
+// merged by a dispatch, by the last split, or one split) or of a prefill's
+// first tiles get no NaN from exp(−inf − (−inf)) and equal the reference.
+// Such rows do not see their own slot — no tree's node does that, but the
+// kernels' mask allows it, and it is the way to hide a whole split of 64
+// keys or more behind the row's 64-slot mask.
+func TestAttentionHiddenKeys(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	s := attnShape{kvHeads: 2, group: 2, D: 64, blockSize: 16}
+	cfg := s.config()
+	qDim := cfg.QDim()
+	for _, half := range []bool{false, true} {
+		for _, tune := range []decodeTuning{
+			{wg: 64, workgroups: 1 << 20, maxChunk: 64, vb: 8, mergeMinRows: 1},                      // 64-key splits merged by the last
+			{wg: 64, workgroups: 1 << 20, maxChunk: 64, vb: 8, mergeMinRows: 1, mergeDispatch: true}, // … by a dispatch
+			{wg: 64, workgroups: 1, maxChunk: 1024, vb: 8},                                           // one split
+		} {
+			t.Run(fmt.Sprintf("decode/f16=%v/%+v", half, tune), func(t *testing.T) {
+				// Rows at slot 399 of a 400-slot sequence see the slots below
+				// base (0 … 63, or fewer) and some of the 64 after: every
+				// split past slot 128 is hidden whole.
+				const T, n = 3, 400
+				tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{n}, half)
+				q := randVec(r, T*qDim, 1)
+				seq, slots, rows := make([]uint32, T), make([]uint32, T), make([]treemask.Row, T)
+				want := make([]float32, T*qDim)
+				for i := range T {
+					seq[i], slots[i] = tc.slot(0), n-1
+					rows[i] = treemask.Row{Base: 64 - 20*i, Mask: r.Uint64() | 1}
+					reference.Attention(want[i*qDim:(i+1)*qDim], q[i*qDim:(i+1)*qDim], tc.k[0], tc.v[0], n-1, rows[i:i+1], cfg)
+				}
+				qb, rb := upload(t, d, "q", q), uploadRows(t, d, seq, slots, rows)
+				scratch := tc.c.decodeScratch(T, cfg.NumAttentionHeads, n, tune)
+				poisonScratch(t, d, scratch)
+				counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, scratch)
+				out := poisoned(t, d, "out", T*qDim)
+				run(t, d, "decode", func(b *gpu.Batch) error {
+					return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, cfg.NumAttentionHeads, n, tune)
+				})
+				t.Logf("%d splits, merged by the last %v", tc.c.decodeSplits(T, cfg.NumAttentionHeads, n, tune), tc.c.lastSplitMerges(d, T, cfg.NumAttentionHeads, n, tune))
+				checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
+				checkCountsZero(t, d, counts)
+			})
+		}
+		t.Run(fmt.Sprintf("prefill/f16=%v", half), func(t *testing.T) {
+			// Rows at slots 40 … 49, base 0, seeing only slots from 32 on:
+			// the first 32-key tile is hidden from all of them.
+			const P, T = 40, 10
+			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{P + T}, half)
+			q := randVec(r, T*qDim, 1)
+			seq, slots, rows := make([]uint32, T), make([]uint32, T), make([]treemask.Row, T)
+			for i := range T {
+				seq[i], slots[i] = tc.slot(0), uint32(P+i)
+				rows[i] = treemask.Row{Mask: (r.Uint64() | 1<<uint(P+i)) &^ (1<<32 - 1) & (1<<uint(P+i+1) - 1)}
+			}
+			want := make([]float32, T*qDim)
+			reference.Attention(want, q, tc.k[0], tc.v[0], P, rows, cfg)
+			qb, rb := upload(t, d, "q", q), uploadRows(t, d, seq, slots, rows)
+			out := poisoned(t, d, "out", T*qDim)
+			run(t, d, "prefill", func(b *gpu.Batch) error {
+				return AttentionPrefill(b, out, qb, tc.c, tc.layer, int(tc.slot(0)), rb, 0, T, cfg.NumAttentionHeads)
+			})
+			checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
 		})
 	}
 }
@@ -304,7 +424,7 @@ func TestAttentionDecodeShortMaxLen(t *testing.T) {
 		tune.mergeDispatch = c.mergeDispatch
 		cfg := s.config()
 		qb := upload(t, d, "q", randVec(r, T*cfg.QDim(), 1))
-		sb, pb := uploadU32(t, d, "seq", []uint32{tc.slot(0), tc.slot(0)}), uploadU32(t, d, "pos", []uint32{199, 199})
+		rb := uploadRows(t, d, []uint32{tc.slot(0), tc.slot(0)}, []uint32{199, 199}, lineRows([]uint32{199, 199}))
 		poisonScratch(t, d, tc.c.decodeScratch(T, 2, c.maxLen, tune))
 		counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, tc.c.decodeScratch(T, 2, c.maxLen, tune))
 		out := poisoned(t, d, "out", T*cfg.QDim())
@@ -312,7 +432,7 @@ func TestAttentionDecodeShortMaxLen(t *testing.T) {
 			t.Fatal(err)
 		}
 		run(t, d, "decode", func(b *gpu.Batch) error {
-			return attentionDecode(b, out, qb, tc.c, tc.layer, sb, pb, T, 2, c.maxLen, tune)
+			return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, 2, c.maxLen, tune)
 		})
 		for i, v := range readF32(t, out, T*cfg.QDim()) {
 			if v == v {

@@ -13,6 +13,7 @@ import (
 	"webdraft/gpu/gputest"
 	"webdraft/qwen3"
 	"webdraft/tensor"
+	"webdraft/treemask"
 )
 
 // BenchmarkMatMulInt4 measures the int4 matmul at Qwen3-1.7B's shapes
@@ -444,7 +445,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		Ts, tunings = []int{1}, tunings[:2]
 	}
 	for _, T := range Ts {
-		c, sb, pb := benchDecodeCache(b, d, T, kvHeads, D, blockSize, context)
+		c, rb := benchDecodeCache(b, d, T, kvHeads, D, blockSize, context)
 		q, err := d.UploadF32("q", ones(T*heads*D))
 		if err != nil {
 			b.Fatal(err)
@@ -460,14 +461,14 @@ func BenchmarkAttentionDecode(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
-					return attentionDecode(bt, out, q, c, 0, sb, pb, T, heads, context, t)
+					return attentionDecode(bt, out, q, c, 0, rb, T, heads, context, t)
 				})
 				b.ReportMetric(sec*1e6, "µs/call")
 				b.ReportMetric(float64(2*T*context*kvHeads*D*c.ElemBytes())/sec/1e9, "GB/s")
 				b.ReportMetric(float64(c.decodeSplits(T, heads, context, t)), "splits")
 			})
 		}
-		for _, buf := range []*gpu.Buffer{sb, pb, q, out} {
+		for _, buf := range []*gpu.Buffer{rb, q, out} {
 			buf.Release()
 		}
 		c.Release()
@@ -537,16 +538,16 @@ func BenchmarkDecodeLayer(b *testing.B) {
 	}
 	b.Cleanup(qkNormRope.Release)
 	for _, T := range Ts {
-		c, sb, pb := benchDecodeCache(b, d, T, kvHeads, D, 16, context)
+		c, rb := benchDecodeCache(b, d, T, kvHeads, D, 16, context)
 		x := buffer("x", ones(T*H))
 		qkv, q, attn := buffer("qkv", make([]float32, T*(qDim+2*kvDim))), buffer("q", make([]float32, T*qDim)), buffer("attn", make([]float32, T*qDim))
 		gateUp := buffer("gate_up", make([]float32, T*2*I))
 		const eps = 1e-6
 		attention := func(bt *gpu.Batch) error {
-			if err := qkvRopeKVRows(bt, q, qkv, qkNormRope, c, 0, sb, pb, T, heads, eps); err != nil {
+			if err := qkvRopeKVRows(bt, q, qkv, qkNormRope, c, 0, rb, T, heads, eps); err != nil {
 				return err
 			}
-			return AttentionDecode(bt, attn, q, c, 0, sb, pb, T, heads, context)
+			return AttentionDecode(bt, attn, q, c, 0, rb, T, heads, context)
 		}
 		// Each projection from its input to its output, as the layer has them.
 		// (wg: skinny_int4.wgsl at pickSkinnyLayout's layout but wg threads,
@@ -586,10 +587,10 @@ func BenchmarkDecodeLayer(b *testing.B) {
 					w := layers[i%len(layers)]
 					for _, proj := range part.projs {
 						if proj == projQKV && part.attention { // as the engine records it
-							if err := QKVProjRopeKV(bt, q, qkv, x, norm, w.qkv, qkNormRope, c, 0, sb, pb, T, heads, eps); err != nil {
+							if err := QKVProjRopeKV(bt, q, qkv, x, norm, w.qkv, qkNormRope, c, 0, rb, T, heads, eps); err != nil {
 								return err
 							}
-							if err := AttentionDecode(bt, attn, q, c, 0, sb, pb, T, heads, context); err != nil {
+							if err := AttentionDecode(bt, attn, q, c, 0, rb, T, heads, context); err != nil {
 								return err
 							}
 							continue
@@ -611,9 +612,7 @@ func BenchmarkDecodeLayer(b *testing.B) {
 				b.ReportMetric(sec*1e6, "µs/layer")
 			})
 		}
-		for _, buf := range []*gpu.Buffer{sb, pb} {
-			buf.Release()
-		}
+		rb.Release()
 		c.Release()
 	}
 }
@@ -667,16 +666,16 @@ var decodeLayerParts = []decodeLayerPart{
 }
 
 // benchDecodeCache makes a one-layer f16 KV cache of T sequence slots, each
-// with the blocks for context positions (its own, in order), and the seq
-// and pos buffers of T decode rows, row t at position context − 1 of slot
-// t. The caller releases all three.
-func benchDecodeCache(b *testing.B, d *gpu.Device, T, kvHeads, D, blockSize, context int) (*KVCache, *gpu.Buffer, *gpu.Buffer) {
+// with the blocks for context positions (its own, in order), and the rows
+// buffer of T decode rows, row t a line token at position context − 1 of
+// slot t. The caller releases both.
+func benchDecodeCache(b *testing.B, d *gpu.Device, T, kvHeads, D, blockSize, context int) (*KVCache, *gpu.Buffer) {
 	perSeq := (context + blockSize - 1) / blockSize
 	c, err := NewKVCache(d, KVShape{Layers: 1, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: T * perSeq, Seqs: T, MaxBlocks: perSeq, F16: true})
 	if err != nil {
 		b.Fatal(err)
 	}
-	seq, pos := make([]uint32, T), make([]uint32, T)
+	rows := make([]uint32, T*RowWords)
 	seqs := make([]*KVSeq, T)
 	for i := range T {
 		if seqs[i], err = c.NewSeq(); err != nil {
@@ -685,18 +684,14 @@ func benchDecodeCache(b *testing.B, d *gpu.Device, T, kvHeads, D, blockSize, con
 		if err := c.Reserve(seqs[i:i+1], []int{context}); err != nil {
 			b.Fatal(err)
 		}
-		seq[i], pos[i] = uint32(seqs[i].Slot()), uint32(context-1)
+		PutRow(rows[i*RowWords:], seqs[i].Slot(), context-1, treemask.LineRow(context-1))
 	}
 	if err := c.SyncTables(seqs); err != nil {
 		b.Fatal(err)
 	}
-	sb, err := d.UploadU32("seq", seq)
+	rb, err := d.UploadU32("rows", rows)
 	if err != nil {
 		b.Fatal(err)
 	}
-	pb, err := d.UploadU32("pos", pos)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return c, sb, pb
+	return c, rb
 }

@@ -9,6 +9,7 @@ import (
 
 	"webdraft/gpu"
 	"webdraft/tensor"
+	"webdraft/treemask"
 )
 
 var seed = flag.Uint64("seed", 0, "random seed for the kernel tests (0: from the clock)")
@@ -229,4 +230,24 @@ func choiceFor(d *gpu.Device, k matMulKernel, w *Matrix, T int) (matMulChoice, b
 		return p.pick(w, T, l), true
 	}
 	return p.choose(k, w, T, l)
+}
+
+// uploadRows uploads a rows buffer (PutRow): row i of the sequence whose
+// table row is seq[i], at cache slot slot[i], placed as place[i].
+func uploadRows(t *testing.T, d *gpu.Device, seq, slot []uint32, place []treemask.Row) *gpu.Buffer {
+	t.Helper()
+	words := make([]uint32, len(seq)*RowWords)
+	for i := range seq {
+		PutRow(words[i*RowWords:], int(seq[i]), int(slot[i]), place[i])
+	}
+	return uploadU32(t, d, "rows", words)
+}
+
+// lineRows are the placements of line tokens at slots.
+func lineRows(slots []uint32) []treemask.Row {
+	rows := make([]treemask.Row, len(slots))
+	for i, s := range slots {
+		rows[i] = treemask.LineRow(int(s))
+	}
+	return rows
 }

@@ -3,9 +3,11 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"webdraft/gpu"
+	"webdraft/treemask"
 )
 
 // KVCache is the paged key/value cache of every layer, shared by the
@@ -27,9 +29,11 @@ import (
 //
 // A forward pass over some sequences first Reserves the blocks its new
 // positions need (all or nothing), writes the tables that changed
-// (SyncTables), runs, and then Commits each sequence's new length; a pass
-// that fails, or a rejected draft, rolls a sequence back with Truncate.
-// Reserve, Truncate and Release may be called from any goroutine.
+// (SyncTables), records the moves of paths kept since the last pass
+// (RecordMoves) before its kernels, runs, and then Commits each sequence's
+// new length; a pass that fails, or a rejected draft, rolls a sequence
+// back with Truncate. Reserve, Truncate, KeepPath and Release may be
+// called from any goroutine.
 type KVCache struct {
 	KVShape
 	k, v     []*gpu.Buffer // per layer
@@ -41,7 +45,10 @@ type KVCache struct {
 	mu     sync.Mutex
 	free   []uint32 // pool blocks no sequence maps, taken from the end
 	slots  []int    // table rows no sequence holds, taken from the end
+	moving []*KVSeq // sequences with moves pending, in KeepPath's order
 	closed bool
+
+	moveList *gpu.Buffer // RecordMoves' list, grown on demand
 }
 
 // KVShape sizes a KVCache.
@@ -59,13 +66,20 @@ type KVShape struct {
 var ErrKVFull = errors.New("KV cache full")
 
 // KVSeq is one sequence's part of a KVCache: its slot (table row), the
-// pool blocks it maps, and how many positions it holds.
+// pool blocks it maps, how many positions it holds, the token tree among
+// them (package treemask), and the moves of a kept path not made yet.
 type KVSeq struct {
 	c      *KVCache // nil once released
 	slot   int
 	blocks []uint32 // logical block i → pool block
 	len    int
 	dirty  bool // blocks changed since the slot's table row was written
+	tree   treemask.Tree
+	moves  []treemask.Move // KeepPath's, for the next pass to make (RecordMoves)
+	// Positions whose blocks stay mapped beyond len: until the moves are
+	// made, those they read (the last one's From + 1); until a Truncate,
+	// those Reserve mapped for a call's passes.
+	hold, reserved int
 }
 
 // NewKVCache allocates a zeroed cache and an all-zero block table, every
@@ -131,7 +145,7 @@ func (c *KVCache) Release() {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
-	for _, b := range append(append([]*gpu.Buffer{c.table}, c.k...), c.v...) {
+	for _, b := range append(append([]*gpu.Buffer{c.table, c.moveList}, c.k...), c.v...) {
 		if b != nil {
 			b.Release()
 		}
@@ -181,6 +195,7 @@ func (c *KVCache) Reserve(seqs []*KVSeq, lens []int) error {
 			c.free = c.free[:len(c.free)-n]
 			s.dirty = true
 		}
+		s.reserved = max(s.reserved, lens[i])
 	}
 	return nil
 }
@@ -205,26 +220,55 @@ func (c *KVCache) blocksFor(positions int) int { return (positions + c.BlockSize
 // Len is the number of cached positions.
 func (s *KVSeq) Len() int { return s.len }
 
-// Slot is the sequence's table row (the seq buffer the attention kernels
-// take holds it for each of its rows).
+// Slot is the sequence's table row (the rows buffer the kernels over the
+// cache take holds it for each of its rows: PutRow).
 func (s *KVSeq) Slot() int { return s.slot }
 
 // Cache is the cache the sequence belongs to (nil once released).
 func (s *KVSeq) Cache() *KVCache { return s.c }
 
+// Place returns how T tokens fed next are placed — their positions and
+// masks, treemask.Tree.Plan at the sequence's length, with parents (nil:
+// every token continues the line, which a tree's nodes may not precede) —
+// without changing the sequence: Commit records them.
+func (s *KVSeq) Place(T int, parents []int) ([]treemask.Row, error) {
+	if parents == nil && s.tree.Len() == 0 {
+		return treemask.LineRows(s.len, T), nil
+	}
+	if parents == nil {
+		parents = make([]int, T)
+		for i := range parents {
+			parents[i] = treemask.Line
+		}
+	}
+	if len(parents) != T {
+		return nil, fmt.Errorf("kernels: kv cache: %d parents for %d tokens", len(parents), T)
+	}
+	return s.tree.Plan(s.len, parents)
+}
+
 // Commit records that the sequence now holds n positions, all of them in
-// blocks Reserve mapped.
-func (s *KVSeq) Commit(n int) error {
+// blocks Reserve mapped; rows, where not nil, are how the positions from
+// its old length on were placed (Place), so that the tree nodes among them
+// join its token tree.
+func (s *KVSeq) Commit(n int, rows []treemask.Row) error {
 	if n < 0 || len(s.blocks)*s.c.BlockSize < n {
 		return fmt.Errorf("kernels: kv cache: %d positions committed, %d mapped", n, len(s.blocks)*s.c.BlockSize)
 	}
+	if rows != nil && s.len+len(rows) != n {
+		return fmt.Errorf("kernels: kv cache: %d rows placed from position %d, committing %d", len(rows), s.len, n)
+	}
+	s.tree.Commit(s.len, rows)
 	s.len = n
 	return nil
 }
 
-// Truncate drops positions from n on (a rejected draft rolls back) and
-// returns the blocks past those the positions left need, reserved ones
-// included: Truncate(Len()) undoes a Reserve. A negative n is ignored.
+// Truncate drops positions from n on (a rejected draft rolls back), and
+// the token tree's nodes among them, and returns the blocks past those the
+// positions left need, reserved ones included: Truncate(Len()) undoes a
+// Reserve. A move KeepPath left pending to a dropped position is dropped;
+// the blocks the moves still pending read stay mapped until the next pass
+// has made them (RecordMoves). A negative n is ignored.
 func (s *KVSeq) Truncate(n int) {
 	if n < 0 || s.c == nil {
 		return
@@ -233,22 +277,65 @@ func (s *KVSeq) Truncate(n int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s.len = min(s.len, n)
-	if keep := c.blocksFor(s.len); keep < len(s.blocks) {
+	s.tree.Truncate(s.len)
+	// Moves write increasing positions (treemask.Tree.KeepPath): those
+	// kept are a prefix, which the ones dropped do not change.
+	kept := 0
+	for kept < len(s.moves) && s.moves[kept].To < s.len {
+		kept++
+	}
+	s.moves = s.moves[:kept]
+	s.hold, s.reserved = 0, 0
+	for _, m := range s.moves {
+		s.hold = max(s.hold, m.From+1)
+	}
+	s.trim()
+}
+
+// trim returns the blocks past those the sequence's positions, its pending
+// moves and its reservation need; c.mu is held.
+func (s *KVSeq) trim() {
+	c := s.c
+	if keep := c.blocksFor(max(s.len, s.hold, s.reserved)); keep < len(s.blocks) {
 		c.free = append(c.free, s.blocks[keep:]...)
 		s.blocks = s.blocks[:keep]
 	}
 }
 
-// KeepPath: token trees are not placed in this cache yet.
+// KeepPath ends the sequence's token tree keeping the nodes of path —
+// slots, a root first, each the child of the one before — whose keys and
+// values are moved to follow the line (treemask.Tree.KeepPath): the cache
+// then holds what feeding the path's tokens as a line would have left. The
+// moves are not made here: the next pass over the cache records them
+// before anything else (RecordMoves), so KeepPath submits nothing, and
+// every later read sees them moved. A path that is not one of the tree's
+// is refused (treemask.ErrPath) and changes nothing; an empty path drops
+// the tree.
 func (s *KVSeq) KeepPath(path []int) error {
-	if len(path) == 0 {
-		return nil
+	c := s.c
+	if c == nil {
+		return errors.New("kernels: kv cache: keep path: a released sequence")
 	}
-	return errors.New("kernels: kv cache: token trees are not supported yet")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	moves, n, err := s.tree.KeepPath(s.len, path)
+	if err != nil {
+		return err
+	}
+	if len(moves) > 0 {
+		if len(s.moves) == 0 {
+			c.moving = append(c.moving, s)
+		}
+		s.moves = append(s.moves, moves...)
+		s.hold = max(s.hold, moves[len(moves)-1].From+1)
+	}
+	s.len, s.reserved = n, 0
+	s.trim()
+	return nil
 }
 
-// Release returns the sequence's blocks and slot; it must not be used
-// afterwards (a second Release does nothing).
+// Release returns the sequence's blocks and slot, and drops its pending
+// moves; it must not be used afterwards (a second Release does nothing).
 func (s *KVSeq) Release() {
 	c := s.c
 	if c == nil {
@@ -258,7 +345,24 @@ func (s *KVSeq) Release() {
 	defer c.mu.Unlock()
 	c.free = append(c.free, s.blocks...)
 	c.slots = append(c.slots, s.slot)
-	s.blocks, s.c = nil, nil
+	if len(s.moves) > 0 {
+		c.moving = slices.DeleteFunc(c.moving, func(m *KVSeq) bool { return m == s })
+	}
+	s.blocks, s.c, s.moves, s.hold = nil, nil, nil, 0
+	s.tree = treemask.Tree{}
+}
+
+// RowWords is the u32 words of one row of a rows buffer: Row in
+// prelude.wgsl (PutRow).
+const RowWords = 6
+
+// PutRow writes into dst (RowWords words) how a row sits in the cache: its
+// sequence's table row (KVSeq.Slot), the position slot its key and value
+// go to, and its placement r — the position it is rotated at and the slots
+// it attends to (treemask.Row; treemask.LineRow(slot) for a line token).
+func PutRow(dst []uint32, seq, slot int, r treemask.Row) {
+	dst[0], dst[1], dst[2], dst[3] = uint32(seq), uint32(slot), uint32(r.Pos), uint32(r.Base)
+	dst[4], dst[5] = uint32(r.Mask), uint32(r.Mask>>32)
 }
 
 // consts specializes a KV-reading or -writing kernel for the element type.
@@ -298,21 +402,16 @@ func (c *KVCache) pipeline(d *gpu.Device, k gpu.Kernel, shape kernelShape, withK
 	})
 }
 
-// checkRows checks the per-row buffers shared by the kernels over the
-// cache.
-func (c *KVCache) checkRows(op string, layer, T int, rows map[string]*gpu.Buffer) error {
+// checkRows checks the rows buffer (PutRow) of T rows shared by the
+// kernels over the cache.
+func (c *KVCache) checkRows(op string, layer, T int, rows *gpu.Buffer) error {
 	if c == nil {
 		return fmt.Errorf("kernels: %s: nil cache", op)
 	}
 	if layer < 0 || layer >= c.Layers || T <= 0 {
 		return fmt.Errorf("kernels: %s: layer %d of %d, T = %d", op, layer, c.Layers, T)
 	}
-	for name, buf := range rows {
-		if err := need(op, name, buf, T); err != nil {
-			return err
-		}
-	}
-	return nil
+	return need(op, "rows", rows, T*RowWords)
 }
 
 // checkHeads checks the head layout for attention over c.

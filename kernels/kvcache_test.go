@@ -46,10 +46,10 @@ func TestKVCachePool(t *testing.T) {
 	if err := c.Reserve([]*KVSeq{a}, []int{21}); err == nil {
 		t.Error("a reservation past MaxBlocks was accepted")
 	}
-	if err := a.Commit(13); err == nil || a.Len() != 0 {
+	if err := a.Commit(13, nil); err == nil || a.Len() != 0 {
 		t.Errorf("a commit past the mapped blocks: %v, Len %d", err, a.Len())
 	}
-	if err := a.Commit(9); err != nil || a.Len() != 9 {
+	if err := a.Commit(9, nil); err != nil || a.Len() != 9 {
 		t.Fatalf("commit: %v, Len %d", err, a.Len())
 	}
 	if err := c.SyncTables([]*KVSeq{a, b}); err != nil {

@@ -10,8 +10,8 @@ import (
 
 var qkvRopeKV = gpu.Kernel{
 	Module: "qkv_rope_kv.wgsl", Source: shaders.QKVRopeKV, Entry: "main", Params: reflect.TypeFor[qkvRopeKVParams](),
-	// part (the q|k|v rows or their partial sums), consts, pos, seq, table, q, kcache, vcache
-	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
+	// part (the q|k|v rows or their partial sums), consts, rows, table, q, kcache, vcache
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
 }
 
 // qkvRopeKVParams are qkv_rope_kv.wgsl's params.
@@ -44,8 +44,9 @@ func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm, invFreq []float3
 
 // QKVProjRopeKV records a decoder layer's attention input: the q|k|v
 // projection of the normalized hidden states, then, in one dispatch
-// (qkv_rope_kv.wgsl), Qwen3's per-head q_norm/k_norm and RoPE (row t at
-// position pos[t]) and the append of the keys and values to layer's cache:
+// (qkv_rope_kv.wgsl), Qwen3's per-head q_norm/k_norm and RoPE (each row at
+// its position) and the write of the keys and values to layer's cache, at
+// each row's slot:
 //
 //	qkv = qkv_proj(input_layernorm(x))    (as MatMulNorm)
 //	q   = rope(q_norm(q)); cache ← rope(k_norm(k)), v
@@ -55,23 +56,25 @@ func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm, invFreq []float3
 //	w         ((heads + 2·kv_heads)·D, K) q_proj | k_proj | v_proj stacked
 //	qkv       (T, (heads + 2·kv_heads)·D) f32 scratch rows
 //	consts    from UploadQKNormRope
-//	seq, pos  (T) u32: block-table row (KVSeq.Slot) and position of each
-//	          row; every position's block must be in its slot's table
+//	rows      (T, RowWords) u32 (PutRow): each row's sequence (KVSeq.Slot),
+//	          cache slot and position — the slot for a line token, its
+//	          parent's position plus one for a token-tree node; every
+//	          slot's block must be in its sequence's table
 //	q         (T, heads, D) f32, written: rope(q_norm(q))
 //
 // It equals RMSNorm (over head_dim, with q_norm or k_norm) then RoPE on
 // each query and key head, followed by writing the keys and values to the
-// cache slots of their positions; eps is all three RMSNorms'. When the
+// rows' cache slots; eps is all three RMSNorms'. When the
 // projection splits along K, qkv_rope_kv.wgsl sums the partial sums itself
 // (and applies the input RMSNorm), one dispatch fewer than a reduce first,
 // and qkv is left unwritten.
-func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
+func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads int, eps float64) error {
 	if w == nil {
 		return fmt.Errorf("kernels: qkv_proj_rope_kv: nil matrix")
 	}
 	d := b.Device()
 	l := d.Limits()
-	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, seq, pos, T, heads, matMulInput{norm: inputNorm, eps: eps}, planFor(d).pick(w, T, l), l.MaxStorageBufferBindingSize)
+	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, rows, T, heads, matMulInput{norm: inputNorm, eps: eps}, planFor(d).pick(w, T, l), l.MaxStorageBufferBindingSize)
 	return err
 }
 
@@ -79,7 +82,7 @@ func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, co
 // which is also q_norm's and k_norm's epsilon), the projection's choice and
 // the binding limit given, as tests force them; it returns the splits the
 // projection took (1: none).
-func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, in matMulInput, choice matMulChoice, maxBinding uint64) (int, error) {
+func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads int, in matMulInput, choice matMulChoice, maxBinding uint64) (int, error) {
 	op := "qkv_proj_rope_kv"
 	if in.norm == nil {
 		return 0, fmt.Errorf("kernels: %s: nil input_layernorm weight", op)
@@ -88,7 +91,7 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 		return 0, fmt.Errorf("kernels: %s: nil matrix", op)
 	}
 	// Everything checked before anything is recorded.
-	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, seq, pos, T, heads); err != nil {
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
 		return 0, err
 	}
 	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
@@ -98,15 +101,15 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	if err != nil {
 		return 0, err // it names the matrix
 	}
-	if err := recordQKVRopeKV(b, op, q, qkv, split, consts, c, layer, seq, pos, T, heads, w.K, in.eps); err != nil {
+	if err := recordQKVRopeKV(b, op, q, qkv, split, consts, c, layer, rows, T, heads, w.K, in.eps); err != nil {
 		return 0, err
 	}
 	return max(split.splits, 1), nil
 }
 
 // checkQKVRopeKV checks qkv_rope_kv.wgsl's arguments.
-func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int) error {
-	if err := c.checkRows(op, layer, T, map[string]*gpu.Buffer{"seq": seq, "pos": pos}); err != nil {
+func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads int) error {
+	if err := c.checkRows(op, layer, T, rows); err != nil {
 		return err
 	}
 	if err := c.checkHeads(op, heads); err != nil {
@@ -132,7 +135,7 @@ func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int
 // recordQKVRopeKV records qkv_rope_kv.wgsl over the rows in qkv, or over
 // the partials in split when it has more than one split (K inputs a row,
 // RMSNorm epsilon eps); the arguments are checked.
-func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads, K int, eps float64) error {
+func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, consts *gpu.Buffer, c *KVCache, layer int, rowBuf *gpu.Buffer, T, heads, K int, eps float64) error {
 	sb := splitBlockLog(split.splits)
 	p, err := c.pipeline(b.Device(), qkvRopeKV, kernelShape{sb: sb}, true, func() gpu.Consts { return reduceConsts[sb] })
 	if err != nil {
@@ -146,7 +149,7 @@ func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, 
 		rows, splits = split.part, split.splits
 	}
 	kc, vc := c.layer(layer)
-	binds := []gpu.Binding{rows, f(consts, 2*D+D/2), f(pos, T), f(seq, T), c.table.All(), f(q, T*heads*D), kc, vc}
+	binds := []gpu.Binding{rows, f(consts, 2*D+D/2), f(rowBuf, T*RowWords), c.table.All(), f(q, T*heads*D), kc, vc}
 	params := &qkvRopeKVParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), D: uint32(D), Eps: float32(eps),
 		BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), K: uint32(K), NormEps: float32(eps)}
 	if err := gpu.Dispatch(b, p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {

@@ -9,18 +9,21 @@ import (
 	"webdraft/gpu/gputest"
 	"webdraft/qwen3"
 	"webdraft/reference"
+	"webdraft/treemask"
 )
 
 // qkvRows is a batch of T rows for the qkv_rope_kv kernels: a 2-layer
 // cache (f16 when half) of three sequences, their blocks from a shuffled
 // pool, layer 1 poisoned; and rows of random sequences, each one's rows a
-// run of positions from a random start, as a batch of decode and prefill
-// rows has them.
+// run of slots from a random start, as a batch of decode and prefill rows
+// has them — with tree, each row a token tree's node with probability ½,
+// rotated at a random position up to its slot (a node's depth's), else a
+// line token rotated at its slot.
 type qkvRows struct {
 	c                *KVCache
 	heads, T         int
-	seq, pos         []uint32
-	seqBuf, posBuf   *gpu.Buffer
+	seq, slot, pos   []uint32
+	rowBuf           *gpu.Buffer
 	qNorm, kNorm     []float32
 	consts           *gpu.Buffer // UploadQKNormRope
 	theta, eps       float64
@@ -28,7 +31,7 @@ type qkvRows struct {
 	layer, maxBlocks int
 }
 
-func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs, T int, half bool) *qkvRows {
+func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs, T int, half, tree bool) *qkvRows {
 	t.Helper()
 	const slots = 3
 	q := &qkvRows{heads: heads, T: T, theta: 1000000, eps: 1e-6, layer: 1}
@@ -56,12 +59,18 @@ func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs
 	for i := range next {
 		next[i] = uint32(r.IntN(2 * bs))
 	}
+	var place []treemask.Row
 	for range T {
 		i := r.IntN(slots)
-		q.seq, q.pos = append(q.seq, uint32(seqs[i].Slot())), append(q.pos, next[i])
+		row := treemask.LineRow(int(next[i]))
+		if tree && r.IntN(2) == 0 {
+			row = treemask.Row{Pos: r.IntN(int(next[i]) + 1), Base: int(next[i]), Mask: 1}
+		}
+		q.seq, q.slot, q.pos = append(q.seq, uint32(seqs[i].Slot())), append(q.slot, next[i]), append(q.pos, uint32(row.Pos))
+		place = append(place, row)
 		next[i]++
 	}
-	q.seqBuf, q.posBuf = uploadU32(t, d, "seq", q.seq), uploadU32(t, d, "pos", q.pos)
+	q.rowBuf = uploadRows(t, d, q.seq, q.slot, place)
 	q.qNorm, q.kNorm = randVec(r, D, 0.5), randVec(r, D, 0.5)
 	q.invFreq = (&qwen3.Config{HeadDim: D, RopeTheta: q.theta}).RopeInvFreq()
 	if q.consts, err = UploadQKNormRope(d, "consts", q.qNorm, q.kNorm, q.invFreq); err != nil {
@@ -84,7 +93,8 @@ func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs
 func (q *qkvRows) width() int { return (q.heads + 2*q.c.KVHeads) * q.c.D }
 
 // check compares the q written to qb and the keys and values in the cache
-// with the reference's RMSNorm and Rope of the q|k|v rows qkv (T, width).
+// with the reference's RMSNorm and Rope of the q|k|v rows qkv (T, width):
+// each row rotated at its position, its key and value at its slot.
 func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
 	t.Helper()
 	T, heads, kvHeads, D, bs, width := q.T, q.heads, q.c.KVHeads, q.c.D, q.c.BlockSize, q.width()
@@ -114,9 +124,9 @@ func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
 	}{"k": {q.c.k[q.layer], wantK}, "v": {q.c.v[q.layer], wantV}} {
 		layer := readCache(t, q.c, cc.buf)
 		for t_ := range T {
-			block := int(table[int(q.seq[t_])*q.maxBlocks+int(q.pos[t_])/bs])
+			block := int(table[int(q.seq[t_])*q.maxBlocks+int(q.slot[t_])/bs])
 			for h := range kvHeads {
-				at := ((block*kvHeads+h)*bs + int(q.pos[t_])%bs) * D
+				at := ((block*kvHeads+h)*bs + int(q.slot[t_])%bs) * D
 				want := cc.want[(t_*kvHeads+h)*D : (t_*kvHeads+h+1)*D]
 				if relErr(layer[at:at+D], want) > kvTol(q.c) {
 					t.Fatalf("%s: row %d head %d: got %v…, want %v…", name, t_, h, layer[at:at+2], want[:2])
@@ -128,31 +138,32 @@ func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
 
 // qkvRopeKVRows records qkv_rope_kv.wgsl over the q|k|v rows in qkv (unsplit):
 // the second half of QKVProjRopeKV on its own.
-func qkvRopeKVRows(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, seq, pos *gpu.Buffer, T, heads int, eps float64) error {
+func qkvRopeKVRows(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads int, eps float64) error {
 	op := "qkv_rope_kv"
-	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, seq, pos, T, heads); err != nil {
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
 		return err
 	}
-	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, seq, pos, T, heads, 0, eps)
+	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, rows, T, heads, 0, eps)
 }
 
 // TestQKVRopeKV: q/k norms and RoPE from stacked projection rows, with the
-// keys and values appended to the cache, against the reference's RMSNorm
-// and Rope.
+// keys and values written to the cache, against the reference's RMSNorm
+// and Rope — line rows, and token-tree rows whose position is not their
+// slot.
 func TestQKVRopeKV(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	for i := range 6 {
 		s := randAttnShape(r)
 		s.D = []int{64, 128, 256}[r.IntN(3)]
-		half := i%2 == 1
+		half, tree := i%2 == 1, i >= 2
 		heads, kvHeads, D, T := s.kvHeads*s.group, s.kvHeads, s.D, 3+r.IntN(58)
-		t.Run(fmt.Sprintf("heads%d_kv%d_D%d_T%d_f16=%v", heads, kvHeads, D, T, half), func(t *testing.T) {
-			rows := newQKVRows(t, d, r, heads, kvHeads, D, s.blockSize, T, half)
+		t.Run(fmt.Sprintf("heads%d_kv%d_D%d_T%d_f16=%v_tree=%v", heads, kvHeads, D, T, half, tree), func(t *testing.T) {
+			rows := newQKVRows(t, d, r, heads, kvHeads, D, s.blockSize, T, half, tree)
 			qkv := randVec(r, T*rows.width(), 2)
 			qb, qkvb := poisoned(t, d, "q", T*heads*D), upload(t, d, "qkv", qkv)
 			run(t, d, "qkv_rope_kv", func(b *gpu.Batch) error {
-				return qkvRopeKVRows(b, qb, qkvb, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, rows.eps)
+				return qkvRopeKVRows(b, qb, qkvb, rows.consts, rows.c, rows.layer, rows.rowBuf, T, heads, rows.eps)
 			})
 			rows.check(t, qb, qkv)
 		})
@@ -195,7 +206,7 @@ func TestQKVProjRopeKV(t *testing.T) {
 			name := fmt.Sprintf("%s/T%d_heads%d_kv%d_D%d_K%d_f16=%v", c.name, c.T, heads, kvHeads, D, K, half)
 			t.Run(name, func(t *testing.T) {
 				T := c.T
-				rows := newQKVRows(t, d, r, heads, kvHeads, D, []int{16, 32}[r.IntN(2)], T, half)
+				rows := newQKVRows(t, d, r, heads, kvHeads, D, []int{16, 32}[r.IntN(2)], T, half, true)
 				N := rows.width()
 				m := randMatrix(t, r, Int4, N, K, 32)
 				w, err := UploadMatrix(d, "qkv_proj", m)
@@ -232,7 +243,7 @@ func TestQKVProjRopeKV(t *testing.T) {
 				splits := 0
 				run(t, d, "qkv_proj_rope_kv", func(b *gpu.Batch) error {
 					var err error
-					splits, err = qkvProjRopeKV(b, qb, qkvb, xb, w, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, how, choice, maxBinding)
+					splits, err = qkvProjRopeKV(b, qb, qkvb, xb, w, rows.consts, rows.c, rows.layer, rows.rowBuf, T, heads, how, choice, maxBinding)
 					return err
 				})
 				t.Logf("qkv_rope_kv.wgsl read %d splits", splits)
@@ -248,7 +259,7 @@ func TestQKVProjRopeKV(t *testing.T) {
 					if _, err := matMulSplitK(b, qkv2, xb, w, T, how, choice, maxBinding, false); err != nil {
 						return err
 					}
-					return qkvRopeKVRows(b, q2, qkv2, rows.consts, rows.c, rows.layer, rows.seqBuf, rows.posBuf, T, heads, rows.eps)
+					return qkvRopeKVRows(b, q2, qkv2, rows.consts, rows.c, rows.layer, rows.rowBuf, T, heads, rows.eps)
 				})
 				checkClose(t, "q against the two-dispatch path", fused, readF32(t, q2, T*heads*D), tolF32)
 			})
@@ -262,7 +273,7 @@ func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	const heads, kvHeads, D, K, T = 4, 2, 64, 64, 2
-	rows := newQKVRows(t, d, r, heads, kvHeads, D, 16, T, false)
+	rows := newQKVRows(t, d, r, heads, kvHeads, D, 16, T, false, false)
 	N := rows.width()
 	w, err := UploadMatrix(d, "qkv_proj", randMatrix(t, r, Int4, N, K, 32))
 	if err != nil {
@@ -275,14 +286,14 @@ func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {
 	}
 	defer narrow.Release()
 	type args struct {
-		q, qkv, x, g, consts, seq, pos *gpu.Buffer
-		w                              *Matrix
-		c                              *KVCache
-		layer, T, heads                int
+		q, qkv, x, g, consts, rows *gpu.Buffer
+		w                          *Matrix
+		c                          *KVCache
+		layer, T, heads            int
 	}
 	good := args{
 		q: poisoned(t, d, "q", T*heads*D), qkv: poisoned(t, d, "qkv", T*N), x: poisoned(t, d, "x", T*K),
-		g: poisoned(t, d, "input_layernorm", K), consts: rows.consts, seq: rows.seqBuf, pos: rows.posBuf,
+		g: poisoned(t, d, "input_layernorm", K), consts: rows.consts, rows: rows.rowBuf,
 		w: w, c: rows.c, layer: 1, T: T, heads: heads,
 	}
 	small := poisoned(t, d, "small", 1)
@@ -300,7 +311,8 @@ func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {
 		{"nil matrix", func(a *args) { a.w = nil }, false},
 		{"narrow matrix", func(a *args) { a.w = narrow }, false},
 		{"short consts", func(a *args) { a.consts = small }, false},
-		{"short seq", func(a *args) { a.seq = small }, false},
+		{"short rows", func(a *args) { a.rows = small }, false},
+		{"nil rows", func(a *args) { a.rows = nil }, true},
 		{"layer 2 of 2", func(a *args) { a.layer = 2 }, false},
 		{"nil cache", func(a *args) { a.c = nil }, false},
 		{"3 heads for 2 kv heads", func(a *args) { a.heads = 3 }, false},
@@ -318,9 +330,9 @@ func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 		if bad.plain {
-			err = qkvRopeKVRows(b, a.q, a.qkv, a.consts, a.c, a.layer, a.seq, a.pos, a.T, a.heads, 1e-6)
+			err = qkvRopeKVRows(b, a.q, a.qkv, a.consts, a.c, a.layer, a.rows, a.T, a.heads, 1e-6)
 		} else {
-			err = QKVProjRopeKV(b, a.q, a.qkv, a.x, a.g, a.w, a.consts, a.c, a.layer, a.seq, a.pos, a.T, a.heads, 1e-6)
+			err = QKVProjRopeKV(b, a.q, a.qkv, a.x, a.g, a.w, a.consts, a.c, a.layer, a.rows, a.T, a.heads, 1e-6)
 		}
 		if err == nil {
 			t.Errorf("%s: accepted", name)

@@ -1,22 +1,27 @@
-// attention_decode.wgsl: causal GQA attention of single query rows over the
-// paged KV cache, split over the context (flash-decoding). The splits are
-// merged by attention_merge.wgsl; or, with MERGE, by the last of a row's
-// splits to finish, in this dispatch; or, when there is one split (DIRECT),
-// the kernel writes the output itself.
+// attention_decode.wgsl: GQA attention of single query rows over the paged
+// KV cache, each row with its own sequence and mask, split over the context
+// (flash-decoding). The splits are merged by attention_merge.wgsl; or, with
+// MERGE, by the last of a row's splits to finish, in this dispatch; or,
+// when there is one split (DIRECT), the kernel writes the output itself.
 //
-// Row t (query q[t], position pos[t], sequence seq[t]) attends to the
-// positions 0 … pos[t] of its sequence. Query head h reads kv head
-// h / GROUP (repeat_kv). Split s covers positions [s·CHUNK, (s+1)·CHUNK);
-// for each query head it stores, unnormalized,
+// Row t (query q[t], placement rows[t]: Row in prelude.wgsl) attends to
+// the slots j ≤ rows[t].slot of sequence rows[t].seq that it sees
+// (visible): all of them for a line token (causal), the line and its
+// ancestors for a token-tree node. Query head h reads kv head h / GROUP
+// (repeat_kv). Split s covers slots [s·CHUNK, (s+1)·CHUNK); for each query
+// head it stores, unnormalized, over the keys j of the split the row sees,
 //   m = max_j score_j,  l = Σ_j exp(score_j − m),  o = Σ_j exp(score_j − m) · v_j
-// with score_j = (q · k_j) · scale. A split past the row's context stores
-// m = −inf, l = 0, o = 0.
+// with score_j = (q · k_j) · scale: a hidden key scores −inf. A split past
+// the row's context, or whose keys the row sees none of, stores m = −inf,
+// l = 0, o = 0 (its weights are taken against 0, not m, so that
+// exp(−inf − (−inf)) makes no NaN); the merge weighs it 0.
 //
 // Buffers:
 //   q       (T, heads, D) f32, after q_norm and RoPE
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs
 //           (layout in qkv_rope_kv.wgsl), read as 16-byte words
-//   table   (seqs, max_blocks) u32, seq (T) u32, pos (T) u32
+//   table   (seqs, max_blocks) u32
+//   rows    (T) Row: the rows' sequences, slots and masks
 //   part    from word part0 on, (T, heads, splits, D + 2) f32 bits: o,
 //           then m and l (unwritten with DIRECT); read and written as
 //           atomics (see MERGE)
@@ -40,7 +45,9 @@
 // and value is read once for all of them, in three phases:
 //   scores  thread c scores keys c, c + WG, … of the chunk against the
 //           group's queries (in workgroup memory), reading each key in
-//           16-byte loads, its GROUP dot products in registers;
+//           16-byte loads, its GROUP dot products in registers; a key the
+//           row does not see scores −inf (a line row's keys are all below
+//           its base: one comparison a key);
 //   softmax the max and the sum of exponentials of each head: each thread's
 //           own, then RG = WG/16 partials a head (each folding 16 threads'),
 //           then every thread folds the RG partials — two barriers each;
@@ -80,7 +87,7 @@ struct Params {
     T: u32,
     heads: u32,
     kv_heads: u32,
-    BS: u32,         // positions per block
+    BS: u32,         // slots per block
     max_blocks: u32, // row stride of table
     splits: u32,
     scale: f32,      // 1/sqrt(D)
@@ -92,10 +99,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read> kcache: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> vcache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
-@group(0) @binding(5) var<storage, read> seq: array<u32>;
-@group(0) @binding(6) var<storage, read> pos: array<u32>;
-@group(0) @binding(7) var<storage, read_write> part: array<atomic<u32>>;
-@group(0) @binding(8) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> rows: array<Row>;
+@group(0) @binding(6) var<storage, read_write> part: array<atomic<u32>>;
+@group(0) @binding(7) var<storage, read_write> out: array<f32>;
 
 var<workgroup> qs: array<vec4<f32>, QS>;
 var<workgroup> sc: array<f32, SC>;
@@ -177,7 +183,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let s = wid.y;
     let t = wid.z;
     let h0 = g * GROUP;                  // first query head of the group
-    let L = pos[t] + 1u;                 // context length of row t
+    let r = rows[t];
+    let L = r.slot + 1u;                 // context length of row t
     let j0 = s * CHUNK;
     let n = select(0u, min(CHUNK, L - j0), j0 < L); // keys of this split: 0 past the context
 
@@ -193,11 +200,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var hh = 0u; hh < GROUP; hh++) {
         m[hh] = neg_inf;
     }
-    let row = seq[t] * p.max_blocks;
+    let row = r.seq * p.max_blocks;
     for (var c = lid; c < n; c += WG) {
         let j = j0 + c;
         let b = ((table[row + j / p.BS] * p.kv_heads + g) * p.BS + j % p.BS) * D;
         base[c] = b;
+        let seen = visible(r, j);
         // Explicitly zeroed: the bundled naga zeroes an uninitialized
         // variable once per invocation, not at each loop iteration.
         var acc = array<f32, GROUP>();
@@ -209,18 +217,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         for (var hh = 0u; hh < GROUP; hh++) {
-            let score = acc[hh] * p.scale;
+            let score = select(neg_inf, acc[hh] * p.scale, seen);
             sc[hh * CHUNK + c] = score;
             m[hh] = max(m[hh], score);
         }
     }
     m = reduce(lid, m, true);
 
-    // exp(score − m) in place, and each thread's sum per head.
+    // exp(score − m) in place, and each thread's sum per head; against 0
+    // where the row sees no key of the split (m = −inf, every score −inf:
+    // every weight 0).
+    var mz = array<f32, GROUP>();
+    for (var hh = 0u; hh < GROUP; hh++) {
+        mz[hh] = select(m[hh], 0.0, m[hh] == neg_inf);
+    }
     var l = array<f32, GROUP>();
     for (var c = lid; c < n; c += WG) {
         for (var hh = 0u; hh < GROUP; hh++) {
-            let e = exp(sc[hh * CHUNK + c] - m[hh]);
+            let e = exp(sc[hh * CHUNK + c] - mz[hh]);
             sc[hh * CHUNK + c] = e;
             l[hh] += e;
         }

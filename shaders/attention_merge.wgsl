@@ -1,12 +1,14 @@
 // attention_merge.wgsl: merges the splits of attention_decode.wgsl:
 //   M = max_s m_s
 //   out[t][h] = Σ_s exp(m_s − M) · o_s  /  Σ_s exp(m_s − M) · l_s
-// A row whose context (pos[t] + 1) is longer than the splits cover gets
-// NaN, so that a wrong split count cannot pass unnoticed.
+// A split the row sees no key of has m = −inf, l = 0, o = 0 and weighs 0
+// (every row sees its own slot, so M is finite). A row whose context
+// (rows[t].slot + 1) is longer than the splits cover gets NaN, so that a
+// wrong split count cannot pass unnoticed.
 //
 // Buffers:
 //   part (T, heads, splits, D + 2) f32 from attention_decode.wgsl
-//   pos  (T) u32
+//   rows (T) Row (prelude.wgsl): the rows' slots
 //   out  (T, heads, D) f32
 //
 // Dispatch: (heads, T, 1) workgroups of WG threads, threads over D. WG = 64:
@@ -25,7 +27,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part: array<f32>;
-@group(0) @binding(2) var<storage, read> pos: array<u32>;
+@group(0) @binding(2) var<storage, read> rows: array<Row>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(WG)
@@ -34,7 +36,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t = wid.y;
     let first = (t * p.heads + h) * p.splits * (D + 2u);
     let o = (t * p.heads + h) * D;
-    if pos[t] + 1u > p.splits * CHUNK {
+    if rows[t].slot + 1u > p.splits * CHUNK {
         var nan_bits = 0x7fc00000u; // a var: Chrome rejects a constant NaN
         for (var d = lid; d < D; d += WG) {
             out[o + d] = bitcast<f32>(nan_bits);

@@ -1,12 +1,15 @@
-// attention_prefill.wgsl: causal GQA attention for T query rows of one
-// sequence (rows row0 … row0+T-1 of a batch's buffers) over the paged KV
-// cache, tiled flash-attention style: online softmax, the score matrix
-// never leaves the workgroup.
+// attention_prefill.wgsl: GQA attention for T query rows of one sequence
+// (rows row0 … row0+T-1 of a batch's buffers) over the paged KV cache,
+// tiled flash-attention style: online softmax, the score matrix never
+// leaves the workgroup.
 //
-// Row t (position pos[t]) attends to the positions 0 … pos[t] of sequence
-// `seq` (its block-table row): the cache must already hold every position
-// up to the largest pos, the rows' own included (qkv_rope_kv.wgsl). Query
-// head h reads kv head h / GROUP. For each row and head:
+// Row t (placement rows[t]: Row in prelude.wgsl) attends to the slots
+// j ≤ rows[t].slot of sequence `seq` (its block-table row) that it sees:
+// all of them for a line token (causal), the line below its base and its
+// ancestors for a token-tree node. The cache must already hold every slot
+// up to the largest, the rows' own included (qkv_rope_kv.wgsl). Query head
+// h reads kv head h / GROUP. For each row and head, over the keys j it
+// sees:
 //   out[t][h] = Σ_j softmax_j((q[t][h] · k_j) · scale) · v_j
 //
 // Buffers:
@@ -14,7 +17,7 @@
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs
 //           (layout in qkv_rope_kv.wgsl)
 //   table   (seqs, max_blocks) u32
-//   pos     (row0+T) u32, the rows' positions
+//   rows    (row0+T) Row: the rows' slots and masks
 //   out     (row0+T, heads, D) f32, written as vec4s
 //
 // Dispatch: (kv_heads, ceil(T·GROUP / BR), 1) workgroups of WG = 256
@@ -27,11 +30,14 @@
 //           staged DK inputs at a time, transposed, so each step of the
 //           dot products is one 8-byte and one 16-byte read of workgroup
 //           memory for eight multiply-adds;
-//   softmax the scores go to workgroup memory; each thread reads its two
-//           rows' 32 scores for the running max, turns its own eight into
-//           weights exp(s − m) and rescales its output (every thread of a
-//           row computes the same max; each keeps a partial row sum,
-//           added up at the end);
+//   softmax the scores of keys a row does not see are −inf (for a line
+//           row a comparison with its base; a tree row's mask is read only
+//           where a key passes its base); the scores go to workgroup
+//           memory; each thread reads its two rows' 32 scores for the
+//           running max, turns its own eight into weights exp(s − m) and
+//           rescales its output (every thread of a row computes the same
+//           max; each keeps a partial row sum, added up at the end; a row
+//           that has seen no key yet keeps m = −inf and weighs against 0);
 //   values  O += P·V, the values staged DV inputs at a time; the thread
 //           keeps its rows' outputs at inputs 4(c + 8j) … +3, so a warp
 //           reads 128 consecutive bytes of a value row.
@@ -63,11 +69,11 @@ struct Params {
     T: u32,
     heads: u32,
     kv_heads: u32,
-    BS: u32,         // positions per block
+    BS: u32,         // slots per block
     max_blocks: u32, // row stride of table
     seq: u32,        // the sequence's table row
     scale: f32,      // 1/sqrt(D)
-    row0: u32,       // the sequence's first row in q, pos and out
+    row0: u32,       // the sequence's first row in q, rows and out
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -75,7 +81,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> kcache: array<u32>;
 @group(0) @binding(3) var<storage, read> vcache: array<u32>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
-@group(0) @binding(5) var<storage, read> pos: array<u32>;
+@group(0) @binding(5) var<storage, read> rows: array<Row>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
 // Nested, so that the inner loops index each by a loop constant and the
@@ -88,8 +94,7 @@ var<workgroup> qs: array<array<vec2<f32>, BR2>, DK>; // qs[d][j] = rows 2j, 2j+1
 var<workgroup> kv: array<array<vec4<f32>, BC4>, KVR>;
 var<workgroup> ps: array<array<vec4<f32>, BC4>, BR>; // ps[r][j] = row r's scores (weights) of keys 4j … 4j+3
 
-// key_base is the cache element index of position j's input 0 for kv head
-// kvh.
+// key_base is the cache element index of slot j's input 0 for kv head kvh.
 fn key_base(j: u32, kvh: u32) -> u32 {
     return ((table[p.seq * p.max_blocks + j / p.BS] * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
 }
@@ -119,21 +124,36 @@ fn q_index(base: u32, i: u32, kvh: u32, d: u32) -> u32 {
 
 fn max4(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }
 
+// sees reports which of keys key (slots 4c … 4c+3 of a tile) row r attends
+// to: those below r.base, and those its mask names up to its own slot. A
+// line row's mask is 0 (its base is its slot + 1), so it takes the first
+// return.
+fn sees(r: Row, key: vec4<u32>) -> vec4<bool> {
+    let line = key < vec4(min(r.base, r.slot + 1u));
+    if (r.mask_lo | r.mask_hi) == 0u {
+        return line;
+    }
+    let i = key - vec4(r.base);
+    let word = select(vec4(r.mask_lo), vec4(r.mask_hi), i >= vec4(32u));
+    let bit = ((word >> (i & vec4(31u))) & vec4(1u)) == vec4(1u);
+    return line | ((key >= vec4(r.base)) & (i < vec4(64u)) & (key <= vec4(r.slot)) & bit);
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let kvh = wid.x;
     let base = (nwg.y - 1u - wid.y) * BR; // later rows (more keys) first
-    let rows = p.T * GROUP;
+    let nrows = p.T * GROUP;
     let sr = lid / 8u; // rows 2sr, 2sr + 1 of the tile
     let sc = lid % 8u; // keys 4sc … 4sc + 3; output vec4s sc + 8j
-    let fa = min(base + 2u * sr, rows - 1u);
-    let fb = min(base + 2u * sr + 1u, rows - 1u);
-    let vis_a = pos[p.row0 + fa / GROUP] + 1u; // keys row 2sr may see
-    let vis_b = pos[p.row0 + fb / GROUP] + 1u;
+    let fa = min(base + 2u * sr, nrows - 1u);
+    let fb = min(base + 2u * sr + 1u, nrows - 1u);
+    let row_a = rows[p.row0 + fa / GROUP]; // row 2sr's placement
+    let row_b = rows[p.row0 + fb / GROUP];
     var nkeys = 0u; // keys any row of the tile may see
-    for (var t = base / GROUP; t <= min(base + BR, rows) / GROUP && t < p.T; t++) {
-        nkeys = max(nkeys, pos[p.row0 + t] + 1u);
+    for (var t = base / GROUP; t <= min(base + BR, nrows) / GROUP && t < p.T; t++) {
+        nkeys = max(nkeys, rows[p.row0 + t].slot + 1u);
     }
 
     var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
@@ -183,14 +203,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             workgroupBarrier();
         }
         let key = vec4(c0 + 4u * sc) + vec4(0u, 1u, 2u, 3u);
-        s_a = select(vec4(neg_inf), s_a * p.scale, key < vec4(vis_a));
-        s_b = select(vec4(neg_inf), s_b * p.scale, key < vec4(vis_b));
+        s_a = select(vec4(neg_inf), s_a * p.scale, sees(row_a, key));
+        s_b = select(vec4(neg_inf), s_b * p.scale, sees(row_b, key));
         ps[2u * sr][sc] = s_a;
         ps[2u * sr + 1u][sc] = s_b;
         workgroupBarrier();
 
-        // softmax: the rows' new max from all their scores (key 0 is
-        // visible to every row, so it is finite from the first tile on)
+        // softmax: the rows' new max from all their scores
         var mx_a = m_a;
         var mx_b = m_b;
         for (var j = 0u; j < BC / 4u; j++) {
@@ -201,10 +220,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             stage_values(c0, 0u, kvh, nkeys, lid);
         }
         workgroupBarrier(); // every thread has read the scores
-        let w_a = exp(s_a - mx_a);
-        let w_b = exp(s_b - mx_b);
-        let al_a = exp(m_a - mx_a);
-        let al_b = exp(m_b - mx_b);
+        // Against 0 while a row has seen no key (mx = −inf): its weights
+        // and its rescale of nothing are 0, not exp(−inf − (−inf)) = NaN.
+        let mz_a = select(mx_a, 0.0, mx_a == neg_inf);
+        let mz_b = select(mx_b, 0.0, mx_b == neg_inf);
+        let w_a = exp(s_a - mz_a);
+        let w_b = exp(s_b - mz_b);
+        let al_a = exp(m_a - mz_a);
+        let al_b = exp(m_b - mz_b);
         m_a = mx_a;
         m_b = mx_b;
         l_a = l_a * al_a + dot(w_a, vec4(1.0));
@@ -248,12 +271,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         sum_a += ps[2u * sr][j].x;
         sum_b += ps[2u * sr + 1u][j].x;
     }
-    if base + 2u * sr < rows {
+    if base + 2u * sr < nrows {
         for (var j = 0u; j < OV; j++) {
             out[q_index(base, 2u * sr, kvh, 4u * (sc + 8u * j))] = o_a[j] / sum_a;
         }
     }
-    if base + 2u * sr + 1u < rows {
+    if base + 2u * sr + 1u < nrows {
         for (var j = 0u; j < OV; j++) {
             out[q_index(base, 2u * sr + 1u, kvh, 4u * (sc + 8u * j))] = o_b[j] / sum_b;
         }

@@ -128,3 +128,33 @@ fn split_sum(at: u32, stride: u32) -> f32 {
     }
     return v;
 }
+
+// Row is how one row of a batch sits in its sequence's KV cache (package
+// treemask): the table row of its sequence, the cache slot its key and
+// value go to, the position RoPE rotates it at, and the slots its
+// attention reads — every slot below base, and slot base + i where bit i
+// of its mask is set (mask_lo holds bits 0 … 31, mask_hi bits 32 … 63) —
+// among slots 0 … slot. A line token at slot s is {pos: s, base: s + 1,
+// mask 0} (causal); a token-tree node is rotated at its depth's position
+// and sees the line below base and its ancestors, itself included. Package
+// kernels writes them (PutRow).
+struct Row {
+    seq: u32,
+    slot: u32,
+    pos: u32,
+    base: u32,
+    mask_lo: u32,
+    mask_hi: u32,
+}
+
+// visible reports whether row r's attention reads slot j (j ≤ r.slot):
+// j < r.base, else bit j − r.base of its mask. A line row decides at the
+// first comparison, so the mask costs it nothing.
+fn visible(r: Row, j: u32) -> bool {
+    if j < r.base {
+        return true;
+    }
+    let i = j - r.base;
+    let word = select(r.mask_lo, r.mask_hi, i >= 32u);
+    return i < 64u && ((word >> (i & 31u)) & 1u) == 1u;
+}

@@ -6,19 +6,24 @@
 //   kcache[t]   ← rope(rmsnorm(qkv[t].k_h) · k_norm)     for each kv head h
 //   vcache[t]   ← qkv[t].v_h
 //   rope: y[i], y[i + D/2] ← y[i]·cos a − y[i + D/2]·sin a, y[i + D/2]·cos a + y[i]·sin a,
-//         a = pos[t] · inv_freq[i] (i < D/2; split-halves layout)
+//         a = rows[t].pos · inv_freq[i] (i < D/2; split-halves layout)
 // The normalized value is rounded to f32 before the rotation, exactly as
 // reference.RMSNorm then reference.Rope compute it. inv_freq is
 // theta^(−2i/D), computed on the host (qwen3.Config.RopeInvFreq). The angle is reduced to about [−π, π] with a two-constant 2π
 // (Cody–Waite, see reduced) before sin and cos, because GPU sin/cos are only
 // accurate near zero and angles reach the thousands of radians.
 //
+// Row t's key and value go to cache slot rows[t].slot of the sequence whose
+// block table is row rows[t].seq, and it is rotated at rows[t].pos (Row in
+// prelude.wgsl): the slot itself for a line token, its parent's position
+// plus one for a token-tree node, whose slot lies further on.
+//
 // The KV cache (one layer's slice, bound here) is a pool of blocks of BS
-// positions; kv head h of position j of sequence slot s lives at
+// slots; kv head h of slot j of the sequence with table row s lives at
 //   ((block · kv_heads + h) · BS + j % BS) · D
 // where block = table[s · max_blocks + j / BS] is the physical block the
-// slot's block table maps its logical block j / BS to. Keys and values
-// share the layout. Within a block one head's positions are contiguous, so
+// sequence's block table maps its logical block j / BS to. Keys and values
+// share the layout. Within a block one head's slots are contiguous, so
 // attention reads a head's keys as runs of BS·D values. Sequences share
 // nothing but the pool, and a prefix shared by two sequences can map to the
 // same blocks. An f16 cache packs two halves per u32 word, the even element
@@ -39,7 +44,8 @@
 //           (splits = 1); or (splits, T, W) f32 partial sums, then
 //           (splits, T) partial sums of squares of the input rows
 //   consts  (2·D + D/2) f32: q_norm (D), k_norm (D), inv_freq (D/2)
-//   pos     (T) u32 positions; seq (T) u32 block-table rows
+//   rows    (T) Row: each row's sequence, slot and position (its mask is
+//           attention's)
 //   table   (seqs, max_blocks) u32 block tables
 //   q       (T, heads, D) f32, written
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32, or f16 packed
@@ -65,7 +71,7 @@ struct Params {
     kv_heads: u32,
     D: u32,
     eps: f32,
-    BS: u32,         // positions per cache block
+    BS: u32,         // slots per cache block
     max_blocks: u32, // row stride of table
     splits: u32,     // 1: qkv holds rows; > 1: split-K partials of that many splits
     K: u32,          // splits > 1: the input row length the sums of squares cover
@@ -77,12 +83,11 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read> consts: array<f32>;
-@group(0) @binding(3) var<storage, read> pos: array<u32>;
-@group(0) @binding(4) var<storage, read> seq: array<u32>;
-@group(0) @binding(5) var<storage, read> table: array<u32>;
-@group(0) @binding(6) var<storage, read_write> q: array<f32>;
-@group(0) @binding(7) var<storage, read_write> kcache: array<u32>;
-@group(0) @binding(8) var<storage, read_write> vcache: array<u32>;
+@group(0) @binding(3) var<storage, read> rows: array<Row>;
+@group(0) @binding(4) var<storage, read> table: array<u32>;
+@group(0) @binding(5) var<storage, read_write> q: array<f32>;
+@group(0) @binding(6) var<storage, read_write> kcache: array<u32>;
+@group(0) @binding(7) var<storage, read_write> vcache: array<u32>;
 
 var<workgroup> sums: array<f32, WG>;
 var<workgroup> head: array<f32, 256>; // 2·WG·PAIRS: one head vector for the cache write
@@ -148,7 +153,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let inv = 1.0 / sqrt(sums[0] / f32(D) + p.eps);
         let w0 = select(D, 0u, is_q); // q_norm or k_norm
-        let position = pos[t];
+        let position = rows[t].pos;
         for (var j = 0u; j < PAIRS; j++) {
             let i = lid + j * WG;
             if i < half {
@@ -179,10 +184,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
 
-    // Append the key or value head to the cache.
+    // Write the key or value head to the row's cache slot.
     let kvh = select(h - p.heads, h - p.heads - p.kv_heads, is_v);
-    let j = pos[t];
-    let block = table[seq[t] * p.max_blocks + j / p.BS];
+    let j = rows[t].slot;
+    let block = table[rows[t].seq * p.max_blocks + j / p.BS];
     let dst = ((block * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
     if KV_F16 == 1u {
         for (var i = 2u * lid; i < D; i += 2u * WG) {

@@ -94,19 +94,25 @@ var (
 	// sampling's acceptance and draw.
 	Sample = mustModule("sample.wgsl")
 	// AttentionDecode is attention_decode.wgsl: split attention of single
-	// query rows over the KV cache (flash-decoding).
+	// query rows, each with its own mask (causal or a token tree's), over
+	// the KV cache (flash-decoding).
 	AttentionDecode = mustModule("attention_decode.wgsl")
 	// AttentionMerge is attention_merge.wgsl: merges AttentionDecode's
 	// splits.
 	AttentionMerge = mustModule("attention_merge.wgsl")
-	// AttentionPrefill is attention_prefill.wgsl: tiled causal attention of
-	// a sequence's new rows over the KV cache.
+	// AttentionPrefill is attention_prefill.wgsl: tiled attention of a
+	// sequence's new rows over the KV cache, causal or by a token tree's
+	// masks.
 	AttentionPrefill = mustModule("attention_prefill.wgsl")
 	// QKVRopeKV is qkv_rope_kv.wgsl: q/k norms and RoPE from the stacked
 	// q/k/v projection (its rows, or its split-K partial sums, reduced on
-	// the way), with the keys and values appended to the KV cache (its
-	// header documents the cache layout).
+	// the way), with the keys and values written to the rows' KV-cache
+	// slots (its header documents the cache layout).
 	QKVRopeKV = mustModule("qkv_rope_kv.wgsl")
+	// KVMove is kv_move.wgsl: cached keys and values copied from slot to
+	// slot within sequences (a token tree's accepted path moved into
+	// place).
+	KVMove = mustModule("kv_move.wgsl")
 )
 
 // preludeFile holds the shared items.

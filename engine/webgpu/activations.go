@@ -13,9 +13,12 @@ import (
 // activations are the pass's buffers, sized for MaxRows rows and maxLasts
 // rows read out.
 type activations struct {
-	maxLasts      int
-	ids, seq, pos *gpu.Buffer // (rows) u32
-	last          *gpu.Buffer // (lasts) u32: the rows read out
+	maxLasts int
+	ids      *gpu.Buffer // (rows) u32
+	// rows (rows, kernels.RowWords) u32: how each row sits in its
+	// sequence's cache — table row, slot, position, mask (kernels.PutRow)
+	rows *gpu.Buffer
+	last *gpu.Buffer // (lasts) u32: the rows read out
 	// next holds argmax.wgsl's greedy tokens (lasts) u32, and from nextLP
 	// on their log-probabilities (lasts) f32, copied from lp: one read, or
 	// one copy into StepN's results, takes both. nextBytes is its size.
@@ -68,7 +71,7 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int) (_
 		words int
 	}{
 		// ids in whole 16-byte words: StepN copies next's tokens into it.
-		{&a.ids, "ids", (rows + 3) &^ 3}, {&a.seq, "seq", rows}, {&a.pos, "pos", rows},
+		{&a.ids, "ids", (rows + 3) &^ 3}, {&a.rows, "rows", rows * kernels.RowWords},
 		{&a.last, "last", a.maxLasts}, {&a.next, "next", int(a.nextBytes / 4)}, {&a.lp, "lp", words},
 		{&a.draws, "draws", a.maxLasts * kernels.SampleDrawWords}, {&a.temps, "temps", a.maxLasts * kernels.SampleTempWords},
 		{&a.sampled, "sampled", a.maxLasts * kernels.SampleWords}, {&a.top, "top", a.maxLasts * engine.MaxTopN * 2},

@@ -7,6 +7,7 @@ import (
 	"webdraft/gpu"
 	"webdraft/kernels"
 	"webdraft/sampling"
+	"webdraft/treemask"
 )
 
 // pending is an entry's tokens not yet fed, and the rows read out of the
@@ -152,13 +153,14 @@ func (e *Engine) attentionRows(ps *pass) {
 func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error {
 	a := e.act
 	seqs := make([]*kernels.KVSeq, len(ps.entries))
-	ids, slots, pos := make([]uint32, ps.rows), make([]uint32, ps.rows), make([]uint32, ps.rows)
+	ids, rows := make([]uint32, ps.rows), make([]uint32, ps.rows*kernels.RowWords)
 	lasts := make([]uint32, ps.lasts)
 	for i, pe := range ps.entries {
 		seqs[i] = pe.p.seq
 		for t := range pe.T {
 			r := pe.row0 + t
-			ids[r], slots[r], pos[r] = uint32(pe.p.tokens[t]), uint32(pe.p.seq.Slot()), uint32(pe.P+t)
+			ids[r] = uint32(pe.p.tokens[t])
+			kernels.PutRow(rows[r*kernels.RowWords:], pe.p.seq.Slot(), pe.P+t, treemask.LineRow(pe.P+t))
 		}
 		for j := range pe.outs {
 			lasts[pe.out0+j] = uint32(pe.row0 + pe.T - pe.outs + j)
@@ -178,7 +180,7 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 		buf  *gpu.Buffer
 		v    []uint32
 		skip bool
-	}{{a.ids, ids, continues}, {a.seq, slots, continues}, {a.pos, pos, false}, {a.last, lasts, continues}} {
+	}{{a.ids, ids, continues}, {a.rows, rows, false}, {a.last, lasts, continues}} {
 		if len(up.v) > 0 && !up.skip {
 			if err := up.buf.WriteU32(0, up.v); err != nil {
 				return err
@@ -223,7 +225,7 @@ func (e *Engine) readOut(ps pass) error {
 		return err
 	}
 	for _, pe := range ps.entries {
-		if err := pe.p.seq.Commit(pe.P + pe.T); err != nil {
+		if err := pe.p.seq.Commit(pe.P+pe.T, nil); err != nil {
 			return err
 		}
 		pe.p.tokens = pe.p.tokens[pe.T:]
@@ -376,19 +378,19 @@ func (e *Engine) kernels(ps pass) []step {
 			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);
 			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)
 			func(b *gpu.Batch) error {
-				return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.seq, a.pos, R, heads, eps)
+				return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.rows, R, heads, eps)
 			},
 			// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
 			func(b *gpu.Batch) error {
 				if ps.decode == 0 {
 					return nil
 				}
-				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.seq, a.pos, ps.decode, heads, ps.maxLen)
+				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.rows, ps.decode, heads, ps.maxLen)
 			},
 			func(b *gpu.Batch) error {
 				for _, pe := range ps.entries {
 					if pe.row0 >= ps.decode {
-						if err := kernels.AttentionPrefill(b, a.attn, a.q, e.kv, l, pe.p.seq.Slot(), a.pos, pe.row0, pe.T, heads); err != nil {
+						if err := kernels.AttentionPrefill(b, a.attn, a.q, e.kv, l, pe.p.seq.Slot(), a.rows, pe.row0, pe.T, heads); err != nil {
 							return err
 						}
 					}

@@ -233,7 +233,7 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 		}
 	}
 	for _, p := range work {
-		if err := p.seq.Commit(p.seq.Len() + m); err != nil {
+		if err := p.seq.Commit(p.seq.Len()+m, nil); err != nil {
 			return nil, err
 		}
 	}

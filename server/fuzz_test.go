@@ -504,6 +504,14 @@ func (fs *fuzzServer) checkGeneration(t *testing.T, body []byte, obj map[string]
 	if p < 1 || c < 0 || num("total_tokens") != p+c || max != nil && c > *max || l.ReturnTokenIDs && tokens != c {
 		t.Fatalf("body %q: usage %v (max_tokens %v, %d token ids)", body, usage, max, tokens)
 	}
+	// A chain's or a tree's: no more accepted than drafted, OpenAI's
+	// prediction counts the same.
+	details, _ := usage["completion_tokens_details"].(map[string]any)
+	drafted, accepted := num("drafted_tokens"), num("accepted_tokens")
+	if accepted > drafted || details["accepted_prediction_tokens"] != float64(accepted) ||
+		details["rejected_prediction_tokens"] != float64(drafted-accepted) {
+		t.Fatalf("body %q: usage %v: drafted and accepted do not add up", body, usage)
+	}
 }
 
 // FuzzCompletions posts arbitrary bodies to /v1/completions.
@@ -513,6 +521,9 @@ func FuzzCompletions(f *testing.F) {
 		`{"model":"target","prompt":[1,2,3],"max_tokens":4,"logprobs":2,"return_token_ids":true,"speculative":{"k":3,"p_min":0.1}}`,
 		`{"model":"target","prompt":["x = "],"stream":true,"stream_options":{"include_usage":true},"seed":7,"temperature":0.8,"top_p":0.9}`,
 		`{"model":"target","prompt":[[9,8]],"max_tokens":3,"speculative":{"k":0},"n":1,"best_of":1,"logit_bias":{}}`,
+		`{"prompt":"def f(x):","max_tokens":10,"temperature":0,"speculative":{"k":3,"topk":2,"draft_tokens":6},"return_token_ids":true}`,
+		`{"prompt":[5,6],"max_tokens":6,"temperature":0.7,"seed":2,"speculative":{"topk":3,"draft_tokens":0,"p_min":0.05}}`,
+		`{"prompt":"a","speculative":{"topk":21,"draft_tokens":65}}`,
 		`{"model":"nope","prompt":"a"}`, `{"model":"target","prompt":"a","n":2}`, `{"model":"target","prompt":null}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		status, obj, events := answer(t, fs.post(t, "/v1/completions", body), body, openAIErrors)
@@ -529,6 +540,7 @@ func FuzzChatCompletions(f *testing.F) {
 		`{"model":"target","messages":[{"role":"developer","content":[{"type":"text","text":"be brief"}]},{"role":"user","content":"def f(x):","name":"u"}],"max_completion_tokens":5,"logprobs":true,"top_logprobs":3,"chat_template_kwargs":{"enable_thinking":false}}`,
 		`{"model":"target","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"<think>\nb\n</think>\n\nc"},{"role":"user","content":"d"}],"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true,"response_format":{"type":"text"}}`,
 		`{"model":"target","messages":[{"role":"user","content":"x"}],"tools":[],"max_tokens":2}`,
+		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":8,"temperature":0,"stream":true,"stream_options":{"include_usage":true},"speculative":{"k":4,"topk":4,"draft_tokens":16}}`,
 		`{"model":"target","messages":[{"role":"user","content":null}]}`, `{"model":"target","messages":[]}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		status, obj, events := answer(t, fs.post(t, "/v1/chat/completions", body), body, openAIErrors)

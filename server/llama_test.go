@@ -316,6 +316,9 @@ func TestLlamaFields(t *testing.T) {
 		{`"response_fields":["content"]`, "response_fields"},
 		{`"lora":[{"id":0,"scale":1}]`, "lora"},
 		{`"frobnicate":1`, "frobnicate"},
+		// llama-server's own speculation's: /completion is the drafter's
+		// (speculation's settings are /v1/*'s speculative object).
+		{`"speculative.n_max":8`, "speculative.n_max"},
 		{`"Prompt":[1]`, "Prompt"},
 	} {
 		llamaRefused(t, f, `{`+prompt+`,`+c.extra+`}`, 400, c.field)

@@ -87,7 +87,8 @@ type samplingFields struct {
 	LogitBias        jsontext.Value `json:"logit_bias"` // refused unless {}: read raw, not as a map
 	// vLLM's extension: the prompt's and the output's token ids.
 	ReturnTokenIDs bool `json:"return_token_ids"`
-	// webdraft's: the draft length (0: the target alone) and p_min.
+	// webdraft's: the draft length or tree depth (0: the target alone),
+	// the tree's shape and p_min.
 	Speculative *speculativeFields `json:"speculative"`
 }
 
@@ -95,9 +96,13 @@ type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
+// speculativeFields are SGLang's num_steps, topk and num_draft_tokens
+// under webdraft's names, and llama.cpp's p_min.
 type speculativeFields struct {
-	K    *int     `json:"k"`
-	PMin *float64 `json:"p_min"`
+	K           *int     `json:"k"`            // draft length; with topk above 1, the tree's depth
+	TopK        *int     `json:"topk"`         // children a node (1: a chain; 0: the server's default)
+	DraftTokens *int     `json:"draft_tokens"` // a tree's nodes verified a step (0: the server's default)
+	PMin        *float64 `json:"p_min"`
 }
 
 type completionRequest struct {
@@ -302,6 +307,18 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 			default:
 				g.req.K = k
 			}
+		}
+		if sp.TopK != nil {
+			if b := *sp.TopK; b < 0 || b > speculative.MaxTopK {
+				return invalid("speculative.topk", fmt.Sprintf("topk is %d: want 0 (the server's default) … %d; 1 drafts a chain", b, speculative.MaxTopK))
+			}
+			g.req.TopK = *sp.TopK
+		}
+		if sp.DraftTokens != nil {
+			if n := *sp.DraftTokens; n < 0 || n > speculative.MaxTreeNodes {
+				return invalid("speculative.draft_tokens", fmt.Sprintf("draft_tokens is %d: want 0 (the server's default) … %d", n, speculative.MaxTreeNodes))
+			}
+			g.req.TreeNodes = *sp.DraftTokens
 		}
 		if sp.PMin != nil {
 			if !(*sp.PMin >= 0 && *sp.PMin <= 1) {

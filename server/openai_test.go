@@ -359,6 +359,13 @@ func TestOpenAIErrors(t *testing.T) {
 		{"/v1/chat/completions", `{` + chat + `,"max_tokens":100000}`, "max_tokens"},
 		{"/v1/chat/completions", `{` + chat + `,"stop":["a","b","c","d","e"]}`, "stop"},
 		{"/v1/chat/completions", `{` + chat + `,"speculative":{"k":65}}`, "speculative.k"},
+		{"/v1/chat/completions", `{` + chat + `,"speculative":{"topk":21}}`, "speculative.topk"},
+		{"/v1/chat/completions", `{` + chat + `,"speculative":{"topk":-1}}`, "speculative.topk"},
+		{"/v1/completions", `{"prompt":"x","speculative":{"topk":"2"}}`, "speculative.topk"},
+		{"/v1/chat/completions", `{` + chat + `,"speculative":{"k":4,"topk":2,"draft_tokens":65}}`, "speculative.draft_tokens"},
+		{"/v1/completions", `{"prompt":"x","speculative":{"draft_tokens":-1}}`, "speculative.draft_tokens"},
+		{"/v1/completions", `{"prompt":"x","speculative":{"draft_tokens":2.5}}`, "speculative.draft_tokens"},
+		{"/v1/completions", `{"prompt":"x","speculative":{"num_draft_tokens":8}}`, "speculative.num_draft_tokens"},
 		{"/v1/chat/completions", `{` + chat + `,"tools":[{"type":"function"}]}`, "tools"},
 		{"/v1/chat/completions", `{` + chat + `,"stream_options":{"include_usage":true}}`, "stream_options"},
 		{"/v1/chat/completions", `{"model":"target","messages":[{"role":"wizard","content":"hi"}]}`, "messages[0].role"},
@@ -380,6 +387,150 @@ func TestOpenAIErrors(t *testing.T) {
 	// The server goes on.
 	if code, out := f.postJSON(t, "/v1/completions", `{"model":"target","prompt":"x","max_tokens":2}`); code != 200 {
 		t.Errorf("after the errors: %d %v", code, out)
+	}
+}
+
+// TestOpenAITrees: speculative.topk and draft_tokens draft token trees,
+// and greedy output stays the target's own, token for token, as with a
+// chain; usage, metrics.speculative_decoding and /metrics count a tree's
+// verified nodes as drafted and its accepted path by depth (position j:
+// depth j+1), the per-position counts summing to the accepted tokens; a
+// sampled tree's seed repeats its output.
+func TestOpenAITrees(t *testing.T) {
+	f := newPairFixtureOptions(t, Options{SpecMetrics: SpecMetricsDetailed})
+	prompt := f.tok.Encode("import numpy as np\n")
+	const n = 16
+	wantIDs, wantText := f.greedy(t, prompt, n)
+	promptJSON, _ := json.Marshal(prompt)
+	var drafted, accepted float64
+	perPos := map[int]int{}
+	for _, c := range []struct {
+		spec string
+		k    int  // the depth the request runs at (the fixture's default 4)
+		tree bool // more nodes verified than the depth, some step
+	}{
+		{`{"k":4,"topk":2,"draft_tokens":8}`, 4, true},
+		{`{"topk":4,"draft_tokens":16}`, 4, true},
+		{`{"k":6,"topk":3}`, 6, true},                            // the default 16 nodes
+		{`{"k":3,"topk":2,"draft_tokens":0,"p_min":0}`, 3, true}, // 0: the default
+		{`{"k":5,"topk":20,"draft_tokens":64}`, 5, true},
+		{`{"k":4,"topk":1,"draft_tokens":8}`, 4, false}, // a chain: draft_tokens unused
+		{`{"k":4,"topk":0}`, 4, false},                  // the default: a chain
+		{`{"k":0,"topk":4,"draft_tokens":8}`, 0, false}, // the target alone
+	} {
+		code, out := f.postJSON(t, "/v1/completions", `{"prompt":`+string(promptJSON)+`,"max_tokens":16,"temperature":0,"return_token_ids":true,"speculative":`+c.spec+`}`)
+		if code != 200 {
+			t.Fatalf("%s: %d %v", c.spec, code, out)
+		}
+		ch := out["choices"].([]any)[0].(map[string]any)
+		if got := ints(ch["token_ids"]); !slices.Equal(got, wantIDs) || ch["text"] != wantText {
+			t.Errorf("%s: %v %q; the target alone %v %q", c.spec, got, ch["text"], wantIDs, wantText)
+		}
+		u := out["usage"].(map[string]any)
+		d := u["completion_tokens_details"].(map[string]any)
+		if u["accepted_tokens"].(float64) > u["drafted_tokens"].(float64) || d["accepted_prediction_tokens"] != u["accepted_tokens"] ||
+			d["rejected_prediction_tokens"].(float64) != u["drafted_tokens"].(float64)-u["accepted_tokens"].(float64) {
+			t.Errorf("%s: usage %v", c.spec, u)
+		}
+		m := specMetricsOf(out)
+		checkSpecMetrics(t, c.spec, m, u, true, c.k)
+		pos, steps := ints(m["num_accepted_tokens_per_pos"]), ints(m["per_step_drafted"])
+		if len(pos) != c.k || float64(sum(pos)) != u["accepted_tokens"] || !slices.IsSortedFunc(pos, func(a, b int) int { return b - a }) {
+			t.Errorf("%s: num_accepted_tokens_per_pos %v, %v accepted", c.spec, pos, u["accepted_tokens"])
+		}
+		if most := slices.Max(append(steps, 0)); (most > c.k) != c.tree {
+			t.Errorf("%s: per_step_drafted %v at depth %d: a tree %v", c.spec, steps, c.k, c.tree)
+		}
+		drafted += u["drafted_tokens"].(float64)
+		accepted += u["accepted_tokens"].(float64)
+		for j, a := range pos {
+			perPos[j] += a
+		}
+	}
+
+	// Sampled trees: the same seed, the same output; counts as greedy ones.
+	var sampled []string
+	for range 2 {
+		code, out := f.postJSON(t, "/v1/completions", `{"prompt":"Once upon a time","max_tokens":12,"temperature":0.9,"seed":5,"speculative":{"k":3,"topk":2,"draft_tokens":6}}`)
+		if code != 200 {
+			t.Fatalf("a sampled tree: %d %v", code, out)
+		}
+		u, m := out["usage"].(map[string]any), specMetricsOf(out)
+		checkSpecMetrics(t, "a sampled tree", m, u, true, 3)
+		pos := ints(m["num_accepted_tokens_per_pos"])
+		if float64(sum(pos)) != u["accepted_tokens"] || slices.Max(append(ints(m["per_step_drafted"]), 0)) > 6 {
+			t.Errorf("a sampled tree: %v, usage %v", m, u)
+		}
+		sampled = append(sampled, out["choices"].([]any)[0].(map[string]any)["text"].(string))
+		drafted += u["drafted_tokens"].(float64)
+		accepted += u["accepted_tokens"].(float64)
+		for j, a := range pos {
+			perPos[j] += a
+		}
+	}
+	if sampled[0] != sampled[1] {
+		t.Errorf("seed 5 twice: %q, then %q", sampled[0], sampled[1])
+	}
+
+	// Streamed chat: the same text with a tree as the target alone's.
+	msgs := []tokenizer.Message{{Role: "user", Content: "def quicksort(xs):"}}
+	chat, err := f.tok.ApplyChatTemplate(msgs, true, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, wantChat := f.greedy(t, f.tok.Encode(chat), 12)
+	events := f.streamEvents(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"def quicksort(xs):"}],"max_tokens":12,"temperature":0,"stream":true,"stream_options":{"include_usage":true},"speculative":{"topk":2,"draft_tokens":12}}`)
+	var text strings.Builder
+	for _, ev := range events {
+		for _, c := range ev["choices"].([]any) {
+			s, _ := c.(map[string]any)["delta"].(map[string]any)["content"].(string)
+			text.WriteString(s)
+		}
+	}
+	last := events[len(events)-1]
+	u := last["usage"].(map[string]any)
+	checkSpecMetrics(t, "streamed chat", specMetricsOf(last), u, true, 4)
+	if text.String() != wantChat {
+		t.Errorf("streamed chat with a tree: %q, the target alone %q", text.String(), wantChat)
+	}
+	drafted += u["drafted_tokens"].(float64)
+	accepted += u["accepted_tokens"].(float64)
+	for j, a := range ints(specMetricsOf(last)["num_accepted_tokens_per_pos"]) {
+		perPos[j] += a
+	}
+
+	// /metrics counts what the responses did, position by position (the
+	// loop records a step once its generations have their answers: wait).
+	problems := func() []string {
+		var p []string
+		for _, c := range []struct {
+			name string
+			want float64
+		}{
+			{"webdraft_spec_decode_num_draft_tokens_total", drafted},
+			{"webdraft_spec_decode_num_accepted_tokens_total", accepted},
+		} {
+			if got := f.metric(t, c.name); got != c.want {
+				p = append(p, fmt.Sprintf("%s %v, the responses %v", c.name, got, c.want))
+			}
+		}
+		if got := f.metricSum(t, "webdraft_spec_decode_num_accepted_tokens_per_pos_total"); got != accepted {
+			p = append(p, fmt.Sprintf("%v accepted tokens by position, %v in all", got, accepted))
+		}
+		for j, a := range perPos {
+			if got := f.metric(t, fmt.Sprintf(`webdraft_spec_decode_num_accepted_tokens_per_pos_total{position="%d"}`, j)); got != float64(a) {
+				p = append(p, fmt.Sprintf("position %d accepted %v times, the responses %d", j, got, a))
+			}
+		}
+		return p
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p := problems(); len(p) > 0; p = problems() {
+		if time.Now().After(deadline) {
+			t.Errorf("/metrics: %s", strings.Join(p, "; "))
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

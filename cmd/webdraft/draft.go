@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 
@@ -135,7 +136,42 @@ func defaultK(backend string) int {
 const cpuDefaultK = 2
 
 // kUsage is the --k flag's help in serve and generate.
-var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d; left out, the best measured for the target's engine (6 on a GPU, %d on the CPU engine, 8 on the reference engine)", speculative.MaxK, cpuDefaultK)
+var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d (with --spec-topk above 1, the token tree's depth); left out, the best measured for the target's engine (6 on a GPU, %d on the CPU engine, 8 on the reference engine)", speculative.MaxK, cpuDefaultK)
+
+// treeFlags are --spec-topk and --spec-draft-tokens, serve's and
+// generate's: the shape of the token tree drafted each step (SGLang's
+// --speculative-eagle-topk and --speculative-num-draft-tokens), its depth
+// being --k.
+type treeFlags struct {
+	topK, nodes *int
+}
+
+// treeFlagsVar defines the tree flags on fs, with speculative.Options'
+// defaults (a chain; speculative.DefaultTreeNodes nodes); perRequest
+// says that a request's speculative fields override them (serve).
+func treeFlagsVar(fs *flag.FlagSet, perRequest bool) treeFlags {
+	overrides := func(field string) string {
+		if perRequest {
+			return " (a request's speculative." + field + " overrides it)"
+		}
+		return ""
+	}
+	return treeFlags{
+		topK:  fs.Int("spec-topk", 1, fmt.Sprintf("children of each node of the draft, 1…%d: 1 drafts a chain of --k tokens; above 1, a token tree --k levels deep%s", speculative.MaxTopK, overrides("topk"))),
+		nodes: fs.Int("spec-draft-tokens", speculative.DefaultTreeNodes, fmt.Sprintf("with --spec-topk above 1: the tree's nodes the target verifies each step, 1…%d%s", speculative.MaxTreeNodes, overrides("draft_tokens"))),
+	}
+}
+
+// check refuses values outside speculative's bounds.
+func (t treeFlags) check() error {
+	if *t.topK < 1 || *t.topK > speculative.MaxTopK {
+		return usagef("--spec-topk %d: want 1…%d (1: a chain)", *t.topK, speculative.MaxTopK)
+	}
+	if *t.nodes < 1 || *t.nodes > speculative.MaxTreeNodes {
+		return usagef("--spec-draft-tokens %d: want 1…%d", *t.nodes, speculative.MaxTreeNodes)
+	}
+	return nil
+}
 
 // draftKVBytes is the KV memory `webdraft draft` gives its one sequence.
 const draftKVBytes = 256 << 20

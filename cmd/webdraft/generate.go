@@ -19,13 +19,14 @@ import (
 const generateCacheMB = 64
 
 func runGenerate(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
+	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
 	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded drafter")
 	targetDir := fs.String("target", "", "the target's folder; default: the embedded target")
 	text := fs.String("text", "", "the prompt as text")
 	idsFlag := fs.String("ids", "", "the prompt as token ids, comma-separated")
 	chat := fs.Bool("chat", false, "wrap --text in Qwen3's chat template as a user's message")
 	k := fs.Int("k", 0, kUsage)
+	tree := treeFlagsVar(fs, false)
 	maxTokens := fs.Int("max-tokens", 128, "tokens to generate at most")
 	temperature := fs.Float64("temperature", 0, "0: greedy (the target's own greedy output); above: sampled (0…2)")
 	topP := fs.Float64("top-p", 1, "the nucleus of top_p when sampling, (0, 1]")
@@ -47,6 +48,9 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 		return usagef("--temperature %v: want 0…2", *temperature)
 	case !(*topP > 0 && *topP <= 1):
 		return usagef("--top-p %v: want a value in (0, 1]", *topP)
+	}
+	if err := tree.check(); err != nil {
+		return err
 	}
 	backend, err := parseBackend(*backendFlag)
 	if err != nil {
@@ -77,7 +81,7 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	req := speculative.Request{
-		Prompt: prompt, MaxTokens: *maxTokens, K: *k, Seed: *seed,
+		Prompt: prompt, MaxTokens: *maxTokens, K: *k, TopK: *tree.topK, TreeNodes: *tree.nodes, Seed: *seed,
 		Sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		Stop:     tokenizer.StopIDs(target.model.Engine.Config().EOSTokenIDs, tok),
 	}
@@ -129,7 +133,7 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 		mode = fmt.Sprintf("temperature %g, top-p %g, seed %d", *temperature, *topP, *seed)
 	}
 	writeSummary(out, summary{
-		drafter: drafter.model.Name, target: target.model.Name, backend: t.Info().Backend, k: *k, mode: mode,
+		drafter: drafter.model.Name, target: target.model.Name, backend: t.Info().Backend, k: *k, topK: *tree.topK, nodes: *tree.nodes, mode: mode,
 		spec: spec, specTime: specTime, alone: alone, aloneTime: aloneTime, hist: hist,
 	})
 	if out.err != nil {
@@ -207,6 +211,7 @@ type summary struct {
 	drafter, target, mode string
 	backend               string // the target's engine
 	k                     int
+	topK, nodes           int // the tree's shape (topK 1: a chain)
 	spec, alone           speculative.Result
 	specTime, aloneTime   time.Duration
 	hist                  []int
@@ -214,7 +219,11 @@ type summary struct {
 
 func writeSummary(w io.Writer, s summary) {
 	st := s.spec.Stats
-	fmt.Fprintf(w, "\n── %s drafting for %s, k %d, %s, %s engine\n", s.drafter, s.target, s.k, s.mode, s.backend)
+	shape := fmt.Sprintf("k %d", s.k)
+	if s.topK > 1 {
+		shape = fmt.Sprintf("a tree of depth %d, topk %d, %d draft tokens", s.k, s.topK, s.nodes)
+	}
+	fmt.Fprintf(w, "\n── %s drafting for %s, %s, %s, %s engine\n", s.drafter, s.target, shape, s.mode, s.backend)
 	rate := 0.0
 	if st.Drafted > 0 {
 		rate = 100 * float64(st.Accepted) / float64(st.Drafted)
@@ -244,7 +253,11 @@ func writeSummary(w io.Writer, s summary) {
 	speedup := tps(s.spec, s.specTime) / tps(s.alone, s.aloneTime)
 	fmt.Fprintf(w, "speedup %.2f×\n", speedup)
 	if speedup < 1 && s.backend == "cpu" {
-		fmt.Fprintln(w, "(on the CPU engine each verified position costs the target a row of compute; on a GPU k+1 rows cost about one)")
+		rows := "k+1 rows"
+		if s.topK > 1 {
+			rows = "a tree's N+1 rows"
+		}
+		fmt.Fprintf(w, "(on the CPU engine each verified position costs the target a row of compute; on a GPU %s cost about one)\n", rows)
 	}
 	if s.mode == "greedy" {
 		same := "yes"

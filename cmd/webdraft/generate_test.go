@@ -8,8 +8,9 @@ import (
 )
 
 // TestGenerate: the embedded pair generates greedily, the same tokens as
-// the target alone, and the summary gives τ, the histogram and both
-// rates; a golden pair (no tokenizer) prints ids.
+// the target alone, with a chain or a token tree, and the summary gives
+// τ, the histogram and both rates; a golden pair (no tokenizer) prints
+// ids.
 func TestGenerate(t *testing.T) {
 	// A prompt the pair continues past 24 tokens (no end of text).
 	code, stdout, stderr := webdraft(t, "generate", "--text", "import os\n\n\ndef read_config(path):\n    \"\"\"", "--k", "4", "--max-tokens", "24", "--backend", "cpu")
@@ -31,6 +32,21 @@ func TestGenerate(t *testing.T) {
 			t.Errorf("no match for %s in\n%s", re, stdout)
 		}
 	}
+	// A token tree: the same tokens as the target alone, the shape in the
+	// summary, a histogram to the tree's depth.
+	code, stdout, stderr = webdraft(t, "generate", "--text", "def quicksort(xs):", "--k", "3", "--spec-topk", "2", "--spec-draft-tokens", "6",
+		"--max-tokens", "16", "--backend", "cpu")
+	if code != 0 {
+		t.Fatalf("a tree: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"a tree of depth 3, topk 2, 6 draft tokens, greedy, cpu engine", "the same tokens as the target alone: yes"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("a tree: no %q in\n%s", want, stdout)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^   3 │█*\s+\d+$`).MatchString(stdout) || regexp.MustCompile(`(?m)^   4 │`).MatchString(stdout) {
+		t.Errorf("a tree of depth 3: the histogram in\n%s", stdout)
+	}
 	golden := filepath.Join("..", "..", "testdata", "golden")
 	code, stdout, stderr = webdraft(t, "generate", "--model", filepath.Join(golden, "tied"), "--target", filepath.Join(golden, "untied"),
 		"--ids", "1,2,3", "--max-tokens", "6", "--temperature", "0.8", "--seed", "3", "--backend", "cpu")
@@ -49,6 +65,10 @@ func TestGenerateUsage(t *testing.T) {
 		{"generate", "--text", "a", "--temperature", "-1"},
 		{"generate", "--text", "a", "--top-p", "0"},
 		{"generate", "--ids", "1,x"},
+		{"generate", "--text", "a", "--spec-topk", "0"},
+		{"generate", "--text", "a", "--spec-topk", "21"},
+		{"generate", "--text", "a", "--spec-draft-tokens", "0"},
+		{"generate", "--text", "a", "--spec-draft-tokens", "65"},
 	} {
 		if code, _, _ := webdraft(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)

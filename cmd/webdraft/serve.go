@@ -29,10 +29,11 @@ const drainTimeout = 30 * time.Second
 const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
+	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
 	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given, else none")
 	k := fs.Int("k", 0, kUsage+" (a request's speculative.k overrides it)")
+	tree := treeFlagsVar(fs, true)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", backendUsage)
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB")
@@ -92,6 +93,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if isSet(fs, "k") && (*k < 1 || *k > speculative.MaxK) {
 		return usagef("--k %d: want 1…%d", *k, speculative.MaxK)
 	}
+	if err := tree.check(); err != nil {
+		return err
+	}
 	backend, err := parseBackend(*backendFlag)
 	if err != nil {
 		return err
@@ -142,7 +146,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	*k = max(*k, 1) // a drafter alone drafts n a request; its k is unused
 	cfg.Scheduler = scheduler.Options{ChainSteps: *chainSteps, MaxQueue: *maxQueue}
-	cfg.Speculative = speculative.Options{K: *k, MaxQueue: *maxQueue}
+	cfg.Speculative = speculative.Options{K: *k, TopK: *tree.topK, TreeNodes: *tree.nodes, MaxQueue: *maxQueue}
+	if cfg.Target != nil {
+		e.log.Info("speculation", "k", *k, "topk", *tree.topK, "draft_tokens", *tree.nodes)
+	}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- srv.Run(runCtx, cfg) }()

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -105,6 +106,11 @@ func TestServeUsage(t *testing.T) {
 		{"serve", "--cors-origin", "ftp://a.example"},
 		{"serve", "--cors-origin", "https://a.example/path"},
 		{"serve", "--per-request-spec-decode-metrics=all"},
+		{"serve", "--spec-topk", "0"},
+		{"serve", "--spec-topk", "21"},
+		{"serve", "--spec-topk", "two"},
+		{"serve", "--spec-draft-tokens", "0"},
+		{"serve", "--spec-draft-tokens", "65"},
 	} {
 		if code, _, _ := webdraft(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
@@ -272,6 +278,53 @@ func TestServeLimits(t *testing.T) {
 	}
 }
 
+// TestServeTrees: --spec-topk and --spec-draft-tokens are the generations'
+// defaults: a greedy request that says nothing of trees verifies more
+// nodes a step than --k (a tree's), and its text is a chain's, which
+// speculative.topk 1 asks for.
+func TestServeTrees(t *testing.T) {
+	addr, stderr := startServe(t, "--k", "3", "--spec-topk", "2", "--spec-draft-tokens", "6", "--per-request-spec-decode-metrics=detailed")
+	complete := func(extra string) (string, map[string]any) {
+		t.Helper()
+		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt":"def quicksort(xs):","max_tokens":16,"temperature":0`+extra+`}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+			Metrics struct {
+				SpeculativeDecoding map[string]any `json:"speculative_decoding"`
+			} `json:"metrics"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 || len(out.Choices) != 1 {
+			t.Fatalf("%s: %d %v", extra, resp.StatusCode, err)
+		}
+		return out.Choices[0].Text, out.Metrics.SpeculativeDecoding
+	}
+	most := func(m map[string]any) int {
+		n := 0
+		for _, v := range m["per_step_drafted"].([]any) {
+			n = max(n, int(v.(float64)))
+		}
+		return n
+	}
+	tree, tm := complete("")
+	chain, cm := complete(`,"speculative":{"topk":1}`)
+	if tree != chain || tree == "" {
+		t.Errorf("greedy text: %q with the default tree, %q as a chain", tree, chain)
+	}
+	if tm["num_spec_tokens"] != 3.0 || most(tm) <= 3 || most(tm) > 6 || most(cm) > 3 {
+		t.Errorf("the default tree drafted %d nodes a step at most (%v), the chain %d", most(tm), tm, most(cm))
+	}
+	if !strings.Contains(stderr.String(), "msg=speculation k=3 topk=2 draft_tokens=6") {
+		t.Errorf("no speculation line in the log:\n%s", stderr.String())
+	}
+}
+
 // TestServeHelpHidesKey: --help lists the limit flags with their
 // defaults, and never prints the key that $WEBDRAFT_API_KEY holds.
 func TestServeHelpHidesKey(t *testing.T) {
@@ -283,7 +336,8 @@ func TestServeHelpHidesKey(t *testing.T) {
 	for _, want := range []string{"-max-connections", "(default 1024)", "-max-queue", "(default 256)", "-body-timeout", "(default 30s)",
 		"-idle-timeout", "(default 2m0s)", "-request-timeout", "(default 1m0s)", "-generation-timeout", "(default 10m0s)",
 		"-max-sessions", "(default 64)", "-max-sessions-per-client", "(default 4)", "-cors-origin", "WEBDRAFT_API_KEY",
-		"-per-request-spec-decode-metrics", "metrics.speculative_decoding", "--per-request-spec-decode-metrics[=summary|detailed]"} {
+		"-per-request-spec-decode-metrics", "metrics.speculative_decoding", "--per-request-spec-decode-metrics[=summary|detailed]",
+		"-spec-topk", "speculative.topk overrides it) (default 1)", "-spec-draft-tokens", "speculative.draft_tokens overrides it) (default 16)"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("the help lacks %q", want)
 		}

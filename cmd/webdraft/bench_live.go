@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -20,8 +21,11 @@ type liveBench struct {
 	drafterName, targetName string
 	prompts                 [][]int
 	ks                      []int
-	newTokens, batch        int
-	// rounds repeats the whole sequence (the target alone, then each k),
+	// trees are measured too, each treeDepth levels deep.
+	trees            []treeShape
+	treeDepth        int
+	newTokens, batch int
+	// rounds repeats the whole sequence (the target alone, each k, each tree),
 	// so that a machine whose speed drifts weighs on every figure alike.
 	rounds int
 	// sampling is every request's: greedy at temperature 0, else prompt i
@@ -30,10 +34,42 @@ type liveBench struct {
 	args     []string
 }
 
-// liveRun is one configuration's measurement: k draft tokens a step (0:
-// the target alone) over every prompt.
+// treeShape is a token tree of --trees: b children a node, n nodes
+// verified a step.
+type treeShape struct{ b, n int }
+
+func (t treeShape) String() string { return fmt.Sprintf("%d×%d", t.b, t.n) }
+
+// parseTrees reads --trees: b×N pairs, comma-separated ("2x8,4x16"; × or
+// x), b 2…MaxTopK (1 is a chain: --ks measures those), N 1…MaxTreeNodes.
+func parseTrees(s string) ([]treeShape, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var trees []treeShape
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		bs, ns, ok := strings.Cut(strings.NewReplacer("×", "x", "X", "x").Replace(part), "x")
+		b, errB := strconv.Atoi(bs)
+		n, errN := strconv.Atoi(ns)
+		if !ok || errB != nil || errN != nil || b < 2 || b > speculative.MaxTopK || n < 1 || n > speculative.MaxTreeNodes {
+			return nil, usagef("--trees %q: %q is not b×N with b 2…%d children a node and N 1…%d nodes verified (2x8,4x16)", s, part, speculative.MaxTopK, speculative.MaxTreeNodes)
+		}
+		trees = append(trees, treeShape{b, n})
+	}
+	return trees, nil
+}
+
+// liveShape is what a run drafts: k tokens a step (0: the target alone),
+// as a chain or, with tree.b above 1, as a tree k levels deep.
+type liveShape struct {
+	k    int
+	tree treeShape
+}
+
+// liveRun is one configuration's measurement over every prompt.
 type liveRun struct {
-	k              int
+	liveShape
 	tokens, steps  int
 	drafted, accep int
 	wall           time.Duration
@@ -65,16 +101,26 @@ func (r *liveRun) step() time.Duration { return r.wall / time.Duration(max(len(r
 // filled in from the measured means: t_draft the drafter's time per
 // draft token, t_verify the target's time per verification step, t_target
 // the target's time per step alone; and the loop rate and distinct-4 of
-// the target alone's outputs.
+// the target alone's outputs. Each tree of b.trees is measured the same
+// way, in a table of its own: its t_draft is the drafter's time a step.
 func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
-	ks := append([]int{0}, b.ks...)
-	runs := make([]*liveRun, len(ks))
+	shapes := []liveShape{{}}
+	for _, k := range b.ks {
+		shapes = append(shapes, liveShape{k: k})
+	}
+	for _, t := range b.trees {
+		shapes = append(shapes, liveShape{k: b.treeDepth, tree: t})
+	}
+	runs := make([]*liveRun, len(shapes))
 	for round := range max(b.rounds, 1) {
-		for i, k := range ks {
-			e.log.Info("measuring", "k", k, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
-			r, err := b.run(ctx, k)
+		for i, sh := range shapes {
+			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
+			r, err := b.run(ctx, sh)
 			if err != nil {
-				return fmt.Errorf("k %d: %w", k, err)
+				if sh.tree.b > 1 {
+					return fmt.Errorf("tree %s, depth %d: %w", sh.tree, sh.k, err)
+				}
+				return fmt.Errorf("k %d: %w", sh.k, err)
 			}
 			if runs[i] == nil {
 				runs[i] = r
@@ -95,7 +141,8 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	fmt.Fprintf(e.stdout, "the target alone's outputs: %s\n\n", textSummary(textstats.Summarize(alone.outputs)))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "k\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tk·t_draft/t_target\tt_verify/t_target\tmodel speedup\t")
-	for _, r := range runs[1:] {
+	chains := runs[1 : 1+len(b.ks)]
+	for _, r := range chains {
 		tDraft := mean(r.draft) / time.Duration(r.k)
 		tVerify := mean(r.verify)
 		draftCost := float64(r.k) * float64(tDraft) / float64(tTarget)
@@ -108,15 +155,40 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		return err
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
+	if trees := runs[1+len(b.ks):]; len(trees) > 0 {
+		fmt.Fprintf(e.stdout, "\ntoken trees %d levels deep (b×N: b children a node, N nodes verified a step):\n", b.treeDepth)
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "tree\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tt_draft/t_target\tt_verify/t_target\tmodel speedup\t")
+		for _, r := range trees {
+			tDraft, tVerify := mean(r.draft), mean(r.verify)
+			draftCost := float64(tDraft) / float64(tTarget)
+			verifyCost := float64(tVerify) / float64(tTarget)
+			fmt.Fprintf(tw, "%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%.3f\t%.3f\t%.2f\t%.2f\t%.2f×\t\n",
+				r.tree, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
+				ms(r.step()), ms(tDraft), ms(tVerify), draftCost, verifyCost, r.tau()/(draftCost+verifyCost))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stdout, "\ntrees: t_draft is the drafter's time a step (its %d passes, one a level), t_verify the target's pass over a step's nodes (N at most) and its last token; accepted: the share of verified nodes on the accepted paths; model speedup τ / (t_draft/t_target + t_verify/t_target).\n", b.treeDepth)
+	}
 	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench spec %s\n", strings.Join(b.args, " "))
 	return nil
 }
 
+// treeName is the shape's tree for a log line ("" for a chain).
+func (sh liveShape) treeName() string {
+	if sh.tree.b > 1 {
+		return sh.tree.String()
+	}
+	return ""
+}
+
 // run generates b.newTokens tokens after each prompt, b.batch at a time,
-// with k draft tokens a step: once untimed, so that every pipeline the
-// batches' changing shapes need is compiled, then timed.
-func (b liveBench) run(ctx context.Context, k int) (*liveRun, error) {
-	r := &liveRun{k: k}
+// drafting as sh says: once untimed, so that every pipeline the batches'
+// changing shapes need is compiled, then timed.
+func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
+	r := &liveRun{liveShape: sh}
 	var mu sync.Mutex
 	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, OnStep: func(st speculative.StepStats) {
 		mu.Lock()
@@ -133,14 +205,14 @@ func (b liveBench) run(ctx context.Context, k int) (*liveRun, error) {
 	done := make(chan struct{})
 	go func() { g.Run(runCtx); close(done) }()
 	defer func() { stop(); <-done }()
-	if _, _, err := b.generateAll(ctx, g, k); err != nil {
+	if _, _, err := b.generateAll(ctx, g, sh); err != nil {
 		return nil, err
 	}
 	mu.Lock()
 	r.draft, r.verify = nil, nil
 	mu.Unlock()
 	start := time.Now()
-	st, outputs, err := b.generateAll(ctx, g, k)
+	st, outputs, err := b.generateAll(ctx, g, sh)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +224,7 @@ func (b liveBench) run(ctx context.Context, k int) (*liveRun, error) {
 
 // generateAll runs every prompt through g, b.batch at a time, and sums
 // their stats; outputs are the tokens of each prompt's generation.
-func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, k int) (sum speculative.Stats, outputs [][]int, err error) {
+func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, sh liveShape) (sum speculative.Stats, outputs [][]int, err error) {
 	var mu sync.Mutex
 	outputs = make([][]int, len(b.prompts))
 	jobs := make(chan int)
@@ -161,9 +233,9 @@ func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, k 
 	for range b.batch {
 		wg.Go(func() {
 			for i := range jobs {
-				q := speculative.Request{Prompt: b.prompts[i], MaxTokens: b.newTokens, K: k,
+				q := speculative.Request{Prompt: b.prompts[i], MaxTokens: b.newTokens, K: sh.k, TopK: max(sh.tree.b, 1), TreeNodes: sh.tree.n,
 					Sampling: b.sampling, Seed: uint64(i)}
-				if k == 0 {
+				if sh.k == 0 {
 					q.K = speculative.NoDraft
 				}
 				res, err := g.Submit(ctx, q)

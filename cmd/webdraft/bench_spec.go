@@ -20,7 +20,7 @@ import (
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--batch 1] [--temperature 0] [--top-p 1]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--batch 1] [--temperature 0] [--top-p 1]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter)")
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
@@ -30,12 +30,14 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	batch := fs.Int("batch", 32, "prompts measured side by side (batched forward passes; the result does not depend on it)")
 	backendFlag := fs.String("backend", "auto", backendUsage+"; for both models")
 	svg := fs.String("svg", "", "also write the acceptance-length histogram as SVG to this file")
-	live := fs.Bool("live", false, "run the real loop — the target verifying each draft — for each k of --ks and the target alone, greedy or at --temperature, and report wall-clock tokens/s, the speedup and the cost model; --batch is then how many prompts generate at once (default 1)")
+	live := fs.Bool("live", false, "run the real loop — the target verifying each draft — for each k of --ks, each tree of --trees and the target alone, greedy or at --temperature, and report wall-clock tokens/s, the speedup and the cost model; --batch is then how many prompts generate at once (default 1)")
 	ksFlag := fs.String("ks", "1,2,4,8,16", "with --live: the draft lengths to measure")
+	treesFlag := fs.String("trees", "", fmt.Sprintf("with --live: token trees to measure too, as b×N, comma-separated (2x8,4x16: b children a node, 2…%d; N nodes verified a step, 1…%d); default: none", speculative.MaxTopK, speculative.MaxTreeNodes))
+	treeDepth := fs.Int("tree-depth", 6, fmt.Sprintf("with --live and --trees: the trees' depth, the drafter's passes a step (1…%d)", speculative.MaxK))
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
-	rounds := fs.Int("rounds", 1, "with --live: run the target alone and every k this many times over, in turn, and sum them (figures from a machine whose speed drifts)")
+	rounds := fs.Int("rounds", 1, "with --live: run the target alone, every k and every tree this many times over, in turn, and sum them (figures from a machine whose speed drifts)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -49,6 +51,16 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	}
 	if !*live && (isSet(fs, "temperature") || isSet(fs, "top-p")) {
 		return usagef("--temperature and --top-p take --live (the offline measure is greedy)")
+	}
+	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth")) {
+		return usagef("--trees and --tree-depth take --live (the offline measure drafts chains)")
+	}
+	trees, err := parseTrees(*treesFlag)
+	if err != nil {
+		return err
+	}
+	if *treeDepth < 1 || *treeDepth > speculative.MaxK {
+		return usagef("--tree-depth %d: want 1…%d", *treeDepth, speculative.MaxK)
 	}
 	if !(*temperature >= 0 && *temperature <= 2) || !(*topP > 0 && *topP <= 1) {
 		return usagef("--temperature %v, --top-p %v: want 0…2 and a value in (0, 1]", *temperature, *topP)
@@ -114,7 +126,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		}
 		return benchSpecLive(ctx, e, liveBench{
 			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
-			prompts: prompts, ks: ks, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
+			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
 			sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		})
 	}

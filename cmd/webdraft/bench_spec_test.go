@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -29,9 +30,21 @@ func TestBenchSpecTextStats(t *testing.T) {
 		t.Fatalf("no text figures in\n%s", stdout)
 	}
 	code, stdout, stderr = webdraft(t, "bench", "spec", "--live", "--target", model, "--drafter", model, "--prompts", prompts,
-		"--ks", "2", "--new-tokens", "40", "--backend", "cpu")
+		"--ks", "2", "--trees", "2x8,3×4", "--tree-depth", "3", "--new-tokens", "40", "--backend", "cpu")
 	if code != 0 {
 		t.Fatalf("--live: exit %d: %s", code, stderr)
+	}
+	// The trees' table: a row a tree, τ within 1…depth+1, the reproducing
+	// line with --trees.
+	trees := regexp.MustCompile(`(?m)^\s+(\d+×\d+)\s+(\d+\.\d\d)\s+\d+%\s+[\d.]+\s+[\d.]+×(\s+[\d.]+){6}×\s*$`).FindAllStringSubmatch(stdout, -1)
+	if len(trees) != 2 || trees[0][1] != "2×8" || trees[1][1] != "3×4" || !strings.Contains(stdout, "token trees 3 levels deep") ||
+		!strings.Contains(stdout, "reproduce: webdraft bench spec --live") || !strings.Contains(stdout, "--trees 2x8,3×4 --tree-depth 3") {
+		t.Fatalf("--live --trees: no table of trees in\n%s", stdout)
+	}
+	for _, r := range trees {
+		if tau, _ := strconv.ParseFloat(r[2], 64); tau < 1 || tau > 4 {
+			t.Errorf("tree %s: τ %s at depth 3", r[1], r[2])
+		}
 	}
 	live := stats.FindStringSubmatch(stdout)
 	if live == nil || !strings.Contains(stdout, "the target alone's outputs: loop rate") || !strings.Contains(stdout, ", greedy, 1 at once") {
@@ -43,8 +56,9 @@ func TestBenchSpecTextStats(t *testing.T) {
 }
 
 // TestBenchSpecLiveSampled: --live --temperature samples every generation
-// with a seed per prompt: the header says so, the table has a τ for each
-// k, and a second run measures the same τ and acceptance.
+// with a seed per prompt: the header says so, the tables have a τ for
+// each k and each tree, and a second run measures the same τ and
+// acceptance.
 func TestBenchSpecLiveSampled(t *testing.T) {
 	prompts := filepath.Join(t.TempDir(), "prompts.jsonl")
 	if err := os.WriteFile(prompts, []byte("{\"ids\":[1,2,3]}\n{\"ids\":[9,8]}\n{\"ids\":[500,7,7]}\n"), 0o644); err != nil {
@@ -55,7 +69,7 @@ func TestBenchSpecLiveSampled(t *testing.T) {
 	var rows [][]string
 	for range 2 {
 		code, stdout, stderr := webdraft(t, "bench", "spec", "--live", "--target", model, "--drafter", model, "--prompts", prompts,
-			"--ks", "1,3", "--new-tokens", "24", "--backend", "cpu", "--temperature", "0.7", "--top-p", "0.9")
+			"--ks", "1,3", "--trees", "2x6", "--tree-depth", "3", "--new-tokens", "24", "--backend", "cpu", "--temperature", "0.7", "--top-p", "0.9")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
@@ -70,16 +84,24 @@ func TestBenchSpecLiveSampled(t *testing.T) {
 		if len(taus) != 2 || !strings.HasPrefix(taus[0], "1 ") || !strings.HasPrefix(taus[1], "3 ") {
 			t.Fatalf("want a row for k 1 and 3:\n%s", stdout)
 		}
-		// The drafter is the target, so at greedy every draft token would
-		// be accepted (τ = k + 1); sampled, only some are.
+		// The drafter is the target: its sampled drafts are draws from the
+		// target's own distribution, which the rule accepts every time. A
+		// chain's τ is k + 1; a tree of 6 draws (2 roots, 2 children each
+		// of the 2 best) accepts a root and at most one child.
 		for _, m := range row.FindAllStringSubmatch(stdout, -1) {
 			k, _ := strconv.Atoi(m[1])
-			tau, _ := strconv.ParseFloat(m[2], 64)
-			if tau < 1 || tau >= float64(k+1) {
-				t.Errorf("k %d: τ %s, want 1 ≤ τ < %d", k, m[2], k+1)
+			if want := fmt.Sprintf("%d.00", k+1); m[2] != want || m[3] != "100" {
+				t.Errorf("k %d: τ %s, %s%% accepted; want τ %s, all accepted", k, m[2], m[3], want)
 			}
 		}
-		rows = append(rows, taus)
+		tree := regexp.MustCompile(`(?m)^\s+2×6\s+(\d+\.\d\d)\s+(\d+)%\s`).FindStringSubmatch(stdout)
+		if tree == nil {
+			t.Fatalf("no row for the tree 2×6:\n%s", stdout)
+		}
+		if tau, _ := strconv.ParseFloat(tree[1], 64); tau < 2 || tau > 3 {
+			t.Errorf("tree 2×6: τ %s, want 2…3", tree[1])
+		}
+		rows = append(rows, append(taus, "2×6 "+tree[1]+" "+tree[2]))
 	}
 	if strings.Join(rows[0], "; ") != strings.Join(rows[1], "; ") {
 		t.Errorf("the same seeds measured %v, then %v", rows[0], rows[1])
@@ -88,6 +110,12 @@ func TestBenchSpecLiveSampled(t *testing.T) {
 		{"--temperature", "0.7"},                           // not --live
 		{"--live", "--temperature", "-1"},                  // below 0
 		{"--live", "--temperature", "0.7", "--top-p", "0"}, // outside (0, 1]
+		{"--trees", "2x8"},                                 // not --live
+		{"--live", "--trees", "1x8"},                       // a chain
+		{"--live", "--trees", "2x8,21x8"},                  // b past MaxTopK
+		{"--live", "--trees", "2x65"},                      // N past MaxTreeNodes
+		{"--live", "--trees", "2by8"},
+		{"--live", "--trees", "2x8", "--tree-depth", "0"},
 	} {
 		code, _, stderr := webdraft(t, append([]string{"bench", "spec", "--prompts", prompts}, args...)...)
 		if code != 2 {

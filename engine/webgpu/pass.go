@@ -10,13 +10,15 @@ import (
 	"webdraft/treemask"
 )
 
-// pending is an entry's tokens not yet fed, and the rows read out of the
-// passes that fed the ones before.
+// pending is an entry's tokens not yet fed, with how each is placed in its
+// sequence's cache, and the rows read out of the passes that fed the ones
+// before.
 type pending struct {
 	entry  *engine.Entry       // Step's entry; nil for Verify's
 	verify *engine.VerifyEntry // Verify's entry; nil for Step's
 	seq    *kernels.KVSeq
 	tokens []int
+	place  []treemask.Row     // tokens' positions and masks (KVSeq.Place): line tokens or tree nodes
 	out    int                // how many of tokens' last positions are read out
 	rows   []engine.VerifyRow // read out so far, in order
 }
@@ -46,8 +48,9 @@ func (ps *pass) readsOutWith(p *pending) {
 }
 
 // passEntry is one sequence's part of a forward pass: rows row0 … row0+T-1
-// hold its positions P … P+T-1, and the last outs of them are read out
-// into the pass's read-out rows out0 … out0+outs-1.
+// hold its positions (cache slots) P … P+T-1, placed by the first T of
+// its pending place, and the last outs of them are read out into the
+// pass's read-out rows out0 … out0+outs-1.
 type passEntry struct {
 	p          *pending
 	row0, T    int
@@ -116,14 +119,16 @@ func (e *Engine) plan(work []pending) pass {
 }
 
 // decodePass is the j-th pass of a chain of m over work: every entry one
-// row, at its length plus j, fed first[i] (the passes after the first take
-// their ids from the device). Every pass of the chain attends as if to the
-// longest context of its last, so that all of them run the same kernels.
+// row, a line token at its length plus j, fed first[i] (the passes after
+// the first take their ids from the device). Every pass of the chain
+// attends as if to the longest context of its last, so that all of them
+// run the same kernels.
 func decodePass(work []pending, first []int, j, m int) pass {
 	ps := pass{rows: len(work), decode: len(work), lasts: len(work)}
 	for i := range work {
 		p := &work[i]
 		p.tokens, p.out = first[i:i+1], 1
+		p.place = []treemask.Row{treemask.LineRow(p.seq.Len() + j)}
 		pe := passEntry{p: p, row0: i, T: 1, P: p.seq.Len() + j, out0: i, outs: 1, complete: true}
 		ps.readsOutWith(p)
 		ps.entries = append(ps.entries, pe)
@@ -147,9 +152,11 @@ func (e *Engine) attentionRows(ps *pass) {
 }
 
 // forward records and submits one pass: its block tables and per-row
-// inputs — only the positions when it continues a chain (its token ids are
-// those the pass before it wrote, its rows that pass's) — then its kernels
-// and after them extra, in command buffers of about every dispatches.
+// inputs — only the rows' placements when it continues a chain (its token
+// ids are those the pass before it wrote, its read-out rows that pass's) —
+// then the KV moves of paths kept since the pass before (KVCache.
+// RecordMoves), its kernels and after them extra, in command buffers of
+// about every dispatches.
 func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error {
 	a := e.act
 	seqs := make([]*kernels.KVSeq, len(ps.entries))
@@ -160,7 +167,7 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 		for t := range pe.T {
 			r := pe.row0 + t
 			ids[r] = uint32(pe.p.tokens[t])
-			kernels.PutRow(rows[r*kernels.RowWords:], pe.p.seq.Slot(), pe.P+t, treemask.LineRow(pe.P+t))
+			kernels.PutRow(rows[r*kernels.RowWords:], pe.p.seq.Slot(), pe.P+t, pe.p.place[t])
 		}
 		for j := range pe.outs {
 			lasts[pe.out0+j] = uint32(pe.row0 + pe.T - pe.outs + j)
@@ -187,7 +194,8 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 			}
 		}
 	}
-	if err := e.submit(append(e.kernels(ps), extra...), every); err != nil {
+	moves := func(b *gpu.Batch) error { return e.kv.RecordMoves(b) }
+	if err := e.submit(append(append([]step{moves}, e.kernels(ps)...), extra...), every); err != nil {
 		return fmt.Errorf("forward pass: %w", err)
 	}
 	return nil
@@ -216,19 +224,19 @@ func (e *Engine) writeDraws(ps pass) error {
 }
 
 // readOut reads back a submitted pass's read-out rows: each entry's
-// sequence now holds the positions it fed, its pending tokens advance and
-// its rows grow by those read out; a complete Step entry's Next is its
-// greedy token.
+// sequence now holds the positions it fed (tree nodes among them join its
+// tree), its pending tokens advance and its rows grow by those read out; a
+// complete Step entry's Next is its greedy token.
 func (e *Engine) readOut(ps pass) error {
 	rows, err := e.readRows(ps)
 	if err != nil {
 		return err
 	}
 	for _, pe := range ps.entries {
-		if err := pe.p.seq.Commit(pe.P+pe.T, nil); err != nil {
+		if err := pe.p.seq.Commit(pe.P+pe.T, pe.p.place[:pe.T]); err != nil {
 			return err
 		}
-		pe.p.tokens = pe.p.tokens[pe.T:]
+		pe.p.tokens, pe.p.place = pe.p.tokens[pe.T:], pe.p.place[pe.T:]
 		pe.p.out -= pe.outs
 		pe.p.rows = append(pe.p.rows, rows[pe.out0:pe.out0+pe.outs]...)
 		if pe.complete && pe.p.entry != nil {
@@ -380,7 +388,8 @@ func (e *Engine) kernels(ps pass) []step {
 			func(b *gpu.Batch) error {
 				return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.rows, R, heads, eps)
 			},
-			// attn = softmax(q·kᵀ/√D + causal mask)·v: decode rows together, prompts tiled
+			// attn = softmax(q·kᵀ/√D + mask)·v, the mask causal or a token
+			// tree's: decode rows together, prompts tiled
 			func(b *gpu.Batch) error {
 				if ps.decode == 0 {
 					return nil

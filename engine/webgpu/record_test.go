@@ -8,6 +8,7 @@ import (
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
 	"webdraft/kernels"
+	"webdraft/treemask"
 )
 
 // BenchmarkRecordDecodeStep is the host's share of a decode step: recording
@@ -38,7 +39,7 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 	if err := e.kv.Reserve([]*kernels.KVSeq{s}, []int{s.Len() + 1}); err != nil {
 		b.Fatal(err)
 	}
-	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}}}
+	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}, place: []treemask.Row{treemask.LineRow(s.Len())}}}
 	steps := e.kernels(e.plan(work))
 	for _, submit := range []bool{false, true} {
 		name := map[bool]string{false: "record", true: "record+submit"}[submit]

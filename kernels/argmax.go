@@ -20,7 +20,7 @@ var (
 )
 
 // argmaxParams are argmax.wgsl's params.
-type argmaxParams struct{ T, V, Chunks, _ uint32 }
+type argmaxParams struct{ T, V, Chunks, LSE0 uint32 }
 
 // argmaxChunk is how many logits one workgroup of argmax.wgsl's first
 // pass covers (its CHUNK).
@@ -30,16 +30,16 @@ const argmaxChunk = 4096
 const ArgmaxNaN = 0xffffffff
 
 // Argmax records ids[t] = the first index of the largest of logits[t]
-// (greedy decoding; torch.argmax's tie rule) and lp[t], its
-// log-probability (log softmax at temperature 1):
+// (greedy decoding; torch.argmax's tie rule), lp[t], its log-probability
+// (log softmax at temperature 1), and lp[lse0 + t], the row's log-sum-exp:
 //
 //	logits (T, V) f32
 //	ids    (T) u32; ArgmaxNaN for a row with a NaN
-//	lp     (T) f32
-func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V int) error {
+//	lp     (lse0 + T) f32, lse0 ≥ T
+func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V, lse0 int) error {
 	op := "argmax"
-	if T <= 0 || V <= 0 {
-		return fmt.Errorf("kernels: %s: shape (%d, %d)", op, T, V)
+	if T <= 0 || V <= 0 || lse0 < T {
+		return fmt.Errorf("kernels: %s: shape (%d, %d), log-sum-exps at word %d", op, T, V, lse0)
 	}
 	if err := need(op, "logits", logits, T*V); err != nil {
 		return err
@@ -47,7 +47,7 @@ func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V int) error {
 	if err := need(op, "ids", ids, T); err != nil {
 		return err
 	}
-	if err := need(op, "lp", lp, T); err != nil {
+	if err := need(op, "lp", lp, lse0+T); err != nil {
 		return err
 	}
 	d := b.Device()
@@ -56,7 +56,7 @@ func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V int) error {
 	if err != nil {
 		return err
 	}
-	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*16), ids.Slice(0, uint64(T)*4), lp.Slice(0, uint64(T)*4)}
-	params := &argmaxParams{T: uint32(T), V: uint32(V), Chunks: uint32(chunks)}
+	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*16), ids.Slice(0, uint64(T)*4), lp.Slice(0, uint64(lse0+T)*4)}
+	params := &argmaxParams{T: uint32(T), V: uint32(V), Chunks: uint32(chunks), LSE0: uint32(lse0)}
 	return dispatchPasses(b, op, params, binds, pass{argmaxPartial, chunks, T}, pass{argmaxMerge, T, 1})
 }

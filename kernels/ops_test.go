@@ -173,14 +173,15 @@ func TestArgmax(t *testing.T) {
 				}
 			}
 			lb := upload(t, d, "logits", logits)
-			ids, lp := poisoned(t, d, "ids", T), poisoned(t, d, "lp", T)
+			lse0 := T + r.IntN(3) // the log-sum-exps after the log-probabilities, maybe further
+			ids, lp := poisoned(t, d, "ids", T), poisoned(t, d, "lp", lse0+T)
 			poisonScratch(t, d, T*64)
-			run(t, d, "argmax", func(b *gpu.Batch) error { return Argmax(b, ids, lp, lb, T, V) })
+			run(t, d, "argmax", func(b *gpu.Batch) error { return Argmax(b, ids, lp, lb, T, V, lse0) })
 			got, err := ids.ReadU32()
 			if err != nil {
 				t.Fatal(err)
 			}
-			gotLP := readF32(t, lp, T)
+			gotLP := readF32(t, lp, lse0+T)
 			for row := range T {
 				want, err := sampling.Choose(logits[row*V:(row+1)*V], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
 				if err != nil {
@@ -194,6 +195,9 @@ func TestArgmax(t *testing.T) {
 				}
 				if !(math.Abs(float64(gotLP[row]-want.ArgmaxLogprob)) <= 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob)))) { // a NaN fails
 					t.Errorf("row %d: log p %v, want %v", row, gotLP[row], want.ArgmaxLogprob)
+				}
+				if lse := gotLP[lse0+row]; !(math.Abs(float64(lse-want.LogSumExp)) <= 1e-4*max(1, math.Abs(float64(want.LogSumExp)))) {
+					t.Errorf("row %d: log-sum-exp %v, want %v", row, lse, want.LogSumExp)
 				}
 			}
 		})

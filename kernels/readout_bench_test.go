@@ -29,7 +29,7 @@ func BenchmarkReadout(b *testing.B) {
 			b.Fatal(err)
 		}
 		bufs := map[string]*gpu.Buffer{}
-		for name, words := range map[string]int{"out": rows * SampleWords, "top": rows * 20 * 2, "ids": rows, "lp": rows} {
+		for name, words := range map[string]int{"out": rows * SampleWords, "top": rows * 20 * 2, "ids": rows, "lp": 2 * rows} {
 			if bufs[name], err = d.NewBuffer(name, uint64(words)*4); err != nil {
 				b.Fatal(err)
 			}
@@ -60,7 +60,7 @@ func BenchmarkReadout(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/rows%d", c.name, rows), func(b *testing.B) {
 				sec := benchMatMuls(b, d, bufs["ids"], 16, func(bt *gpu.Batch) error {
 					if c.name == "argmax" {
-						return Argmax(bt, bufs["ids"], bufs["lp"], lg, rows, V)
+						return Argmax(bt, bufs["ids"], bufs["lp"], lg, rows, V, rows)
 					}
 					return Sample(bt, bufs["out"], bufs["top"], bufs["ids"], bufs["lp"], lg, dw, tw, rows, V, c.topN)
 				})

@@ -1,7 +1,8 @@
 // argmax.wgsl: greedy token choice, ids[t] = argmax_v logits[t][v] for
 // t < T rows of V logits: the first index of the largest value (as
-// torch.argmax and sampling.Choose), and its log-probability lp[t] =
-// logits[t][ids[t]] − logsumexp(logits[t]). A row holding a NaN yields
+// torch.argmax and sampling.Choose), its log-probability lp[t] =
+// logits[t][ids[t]] − logsumexp(logits[t]), and the row's
+// lp[lse0 + t] = logsumexp(logits[t]). A row holding a NaN yields
 // ids[t] = 0xffffffff, which the host turns into an error.
 //
 // Two entry points, dispatched one after the other, so that a
@@ -14,14 +15,15 @@
 //            NAN_SEEN if the chunk holds a NaN.
 //   merge:   workgroup t merges the row's chunks candidates into ids[t],
 //            and their sums, each rescaled to the row's largest value, into
-//            lp[t].
+//            lp[t] and lp[lse0 + t].
 // Both reduce through a tree in workgroup memory, ties to the lower index.
 //
 // Buffers:
 //   logits (T, V) f32
 //   cand   (T, chunks) vec4<u32>
 //   ids    (T) u32
-//   lp     (T) f32
+//   lp     (lse0 + T) f32: the log-probabilities, then from word lse0 ≥ T
+//          the log-sum-exps
 //
 // Dispatch: partial (chunks, T, 1), merge (T, 1, 1); WG = 256 threads, and
 // CHUNK = WG·PER = 4,096 logits (a 151,936-word row: 38 workgroups).
@@ -36,7 +38,7 @@ struct Params {
     T: u32,
     V: u32,
     chunks: u32, // ceil(V / CHUNK)
-    _pad0: u32,
+    lse0: u32,   // the word of lp where the log-sum-exps start
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -158,5 +160,6 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if lid == 0u {
         ids[t] = select(best_i[0], NONE, nan_seen[0] != 0u);
         lp[t] = -log(sums[0]); // logits[ids[t]] − (top + log Σ exp(logit − top))
+        lp[p.lse0 + t] = top + log(sums[0]);
     }
 }

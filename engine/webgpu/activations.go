@@ -20,8 +20,11 @@ type activations struct {
 	rows *gpu.Buffer
 	last *gpu.Buffer // (lasts) u32: the rows read out
 	// next holds argmax.wgsl's greedy tokens (lasts) u32, and from nextLP
-	// on their log-probabilities (lasts) f32, copied from lp: one read, or
-	// one copy into StepN's results, takes both. nextBytes is its size.
+	// on their log-probabilities (lasts) f32 followed, after a pass's
+	// lasts rounded up to whole 16-byte words (lseAt), by the rows'
+	// log-sum-exps, all copied from lp (lp, then the log-sum-exps from
+	// lseAt): one read takes the three, one copy into StepN's results the
+	// first nextBytes, tokens and log-probabilities.
 	next, lp          *gpu.Buffer
 	nextLP, nextBytes uint64
 	// sample.wgsl's inputs and outputs: draws (lasts, 4) u32, temps
@@ -72,7 +75,7 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int) (_
 	}{
 		// ids in whole 16-byte words: StepN copies next's tokens into it.
 		{&a.ids, "ids", (rows + 3) &^ 3}, {&a.rows, "rows", rows * kernels.RowWords},
-		{&a.last, "last", a.maxLasts}, {&a.next, "next", int(a.nextBytes / 4)}, {&a.lp, "lp", words},
+		{&a.last, "last", a.maxLasts}, {&a.next, "next", int(a.nextBytes/4) + words}, {&a.lp, "lp", 2 * words},
 		{&a.draws, "draws", a.maxLasts * kernels.SampleDrawWords}, {&a.temps, "temps", a.maxLasts * kernels.SampleTempWords},
 		{&a.sampled, "sampled", a.maxLasts * kernels.SampleWords}, {&a.top, "top", a.maxLasts * engine.MaxTopN * 2},
 		{&a.x, "hidden", rows * H},
@@ -100,18 +103,26 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int) (_
 	return a, nil
 }
 
-// readNext reads back argmax.wgsl's n greedy tokens and their
-// log-probabilities from next.
-func (a *activations) readNext(n int) ([]uint32, []float32, error) {
-	raw, err := a.next.Read(0, a.nextLP+uint64(n)*4)
+// lseAt is where a pass of n rows read out puts their log-sum-exps in lp
+// (argmax.wgsl's lse0), and in next after nextLP: past their
+// log-probabilities, in whole 16-byte words.
+func lseAt(n int) int { return (n + 3) &^ 3 }
+
+// readNext reads back argmax.wgsl's n greedy tokens, their
+// log-probabilities and their rows' log-sum-exps from next.
+func (a *activations) readNext(n int) ([]uint32, []float32, []float32, error) {
+	lse := a.nextLP + uint64(lseAt(n))*4
+	raw, err := a.next.Read(0, lse+uint64(n)*4)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read back: %w", err)
+		return nil, nil, nil, fmt.Errorf("read back: %w", err)
 	}
 	ids, lps := nextWords(raw, a.nextLP, n)
-	return ids, lps, nil
+	_, lses := nextWords(raw, lse, n)
+	return ids, lps, lses, nil
 }
 
-// nextWords splits a copy of next into tokens and log-probabilities.
+// nextWords splits a copy of next into tokens and the n f32 values at
+// lpAt (log-probabilities, or log-sum-exps).
 func nextWords(raw []byte, lpAt uint64, n int) ([]uint32, []float32) {
 	ids := u32s(raw[:n*4])
 	lp := u32s(raw[lpAt : lpAt+uint64(n)*4])

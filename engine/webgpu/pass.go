@@ -248,7 +248,8 @@ func (e *Engine) readOut(ps pass) error {
 }
 
 // readRows reads back the pass's read-out rows: from argmax.wgsl, the
-// greedy token and its log-probability; from sample.wgsl, all it wrote.
+// greedy token, its log-probability and the row's log-sum-exp; from
+// sample.wgsl, all it wrote.
 func (e *Engine) readRows(ps pass) ([]engine.VerifyRow, error) {
 	a := e.act
 	rows := make([]engine.VerifyRow, ps.lasts)
@@ -256,7 +257,7 @@ func (e *Engine) readRows(ps pass) ([]engine.VerifyRow, error) {
 		return rows, nil
 	}
 	if !ps.sample {
-		ids, lps, err := a.readNext(ps.lasts)
+		ids, lps, lses, err := a.readNext(ps.lasts)
 		if err != nil {
 			return nil, err
 		}
@@ -264,7 +265,7 @@ func (e *Engine) readRows(ps pass) ([]engine.VerifyRow, error) {
 			if rows[r].Argmax, err = e.token(ids[r]); err != nil {
 				return nil, fmt.Errorf("forward pass: %w", err)
 			}
-			rows[r].ArgmaxLogprob = lps[r]
+			rows[r].ArgmaxLogprob, rows[r].LogSumExp = lps[r], lses[r]
 		}
 		return rows, nil
 	}
@@ -437,11 +438,16 @@ func (e *Engine) kernels(ps pass) []step {
 				if ps.sample {
 					return kernels.Sample(b, a.sampled, a.top, a.next, a.lp, a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
 				}
-				return kernels.Argmax(b, a.next, a.lp, a.logits, ps.lasts, c.VocabSize)
+				return kernels.Argmax(b, a.next, a.lp, a.logits, ps.lasts, c.VocabSize, lseAt(ps.lasts))
 			},
-			// next holds the tokens and, from nextLP, their log-probabilities.
+			// next holds the tokens and, from nextLP, their log-probabilities
+			// and (argmax.wgsl's) their rows' log-sum-exps.
 			func(b *gpu.Batch) error {
-				return kernels.CopyTo(b, a.next, a.nextLP, a.lp, uint64((ps.lasts+3)&^3)*4)
+				words := lseAt(ps.lasts)
+				if !ps.sample {
+					words *= 2
+				}
+				return kernels.CopyTo(b, a.next, a.nextLP, a.lp, uint64(words)*4)
 			},
 		)
 	}

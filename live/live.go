@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,11 +41,12 @@ type Start struct {
 	// Edge drafts in the page (edge drafting): the server's target
 	// verifies what the page's drafter proposes (Runner.Remote).
 	Edge bool `json:"edge"`
-	// TopK above 1 drafts a token tree (speculative.Request.TopK): each
-	// node's TopK likeliest children, K levels deep, the DraftTokens
-	// best-scored nodes verified (0: speculative.DefaultTreeNodes). 0 or
-	// 1 drafts a chain of K tokens, where DraftTokens does not apply.
-	TopK        int `json:"top_k"`
+	// TopK above 1 drafts a token tree (speculative.Request.TopK; the
+	// API's speculative.topk and draft_tokens, SGLang's names): each
+	// node's TopK children, K levels deep, DraftTokens nodes verified (0:
+	// speculative.DefaultTreeNodes). 0 or 1 drafts a chain of K tokens,
+	// where DraftTokens does not apply.
+	TopK        int `json:"topk"`
 	DraftTokens int `json:"draft_tokens"`
 }
 
@@ -71,6 +73,10 @@ type Runner struct {
 	// the page drafts, over the transport); without it edge runs are
 	// refused.
 	Remote func() *speculative.Remote
+	// SampledDrafts: both of Gen's engines sample their drafts
+	// (engine.SamplesDrafts), so a sampled run may draft a tree; without
+	// it a sampled run drafts chains and a sampled tree is refused.
+	SampledDrafts bool
 
 	mu     sync.Mutex
 	cancel context.CancelFunc // the current run's; nil when none
@@ -94,13 +100,13 @@ func (r *Runner) Request(m Start) (speculative.Request, error) {
 	case m.TopP != 0 && !(m.TopP > 0 && m.TopP <= 1):
 		return speculative.Request{}, fmt.Errorf("top_p %v: want a value in (0, 1]", m.TopP)
 	case m.TopK < 0 || m.TopK > speculative.MaxTopK:
-		return speculative.Request{}, fmt.Errorf("top_k %d: want 1…%d (1 drafts a chain, more a tree of each node's top_k likeliest children)", m.TopK, speculative.MaxTopK)
+		return speculative.Request{}, fmt.Errorf("topk %d: want 1…%d (1 drafts a chain, more a tree of topk children a node)", m.TopK, speculative.MaxTopK)
 	case m.DraftTokens < 0 || m.DraftTokens > speculative.MaxTreeNodes:
 		return speculative.Request{}, fmt.Errorf("draft_tokens %d: want 1…%d (a tree's nodes verified a step)", m.DraftTokens, speculative.MaxTreeNodes)
-	case m.TopK > 1 && m.Temperature != 0:
-		return speculative.Request{}, fmt.Errorf("a token tree (top_k %d) is drafted and verified greedily: set temperature 0, or top_k 1 for a chain", m.TopK)
+	case m.TopK > 1 && m.Temperature > 0 && !r.SampledDrafts:
+		return speculative.Request{}, fmt.Errorf("a sampled token tree (topk %d, temperature %v) needs engines that sample their drafts, which these do not (they propose greedy chains): set temperature 0, or topk 1 for a chain", m.TopK, m.Temperature)
 	case m.TopK > 1 && m.Edge:
-		return speculative.Request{}, fmt.Errorf("edge drafting drafts chains (the page sends one draft a step): set top_k 1, not %d", m.TopK)
+		return speculative.Request{}, fmt.Errorf("edge drafting drafts chains (the page sends one draft a step): set topk 1, not %d", m.TopK)
 	case m.Edge && r.Remote == nil:
 		return speculative.Request{}, errors.New("edge drafting (the page drafts, the server verifies) needs the server's target: here both models run in this browser")
 	}
@@ -203,6 +209,9 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 	steps := 0
 	req.OnStep = func(s speculative.Step) bool {
 		steps++
+		if req.TopK <= 1 {
+			s.Tree = nil // a chain, which a sampled run's drafter draws as a tree of one child a node
+		}
 		r.Emit(StepEvent(run, steps, s, r.Tokenizer, dec))
 		return true
 	}
@@ -211,7 +220,7 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 		ev["edge"] = true
 	}
 	if req.K > 0 && req.TopK > 1 {
-		ev["top_k"], ev["draft_tokens"] = req.TopK, req.TreeNodes
+		ev["topk"], ev["draft_tokens"] = req.TopK, req.TreeNodes
 	}
 	r.Emit(ev)
 	start := time.Now()
@@ -262,7 +271,7 @@ type Node struct {
 	Text   string  `json:"text"`   // its text alone
 	Parent int     `json:"parent"` // its parent's index in the tree; −1 for a root (after the context)
 	Depth  int     `json:"depth"`  // 1 for a root: a node at depth d stands at draft position d
-	P      float64 `json:"p"`      // its probability under the drafter (the softmax at temperature 1)
+	P      float64 `json:"p"`      // its probability under the drafter (the softmax at temperature 1), to 3 significant digits
 	// Verified: the node went to the target (absent: the drafter explored
 	// it and the node budget pruned it). Accepted: it is on the path the
 	// target kept.
@@ -313,7 +322,7 @@ func StepEvent(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, 
 	if s.Tree != nil {
 		tree := make([]Node, len(s.Tree))
 		for i, n := range s.Tree {
-			tree[i] = Node{ID: n.ID, Text: one(n.ID), Parent: n.Parent, Depth: n.Depth, P: prob(n.Logprob), Verified: n.Verified, Accepted: n.Accepted}
+			tree[i] = Node{ID: n.ID, Text: one(n.ID), Parent: n.Parent, Depth: n.Depth, P: probDigits(n.Logprob), Verified: n.Verified, Accepted: n.Accepted}
 		}
 		ev["tree"] = tree
 	}
@@ -321,6 +330,13 @@ func StepEvent(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, 
 }
 
 func prob(logprob float32) float64 { return round3(math.Exp(float64(logprob))) }
+
+// probDigits is a probability to 3 significant digits: a wide tree's
+// last children fall below prob's 0.0005.
+func probDigits(logprob float32) float64 {
+	p, _ := strconv.ParseFloat(strconv.FormatFloat(math.Exp(float64(logprob)), 'g', 3, 64), 64) // a number FormatFloat wrote parses
+	return p
+}
 
 func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
 

@@ -40,9 +40,10 @@ func runner(t *testing.T) *Runner {
 	return &Runner{Gen: gen, Tokenizer: tok, MaxContext: 512, TopN: TopN} // the golden models' context
 }
 
-// TestRequestShape: a start's top_k and draft_tokens become the request's
+// TestRequestShape: a start's topk and draft_tokens become the request's
 // tree shape; a chain's is explicit (TopK 1), so the generator's defaults
-// never make it a tree.
+// never make it a tree. A sampled tree is taken where the engines sample
+// their drafts.
 func TestRequestShape(t *testing.T) {
 	r := runner(t)
 	for _, c := range []struct {
@@ -51,7 +52,7 @@ func TestRequestShape(t *testing.T) {
 		wantK, wantNodes  int
 	}{
 		{"absent: a chain", 0, 0, 1, 0},
-		{"top_k 1: a chain, draft_tokens ignored", 1, 9, 1, 0},
+		{"topk 1: a chain, draft_tokens ignored", 1, 9, 1, 0},
 		{"a tree, the default budget", 3, 0, 3, speculative.DefaultTreeNodes},
 		{"a tree", 4, 10, 4, 10},
 		{"the bounds", speculative.MaxTopK, speculative.MaxTreeNodes, speculative.MaxTopK, speculative.MaxTreeNodes},
@@ -66,10 +67,19 @@ func TestRequestShape(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a sampled tree", func(t *testing.T) {
+		r.SampledDrafts = true
+		defer func() { r.SampledDrafts = false }()
+		req, err := r.Request(Start{Type: "start", Prompt: "x", K: 3, MaxTokens: 4, Temperature: 0.7, TopK: 2, DraftTokens: 5})
+		if err != nil || req.TopK != 2 || req.TreeNodes != 5 || req.Sampling.Greedy() {
+			t.Errorf("top k %d, tree nodes %d, sampling %+v (%v); want 2, 5, temperature 0.7", req.TopK, req.TreeNodes, req.Sampling, err)
+		}
+	})
 }
 
 // TestRequestRefusesBadTrees: a tree shape out of bounds, a sampled tree
-// and an edge tree are refused, each error naming what to change.
+// where the engines do not sample their drafts, and an edge tree are
+// refused, each error naming what to change.
 func TestRequestRefusesBadTrees(t *testing.T) {
 	r := runner(t)
 	for _, c := range []struct {
@@ -77,12 +87,12 @@ func TestRequestRefusesBadTrees(t *testing.T) {
 		m    Start
 		want string
 	}{
-		{"top_k below 0", Start{TopK: -1}, fmt.Sprintf("top_k -1: want 1…%d", speculative.MaxTopK)},
-		{"top_k past MaxTopK", Start{TopK: speculative.MaxTopK + 1}, fmt.Sprintf("top_k %d: want 1…%d", speculative.MaxTopK+1, speculative.MaxTopK)},
+		{"topk below 0", Start{TopK: -1}, fmt.Sprintf("topk -1: want 1…%d", speculative.MaxTopK)},
+		{"topk past MaxTopK", Start{TopK: speculative.MaxTopK + 1}, fmt.Sprintf("topk %d: want 1…%d", speculative.MaxTopK+1, speculative.MaxTopK)},
 		{"draft_tokens below 0", Start{TopK: 2, DraftTokens: -3}, fmt.Sprintf("draft_tokens -3: want 1…%d", speculative.MaxTreeNodes)},
 		{"draft_tokens past MaxTreeNodes", Start{TopK: 2, DraftTokens: speculative.MaxTreeNodes + 1}, fmt.Sprintf("draft_tokens %d: want 1…%d", speculative.MaxTreeNodes+1, speculative.MaxTreeNodes)},
 		{"draft_tokens past the bound in a chain", Start{TopK: 1, DraftTokens: 1000}, "draft_tokens 1000"},
-		{"a sampled tree", Start{TopK: 2, Temperature: 0.7}, "set temperature 0, or top_k 1"},
+		{"a sampled tree, the engines proposing greedy chains", Start{TopK: 2, Temperature: 0.7}, "needs engines that sample their drafts"},
 		{"an edge tree", Start{TopK: 2, Edge: true}, "edge drafting drafts chains"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -117,7 +127,7 @@ func TestStepEventTree(t *testing.T) {
 		node(ids[0], -0.1, -1, 1, true, true),
 		node(ids[1], -2.5, -1, 1, false, false),
 		node(ids[2], -0.5, 0, 2, true, false),
-		node(ids[3], -1.5, 2, 3, false, false),
+		node(ids[3], -9, 2, 3, false, false), // p 0.000123: 3 significant digits, not 0
 	}
 	step := speculative.Step{
 		Draft:    []engine.Token{tree[0].Token, tree[2].Token},
@@ -138,9 +148,9 @@ func TestStepEventTree(t *testing.T) {
 	}
 	want := []map[string]any{
 		{"id": float64(ids[0]), "text": " a", "parent": -1.0, "depth": 1.0, "p": 0.905, "verified": true, "accepted": true},
-		{"id": float64(ids[1]), "text": " b", "parent": -1.0, "depth": 1.0, "p": 0.082},
+		{"id": float64(ids[1]), "text": " b", "parent": -1.0, "depth": 1.0, "p": 0.0821},
 		{"id": float64(ids[2]), "text": " c", "parent": 0.0, "depth": 2.0, "p": 0.607, "verified": true},
-		{"id": float64(ids[3]), "text": " d", "parent": 2.0, "depth": 3.0, "p": 0.223},
+		{"id": float64(ids[3]), "text": " d", "parent": 2.0, "depth": 3.0, "p": 0.000123},
 	}
 	if len(got.Tree) != len(want) {
 		t.Fatalf("tree %s: want %d nodes", b, len(want))

@@ -17,6 +17,7 @@ import (
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/gorilla/websocket"
 
+	"webdraft/engine"
 	"webdraft/live"
 	"webdraft/speculative"
 	"webdraft/web"
@@ -68,7 +69,8 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `<!DOCTYPE html><meta http-equiv="refresh" content="1"><title>webdraft</title><p>The models are loading…</p>`)
 		return
 	}
-	d := web.PageData{Drafter: st.drafter.Name, MaxK: speculative.MaxK, MaxTokens: live.MaxTokens, Auth: s.apiKey != ""}
+	d := web.PageData{Drafter: st.drafter.Name, MaxK: speculative.MaxK, MaxTokens: live.MaxTokens, Auth: s.apiKey != "",
+		TopK: 1, MaxTopK: speculative.MaxTopK, DraftTokens: speculative.DefaultTreeNodes, MaxDraftTokens: speculative.MaxTreeNodes}
 	if st.target != nil {
 		d.Target, d.K = st.target.Name, st.gen.K()
 	}
@@ -181,6 +183,8 @@ func (ps *pageSession) newRunner() *live.Runner {
 			ps.mu.Unlock()
 			return rm
 		},
+		// A sampled run may draft a tree where both engines sample drafts.
+		SampledDrafts: engine.SamplesDrafts(st.drafter.Engine) && engine.SamplesDrafts(st.target.Engine),
 	}
 }
 

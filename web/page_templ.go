@@ -194,17 +194,69 @@ func controls(d PageData) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 14, "\" value=\"128\" required></label> <label><span>temperature</span><input type=\"number\" id=\"temperature\" name=\"temperature\" min=\"0\" max=\"2\" step=\"0.1\" value=\"0\" required></label> <label><span>seed</span><input type=\"number\" id=\"seed\" name=\"seed\" min=\"0\" step=\"1\" value=\"0\"></label></div>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 14, "\" value=\"128\" required></label> <label><span>temperature</span><input type=\"number\" id=\"temperature\" name=\"temperature\" min=\"0\" max=\"2\" step=\"0.1\" value=\"0\" required></label> <label><span>seed</span><input type=\"number\" id=\"seed\" name=\"seed\" min=\"0\" step=\"1\" value=\"0\"></label></div><fieldset class=\"group shape\"><legend>Draft shape</legend><div class=\"row fields\"><label><span>topk b</span><input type=\"number\" id=\"topk\" name=\"topk\" min=\"1\" max=\"")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		var templ_7745c5c3_Var11 string
+		templ_7745c5c3_Var11, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxTopK)).Resolve(ctx)
+		if templ_7745c5c3_Err != nil {
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 62, Col: 110}
+		}
+		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var11)
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 15, "\" value=\"")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		var templ_7745c5c3_Var12 string
+		templ_7745c5c3_Var12, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.TopK)).Resolve(ctx)
+		if templ_7745c5c3_Err != nil {
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 62, Col: 141}
+		}
+		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var12)
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "\" required aria-describedby=\"shape-note\"></label> <label><span>draft tokens N</span><input type=\"number\" id=\"draft_tokens\" name=\"draft_tokens\" min=\"1\" max=\"")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		var templ_7745c5c3_Var13 string
+		templ_7745c5c3_Var13, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxDraftTokens)).Resolve(ctx)
+		if templ_7745c5c3_Err != nil {
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 63, Col: 141}
+		}
+		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var13)
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "\" value=\"")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		var templ_7745c5c3_Var14 string
+		templ_7745c5c3_Var14, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.DraftTokens)).Resolve(ctx)
+		if templ_7745c5c3_Err != nil {
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 63, Col: 179}
+		}
+		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var14)
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "\" required aria-describedby=\"shape-note\"></label></div><p id=\"shape-note\" class=\"note\">b = 1: a chain of k draft tokens. b &gt; 1: a token tree k levels deep, b children a node (its likeliest, or sampled draws), N nodes verified in one pass. Not with edge drafting.</p></fieldset>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
 		if d.Auth {
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 15, "<label class=\"prompt\"><span>API key</span><input type=\"password\" id=\"api_key\" name=\"api_key\" autocomplete=\"off\"></label>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 19, "<label class=\"prompt\"><span>API key</span><input type=\"password\" id=\"api_key\" name=\"api_key\" autocomplete=\"off\"></label>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "<fieldset class=\"where\"><legend>Run on</legend> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-server\" value=\"server\" checked> the server</label> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-browser\" value=\"browser\"> this browser (WebGPU): both models on your GPU</label> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-edge\" value=\"edge\"> edge: draft here (WebGPU), verify on the server</label><div id=\"engine\" class=\"engine\" hidden><progress id=\"engine-progress\" max=\"1\" value=\"0\" aria-label=\"downloading the models\"></progress><p id=\"engine-note\" class=\"note\" role=\"status\" aria-live=\"polite\"></p></div></fieldset><div class=\"row buttons\"><button type=\"submit\" id=\"start\">Start</button> <button type=\"button\" id=\"stop\" disabled>Stop</button></div></form>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 20, "<fieldset class=\"group where\"><legend>Run on</legend> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-server\" value=\"server\" checked> the server</label> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-browser\" value=\"browser\"> this browser (WebGPU): both models on your GPU</label> <label class=\"check\"><input type=\"radio\" name=\"where\" id=\"where-edge\" value=\"edge\"> edge: draft here (WebGPU), verify on the server</label><div id=\"engine\" class=\"engine\" hidden><progress id=\"engine-progress\" max=\"1\" value=\"0\" aria-label=\"downloading the models\"></progress><p id=\"engine-note\" class=\"note\" role=\"status\" aria-live=\"polite\"></p></div></fieldset><div class=\"row buttons\"><button type=\"submit\" id=\"start\">Start</button> <button type=\"button\" id=\"stop\" disabled>Stop</button></div></form>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -229,7 +281,7 @@ func view() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "<section class=\"card view\" aria-labelledby=\"text-title\"><h2 id=\"text-title\">Text, step by step</h2>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 21, "<section class=\"card view\" aria-labelledby=\"text-title\"><h2 id=\"text-title\">Text, step by step</h2>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -237,7 +289,15 @@ func view() templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "<div id=\"output\" class=\"output\" tabindex=\"0\" role=\"group\" aria-label=\"generated tokens: arrow keys move between them and show the drafter's and the target's top 5\" aria-describedby=\"legend\"></div><div id=\"tip\" class=\"tip\" role=\"tooltip\" hidden></div><h3 class=\"alone-title\">The target alone</h3><div id=\"alone\" class=\"output alone\" aria-label=\"the same prompt, generated by the target alone\"></div></section>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 22, "<div id=\"output\" class=\"output\" tabindex=\"0\" role=\"group\" aria-label=\"generated tokens: arrow keys move between them and show the drafter's and the target's top 5; in a tree run Enter opens a token's step in the token trees\" aria-describedby=\"legend\"></div><div id=\"tip\" class=\"tip\" role=\"tooltip\" hidden></div><section id=\"trees\" class=\"trees\" aria-labelledby=\"trees-title\" hidden><h3 id=\"trees-title\" class=\"alone-title\">Token trees, step by step</h3>")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = treeLegend().Render(ctx, templ_7745c5c3_Buffer)
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 23, "<div id=\"tree-list\" class=\"tree-list\"></div></section><h3 class=\"alone-title\">The target alone</h3><div id=\"alone\" class=\"output alone\" aria-label=\"the same prompt, generated by the target alone\"></div></section>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -262,7 +322,32 @@ func legend() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 19, "<ul id=\"legend\" class=\"legend\" aria-label=\"what the marks mean\"><li><span class=\"tok acc\">accepted</span> a draft token the target agreed with (underlined)</li><li><span class=\"tok rej\">rejected</span> the rest of a draft from its first disagreement (struck through)</li><li><span class=\"tok fix\">correction</span> the target's own token where it disagreed (boxed)</li><li><span class=\"tok bonus\">bonus</span> the target's token after a draft it took whole (dashed box)</li></ul>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 24, "<ul id=\"legend\" class=\"legend\" aria-label=\"what the marks mean\"><li><span class=\"tok acc\">accepted</span> a draft token the target agreed with (underlined)</li><li><span class=\"tok rej\">rejected</span> the rest of a draft from its first disagreement (struck through)</li><li><span class=\"tok fix\">correction</span> the target's own token where it disagreed (boxed)</li><li><span class=\"tok bonus\">bonus</span> the target's token after a draft it took whole (dashed box)</li></ul>")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		return nil
+	})
+}
+
+func treeLegend() templ.Component {
+	return templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
+		templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
+		if templ_7745c5c3_CtxErr := ctx.Err(); templ_7745c5c3_CtxErr != nil {
+			return templ_7745c5c3_CtxErr
+		}
+		templ_7745c5c3_Buffer, templ_7745c5c3_IsBuffer := templruntime.GetBuffer(templ_7745c5c3_W)
+		if !templ_7745c5c3_IsBuffer {
+			defer func() {
+				templ_7745c5c3_BufErr := templruntime.ReleaseBuffer(templ_7745c5c3_Buffer)
+				if templ_7745c5c3_Err == nil {
+					templ_7745c5c3_Err = templ_7745c5c3_BufErr
+				}
+			}()
+		}
+		ctx = templ.InitializeContext(ctx)
+		ctx = templ.ClearChildren(ctx)
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 25, "<ul id=\"tree-legend\" class=\"legend\" aria-label=\"what the tree marks mean\"><li><span class=\"mark acc\" aria-hidden=\"true\">✓</span> accepted: on the path the target kept</li><li><span class=\"mark rej\" aria-hidden=\"true\">✗</span> verified, not accepted</li><li><span class=\"mark pruned\" aria-hidden=\"true\">○</span> pruned: explored by the drafter, never verified</li><li><span class=\"mark own\" aria-hidden=\"true\">◆</span> the target's own token after the path</li><li>Each step is folded: open it from its line, or with Enter on a token of the text.</li></ul>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -287,7 +372,7 @@ func panels() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 20, "<section class=\"panels\" aria-label=\"statistics\"><div class=\"card stat\"><h2>τ, tokens a step</h2><p class=\"big\" id=\"tau\">–</p><p class=\"small\"><span id=\"steps\">0</span> steps, <span id=\"accepted\">0</span> of <span id=\"drafted\">0</span> draft tokens accepted</p></div><div class=\"card\"><h2>Accepted a step</h2><svg id=\"hist\" class=\"plot\" role=\"img\" aria-label=\"histogram of draft tokens accepted per step\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card\"><h2>Acceptance by draft position</h2><svg id=\"rates\" class=\"plot\" role=\"img\" aria-label=\"acceptance rate at each draft position\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card stat\"><h2>Time a step</h2><p class=\"small\">drafter <strong id=\"draft_ms\">–</strong> ms, target <strong id=\"verify_ms\">–</strong> ms<span id=\"network\" hidden>, network <strong id=\"network_ms\">–</strong> ms</span></p><svg id=\"times\" class=\"plot\" role=\"img\" aria-label=\"the drafter's and the target's time (and in edge drafting the network's), step by step\" viewBox=\"0 0 320 90\"></svg></div><div class=\"card race\" id=\"race-card\"><h2>Race</h2><div class=\"lane\"><span class=\"who\">speculative</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-spec\"></div></div><span id=\"tps-spec\" class=\"tps\">–</span></div><div class=\"lane\"><span class=\"who\">target alone</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-alone\"></div></div><span id=\"tps-alone\" class=\"tps\">–</span></div><p class=\"big\" id=\"speedup\" aria-live=\"polite\">–</p><p class=\"small\">tokens/s, each run measured alone on the same device, one after the other, both from a cold prompt</p><p class=\"small\" id=\"cpu-note\" hidden>The target runs on this server's CPU engine, where each position a verification adds costs its own share of arithmetic — on a 2-core machine a verification of k + 1 tokens costs 1.3 target steps at k = 1 and 2.8 at k = 6 — so speculation about breaks even there, best at k = 2. On a GPU, k + 1 rows cost about one step.</p></div></section>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 26, "<section class=\"panels\" aria-label=\"statistics\"><div class=\"card stat\"><h2>τ, tokens a step</h2><p class=\"big\" id=\"tau\">–</p><p class=\"small\"><span id=\"steps\">0</span> steps, <span id=\"accepted\">0</span> of <span id=\"drafted\">0</span> draft tokens accepted</p></div><div class=\"card\"><h2>Accepted a step</h2><svg id=\"hist\" class=\"plot\" role=\"img\" aria-label=\"histogram of draft tokens accepted per step\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card\"><h2 id=\"rates-title\">Acceptance by draft position</h2><svg id=\"rates\" class=\"plot\" role=\"img\" aria-label=\"acceptance rate at each draft position\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card stat\"><h2>Time a step</h2><p class=\"small\">drafter <strong id=\"draft_ms\">–</strong> ms, target <strong id=\"verify_ms\">–</strong> ms<span id=\"network\" hidden>, network <strong id=\"network_ms\">–</strong> ms</span></p><svg id=\"times\" class=\"plot\" role=\"img\" aria-label=\"the drafter's and the target's time (and in edge drafting the network's), step by step\" viewBox=\"0 0 320 90\"></svg></div><div class=\"card race\" id=\"race-card\"><h2>Race</h2><div class=\"lane\"><span class=\"who\">speculative</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-spec\"></div></div><span id=\"tps-spec\" class=\"tps\">–</span></div><div class=\"lane\"><span class=\"who\">target alone</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-alone\"></div></div><span id=\"tps-alone\" class=\"tps\">–</span></div><p class=\"big\" id=\"speedup\" aria-live=\"polite\">–</p><p class=\"small\">tokens/s, each run measured alone on the same device, one after the other, both from a cold prompt</p><p class=\"small\" id=\"cpu-note\" hidden>The target runs on this server's CPU engine, where each position a verification adds costs its own share of arithmetic — on a 2-core machine a verification of k + 1 tokens costs 1.3 target steps at k = 1 and 2.8 at k = 6 — so speculation about breaks even there, best at k = 2. On a GPU, k + 1 rows cost about one step.</p></div></section>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -54,10 +54,16 @@ var Version = func() string {
 
 // PageData is what the page knows before its websocket opens.
 type PageData struct {
-	Drafter   string `json:"drafter"`
-	Target    string `json:"target"`     // "" when the server has no target
-	K         int    `json:"k"`          // the default draft length
-	MaxK      int    `json:"max_k"`      // the longest draft a run may ask for
-	MaxTokens int    `json:"max_tokens"` // a run's longest output
-	Auth      bool   `json:"auth"`       // the websocket needs the API key
+	Drafter string `json:"drafter"`
+	Target  string `json:"target"` // "" when the server has no target
+	K       int    `json:"k"`      // the default draft length (a tree's depth)
+	MaxK    int    `json:"max_k"`  // the longest draft a run may ask for
+	// A token tree's shape: TopK children a node (1: a chain), DraftTokens
+	// nodes verified a step; the defaults and the bounds.
+	TopK           int  `json:"topk"`
+	MaxTopK        int  `json:"max_topk"`
+	DraftTokens    int  `json:"draft_tokens"`
+	MaxDraftTokens int  `json:"max_draft_tokens"`
+	MaxTokens      int  `json:"max_tokens"` // a run's longest output
+	Auth           bool `json:"auth"`       // the websocket needs the API key
 }

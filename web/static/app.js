@@ -1,6 +1,7 @@
 // webdraft's live page: one websocket to the server (protocol in
-// web/README.md), the text drawn step by step with each token's mark, and
-// the panels (τ, the histograms, the step times, the race) drawn as SVG.
+// web/README.md), the text drawn step by step with each token's mark, a
+// tree run's token trees (a folded list, a step each), and the panels (τ,
+// the histograms, the step times, the race) drawn as SVG.
 "use strict";
 
 (() => {
@@ -175,6 +176,7 @@
       if (mode !== "server") startEngine(mode);
       else $("engine").hidden = !document.body.dataset.engine;
       showMode();
+      checkShape();
     });
   }
 
@@ -190,12 +192,23 @@
 
   // ---- the controls
 
+  const num = (id) => Number($(id).value);
+
+  // checkShape says, on the topk field, that edge drafting drafts chains
+  // (the server refuses a tree there); N applies to trees alone.
+  function checkShape() {
+    const tree = num("topk") > 1;
+    $("draft_tokens").disabled = !tree;
+    $("topk").setCustomValidity(tree && where() === "edge" ? "Edge drafting drafts chains: set b = 1." : "");
+  }
+  $("topk").addEventListener("input", checkShape);
+
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
+    checkShape();
     if (!form.reportValidity()) return;
     reset();
-    const num = (id) => Number($(id).value);
-    send({
+    const msg = {
       type: "start",
       prompt: $("prompt").value,
       chat: $("chat").checked,
@@ -205,7 +218,10 @@
       top_p: 1,
       seed: num("seed"),
       race: $("race").checked,
-    });
+      topk: num("topk"),
+    };
+    if (msg.topk > 1) msg.draft_tokens = num("draft_tokens");
+    send(msg);
     running(true);
     setStatus("running…");
   });
@@ -227,6 +243,10 @@
     hideTip();
     tokens = [];
     active = -1;
+    $("tree-list").textContent = "";
+    $("trees").hidden = true;
+    treeSteps.clear();
+    showTreeRun(false);
     run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [], networkMs: [] };
     race.spec = race.alone = null;
     race.maxTokens = Number($("max_tokens").value);
@@ -254,6 +274,7 @@
         cpuNote();
         break;
       case "start":
+        if (m.run === "speculative") showTreeRun(m.topk > 1);
         if (m.run === "target") setStatus("the target alone, for the race…");
         else if (m.edge) setStatus("edge drafting: drafting on " + (engine.info ? engine.info.adapter : "this browser") + ", verifying on the server…");
         break;
@@ -284,9 +305,11 @@
   }
 
   // step draws one verification: the accepted draft tokens, then the
-  // rejected rest of the draft, then the target's own token.
+  // rejected rest of the draft, then the target's own token. A tree
+  // step's draft is its accepted path and the drafter's best verified
+  // continuation below it, drawn the same; its tree goes to the list.
   function step(m) {
-    const d = m.draft, a = m.accepted;
+    const d = m.tree ? treeDraft(m) : m.draft, a = m.accepted;
     m.tokens.forEach((t, i) => {
       if (i === a && a < d.length) {
         d.slice(a).forEach((dt, j) => addToken(out, dt.text, "rej", m.step, { draft: dt, target: j === 0 ? t : null }));
@@ -294,11 +317,13 @@
       const kind = t.drafted ? "acc" : d.length === 0 ? "own" : a < d.length ? "fix" : "bonus";
       addToken(out, t.text, kind, m.step, { draft: i < d.length ? d[i] : null, target: t });
     });
+    if (m.tree) addTreeStep(m);
     const r = run;
     r.steps++;
     r.emitted += m.tokens.length;
     if (d.length > 0) {
-      r.drafted += d.length;
+      // A tree's draft tokens are the nodes the target verified.
+      r.drafted += m.tree ? m.tree.filter((n) => n.verified).length : d.length;
       r.accepted += a;
       r.hist[a] = (r.hist[a] || 0) + 1;
       for (let i = 0; i < Math.min(a + 1, d.length); i++) r.reached[i] = (r.reached[i] || 0) + 1;
@@ -348,6 +373,7 @@
       tokens.push(span);
       span.addEventListener("mouseenter", () => showTip(span));
       span.addEventListener("mouseleave", hideTip);
+      span.addEventListener("click", () => openTree(stepNo));
     }
     into.appendChild(span);
     if (into.scrollHeight - into.scrollTop - into.clientHeight < 80) into.scrollTop = into.scrollHeight;
@@ -355,6 +381,7 @@
 
   function table(title, top, chosen) {
     if (!top || top.length === 0) return "";
+    title = title.replace("%n", top.length);
     let h = "<h4>" + title + "</h4><table>";
     for (const c of top) {
       const cls = c.id === chosen ? ' class="chosen"' : "";
@@ -370,7 +397,7 @@
   function showTip(span) {
     const info = span._info;
     let h = "";
-    if (info.draft) h += table("drafter's top 5", info.draft.top, info.draft.id);
+    if (info.draft) h += table(info.draft.branches ? "drafter's top %n (the tree's branches here)" : "drafter's top %n", info.draft.top, info.draft.id);
     if (info.target) h += table("target's top 5", info.target.top, info.target.id);
     if (!h) h = "<p>no alternatives recorded for this token" + (where() === "browser" ? " (a run in this browser reads out the chosen tokens only: the top 5 are slow to read out on a GPU a CPU renders)" : "") + "</p>";
     tip.innerHTML = h;
@@ -400,13 +427,187 @@
     if (ev.key in moves) {
       ev.preventDefault();
       activate(moves[ev.key]);
+    } else if (ev.key === "Enter" && active >= 0 && treeSteps.has(Number(tokens[active].dataset.step))) {
+      ev.preventDefault();
+      enterDown = true;
     } else if (ev.key === "Escape") {
       hideTip();
     }
   });
+  // Enter on a token of a tree step opens its tree when the key comes up:
+  // the focus moves to the tree's line then, after the keystroke, which
+  // would otherwise fold it again.
+  let enterDown = false;
+  out.addEventListener("keyup", (ev) => {
+    if (ev.key === "Enter" && enterDown && active >= 0) openTree(Number(tokens[active].dataset.step));
+    enterDown = false;
+  });
   out.addEventListener("focus", () => { if (active < 0) activate(0); else activate(active); });
   out.addEventListener("blur", hideTip);
   window.addEventListener("resize", hideTip);
+
+  // ---- token trees: a step each, folded (a <details>), drawn when first
+  // opened as nested lists — under each node its verified children, then
+  // its pruned ones folded apart; marks in text (✓ ✗ ○ ◆), not colour alone.
+
+  const treeSteps = new Map(); // step number → its <details>
+
+  // showTreeRun names the rates panel by depth in a tree run (a node's
+  // depth is its draft position) and shows the trees' list.
+  function showTreeRun(tree) {
+    $("rates-title").textContent = tree ? "Acceptance by depth" : "Acceptance by draft position";
+    $("rates").setAttribute("aria-label", tree ? "acceptance rate at each depth of the token tree" : "acceptance rate at each draft position");
+    $("trees").hidden = !tree;
+  }
+
+  // treeDraft is a tree step's draft, each token with the drafter's
+  // alternatives at its place: its siblings in the tree (the tree's nodes
+  // carry no top of their own).
+  function treeDraft(m) {
+    const t = m.tree;
+    let at = -1;
+    return m.draft.map((dt) => {
+      const i = t.findIndex((n) => n.parent === at && n.verified && n.id === dt.id);
+      at = i;
+      if (i < 0 || (dt.top && dt.top.length)) return dt;
+      const top = t.filter((n) => n.parent === t[i].parent).sort((x, y) => y.p - x.p).slice(0, 5).map((n) => ({ id: n.id, text: n.text, p: n.p }));
+      return Object.assign({}, dt, { top, branches: true });
+    });
+  }
+
+  // ownToken is the target's token after a step's accepted path (none
+  // where a stop or max_tokens cut the step there), and its kind.
+  function ownToken(m) {
+    const t = m.tokens[m.accepted];
+    if (!t || t.drafted) return null;
+    return { token: t, kind: m.draft.length > m.accepted ? "fix" : "bonus" };
+  }
+
+  function mark(kind) {
+    const marks = {
+      acc: ["✓", "accepted"],
+      rej: ["✗", "verified, not accepted"],
+      pruned: ["○", "pruned, never verified"],
+      fix: ["◆", "the target's correction"],
+      bonus: ["◆", "the target's bonus token"],
+    };
+    const s = document.createElement("span");
+    s.className = "mark " + (kind === "fix" || kind === "bonus" ? "own " + kind : kind);
+    s.textContent = marks[kind][0];
+    s.setAttribute("role", "img");
+    s.setAttribute("aria-label", marks[kind][1]);
+    s.title = marks[kind][1];
+    return s;
+  }
+
+  function percent(p) {
+    return p >= 0.001 ? (100 * p).toFixed(1) + " %" : "<0.1 %";
+  }
+
+  function textSpan(cls, text) {
+    const s = document.createElement("span");
+    s.className = cls;
+    s.textContent = text;
+    return s;
+  }
+
+  function addTreeStep(m) {
+    const t = m.tree, own = ownToken(m);
+    const verified = t.filter((n) => n.verified).length;
+    const det = document.createElement("details");
+    det.className = "tree-step";
+    det.dataset.step = m.step;
+    det._step = m;
+    const sum = document.createElement("summary");
+    sum.append(textSpan("sstep", "step " + m.step), " · " + m.accepted + " accepted");
+    const path = t.filter((n) => n.accepted).map((n) => visible(n.text)).join("");
+    if (path) sum.append(" ", mark("acc"), " ", textSpan("spath acc", path));
+    if (own) sum.append(" ", mark(own.kind), " ", textSpan("spath", visible(own.token.text)));
+    sum.append(" ", textSpan("scount", "· " + verified + " of " + t.length + " nodes verified"));
+    det.appendChild(sum);
+    det.addEventListener("toggle", () => drawTree(det));
+    treeSteps.set(m.step, det);
+    const list = $("tree-list");
+    const atEnd = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+    list.appendChild(det);
+    if (atEnd) list.scrollTop = list.scrollHeight;
+  }
+
+  // drawTree fills a step's <details> the first time it opens.
+  function drawTree(det) {
+    if (!det.open || det._drawn) return;
+    det._drawn = true;
+    const m = det._step, t = m.tree, own = ownToken(m);
+    const kids = new Map(); // parent index (−1: the context) → children, the drafter's order
+    t.forEach((n, i) => {
+      if (!kids.has(n.parent)) kids.set(n.parent, []);
+      kids.get(n.parent).push(i);
+    });
+    let last = -1; // the accepted path's last node
+    t.forEach((n, i) => { if (n.accepted) last = i; });
+    const item = (i, pruned) => {
+      const n = t[i], kind = n.accepted ? "acc" : n.verified ? "rej" : "pruned";
+      const li = document.createElement("li");
+      li.className = "node " + kind;
+      const row = document.createElement("span");
+      row.className = "nrow";
+      row.title = "depth " + n.depth + " · drafter " + percent(n.p);
+      row.append(mark(kind), " ", textSpan("ntext", visible(n.text)), " ", textSpan("np", percent(n.p)));
+      li.appendChild(row);
+      if (kids.has(i) || i === last) li.appendChild(level(i, pruned));
+      return li;
+    };
+    // level lists parent's children: the target's own token where the
+    // path ends, the verified children, then the pruned ones folded
+    // (inside a pruned branch everything is pruned: no fold again).
+    const level = (parent, inPruned) => {
+      const ul = document.createElement("ul");
+      if (parent === last && own) {
+        const li = document.createElement("li");
+        li.className = "node own " + own.kind;
+        const row = document.createElement("span");
+        row.className = "nrow";
+        row.append(mark(own.kind), " ", textSpan("ntext", visible(own.token.text)), " ", textSpan("np", own.kind === "fix" ? "the target's correction" : "the target's bonus token"));
+        li.appendChild(row);
+        ul.appendChild(li);
+      }
+      const ch = kids.get(parent) || [];
+      const pruned = inPruned ? [] : ch.filter((i) => !t[i].verified);
+      for (const i of ch) if (inPruned || t[i].verified) ul.appendChild(item(i, inPruned));
+      if (pruned.length) {
+        const li = document.createElement("li");
+        li.className = "node pruned-group";
+        const fold = document.createElement("details");
+        fold.className = "pruned";
+        const s = document.createElement("summary");
+        s.append(mark("pruned"), " " + pruned.length + " pruned " + (pruned.length === 1 ? "branch" : "branches"));
+        fold.appendChild(s);
+        const inner = document.createElement("ul");
+        for (const i of pruned) inner.appendChild(item(i, true));
+        fold.appendChild(inner);
+        li.appendChild(fold);
+        ul.appendChild(li);
+      }
+      return ul;
+    };
+    const root = level(-1, false);
+    root.className = "tree";
+    root.setAttribute("aria-label", "step " + m.step + "'s token tree");
+    det.appendChild(root);
+  }
+
+  // openTree opens a step's tree and moves the focus there; false when
+  // the step has none (a chain step).
+  function openTree(stepNo) {
+    const det = treeSteps.get(stepNo);
+    if (!det) return false;
+    det.open = true;
+    drawTree(det);
+    const sum = det.querySelector("summary");
+    sum.focus({ preventScroll: true });
+    det.scrollIntoView({ block: "nearest" });
+    return true;
+  }
 
   // ---- the panels
 
@@ -489,5 +690,6 @@
 
   reset();
   showMode();
+  checkShape();
   connect();
 })();

@@ -567,7 +567,7 @@
         li.className = "node own " + own.kind;
         const row = document.createElement("span");
         row.className = "nrow";
-        row.append(mark(own.kind), " ", textSpan("ntext", visible(own.token.text)), " ", textSpan("np", own.kind === "fix" ? "the target's correction" : "the target's bonus token"));
+        row.append(mark(own.kind), " ", textSpan("ntext", visible(own.token.text)), " ", textSpan("np", own.kind === "fix" ? "correction" : "bonus"));
         li.appendChild(row);
         ul.appendChild(li);
       }

@@ -475,6 +475,83 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	}
 }
 
+// BenchmarkAttentionPrefill times prefill attention at Qwen3-1.7B's heads
+// (an f16 cache): T rows of one sequence after P cached positions — a
+// prompt chunk (line rows), verifications of 16 to 64 tokens after a
+// 1,024-position line, and one of a 64-node token tree there (which reads
+// the keys the line of 64 does) — µs a call, as benchMatMuls.
+func BenchmarkAttentionPrefill(b *testing.B) {
+	d := gputest.Device(b)
+	sh := benchModel(b)
+	const blockSize, reps = 16, 8
+	kvHeads, heads, D := sh.kvHeads, sh.heads, sh.headDim
+	type prefillCase struct {
+		name string
+		P, T int
+		tree bool
+	}
+	cases := []prefillCase{{"prompt", 0, 512, false}, {"prompt", 1024, 512, false}, {"line", 1024, 16, false}, {"line", 1024, 32, false},
+		{"line", 1024, 64, false}, {"tree", 1024, 64, true}}
+	if d.Info().Software() {
+		cases = []prefillCase{{"line", 256, 64, false}, {"tree", 256, 64, true}}
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, cs := range cases {
+		b.Run(fmt.Sprintf("%s/P%d/T%d", cs.name, cs.P, cs.T), func(b *testing.B) {
+			n := cs.P + cs.T
+			c, err := NewKVCache(d, KVShape{Layers: 1, KVHeads: kvHeads, D: D, BlockSize: blockSize, Blocks: (n + blockSize - 1) / blockSize, Seqs: 1, MaxBlocks: (n + blockSize - 1) / blockSize, F16: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Release()
+			s, err := c.NewSeq()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := c.Reserve([]*KVSeq{s}, []int{n}); err != nil {
+				b.Fatal(err)
+			}
+			if err := c.SyncTables([]*KVSeq{s}); err != nil {
+				b.Fatal(err)
+			}
+			place := treemask.LineRows(cs.P, cs.T)
+			if cs.tree { // each node the child of a random earlier one, or a root
+				parents := make([]int, cs.T)
+				for i := range parents {
+					parents[i] = cs.P - 1 + r.IntN(i+1)
+				}
+				var tr treemask.Tree
+				if place, err = tr.Plan(cs.P, parents); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rows := make([]uint32, cs.T*RowWords)
+			for i, row := range place {
+				PutRow(rows[i*RowWords:], s.Slot(), cs.P+i, row)
+			}
+			rb, err := d.UploadU32("rows", rows)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer rb.Release()
+			q, err := d.UploadF32("q", ones(cs.T*heads*D))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer q.Release()
+			out, err := d.NewBuffer("out", uint64(cs.T*heads*D)*4)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer out.Release()
+			sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
+				return AttentionPrefill(bt, out, q, c, 0, s.Slot(), rb, 0, cs.T, heads)
+			})
+			b.ReportMetric(sec*1e6, "µs/call")
+		})
+	}
+}
+
 // BenchmarkDecodeLayer times a decoder layer's dispatches as a decode step
 // records them — q|k|v with the input norm, q/k norms, RoPE and KV
 // append, decode attention, o_proj into the residual, gate|up with the

@@ -177,35 +177,24 @@ fn reduce(lid: u32, v: array<f32, GROUP>, is_max: bool) -> array<f32, GROUP> {
     return r;
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x;
-    let s = wid.y;
-    let t = wid.z;
-    let h0 = g * GROUP;                  // first query head of the group
-    let r = rows[t];
-    let L = r.slot + 1u;                 // context length of row t
-    let j0 = s * CHUNK;
-    let n = select(0u, min(CHUNK, L - j0), j0 < L); // keys of this split: 0 past the context
-
-    for (var i = lid; i < GROUP * D; i += WG) {
-        qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
-    }
-    workgroupBarrier();
-
-    // Scores, and each thread's maximum per head.
+// score_keys scores keys j0 + c (c = lid, lid + WG, … < n) of kv head g
+// against row t's group of queries into sc, and their cache offsets into
+// base, and returns the thread's maximum per head; with masked, a key the
+// row does not see (visible) scores −inf. It is called with a constant
+// masked, so that each call compiles to a loop of its own and a line
+// row's has no test.
+fn score_keys(t: u32, g: u32, j0: u32, n: u32, lid: u32, masked: bool) -> array<f32, GROUP> {
     var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
     let neg_inf = bitcast<f32>(neg_inf_bits);
     var m = array<f32, GROUP>();
     for (var hh = 0u; hh < GROUP; hh++) {
         m[hh] = neg_inf;
     }
-    let row = r.seq * p.max_blocks;
+    let row = rows[t].seq * p.max_blocks;
     for (var c = lid; c < n; c += WG) {
         let j = j0 + c;
         let b = ((table[row + j / p.BS] * p.kv_heads + g) * p.BS + j % p.BS) * D;
         base[c] = b;
-        let seen = visible(r, j);
         // Explicitly zeroed: the bundled naga zeroes an uninitialized
         // variable once per invocation, not at each loop iteration.
         var acc = array<f32, GROUP>();
@@ -216,11 +205,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 acc[hh] += dot(qs[qi], k.lo) + dot(qs[qi + 1u], k.hi);
             }
         }
+        let seen = !masked || visible(rows[t], j);
         for (var hh = 0u; hh < GROUP; hh++) {
             let score = select(neg_inf, acc[hh] * p.scale, seen);
             sc[hh * CHUNK + c] = score;
             m[hh] = max(m[hh], score);
         }
+    }
+    return m;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x;
+    let s = wid.y;
+    let t = wid.z;
+    let h0 = g * GROUP;                  // first query head of the group
+    let L = rows[t].slot + 1u;           // context length of row t
+    let tree0 = rows[t].base;            // keys from here on go by the row's mask: none for a line row (its base is L)
+    let j0 = s * CHUNK;
+    let n = select(0u, min(CHUNK, L - j0), j0 < L); // keys of this split: 0 past the context
+
+    for (var i = lid; i < GROUP * D; i += WG) {
+        qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
+    }
+    workgroupBarrier();
+
+    // Scores, and each thread's maximum per head: through the mask only
+    // where a key of the split passes the row's base (never for a line
+    // row, whose loop has no test).
+    var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
+    let neg_inf = bitcast<f32>(neg_inf_bits);
+    var m: array<f32, GROUP>;
+    if j0 + n > tree0 {
+        m = score_keys(t, g, j0, n, lid, true);
+    } else {
+        m = score_keys(t, g, j0, n, lid, false);
     }
     m = reduce(lid, m, true);
 

@@ -30,9 +30,9 @@
 //           staged DK inputs at a time, transposed, so each step of the
 //           dot products is one 8-byte and one 16-byte read of workgroup
 //           memory for eight multiply-adds;
-//   softmax the scores of keys a row does not see are −inf (for a line
-//           row a comparison with its base; a tree row's mask is read only
-//           where a key passes its base); the scores go to workgroup
+//   softmax the scores of keys a row does not see are −inf (a comparison
+//           with its base; its mask is read only on tiles with a key past
+//           that: see sees); the scores go to workgroup
 //           memory; each thread reads its two rows' 32 scores for the
 //           running max, turns its own eight into weights exp(s − m) and
 //           rescales its output (every thread of a row computes the same
@@ -124,15 +124,18 @@ fn q_index(base: u32, i: u32, kvh: u32, d: u32) -> u32 {
 
 fn max4(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }
 
-// sees reports which of keys key (slots 4c … 4c+3 of a tile) row r attends
-// to: those below r.base, and those its mask names up to its own slot. A
-// line row's mask is 0 (its base is its slot + 1), so it takes the first
-// return.
-fn sees(r: Row, key: vec4<u32>) -> vec4<bool> {
-    let line = key < vec4(min(r.base, r.slot + 1u));
-    if (r.mask_lo | r.mask_hi) == 0u {
+// sees reports which of keys key (slots 4c … 4c+3 of a tile) row rows[t]
+// attends to, lim = min(its base, its slot + 1) being all a thread keeps
+// of it: the keys below lim, and the keys from its base on up to its slot
+// that its mask names. The mask is loaded only for a tile with a key at or
+// past lim — a line row's (0: it sees none there) only on the tiles past
+// its own slot, the causal diagonal.
+fn sees(t: u32, lim: u32, key: vec4<u32>) -> vec4<bool> {
+    let line = key < vec4(lim);
+    if all(line) {
         return line;
     }
+    let r = rows[t];
     let i = key - vec4(r.base);
     let word = select(vec4(r.mask_lo), vec4(r.mask_hi), i >= vec4(32u));
     let bit = ((word >> (i & vec4(31u))) & vec4(1u)) == vec4(1u);
@@ -149,8 +152,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let sc = lid % 8u; // keys 4sc … 4sc + 3; output vec4s sc + 8j
     let fa = min(base + 2u * sr, nrows - 1u);
     let fb = min(base + 2u * sr + 1u, nrows - 1u);
-    let row_a = rows[p.row0 + fa / GROUP]; // row 2sr's placement
-    let row_b = rows[p.row0 + fb / GROUP];
+    let ta = p.row0 + fa / GROUP; // row 2sr's index in rows
+    let tb = p.row0 + fb / GROUP;
+    let lim_a = min(rows[ta].base, rows[ta].slot + 1u); // keys below it row 2sr sees (sees)
+    let lim_b = min(rows[tb].base, rows[tb].slot + 1u);
     var nkeys = 0u; // keys any row of the tile may see
     for (var t = base / GROUP; t <= min(base + BR, nrows) / GROUP && t < p.T; t++) {
         nkeys = max(nkeys, rows[p.row0 + t].slot + 1u);
@@ -203,8 +208,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             workgroupBarrier();
         }
         let key = vec4(c0 + 4u * sc) + vec4(0u, 1u, 2u, 3u);
-        s_a = select(vec4(neg_inf), s_a * p.scale, sees(row_a, key));
-        s_b = select(vec4(neg_inf), s_b * p.scale, sees(row_b, key));
+        s_a = select(vec4(neg_inf), s_a * p.scale, sees(ta, lim_a, key));
+        s_b = select(vec4(neg_inf), s_b * p.scale, sees(tb, lim_b, key));
         ps[2u * sr][sc] = s_a;
         ps[2u * sr + 1u][sc] = s_b;
         workgroupBarrier();

@@ -71,10 +71,15 @@ type pass struct {
 }
 
 // decodeEntryRows is the most tokens an entry may feed through decode
-// attention, each row attending on its own, rather than through a prefill
-// tile: a verification of up to 16 draft tokens, which then shares the
-// pass's one decode-attention dispatch instead of adding one a layer.
-const decodeEntryRows = 17
+// attention, each row attending on its own, rather than through prefill
+// tiles: a verification of a token tree's 64 nodes (treemask.MaxNodes), or
+// of as many drafted tokens, after the line's last token. It then shares
+// the pass's one decode-attention dispatch instead of adding one a layer,
+// and prefill's few tiles spread poorly: on the H200, 16 to 64 rows of one
+// sequence after 1,024 positions take 340–365 µs a layer in prefill
+// tiles, 32 decode rows of as many such sequences 65 µs
+// (BenchmarkAttentionPrefill, BenchmarkAttentionDecode).
+const decodeEntryRows = treemask.MaxNodes + 1
 
 // plan picks the next forward pass from what is pending: short entries
 // first, whole (they share one decode-attention dispatch), then chunks of

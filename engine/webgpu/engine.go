@@ -4,7 +4,12 @@
 // Weights are uploaded once; the KV cache is a paged pool shared by all
 // sequences (kernels.KVCache, its one owner); each pass reads back a few
 // words per row it reads out (a token id and its log-probability; for a
-// verification the acceptance, a draw, the top-N), never logits.
+// verification the acceptance, a draw, the top-N), never logits. A
+// sequence (kernels.KVSeq) may hold a token tree past its line
+// (Entry.Parents, package treemask): each row goes to its cache slot,
+// rotated at its own position, attending by its ancestor mask; KeepPath
+// moves the kept path's keys and values on the device at the start of the
+// engine's next pass.
 //
 // The files: engine.go the engine and its sequences; step.go Step and
 // StepN, a pass at a time or chained on the device, and Verify; pass.go

@@ -522,10 +522,17 @@ func (e *Engine) top(logits []float32, n int, lse float32) []sampling.TokenLogpr
 }
 
 // placeRows places T tokens fed at slot at of a sequence with tree t
-// (treemask.Tree.Plan), every token a line token when parents is nil.
+// (treemask.Tree.Plan), every token a line token when parents is nil —
+// which a sequence holding a tree refuses, as a line token after a node.
 func placeRows(t *treemask.Tree, at, T int, parents []int) ([]treemask.Row, error) {
-	if parents == nil {
+	if parents == nil && t.Len() == 0 {
 		return treemask.LineRows(at, T), nil
+	}
+	if parents == nil {
+		parents = make([]int, T)
+		for i := range parents {
+			parents[i] = treemask.Line
+		}
 	}
 	return t.Plan(at, parents)
 }

@@ -239,6 +239,10 @@ func runTrees(t *testing.T, e engine.Engine, c qwen3.Config, ref *reference.Mode
 		if err := e.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Tokens: prompt(3), Parents: parents, Out: 1}}); err != nil {
 			t.Fatal(err)
 		}
+		// Line tokens after the tree's nodes.
+		if err := e.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Tokens: prompt(2), Out: 1}}); err == nil {
+			t.Error("line tokens after a tree's nodes: accepted")
+		}
 		for _, path := range [][]int{{base + 2}, {base, base + 1}, {base + 1, base + 2}, {base + 9}} {
 			if err := seq.KeepPath(path); !errors.Is(err, treemask.ErrPath) {
 				t.Errorf("path %v: %v, want treemask.ErrPath", path, err)

@@ -72,7 +72,7 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 	d := web.PageData{Drafter: st.drafter.Name, MaxK: speculative.MaxK, MaxTokens: live.MaxTokens, Auth: s.apiKey != "",
 		TopK: 1, MaxTopK: speculative.MaxTopK, DraftTokens: speculative.DefaultTreeNodes, MaxDraftTokens: speculative.MaxTreeNodes}
 	if st.target != nil {
-		d.Target, d.K = st.target.Name, st.gen.K()
+		d.Target, d.K, d.TopK, d.DraftTokens = st.target.Name, st.gen.K(), st.gen.TopK(), st.gen.TreeNodes()
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := web.Page(d).Render(r.Context(), w); err != nil {

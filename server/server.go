@@ -445,7 +445,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		"vocab_size": cfg.VocabSize, "max_context": cfg.MaxPositionEmbeddings,
 	}
 	if st.target != nil {
-		h["target"], h["k"] = st.target.Name, st.gen.K()
+		h["target"], h["k"], h["topk"], h["draft_tokens"] = st.target.Name, st.gen.K(), st.gen.TopK(), st.gen.TreeNodes()
 	}
 	writeJSON(w, http.StatusOK, h)
 }

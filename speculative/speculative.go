@@ -252,6 +252,11 @@ func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
 // K is the default draft length.
 func (g *Generator) K() int { return g.opts.K }
 
+// TopK and TreeNodes are the default tree shape (TopK 1: a chain).
+func (g *Generator) TopK() int { return g.opts.TopK }
+
+func (g *Generator) TreeNodes() int { return g.opts.TreeNodes }
+
 // Gauges are the loop's current state, for metrics.
 type Gauges struct {
 	Waiting, Running int64

@@ -323,6 +323,15 @@ func TestServeTrees(t *testing.T) {
 	if !strings.Contains(stderr.String(), "msg=speculation k=3 topk=2 draft_tokens=6") {
 		t.Errorf("no speculation line in the log:\n%s", stderr.String())
 	}
+	resp, err := http.Get("http://" + addr + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || h["k"] != 3.0 || h["topk"] != 2.0 || h["draft_tokens"] != 6.0 {
+		t.Errorf("/health: %v (%v), want k 3, topk 2, draft_tokens 6", h, err)
+	}
 }
 
 // TestServeHelpHidesKey: --help lists the limit flags with their

@@ -2,6 +2,8 @@ package enginetest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -83,20 +85,21 @@ func runSampled(t *testing.T, e engine.Engine, c qwen3.Config, ref *reference.Mo
 				continue
 			}
 			for k, x := range r.Drawn {
-				if math.Abs(math.Exp(float64(r.DrawnLogprob[k]))-q[x]) > 1e-3 {
+				if !qClose(math.Exp(float64(r.DrawnLogprob[k])), q[x]) {
 					t.Errorf("row %d: token %d has q %v, the reference %v", j, x, math.Exp(float64(r.DrawnLogprob[k])), q[x])
 				}
 			}
-			if hd, ok := r.Q.(*engine.HostDist); ok {
-				got := hd.Dense(nil, c.VocabSize)
+			got, err := hostDist(r.Q, c.VocabSize)
+			switch {
+			case err != nil:
+				t.Errorf("row %d: %v", j, err)
+			case got != nil:
 				for x := range q {
-					if math.Abs(got[x]-q[x]) > 1e-3 {
+					if !qClose(got[x], q[x]) {
 						t.Errorf("row %d: Q(%d) = %v, the reference %v", j, x, got[x], q[x])
 						break
 					}
 				}
-			} else if r.Q == nil {
-				t.Errorf("row %d: no distribution kept", j)
 			}
 		}
 	})
@@ -122,10 +125,18 @@ func runSampled(t *testing.T, e engine.Engine, c qwen3.Config, ref *reference.Mo
 			}
 			base := len(context)
 			tokens := append(slices.Clone(kids), grand...)
-			parents := []int{base - 1, base - 1, base - 1, base, base}[:len(tokens)]
+			// A nucleus may hold fewer tokens than were asked for: the
+			// children are those drawn.
+			var parents, rootKids, kidKids []int
+			for k := range kids {
+				parents, rootKids = append(parents, base-1), append(rootKids, 1+k)
+			}
+			for k := range grand {
+				parents, kidKids = append(parents, base), append(kidKids, 1+len(kids)+k)
+			}
 			st := &engine.SampledTree{Nodes: make([]engine.SampledNode, len(tokens)+1)}
-			st.Nodes[0] = engine.SampledNode{Children: []int{1, 2, 3}[:len(kids)], Q: root.Rows[0].Q, U: uniforms(len(kids))}
-			st.Nodes[1] = engine.SampledNode{Children: []int{4, 5}[:len(grand)], Q: &engine.HostDist{P: toF32(q1)}, U: uniforms(len(grand))}
+			st.Nodes[0] = engine.SampledNode{Children: rootKids, Q: root.Rows[0].Q, U: uniforms(len(kids))}
+			st.Nodes[1] = engine.SampledNode{Children: kidKids, Q: &engine.HostDist{P: toF32(q1)}, U: uniforms(len(grand))}
 			for j := range st.Nodes {
 				st.Nodes[j].V = rng.Float32()
 			}
@@ -148,8 +159,13 @@ func runSampled(t *testing.T, e engine.Engine, c qwen3.Config, ref *reference.Mo
 				}
 				nodes[j].P, _ = dist(line)
 				nodes[j].Children, nodes[j].U, nodes[j].V = n.Children, n.U, n.V
-				if hd, ok := n.Q.(*engine.HostDist); ok {
-					nodes[j].Q = hd.Dense(nil, c.VocabSize)
+				if n.Q != nil {
+					// A distribution the engine keeps (no host copy) is
+					// its own proposals' at the root: the reference's
+					// distribution there.
+					if nodes[j].Q, err = hostDist(n.Q, c.VocabSize); err != nil || nodes[j].Q == nil {
+						nodes[j].Q = nodes[j].P
+					}
 				}
 			}
 			var ver sampling.Verifier
@@ -182,6 +198,38 @@ func runSampled(t *testing.T, e engine.Engine, c qwen3.Config, ref *reference.Mo
 			}
 		}
 	})
+}
+
+// qClose reports whether an engine's probability under a drafter's
+// distribution is the reference's: within 1e-3, and 1% of it — the
+// logits' tolerance (logprobClose's, which an f16 KV cache widens) at
+// the sampling temperature.
+func qClose(got, want float64) bool {
+	return math.Abs(got-want) <= 1e-3+1e-2*want
+}
+
+// hostDist is q over a vocabulary of n tokens on the host: a HostDist's,
+// or one read back from the engine (a Dist with a Read method, as the
+// WebGPU engine's); nil for one that does not read back; an error for no
+// distribution at all.
+func hostDist(q engine.Dist, n int) ([]float64, error) {
+	switch q := q.(type) {
+	case nil:
+		return nil, errors.New("no distribution kept")
+	case *engine.HostDist:
+		return q.Dense(nil, n), nil
+	case interface{ Read() ([]float32, error) }:
+		p, err := q.Read()
+		if err != nil {
+			return nil, fmt.Errorf("reading the distribution back: %w", err)
+		}
+		out := make([]float64, n)
+		for i := range min(n, len(p)) {
+			out[i] = float64(p[i])
+		}
+		return out, nil
+	}
+	return nil, nil
 }
 
 func toF32(p []float64) []float32 {

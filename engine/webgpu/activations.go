@@ -29,13 +29,23 @@ type activations struct {
 	nextLP, nextBytes uint64
 	// sample.wgsl's inputs and outputs: draws (lasts, 4) u32, temps
 	// (lasts, 2) f32, sampled (lasts, 8) u32, top (lasts, MaxTopN, 2) u32.
+	// sampled is the pass's read-out buffer too: the top-N, the proposals
+	// drawn and the walks are copied in after the rows (readLayout) and
+	// read back with them; it grows as passes need (ensureReadout).
 	draws, temps, sampled, top *gpu.Buffer
-	x                          *gpu.Buffer // (rows, H): the hidden states
-	q, attn                    *gpu.Buffer // (rows, heads*D)
-	qkv                        *gpu.Buffer // (rows, (heads + 2·kv_heads)·D); unwritten when the projection splits along K
-	gateUp                     *gpu.Buffer // (rows, 2I)
-	hLast, hNorm               *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
-	logits                     *gpu.Buffer // (lasts, vocab)
+	// Sampled drafts' buffers, made by the first pass that has them
+	// (ensureReadout): props (lasts, ProposeWords) u32 and drawn (lasts,
+	// ProposeDrawnWords) u32, propose.wgsl's; walkEntries (lasts,
+	// WalkEntryWords) u32 and walkNodes (lasts, WalkNodeWords) u32,
+	// tree_walk.wgsl's inputs (a node's record at its read-out row), and
+	// walk its records, grown as passes need.
+	props, drawn, walkEntries, walkNodes, walk *gpu.Buffer
+	x                                          *gpu.Buffer // (rows, H): the hidden states
+	q, attn                                    *gpu.Buffer // (rows, heads*D)
+	qkv                                        *gpu.Buffer // (rows, (heads + 2·kv_heads)·D); unwritten when the projection splits along K
+	gateUp                                     *gpu.Buffer // (rows, 2I)
+	hLast, hNorm                               *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
+	logits                                     *gpu.Buffer // (lasts, vocab)
 	// headLogits (lasts, head rows) holds the logits of a head over part of
 	// the vocabulary, which Scatter places in logits; the other entries of
 	// logits stay −∞ from the start. Nil for a head over the whole
@@ -131,6 +141,61 @@ func nextWords(raw []byte, lpAt uint64, n int) ([]uint32, []float32) {
 		lps[i] = math.Float32frombits(w)
 	}
 	return ids, lps
+}
+
+// ensureReadout makes the buffers a sampled pass ps needs that are not
+// there yet, and grows the sampled buffer to hold its read-out (l) and
+// walk its trees' records.
+func (a *activations) ensureReadout(d *gpu.Device, ps pass, l readLayout) error {
+	if ps.propose || ps.trees > 0 {
+		for _, b := range []struct {
+			dst   **gpu.Buffer
+			name  string
+			words int
+		}{
+			{&a.props, "props", a.maxLasts * kernels.ProposeWords}, {&a.drawn, "drawn", a.maxLasts * kernels.ProposeDrawnWords},
+			{&a.walkEntries, "walk_entries", a.maxLasts * kernels.WalkEntryWords}, {&a.walkNodes, "walk_nodes", a.maxLasts * kernels.WalkNodeWords},
+		} {
+			if *b.dst != nil {
+				continue
+			}
+			var err error
+			if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {
+				return fmt.Errorf("activations: %w", err)
+			}
+			a.all = append(a.all, *b.dst)
+		}
+	}
+	if err := a.grow(d, &a.walk, "walk", l.walkBytes); err != nil {
+		return err
+	}
+	return a.grow(d, &a.sampled, "sampled", l.size)
+}
+
+// grow replaces *buf by a buffer of at least n bytes where it is smaller
+// (or missing, n > 0).
+func (a *activations) grow(d *gpu.Device, buf **gpu.Buffer, name string, n uint64) error {
+	old := *buf
+	if n == 0 || old != nil && old.Size() >= n {
+		return nil
+	}
+	if old != nil {
+		n = max(n, 2*old.Size())
+	}
+	b, err := d.NewBuffer(name, n)
+	if err != nil {
+		return fmt.Errorf("activations: %w", err)
+	}
+	for i, x := range a.all {
+		if x == old {
+			a.all = append(a.all[:i], a.all[i+1:]...)
+			old.Release()
+			break
+		}
+	}
+	*buf = b
+	a.all = append(a.all, b)
+	return nil
 }
 
 // ensureChain returns StepN's results buffer, grown to at least n bytes.

@@ -11,18 +11,23 @@
 // moves the kept path's keys and values on the device at the start of the
 // engine's next pass.
 //
-// The files: engine.go the engine and its sequences; step.go Step and
-// StepN, a pass at a time or chained on the device, and Verify; pass.go
-// one forward pass — which rows it takes, its inputs, its kernels, what it
-// reads out; activations.go the buffers a pass works in; weights.go the
-// model on the device.
+// Engines on one device form a Group: one lock, one fault, and a Q store
+// where a drafter's sampled proposals keep their distributions for a
+// target of the group to verify them by the multi-draft rule on the
+// device (engine.SamplesDrafts; sampled.go).
+//
+// The files: engine.go the engine and its sequences; group.go engines
+// sharing a device, and the Q store; step.go Step and StepN, a pass at a
+// time or chained on the device, and Verify; pass.go one forward pass —
+// which rows it takes, its inputs, its kernels, what it reads out;
+// sampled.go sampled drafts, proposed and walked; activations.go the
+// buffers a pass works in; weights.go the model on the device.
 package webgpu
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"webdraft/engine"
 	"webdraft/gpu"
@@ -59,9 +64,10 @@ func (o *Options) defaults() {
 	}
 }
 
-// Engine runs a Qwen3 model on a gpu.Device.
+// Engine runs a Qwen3 model on a gpu.Device, in a Group of engines that
+// share it.
 type Engine struct {
-	mu   sync.Mutex // the device is used by one goroutine at a time
+	g    *Group // its lock is held by every call; the device's state is its
 	dev  *gpu.Device
 	cfg  qwen3.Config
 	opts Options
@@ -69,32 +75,37 @@ type Engine struct {
 	kv   *kernels.KVCache
 	act  *activations
 
-	closed     bool
-	fault      error        // set by the first pass the device failed (engine.ErrFault)
-	ownsDevice bool         // Close closes the device (Open made it)
-	profile    *gpu.Profile // non-nil while Profile runs: GPU time per kernel
+	closed  bool
+	profile *gpu.Profile // non-nil while Profile runs: GPU time per kernel
 }
 
 var _ engine.Engine = (*Engine)(nil)
 
 // Open opens the best WebGPU adapter as opts.Device says (gpu.ErrNoAdapter
-// when there is none) and builds an engine that owns the device.
+// when there is none) and builds an engine that owns the device: a group
+// of one (OpenGroup opens a device for several).
 func Open(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
-	dev, err := gpu.Open(opts.Device)
+	g, err := OpenGroup(opts.Device)
 	if err != nil {
 		return nil, err
 	}
-	e, err := New(dev, cfg, w, opts)
-	if err != nil {
-		dev.Close()
-		return nil, err
-	}
-	e.ownsDevice = true
-	return e, nil
+	defer g.Close()
+	return g.New(cfg, w, opts)
 }
 
-// New uploads w to dev and allocates the KV cache and activations.
+// New uploads w to dev and allocates the KV cache and activations: an
+// engine in a group of its own (NewGroup makes one for several), which
+// shares no distributions with other engines on dev. The caller keeps dev,
+// and uses it and the engine from one goroutine at a time.
 func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
+	g := NewGroup(dev)
+	defer g.Close()
+	return g.New(cfg, w, opts)
+}
+
+// build builds an engine of g (whose lock the caller holds).
+func build(g *Group, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
+	dev := g.dev
 	sequencesDefaulted := opts.MaxSequences <= 0
 	opts.defaults()
 	if err := cfg.Validate(); err != nil {
@@ -103,7 +114,7 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 	if err := engine.CheckHead(&cfg, w); err != nil {
 		return nil, err
 	}
-	e := &Engine{dev: dev, cfg: cfg, opts: opts}
+	e := &Engine{g: g, dev: dev, cfg: cfg, opts: opts}
 	var err error
 	if e.w, err = upload(dev, &cfg, w); err != nil {
 		return nil, fmt.Errorf("upload weights: %w", err)
@@ -116,7 +127,7 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 		half = false
 	case "":
 	default:
-		e.Close()
+		e.release()
 		return nil, fmt.Errorf("KV cache type %q: want f16 or f32", opts.KV)
 	}
 	elem := 4
@@ -132,7 +143,7 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 		e.opts.MaxSequences = opts.MaxSequences
 	}
 	if blocks <= opts.MaxSequences {
-		e.Close()
+		e.release()
 		return nil, fmt.Errorf("KV budget of %d MiB holds %d blocks of %d positions: too few for %d sequences", opts.KVBytes>>20, blocks, opts.BlockSize, opts.MaxSequences)
 	}
 	e.kv, err = kernels.NewKVCache(dev, kernels.KVShape{
@@ -141,11 +152,11 @@ func New(dev *gpu.Device, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*En
 		MaxBlocks: (cfg.MaxPositionEmbeddings + opts.BlockSize - 1) / opts.BlockSize, F16: half,
 	})
 	if err != nil {
-		e.Close()
+		e.release()
 		return nil, fmt.Errorf("KV cache: %w", err)
 	}
 	if e.act, err = newActivations(dev, &cfg, opts.MaxRows, opts.MaxSequences, e.w.headRows); err != nil {
-		e.Close()
+		e.release()
 		return nil, err
 	}
 	return e, nil
@@ -191,12 +202,13 @@ func (e *Engine) Profile(f func() error) (gpu.Profile, error) {
 	return *e.profile, err
 }
 
-// Fault is the device failure that broke the engine (wrapping
-// engine.ErrFault), or nil while it works.
+// Fault is the device failure that broke the engine — or another engine
+// of its group, on the same device — (wrapping engine.ErrFault), or nil
+// while it works.
 func (e *Engine) Fault() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.fault
+	e.g.mu.Lock()
+	defer e.g.mu.Unlock()
+	return e.g.fault
 }
 
 // LoseDevice loses the engine's device as a GPU fault would (gpu.Device.
@@ -208,31 +220,41 @@ func (e *Engine) usable() error {
 	if e.closed {
 		return errClosed
 	}
-	return e.fault
+	return e.g.fault
 }
 
-// broken records a pass's error as the engine's fault and returns it: a
-// pass that did not complete leaves the device's state unknown. A pass
-// stopped by its context is not a fault (the sequences are rolled back).
+// broken records a pass's error as the group's fault and returns it: a
+// pass that did not complete leaves the device's state unknown, for every
+// engine on it. A pass stopped by its context is not a fault (the
+// sequences are rolled back).
 func (e *Engine) broken(err error) error {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	if e.fault == nil {
-		e.fault = fmt.Errorf("webgpu engine: %w: %w", engine.ErrFault, err)
+	if e.g.fault == nil {
+		e.g.fault = fmt.Errorf("webgpu engine: %w: %w", engine.ErrFault, err)
 	}
-	return e.fault
+	return e.g.fault
 }
 
-// Close releases every GPU resource (and the device, when Open made it).
-// Closing a closed engine does nothing.
+// Close releases the engine's GPU resources (and the device, when it is
+// the last engine of a group that owns it). Closing a closed engine does
+// nothing.
 func (e *Engine) Close() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.g.mu.Lock()
+	defer e.g.mu.Unlock()
 	if e.closed {
 		return nil
 	}
 	e.closed = true
+	e.release()
+	e.g.engines--
+	e.g.release()
+	return nil
+}
+
+// release frees the engine's weights, KV cache and activations.
+func (e *Engine) release() {
 	if e.w != nil {
 		e.w.release()
 	}
@@ -242,11 +264,7 @@ func (e *Engine) Close() error {
 	if e.act != nil {
 		e.act.release()
 	}
-	if e.ownsDevice {
-		e.dev.Close()
-		e.ownsDevice = false
-	}
-	return nil
+	e.w, e.kv, e.act = nil, nil, nil
 }
 
 var errClosed = errors.New("webgpu engine: closed")
@@ -254,8 +272,8 @@ var errClosed = errors.New("webgpu engine: closed")
 // NewSequence takes a free slot of the KV cache (engine.ErrNoCapacity when
 // none is left). The sequence is a *kernels.KVSeq.
 func (e *Engine) NewSequence() (engine.Sequence, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.g.mu.Lock()
+	defer e.g.mu.Unlock()
 	if err := e.usable(); err != nil {
 		return nil, err
 	}

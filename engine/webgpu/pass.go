@@ -21,6 +21,10 @@ type pending struct {
 	place  []treemask.Row     // tokens' positions and masks (KVSeq.Place): line tokens or tree nodes
 	out    int                // how many of tokens' last positions are read out
 	rows   []engine.VerifyRow // read out so far, in order
+	// slots are the Q-store slots of a Verify entry's sampled drafts, by
+	// read-out row (−1: none): where a proposing row's q goes, or a tree
+	// node's q is read from (sampledDrafts).
+	slots []int
 }
 
 // readsOut reports how many of the first T pending tokens are read out.
@@ -39,11 +43,23 @@ func (p *pending) topN() int {
 	return p.entry.TopN
 }
 
-// readsOutWith notes in ps what reading out p's rows takes.
-func (ps *pass) readsOutWith(p *pending) {
+// readsOutWith notes in ps what reading out p's rows takes (outs of
+// them).
+func (ps *pass) readsOutWith(p *pending, outs int) {
 	if p.sampled() {
 		ps.sample = true
 		ps.topN = max(ps.topN, p.topN())
+	}
+	if p.proposes() {
+		for j := range outs {
+			if len(p.verify.Propose[len(p.rows)+j]) > 0 {
+				ps.propose = true
+			}
+		}
+	}
+	if p.walks() {
+		ps.trees++
+		ps.path = max(ps.path, p.out-1)
 	}
 }
 
@@ -68,6 +84,12 @@ type pass struct {
 	sample  bool // read out through sample.wgsl, else argmax.wgsl
 	topN    int  // the most likely tokens each read-out row lists (sample)
 	maxLen  int  // the longest context a decode-attention row sees
+	// Sampled drafts (sampled.go): some read-out row draws proposals
+	// (propose.wgsl); trees are walked (tree_walk.wgsl), each record
+	// holding a path of up to path nodes.
+	propose     bool
+	trees, path int
+	chained     bool // a pass of StepN's chain: its read-out is not read back (readRows)
 }
 
 // decodeEntryRows is the most tokens an entry may feed through decode
@@ -91,7 +113,7 @@ func (e *Engine) plan(work []pending) pass {
 		pe := passEntry{p: p, row0: ps.rows, T: T, P: p.seq.Len(), out0: ps.lasts, outs: p.readsOut(T), complete: T == len(p.tokens)}
 		ps.lasts += pe.outs
 		if pe.outs > 0 {
-			ps.readsOutWith(p)
+			ps.readsOutWith(p, pe.outs)
 		}
 		ps.entries = append(ps.entries, pe)
 		ps.rows += T
@@ -115,6 +137,9 @@ func (e *Engine) plan(work []pending) pass {
 		if room := e.act.maxLasts - ps.lasts; p.readsOut(T) > room {
 			T = len(p.tokens) - p.out + room // the rows read out that fit; the rest next pass
 		}
+		if n := p.readsOut(T); p.walks() && n > 0 && n < p.out {
+			T = len(p.tokens) - p.out // a tree's rows are walked in one pass: the next
+		}
 		if T > 0 {
 			add(p, T)
 		}
@@ -129,13 +154,13 @@ func (e *Engine) plan(work []pending) pass {
 // attends as if to the longest context of its last, so that all of them
 // run the same kernels.
 func decodePass(work []pending, first []int, j, m int) pass {
-	ps := pass{rows: len(work), decode: len(work), lasts: len(work)}
+	ps := pass{rows: len(work), decode: len(work), lasts: len(work), chained: true}
 	for i := range work {
 		p := &work[i]
 		p.tokens, p.out = first[i:i+1], 1
 		p.place = []treemask.Row{treemask.LineRow(p.seq.Len() + j)}
 		pe := passEntry{p: p, row0: i, T: 1, P: p.seq.Len() + j, out0: i, outs: 1, complete: true}
-		ps.readsOutWith(p)
+		ps.readsOutWith(p, 1)
 		ps.entries = append(ps.entries, pe)
 		ps.maxLen = max(ps.maxLen, p.seq.Len()+m)
 	}
@@ -182,7 +207,17 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 		return err
 	}
 	if ps.sample {
+		if !ps.chained {
+			if err := e.act.ensureReadout(e.dev, ps, e.layout(ps)); err != nil {
+				return err
+			}
+		}
 		if err := e.writeDraws(ps); err != nil {
+			return err
+		}
+	}
+	if ps.propose || ps.trees > 0 {
+		if err := e.writeSampled(ps); err != nil {
 			return err
 		}
 	}
@@ -207,7 +242,9 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 }
 
 // writeDraws writes the inputs of sample.wgsl for a pass's read-out rows:
-// each Verify row's draw and sampling parameters; Step's rows are greedy.
+// each Verify row's draw and sampling parameters — no proposal for a row
+// that draws proposals, and a tree node's v for its row — ; Step's rows
+// are greedy.
 func (e *Engine) writeDraws(ps pass) error {
 	draws := make([]uint32, ps.lasts*kernels.SampleDrawWords)
 	temps := make([]float32, ps.lasts*kernels.SampleTempWords)
@@ -216,7 +253,13 @@ func (e *Engine) writeDraws(ps pass) error {
 			var p sampling.Params
 			d := sampling.Draw{X: sampling.NoProposal}
 			if v := pe.p.verify; v != nil && !v.Sampling.Greedy() {
-				p, d = v.Sampling, v.Draws[len(pe.p.rows)+j]
+				p = v.Sampling
+				switch jj := len(pe.p.rows) + j; {
+				case v.Tree != nil:
+					d.V = v.Tree.Nodes[jj].V
+				case v.Propose == nil:
+					d = v.Draws[jj]
+				}
 			}
 			r := pe.out0 + j
 			kernels.PutSampleRow(draws[r*kernels.SampleDrawWords:], temps[r*kernels.SampleTempWords:], p, d)
@@ -233,11 +276,20 @@ func (e *Engine) writeDraws(ps pass) error {
 // tree), its pending tokens advance and its rows grow by those read out; a
 // complete Step entry's Next is its greedy token.
 func (e *Engine) readOut(ps pass) error {
-	rows, err := e.readRows(ps)
+	rows, drawn, walk, err := e.readRows(ps)
 	if err != nil {
 		return err
 	}
+	t := 0 // the tree walked next
 	for _, pe := range ps.entries {
+		if pe.p.proposes() || pe.p.walks() && pe.outs > 0 {
+			if err := e.readSampled(pe, rows[pe.out0:pe.out0+pe.outs], drawn, walk, ps, t); err != nil {
+				return fmt.Errorf("forward pass: batch entry's %w", err)
+			}
+			if pe.p.walks() {
+				t++
+			}
+		}
 		if err := pe.p.seq.Commit(pe.P+pe.T, pe.p.place[:pe.T]); err != nil {
 			return err
 		}
@@ -254,41 +306,47 @@ func (e *Engine) readOut(ps pass) error {
 
 // readRows reads back the pass's read-out rows: from argmax.wgsl, the
 // greedy token, its log-probability and the row's log-sum-exp; from
-// sample.wgsl, all it wrote.
-func (e *Engine) readRows(ps pass) ([]engine.VerifyRow, error) {
+// sample.wgsl, all it wrote, and with it in the same read (readLayout)
+// the words of the proposals drawn and of the trees walked.
+func (e *Engine) readRows(ps pass) (rows []engine.VerifyRow, drawn, walk []uint32, err error) {
 	a := e.act
-	rows := make([]engine.VerifyRow, ps.lasts)
+	rows = make([]engine.VerifyRow, ps.lasts)
 	if ps.lasts == 0 {
-		return rows, nil
+		return rows, nil, nil, nil
 	}
 	if !ps.sample {
 		ids, lps, lses, err := a.readNext(ps.lasts)
 		if err != nil {
-			return nil, err
+			return nil, nil, nil, err
 		}
 		for r := range rows {
 			if rows[r].Argmax, err = e.token(ids[r]); err != nil {
-				return nil, fmt.Errorf("forward pass: %w", err)
+				return nil, nil, nil, fmt.Errorf("forward pass: %w", err)
 			}
 			rows[r].ArgmaxLogprob, rows[r].LogSumExp = lps[r], lses[r]
 		}
-		return rows, nil
+		return rows, nil, nil, nil
 	}
-	raw, err := a.sampled.Read(0, uint64(ps.lasts*kernels.SampleWords)*4)
+	l := e.layout(ps)
+	raw, err := a.sampled.Read(0, l.size)
 	if err != nil {
-		return nil, fmt.Errorf("read back: %w", err)
+		return nil, nil, nil, fmt.Errorf("read back: %w", err)
 	}
 	words := u32s(raw)
+	at := func(off, bytes uint64) []uint32 { return words[off/4 : (off+bytes)/4] }
 	var top []uint32
 	if ps.topN > 0 {
-		if raw, err = a.top.Read(0, uint64(ps.lasts*ps.topN*2)*4); err != nil {
-			return nil, fmt.Errorf("read back: %w", err)
-		}
-		top = u32s(raw)
+		top = at(l.top, l.topBytes)
+	}
+	if ps.propose {
+		drawn = at(l.drawn, l.drawnBytes)
+	}
+	if ps.trees > 0 {
+		walk = at(l.walk, l.walkBytes)
 	}
 	for r := range rows {
 		if rows[r].Row, err = kernels.SampleRow(words[r*kernels.SampleWords:]); err != nil {
-			return nil, fmt.Errorf("forward pass: %w", err)
+			return nil, nil, nil, fmt.Errorf("forward pass: %w", err)
 		}
 		if ps.topN > 0 {
 			rows[r].Top = kernels.SampleTop(top[r*ps.topN*2:], ps.topN)
@@ -303,7 +361,7 @@ func (e *Engine) readRows(ps pass) ([]engine.VerifyRow, error) {
 			}
 		}
 	}
-	return rows, nil
+	return rows, drawn, walk, nil
 }
 
 // token checks a greedy token read back: argmax.wgsl writes ArgmaxNaN for
@@ -445,6 +503,13 @@ func (e *Engine) kernels(ps pass) []step {
 				}
 				return kernels.Argmax(b, a.next, a.lp, a.logits, ps.lasts, c.VocabSize, lseAt(ps.lasts))
 			},
+		)
+		if ps.sample && !ps.chained {
+			// Proposals drawn, trees walked; what they and sample.wgsl
+			// wrote gathered for one read.
+			steps = append(steps, e.sampledKernels(ps, e.layout(ps))...)
+		}
+		steps = append(steps,
 			// next holds the tokens and, from nextLP, their log-probabilities
 			// and (argmax.wgsl's) their rows' log-sum-exps.
 			func(b *gpu.Batch) error {

@@ -50,8 +50,8 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 	if err := engine.CheckBatch(c, batch); err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.g.mu.Lock()
+	defer e.g.mu.Unlock()
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
@@ -257,16 +257,17 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 // Verify runs forward passes over every entry's tokens, as Step does — a
 // line, or a token tree's nodes (VerifyEntry.Parents) — and reads out each
 // entry's last Out positions (engine.Engine): through argmax.wgsl where
-// the whole pass is greedy without a top-N, else sample.wgsl. Only the
-// read-out words come back. On an error every sequence is as it was before
-// the call.
+// the whole pass is greedy without a top-N, else sample.wgsl, and for
+// sampled drafts (Propose, Tree) propose.wgsl and tree_walk.wgsl after it
+// (sampled.go). Only the read-out words come back, in one read a pass. On
+// an error every sequence is as it was before the call.
 func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
 	c := &e.cfg
 	if err := engine.CheckVerify(c, batch); err != nil {
 		return err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.g.mu.Lock()
+	defer e.g.mu.Unlock()
 	if err := e.usable(); err != nil {
 		return err
 	}
@@ -275,6 +276,10 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 		return err
 	}
 	place, err := placeAll(seqs, func(i int) ([]int, []int) { return batch[i].Tokens, batch[i].Parents })
+	if err != nil {
+		return err
+	}
+	slots, err := e.sampledDrafts(batch)
 	if err != nil {
 		return err
 	}
@@ -289,6 +294,9 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 	work := make([]pending, len(batch))
 	for i, v := range batch {
 		work[i] = pending{verify: v, seq: seqs[i], tokens: v.Tokens, place: place[i], out: v.Out, rows: make([]engine.VerifyRow, 0, v.Out)}
+		if slots != nil {
+			work[i].slots = slots[i]
+		}
 	}
 	if err := e.feed(ctx, work); err != nil {
 		for i, s := range seqs {

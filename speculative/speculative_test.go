@@ -54,6 +54,27 @@ func gpu(t *testing.T, m *checkpoint.Model) engine.Engine {
 	return e
 }
 
+// gpuGroup opens WebGPU engines in one group on the test binary's device,
+// so that a pair of them shares its drafter's distributions (sampled
+// drafts verified on the device).
+func gpuGroup(t *testing.T) func(*testing.T, *checkpoint.Model) engine.Engine {
+	var g *webgpu.Group // on the first engine: a test that opens none needs no GPU
+	return func(t *testing.T, m *checkpoint.Model) engine.Engine {
+		t.Helper()
+		if g == nil {
+			g = webgpu.NewGroup(gputest.Device(t))
+		}
+		// Sequence slots for a full batch of generations (speculative's
+		// 64) and the prefix cache.
+		e, err := g.New(m.Config, m.Weights, webgpu.Options{KVBytes: 32 << 20, MaxSequences: 160})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+}
+
 // pair is a target and two drafters: the target's own weights in int4 (it
 // agrees often) and another model (it agrees by chance).
 type pair struct {
@@ -227,7 +248,6 @@ func TestTauEqualsOffline(t *testing.T) {
 // accepts the proposal too often, or draws the proposal again after a
 // rejection, fails it.
 func TestSamplingFollowsTarget(t *testing.T) {
-	const seeds = 2000
 	params := sampling.Params{Temperature: 0.9, TopP: 0.95}
 	prompt := []int{17, 400, 3, 999, 250}
 	m := load(t, "untied", checkpoint.F32)
@@ -235,57 +255,74 @@ func TestSamplingFollowsTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := pairs(t, cpu)[0] // the other drafter's tokens are all but never accepted
-	// The drafter samples its proposals (the reference engine
-	// SamplesDrafts): chains and trees held to the multi-draft rule; and a
-	// drafter that proposes its greedy tokens (one that does not).
-	for _, v := range []struct {
+	type variant struct {
 		name    string
-		drafter engine.Engine
+		drafter func(pair) engine.Engine
 		topK    int
-	}{{"sampled-chain", p.drafter, 1}, {"sampled-tree", p.drafter, 3}, {"greedy-drafts", greedyDrafter{p.drafter}, 1}} {
-		t.Run(v.name, func(t *testing.T) {
-			g := start(t, pair{v.name, p.target, v.drafter}, speculative.Options{TopK: v.topK, TreeNodes: 10})
-			counts := map[[2]int]int{}
-			var mu sync.Mutex
-			var wg sync.WaitGroup
-			sem := make(chan struct{}, 64)
-			var accepted, drafted int
-			for s := range seeds {
-				sem <- struct{}{}
-				wg.Go(func() {
-					defer func() { <-sem }()
-					res, err := g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: 3, K: 4, Sampling: params, Seed: uint64(s)})
-					if err != nil {
-						t.Error(err)
-						return
+	}
+	sampled := func(p pair) engine.Engine { return p.drafter }
+	for _, backend := range []struct {
+		name     string
+		open     func(*testing.T, *checkpoint.Model) engine.Engine
+		seeds    int
+		variants []variant
+	}{
+		// The drafter samples its proposals (the reference engine
+		// SamplesDrafts): chains and trees held to the multi-draft rule;
+		// and a drafter that proposes its greedy tokens (one that does
+		// not).
+		{"reference", cpu, 2000, []variant{{"sampled-chain", sampled, 1}, {"sampled-tree", sampled, 3},
+			{"greedy-drafts", func(p pair) engine.Engine { return greedyDrafter{p.drafter} }, 1}}},
+		// The WebGPU pair in one group: proposals drawn and trees walked
+		// on the device (lavapipe: fewer seeds, a tree).
+		{"webgpu", gpuGroup(t), 400, []variant{{"sampled-tree", sampled, 3}}},
+	} {
+		p := pairs(t, backend.open)[0] // the other drafter's tokens are all but never accepted
+		for _, v := range backend.variants {
+			t.Run(backend.name+"/"+v.name, func(t *testing.T) {
+				seeds := backend.seeds
+				g := start(t, pair{v.name, p.target, v.drafter(p)}, speculative.Options{TopK: v.topK, TreeNodes: 10})
+				counts := map[[2]int]int{}
+				var mu sync.Mutex
+				var wg sync.WaitGroup
+				sem := make(chan struct{}, 64)
+				var accepted, drafted int
+				for s := range seeds {
+					sem <- struct{}{}
+					wg.Go(func() {
+						defer func() { <-sem }()
+						res, err := g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: 3, K: 4, Sampling: params, Seed: uint64(s)})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						mu.Lock()
+						counts[[2]int{res.Tokens[0].ID, res.Tokens[1].ID}]++
+						accepted += res.Stats.Accepted
+						drafted += res.Stats.Drafted
+						mu.Unlock()
+					})
+				}
+				wg.Wait()
+				t.Logf("%d of %d draft tokens accepted", accepted, drafted)
+				first := probs(t, ref, prompt, params)
+				expected := map[[2]int]float64{}
+				for a, pa := range first {
+					if pa*float64(seeds) < 1 {
+						continue // its pairs join the rest
 					}
-					mu.Lock()
-					counts[[2]int{res.Tokens[0].ID, res.Tokens[1].ID}]++
-					accepted += res.Stats.Accepted
-					drafted += res.Stats.Drafted
-					mu.Unlock()
-				})
-			}
-			wg.Wait()
-			t.Logf("%d of %d draft tokens accepted", accepted, drafted)
-			first := probs(t, ref, prompt, params)
-			expected := map[[2]int]float64{}
-			for a, pa := range first {
-				if pa*seeds < 1 {
-					continue // its pairs join the rest
+					for b, pb := range probs(t, ref, append(slices.Clone(prompt), a), params) {
+						expected[[2]int{a, b}] = pa * pb * float64(seeds)
+					}
 				}
-				for b, pb := range probs(t, ref, append(slices.Clone(prompt), a), params) {
-					expected[[2]int{a, b}] = pa * pb * seeds
+				chi2, df := chiSquare(counts, expected, seeds)
+				bound := chiSquareBound(df, 4.753) // z for p = 1e-6
+				t.Logf("χ² %.1f over %d degrees of freedom (bound %.1f)", chi2, df, bound)
+				if chi2 > bound {
+					t.Errorf("the output does not follow the target's distribution: χ² %.1f > %.1f (df %d)", chi2, bound, df)
 				}
-			}
-			chi2, df := chiSquare(counts, expected, seeds)
-			bound := chiSquareBound(df, 4.753) // z for p = 1e-6
-			t.Logf("χ² %.1f over %d degrees of freedom (bound %.1f)", chi2, df, bound)
-			if chi2 > bound {
-				t.Errorf("the output does not follow the target's distribution: χ² %.1f > %.1f (df %d)", chi2, bound, df)
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -206,3 +206,95 @@ func (m Mask) apply(scores []float32) {
 		}
 	}
 }
+
+// The sampled read-out's row kernels (package cpu's sampler), plain Go;
+// their sums run in float64.
+
+// expScaledGo sets e[i] = exp((x[i] − m) / t) and returns their sum and
+// the largest x[i].
+func expScaledGo(e, x []float32, m, t float32) (sum, top float32) {
+	e = e[:len(x)]
+	top = float32(math.Inf(-1))
+	var s float64
+	for i, l := range x {
+		v := float32(math.Exp(float64((l - m) / t)))
+		e[i] = v
+		s += float64(v)
+		top = max(top, l)
+	}
+	return float32(s), top
+}
+
+// atLeastGo is Σ e[i] over the x[i] ≥ v, and how many there are.
+func atLeastGo(e, x []float32, v float32) (sum float32, n int) {
+	e = e[:len(x)]
+	var s float64
+	for i, l := range x {
+		if l >= v {
+			s += float64(e[i])
+			n++
+		}
+	}
+	return float32(s), n
+}
+
+// keepAtLeastGo sets e[i] = 0 where x[i] < v and returns Σ e.
+func keepAtLeastGo(e, x []float32, v float32) (sum float32) {
+	e = e[:len(x)]
+	var s float64
+	for i, l := range x {
+		if l < v {
+			e[i] = 0
+		}
+		s += float64(e[i])
+	}
+	return float32(s)
+}
+
+// betweenGo moves the pairs (x[i], e[i]) with lo ≤ x[i] < hi to the
+// front of dx and de, in order, and returns how many.
+func betweenGo(dx, de, x, e []float32, lo, hi float32) int {
+	e = e[:len(x)]
+	n := 0
+	for i, l := range x {
+		if l >= lo && l < hi {
+			dx[n], de[n] = l, e[i]
+			n++
+		}
+	}
+	return n
+}
+
+// residualGo sets r[i] = max(0, p[i]·a − q[i]·b) and returns Σ r.
+func residualGo(r, p []float32, a float32, q []float32, b float32) (sum float32) {
+	p, q = p[:len(r)], q[:len(r)]
+	var s float64
+	for i := range r {
+		v := max(0, float32(p[i]*a)-float32(q[i]*b))
+		r[i] = v
+		s += float64(v)
+	}
+	return float32(s)
+}
+
+// scaleGo sets y[i] = x[i]·a and returns Σ y.
+func scaleGo(y, x []float32, a float32) (sum float32) {
+	x = x[:len(y)]
+	var s float64
+	for i := range y {
+		y[i] = x[i] * a
+		s += float64(y[i])
+	}
+	return float32(s)
+}
+
+// sumMinGo is Σ x and the smallest x[i] (+Inf for none).
+func sumMinGo(x []float32) (sum, least float32) {
+	least = float32(math.Inf(1))
+	var s float64
+	for _, v := range x {
+		s += float64(v)
+		least = min(least, v)
+	}
+	return float32(s), least
+}

@@ -502,3 +502,110 @@ func TestQuantize(t *testing.T) {
 		}
 	}
 }
+
+// TestSampleOps holds the sampled read-out's kernels (ExpScaled, AtLeast,
+// KeepAtLeast, Between, Residual, Scale, SumMin) to plain loops on fresh
+// random rows of random lengths, −Inf logits, ties at the threshold and
+// zero weights included.
+func TestSampleOps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 4))
+	for _, n := range []int{1, 5, 15, 16, 17, 40, 100, 512, 513 + rng.IntN(2000)} {
+		// f32 sums in 16 lanes: n/16 roundings a lane.
+		near := func(got float32, want, scale float64) bool {
+			return math.Abs(float64(got)-want) <= 1e-7*float64(1+n/16)*scale+minNormal
+		}
+		x := randRow(rng, n)
+		for i := range x {
+			x[i] = float32(math.Round(float64(x[i])*8)) / 2 // ties
+		}
+		if n > 2 {
+			x[rng.IntN(n)] = float32(math.Inf(-1))
+		}
+		m := slices.Max(x)
+		temp := []float32{0.3, 1, 1.7}[rng.IntN(3)]
+		e := make([]float32, n)
+		sum, top := ExpScaled(e, x, m, temp)
+		var want, mass float64
+		for i, l := range x {
+			w := math.Exp(float64((l - m) / temp))
+			if math.Abs(float64(e[i])-w) > 3e-7*w+minNormal {
+				t.Fatalf("n %d: ExpScaled[%d] = exp(%v) %v, want %v", n, i, (l-m)/temp, e[i], w)
+			}
+			want += w
+		}
+		if !near(sum, want, want) || top != m {
+			t.Errorf("n %d: ExpScaled sum %v top %v, want %v %v", n, sum, top, want, m)
+		}
+		v := x[rng.IntN(n)]
+		count := 0
+		for i, l := range x {
+			if l >= v {
+				mass += float64(e[i])
+				count++
+			}
+		}
+		if got, k := AtLeast(e, x, v); !near(got, mass, want) || k != count {
+			t.Errorf("n %d: AtLeast(%v) %v of %d, want %v of %d", n, v, got, k, mass, count)
+		}
+		lo, hi := min(v, x[0]), max(v, x[0])
+		dx, de := make([]float32, n+16), make([]float32, n+16)
+		var wx, we []float32
+		for i, l := range x {
+			if l >= lo && l < hi {
+				wx, we = append(wx, l), append(we, e[i])
+			}
+		}
+		if k := Between(dx, de, x, e, lo, hi); !slices.Equal(dx[:k], wx) || !slices.Equal(de[:k], we) {
+			t.Errorf("n %d: Between [%v, %v) %v, want %v", n, lo, hi, dx[:k], wx)
+		}
+		ix, ie := slices.Clone(x), slices.Clone(e) // in place
+		if k := Between(ix, ie, ix, ie, lo, hi); !slices.Equal(ix[:k], wx) || !slices.Equal(ie[:k], we) {
+			t.Errorf("n %d: Between in place [%v, %v) %v, want %v", n, lo, hi, ix[:k], wx)
+		}
+		kept := slices.Clone(e)
+		if got := KeepAtLeast(kept, x, v); !near(got, mass, want) {
+			t.Errorf("n %d: KeepAtLeast(%v) %v, want %v", n, v, got, mass)
+		}
+		for i, l := range x {
+			if w := e[i]; l < v && kept[i] != 0 || l >= v && kept[i] != w {
+				t.Fatalf("n %d: KeepAtLeast(%v) left %v at logit %v, weight %v", n, v, kept[i], l, w)
+			}
+		}
+		q := randRow(rng, n)
+		for i := range q {
+			q[i] = float32(math.Abs(float64(q[i])))
+		}
+		a, b := float32(1/want), float32(0.3)
+		r := make([]float32, n)
+		var rs float64
+		for i := range r {
+			w := math.Max(0, float64(e[i]*a)-float64(q[i]*b))
+			rs += w
+			r[i] = float32(w)
+		}
+		got := make([]float32, n)
+		if s := Residual(got, e, a, q, b); !near(s, rs, rs+1) {
+			t.Errorf("n %d: Residual sum %v, want %v", n, s, rs)
+		}
+		if err := closeTo(got, r, 1e-6); err != nil {
+			t.Errorf("n %d: Residual: %v", n, err)
+		}
+		var qs float64
+		lowest := float32(math.Inf(1))
+		for i := range q {
+			r[i] = q[i] * 3
+			qs += float64(q[i])
+			lowest = min(lowest, q[i])
+		}
+		if s := Scale(got, q, 3); !near(s, 3*qs, 3*qs) || !slices.Equal(got, r) {
+			t.Errorf("n %d: Scale sum %v, want %v", n, s, 3*qs)
+		}
+		if s, l := SumMin(q); !near(s, qs, qs) || l != lowest {
+			t.Errorf("n %d: SumMin %v %v, want %v %v", n, s, l, qs, lowest)
+		}
+		q[rng.IntN(n)] = float32(math.NaN())
+		if s, _ := SumMin(q); s == s {
+			t.Errorf("n %d: SumMin missed a NaN: %v", n, s)
+		}
+	}
+}

@@ -57,3 +57,32 @@ func quantize(dst []byte, row []float32) { quantizeGo(dst, row) }
 func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool) {
 	panic("ops: the fixed-point kernel is not built on this platform")
 }
+
+// ExpScaled sets e[i] = exp((x[i] − m) / t) — a softmax's numerators at
+// temperature t > 0, m at least every x[i] — and returns their sum and
+// the largest x[i].
+func ExpScaled(e, x []float32, m, t float32) (sum, top float32) { return expScaledGo(e, x, m, t) }
+
+// AtLeast is Σ e[i] over the i where x[i] ≥ v, and how many there are.
+func AtLeast(e, x []float32, v float32) (sum float32, n int) { return atLeastGo(e, x, v) }
+
+// KeepAtLeast sets e[i] = 0 where x[i] < v and returns Σ e.
+func KeepAtLeast(e, x []float32, v float32) float32 { return keepAtLeastGo(e, x, v) }
+
+// Between moves the pairs (x[i], e[i]) with lo ≤ x[i] < hi to the front
+// of dx and de, in order, and returns how many. dx and de may be x and e;
+// else they are at least len(x) + 16 long.
+func Between(dx, de, x, e []float32, lo, hi float32) int { return betweenGo(dx, de, x, e, lo, hi) }
+
+// Residual sets r[i] = max(0, p[i]·a − q[i]·b) over len(r) and returns
+// Σ r; r may be p.
+func Residual(r, p []float32, a float32, q []float32, b float32) float32 {
+	return residualGo(r, p, a, q, b)
+}
+
+// Scale sets y[i] = x[i]·a over len(y) and returns Σ y; y may be x.
+func Scale(y, x []float32, a float32) float32 { return scaleGo(y, x, a) }
+
+// SumMin is Σ x and the smallest x[i] (+Inf for an empty x): a NaN makes
+// the sum NaN.
+func SumMin(x []float32) (sum, least float32) { return sumMinGo(x) }

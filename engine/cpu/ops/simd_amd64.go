@@ -553,3 +553,171 @@ func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores
 		o7.Store((*[16]float32)(out[112:]))
 	}
 }
+
+// ExpScaled sets e[i] = exp((x[i] − m) / t) — a softmax's numerators at
+// temperature t > 0, m at least every x[i] — and returns their sum and
+// the largest x[i]. The quotient is f32's, as package sampling scales.
+func ExpScaled(e, x []float32, m, t float32) (sum, top float32) {
+	if !useAVX512 || len(x) < 16 {
+		return expScaledGo(e, x, m, t)
+	}
+	e = e[:len(x)]
+	mv, tv := archsimd.BroadcastFloat32x16(m), archsimd.BroadcastFloat32x16(t)
+	var acc archsimd.Float32x16
+	hi := load16(x)
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		v := load16(x[i:])
+		hi = hi.Max(v)
+		p := exp16(v.Sub(mv).Div(tv))
+		p.Store((*[16]float32)(e[i:]))
+		acc = acc.Add(p)
+	}
+	sum, top = sum16(acc), max16(hi)
+	if i < len(x) {
+		s, t := expScaledGo(e[i:], x[i:], m, t)
+		sum, top = sum+s, max(top, t)
+	}
+	return sum, top
+}
+
+// AtLeast is Σ e[i] over the i where x[i] ≥ v, and how many there are.
+func AtLeast(e, x []float32, v float32) (sum float32, n int) {
+	if !useAVX512 {
+		return atLeastGo(e, x, v)
+	}
+	e = e[:len(x)]
+	vv := archsimd.BroadcastFloat32x16(v)
+	var acc archsimd.Float32x16
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		in := load16(x[i:]).GreaterEqual(vv)
+		acc = acc.Add(load16(e[i:]).Masked(in))
+		n += bits.OnesCount16(in.ToBits())
+	}
+	sum = sum16(acc)
+	if i < len(x) {
+		s, k := atLeastGo(e[i:], x[i:], v)
+		sum, n = sum+s, n+k
+	}
+	return sum, n
+}
+
+// KeepAtLeast sets e[i] = 0 where x[i] < v and returns Σ e.
+func KeepAtLeast(e, x []float32, v float32) float32 {
+	if !useAVX512 {
+		return keepAtLeastGo(e, x, v)
+	}
+	e = e[:len(x)]
+	vv := archsimd.BroadcastFloat32x16(v)
+	var acc archsimd.Float32x16
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		p := (*[16]float32)(e[i:])
+		k := archsimd.LoadFloat32x16(p).Masked(load16(x[i:]).GreaterEqual(vv))
+		k.Store(p)
+		acc = acc.Add(k)
+	}
+	sum := sum16(acc)
+	if i < len(x) {
+		sum += keepAtLeastGo(e[i:], x[i:], v)
+	}
+	return sum
+}
+
+// Between moves the pairs (x[i], e[i]) with lo ≤ x[i] < hi to the front
+// of dx and de, in order, and returns how many. dx and de may be x and e;
+// else they are at least len(x) + 16 long.
+func Between(dx, de, x, e []float32, lo, hi float32) int {
+	if !useAVX512 {
+		return betweenGo(dx, de, x, e, lo, hi)
+	}
+	e = e[:len(x)]
+	lv, hv := archsimd.BroadcastFloat32x16(lo), archsimd.BroadcastFloat32x16(hi)
+	n, i := 0, 0
+	for ; i+16 <= len(x); i += 16 {
+		// n ≤ i: a whole vector stored at n overwrites only what is read.
+		v, w := load16(x[i:]), load16(e[i:])
+		in := v.GreaterEqual(lv).And(v.Less(hv))
+		bitsIn := in.ToBits()
+		if bitsIn == 0 {
+			continue
+		}
+		v.Compress(in).Store((*[16]float32)(dx[n:]))
+		w.Compress(in).Store((*[16]float32)(de[n:]))
+		n += bits.OnesCount16(bitsIn)
+	}
+	for ; i < len(x); i++ {
+		if l := x[i]; l >= lo && l < hi {
+			dx[n], de[n] = l, e[i]
+			n++
+		}
+	}
+	return n
+}
+
+// Residual sets r[i] = max(0, p[i]·a − q[i]·b) over len(r) and returns
+// Σ r; r may be p.
+func Residual(r, p []float32, a float32, q []float32, b float32) float32 {
+	if !useAVX512 {
+		return residualGo(r, p, a, q, b)
+	}
+	p, q = p[:len(r)], q[:len(r)]
+	av, bv := archsimd.BroadcastFloat32x16(a), archsimd.BroadcastFloat32x16(b)
+	var zero, acc archsimd.Float32x16
+	i := 0
+	for ; i+16 <= len(r); i += 16 {
+		v := load16(p[i:]).Mul(av).Sub(load16(q[i:]).Mul(bv)).Max(zero)
+		v.Store((*[16]float32)(r[i:]))
+		acc = acc.Add(v)
+	}
+	sum := sum16(acc)
+	if i < len(r) {
+		sum += residualGo(r[i:], p[i:], a, q[i:], b)
+	}
+	return sum
+}
+
+// Scale sets y[i] = x[i]·a over len(y) and returns Σ y; y may be x.
+func Scale(y, x []float32, a float32) float32 {
+	if !useAVX512 {
+		return scaleGo(y, x, a)
+	}
+	x = x[:len(y)]
+	av := archsimd.BroadcastFloat32x16(a)
+	var acc archsimd.Float32x16
+	i := 0
+	for ; i+16 <= len(y); i += 16 {
+		v := load16(x[i:]).Mul(av)
+		v.Store((*[16]float32)(y[i:]))
+		acc = acc.Add(v)
+	}
+	sum := sum16(acc)
+	if i < len(y) {
+		sum += scaleGo(y[i:], x[i:], a)
+	}
+	return sum
+}
+
+// SumMin is Σ x and the smallest x[i] (+Inf for an empty x): a NaN makes
+// the sum NaN.
+func SumMin(x []float32) (sum, least float32) {
+	if !useAVX512 || len(x) < 16 {
+		return sumMinGo(x)
+	}
+	var acc archsimd.Float32x16
+	lo := load16(x)
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		v := load16(x[i:])
+		acc, lo = acc.Add(v), lo.Min(v)
+	}
+	m8 := lo.GetLo().Min(lo.GetHi())
+	m4 := m8.GetLo().Min(m8.GetHi())
+	sum, least = sum16(acc), min(m4.GetElem(0), m4.GetElem(1), m4.GetElem(2), m4.GetElem(3))
+	if i < len(x) {
+		s, l := sumMinGo(x[i:])
+		sum, least = sum+s, min(least, l)
+	}
+	return sum, least
+}

@@ -108,15 +108,13 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		positions := int64(*batch) * int64(longest+*newTokens+max(*k, speculative.MaxK)+32)
 		return positions * int64(engine.KVBytesPerToken(&m.Config, 4))
 	}
-	te, err := openEngine(e, target, backend, kvFor(target), *batch)
+	// One device for both (on WebGPU): sampled drafts verified on it.
+	engs, err := openEngines(e, []*checkpoint.Model{target, drafter}, backend, []int64{kvFor(target), kvFor(drafter)}, *batch)
 	if err != nil {
-		return fmt.Errorf("target: %w", err)
+		return err
 	}
+	te, de := engs[0], engs[1]
 	defer te.Close()
-	de, err := openEngine(e, drafter, backend, kvFor(drafter), *batch)
-	if err != nil {
-		return fmt.Errorf("drafter: %w", err)
-	}
 	defer de.Close()
 
 	if *live {

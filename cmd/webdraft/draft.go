@@ -183,23 +183,57 @@ const draftKVBytes = 256 << 20
 // than the CPU engine on the same cores, so auto leaves it to --backend
 // webgpu.
 func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64, seqs int) (engine.Engine, error) {
+	engs, err := openEngines(e, []*checkpoint.Model{m}, b, []int64{kvBytes}, seqs)
+	if err != nil {
+		return nil, err
+	}
+	return engs[0], nil
+}
+
+// openEngines starts an engine for each of models (a drafter and its
+// target) as openEngine does, kvBytes[i] of KV cache for models[i]. On
+// WebGPU they share one device, in one webgpu.Group: a sampled
+// generation's drafter then keeps the distributions it proposes from on
+// the device, where the target verifies them (engine.SamplesDrafts), and
+// a fault of either breaks both (reopen them together: enginePair).
+func openEngines(e *env, models []*checkpoint.Model, b backendChoice, kvBytes []int64, seqs int) ([]engine.Engine, error) {
 	why := "--backend " + string(b)
-	if b == "reference" {
-		eng, err := engine.NewReference(m.Config, m.Weights, kvBytes)
-		if err != nil {
-			return nil, err
+	var engs []engine.Engine
+	fail := func(err error) ([]engine.Engine, error) {
+		for _, eng := range engs {
+			eng.Close()
 		}
-		return logEngine(e, eng, why), nil
+		return nil, err
+	}
+	if b == "reference" {
+		for i, m := range models {
+			eng, err := engine.NewReference(m.Config, m.Weights, kvBytes[i])
+			if err != nil {
+				return fail(err)
+			}
+			engs = append(engs, logEngine(e, eng, why))
+		}
+		return engs, nil
 	}
 	if b != "cpu" {
-		opts := webgpu.Options{KVBytes: kvBytes, MaxSequences: seqs, Device: gpu.Options{HardwareOnly: b == "auto"}}
-		eng, err := webgpu.Open(m.Config, m.Weights, opts)
+		g, err := webgpu.OpenGroup(gpu.Options{HardwareOnly: b == "auto"})
 		switch {
 		case err == nil:
+			defer g.Close() // the device closes with the last engine
 			if b == "auto" {
 				why = "a GPU was found"
 			}
-			return logEngine(e, eng, why), nil
+			if len(models) > 1 {
+				why += "; the models share it"
+			}
+			for i, m := range models {
+				eng, err := g.New(m.Config, m.Weights, webgpu.Options{KVBytes: kvBytes[i], MaxSequences: seqs})
+				if err != nil {
+					return fail(fmt.Errorf("webgpu: %w", err))
+				}
+				engs = append(engs, logEngine(e, eng, why))
+			}
+			return engs, nil
 		case b == "auto" && errors.Is(err, gpu.ErrNoHardwareAdapter):
 			why = err.Error() + ": the CPU engine is faster than a software renderer (--backend webgpu takes it)"
 		case b == "auto" && errors.Is(err, gpu.ErrNoAdapter):
@@ -208,11 +242,14 @@ func openEngine(e *env, m *checkpoint.Model, b backendChoice, kvBytes int64, seq
 			return nil, fmt.Errorf("webgpu: %w", err)
 		}
 	}
-	eng, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: kvBytes})
-	if err != nil {
-		return nil, err
+	for i, m := range models {
+		eng, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: kvBytes[i]})
+		if err != nil {
+			return fail(err)
+		}
+		engs = append(engs, logEngine(e, eng, why))
 	}
-	return logEngine(e, eng, why), nil
+	return engs, nil
 }
 
 // logEngine logs which engine runs and why, and returns it.

@@ -12,7 +12,6 @@ import (
 	"webdraft/sampling"
 	"webdraft/speculative"
 	"webdraft/tokenizer"
-	"webdraft/weights"
 )
 
 // generateCacheMB is each model's KV cache for one generation.
@@ -56,15 +55,11 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	drafter, err := openServed(ctx, e, *modelDir, weights.DrafterDir, backend, generateCacheMB)
+	drafter, target, err := openServedPair(ctx, e, *modelDir, *targetDir, backend, generateCacheMB)
 	if err != nil {
 		return err
 	}
 	defer drafter.close()
-	target, err := openServed(ctx, e, *targetDir, weights.TargetDir, backend, generateCacheMB)
-	if err != nil {
-		return err
-	}
 	defer target.close()
 	if err := checkPair(drafter.model, target.model); err != nil {
 		return err

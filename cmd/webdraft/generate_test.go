@@ -53,6 +53,24 @@ func TestGenerate(t *testing.T) {
 	if code != 0 || !regexp.MustCompile(`^(\d+ ){6}\n`).MatchString(stdout) || !strings.Contains(stdout, "temperature 0.8, top-p 1, seed 3") {
 		t.Errorf("ids only: exit %d\n%s%s", code, stdout, stderr)
 	}
+	// A sampled tree on WebGPU: both models on one device, the drafter's
+	// proposals drawn and the tree walked there — by the rule the CPU
+	// engine follows on the host, with the same uniforms: the same tokens.
+	sampledTree := func(backend string) string {
+		code, stdout, stderr := webdraft(t, "generate", "--model", filepath.Join(golden, "tied"), "--target", filepath.Join(golden, "untied"),
+			"--ids", "1,2,3", "--max-tokens", "10", "--temperature", "0.8", "--seed", "5", "--k", "3", "--spec-topk", "3", "--spec-draft-tokens", "8",
+			"--backend", backend)
+		if code != 0 {
+			t.Fatalf("a sampled tree on %s: exit %d: %s", backend, code, stderr)
+		}
+		if backend == "webgpu" && strings.Count(stderr, `why="--backend webgpu; the models share it"`) != 2 {
+			t.Errorf("the pair is not on one device:\n%s", stderr)
+		}
+		return stdout[:strings.Index(stdout, "\n")]
+	}
+	if gpu, cpu := sampledTree("webgpu"), sampledTree("cpu"); gpu != cpu {
+		t.Errorf("a sampled tree: %q on webgpu, %q on the CPU engine", gpu, cpu)
+	}
 }
 
 func TestGenerateUsage(t *testing.T) {

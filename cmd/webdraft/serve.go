@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"webdraft/checkpoint"
 	"webdraft/engine"
 	"webdraft/scheduler"
 	"webdraft/server"
@@ -121,7 +123,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	// Load while /health answers "loading".
 	start := time.Now()
 	withTarget := *targetDir != "" || *modelDir == ""
-	drafter, err := openServed(ctx, e, *modelDir, weights.DrafterDir, backend, *cacheMB)
+	drafter, target, err := openServedModels(ctx, e, *modelDir, *targetDir, withTarget, backend, *cacheMB)
 	if err != nil {
 		httpSrv.Close()
 		return stoppedLoading(ctx, e, err)
@@ -129,11 +131,6 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	defer drafter.close()
 	cfg := server.Config{Drafter: drafter.model}
 	if withTarget {
-		target, err := openServed(ctx, e, *targetDir, weights.TargetDir, backend, *cacheMB)
-		if err != nil {
-			httpSrv.Close()
-			return stoppedLoading(ctx, e, err)
-		}
 		defer target.close()
 		if err := checkPair(drafter.model, target.model); err != nil {
 			httpSrv.Close()
@@ -262,6 +259,90 @@ func stoppedLoading(ctx context.Context, e *env, err error) error {
 // its tokenizer (none: it serves token ids only) and an engine with
 // cacheMB of KV cache, warmed up.
 func openServed(ctx context.Context, e *env, dir, embedded string, backend backendChoice, cacheMB int) (*served, error) {
+	l, err := loadServed(e, dir, embedded)
+	if err != nil {
+		return nil, err
+	}
+	open := func(ctx context.Context) (engine.Engine, error) {
+		eng, err := openEngine(e, l.m, backend, int64(cacheMB)<<20, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := engine.Warm(ctx, eng); err != nil {
+			eng.Close()
+			return nil, fmt.Errorf("%s: warm-up: %w", l.name, err)
+		}
+		return eng, nil
+	}
+	eng, err := open(ctx)
+	if err != nil {
+		l.m.Close()
+		return nil, err
+	}
+	return l.served(e, eng, open, nil), nil
+}
+
+// openServedModels opens serve's drafter, and its target withTarget
+// (nil without).
+func openServedModels(ctx context.Context, e *env, drafterDir, targetDir string, withTarget bool, backend backendChoice, cacheMB int) (drafter, target *served, err error) {
+	if withTarget {
+		return openServedPair(ctx, e, drafterDir, targetDir, backend, cacheMB)
+	}
+	drafter, err = openServed(ctx, e, drafterDir, weights.DrafterDir, backend, cacheMB)
+	return drafter, nil, err
+}
+
+// openServedPair loads a drafter and a target as openServed does, and
+// opens their engines together (openEngines: on WebGPU, one device that
+// they share, so that sampled drafts are verified on it); after a fault,
+// which breaks both, the server reopens them together too (enginePair).
+func openServedPair(ctx context.Context, e *env, drafterDir, targetDir string, backend backendChoice, cacheMB int) (drafter, target *served, err error) {
+	d, err := loadServed(e, drafterDir, weights.DrafterDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := loadServed(e, targetDir, weights.TargetDir)
+	if err != nil {
+		d.m.Close()
+		return nil, nil, err
+	}
+	pair := &enginePair{open: func(ctx context.Context) ([]engine.Engine, error) {
+		kv := int64(cacheMB) << 20
+		engs, err := openEngines(e, []*checkpoint.Model{d.m, t.m}, backend, []int64{kv, kv}, 0)
+		if err != nil {
+			return nil, err
+		}
+		for i, l := range []*loaded{d, t} {
+			if err := engine.Warm(ctx, engs[i]); err != nil {
+				for _, eng := range engs {
+					eng.Close()
+				}
+				return nil, fmt.Errorf("%s: warm-up: %w", l.name, err)
+			}
+		}
+		return engs, nil
+	}}
+	engs, err := pair.open(ctx)
+	if err != nil {
+		d.m.Close()
+		t.m.Close()
+		return nil, nil, err
+	}
+	return d.served(e, engs[0], pair.reopen(0), nil), t.served(e, engs[1], pair.reopen(1), pair.close), nil
+}
+
+// loaded is a model loaded for serving and its tokenizer (nil: it
+// serves token ids only).
+type loaded struct {
+	m             *checkpoint.Model
+	name          string
+	tok           *tokenizer.Tokenizer
+	dir, embedded string
+}
+
+// loadServed loads the model in dir (or the embedded one named embedded)
+// and its tokenizer.
+func loadServed(e *env, dir, embedded string) (*loaded, error) {
 	m, name, err := loadModelOr(dir, embedded)
 	if err != nil {
 		return nil, err
@@ -274,29 +355,70 @@ func openServed(ctx context.Context, e *env, dir, embedded string, backend backe
 		m.Close()
 		return nil, err
 	}
-	open := func(ctx context.Context) (engine.Engine, error) {
-		eng, err := openEngine(e, m, backend, int64(cacheMB)<<20, 0)
-		if err != nil {
-			return nil, err
-		}
-		if err := engine.Warm(ctx, eng); err != nil {
-			eng.Close()
-			return nil, fmt.Errorf("%s: warm-up: %w", name, err)
-		}
-		return eng, nil
-	}
-	eng, err := open(ctx)
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	e.log.Info("model", "name", name, "cache_tokens", eng.KVCapacity())
+	return &loaded{m: m, name: name, tok: tok, dir: dir, embedded: embedded}, nil
+}
+
+// served is l served by eng, reopened by reopen after a fault; its close
+// closes eng, then also (when set), then the model.
+func (l *loaded) served(e *env, eng engine.Engine, reopen func(context.Context) (engine.Engine, error), also func()) *served {
+	e.log.Info("model", "name", l.name, "cache_tokens", eng.KVCapacity())
 	return &served{
 		// After an engine fault the server reopens the engine from the
 		// weights in memory (the folder is not read again).
-		model: server.Model{Name: name, Engine: eng, Tokenizer: tok, Files: modelFiles(dir, embedded), Reopen: open},
-		close: func() { eng.Close(); m.Close() },
-	}, nil
+		model: server.Model{Name: l.name, Engine: eng, Tokenizer: l.tok, Files: modelFiles(l.dir, l.embedded), Reopen: reopen},
+		close: func() {
+			eng.Close()
+			if also != nil {
+				also()
+			}
+			l.m.Close()
+		},
+	}
+}
+
+// enginePair opens a drafter's and a target's engines together and hands
+// them to the two models' Reopen one at a time: after a fault the server
+// closes each broken engine and reopens it (server/recovery.go) — both,
+// engines on one device breaking together — and the pair opened for the
+// first is the one the second gets.
+type enginePair struct {
+	open  func(ctx context.Context) ([]engine.Engine, error)
+	mu    sync.Mutex
+	spare [2]engine.Engine // opened, not handed out yet
+}
+
+// reopen is model i's Reopen (0 the drafter, 1 the target).
+func (p *enginePair) reopen(i int) func(context.Context) (engine.Engine, error) {
+	return func(ctx context.Context) (engine.Engine, error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if eng := p.spare[i]; eng != nil {
+			p.spare[i] = nil
+			return eng, nil
+		}
+		if eng := p.spare[1-i]; eng != nil { // a pair left half taken: replaced whole
+			eng.Close()
+			p.spare[1-i] = nil
+		}
+		engs, err := p.open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		p.spare[1-i] = engs[1-i]
+		return engs[i], nil
+	}
+}
+
+// close closes an engine opened and never handed out.
+func (p *enginePair) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, eng := range p.spare {
+		if eng != nil {
+			eng.Close()
+			p.spare[i] = nil
+		}
+	}
 }
 
 // modelFiles is where the page's in-browser engine fetches the model

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"webdraft/engine"
 	"webdraft/server"
 )
 
@@ -401,5 +402,55 @@ func TestSpecMetricsFlag(t *testing.T) {
 		if err := parseFlags(fs, joinFlagValue(c.args, specMetricsFlagName, "none", "summary", "detailed")); err != nil || *level != c.want {
 			t.Errorf("%q: %v, %v; want %v", c.args, *level, err, c.want)
 		}
+	}
+}
+
+// pairEngine is an engine of TestEnginePair: which pair it was opened
+// with, and whether it was closed.
+type pairEngine struct {
+	engine.Engine
+	pair, model int
+	closed      bool
+}
+
+func (e *pairEngine) Close() error { e.closed = true; return nil }
+
+// TestEnginePair: after a fault the server reopens the drafter, then the
+// target (server/recovery.go); the pair opened for the first is the one
+// the second gets, a pair left half taken is replaced whole, and close
+// closes what was never handed out.
+func TestEnginePair(t *testing.T) {
+	opened := 0
+	var all []*pairEngine
+	p := &enginePair{open: func(context.Context) ([]engine.Engine, error) {
+		opened++
+		d, tg := &pairEngine{pair: opened, model: 0}, &pairEngine{pair: opened, model: 1}
+		all = append(all, d, tg)
+		return []engine.Engine{d, tg}, nil
+	}}
+	reopen := func(model int) *pairEngine {
+		t.Helper()
+		e, err := p.reopen(model)(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pe := e.(*pairEngine)
+		if pe.model != model || pe.closed {
+			t.Fatalf("model %d's Reopen gave %+v", model, pe)
+		}
+		return pe
+	}
+	if d, tg := reopen(0), reopen(1); d.pair != 1 || tg.pair != 1 || opened != 1 {
+		t.Errorf("a drafter of pair %d, a target of pair %d, %d pairs opened: want one pair", d.pair, tg.pair, opened)
+	}
+	if tg := reopen(1); tg.pair != 2 { // the target alone: a new pair, its drafter spare
+		t.Errorf("the target of pair %d", tg.pair)
+	}
+	if tg := reopen(1); tg.pair != 3 || !all[2].closed { // the spare drafter of pair 2 replaced
+		t.Errorf("pair %d; the half-taken pair's drafter closed: %v", tg.pair, all[2].closed)
+	}
+	p.close()
+	if !all[4].closed || all[5].closed {
+		t.Errorf("close: the spare drafter closed %v, the target handed out closed %v", all[4].closed, all[5].closed)
 	}
 }

@@ -35,7 +35,11 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 	if target.tok == nil {
 		return nil, errors.New("the target has no tokenizer: the live view takes text")
 	}
-	gen, err := speculative.New(&locked{d: d, Engine: drafter.e}, &locked{d: d, Engine: target.e}, speculative.Options{MaxBatch: 2})
+	// Both engines are in the page's group (one device): a sampled run's
+	// drafter proposes from its distribution, kept on the device, where
+	// the target verifies the proposals by the multi-draft rule.
+	de, te := &locked{d: d, Engine: drafter.e}, &locked{d: d, Engine: target.e}
+	gen, err := speculative.New(de, te, speculative.Options{MaxBatch: 2})
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +72,8 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 		// The alternatives' read-out (sample.wgsl, a workgroup a row) is
 		// what a CPU-rendered adapter is slowest at: 33 s for a step's 4
 		// draft tokens with the top 5 on SwiftShader.
-		TopN: 0,
+		TopN:          0,
+		SampledDrafts: engine.SamplesDrafts(de) && engine.SamplesDrafts(te),
 	}
 	go func() {
 		for msg := range l.inbox {
@@ -185,6 +190,9 @@ func (l *locked) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 	defer l.d.mu.Unlock()
 	return engine.StepN(ctx, l.Engine, batch, n)
 }
+
+// SamplesDrafts is the engine's (engine.SamplesDrafts).
+func (l *locked) SamplesDrafts() bool { return engine.SamplesDrafts(l.Engine) }
 
 func (l *locked) NewSequence() (engine.Sequence, error) {
 	l.d.mu.Lock()

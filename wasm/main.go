@@ -58,8 +58,11 @@ func main() {
 type drafter struct {
 	// mu serializes all GPU work: a gpu.Device is used by one goroutine at
 	// a time, and several engines share this one.
-	mu     sync.Mutex
-	dev    *gpu.Device
+	mu  sync.Mutex
+	dev *gpu.Device
+	// group holds every engine on dev: a drafter's sampled proposals keep
+	// their distributions there, for the target to verify on the device.
+	group  *webgpu.Group
 	models map[int]*model // by the id their Model objects carry
 	nextID int
 }
@@ -151,8 +154,9 @@ func (d *drafter) object() js.Value {
 			}
 			clear(d.models)
 			if d.dev != nil {
+				d.group.Close()
 				d.dev.Close()
-				d.dev = nil
+				d.dev, d.group = nil, nil
 			}
 			return nil, errors.Join(errs...)
 		})
@@ -193,7 +197,7 @@ func (d *drafter) device() (*gpu.Device, error) {
 		if err != nil {
 			return nil, err
 		}
-		d.dev = dev
+		d.dev, d.group = dev, webgpu.NewGroup(dev)
 	}
 	return d.dev, nil
 }
@@ -290,7 +294,7 @@ func (d *drafter) load(fsys fs.FS, dir string, opts loadOptions) (*model, error)
 	if err != nil {
 		return nil, err
 	}
-	e, err := webgpu.New(dev, ckpt.Config, ckpt.Weights, webgpu.Options{KVBytes: opts.kvBytes, MaxSequences: opts.maxSequences})
+	e, err := d.group.New(ckpt.Config, ckpt.Weights, webgpu.Options{KVBytes: opts.kvBytes, MaxSequences: opts.maxSequences})
 	if err != nil {
 		return nil, err
 	}

@@ -192,8 +192,8 @@ func (s *qStore) grow(n, V int) error {
 	old := len(s.stamp)
 	slots := min(max(qStoreFirstSlots, 2*old, (old+n+3)&^3), most)
 	if slots < old+n {
-		return fmt.Errorf("%w: %d slots of %d tokens (%d MiB; one storage binding holds %d) cannot keep %d distributions more beside %d unverified",
-			ErrQStoreFull, old, V, uint64(old)*row>>20, most, n, s.held)
+		return fmt.Errorf("%w: a store of %d-token rows (%d in one storage binding at most) cannot keep %d distributions more beside %d not yet verified",
+			ErrQStoreFull, V, most, n, s.held)
 	}
 	buf, err := d.NewBuffer("q_store", uint64(slots)*row)
 	if err != nil {
@@ -232,12 +232,14 @@ func (s *qStore) slot(d *DeviceDist) (int, error) {
 	return d.slot, nil
 }
 
-// release frees the store (the group's last engine closed).
+// release frees the store (the group's last engine closed). The stamps
+// go on counting: a DeviceDist of the store freed never names a slot of
+// the next one.
 func (s *qStore) release() {
 	if s.buf != nil {
 		s.buf.Release()
 	}
-	*s = qStore{g: s.g}
+	*s = qStore{g: s.g, taken: s.taken}
 }
 
 // DeviceDist is a drafter's distribution q kept on the device (engine.
@@ -249,12 +251,13 @@ type DeviceDist struct {
 	s     *qStore
 	slot  int
 	stamp uint64
+	v     int // the store's row length when the slot was taken
 }
 
 var _ engine.Dist = (*DeviceDist)(nil)
 
 // Len is the vocabulary's size: q is kept densely over it.
-func (d *DeviceDist) Len() int { return d.s.V }
+func (d *DeviceDist) Len() int { return d.v }
 
 // Read copies q to the host (tests, tools): ErrStaleDist once the slot has
 // been taken again.

@@ -298,7 +298,7 @@ func (e *Engine) readSampled(pe passEntry, rows []engine.VerifyRow, drawn, walk 
 			}
 			slot := p.slots[jj]
 			rows[j].Drawn, rows[j].DrawnLogprob = tokens, logq
-			rows[j].Q = &DeviceDist{s: &e.g.q, slot: slot, stamp: e.g.q.stamp[slot]}
+			rows[j].Q = &DeviceDist{s: &e.g.q, slot: slot, stamp: e.g.q.stamp[slot], v: e.g.q.V}
 		}
 	case p.walks() && pe.outs > 0:
 		words := kernels.WalkWords(ps.path)

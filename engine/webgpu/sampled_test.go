@@ -402,3 +402,44 @@ func TestSampledSmallPasses(t *testing.T) {
 		t.Errorf("path %v then %d in 6-row passes, %v then %d in one", got.Path, got.Bonus.Token, want.Path, want.Bonus.Token)
 	}
 }
+
+// TestQStoreFull: proposals past what one storage binding of the Q store
+// holds, none verified, are refused (ErrQStoreFull) before any work, and
+// the drafter works on.
+func TestQStoreFull(t *testing.T) {
+	const limit = 256 << 10 // 64 slots of 1,024 tokens
+	small, err := gpu.Open(gpu.Options{MaxStorageBufferBindingSize: limit})
+	if errors.Is(err, gpu.ErrNoAdapter) {
+		gputest.Device(t) // skips or fails as every GPU test does
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(small.Close)
+	if got := small.Limits().MaxStorageBufferBindingSize; got > limit {
+		t.Skipf("the adapter granted %d-byte storage bindings, not %d", got, limit)
+	}
+	p := newSampledPair(t, NewGroup(small), Options{KVBytes: 1 << 20, MaxSequences: 4})
+	propose := func(n int) (engine.Sequence, error) {
+		s := p.seq(p.drafter, p.tokens(2))
+		v := &engine.VerifyEntry{Seq: s, Tokens: p.tokens(n), Out: n, Sampling: p.params, Propose: make([][]float32, n)}
+		for j := range n {
+			v.Propose[j] = p.uniforms(1)
+		}
+		return s, p.drafter.Verify(context.Background(), []*engine.VerifyEntry{v})
+	}
+	if _, err := propose(40); err != nil {
+		t.Fatal(err)
+	}
+	s, err := propose(40)
+	if !errors.Is(err, ErrQStoreFull) || errors.Is(err, engine.ErrFault) {
+		t.Fatalf("80 distributions unverified in a store of 64 slots: %v, want ErrQStoreFull", err)
+	}
+	t.Log(err)
+	if s.Len() != 2 {
+		t.Errorf("the refused pass left %d positions", s.Len())
+	}
+	if _, err := propose(20); err != nil {
+		t.Errorf("proposals the store holds, after a refusal: %v", err)
+	}
+}

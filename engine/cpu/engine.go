@@ -25,6 +25,7 @@ import (
 	"webdraft/engine/cpu/ops"
 	"webdraft/internal/parallel"
 	"webdraft/qwen3"
+	"webdraft/tensor"
 	"webdraft/treemask"
 )
 
@@ -38,7 +39,7 @@ type Engine struct {
 	layers  []layer
 	norm    []float32
 	head    *ops.Linear
-	tokens  []int32   // the token of each head row; nil: row i is token i
+	tokens  []int32   // the token of each head row, ascending; nil: row i is token i
 	invFreq []float32 // (D/2) RoPE inverse frequencies
 	kvBytes int64
 	pool    *parallel.Pool
@@ -95,9 +96,13 @@ func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 	if opts.KVBytes < 0 || opts.Threads < 0 {
 		return nil, fmt.Errorf("cpu engine: KV bytes %d, threads %d: want ≥ 0", opts.KVBytes, opts.Threads)
 	}
+	head, tokens, err := sortedHead(w.LMHead, w.HeadTokens)
+	if err != nil {
+		return nil, fmt.Errorf("cpu engine: %w", err)
+	}
 	e := &Engine{
-		cfg: cfg, embed: w.EmbedTokens, norm: slices.Clone(w.Norm), head: ops.NewLinear(w.LMHead),
-		tokens: slices.Clone(w.HeadTokens), invFreq: cfg.RopeInvFreq(), kvBytes: opts.KVBytes,
+		cfg: cfg, embed: w.EmbedTokens, norm: slices.Clone(w.Norm), head: ops.NewLinear(head),
+		tokens: tokens, invFreq: cfg.RopeInvFreq(), kvBytes: opts.KVBytes,
 		ownPool: opts.Threads > 0,
 	}
 	if w.EmbedTokens == w.LMHead {
@@ -117,6 +122,33 @@ func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 	}
 	e.pass.init(e)
 	return e, nil
+}
+
+// sortedHead returns a head over part of the vocabulary with its rows in
+// token order (lm_head.token_ids need not be sorted), gathered from head
+// where they are not, and the tokens ascending; a head over every token
+// (tokens nil) as it is. Token order is package sampling's: its argmax
+// takes the lowest token of a tie, and its draws run through the
+// vocabulary in index order, so that the read-out in head rows follows
+// them exactly.
+func sortedHead(head tensor.Matrix, tokens []int32) (tensor.Matrix, []int32, error) {
+	if tokens == nil || slices.IsSorted(tokens) {
+		return head, slices.Clone(tokens), nil
+	}
+	order := make([]int32, len(tokens))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(a, b int32) int { return int(tokens[a]) - int(tokens[b]) })
+	sorted := make([]int32, len(tokens))
+	for i, r := range order {
+		sorted[i] = tokens[r]
+	}
+	head, err := tensor.GatherRows(head, order)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", qwen3.HeadTokensName, err)
+	}
+	return head, sorted, nil
 }
 
 func (e *Engine) Config() qwen3.Config { return e.cfg }

@@ -71,7 +71,7 @@ type pass struct {
 	workers   []scratch
 	attnScale float32
 	headRows  int
-	sampler   engine.HostSampler // sampled drafts' read-out
+	sampler   sampler // the sampled read-out's rows and scratch
 }
 
 // scratch is one worker's own memory.
@@ -107,6 +107,7 @@ func (p *pass) init(e *Engine) {
 	}
 	p.normed, p.attnIn, p.mlp = ops.NewInput(normedBy...), ops.NewInput(attnBy...), ops.NewInput(mlpBy...)
 	p.headIn = ops.NewInput(e.head)
+	p.sampler = newSampler(e.pool, e.tokens, c.VocabSize, p.headRows)
 	p.workers = make([]scratch, e.pool.Workers())
 	for i := range p.workers {
 		p.workers[i] = scratch{mm: make([]float32, mm), row: make([]float32, wide)}
@@ -215,6 +216,7 @@ func (p *pass) trim() {
 		p.logits, p.read, p.partials, p.sums = nil, nil, nil, nil
 		p.headIn.Trim(keepReads)
 	}
+	p.sampler.trim()
 	for i := range p.workers {
 		if cap(p.workers[i].scores) > 1<<16 {
 			p.workers[i].scores = nil
@@ -394,13 +396,13 @@ func project(lo, hi int, in *ops.Input, mm []float32, pairs ...any) {
 }
 
 // readOut turns the workers' partial reductions into each entry's rows:
-// the argmax and log-sum-exp always; a sampled row's draw by package
-// sampling over its logits; the most likely tokens where asked.
+// the argmax and log-sum-exp always; a sampled row's draw, proposals or
+// tree walk by the sampler (sample.go); the most likely tokens where
+// asked.
 func (p *pass) readOut(feeds []feed) ([][]engine.VerifyRow, error) {
 	e := p.e
 	n := len(p.read)
 	out := make([][]engine.VerifyRow, len(feeds))
-	var full []float32
 	i := 0
 	for en, f := range feeds {
 		rd := f.read
@@ -424,35 +426,71 @@ func (p *pass) readOut(feeds []feed) ([][]engine.VerifyRow, error) {
 			if math.IsInf(float64(best), -1) {
 				return nil, fmt.Errorf("cpu engine: batch entry %d row %d: every logit is −Inf", en, j)
 			}
-			logits := p.logits[i*p.headRows : (i+1)*p.headRows]
 			lse := best + float32(math.Log(float64(sum)))
-			row := sampling.Row{Argmax: e.token(at), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
-			if !rd.params.Greedy() && rd.draws != nil {
-				full = e.fullRow(full, logits)
-				r, err := sampling.Choose(full, rd.params, rd.draws[j])
-				if err != nil {
-					return nil, fmt.Errorf("cpu engine: batch entry %d row %d: %w", en, j, err)
-				}
-				row = r
-			}
-			out[en][j].Row = row
+			out[en][j].Row = sampling.Row{Argmax: e.token(at), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
 			if rd.topN > 0 {
-				out[en][j].Top = e.top(logits, rd.topN, lse)
+				out[en][j].Top = e.top(p.logitRow(i), rd.topN, lse)
 			}
 			i++
 		}
-		if v := rd.sampled; v != nil {
-			v.Rows = out[en]
-			err := p.sampler.Read(v, func(j int) []float32 {
-				full = e.fullRow(full, p.logits[(i0+j)*p.headRows:(i0+j+1)*p.headRows])
-				return full
-			})
-			if err != nil {
-				return nil, fmt.Errorf("cpu engine: batch entry %d: %w", en, err)
-			}
+		if err := p.sampled(rd, out[en], i0); err != nil {
+			return nil, fmt.Errorf("cpu engine: batch entry %d: %w", en, err)
 		}
 	}
 	return out, nil
+}
+
+// logitRow is read-out row i's logits, over the head's rows.
+func (p *pass) logitRow(i int) []float32 {
+	return p.logits[i*p.headRows : (i+1)*p.headRows]
+}
+
+// sampled reads out an entry's sampled rows — rows (its greedy read-out,
+// from read-out row i0 on) get their draws, proposals or tree walk:
+// package sampling's rule, computed by the sampler.
+func (p *pass) sampled(rd readout, rows []engine.VerifyRow, i0 int) error {
+	if rd.params.Greedy() {
+		return nil
+	}
+	s := &p.sampler
+	row := func(j int) (logits []float32, max, lse float32) {
+		return p.logitRow(i0 + j), p.rowMax(i0 + j), rows[j].LogSumExp
+	}
+	add := func(j int) *dist {
+		l, m, lse := row(j)
+		return s.add(l, m, lse, rd.params, len(rows))
+	}
+	s.reset()
+	switch v := rd.sampled; {
+	case rd.draws != nil:
+		ds := make([]*dist, len(rows))
+		for j := range rows {
+			ds[j] = add(j)
+		}
+		s.prepare(ds...)
+		for j, d := range ds {
+			s.choose(d, rd.draws[j], &rows[j].Row)
+		}
+	case v != nil && v.Propose != nil:
+		v.Rows = rows
+		var ds []*dist
+		for j, us := range v.Propose {
+			if len(us) > 0 {
+				ds = append(ds, add(j))
+			}
+		}
+		s.prepare(ds...)
+		for j, us := range v.Propose {
+			if len(us) > 0 {
+				s.propose(ds[0], us, &rows[j])
+				ds = ds[1:]
+			}
+		}
+	case v != nil && v.Tree != nil:
+		v.Rows = rows
+		return s.walk(v, row)
+	}
+	return nil
 }
 
 // token is the vocabulary token of head row i.
@@ -461,23 +499,6 @@ func (e *Engine) token(i int) int {
 		return int(e.tokens[i])
 	}
 	return i
-}
-
-// fullRow returns a head's logits over the whole vocabulary in buf: the
-// head's own row when it scores every token, else −Inf for the tokens it
-// leaves out.
-func (e *Engine) fullRow(buf, logits []float32) []float32 {
-	if e.tokens == nil {
-		return logits
-	}
-	buf = grow(buf, e.cfg.VocabSize)
-	for i := range buf {
-		buf[i] = float32(math.Inf(-1))
-	}
-	for j, t := range e.tokens {
-		buf[t] = logits[j]
-	}
-	return buf
 }
 
 // top returns the n most likely tokens of a head row, most likely first,

@@ -220,6 +220,27 @@ func SamplesDrafts(e Engine) bool {
 	return ok && s.SamplesDrafts()
 }
 
+// SampledPair reports whether drafter's sampled drafts can be verified by
+// target: both sample drafts, and target reads drafter's distributions —
+// host ones (HostDist) every such engine reads, a device's only the
+// engines of its domain (an engine's DistDomain: nil for host memory,
+// else where its Dists live, e.g. a WebGPU engine's group).
+func SampledPair(drafter, target Engine) bool {
+	if !SamplesDrafts(drafter) || !SamplesDrafts(target) {
+		return false
+	}
+	d := DistDomain(drafter)
+	return d == nil || d == DistDomain(target)
+}
+
+// DistDomain is where e's Dists live (nil: host memory).
+func DistDomain(e Engine) any {
+	if d, ok := e.(interface{ DistDomain() any }); ok {
+		return d.DistDomain()
+	}
+	return nil
+}
+
 // MaxTopN bounds Entry.TopN and VerifyEntry.TopN (OpenAI's top_logprobs
 // allows 20).
 const MaxTopN = 20

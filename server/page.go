@@ -184,7 +184,7 @@ func (ps *pageSession) newRunner() *live.Runner {
 			return rm
 		},
 		// A sampled run may draft a tree where both engines sample drafts.
-		SampledDrafts: engine.SamplesDrafts(st.drafter.Engine) && engine.SamplesDrafts(st.target.Engine),
+		SampledDrafts: engine.SampledPair(st.drafter.Engine, st.target.Engine),
 	}
 }
 

@@ -96,8 +96,12 @@ type gen struct {
 	remote  *remoteDraft // Request.Remote's state; nil without
 	// sampled: the drafter samples its proposals from its own
 	// distribution and the target holds them to the multi-draft rule
-	// (both engines SampleDrafts); else a sampled generation's drafter
-	// proposes its greedy tokens.
+	// (engine.SampledPair); else a sampled generation's drafter
+	// proposes its greedy tokens. A sampled chain's drafter samples only
+	// where it does not chain greedy steps on its device (chains): there
+	// its greedy chain, one submission for k tokens, was measured to pay
+	// more than sampled proposals drafted a pass and a round trip each
+	// (BENCHMARKS.md).
 	sampled bool
 	// The remote's draft for this step, the round trip, the remote's time.
 	remoteTokens         []engine.Token
@@ -111,6 +115,13 @@ type gen struct {
 	maxContext           int    // the longest context both models take
 	finishedWhy          string // set when the generation is done: FinishLength or FinishStop
 	retired              bool
+}
+
+// chains reports whether e runs chained greedy steps on its device
+// (engine.Chainer).
+func chains(e engine.Engine) bool {
+	_, ok := e.(engine.Chainer)
+	return ok
 }
 
 // admit starts waiting jobs, oldest first, while the batch and both KV
@@ -139,7 +150,8 @@ func (r *runner) admit() {
 		if j.k > 0 {
 			gn.maxContext = min(gn.maxContext, g.drafter.Config().MaxPositionEmbeddings)
 		}
-		gn.sampled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && engine.SamplesDrafts(g.drafter) && engine.SamplesDrafts(g.target)
+		gn.sampled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && engine.SampledPair(g.drafter, g.target) &&
+			(j.topK > 1 || !chains(g.drafter))
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
 		var err error
 		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt, j.req.Fresh)

@@ -84,8 +84,10 @@ type Request struct {
 	// With a tree it is the tree's depth.
 	K int
 	// TopK above 1 drafts a token tree (see tree.go): each node's TopK
-	// most likely children, TreeNodes nodes verified; 0 takes Options'.
-	// Sampled generations and remote drafts draft chains.
+	// most likely children (a sampled generation's: TopK draws), TreeNodes
+	// nodes verified; 0 takes Options'. A sampled tree needs engines whose
+	// drafts can be sampled (engine.SampledPair), else it drafts a chain;
+	// remote drafts are chains.
 	TopK, TreeNodes int
 	// PMin, above 0, ends a draft early before the first token the drafter
 	// gives a probability below it (llama.cpp's --draft-p-min).

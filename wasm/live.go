@@ -73,7 +73,7 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 		// what a CPU-rendered adapter is slowest at: 33 s for a step's 4
 		// draft tokens with the top 5 on SwiftShader.
 		TopN:          0,
-		SampledDrafts: engine.SamplesDrafts(de) && engine.SamplesDrafts(te),
+		SampledDrafts: engine.SampledPair(de, te),
 	}
 	go func() {
 		for msg := range l.inbox {
@@ -193,6 +193,9 @@ func (l *locked) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 
 // SamplesDrafts is the engine's (engine.SamplesDrafts).
 func (l *locked) SamplesDrafts() bool { return engine.SamplesDrafts(l.Engine) }
+
+// DistDomain is the engine's (engine.SampledPair).
+func (l *locked) DistDomain() any { return engine.DistDomain(l.Engine) }
 
 func (l *locked) NewSequence() (engine.Sequence, error) {
 	l.d.mu.Lock()

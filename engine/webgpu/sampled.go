@@ -26,6 +26,10 @@ import (
 // of its own group's drafters and HostDists.
 func (e *Engine) SamplesDrafts() bool { return true }
 
+// DistDomain is the engine's group: the targets that read its Dists
+// (engine.SampledPair).
+func (e *Engine) DistDomain() any { return e.g }
+
 // proposes reports whether p's rows draw proposals (VerifyEntry.Propose).
 func (p *pending) proposes() bool {
 	return p.verify != nil && p.verify.Propose != nil && !p.verify.Sampling.Greedy()

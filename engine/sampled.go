@@ -40,11 +40,11 @@ func (h *HostSampler) propose(e *VerifyEntry, logits func(j int) []float32) erro
 		if len(us) == 0 {
 			continue
 		}
-		q, err := sampling.Dist(logits(j), e.Sampling)
+		q, err := h.ver.Dist(logits(j), e.Sampling)
 		if err != nil {
 			return fmt.Errorf("row %d: %w", j, err)
 		}
-		drawn, err := sampling.DrawDistinct(q, us)
+		drawn, err := h.ver.DrawDistinct(q, us)
 		if err != nil {
 			return fmt.Errorf("row %d: %w", j, err)
 		}
@@ -92,7 +92,7 @@ func (h *HostSampler) verify(e *VerifyEntry, logits func(j int) []float32) error
 	node := 0
 	for {
 		row := logits(node)
-		p, err := sampling.Dist(row, e.Sampling)
+		p, err := h.ver.Dist(row, e.Sampling)
 		if err != nil {
 			return fmt.Errorf("node %d: %w", node, err)
 		}

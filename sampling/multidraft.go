@@ -34,6 +34,22 @@ import (
 // (wrapped), and +Inf, a row of −Inf or an empty row are refused, as no
 // distribution comes out of them.
 func Dist(logits []float32, p Params) ([]float64, error) {
+	return distTo(nil, logits, p)
+}
+
+// Dist is the package's Dist written into the Verifier's own row, which
+// the next call to Dist overwrites: a caller reading row after row
+// allocates nothing once it has grown to the vocabulary.
+func (ver *Verifier) Dist(logits []float32, p Params) ([]float64, error) {
+	d, err := distTo(ver.dist, logits, p)
+	if d != nil {
+		ver.dist = d
+	}
+	return d, err
+}
+
+// distTo is Dist into dst, grown as needed.
+func distTo(dst []float64, logits []float32, p Params) ([]float64, error) {
 	if len(logits) == 0 {
 		return nil, errors.New("sampling: an empty row")
 	}
@@ -55,11 +71,13 @@ func Dist(logits []float32, p Params) ([]float64, error) {
 		return nil, errors.New("sampling: every logit is −Inf")
 	}
 	if p.Greedy() {
-		d := make([]float64, len(logits))
+		d := grow(dst, len(logits))
+		clear(d)
 		d[argmax] = 1
 		return d, nil
 	}
-	e, total := scaled(logits, best, p.Temperature)
+	e := grow(dst, len(logits))
+	total := scaledInto(e, logits, best, p.Temperature)
 	threshold, kept := float32(math.Inf(-1)), total
 	if !p.keepsAll() {
 		threshold, kept = nucleus(logits, e, total, p)
@@ -84,13 +102,21 @@ func Dist(logits []float32, p Params) ([]float64, error) {
 // weight. Each u[i] is a uniform in [0, 1). A drafter's children at a node
 // are DrawDistinct(Dist(its logits, the request's Params), u).
 func DrawDistinct(q []float64, u []float32) ([]int, error) {
+	var ver Verifier
+	return ver.DrawDistinct(q, u)
+}
+
+// DrawDistinct is the package's DrawDistinct with the Verifier's own
+// scratch row.
+func (ver *Verifier) DrawDistinct(q []float64, u []float32) ([]int, error) {
 	if _, err := mass(q); err != nil {
 		return nil, fmt.Errorf("sampling: q: %w", err)
 	}
 	if err := uniforms(u); err != nil {
 		return nil, fmt.Errorf("sampling: %w", err)
 	}
-	w := append([]float64(nil), q...)
+	ver.draw = append(ver.draw[:0], q...)
+	w := ver.draw
 	drawn := make([]int, 0, len(u))
 	for _, ui := range u {
 		left := sum(w)
@@ -115,6 +141,8 @@ func AcceptNode(p, q []float64, children []int, u []float32, v float32) (accepte
 // vocabulary. Its zero value is ready; it is not safe for concurrent use.
 type Verifier struct {
 	p, q   []float64 // the node's residual p and q, normalized
+	dist   []float64 // Dist's row
+	draw   []float64 // DrawDistinct's weights, drawn tokens zeroed
 	tokens []int     // AcceptTree: a node's children's tokens
 	fault  fault     // a deliberate mistake the tests must catch; 0 in use
 }
@@ -372,4 +400,12 @@ func inverseCDF(w []float64, target float64) int {
 		}
 	}
 	return last
+}
+
+// grow returns buf with length n, reallocated only when too short.
+func grow(buf []float64, n int) []float64 {
+	if cap(buf) < n {
+		return make([]float64, n)
+	}
+	return buf[:n]
 }

@@ -145,12 +145,18 @@ func Choose(logits []float32, p Params, d Draw) (Row, error) {
 // scaled returns exp((logit − max) / T) for each token and their sum.
 func scaled(logits []float32, max, T float32) ([]float64, float64) {
 	e := make([]float64, len(logits))
+	return e, scaledInto(e, logits, max, T)
+}
+
+// scaledInto writes exp((logit − max) / T) for each token into e and
+// returns their sum.
+func scaledInto(e []float64, logits []float32, max, T float32) float64 {
 	var total float64
 	for i, l := range logits {
 		e[i] = math.Exp(float64((l - max) / T))
 		total += e[i]
 	}
-	return e, total
+	return total
 }
 
 // nucleus returns the largest scaled-logit threshold whose tokens (those

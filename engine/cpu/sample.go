@@ -103,6 +103,7 @@ type sampler struct {
 	out    []int32   // head rows a draw leaves out
 	kids   []int     // a node's children's tokens
 	saved  []float32 // the residual at the children removed from q
+	rp     residualPass
 }
 
 func newSampler(pool *parallel.Pool, tokens []int32, vocab, n int) sampler {
@@ -475,15 +476,18 @@ func (s *sampler) propose(d *dist, us []float32, r *engine.VerifyRow) {
 
 // keep returns d's distribution as a HostDist: dense over the vocabulary,
 // or its tokens of non-zero probability where they are at most half of
-// it.
+// it (a head over at most half the vocabulary, or a nucleus of as few).
 func (s *sampler) keep(d *dist) *engine.HostDist {
 	inv := float32(1 / d.mass)
-	live := 0
-	for b, m := range d.blocks {
-		if m > 0 {
-			j0, j1 := b*sampleBlock, min((b+1)*sampleBlock, s.n)
-			_, k := ops.AtLeast(d.w[j0:j1], d.w[j0:j1], math.SmallestNonzeroFloat32)
-			live += k
+	live := s.n // every head row, where no nucleus cuts the row
+	if d.nucleus() {
+		live = 0
+		for b, m := range d.blocks {
+			if m > 0 {
+				j0, j1 := b*sampleBlock, min((b+1)*sampleBlock, s.n)
+				_, k := ops.AtLeast(d.w[j0:j1], d.w[j0:j1], math.SmallestNonzeroFloat32)
+				live += k
+			}
 		}
 	}
 	if live > s.vocab/2 {
@@ -503,6 +507,11 @@ func (s *sampler) keep(d *dist) *engine.HostDist {
 		}
 		return q
 	}
+	if !d.nucleus() { // a head over at most half the vocabulary: its rows, in one pass
+		q := &engine.HostDist{Tokens: slices.Clone(s.tokens), P: make([]float32, s.n)}
+		ops.Scale(q.P, d.w, inv)
+		return q
+	}
 	q := &engine.HostDist{Tokens: make([]int32, 0, live), P: make([]float32, 0, live)}
 	for b, m := range d.blocks {
 		if m <= 0 {
@@ -517,84 +526,101 @@ func (s *sampler) keep(d *dist) *engine.HostDist {
 	return q
 }
 
-// nodeQ is a node's q over the head's rows: qh (q.P itself where it is
-// laid out as the head's rows, else s.q), its sum over the vocabulary and
-// the value of each child.
+// nodeQ is a node's q: its sum over the vocabulary, the children removed
+// excepted, q at each child, and (made by dense at the node's first
+// rejection) q over the head's rows: q.P itself where it is laid out as
+// the head's rows, else s.q.
 type nodeQ struct {
+	hd   *engine.HostDist
+	sum  float64
+	kids []float64
 	qh   []float32
-	sum  float64   // Σ q over the vocabulary, the children removed excepted
-	kids []float64 // q at each child
 }
 
 // loadQ reads q for children toks, checked as sampling.AcceptNode checks
-// it: weights finite and not negative, some positive, each child a token
-// q gives weight, none twice.
+// it: weights finite and not negative, some positive, tokens in the
+// vocabulary, each child a token q gives weight, none twice.
 func (s *sampler) loadQ(q *engine.HostDist, toks []int) (nodeQ, error) {
-	nq := nodeQ{kids: make([]float64, len(toks))}
-	switch {
-	case q.Tokens != nil:
+	nq := nodeQ{hd: q, kids: make([]float64, len(toks))}
+	if q.Tokens != nil {
 		if len(q.Tokens) != len(q.P) {
 			return nq, fmt.Errorf("q: %d tokens, %d probabilities", len(q.Tokens), len(q.P))
 		}
-		s.q = grow(s.q, s.n)
-		clear(s.q)
-		for i, t := range q.Tokens {
-			p := q.P[i]
-			if t < 0 || int(t) >= s.vocab || !(p >= 0) || math.IsInf(float64(p), 1) {
-				return nq, fmt.Errorf("q: token %d has weight %v", t, p)
-			}
-			nq.sum += float64(p)
-			if j := s.row(int(t)); j >= 0 {
-				s.q[j] += p
-			}
-			for k, x := range toks {
-				if x == int(t) {
-					nq.kids[k] += float64(p)
-				}
-			}
+		lo, hi := slices.Min(q.Tokens), slices.Max(q.Tokens)
+		if lo < 0 || int(hi) >= s.vocab {
+			return nq, fmt.Errorf("q: tokens %d … %d outside the vocabulary of %d", lo, hi, s.vocab)
 		}
-		nq.qh = s.q
-	default:
-		for b := 0; b < len(q.P); b += sampleBlock {
-			sum, least := ops.SumMin(q.P[b:min(b+sampleBlock, len(q.P))])
-			if !(least >= 0) || math.IsInf(float64(sum), 1) || sum != sum {
-				return nq, errors.New("q: a weight is negative, infinite or NaN")
-			}
-			nq.sum += float64(sum)
+	}
+	for b := 0; b < len(q.P); b += sampleBlock {
+		sum, least := ops.SumMin(q.P[b:min(b+sampleBlock, len(q.P))])
+		if !(least >= 0) || math.IsInf(float64(sum), 1) || sum != sum {
+			return nq, errors.New("q: a weight is negative, infinite or NaN")
 		}
-		for k, x := range toks {
-			if x >= 0 && x < len(q.P) {
-				nq.kids[k] = float64(q.P[x])
-			}
-		}
-		if s.tokens == nil && len(q.P) >= s.n {
-			nq.qh = q.P[:s.n]
-			break
-		}
-		s.q = grow(s.q, s.n)
-		for j := range s.q {
-			s.q[j] = 0
-			if t := s.token(j); t < len(q.P) {
-				s.q[j] = q.P[t]
-			}
-		}
-		nq.qh = s.q
+		nq.sum += float64(sum)
 	}
 	if nq.sum == 0 || math.IsInf(nq.sum, 1) {
 		return nq, errors.New("q: no weight is positive, or the weights overflow")
 	}
 	for i, x := range toks {
-		switch {
-		case x < 0 || x >= s.vocab:
+		if x < 0 || x >= s.vocab {
 			return nq, fmt.Errorf("child %d: token %d outside the vocabulary of %d", i, x, s.vocab)
-		case nq.kids[i] <= 0:
-			return nq, fmt.Errorf("child %d: token %d has q = 0: the drafter could not have drawn it", i, x)
 		}
 		if j := slices.Index(toks[:i], x); j >= 0 {
 			return nq, fmt.Errorf("children %d and %d are both token %d: drafts are drawn without replacement", j, i, x)
 		}
+		nq.kids[i] = float64(qAt(q, x))
+		if nq.kids[i] <= 0 {
+			return nq, fmt.Errorf("child %d: token %d has q = 0: the drafter could not have drawn it", i, x)
+		}
 	}
 	return nq, nil
+}
+
+// qAt is q's weight of token x: by a binary search of a compacted q's
+// tokens (in order, as engines list them), else by a scan.
+func qAt(q *engine.HostDist, x int) float32 {
+	if q.Tokens == nil {
+		if x < len(q.P) {
+			return q.P[x]
+		}
+		return 0
+	}
+	if i, ok := slices.BinarySearch(q.Tokens, int32(x)); ok {
+		return q.P[i]
+	}
+	if i := slices.Index(q.Tokens, int32(x)); i >= 0 {
+		return q.P[i]
+	}
+	return 0
+}
+
+// dense lays q out over the head's rows, once a node needs it whole.
+func (s *sampler) dense(q *nodeQ) {
+	if q.qh != nil {
+		return
+	}
+	hd := q.hd
+	if hd.Tokens == nil && s.tokens == nil && len(hd.P) >= s.n {
+		q.qh = hd.P[:s.n]
+		return
+	}
+	s.q = grow(s.q, s.n)
+	q.qh = s.q
+	if hd.Tokens != nil {
+		clear(s.q)
+		for i, t := range hd.Tokens {
+			if j := s.row(int(t)); j >= 0 {
+				s.q[j] = hd.P[i]
+			}
+		}
+		return
+	}
+	for j := range s.q {
+		s.q[j] = 0
+		if t := s.token(j); t < len(hd.P) {
+			s.q[j] = hd.P[t]
+		}
+	}
 }
 
 // walk verifies e's tree by the multi-draft rule (sampling.Verifier's
@@ -671,6 +697,7 @@ func (s *sampler) acceptNode(d *dist, n engine.SampledNode, toks []int) (int, in
 			return i, j, nil
 		}
 		// Rejected: p ← max(0, p − q), normalized.
+		s.dense(&q)
 		psum = s.residual(pw, pb, psum, q)
 		pw, pb = s.res, s.resB
 		if psum == 0 { // p = q up to rounding: the exact rule accepts x
@@ -709,16 +736,8 @@ func (s *sampler) residual(pw []float32, pb []float64, psum float64, q nodeQ) fl
 		}
 		s.saved = append(s.saved, v)
 	}
-	var total float64
-	for blk := range s.nb {
-		j0, j1 := blk*sampleBlock, min((blk+1)*sampleBlock, s.n)
-		if pb[blk] <= 0 { // p is 0 here: so is max(0, −q)
-			clear(s.res[j0:j1])
-			s.resB[blk] = 0
-			continue
-		}
-		s.resB[blk] = float64(ops.Residual(s.res[j0:j1], pw[j0:j1], a, q.qh[j0:j1], b))
-	}
+	s.rp = residualPass{pw: pw, pb: pb, qh: q.qh, a: a, b: b}
+	s.pool.Run(s.residualBlocks)
 	for k, j := range s.out {
 		blk := int(j) / sampleBlock
 		s.res[j] = s.saved[k]
@@ -728,8 +747,31 @@ func (s *sampler) residual(pw []float32, pb []float64, psum float64, q nodeQ) fl
 		}
 		s.resB[blk] = sum
 	}
+	var total float64
 	for _, m := range s.resB {
 		total += m
 	}
 	return total
+}
+
+// residualPass is what residual's workers read.
+type residualPass struct {
+	pw, qh []float32
+	pb     []float64
+	a, b   float32
+}
+
+// residualBlocks is worker w's share of residual's blocks.
+func (s *sampler) residualBlocks(w int) {
+	r := &s.rp
+	lo, hi := s.pool.Split(s.nb, w)
+	for blk := lo; blk < hi; blk++ {
+		j0, j1 := blk*sampleBlock, min((blk+1)*sampleBlock, s.n)
+		if r.pb[blk] <= 0 { // p is 0 here: so is max(0, −q)
+			clear(s.res[j0:j1])
+			s.resB[blk] = 0
+			continue
+		}
+		s.resB[blk] = float64(ops.Residual(s.res[j0:j1], r.pw[j0:j1], r.a, r.qh[j0:j1], r.b))
+	}
 }

@@ -137,15 +137,27 @@ func randCase(rng *rand.Rand, kind string, n, V int, tokens []int32) sampleCase 
 
 // prepared is s's dist of c under p.
 func prepared(s *sampler, c sampleCase, p sampling.Params) *dist {
-	m := slices.Max(c.head)
-	var sum float64
-	for _, l := range c.head {
-		sum += math.Exp(float64(l - m))
-	}
+	m, lse := maxLSE(c.head)
+	return prepare(s, c, m, lse, p)
+}
+
+// prepare is s's dist of c under p, given its largest logit and
+// log-sum-exp.
+func prepare(s *sampler, c sampleCase, m, lse float32, p sampling.Params) *dist {
 	s.reset()
-	d := s.add(c.head, m, m+float32(math.Log(sum)), p, 1)
+	d := s.add(c.head, m, lse, p, 1)
 	s.prepare(d)
 	return d
+}
+
+// maxLSE is a row's largest logit and log-sum-exp.
+func maxLSE(l []float32) (float32, float32) {
+	m := slices.Max(l)
+	var sum float64
+	for _, x := range l {
+		sum += math.Exp(float64(x - m))
+	}
+	return m, m + float32(math.Log(sum))
 }
 
 // testChoose checks one Choose read-out of c and reports whether its
@@ -366,4 +378,54 @@ func nucleusEdge(l []float32, p sampling.Params, got, want float32) bool {
 		}
 	}
 	return at >= float64(p.TopP)-1e-5 && above < float64(p.TopP)+1e-5
+}
+
+// BenchmarkSampler is the sampled read-out of one row of the embedded
+// target's vocabulary (151,936 logits, normal with a peak, as a model's),
+// on the machine's workers: Choose's draw with every token kept and with
+// a nucleus, a drafter's 4 proposals with q kept, and a node's
+// verification of 4 children whose q is the row's own (p = q: the first
+// accepted) and another's (rejections, residuals).
+func BenchmarkSampler(b *testing.B) {
+	const V = 151936
+	rng := rand.New(rand.NewPCG(1, 2))
+	pool := parallel.NewPool(0)
+	defer pool.Close()
+	sv := newSampler(pool, nil, V, V)
+	s := &sv
+	c := randCase(rng, "peaked", V, V, nil)
+	other := randCase(rng, "normal", V, V, nil)
+	m, lse := maxLSE(c.head)
+	for _, topP := range []float32{1, 0.9} {
+		p := sampling.Params{Temperature: 0.7, TopP: topP}
+		b.Run(fmt.Sprintf("choose/top_p=%v", topP), func(b *testing.B) {
+			for b.Loop() {
+				d := prepare(s, c, m, lse, p)
+				var r sampling.Row
+				s.choose(d, sampling.Draw{X: 7, U: rng.Float32(), V: rng.Float32()}, &r)
+			}
+		})
+		b.Run(fmt.Sprintf("propose4/top_p=%v", topP), func(b *testing.B) {
+			us := []float32{0.1, 0.5, 0.7, 0.9}
+			for b.Loop() {
+				d := prepare(s, c, m, lse, p)
+				var r engine.VerifyRow
+				s.propose(d, us, &r)
+			}
+		})
+		for _, drafter := range []sampleCase{c, other} {
+			d := prepared(s, drafter, p)
+			var r engine.VerifyRow
+			s.propose(d, []float32{0.1, 0.5, 0.7, 0.9}, &r)
+			node := engine.SampledNode{Q: r.Q, U: []float32{0.99, 0.99, 0.99, 0.99}, V: 0.5}
+			b.Run(fmt.Sprintf("accept4_%s/top_p=%v", map[bool]string{true: "own", false: "other"}[drafter.kind == c.kind], topP), func(b *testing.B) {
+				for b.Loop() {
+					d := prepare(s, c, m, lse, p)
+					if _, _, err := s.acceptNode(d, node, r.Drawn); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
 }

@@ -7,7 +7,9 @@ import (
 
 	"webdraft/bench"
 	"webdraft/checkpoint"
+	"webdraft/engine"
 	"webdraft/engine/cpu"
+	"webdraft/sampling"
 	"webdraft/weights"
 )
 
@@ -37,4 +39,97 @@ func BenchmarkVerify(b *testing.B) {
 			b.ReportMetric(float64(d.Microseconds())/1000, "ms/pass")
 		})
 	}
+}
+
+// BenchmarkSampledRead is one pass of the embedded target at context 128
+// reading out one row, greedy and sampled at temperature 0.7 (top_p 1
+// and 0.9): a Step; a Verify's draw (the target alone, sampled); a
+// drafter's 4 proposals; and a chain of 3 sampled drafts verified as a
+// tree (its 4 rows) — each pass's cost beside the greedy step's.
+func BenchmarkSampledRead(b *testing.B) {
+	if !weights.Embedded() {
+		b.Skip("no embedded weights")
+	}
+	m, err := checkpoint.LoadFS(weights.FS(), "target", checkpoint.LoadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	e, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: 64 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	seq, err := e.NewSequence()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer seq.Release()
+	prompt := make([]int, 128)
+	for i := range prompt {
+		prompt[i] = (i*7919 + 13) % 5000
+	}
+	if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: prompt}}); err != nil {
+		b.Fatal(err)
+	}
+	// Drafts for the chain: the target's own proposals from the context.
+	params := sampling.Params{Temperature: 0.7, TopP: 1}
+	d := &engine.VerifyEntry{Seq: seq, Tokens: []int{42}, Out: 1, Sampling: params, Propose: [][]float32{{0.3}}}
+	if err := e.Verify(ctx, []*engine.VerifyEntry{d}); err != nil {
+		b.Fatal(err)
+	}
+	q := d.Rows[0].Q
+	seq.Truncate(len(prompt))
+	pass := func(b *testing.B, v *engine.VerifyEntry) {
+		for b.Loop() {
+			if err := e.Verify(ctx, []*engine.VerifyEntry{v}); err != nil {
+				b.Fatal(err)
+			}
+			seq.Truncate(len(prompt))
+		}
+		b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/pass")
+	}
+	b.Run("greedy", func(b *testing.B) {
+		for b.Loop() {
+			if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: []int{42}}}); err != nil {
+				b.Fatal(err)
+			}
+			seq.Truncate(len(prompt))
+		}
+		b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/pass")
+	})
+	for _, topP := range []float32{1, 0.9} {
+		p := sampling.Params{Temperature: 0.7, TopP: topP}
+		b.Run(fmt.Sprintf("draw/top_p=%v", topP), func(b *testing.B) {
+			pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42}, Out: 1, Sampling: p, Draws: []sampling.Draw{{X: sampling.NoProposal, U: 0.5, V: 0.5}}})
+		})
+		b.Run(fmt.Sprintf("propose4/top_p=%v", topP), func(b *testing.B) {
+			pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42}, Out: 1, Sampling: p, Propose: [][]float32{{0.1, 0.4, 0.6, 0.9}}})
+		})
+	}
+	b.Run("verify4_greedy", func(b *testing.B) {
+		x := d.Rows[0].Drawn[0]
+		pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42, x, x, x}, Out: 4})
+	})
+	b.Run("chain3/top_p=1", func(b *testing.B) {
+		tree := &engine.SampledTree{Nodes: []engine.SampledNode{
+			{Children: []int{1}, Q: q, U: []float32{0.5}, V: 0.5},
+			{Children: []int{2}, Q: q, U: []float32{0.5}, V: 0.5},
+			{Children: []int{3}, Q: q, U: []float32{0.5}, V: 0.5},
+			{V: 0.5},
+		}}
+		x := d.Rows[0].Drawn[0]
+		pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42, x, x, x}, Out: 4, Sampling: params, Tree: tree})
+	})
+	b.Run("chain3_placed/top_p=1", func(b *testing.B) {
+		tree := &engine.SampledTree{Nodes: []engine.SampledNode{
+			{Children: []int{1}, Q: q, U: []float32{0.5}, V: 0.5},
+			{Children: []int{2}, Q: q, U: []float32{0.5}, V: 0.5},
+			{Children: []int{3}, Q: q, U: []float32{0.5}, V: 0.5},
+			{V: 0.5},
+		}}
+		x, at := d.Rows[0].Drawn[0], len(prompt)
+		pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42, x, x, x}, Parents: []int{-1, at, at + 1, at + 2}, Out: 4, Sampling: params, Tree: tree})
+	})
 }

@@ -7,7 +7,10 @@
 // and every sequence of a batch, the 151,936-row head included; a team
 // of persistent workers (parallel.Pool) splits each phase of the pass
 // and meets at barriers, so a step starts no goroutine and reuses the
-// pass's buffers (it allocates only its few small results).
+// pass's buffers (it allocates only its few small results). A row read
+// out at a temperature is sampled over the head's rows in f32 by vector
+// kernels, its work split across the same workers (sample.go: the draw,
+// a drafter's proposals, a tree's walk), by package sampling's rule.
 //
 // It passes the engine suite (enginetest) against the reference, the
 // oracle it is tested against and which stays the reference engine

@@ -270,18 +270,28 @@ func TestVectorOps(t *testing.T) {
 const minNormal = 0x1p-126
 
 // TestExpRange holds the vector exp to math.Exp over its whole range and
-// past it.
+// past it, as ExpSum and as ExpScaled (at temperature 1 and 0.7) use it.
 func TestExpRange(t *testing.T) {
 	var x []float32
 	for v := -100.0; v <= 0; v += 0.013 {
 		x = append(x, float32(v))
 	}
+	x = append(x, float32(math.Inf(-1)))
 	e := append([]float32(nil), x...)
 	ExpSum(e, 0)
 	for i, v := range x {
 		want := math.Exp(float64(v))
 		if math.Abs(float64(e[i])-want) > 3e-7*want+minNormal {
 			t.Fatalf("exp(%v) = %v, want %v", v, e[i], want)
+		}
+	}
+	for _, temp := range []float32{1, 0.7} {
+		ExpScaled(e, x, 0, temp)
+		for i, v := range x {
+			want := math.Exp(float64(v / temp))
+			if math.Abs(float64(e[i])-want) > 3e-7*want+minNormal {
+				t.Fatalf("exp(%v / %v) = %v, want %v", v, temp, e[i], want)
+			}
 		}
 	}
 }

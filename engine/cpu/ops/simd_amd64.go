@@ -268,12 +268,12 @@ func ExpSum(x []float32, m float32) float32 {
 	if !useAVX512 {
 		return expSumGo(x, m)
 	}
-	mv := archsimd.BroadcastFloat32x16(m)
+	mv, c := archsimd.BroadcastFloat32x16(m), newExpConsts()
 	var acc archsimd.Float32x16
 	i := 0
 	for ; i+16 <= len(x); i += 16 {
 		p := (*[16]float32)(x[i:])
-		e := exp16(archsimd.LoadFloat32x16(p).Sub(mv))
+		e := c.exp(archsimd.LoadFloat32x16(p).Sub(mv))
 		e.Store(p)
 		acc = acc.Add(e)
 	}
@@ -290,12 +290,12 @@ func ExpSumFrom(x []float32, m float32) float32 {
 	if !useAVX512 {
 		return expSumFromGo(x, m)
 	}
-	mv := archsimd.BroadcastFloat32x16(m)
+	mv, c := archsimd.BroadcastFloat32x16(m), newExpConsts()
 	var a0, a1 archsimd.Float32x16
 	i := 0
 	for ; i+32 <= len(x); i += 32 {
-		a0 = a0.Add(exp16(load16(x[i:]).Sub(mv)))
-		a1 = a1.Add(exp16(load16(x[i+16:]).Sub(mv)))
+		a0 = a0.Add(c.exp(load16(x[i:]).Sub(mv)))
+		a1 = a1.Add(c.exp(load16(x[i+16:]).Sub(mv)))
 	}
 	s := sum16(a0.Add(a1))
 	if i < len(x) {
@@ -344,28 +344,33 @@ func Max(x []float32) (best float32, at int, nan bool) {
 	return best, 0, false // unreachable: best is one of x
 }
 
-// exp16 is e^x lane by lane (Cephes' expf: x = n·ln2 + r, a degree-6
-// polynomial in r, 2^n through the exponent bits), within 2 ulp; exactly 0
-// below −87.3 (−Inf included), where f32's normal range ends.
-func exp16(x archsimd.Float32x16) archsimd.Float32x16 {
-	const (
-		hi, lo = 88.3762626647949, -87.3365447504019
-		log2e  = 1.44269504088896341
-		c1, c2 = 0.693359375, -2.12194440e-4
-	)
-	live := x.GreaterEqual(archsimd.BroadcastFloat32x16(lo))
-	x = x.Min(archsimd.BroadcastFloat32x16(hi)).Max(archsimd.BroadcastFloat32x16(lo))
-	n := x.Mul(archsimd.BroadcastFloat32x16(log2e)).RoundToEvenScaled(0)
-	r := x.Sub(n.Mul(archsimd.BroadcastFloat32x16(c1))).Sub(n.Mul(archsimd.BroadcastFloat32x16(c2)))
-	p := archsimd.BroadcastFloat32x16(1.9875691500e-4)
-	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(1.3981999507e-3))
-	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(8.3334519073e-3))
-	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(4.1665795894e-2))
-	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(1.6666665459e-1))
-	p = p.MulAdd(r, archsimd.BroadcastFloat32x16(5.0000001201e-1))
-	p = p.MulAdd(r.Mul(r), r).Add(archsimd.BroadcastFloat32x16(1))
-	pow := n.ConvertToInt32().Add(archsimd.BroadcastInt32x16(127)).ShiftAllLeft(23).AsFloat32x16()
-	return p.Mul(pow).Masked(live)
+// expConsts are the vector exp's constants, broadcast once for a loop
+// whose calls of exp are inlined (a call would spill every vector).
+type expConsts struct {
+	hi, lo, log2e, nc1, nc2     archsimd.Float32x16
+	p0, p1, p2, p3, p4, p5, one archsimd.Float32x16
+}
+
+// exp is e^x lane by lane (Cephes' expf: x = n·ln2 + r, a degree-6
+// polynomial in r, 2^n by VSCALEFPS), within 2 ulp; exactly 0 below
+// −87.3 (−Inf included), where f32's normal range ends.
+func (c *expConsts) exp(x archsimd.Float32x16) archsimd.Float32x16 {
+	live := x.GreaterEqual(c.lo)
+	x = x.Min(c.hi).Max(c.lo)
+	n := x.Mul(c.log2e).RoundToEvenScaled(0)
+	r := n.MulAdd(c.nc2, n.MulAdd(c.nc1, x)) // x − n·ln2, ln2 in two parts
+	p := c.p0.MulAdd(r, c.p1).MulAdd(r, c.p2).MulAdd(r, c.p3).MulAdd(r, c.p4).MulAdd(r, c.p5)
+	return p.MulAdd(r.Mul(r), r).Add(c.one).Scale(n).Masked(live) // ·2ⁿ
+}
+
+func newExpConsts() expConsts {
+	b := archsimd.BroadcastFloat32x16
+	return expConsts{
+		hi: b(88.3762626647949), lo: b(-87.3365447504019), log2e: b(1.44269504088896341),
+		nc1: b(-0.693359375), nc2: b(2.12194440e-4),
+		p0: b(1.9875691500e-4), p1: b(1.3981999507e-3), p2: b(8.3334519073e-3),
+		p3: b(4.1665795894e-2), p4: b(1.6666665459e-1), p5: b(5.0000001201e-1), one: b(1),
+	}
 }
 
 // SiLUMul sets g[i] = SiLU(g[i])·u[i] (the MLP's act_fn(gate)·up).
@@ -377,11 +382,12 @@ func SiLUMul(g, u []float32) {
 	u = u[:len(g)]
 	one := archsimd.BroadcastFloat32x16(1)
 	zero := archsimd.BroadcastFloat32x16(0)
+	c := newExpConsts()
 	i := 0
 	for ; i+16 <= len(g); i += 16 {
 		p := (*[16]float32)(g[i:])
 		x := archsimd.LoadFloat32x16(p)
-		e := exp16(zero.Sub(x))
+		e := c.exp(zero.Sub(x))
 		x.Div(one.Add(e)).Mul(load16(u[i:])).Store(p)
 	}
 	siluMulGo(g[i:], u[i:])
@@ -563,17 +569,27 @@ func ExpScaled(e, x []float32, m, t float32) (sum, top float32) {
 	}
 	e = e[:len(x)]
 	mv, tv := archsimd.BroadcastFloat32x16(m), archsimd.BroadcastFloat32x16(t)
-	var acc archsimd.Float32x16
-	hi := load16(x)
+	c := newExpConsts()
+	var a0, a1 archsimd.Float32x16
+	h0 := load16(x)
+	h1 := h0
 	i := 0
+	for ; i+32 <= len(x); i += 32 { // two vectors a round: two chains
+		v0, v1 := load16(x[i:]), load16(x[i+16:])
+		h0, h1 = h0.Max(v0), h1.Max(v1)
+		p0, p1 := c.exp(v0.Sub(mv).Div(tv)), c.exp(v1.Sub(mv).Div(tv))
+		p0.Store((*[16]float32)(e[i:]))
+		p1.Store((*[16]float32)(e[i+16:]))
+		a0, a1 = a0.Add(p0), a1.Add(p1)
+	}
 	for ; i+16 <= len(x); i += 16 {
 		v := load16(x[i:])
-		hi = hi.Max(v)
-		p := exp16(v.Sub(mv).Div(tv))
+		h0 = h0.Max(v)
+		p := c.exp(v.Sub(mv).Div(tv))
 		p.Store((*[16]float32)(e[i:]))
-		acc = acc.Add(p)
+		a0 = a0.Add(p)
 	}
-	sum, top = sum16(acc), max16(hi)
+	sum, top = sum16(a0.Add(a1)), max16(h0.Max(h1))
 	if i < len(x) {
 		s, t := expScaledGo(e[i:], x[i:], m, t)
 		sum, top = sum+s, max(top, t)

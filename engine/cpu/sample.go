@@ -546,7 +546,10 @@ func (s *sampler) loadQ(q *engine.HostDist, toks []int) (nodeQ, error) {
 		if len(q.Tokens) != len(q.P) {
 			return nq, fmt.Errorf("q: %d tokens, %d probabilities", len(q.Tokens), len(q.P))
 		}
-		lo, hi := slices.Min(q.Tokens), slices.Max(q.Tokens)
+		if len(q.Tokens) == 0 {
+			return nq, errors.New("q: no tokens")
+		}
+		lo, hi := ops.RangeInt32(q.Tokens)
 		if lo < 0 || int(hi) >= s.vocab {
 			return nq, fmt.Errorf("q: tokens %d … %d outside the vocabulary of %d", lo, hi, s.vocab)
 		}

@@ -298,3 +298,12 @@ func sumMinGo(x []float32) (sum, least float32) {
 	}
 	return float32(s), least
 }
+
+// rangeInt32Go is the smallest and largest of a non-empty x.
+func rangeInt32Go(x []int32) (lo, hi int32) {
+	lo, hi = x[0], x[0]
+	for _, v := range x {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	return lo, hi
+}

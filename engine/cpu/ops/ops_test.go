@@ -514,7 +514,7 @@ func TestQuantize(t *testing.T) {
 }
 
 // TestSampleOps holds the sampled read-out's kernels (ExpScaled, AtLeast,
-// KeepAtLeast, Between, Residual, Scale, SumMin) to plain loops on fresh
+// KeepAtLeast, Between, Residual, Scale, SumMin, RangeInt32) to plain loops on fresh
 // random rows of random lengths, −Inf logits, ties at the threshold and
 // zero weights included.
 func TestSampleOps(t *testing.T) {
@@ -616,6 +616,13 @@ func TestSampleOps(t *testing.T) {
 		q[rng.IntN(n)] = float32(math.NaN())
 		if s, _ := SumMin(q); s == s {
 			t.Errorf("n %d: SumMin missed a NaN: %v", n, s)
+		}
+		toks := make([]int32, n)
+		for i := range toks {
+			toks[i] = rng.Int32N(1<<20) - 1000
+		}
+		if lo, hi := RangeInt32(toks); lo != slices.Min(toks) || hi != slices.Max(toks) {
+			t.Errorf("n %d: RangeInt32 [%d, %d], want [%d, %d]", n, lo, hi, slices.Min(toks), slices.Max(toks))
 		}
 	}
 }

@@ -86,3 +86,7 @@ func Scale(y, x []float32, a float32) float32 { return scaleGo(y, x, a) }
 // SumMin is Σ x and the smallest x[i] (+Inf for an empty x): a NaN makes
 // the sum NaN.
 func SumMin(x []float32) (sum, least float32) { return sumMinGo(x) }
+
+// RangeInt32 is the smallest and largest of a non-empty x (a list of
+// tokens' bounds).
+func RangeInt32(x []int32) (lo, hi int32) { return rangeInt32Go(x) }

@@ -737,3 +737,26 @@ func SumMin(x []float32) (sum, least float32) {
 	}
 	return sum, least
 }
+
+// RangeInt32 is the smallest and largest of a non-empty x (a list of
+// tokens' bounds).
+func RangeInt32(x []int32) (lo, hi int32) {
+	if !useAVX512 || len(x) < 16 {
+		return rangeInt32Go(x)
+	}
+	l := archsimd.LoadInt32x16Slice(x)
+	h := l
+	i := 16
+	for ; i+16 <= len(x); i += 16 {
+		v := archsimd.LoadInt32x16Slice(x[i:])
+		l, h = l.Min(v), h.Max(v)
+	}
+	l8, h8 := l.GetLo().Min(l.GetHi()), h.GetLo().Max(h.GetHi())
+	l4, h4 := l8.GetLo().Min(l8.GetHi()), h8.GetLo().Max(h8.GetHi())
+	lo = min(l4.GetElem(0), l4.GetElem(1), l4.GetElem(2), l4.GetElem(3))
+	hi = max(h4.GetElem(0), h4.GetElem(1), h4.GetElem(2), h4.GetElem(3))
+	for _, v := range x[i:] {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	return lo, hi
+}

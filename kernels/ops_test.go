@@ -519,3 +519,56 @@ func TestScatter(t *testing.T) {
 		return nil
 	})
 }
+
+// TestGather: each pair's source word lands at its destination word, and
+// every other destination word keeps its poison.
+func TestGather(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, n := range []int{1, 63, 64, 65, 300} {
+		src := make([]uint32, 2*n+7)
+		for i := range src {
+			src[i] = r.Uint32()
+		}
+		const poison = 0xdeadbeef
+		want := make([]uint32, 3*n+5)
+		for i := range want {
+			want[i] = poison
+		}
+		pairs := make([]uint32, 0, GatherPairWords*n)
+		for i, to := range r.Perm(len(want))[:n] {
+			from := r.IntN(len(src))
+			if i == 0 {
+				to, from = len(want)-1, len(src)-1 // the last words of both
+			}
+			if want[to] != poison {
+				continue
+			}
+			pairs = append(pairs, uint32(to), uint32(from))
+			want[to] = src[from]
+		}
+		sb, pb := uploadU32(t, d, "src", src), uploadU32(t, d, "pairs", pairs)
+		dst, err := d.NewBuffer("dst", uint64(len(want))*4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dst.Release()
+		if err := dst.Fill(poison); err != nil {
+			t.Fatal(err)
+		}
+		run(t, d, "gather", func(b *gpu.Batch) error { return Gather(b, dst, sb, pb, len(pairs)/GatherPairWords) })
+		got, err := dst.ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%d pairs: gather differs", len(pairs)/GatherPairWords)
+		}
+		run(t, d, "gather", func(b *gpu.Batch) error {
+			if err := Gather(b, dst, sb, pb, len(pairs)/GatherPairWords+1); err == nil {
+				t.Error("more pairs than the buffer holds were accepted")
+			}
+			return nil
+		})
+	}
+}

@@ -148,21 +148,21 @@ func (e *Engine) plan(work []pending) pass {
 	return ps
 }
 
-// decodePass is the j-th pass of a chain of m over work: every entry one
-// row, a line token at its length plus j, fed first[i] (the passes after
-// the first take their ids from the device). Every pass of the chain
+// decodePass is the j-th pass (j ≥ 1) of a chain of m over work
+// (chainSubmit): every entry one row, a line token at slot base[i]+j whose
+// id the pass before wrote on the device. Every decode pass of the chain
 // attends as if to the longest context of its last, so that all of them
 // run the same kernels.
-func decodePass(work []pending, first []int, j, m int) pass {
+func decodePass(work []pending, base []int, j, m int) pass {
 	ps := pass{rows: len(work), decode: len(work), lasts: len(work), chained: true}
 	for i := range work {
 		p := &work[i]
-		p.tokens, p.out = first[i:i+1], 1
-		p.place = []treemask.Row{treemask.LineRow(p.seq.Len() + j)}
-		pe := passEntry{p: p, row0: i, T: 1, P: p.seq.Len() + j, out0: i, outs: 1, complete: true}
+		p.tokens, p.out = nil, 1
+		p.place = []treemask.Row{treemask.LineRow(base[i] + j)}
+		pe := passEntry{p: p, row0: i, T: 1, P: base[i] + j, out0: i, outs: 1, complete: true}
 		ps.readsOutWith(p, 1)
 		ps.entries = append(ps.entries, pe)
-		ps.maxLen = max(ps.maxLen, p.seq.Len()+m)
+		ps.maxLen = max(ps.maxLen, base[i]+m)
 	}
 	return ps
 }
@@ -182,12 +182,12 @@ func (e *Engine) attentionRows(ps *pass) {
 }
 
 // forward records and submits one pass: its block tables and per-row
-// inputs — only the rows' placements when it continues a chain (its token
-// ids are those the pass before it wrote, its read-out rows that pass's) —
-// then the KV moves of paths kept since the pass before (KVCache.
-// RecordMoves), its kernels and after them extra, in command buffers of
-// about every dispatches.
-func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error {
+// inputs — all but the token ids when it continues a chain (those the pass
+// before it wrote) — then the KV moves of paths kept since the pass before
+// (KVCache.RecordMoves), pre (which may overwrite inputs on the device),
+// its kernels and after them extra, in command buffers of about every
+// dispatches.
+func (e *Engine) forward(ps pass, continues bool, pre, extra []step, every int) error {
 	a := e.act
 	seqs := make([]*kernels.KVSeq, len(ps.entries))
 	ids, rows := make([]uint32, ps.rows), make([]uint32, ps.rows*kernels.RowWords)
@@ -196,7 +196,9 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 		seqs[i] = pe.p.seq
 		for t := range pe.T {
 			r := pe.row0 + t
-			ids[r] = uint32(pe.p.tokens[t])
+			if !continues {
+				ids[r] = uint32(pe.p.tokens[t])
+			}
 			kernels.PutRow(rows[r*kernels.RowWords:], pe.p.seq.Slot(), pe.P+t, pe.p.place[t])
 		}
 		for j := range pe.outs {
@@ -227,7 +229,7 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 		buf  *gpu.Buffer
 		v    []uint32
 		skip bool
-	}{{a.ids, ids, continues}, {a.rows, rows, false}, {a.last, lasts, continues}} {
+	}{{a.ids, ids, continues}, {a.rows, rows, false}, {a.last, lasts, false}} {
 		if len(up.v) > 0 && !up.skip {
 			if err := up.buf.WriteU32(0, up.v); err != nil {
 				return err
@@ -235,7 +237,8 @@ func (e *Engine) forward(ps pass, continues bool, extra []step, every int) error
 		}
 	}
 	moves := func(b *gpu.Batch) error { return e.kv.RecordMoves(b) }
-	if err := e.submit(append(append([]step{moves}, e.kernels(ps)...), extra...), every); err != nil {
+	steps := append(append([]step{moves}, pre...), e.kernels(ps)...)
+	if err := e.submit(append(steps, extra...), every); err != nil {
 		return fmt.Errorf("forward pass: %w", err)
 	}
 	return nil

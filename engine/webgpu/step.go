@@ -55,47 +55,59 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
-	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
+	work, lens, err := e.prepareSteps(batch, n)
 	if err != nil {
 		return nil, err
-	}
-	// Every token is placed and every block the call needs mapped first,
-	// so that a bad tree, a full pool or a full context changes nothing.
-	place, err := placeAll(seqs, func(i int) ([]int, []int) { return batch[i].Tokens, batch[i].Parents })
-	if err != nil {
-		return nil, err
-	}
-	lens, need := make([]int, len(batch)), make([]int, len(batch))
-	for i, en := range batch {
-		lens[i] = seqs[i].Len()
-		need[i] = lens[i] + len(en.Tokens) + n - 1
-		if need[i] > c.MaxPositionEmbeddings {
-			return nil, fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, need[i], engine.ErrContextFull, c.MaxPositionEmbeddings)
-		}
-	}
-	if err := e.kv.Reserve(seqs, need); err != nil {
-		return nil, kvError(err)
-	}
-	work := make([]pending, len(batch))
-	for i, en := range batch {
-		work[i] = pending{entry: en, seq: seqs[i], tokens: en.Tokens, place: place[i], out: 1}
 	}
 	out, err := e.run(ctx, work, n)
 	if err != nil {
-		for i, s := range seqs {
-			s.Truncate(lens[i])
+		for i, p := range work {
+			p.seq.Truncate(lens[i])
 		}
 		return nil, e.broken(err)
 	}
 	return out, nil
 }
 
-// run feeds work its pending tokens and then n−1 greedy tokens (n in all,
-// chained, when every entry feeds one token); the blocks are reserved.
+// prepareSteps readies n greedy steps over batch (checked, the group's lock
+// held): each entry's tokens placed in its sequence and every block the
+// call needs reserved — so that a bad tree, a full pool or a full context
+// changes nothing — and returns the work with each sequence's length
+// before it.
+func (e *Engine) prepareSteps(batch []*engine.Entry, n int) ([]pending, []int, error) {
+	c := &e.cfg
+	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
+	if err != nil {
+		return nil, nil, err
+	}
+	place, err := placeAll(seqs, func(i int) ([]int, []int) { return batch[i].Tokens, batch[i].Parents })
+	if err != nil {
+		return nil, nil, err
+	}
+	lens, need := make([]int, len(batch)), make([]int, len(batch))
+	for i, en := range batch {
+		lens[i] = seqs[i].Len()
+		need[i] = lens[i] + len(en.Tokens) + n - 1
+		if need[i] > c.MaxPositionEmbeddings {
+			return nil, nil, fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, need[i], engine.ErrContextFull, c.MaxPositionEmbeddings)
+		}
+	}
+	if err := e.kv.Reserve(seqs, need); err != nil {
+		return nil, nil, kvError(err)
+	}
+	work := make([]pending, len(batch))
+	for i, en := range batch {
+		work[i] = pending{entry: en, seq: seqs[i], tokens: en.Tokens, place: place[i], out: 1}
+	}
+	return work, lens, nil
+}
+
+// run feeds work its pending tokens and then n−1 greedy tokens (n in all),
+// chained on the device where the batch allows (chainable); the blocks
+// are reserved.
 func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Token, error) {
 	out := make([][]engine.Token, len(work))
-	chainable := len(work) <= e.opts.MaxRows && len(work) <= e.act.maxLasts
-	if n == 1 || !decodeOnly(work) || !chainable {
+	if n == 1 || !e.chainable(work) {
 		// Prompts (or a batch no one pass holds): a step of passes as the
 		// rows allow, each read back.
 		if err := e.feed(ctx, work); err != nil {
@@ -103,36 +115,32 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 		}
 		for i, p := range work {
 			out[i] = append(make([]engine.Token, 0, n), next(p))
+			p := &work[i]
+			p.tokens, p.place, p.out = []int{p.entry.Next}, []treemask.Row{treemask.LineRow(p.seq.Len())}, 1
 		}
 		n--
 	}
 	if n == 0 {
 		return out, nil
 	}
-	if !chainable {
+	if !e.chainable(work) {
 		for range n {
-			for i := range work {
-				p := &work[i]
-				p.tokens, p.place, p.out = []int{p.entry.Next}, []treemask.Row{treemask.LineRow(p.seq.Len())}, 1
-			}
 			if err := e.feed(ctx, work); err != nil {
 				return nil, err
 			}
 			for i, p := range work {
 				out[i] = append(out[i], next(p))
+				p := &work[i]
+				p.tokens, p.place, p.out = []int{p.entry.Next}, []treemask.Row{treemask.LineRow(p.seq.Len())}, 1
 			}
 		}
 		return out, nil
 	}
-	first := make([]int, len(work))
-	for i, p := range work {
-		if out[i] != nil {
-			first[i] = p.entry.Next
-		} else {
-			first[i] = p.tokens[0]
-		}
+	ch, err := e.chainSubmit(ctx, work, n)
+	if err != nil {
+		return nil, err
 	}
-	chained, err := e.chain(ctx, work, first, n)
+	chained, err := e.chainRead(work, ch)
 	if err != nil {
 		return nil, err
 	}
@@ -144,19 +152,23 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 	return out, nil
 }
 
+// chainable reports whether work's pending tokens open a chain: every entry
+// one pass's short entry (decode attention), and their rows and read-out
+// rows within a pass.
+func (e *Engine) chainable(work []pending) bool {
+	rows := 0
+	for _, p := range work {
+		if len(p.tokens) == 0 || len(p.tokens) > decodeEntryRows || p.out != 1 {
+			return false
+		}
+		rows += len(p.tokens)
+	}
+	return len(work) > 0 && rows <= e.opts.MaxRows && len(work) <= e.act.maxLasts
+}
+
 // next is a fed Step entry's greedy token.
 func next(p pending) engine.Token {
 	return engine.Token{ID: p.entry.Next, Logprob: p.entry.Logprob, Top: p.entry.Top}
-}
-
-// decodeOnly reports whether every entry feeds exactly one token.
-func decodeOnly(work []pending) bool {
-	for _, p := range work {
-		if len(p.tokens) != 1 {
-			return false
-		}
-	}
-	return len(work) > 0
 }
 
 // feed runs passes until every entry's pending tokens are fed, reading each
@@ -170,7 +182,7 @@ func (e *Engine) feed(ctx context.Context, work []pending) error {
 		if ps.rows == 0 {
 			return nil
 		}
-		if err := e.forward(ps, false, nil, submitEvery); err != nil {
+		if err := e.forward(ps, false, nil, nil, submitEvery); err != nil {
 			return err
 		}
 		if err := e.readOut(ps); err != nil {
@@ -179,62 +191,95 @@ func (e *Engine) feed(ctx context.Context, work []pending) error {
 	}
 }
 
-// chain runs m decode passes on the device, entry i feeding first[i] and
-// then its own greedy tokens, and returns each entry's m new tokens. Rows
-// are entries: each pass reads entry i's token from ids[i] and writes its
-// greedy token to next[i], which is copied into ids, and next (tokens and
-// log-probabilities) into the pass's slot of the results — followed there,
-// when entries ask for their most likely tokens, by sample.wgsl's top.
-func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) ([][]engine.Token, error) {
+// chainRun is a chain of passes submitted (chainSubmit): each pass's
+// read-out rows — the batch's entries, in order — have their greedy tokens
+// and log-probabilities at the pass's offset of results, followed, when
+// entries ask for their most likely tokens, by sample.wgsl's top.
+type chainRun struct {
+	results  *gpu.Buffer
+	m        int    // passes
+	stride   uint64 // bytes from one pass's results to the next's
+	topAt    uint64 // a pass's top-N from its results' offset
+	topN     int
+	topBytes uint64
+	base     []int // entry i's pass j token sits at slot base[i] + j
+}
+
+// tokenWord is the u32 word of results that holds entry i's greedy token
+// of pass j.
+func (c *chainRun) tokenWord(i, j int) int { return int(uint64(j)*c.stride/4) + i }
+
+// chainSubmit submits m passes over work (chainable) on the device: the
+// first feeds each entry's pending tokens, reading out its last row, and
+// each after it one row an entry, the greedy token of the pass before.
+// Each pass's greedy tokens are copied into the next pass's input ids and
+// into its part of the results — and, where entries ask for them, its
+// most likely tokens — so that the host records pass j+1 while the GPU
+// runs pass j. The sequences are committed by chainRead.
+func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chainRun, error) {
 	a, B := e.act, len(work)
 	words := (B + 3) &^ 3 // copies move 16-byte words
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
-	topN := 0
+	c := &chainRun{m: m, base: make([]int, B)}
 	for i := range work {
-		topN = max(topN, work[i].topN())
+		c.topN = max(c.topN, work[i].topN())
+		c.base[i] = work[i].seq.Len() + len(work[i].tokens) - 1
 	}
-	topBytes := uint64(B*topN*2*4+15) &^ 15
-	stride := up(a.nextBytes) + up(topBytes) // each pass's results at an aligned offset
-	results, err := a.ensureChain(e.dev, uint64(m)*stride)
-	if err != nil {
+	c.topBytes = uint64(B*c.topN*2*4+15) &^ 15
+	c.topAt = up(a.nextBytes)
+	c.stride = c.topAt + up(c.topBytes) // each pass's results at an aligned offset
+	var err error
+	if c.results, err = a.ensureChain(e.dev, uint64(m)*c.stride); err != nil {
 		return nil, err
 	}
 	for j := range m {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		ps := decodePass(work, first, j, m)
-		at := uint64(j) * stride
+		var ps pass
+		if j == 0 {
+			ps = e.plan(work)
+			ps.chained = true
+		} else {
+			ps = decodePass(work, c.base, j, m)
+		}
+		at := uint64(j) * c.stride
 		copies := []step{
-			func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at, a.next, a.nextBytes) },
+			func(b *gpu.Batch) error { return kernels.CopyTo(b, c.results, at, a.next, a.nextBytes) },
 			func(b *gpu.Batch) error { return kernels.Copy(b, a.ids, a.next, uint64(words)*4) },
 		}
-		if topN > 0 {
-			copies = append(copies, func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at+up(a.nextBytes), a.top, topBytes) })
+		if c.topN > 0 {
+			copies = append(copies, func(b *gpu.Batch) error { return kernels.CopyTo(b, c.results, at+c.topAt, a.top, c.topBytes) })
 		}
 		every := chainedSubmitEvery
 		if j == 0 { // nothing runs yet: start the GPU early
 			every = submitEvery
 		}
-		if err := e.forward(ps, j > 0, copies, every); err != nil {
+		if err := e.forward(ps, j > 0, nil, copies, every); err != nil {
 			return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 		}
 	}
-	raw, err := results.Read(0, uint64(m)*stride)
+	return c, nil
+}
+
+// chainRead reads a submitted chain's results back and returns each
+// entry's m tokens; the sequences hold what the chain fed.
+func (e *Engine) chainRead(work []pending, c *chainRun) ([][]engine.Token, error) {
+	raw, err := c.results.Read(0, uint64(c.m)*c.stride)
 	if err != nil {
 		return nil, fmt.Errorf("read back: %w", err)
 	}
-	out := make([][]engine.Token, B)
+	out := make([][]engine.Token, len(work))
 	for i := range out {
-		out[i] = make([]engine.Token, m)
+		out[i] = make([]engine.Token, c.m)
 	}
-	for j := range m {
-		at := uint64(j) * stride
-		ids, lps := nextWords(raw[at:], a.nextLP, B)
+	for j := range c.m {
+		at := uint64(j) * c.stride
+		ids, lps := nextWords(raw[at:], e.act.nextLP, len(work))
 		var top []uint32
-		if topN > 0 {
-			top = u32s(raw[at+up(a.nextBytes) : at+up(a.nextBytes)+topBytes])
+		if c.topN > 0 {
+			top = u32s(raw[at+c.topAt : at+c.topAt+c.topBytes])
 		}
 		for i := range out {
 			if out[i][j].ID, err = e.token(ids[i]); err != nil {
@@ -242,12 +287,12 @@ func (e *Engine) chain(ctx context.Context, work []pending, first []int, m int) 
 			}
 			out[i][j].Logprob = lps[i]
 			if n := work[i].topN(); n > 0 {
-				out[i][j].Top = kernels.SampleTop(top[i*topN*2:], n)
+				out[i][j].Top = kernels.SampleTop(top[i*c.topN*2:], n)
 			}
 		}
 	}
-	for _, p := range work {
-		if err := p.seq.Commit(p.seq.Len()+m, nil); err != nil {
+	for i, p := range work {
+		if err := p.seq.Commit(c.base[i]+c.m, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -271,17 +316,37 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 	if err := e.usable(); err != nil {
 		return err
 	}
-	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
+	work, lens, err := e.prepareVerify(batch)
 	if err != nil {
 		return err
+	}
+	if err := e.feed(ctx, work); err != nil {
+		for i, p := range work {
+			p.seq.Truncate(lens[i])
+		}
+		return e.broken(err)
+	}
+	for i, v := range batch {
+		v.Rows = work[i].rows
+	}
+	return nil
+}
+
+// prepareVerify readies a verification of batch (checked, the group's lock
+// held) as prepareSteps readies steps, with the Q-store slots of its
+// sampled drafts.
+func (e *Engine) prepareVerify(batch []*engine.VerifyEntry) ([]pending, []int, error) {
+	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
+	if err != nil {
+		return nil, nil, err
 	}
 	place, err := placeAll(seqs, func(i int) ([]int, []int) { return batch[i].Tokens, batch[i].Parents })
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	slots, err := e.sampledDrafts(batch)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	lens, need := make([]int, len(batch)), make([]int, len(batch))
 	for i, v := range batch {
@@ -289,7 +354,7 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 		need[i] = lens[i] + len(v.Tokens)
 	}
 	if err := e.kv.Reserve(seqs, need); err != nil {
-		return kvError(err)
+		return nil, nil, kvError(err)
 	}
 	work := make([]pending, len(batch))
 	for i, v := range batch {
@@ -298,16 +363,7 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 			work[i].slots = slots[i]
 		}
 	}
-	if err := e.feed(ctx, work); err != nil {
-		for i, s := range seqs {
-			s.Truncate(lens[i])
-		}
-		return e.broken(err)
-	}
-	for i, v := range batch {
-		v.Rows = work[i].rows
-	}
-	return nil
+	return work, lens, nil
 }
 
 // placeAll places each batch entry's tokens in its sequence (KVSeq.Place:

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"webdraft/qwen3"
 	"webdraft/sampling"
@@ -473,6 +474,99 @@ func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]Token, err
 		}
 	}
 	return out, nil
+}
+
+// A ChainStep is one generation's part of a speculative step drafted as a
+// chain and verified (DraftVerify).
+type ChainStep struct {
+	// Draft is the drafter's entry: its pending tokens, after which the
+	// chain goes on with its own greedy tokens, as StepN's.
+	Draft *Entry
+	// Verify is the target's entry, its Tokens the target's pending tokens:
+	// the chain's first Take tokens are fed after them (on return Tokens
+	// holds them too), and where the entry samples they are the proposals
+	// of its first Take Draws. Out is Take + 1: the draft's rows and the
+	// one after it.
+	Verify *VerifyEntry
+	Take   int
+}
+
+// Fuser is a drafter that drafts chains and has a target verify them in
+// one go on one device: the drafted tokens feed the target's pass without
+// coming back to the host, the host records the target's pass while the
+// device drafts, and the drafts and the verification's rows come back
+// together.
+type Fuser interface {
+	// Fuses reports whether DraftVerify takes target.
+	Fuses(target Engine) bool
+	// DraftVerify is DraftVerify's work (below) for a target it fuses.
+	DraftVerify(ctx context.Context, target Engine, steps []ChainStep, n int) ([][]Token, error)
+}
+
+// DraftVerify drafts n greedy tokens for each step (StepN over the steps'
+// Draft entries) and verifies the first Take of each with the target
+// (Verify over their Verify entries, the drafted tokens appended): in one
+// submission when the drafter fuses the target (Fuser), else as the two
+// calls. It returns each step's n drafted tokens. On an error every
+// sequence is as it was before the call.
+func DraftVerify(ctx context.Context, drafter, target Engine, steps []ChainStep, n int) ([][]Token, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("draft and verify: n = %d, want > 0", n)
+	}
+	for i, s := range steps {
+		switch v := s.Verify; {
+		case s.Draft == nil || v == nil:
+			return nil, fmt.Errorf("draft and verify: step %d: no drafter or target entry", i)
+		case s.Take < 0 || s.Take > n:
+			return nil, fmt.Errorf("draft and verify: step %d: takes %d of %d drafted tokens", i, s.Take, n)
+		case v.Out != s.Take+1:
+			return nil, fmt.Errorf("draft and verify: step %d: reads out %d rows, want %d (the draft's and one)", i, v.Out, s.Take+1)
+		case s.Draft.Parents != nil || v.Parents != nil || v.Propose != nil || v.Tree != nil:
+			return nil, fmt.Errorf("draft and verify: step %d: chains only (no tree nodes or sampled drafts)", i)
+		case v.Draws != nil && len(v.Draws) != v.Out:
+			return nil, fmt.Errorf("draft and verify: step %d: %d draws for %d rows", i, len(v.Draws), v.Out)
+		}
+	}
+	if f, ok := drafter.(Fuser); ok && f.Fuses(target) {
+		return f.DraftVerify(ctx, target, steps, n)
+	}
+	batch := make([]*Entry, len(steps))
+	lens := make([]int, len(steps))
+	for i, s := range steps {
+		batch[i], lens[i] = s.Draft, s.Draft.Seq.Len()
+	}
+	out, err := StepN(ctx, drafter, batch, n)
+	if err == nil {
+		verify := make([]*VerifyEntry, len(steps))
+		for i, s := range steps {
+			verify[i] = s.Verify
+			AppendDraft(s.Verify, out[i][:s.Take])
+		}
+		if err = target.Verify(ctx, verify); err != nil {
+			for _, s := range steps {
+				s.Verify.Tokens = s.Verify.Tokens[:len(s.Verify.Tokens)-s.Take]
+			}
+		}
+	}
+	if err != nil {
+		for i, s := range steps {
+			s.Draft.Seq.Truncate(min(lens[i], s.Draft.Seq.Len()))
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// AppendDraft appends a drafted chain to a verification entry's tokens and,
+// where it samples, sets the chain's tokens as its draws' proposals.
+func AppendDraft(v *VerifyEntry, draft []Token) {
+	v.Tokens = slices.Clip(v.Tokens) // never into a caller's spare capacity
+	for j, t := range draft {
+		v.Tokens = append(v.Tokens, t.ID)
+		if v.Draws != nil {
+			v.Draws[j].X = t.ID
+		}
+	}
 }
 
 // Draft feeds tokens to seq and returns the n greedy tokens that follow; the

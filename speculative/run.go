@@ -264,6 +264,16 @@ func (r *runner) step(ctx context.Context) error {
 	}
 	st := StepStats{Sequences: len(ready)}
 
+	if r.fuses(ready, draftFill, targetFill) {
+		start := time.Now()
+		drafts, verify, err := r.fused(ctx, ready)
+		st.Verify, st.Fused = time.Since(start), true
+		if err != nil {
+			r.fail(ctx, ready, err)
+			return err
+		}
+		return r.settleStep(ready, drafts, make([]*draftTree, len(ready)), verify, st)
+	}
 	start := time.Now()
 	drafts, trees, err := r.drafts(ctx, ready, draftFill)
 	st.Draft = time.Since(start)
@@ -286,6 +296,15 @@ func (r *runner) step(ctx context.Context) error {
 		r.fail(ctx, append(ready, filling...), fmt.Errorf("target: %w", err))
 		return err
 	}
+	return r.settleStep(ready, drafts, trees, verify, st)
+}
+
+// settleStep accepts what the target's verification kept of each ready
+// generation's draft (chain or tree), retires the finished ones and
+// reports the step.
+func (r *runner) settleStep(ready []*gen, drafts [][]engine.Token, trees []*draftTree, verify []*engine.VerifyEntry, st StepStats) error {
+	g := r.g
+	var err error
 	now := time.Now()
 	for i, gn := range ready {
 		var a, emitted, drafted int
@@ -298,7 +317,7 @@ func (r *runner) step(ctx context.Context) error {
 			}
 			drafted = len(trees[i].kept)
 		} else {
-			a, emitted = gn.accept(drafts[i], verify[i].Rows, now, st.Draft, st.Verify)
+			a, emitted = gn.accept(drafts[i], verify[i].Rows, now, &st)
 			drafted = len(drafts[i])
 		}
 		if drafted > 0 {
@@ -322,6 +341,56 @@ func (r *runner) step(ctx context.Context) error {
 	}
 	r.retireCanceled()
 	return nil
+}
+
+// fuses reports whether a step drafts and verifies in one call
+// (engine.DraftVerify): no prompt chunk is being fed, and every ready
+// generation drafts a local chain cut by nothing the drafter's tokens
+// decide (no p_min), with a drafter that fuses the target — one device,
+// where the drafted tokens reach the target's pass without coming back.
+func (r *runner) fuses(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) bool {
+	if f, ok := r.g.drafter.(engine.Fuser); !ok || !f.Fuses(r.g.target) || r.g.opts.Unfused || len(draftFill) > 0 || len(targetFill) > 0 || len(ready) == 0 {
+		return false
+	}
+	for _, gn := range ready {
+		if gn.remote != nil || gn.draftLen(r.g) == 0 || gn.treeWidth() > 1 || gn.sampled || gn.req.PMin > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// fused drafts each ready generation's chain and verifies it in one call
+// (engine.DraftVerify): n drafter steps, n the longest draft, each
+// generation's own length verified. It returns the drafts and the
+// target's entries, as drafts and Verify leave them.
+func (r *runner) fused(ctx context.Context, ready []*gen) ([][]engine.Token, []*engine.VerifyEntry, error) {
+	d := r.g.drafter
+	steps := make([]engine.ChainStep, len(ready))
+	n := 0
+	for i, gn := range ready {
+		n = max(n, gn.draftLen(r.g))
+		steps[i].Draft = &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN}
+	}
+	for _, gn := range ready {
+		n = min(n, d.Config().MaxPositionEmbeddings-len(gn.context)+1)
+	}
+	for i, gn := range ready {
+		steps[i].Take = min(gn.draftLen(r.g), n)
+		v := gn.verifyEntry(make([]engine.Token, steps[i].Take)) // the draft's places in Draws
+		v.Tokens = v.Tokens[:len(v.Tokens)-steps[i].Take]
+		steps[i].Verify = v
+	}
+	out, err := engine.DraftVerify(ctx, d, r.g.target, steps, n)
+	if err != nil {
+		return nil, nil, fmt.Errorf("drafter and target: %w", err)
+	}
+	drafts := make([][]engine.Token, len(ready))
+	verify := make([]*engine.VerifyEntry, len(ready))
+	for i, s := range steps {
+		drafts[i], verify[i] = out[i][:s.Take], s.Verify
+	}
+	return drafts, verify, nil
 }
 
 // remoteDrafts takes the remote drafts of the ready generations that have
@@ -490,13 +559,13 @@ func (gn *gen) verifyEntry(draft []engine.Token) *engine.VerifyEntry {
 // MaxTokens), both caches roll back to the context, and the step is
 // counted. It returns how many draft tokens were accepted and how many
 // tokens were emitted.
-func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Time, draftTime, verifyTime time.Duration) (int, int) {
+func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Time, st *StepStats) (int, int) {
 	greedy := gn.req.Sampling.Greedy()
 	a := 0
 	for a < len(draft) && (greedy && rows[a].Argmax == draft[a].ID || !greedy && rows[a].Accept) {
 		a++
 	}
-	step := Step{Draft: draft, Accepted: a, DraftTime: draftTime, VerifyTime: verifyTime}
+	step := Step{Draft: draft, Accepted: a, DraftTime: st.Draft, VerifyTime: st.Verify, Fused: st.Fused}
 	if gn.remote != nil {
 		step.Remote, step.DraftTime, step.NetworkTime = true, gn.remoteOwn, gn.remoteRTT-gn.remoteOwn
 	}

@@ -50,6 +50,10 @@ type Options struct {
 	// running and cached sequences together (default and maximum: each
 	// engine's KVCapacity; less where another user shares the engine).
 	DraftTokens, TargetTokens int
+	// Unfused keeps a chain's drafting and its verification in separate
+	// calls even where the drafter fuses the target (engine.Fuser): the
+	// round trips fusion saves, for measuring it.
+	Unfused bool
 	// OnStep, when set, is called after every step (for metrics).
 	OnStep func(StepStats)
 }
@@ -137,8 +141,11 @@ type Step struct {
 	// generation in them; with a Remote, DraftTime is the remote's own
 	// time on the draft and NetworkTime the rest of its round trip.
 	DraftTime, VerifyTime time.Duration
-	Remote                bool // drafted by Request.Remote
-	NetworkTime           time.Duration
+	// Fused: the step drafted and verified in one submission (StepStats.
+	// Fused): VerifyTime is the whole of it, DraftTime zero.
+	Fused       bool
+	Remote      bool // drafted by Request.Remote
+	NetworkTime time.Duration
 }
 
 // Finish reasons.
@@ -188,6 +195,9 @@ type StepStats struct {
 	Emitted     int           // tokens generated
 	Draft       time.Duration // the drafter's passes
 	Verify      time.Duration // the target's pass
+	// Fused: the drafter's passes and the target's ran as one submission
+	// (engine.DraftVerify); Verify is their time, and Draft zero.
+	Fused bool
 }
 
 var (

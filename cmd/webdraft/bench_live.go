@@ -22,8 +22,11 @@ type liveBench struct {
 	prompts                 [][]int
 	ks                      []int
 	// trees are measured too, each treeDepth levels deep.
-	trees            []treeShape
-	treeDepth        int
+	trees     []treeShape
+	treeDepth int
+	// unfused measures each k a second time with drafting and
+	// verification in separate calls (speculative.Options.Unfused).
+	unfused          bool
 	newTokens, batch int
 	// rounds repeats the whole sequence (the target alone, each k, each tree),
 	// so that a machine whose speed drifts weighs on every figure alike.
@@ -63,8 +66,9 @@ func parseTrees(s string) ([]treeShape, error) {
 // liveShape is what a run drafts: k tokens a step (0: the target alone),
 // as a chain or, with tree.b above 1, as a tree k levels deep.
 type liveShape struct {
-	k    int
-	tree treeShape
+	k       int
+	tree    treeShape
+	unfused bool // speculative.Options.Unfused
 }
 
 // liveRun is one configuration's measurement over every prompt.
@@ -74,6 +78,7 @@ type liveRun struct {
 	drafted, accep int
 	wall           time.Duration
 	draft, verify  []time.Duration // per step
+	fused          int             // steps drafted and verified in one call (verify holds their time)
 	outputs        [][]int         // the timed pass's tokens, per prompt
 }
 
@@ -84,6 +89,7 @@ func (r *liveRun) add(o *liveRun) {
 	r.drafted += o.drafted
 	r.accep += o.accep
 	r.wall += o.wall
+	r.fused += o.fused
 	r.draft = append(r.draft, o.draft...)
 	r.verify = append(r.verify, o.verify...)
 }
@@ -107,14 +113,18 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	shapes := []liveShape{{}}
 	for _, k := range b.ks {
 		shapes = append(shapes, liveShape{k: k})
+		if b.unfused {
+			shapes = append(shapes, liveShape{k: k, unfused: true})
+		}
 	}
+	chainShapes := len(shapes) - 1
 	for _, t := range b.trees {
 		shapes = append(shapes, liveShape{k: b.treeDepth, tree: t})
 	}
 	runs := make([]*liveRun, len(shapes))
 	for round := range max(b.rounds, 1) {
 		for i, sh := range shapes {
-			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
+			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "unfused", sh.unfused, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
 			r, err := b.run(ctx, sh)
 			if err != nil {
 				if sh.tree.b > 1 {
@@ -140,22 +150,32 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	fmt.Fprintf(e.stdout, "the target alone: %.1f tokens/s, t_target %.3f ms a step (%.3f ms with the loop's own time)\n", alone.rate(), ms(tTarget), ms(alone.step()))
 	fmt.Fprintf(e.stdout, "the target alone's outputs: %s\n\n", textSummary(textstats.Summarize(alone.outputs)))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "k\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tk·t_draft/t_target\tt_verify/t_target\tmodel speedup\t")
-	chains := runs[1 : 1+len(b.ks)]
-	for _, r := range chains {
+	fmt.Fprintln(tw, "k\tsteps\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tk·t_draft/t_target\tt_verify/t_target\tmodel speedup\t")
+	fusedSome := false
+	for _, r := range runs[1 : 1+chainShapes] {
 		tDraft := mean(r.draft) / time.Duration(r.k)
 		tVerify := mean(r.verify)
 		draftCost := float64(r.k) * float64(tDraft) / float64(tTarget)
 		verifyCost := float64(tVerify) / float64(tTarget)
-		fmt.Fprintf(tw, "%d\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%.3f\t%.3f\t%.2f\t%.2f\t%.2f×\t\n",
-			r.k, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
-			ms(r.step()), ms(tDraft), ms(tVerify), draftCost, verifyCost, r.tau()/(draftCost+verifyCost))
+		how, draftMS, draftCostCol := "separate", fmt.Sprintf("%.3f", ms(tDraft)), fmt.Sprintf("%.2f", draftCost)
+		if r.fused > 0 {
+			how, draftMS, draftCostCol, fusedSome = "fused", "–", "–", true
+			if r.fused < len(r.verify) {
+				how = fmt.Sprintf("fused %d%%", 100*r.fused/len(r.verify))
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
+			r.k, how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
+			ms(r.step()), draftMS, ms(tVerify), draftCostCol, verifyCost, r.tau()/(draftCost+verifyCost))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
-	if trees := runs[1+len(b.ks):]; len(trees) > 0 {
+	if fusedSome {
+		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); separate: as two calls, each read back.")
+	}
+	if trees := runs[1+chainShapes:]; len(trees) > 0 {
 		fmt.Fprintf(e.stdout, "\ntoken trees %d levels deep (b×N: b children a node, N nodes verified a step):\n", b.treeDepth)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "tree\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tt_draft/t_target\tt_verify/t_target\tmodel speedup\t")
@@ -190,12 +210,15 @@ func (sh liveShape) treeName() string {
 func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 	r := &liveRun{liveShape: sh}
 	var mu sync.Mutex
-	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, OnStep: func(st speculative.StepStats) {
+	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, Unfused: sh.unfused, OnStep: func(st speculative.StepStats) {
 		mu.Lock()
 		defer mu.Unlock()
 		if st.Sequences > 0 {
 			r.draft = append(r.draft, st.Draft)
 			r.verify = append(r.verify, st.Verify)
+			if st.Fused {
+				r.fused++
+			}
 		}
 	}})
 	if err != nil {
@@ -209,7 +232,7 @@ func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 		return nil, err
 	}
 	mu.Lock()
-	r.draft, r.verify = nil, nil
+	r.draft, r.verify, r.fused = nil, nil, 0
 	mu.Unlock()
 	start := time.Now()
 	st, outputs, err := b.generateAll(ctx, g, sh)

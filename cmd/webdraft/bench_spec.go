@@ -20,7 +20,7 @@ import (
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--batch 1] [--temperature 0] [--top-p 1]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--batch 1] [--temperature 0] [--top-p 1]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter)")
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
@@ -34,6 +34,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	ksFlag := fs.String("ks", "1,2,4,8,16", "with --live: the draft lengths to measure")
 	treesFlag := fs.String("trees", "", fmt.Sprintf("with --live: token trees to measure too, as b×N, comma-separated (2x8,4x16: b children a node, 2…%d; N nodes verified a step, 1…%d); default: none", speculative.MaxTopK, speculative.MaxTreeNodes))
 	treeDepth := fs.Int("tree-depth", 6, fmt.Sprintf("with --live and --trees: the trees' depth, the drafter's passes a step (1…%d)", speculative.MaxK))
+	unfused := fs.Bool("unfused", false, "with --live: measure each k of --ks also with the drafter's passes and the target's verification as separate calls, each read back, where the drafter and target share a device that runs a step as one submission (WebGPU)")
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
@@ -52,8 +53,8 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if !*live && (isSet(fs, "temperature") || isSet(fs, "top-p")) {
 		return usagef("--temperature and --top-p take --live (the offline measure is greedy)")
 	}
-	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth")) {
-		return usagef("--trees and --tree-depth take --live (the offline measure drafts chains)")
+	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused) {
+		return usagef("--trees, --tree-depth and --unfused take --live (the offline measure drafts chains)")
 	}
 	trees, err := parseTrees(*treesFlag)
 	if err != nil {
@@ -124,7 +125,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		}
 		return benchSpecLive(ctx, e, liveBench{
 			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
-			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
+			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
 			sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		})
 	}

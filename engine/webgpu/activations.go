@@ -52,8 +52,12 @@ type activations struct {
 	// vocabulary.
 	headLogits *gpu.Buffer
 	chained    *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
-	hiddenRows *kernels.Matrix
-	all        []*gpu.Buffer
+	// idPairs (rows, 2) and drawPairs (lasts, 2) u32: where a fused
+	// verification's drafted tokens go, in ids and in draws, and where in
+	// the drafter's chained results each comes from (kernels.Gather).
+	idPairs, drawPairs *gpu.Buffer
+	hiddenRows         *kernels.Matrix
+	all                []*gpu.Buffer
 }
 
 // minReadOut is the fewest rows a pass reads out, whatever the sequences:
@@ -93,6 +97,7 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int) (_
 		{&a.qkv, "qkv", rows * (q + 2*kv)},
 		{&a.gateUp, "gate_up", rows * 2 * I},
 		{&a.hLast, "hidden_last", a.maxLasts * H}, {&a.hNorm, "hidden_last_normed", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
+		{&a.idPairs, "draft_id_pairs", rows * kernels.GatherPairWords}, {&a.drawPairs, "draft_draw_pairs", a.maxLasts * kernels.GatherPairWords},
 	} {
 		if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {
 			return nil, fmt.Errorf("activations: %w", err)

@@ -319,6 +319,9 @@ func StepEvent(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, 
 	if s.Remote {
 		ev["network_ms"] = round3(ms(s.NetworkTime))
 	}
+	if s.Fused {
+		ev["fused"] = true
+	}
 	if s.Tree != nil {
 		tree := make([]Node, len(s.Tree))
 		for i, n := range s.Tree {

@@ -247,7 +247,7 @@
     $("trees").hidden = true;
     treeSteps.clear();
     showTreeRun(false);
-    run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [], networkMs: [] };
+    run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [], networkMs: [], fused: 0 };
     race.spec = race.alone = null;
     race.maxTokens = Number($("max_tokens").value);
     draw();
@@ -329,7 +329,9 @@
       for (let i = 0; i < Math.min(a + 1, d.length); i++) r.reached[i] = (r.reached[i] || 0) + 1;
       for (let i = 0; i < a; i++) r.acc[i] = (r.acc[i] || 0) + 1;
     }
-    r.draftMs.push(m.draft_ms);
+    // A fused step's drafter time is inside its target time.
+    if (m.fused) r.fused++;
+    else r.draftMs.push(m.draft_ms);
     r.verifyMs.push(m.verify_ms);
     if (m.network_ms !== undefined) r.networkMs.push(m.network_ms);
     race.spec = { tokens: r.emitted, seconds: null };
@@ -626,7 +628,8 @@
     for (let i = 0; i < r.k; i++) rates.push(r.reached[i] ? (r.acc[i] || 0) / r.reached[i] : 0);
     bars($("rates"), rates, rates.map((_, i) => String(i + 1)), 1, (v, i) => (r.reached[i] ? Math.round(100 * v) + "%" : ""), -1);
     const mean = (xs) => (xs.length ? xs.reduce((s, x) => s + x, 0) / xs.length : NaN);
-    $("draft_ms").textContent = r.steps ? mean(r.draftMs).toFixed(2) : "–";
+    $("draft_ms").textContent = r.draftMs.length ? mean(r.draftMs).toFixed(2) : "–";
+    $("fused-note").hidden = r.fused === 0;
     $("verify_ms").textContent = r.steps ? mean(r.verifyMs).toFixed(2) : "–";
     $("network_ms").textContent = r.networkMs.length ? mean(r.networkMs).toFixed(2) : "–";
     const series = [r.draftMs.slice(-80), r.verifyMs.slice(-80)], classes = ["draft", "verify"];

@@ -159,3 +159,25 @@ fn visible(r: Row, j: u32) -> bool {
     let word = select(r.mask_lo, r.mask_hi, i >= 32u);
     return i < 64u && ((word >> (i & 31u)) & 1u) == 1u;
 }
+
+// TREE_SHAPE_WORDS are the u32 words of a sequence's shape for the token
+// tree drafted on the device (tree_expand.wgsl, tree_select.wgsl).
+const TREE_SHAPE_WORDS: u32 = 8u;
+
+// TREE_STATE_WORDS are the u32 words of a sequence's drafting state: its
+// node count and its frontier (tree_expand.wgsl).
+const TREE_STATE_WORDS: u32 = 32u;
+
+// TREE_NODE_WORDS are the u32 words of a node of a token tree drafted on
+// the device (tree_expand.wgsl's nodes).
+const TREE_NODE_WORDS: u32 = 10u;
+
+// TREE_FEED_ROWS are the rows of a sequence's feed: the tree rows a pass
+// gathers (treemask.MaxNodes).
+const TREE_FEED_ROWS: u32 = 64u;
+
+// tree_node is the first word of node k in sequence s's node table, of p.C
+// nodes a sequence.
+fn tree_node(s: u32, k: u32) -> u32 {
+    return (s * p.C + k) * TREE_NODE_WORDS;
+}

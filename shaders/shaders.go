@@ -113,6 +113,13 @@ var (
 	// the way), with the keys and values written to the rows' KV-cache
 	// slots (its header documents the cache layout).
 	QKVRopeKV = mustModule("qkv_rope_kv.wgsl")
+	// TreeExpand is tree_expand.wgsl: one level of a token tree drafted on
+	// the device — the frontier's children scored, the next frontier
+	// chosen.
+	TreeExpand = mustModule("tree_expand.wgsl")
+	// TreeSelect is tree_select.wgsl: the nodes of a tree drafted on the
+	// device that the target verifies, and their rows.
+	TreeSelect = mustModule("tree_select.wgsl")
 	// KVMove is kv_move.wgsl: cached keys and values copied from slot to
 	// slot within sequences (a token tree's accepted path moved into
 	// place).

@@ -503,6 +503,53 @@ type Fuser interface {
 	DraftVerify(ctx context.Context, target Engine, steps []ChainStep, n int) ([][]Token, error)
 }
 
+// A TreeStep is one generation's part of a speculative step drafted as a
+// token tree and verified in one submission (TreeFuser): EAGLE-2's dynamic
+// tree, Width children a node (its most likely tokens), Depth drafter
+// passes, the Nodes best-scored nodes verified — scored by the path's
+// summed log-probability under the drafter.
+type TreeStep struct {
+	// Draft is the drafter's entry: its pending tokens, a line (TopN is
+	// the tree's Width).
+	Draft *Entry
+	// Verify is the target's entry, its Tokens the target's pending
+	// tokens, a line, greedy. On return the verified nodes follow them,
+	// parents first (Tokens, Parents), and Rows hold the read-out of the
+	// last pending token and of each verified node.
+	Verify              *VerifyEntry
+	Width, Depth, Nodes int
+	// Tree is set on return: every node the drafter explored.
+	Tree []TreeNode
+}
+
+// TreeNode is a node of a tree drafted by a TreeFuser.
+type TreeNode struct {
+	Token          // the drafter's token and its log-probability
+	Parent int     // the parent's index in the tree; −1 for a child of the root (the context's last token)
+	Depth  int     // 1 for a child of the root
+	Score  float64 // the path's summed log-probability
+	// DraftSlot is the node's slot in the drafter's cache (−1: not fed: its
+	// children were not drafted); Row its index among the verified nodes
+	// (−1: not verified).
+	DraftSlot, Row int
+}
+
+// TreeFuser is a drafter that drafts token trees level by level and has a
+// target verify them in one submission on one device: each level's
+// frontier — the best-scored nodes of the level before — chosen and fed
+// to the next drafter pass on the device, the verified nodes chosen there
+// too, the drafted tokens never coming back to the host between passes.
+type TreeFuser interface {
+	// FusesTree reports whether DraftVerifyTree takes target and steps
+	// (their shapes, and their rows within a pass of each model).
+	FusesTree(target Engine, steps []TreeStep) bool
+	// DraftVerifyTree drafts and verifies steps (TreeStep); both caches
+	// then hold the pending tokens and the tree: the drafter's the nodes
+	// it fed, the target's the verified ones. On an error every sequence
+	// is as it was before the call.
+	DraftVerifyTree(ctx context.Context, target Engine, steps []TreeStep) error
+}
+
 // DraftVerify drafts n greedy tokens for each step (StepN over the steps'
 // Draft entries) and verifies the first Take of each with the target
 // (Verify over their Verify entries, the drafted tokens appended): in one

@@ -74,6 +74,7 @@ type Engine struct {
 	w    *weights
 	kv   *kernels.KVCache
 	act  *activations
+	tree treeBuffers // trees drafted on the device (DraftVerifyTree), made by the first
 
 	closed  bool
 	profile *gpu.Profile // non-nil while Profile runs: GPU time per kernel
@@ -253,7 +254,8 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// release frees the engine's weights, KV cache and activations.
+// release frees the engine's weights, KV cache, activations and tree
+// buffers.
 func (e *Engine) release() {
 	if e.w != nil {
 		e.w.release()
@@ -264,6 +266,7 @@ func (e *Engine) release() {
 	if e.act != nil {
 		e.act.release()
 	}
+	e.tree.release()
 	e.w, e.kv, e.act = nil, nil, nil
 }
 

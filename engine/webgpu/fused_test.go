@@ -177,7 +177,7 @@ func TestDraftVerifyRefused(t *testing.T) {
 	p := newSampledPair(t, NewGroup(gputest.Device(t)), Options{})
 	fc := p.fusedCase(3)
 	for _, bad := range []struct {
-		name string
+		name  string
 		spoil func(s []engine.ChainStep)
 	}{
 		{"a token past the vocabulary", func(s []engine.ChainStep) { s[1].Verify.Tokens[0] = p.target.cfg.VocabSize }},

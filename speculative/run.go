@@ -264,6 +264,16 @@ func (r *runner) step(ctx context.Context) error {
 	}
 	st := StepStats{Sequences: len(ready)}
 
+	if steps := r.treeSteps(ready, draftFill, targetFill); steps != nil {
+		start := time.Now()
+		trees, verify, err := r.fusedTrees(ctx, steps)
+		st.Verify, st.Fused = time.Since(start), true
+		if err != nil {
+			r.fail(ctx, ready, err)
+			return err
+		}
+		return r.settleStep(ready, make([][]engine.Token, len(ready)), trees, verify, st)
+	}
 	if r.fuses(ready, draftFill, targetFill) {
 		start := time.Now()
 		drafts, verify, err := r.fused(ctx, ready)
@@ -309,7 +319,7 @@ func (r *runner) settleStep(ready []*gen, drafts [][]engine.Token, trees []*draf
 	for i, gn := range ready {
 		var a, emitted, drafted int
 		if trees[i] != nil {
-			a, emitted, err = gn.acceptTree(trees[i], verify[i], now, st.Draft, st.Verify)
+			a, emitted, err = gn.acceptTree(trees[i], verify[i], now, &st)
 			if err != nil {
 				gn.draft, gn.target = release(gn.draft), release(gn.target)
 				r.retire(gn, err)

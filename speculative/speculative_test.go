@@ -576,8 +576,10 @@ func TestCancel(t *testing.T) {
 // TestTreesEqualTarget: greedy speculation over token trees is token for
 // token the target's greedy output, for trees of several widths and node
 // budgets (and the chain, b = 1), each prompt alone and all batched, on
-// the reference and CPU engines and on WebGPU; each step's tree marks the
-// accepted path its draft begins with.
+// the reference and CPU engines and on WebGPU — engines apart, and in one
+// group, where steps are drafted and verified in one submission (device
+// trees, fused chains); each step's tree marks the accepted path its draft
+// begins with.
 func TestTreesEqualTarget(t *testing.T) {
 	fast := func(t *testing.T, m *checkpoint.Model) engine.Engine {
 		t.Helper()
@@ -593,12 +595,15 @@ func TestTreesEqualTarget(t *testing.T) {
 	for _, backend := range []struct {
 		name string
 		open func(*testing.T, *checkpoint.Model) engine.Engine
-	}{{"reference", cpu}, {"cpu", fast}, {"webgpu", gpu}} {
+	}{{"reference", cpu}, {"cpu", fast}, {"webgpu", gpu}, {"webgpu-fused", gpuGroup(t)}} {
 		t.Run(backend.name, func(t *testing.T) {
 			ps, n := prompts(3, 5), 24
 			all := pairs(t, backend.open)
-			if backend.name == "webgpu" { // lavapipe: the CPU covers the rest
+			switch backend.name { // lavapipe: the CPU covers the rest
+			case "webgpu": // engines apart: each level a drafter call
 				ps, n, all, shapes = ps[:2], 12, all[:1], []shape{{4, 2, 8}, {6, 4, 32}}
+			case "webgpu-fused": // one group: chains and trees drafted and verified in one submission
+				ps, n, all, shapes = ps[:2], 12, all[:1], []shape{{4, 1, 8}, {4, 2, 8}, {6, 4, 32}}
 			}
 			for _, p := range all {
 				g := start(t, p, speculative.Options{PrefillChunk: 16, PrefillBudget: 48})
@@ -610,9 +615,13 @@ func TestTreesEqualTarget(t *testing.T) {
 					t.Run(fmt.Sprintf("%s/k%d-b%d-n%d", p.name, sh.k, sh.b, sh.n), func(t *testing.T) {
 						var mu sync.Mutex
 						var tau []float64
+						fused := 0
 						onStep := func(st speculative.Step) bool {
 							mu.Lock()
 							defer mu.Unlock()
+							if st.Fused {
+								fused++
+							}
 							accepted := 0
 							for _, nd := range st.Tree {
 								if nd.Accepted {
@@ -670,7 +679,10 @@ func TestTreesEqualTarget(t *testing.T) {
 						for i := range ps {
 							check("batched", i, results[i])
 						}
-						t.Logf("τ %.2f", tau)
+						if (backend.name == "webgpu-fused") != (fused > 0) {
+							t.Errorf("%d steps fused", fused)
+						}
+						t.Logf("τ %.2f, %d steps fused", tau, fused)
 					})
 				}
 			}

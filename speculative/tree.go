@@ -334,7 +334,7 @@ func (t *draftTree) sampledTree(gn *gen) *engine.SampledTree {
 // caches keep the accepted path, moved into place, and the step is
 // emitted and counted as a chain's (settle). It returns how many draft
 // tokens were accepted and how many tokens were emitted.
-func (gn *gen) acceptTree(t *draftTree, v *engine.VerifyEntry, now time.Time, draftTime, verifyTime time.Duration) (int, int, error) {
+func (gn *gen) acceptTree(t *draftTree, v *engine.VerifyEntry, now time.Time, st *StepStats) (int, int, error) {
 	var tokens []Token
 	var path []int
 	if t.sampled {
@@ -357,7 +357,7 @@ func (gn *gen) acceptTree(t *draftTree, v *engine.VerifyEntry, now time.Time, dr
 	if err := gn.draft.KeepPath(draft); err != nil {
 		return 0, 0, fmt.Errorf("drafter: %w", err)
 	}
-	step := Step{Draft: t.chainOf(path), Accepted: len(path), Tree: t.nodes, Tokens: tokens, DraftTime: draftTime, VerifyTime: verifyTime}
+	step := Step{Draft: t.chainOf(path), Accepted: len(path), Tree: t.nodes, Tokens: tokens, DraftTime: st.Draft, VerifyTime: st.Verify, Fused: st.Fused}
 	return len(path), gn.settle(&step, len(t.kept), now), nil
 }
 
@@ -439,4 +439,73 @@ func (t *draftTree) chainOf(path []int) []engine.Token {
 		out = append(out, t.nodes[best].Token)
 		at = best
 	}
+}
+
+// treeSteps are the ready generations' steps for a tree drafted on the
+// device and verified in one submission (engine.TreeFuser), or nil where
+// the step does not fuse: a prompt chunk being fed, a generation that
+// drafts no greedy tree of its own (a chain, a remote draft, a sampled
+// tree) or cuts it by p_min, a tree past either model's context, or
+// shapes the drafter does not fuse.
+func (r *runner) treeSteps(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) []engine.TreeStep {
+	g := r.g
+	f, ok := g.drafter.(engine.TreeFuser)
+	if !ok || g.opts.Unfused || len(draftFill) > 0 || len(targetFill) > 0 || len(ready) == 0 {
+		return nil
+	}
+	steps := make([]engine.TreeStep, len(ready))
+	for i, gn := range ready {
+		k, b, n := gn.draftLen(g), gn.treeWidth(), gn.treeNodes(g)
+		switch {
+		case gn.remote != nil || gn.sampled || b < 2 || k == 0 || n == 0 || gn.req.PMin > 0:
+			return nil
+		case len(gn.context)+(k-1)*b > g.drafter.Config().MaxPositionEmbeddings:
+			return nil
+		}
+		steps[i] = engine.TreeStep{
+			Draft:  &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft()},
+			Verify: &engine.VerifyEntry{Seq: gn.target, Tokens: slices.Clone(gn.pendingTarget()), TopN: gn.req.TopN},
+			Width:  b, Depth: k, Nodes: n,
+		}
+	}
+	if !f.FusesTree(g.target, steps) {
+		return nil
+	}
+	return steps
+}
+
+// fusedTrees drafts and verifies the steps' trees in one call and returns
+// them as treeDrafts and the target's Verify leave them.
+func (r *runner) fusedTrees(ctx context.Context, steps []engine.TreeStep) ([]*draftTree, []*engine.VerifyEntry, error) {
+	if err := r.g.drafter.(engine.TreeFuser).DraftVerifyTree(ctx, r.g.target, steps); err != nil {
+		return nil, nil, fmt.Errorf("drafter and target: %w", err)
+	}
+	trees := make([]*draftTree, len(steps))
+	verify := make([]*engine.VerifyEntry, len(steps))
+	for i, s := range steps {
+		trees[i], verify[i] = deviceTree(s.Tree), s.Verify
+	}
+	return trees, verify, nil
+}
+
+// deviceTree is a tree drafted on the device as the host's drafting would
+// leave it, verified.
+func deviceTree(nodes []engine.TreeNode) *draftTree {
+	t := &draftTree{row: make([]int, len(nodes))}
+	var kept []int
+	for k, n := range nodes {
+		t.nodes = append(t.nodes, DraftNode{Token: n.Token, Parent: n.Parent, Depth: n.Depth, Verified: n.Row >= 0})
+		t.score = append(t.score, n.Score)
+		t.dslot = append(t.dslot, n.DraftSlot)
+		t.row[k] = n.Row
+		if n.Row >= 0 {
+			kept = append(kept, k)
+		}
+		if n.DraftSlot >= 0 {
+			t.drafts++
+		}
+	}
+	sort.Slice(kept, func(i, j int) bool { return t.row[kept[i]] < t.row[kept[j]] })
+	t.kept = kept
+	return t
 }

@@ -94,6 +94,19 @@ func (r *liveRun) add(o *liveRun) {
 	r.verify = append(r.verify, o.verify...)
 }
 
+// how says how r's steps ran — "separate", "fused" or "fused n%" (the
+// share of steps fused) — and, for fused steps, what the t_draft columns
+// hold: "–", their drafter time being inside t_verify.
+func (r *liveRun) how() (how, draftMS, draftCost string) {
+	switch {
+	case r.fused == 0:
+		return "separate", "", ""
+	case r.fused < len(r.verify):
+		return fmt.Sprintf("fused %d%%", 100*r.fused/len(r.verify)), "–", "–"
+	}
+	return "fused", "–", "–"
+}
+
 func (r *liveRun) rate() float64 { return float64(r.tokens) / r.wall.Seconds() }
 func (r *liveRun) tau() float64  { return float64(r.tokens) / float64(r.steps) }
 
@@ -120,6 +133,9 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	chainShapes := len(shapes) - 1
 	for _, t := range b.trees {
 		shapes = append(shapes, liveShape{k: b.treeDepth, tree: t})
+		if b.unfused {
+			shapes = append(shapes, liveShape{k: b.treeDepth, tree: t, unfused: true})
+		}
 	}
 	runs := make([]*liveRun, len(shapes))
 	for round := range max(b.rounds, 1) {
@@ -157,12 +173,11 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		tVerify := mean(r.verify)
 		draftCost := float64(r.k) * float64(tDraft) / float64(tTarget)
 		verifyCost := float64(tVerify) / float64(tTarget)
-		how, draftMS, draftCostCol := "separate", fmt.Sprintf("%.3f", ms(tDraft)), fmt.Sprintf("%.2f", draftCost)
-		if r.fused > 0 {
-			how, draftMS, draftCostCol, fusedSome = "fused", "–", "–", true
-			if r.fused < len(r.verify) {
-				how = fmt.Sprintf("fused %d%%", 100*r.fused/len(r.verify))
-			}
+		how, draftMS, draftCostCol := r.how()
+		if how == "separate" {
+			draftMS, draftCostCol = fmt.Sprintf("%.3f", ms(tDraft)), fmt.Sprintf("%.2f", draftCost)
+		} else {
+			fusedSome = true
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
 			r.k, how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
@@ -178,19 +193,23 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	if trees := runs[1+chainShapes:]; len(trees) > 0 {
 		fmt.Fprintf(e.stdout, "\ntoken trees %d levels deep (b×N: b children a node, N nodes verified a step):\n", b.treeDepth)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "tree\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tt_draft/t_target\tt_verify/t_target\tmodel speedup\t")
+		fmt.Fprintln(tw, "tree\tsteps\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tt_draft/t_target\tt_verify/t_target\tmodel speedup\t")
 		for _, r := range trees {
 			tDraft, tVerify := mean(r.draft), mean(r.verify)
 			draftCost := float64(tDraft) / float64(tTarget)
 			verifyCost := float64(tVerify) / float64(tTarget)
-			fmt.Fprintf(tw, "%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%.3f\t%.3f\t%.2f\t%.2f\t%.2f×\t\n",
-				r.tree, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
-				ms(r.step()), ms(tDraft), ms(tVerify), draftCost, verifyCost, r.tau()/(draftCost+verifyCost))
+			how, draftMS, draftCostCol := r.how()
+			if how == "separate" {
+				draftMS, draftCostCol = fmt.Sprintf("%.3f", ms(tDraft)), fmt.Sprintf("%.2f", draftCost)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
+				r.tree, how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
+				ms(r.step()), draftMS, ms(tVerify), draftCostCol, verifyCost, r.tau()/(draftCost+verifyCost))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(e.stdout, "\ntrees: t_draft is the drafter's time a step (its %d passes, one a level), t_verify the target's pass over a step's nodes (N at most) and its last token; accepted: the share of verified nodes on the accepted paths; model speedup τ / (t_draft/t_target + t_verify/t_target).\n", b.treeDepth)
+		fmt.Fprintf(e.stdout, "\ntrees: t_draft is the drafter's time a step (its %d passes, one a level), t_verify the target's pass over a step's nodes (N at most) and its last token (fused: both, the levels drafted and the nodes chosen on the device); accepted: the share of verified nodes on the accepted paths; model speedup τ / (t_draft/t_target + t_verify/t_target).\n", b.treeDepth)
 	}
 	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench spec %s\n", strings.Join(b.args, " "))
 	return nil

@@ -34,7 +34,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	ksFlag := fs.String("ks", "1,2,4,8,16", "with --live: the draft lengths to measure")
 	treesFlag := fs.String("trees", "", fmt.Sprintf("with --live: token trees to measure too, as b×N, comma-separated (2x8,4x16: b children a node, 2…%d; N nodes verified a step, 1…%d); default: none", speculative.MaxTopK, speculative.MaxTreeNodes))
 	treeDepth := fs.Int("tree-depth", 6, fmt.Sprintf("with --live and --trees: the trees' depth, the drafter's passes a step (1…%d)", speculative.MaxK))
-	unfused := fs.Bool("unfused", false, "with --live: measure each k of --ks also with the drafter's passes and the target's verification as separate calls, each read back, where the drafter and target share a device that runs a step as one submission (WebGPU)")
+	unfused := fs.Bool("unfused", false, "with --live: measure each k of --ks and each tree of --trees also with the drafter's passes and the target's verification as separate calls, each read back, where the drafter and target share a device that runs a step as one submission (WebGPU)")
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run to this file")

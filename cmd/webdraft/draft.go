@@ -117,26 +117,31 @@ func parseBackend(s string) (backendChoice, error) {
 
 // defaultK is the draft length serve, generate and the live page take when
 // --k is left out: the one measured best for the engine the target runs on
-// (BENCHMARKS.md, "Speculative decoding" and "The CPU engine"): 6 through
-// WebGPU on the H200, 2 on the CPU engine, where each position a
+// (BENCHMARKS.md, "Speculative decoding" and "The CPU engine"): 3 through
+// WebGPU on the H200 (a step drafted and verified in one submission), 2
+// on the CPU engine, where each position a
 // verification adds costs the target a share of a step's arithmetic; the
 // reference engine keeps the 8 it always had (it is the oracle, not
 // measured for speed).
 func defaultK(backend string) int {
 	switch backend {
 	case "webgpu":
-		return 6
+		return gpuDefaultK
 	case "reference":
 		return 8
 	}
 	return cpuDefaultK
 }
 
-// cpuDefaultK is defaultK on the CPU engines.
-const cpuDefaultK = 2
+// gpuDefaultK and cpuDefaultK are defaultK through WebGPU and on the CPU
+// engines.
+const (
+	gpuDefaultK = 3
+	cpuDefaultK = 2
+)
 
 // kUsage is the --k flag's help in serve and generate.
-var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d (with --spec-topk above 1, the token tree's depth); left out, the best measured for the target's engine (6 on a GPU, %d on the CPU engine, 8 on the reference engine)", speculative.MaxK, cpuDefaultK)
+var kUsage = fmt.Sprintf("draft tokens per verification step, 1…%d (with --spec-topk above 1, the token tree's depth); left out, the best measured for the target's engine (%d on a GPU, %d on the CPU engine, 8 on the reference engine)", speculative.MaxK, gpuDefaultK, cpuDefaultK)
 
 // treeFlags are --spec-topk and --spec-draft-tokens, serve's and
 // generate's: the shape of the token tree drafted each step (SGLang's

@@ -36,7 +36,7 @@ func TestBenchSpecTextStats(t *testing.T) {
 	}
 	// The trees' table: a row a tree, τ within 1…depth+1, the reproducing
 	// line with --trees.
-	trees := regexp.MustCompile(`(?m)^\s+(\d+×\d+)\s+(\d+\.\d\d)\s+\d+%\s+[\d.]+\s+[\d.]+×(\s+[\d.]+){6}×\s*$`).FindAllStringSubmatch(stdout, -1)
+	trees := regexp.MustCompile(`(?m)^\s+(\d+×\d+)\s+separate\s+(\d+\.\d\d)\s+\d+%\s+[\d.]+\s+[\d.]+×(\s+[\d.]+){6}×\s*$`).FindAllStringSubmatch(stdout, -1)
 	if len(trees) != 2 || trees[0][1] != "2×8" || trees[1][1] != "3×4" || !strings.Contains(stdout, "token trees 3 levels deep") ||
 		!strings.Contains(stdout, "reproduce: webdraft bench spec --live") || !strings.Contains(stdout, "--trees 2x8,3×4 --tree-depth 3") {
 		t.Fatalf("--live --trees: no table of trees in\n%s", stdout)
@@ -65,7 +65,7 @@ func TestBenchSpecLiveSampled(t *testing.T) {
 		t.Fatal(err)
 	}
 	model := filepath.Join("..", "..", "testdata", "golden", "untied")
-	row := regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+\.\d\d)\s+(\d+)%\s`)
+	row := regexp.MustCompile(`(?m)^\s+(\d+)\s+separate\s+(\d+\.\d\d)\s+(\d+)%\s`)
 	var rows [][]string
 	for range 2 {
 		code, stdout, stderr := webdraft(t, "bench", "spec", "--live", "--target", model, "--drafter", model, "--prompts", prompts,
@@ -94,7 +94,7 @@ func TestBenchSpecLiveSampled(t *testing.T) {
 				t.Errorf("k %d: τ %s, %s%% accepted; want τ %s, all accepted", k, m[2], m[3], want)
 			}
 		}
-		tree := regexp.MustCompile(`(?m)^\s+2×6\s+(\d+\.\d\d)\s+(\d+)%\s`).FindStringSubmatch(stdout)
+		tree := regexp.MustCompile(`(?m)^\s+2×6\s+separate\s+(\d+\.\d\d)\s+(\d+)%\s`).FindStringSubmatch(stdout)
 		if tree == nil {
 			t.Fatalf("no row for the tree 2×6:\n%s", stdout)
 		}

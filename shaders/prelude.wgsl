@@ -3,9 +3,14 @@
 // those they use in turn), after the kernel's own text, so that a
 // compiler's line numbers stay the kernel file's. An item may use names the
 // kernel declares — scale reads the kernel's `scales` binding, split_sum its
-// `part` binding, its params `p` and its SB —, so it is appended only where
-// it is used. One item a paragraph: its comment, then one declaration, with
-// no blank line inside.
+// `part` binding, its params `p` and its SB; sum_all, scan and hit reduce
+// through its workgroup arrays red_f (and red_u, red_v) of WG values, scan
+// leaving each thread's sums in its private at_excl and at_incl, hit
+// reading them; stats reads its `sampled`, `logits` and `temps` with its
+// S_WORDS, S_NAN and F32_MAX, and returns its modes SAMPLED, GREEDY and
+// SKIP; both take NONE from it —, so it is appended only where it is used.
+// One item a paragraph: its comment, then one declaration, with no blank
+// line inside.
 
 // MatMulParams are the params of the matmul kernels over whole weight rows
 // (matmul_rowtile.wgsl, matvec_int4.wgsl, matvec_batch_int4.wgsl).
@@ -180,4 +185,106 @@ const TREE_FEED_ROWS: u32 = 64u;
 // nodes a sequence.
 fn tree_node(s: u32, k: u32) -> u32 {
     return (s * p.C + k) * TREE_NODE_WORDS;
+}
+
+// sum_all returns the sum of the threads' values.
+fn sum_all(lid: u32, v: f32) -> f32 {
+    workgroupBarrier();
+    red_f[lid] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            red_f[lid] += red_f[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    return workgroupUniformLoad(&red_f[0]);
+}
+
+// Stats is what e_of needs of a row from sample.wgsl's read-out.
+struct Stats {
+    m: f32,      // the largest logit
+    theta: f32,  // the kept tokens' smallest scaled logit
+    T: f32,
+    inv_t: f32,  // 1 / T
+    argmax: u32,
+    mode: u32,   // SAMPLED, GREEDY or SKIP
+}
+
+// stats reads row r's Stats.
+fn stats(r: u32) -> Stats {
+    let o = r * S_WORDS;
+    let a = sampled[o];
+    if (sampled[o + 2u] & S_NAN) != 0u || a >= p.V {
+        return Stats(0.0, 0.0, 1.0, 1.0, NONE, SKIP);
+    }
+    let m = logits[r * p.V + a];
+    let T = temps[r].x;
+    if !(m > -F32_MAX) { // every logit −∞: no distribution
+        return Stats(m, 0.0, 1.0, 1.0, a, SKIP);
+    }
+    if !(T > 0.0) {
+        return Stats(m, 0.0, 1.0, 1.0, a, GREEDY);
+    }
+    return Stats(m, bitcast<f32>(sampled[o + 3u]), T, 1.0 / T, a, SAMPLED);
+}
+
+// e_of is e_i, token i's weight before normalization: l its logit. The
+// kept test is sample.wgsl's expression, so that the tokens kept are those
+// its θ was found over (the token at θ is kept here as there, however an
+// adapter's division rounds); the exponent is a product, a division's worth
+// of instructions less.
+fn e_of(s: Stats, l: f32, i: u32) -> f32 {
+    if s.mode == GREEDY {
+        return select(0.0, 1.0, i == s.argmax);
+    }
+    if s.mode == SAMPLED && l / s.T >= s.theta {
+        return exp((l - s.m) * s.inv_t);
+    }
+    return 0.0;
+}
+
+// scan sums the threads' values in thread order (Hillis–Steele), leaving
+// each thread's sums before and through it in at_excl and at_incl, and
+// returns the total.
+fn scan(lid: u32, own: f32) -> f32 {
+    workgroupBarrier();
+    red_f[lid] = own;
+    workgroupBarrier();
+    for (var stride = 1u; stride < WG; stride <<= 1u) {
+        var v = red_f[lid];
+        if lid >= stride {
+            v += red_f[lid - stride];
+        }
+        workgroupBarrier();
+        red_f[lid] = v;
+        workgroupBarrier();
+    }
+    at_incl = red_f[lid];
+    at_excl = at_incl - own;
+    return workgroupUniformLoad(&red_f[WG - 1u]);
+}
+
+// hit returns, after scan, (the thread whose run the goal falls in, or the
+// last thread with a value when rounding carries the goal past the end;
+// 1 if any thread has a value, else 0) — sample.wgsl's scan_hit, its two
+// reductions made one.
+fn hit(lid: u32, own: f32, goal: f32) -> vec2<u32> {
+    workgroupBarrier();
+    red_u[lid] = select(NONE, lid, own > 0.0 && at_excl <= goal && goal < at_incl);
+    red_v[lid] = select(0u, lid + 1u, own > 0.0); // 1 + the thread; 0: no value
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            red_u[lid] = min(red_u[lid], red_u[lid + stride]);
+            red_v[lid] = max(red_v[lid], red_v[lid + stride]);
+        }
+        workgroupBarrier();
+    }
+    let h = workgroupUniformLoad(&red_u[0]);
+    let last = workgroupUniformLoad(&red_v[0]);
+    if last == 0u {
+        return vec2<u32>(0u, 0u);
+    }
+    return vec2<u32>(select(last - 1u, h, h != NONE), 1u);
 }

@@ -109,20 +109,6 @@ fn unkey(k: u32) -> f32 {
     return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
-// sum_all returns the sum of the threads' values.
-fn sum_all(lid: u32, v: f32) -> f32 {
-    workgroupBarrier();
-    red_f[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if lid < stride {
-            red_f[lid] += red_f[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    return workgroupUniformLoad(&red_f[0]);
-}
-
 // min_f returns the smallest of the threads' values.
 fn min_f(lid: u32, v: f32) -> f32 {
     workgroupBarrier();

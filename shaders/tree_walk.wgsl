@@ -121,111 +121,9 @@ var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
 var<workgroup> red_v: array<u32, WG>;
 
-// Stats is what a row's p needs from sample.wgsl's read-out.
-struct Stats {
-    m: f32,      // the largest logit
-    theta: f32,  // the kept tokens' smallest scaled logit
-    T: f32,
-    inv_t: f32,  // 1 / T
-    argmax: u32,
-    mode: u32,   // SAMPLED, GREEDY or SKIP
-}
-
-fn stats(r: u32) -> Stats {
-    let o = r * S_WORDS;
-    let a = sampled[o];
-    if (sampled[o + 2u] & S_NAN) != 0u || a >= p.V {
-        return Stats(0.0, 0.0, 1.0, 1.0, NONE, SKIP);
-    }
-    let m = logits[r * p.V + a];
-    let T = temps[r].x;
-    if !(m > -F32_MAX) { // every logit −∞: no distribution
-        return Stats(m, 0.0, 1.0, 1.0, a, SKIP);
-    }
-    if !(T > 0.0) {
-        return Stats(m, 0.0, 1.0, 1.0, a, GREEDY);
-    }
-    return Stats(m, bitcast<f32>(sampled[o + 3u]), T, 1.0 / T, a, SAMPLED);
-}
-
-// weight is e_i, token i's weight in p before normalization: l its logit.
-// The kept test is sample.wgsl's expression, so that the kept tokens are
-// the ones its θ was found over (on an adapter whose division does not
-// round as IEEE's does, the token at θ is kept here as it is there); the
-// exponent is a product, a division's worth of instructions less.
-fn weight(s: Stats, l: f32, i: u32) -> f32 {
-    if s.mode == GREEDY {
-        return select(0.0, 1.0, i == s.argmax);
-    }
-    if s.mode == SAMPLED && l / s.T >= s.theta {
-        return exp((l - s.m) * s.inv_t);
-    }
-    return 0.0;
-}
-
-// sum_all returns the sum of the threads' values.
-fn sum_all(lid: u32, v: f32) -> f32 {
-    workgroupBarrier();
-    red_f[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if lid < stride {
-            red_f[lid] += red_f[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    return workgroupUniformLoad(&red_f[0]);
-}
-
-// at_excl and at_incl are, after scan, the scan's sums before and through
-// the calling thread.
+// at_excl and at_incl are scan's sums before and through the thread.
 var<private> at_excl: f32;
 var<private> at_incl: f32;
-
-// scan sums the threads' values in thread order (Hillis–Steele), leaving
-// each thread's sums before and through it in at_excl and at_incl, and
-// returns the total.
-fn scan(lid: u32, own: f32) -> f32 {
-    workgroupBarrier();
-    red_f[lid] = own;
-    workgroupBarrier();
-    for (var stride = 1u; stride < WG; stride <<= 1u) {
-        var v = red_f[lid];
-        if lid >= stride {
-            v += red_f[lid - stride];
-        }
-        workgroupBarrier();
-        red_f[lid] = v;
-        workgroupBarrier();
-    }
-    at_incl = red_f[lid];
-    at_excl = at_incl - own;
-    return workgroupUniformLoad(&red_f[WG - 1u]);
-}
-
-// hit returns, after scan, (the thread whose run the goal falls in, or the
-// last thread with a value when rounding carries the goal past the end;
-// 1 if any thread has a value, else 0) — sample.wgsl's scan_hit, its two
-// reductions made one.
-fn hit(lid: u32, own: f32, goal: f32) -> vec2<u32> {
-    workgroupBarrier();
-    red_u[lid] = select(NONE, lid, own > 0.0 && at_excl <= goal && goal < at_incl);
-    red_v[lid] = select(0u, lid + 1u, own > 0.0); // 1 + the thread; 0: no value
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if lid < stride {
-            red_u[lid] = min(red_u[lid], red_u[lid + stride]);
-            red_v[lid] = max(red_v[lid], red_v[lid + stride]);
-        }
-        workgroupBarrier();
-    }
-    let h = workgroupUniformLoad(&red_u[0]);
-    let last = workgroupUniformLoad(&red_v[0]);
-    if last == 0u {
-        return vec2<u32>(0u, 0u);
-    }
-    return vec2<u32>(select(last - 1u, h, h != NONE), 1u);
-}
 
 // The node's row-wide values, read by the helpers.
 var<private> row_s: Stats;
@@ -312,7 +210,7 @@ fn sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var a = 0.0;
     for (var j = 0u; j < PER; j++) {
         if v0 + j * WG < V {
-            a += weight(s, ls[j], v0 + j * WG);
+            a += e_of(s, ls[j], v0 + j * WG);
         }
     }
     a = sum_all(lid, a);
@@ -385,7 +283,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     var px = 0.0;
                     var qx = 0.0;
                     if fresh {
-                        px = weight(s, logits[row_base + x], x);
+                        px = e_of(s, logits[row_base + x], x);
                         qx = qstore[q_base + x];
                     } else {
                         px = res[res_p + x];
@@ -418,7 +316,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                         if i < V {
                             var pi = ps[j];
                             if fresh {
-                                pi = weight(s, pi, i);
+                                pi = e_of(s, pi, i);
                             }
                             let d = max(pi / sp - qs[j] / sq, 0.0);
                             res[res_p + i] = d;

@@ -50,6 +50,7 @@ type Batch struct {
 	// Reused by every dispatch (wgpu-native copies what it keeps).
 	entries []wgpu.BindGroupEntry
 	offsets [1]uint32
+	rec     recorder // the pass's dispatches, unless profiled
 }
 
 // paramsChunk is a uniform buffer and its host image.
@@ -144,9 +145,13 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 			return fail("profile: %v", err)
 		}
 	}
-	b.pass.SetPipeline(p.pipe)
-	b.pass.SetBindGroup(0, group, offsets)
-	b.pass.DispatchWorkgroups(x, y, z)
+	if b.prof == nil {
+		b.rec.dispatch(d, b.pass, p.pipe, group, offsets, x, y, z)
+	} else {
+		b.pass.SetPipeline(p.pipe)
+		b.pass.SetBindGroup(0, group, offsets)
+		b.pass.DispatchWorkgroups(x, y, z)
+	}
 	b.n++
 	if b.prof != nil {
 		if err := b.endDispatch(); err != nil {
@@ -229,6 +234,7 @@ func (b *Batch) Submit() error {
 	}
 	var err error
 	if b.prof == nil {
+		b.rec.flush(d, b.pass)
 		err = endPass(b.pass)
 	} else {
 		err = b.resolveTimestamps()
@@ -266,6 +272,7 @@ func (b *Batch) Discard() {
 		return
 	}
 	b.ended = true
+	b.rec.reset()
 	if b.pass != nil {
 		endPass(b.pass)
 	}

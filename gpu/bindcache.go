@@ -25,6 +25,8 @@ type bindCache struct {
 	retired []*wgpu.BindGroup
 	open    int    // batches being recorded
 	buf     []byte // the key being looked up, reused
+	// onRelease, when set, is told of each group released.
+	onRelease func(*wgpu.BindGroup)
 }
 
 type cachedGroup struct {
@@ -116,6 +118,9 @@ func (c *bindCache) release() {
 		return
 	}
 	for _, g := range c.retired {
+		if c.onRelease != nil {
+			c.onRelease(g)
+		}
 		g.Release()
 	}
 	c.retired = c.retired[:0]

@@ -169,6 +169,7 @@ type Device struct {
 	pipelinesByKey map[pipelineKey]*Pipeline
 	chunks         []*wgpu.Buffer // free uniform chunks for Batch params
 	binds          *bindCache     // bind groups reused across batches
+	objs           objects        // what batches' recorders name (JavaScript: record_js.go)
 	timestamps     bool           // timestamp queries enabled (natively, where offered)
 	deviceBarrier  bool           // see DeviceScopeBarrier
 	scratch        *Buffer        // see Scratch
@@ -271,6 +272,7 @@ func newDevice(dev *wgpu.Device, info AdapterInfo, limits Limits, f16 bool, scop
 		modules: map[string]*wgpu.ShaderModule{}, sources: map[string]string{}, pipelines: map[string]*Pipeline{}, pipelinesByKey: map[pipelineKey]*Pipeline{},
 		binds: newBindCache(),
 	}
+	d.binds.onRelease = func(g *wgpu.BindGroup) { d.objs.forget(g) }
 	if err := limits.check(); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("gpu: %s: %w", info, err)

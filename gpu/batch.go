@@ -220,8 +220,10 @@ func (d *Device) takeChunk() (*wgpu.Buffer, error) {
 }
 
 // Submit ends the pass, writes the params, submits the batch and reports
-// any device error raised by it. It does not wait for the GPU: a Read
-// afterwards does. The batch cannot be used again.
+// any device error raised by it — in the browser, where that check is a
+// round trip to the GPU process, the next Read reports them (and a lost
+// device at once). It does not wait for the GPU: a Read afterwards does.
+// The batch cannot be used again.
 func (b *Batch) Submit() error {
 	if b.ended {
 		return fmt.Errorf("gpu: batch %q: already submitted or discarded", b.label)
@@ -257,7 +259,7 @@ func (b *Batch) Submit() error {
 	if cmd != nil {
 		cmd.Release()
 	}
-	if cerr := d.check("submitting batch " + b.label); err == nil {
+	if cerr := d.checkSubmit("submitting batch " + b.label); err == nil {
 		err = cerr
 	}
 	if err != nil {

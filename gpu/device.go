@@ -250,6 +250,24 @@ func (d *Device) Lose(why string) {
 	}
 }
 
+// checkSubmit is check after a submission: where checksEachSubmit is
+// false, only the device's state, the scopes left for the next check.
+func (d *Device) checkSubmit(op string) error {
+	if checksEachSubmit {
+		return d.check(op)
+	}
+	if d.closed {
+		return fmt.Errorf("gpu: %s: device is closed", op)
+	}
+	if why := d.lost.Load(); why != nil {
+		return fmt.Errorf("gpu: %s: %w: %s", op, ErrLost, *why)
+	}
+	if err := d.scopes.lostErr(); err != nil {
+		return fmt.Errorf("gpu: %s: %w", op, err)
+	}
+	return nil
+}
+
 // check pops the device's catch-all error scopes, pushes them again, and
 // returns what they caught (or that the device is lost), naming op.
 func (d *Device) check(op string) error {

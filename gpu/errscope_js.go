@@ -10,6 +10,12 @@ import (
 	"github.com/cogentcore/webgpu/jsx"
 )
 
+// checksEachSubmit is false in the browser: popping the error scopes is a
+// round trip to the GPU process, awaited, so a submission's errors are
+// reported by the next check that has to wait anyway — a Read, a buffer's
+// or a pipeline's creation — and the device's loss at once.
+const checksEachSubmit = false
+
 // scopeFilters are the GPUErrorFilters of the catch-all scopes, outermost
 // first.
 var scopeFilters = [...]string{"validation", "out-of-memory", "internal"}
@@ -71,6 +77,14 @@ func (s errorScopes) pop() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// lost returns the device's loss, if it is lost, without a round trip.
+func (s errorScopes) lostErr() error {
+	if s.state.lost != "" {
+		return errors.New(s.state.lost)
+	}
+	return nil
 }
 
 // check returns the lost state or the errors caught since the last check,

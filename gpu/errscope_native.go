@@ -93,6 +93,14 @@ func (s errorScopes) pop() error {
 
 // check returns the errors caught since the last check, leaving fresh
 // scopes open.
+// checksEachSubmit: natively a submission's errors are checked at once
+// (wgpu-native raises them synchronously).
+const checksEachSubmit = true
+
+// lostErr is the device's loss without popping the scopes; natively
+// Device.lost holds it.
+func (s errorScopes) lostErr() error { return nil }
+
 func (s errorScopes) check() error {
 	err := s.pop()
 	s.push()

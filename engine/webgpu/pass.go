@@ -90,6 +90,9 @@ type pass struct {
 	propose     bool
 	trees, path int
 	chained     bool // a pass of StepN's chain: its read-out is not read back (readRows)
+	// sameLasts: the pass reads out the rows the pass before it did (a
+	// chain's decode passes after the first), which stay on the device.
+	sameLasts bool
 }
 
 // decodeEntryRows is the most tokens an entry may feed through decode
@@ -229,7 +232,7 @@ func (e *Engine) forward(ps pass, continues bool, pre, extra []step, every int) 
 		buf  *gpu.Buffer
 		v    []uint32
 		skip bool
-	}{{a.ids, ids, continues}, {a.rows, rows, false}, {a.last, lasts, false}} {
+	}{{a.ids, ids, continues}, {a.rows, rows, false}, {a.last, lasts, ps.sameLasts}} {
 		if len(up.v) > 0 && !up.skip {
 			if err := up.buf.WriteU32(0, up.v); err != nil {
 				return err

@@ -243,6 +243,7 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chain
 			ps.chained = true
 		} else {
 			ps = decodePass(work, c.base, j, m)
+			ps.sameLasts = j > 1
 		}
 		at := uint64(j) * c.stride
 		copies := []step{

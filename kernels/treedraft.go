@@ -104,15 +104,8 @@ func TreeExpand(b *gpu.Batch, shape, top, state, nodes, feed *gpu.Buffer, seqs, 
 	if seqs <= 0 || level < 0 || C <= 0 || C > MaxTreeTable || topN <= 0 {
 		return fmt.Errorf("kernels: %s: %d sequences, level %d, %d nodes, top %d", op, seqs, level, C, topN)
 	}
-	for _, c := range []struct {
-		name string
-		buf  *gpu.Buffer
-		n    int
-	}{{"shape", shape, seqs * TreeShapeWords}, {"state", state, seqs * TreeStateWords}, {"nodes", nodes, seqs * C * TreeNodeWords},
-		{"feed", feed, seqs * TreeFeedRows * TreeFeedWords}} {
-		if err := need(op, c.name, c.buf, c.n); err != nil {
-			return err
-		}
+	if err := needTree(op, shape, state, nodes, feed, seqs, C); err != nil {
+		return err
 	}
 	p, err := b.Device().Pipeline(treeExpandKernel, nil)
 	if err != nil {
@@ -133,6 +126,23 @@ func TreeSelect(b *gpu.Batch, shape, state, nodes, feed *gpu.Buffer, seqs, C int
 	if seqs <= 0 || C <= 0 || C > MaxTreeTable {
 		return fmt.Errorf("kernels: %s: %d sequences, %d nodes", op, seqs, C)
 	}
+	if err := needTree(op, shape, state, nodes, feed, seqs, C); err != nil {
+		return err
+	}
+	p, err := b.Device().Pipeline(treeSelectKernel, nil)
+	if err != nil {
+		return err
+	}
+	binds := []gpu.Binding{shape.All(), state.All(), nodes.All(), feed.All()}
+	if err := gpu.Dispatch(b, p, &treeSelectParams{Seqs: uint32(seqs), C: uint32(C)}, binds, uint32(seqs), 1, 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}
+
+// needTree checks the sizes of a device tree's buffers for seqs sequences
+// of node tables of C rows.
+func needTree(op string, shape, state, nodes, feed *gpu.Buffer, seqs, C int) error {
 	for _, c := range []struct {
 		name string
 		buf  *gpu.Buffer
@@ -142,14 +152,6 @@ func TreeSelect(b *gpu.Batch, shape, state, nodes, feed *gpu.Buffer, seqs, C int
 		if err := need(op, c.name, c.buf, c.n); err != nil {
 			return err
 		}
-	}
-	p, err := b.Device().Pipeline(treeSelectKernel, nil)
-	if err != nil {
-		return err
-	}
-	binds := []gpu.Binding{shape.All(), state.All(), nodes.All(), feed.All()}
-	if err := gpu.Dispatch(b, p, &treeSelectParams{Seqs: uint32(seqs), C: uint32(C)}, binds, uint32(seqs), 1, 1); err != nil {
-		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil
 }

@@ -116,15 +116,11 @@ func (e *Engine) DraftVerifyTree(ctx context.Context, target engine.Engine, step
 		// The drafter's entry reads out the root's Width most likely tokens.
 		drafts[i] = &engine.Entry{Seq: s.Draft.Seq, Tokens: s.Draft.Tokens, TopN: s.Width}
 		// The target's: its pending tokens, and the verified nodes' places,
-		// held by token 0 under the context's last token until the device
-		// writes them.
+		// held by token 0 in line until the device writes their tokens and
+		// rows (gatherTree); commitTree places them as the device did.
 		v := *s.Verify
 		n := verified(s)
 		v.Tokens = append(slices.Clip(v.Tokens), make([]int, n)...)
-		v.Parents = make([]int, len(v.Tokens))
-		for j := range v.Parents {
-			v.Parents[j] = treemask.Line
-		}
 		v.Out = n + 1
 		verify[i] = &v
 	}
@@ -145,10 +141,6 @@ func (e *Engine) DraftVerifyTree(ctx context.Context, target engine.Engine, step
 	dwork, dlens, err := e.prepareTree(steps, drafts)
 	if err != nil {
 		return err
-	}
-	for i, v := range verify { // the placeholders fed as a line: placed below
-		v.Parents = nil
-		verify[i] = v
 	}
 	twork, tlens, err := t.prepareVerify(verify)
 	if err != nil {

@@ -72,6 +72,9 @@ func (e *Engine) draftVerify(ctx context.Context, t *Engine, steps []engine.Chai
 	}
 	twork, tlens, err := t.prepareVerify(verify)
 	if err != nil {
+		for i, p := range dwork { // undoes the drafter's Reserve
+			p.seq.Truncate(dlens[i])
+		}
 		return nil, err
 	}
 	out, err := e.fused(ctx, t, steps, dwork, twork, n)
@@ -139,10 +142,9 @@ func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep,
 }
 
 // gatherDrafts writes where each step's drafted tokens go in the pass ps
-// over work —
-// the rows after its pending tokens, and the proposals of its read-out
-// rows' draws where it samples — and where in the chain's results they
-// come from, and returns the gathers that put them there.
+// over work — the rows after its pending tokens, and the proposals of its
+// read-out rows' draws where it samples — and where in the chain's
+// results they come from, and returns the gathers that put them there.
 func (e *Engine) gatherDrafts(ps pass, work []pending, steps []engine.ChainStep, ch *chainRun, results *gpu.Buffer) ([]step, error) {
 	a := e.act
 	var ids, draws []uint32

@@ -161,43 +161,79 @@ func (b *Buffer) Release() {
 // Read copies size bytes at offset out of the buffer, after every batch
 // submitted before it has run.
 func (b *Buffer) Read(offset, size uint64) ([]byte, error) {
-	if err := b.usable("reading"); err != nil {
+	out, err := ReadRanges(Binding{Buf: b, Offset: offset, Size: size})
+	if err != nil {
 		return nil, err
 	}
-	if offset%4 != 0 || size%4 != 0 || offset+size > b.size {
-		return nil, fmt.Errorf("gpu: reading %d bytes at %d from buffer %q of %d bytes: out of range or misaligned", size, offset, b.label, b.size)
-	}
-	if size == 0 {
+	return out[0], nil
+}
+
+// ReadRanges copies each range out of its buffer, after every batch
+// submitted before it has run, in one read: one copy a range into the
+// device's staging buffer, one mapping for all (a wait for the GPU, in the
+// browser a round trip to its process). The buffers must share a device.
+func ReadRanges(ranges ...Binding) ([][]byte, error) {
+	if len(ranges) == 0 {
 		return nil, nil
 	}
-	d := b.d
-	staging, err := d.readbackBuffer(size)
+	d := ranges[0].Buf.d
+	at := make([]uint64, len(ranges))
+	var total uint64
+	for i, r := range ranges {
+		b := r.Buf
+		if err := b.usable("reading"); err != nil {
+			return nil, err
+		}
+		if b.d != d {
+			return nil, fmt.Errorf("gpu: reading buffer %q: another device's than buffer %q", b.label, ranges[0].Buf.label)
+		}
+		if r.Offset%4 != 0 || r.Size%4 != 0 || r.Offset+r.Size > b.size {
+			return nil, fmt.Errorf("gpu: reading %d bytes at %d from buffer %q of %d bytes: out of range or misaligned", r.Size, r.Offset, b.label, b.size)
+		}
+		at[i], total = total, total+r.Size
+	}
+	label := ranges[0].Buf.label
+	out := make([][]byte, len(ranges))
+	if total == 0 {
+		return out, nil
+	}
+	staging, err := d.readbackBuffer(total)
 	if err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", label, err)
 	}
 	enc, err := d.dev.CreateCommandEncoder(nil)
 	if err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", label, err)
 	}
 	defer enc.Release()
-	if err := enc.CopyBufferToBuffer(b.buf, offset, staging, 0, size); err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+	for i, r := range ranges {
+		if r.Size == 0 {
+			continue
+		}
+		if err := enc.CopyBufferToBuffer(r.Buf.buf, r.Offset, staging, at[i], r.Size); err != nil {
+			return nil, fmt.Errorf("gpu: reading buffer %q: %w", r.Buf.label, err)
+		}
 	}
 	cmd, err := enc.Finish(nil)
 	if err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", label, err)
 	}
 	defer cmd.Release()
 	d.queue.Submit(cmd)
-	out, err := d.mapRead(staging, size)
+	raw, err := d.mapRead(staging, total)
 	if err != nil {
 		d.dropReadback() // its mapping state is unknown now
 	}
-	if cerr := d.check("reading buffer " + b.label); cerr != nil {
+	if cerr := d.check("reading buffer " + label); cerr != nil {
 		return nil, cerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", b.label, err)
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", label, err)
+	}
+	for i, r := range ranges {
+		if r.Size > 0 {
+			out[i] = raw[at[i] : at[i]+r.Size]
+		}
 	}
 	return out, nil
 }

@@ -216,6 +216,50 @@ func TestReadsShareStaging(t *testing.T) {
 	}
 }
 
+// TestReadRanges: ranges of several buffers read in one go, each its own
+// bytes; a misaligned range or one past its buffer is refused.
+func TestReadRanges(t *testing.T) {
+	d := gputest.Device(t)
+	a, b := make([]uint32, 1000), make([]uint32, 64)
+	for i := range a {
+		a[i] = uint32(7*i + 3)
+	}
+	for i := range b {
+		b[i] = ^uint32(i)
+	}
+	bufA, err := d.UploadU32("a", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bufA.Release()
+	bufB, err := d.UploadU32("b", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bufB.Release()
+	ranges := []gpu.Binding{bufA.Slice(4*10, 4*990), bufB.Slice(4*3, 4*5), bufB.Slice(0, 0), bufA.Slice(0, 4)}
+	want := [][]uint32{a[10:], b[3:8], nil, a[:1]}
+	got, err := gpu.ReadRanges(ranges...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, raw := range got {
+		if len(raw) != 4*len(want[i]) {
+			t.Fatalf("range %d: %d bytes, want %d", i, len(raw), 4*len(want[i]))
+		}
+		for j, w := range want[i] {
+			if v := uint32(raw[4*j]) | uint32(raw[4*j+1])<<8 | uint32(raw[4*j+2])<<16 | uint32(raw[4*j+3])<<24; v != w {
+				t.Fatalf("range %d word %d = %d, want %d", i, j, v, w)
+			}
+		}
+	}
+	for _, bad := range []gpu.Binding{bufB.Slice(2, 4), bufB.Slice(0, 4*65)} {
+		if _, err := gpu.ReadRanges(bufA.Slice(0, 4), bad); err == nil {
+			t.Errorf("range %+v of a %d-byte buffer read", bad, bufB.Size())
+		}
+	}
+}
+
 func TestSpecialize(t *testing.T) {
 	src := "const WG: u32 = 64u;\nconst TT: u32 = 1u; // rows\nconst K = 3;\n"
 	got, err := gpu.Specialize(src, gpu.Consts{"TT": 8})

@@ -123,19 +123,6 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int) (_
 // log-probabilities, in whole 16-byte words.
 func lseAt(n int) int { return (n + 3) &^ 3 }
 
-// readNext reads back argmax.wgsl's n greedy tokens, their
-// log-probabilities and their rows' log-sum-exps from next.
-func (a *activations) readNext(n int) ([]uint32, []float32, []float32, error) {
-	lse := a.nextLP + uint64(lseAt(n))*4
-	raw, err := a.next.Read(0, lse+uint64(n)*4)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("read back: %w", err)
-	}
-	ids, lps := nextWords(raw, a.nextLP, n)
-	_, lses := nextWords(raw, lse, n)
-	return ids, lps, lses, nil
-}
-
 // nextWords splits a copy of next into tokens and the n f32 values at
 // lpAt (log-probabilities, or log-sum-exps).
 func nextWords(raw []byte, lpAt uint64, n int) ([]uint32, []float32) {

@@ -127,11 +127,16 @@ func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep,
 	if err := t.forward(ps, false, pre, nil, submitEvery); err != nil {
 		return nil, fmt.Errorf("verification: %w", err)
 	}
-	out, err := e.chainRead(dwork, ch)
+	// The drafts and the verification's rows in one read.
+	raw, err := gpu.ReadRanges(ch.resultsRange(), t.rowsRange(ps))
+	if err != nil {
+		return nil, fmt.Errorf("read back: %w", err)
+	}
+	out, err := e.chainRead(dwork, ch, raw[0])
 	if err != nil {
 		return nil, err
 	}
-	if err := t.readOut(ps); err != nil {
+	if err := t.readOutFrom(ps, raw[1]); err != nil {
 		return nil, fmt.Errorf("verification: %w", err)
 	}
 	for i, p := range dwork { // the drafter's entries, as StepN leaves them

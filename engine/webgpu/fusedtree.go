@@ -236,16 +236,14 @@ func (e *Engine) fusedTree(ctx context.Context, t *Engine, steps []engine.TreeSt
 	if err := t.forward(ps, false, pre, nil, submitEvery); err != nil {
 		return fmt.Errorf("verification: %w", err)
 	}
-	stateRaw, err := tb.state.Read(0, uint64(len(steps)*kernels.TreeStateWords)*4)
+	// The node tables and the verification's rows in one read.
+	raw, err := gpu.ReadRanges(tb.state.Slice(0, uint64(len(steps)*kernels.TreeStateWords)*4),
+		tb.nodes.Slice(0, uint64(len(steps)*C*kernels.TreeNodeWords)*4), t.rowsRange(ps))
 	if err != nil {
 		return fmt.Errorf("read back: %w", err)
 	}
-	nodeRaw, err := tb.nodes.Read(0, uint64(len(steps)*C*kernels.TreeNodeWords)*4)
-	if err != nil {
-		return fmt.Errorf("read back: %w", err)
-	}
-	stateWords, nodeWords := u32s(stateRaw), u32s(nodeRaw)
-	rows, _, _, err := t.readRows(ps)
+	stateWords, nodeWords := u32s(raw[0]), u32s(raw[1])
+	rows, _, _, err := t.readRows(ps, raw[2])
 	if err != nil {
 		return fmt.Errorf("verification: %w", err)
 	}

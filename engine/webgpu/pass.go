@@ -281,8 +281,12 @@ func (e *Engine) writeDraws(ps pass) error {
 // sequence now holds the positions it fed (tree nodes among them join its
 // tree), its pending tokens advance and its rows grow by those read out; a
 // complete Step entry's Next is its greedy token.
-func (e *Engine) readOut(ps pass) error {
-	rows, drawn, walk, err := e.readRows(ps)
+func (e *Engine) readOut(ps pass) error { return e.readOutFrom(ps, nil) }
+
+// readOutFrom is readOut with the pass's read-out already read back (raw:
+// rowsRange's bytes; nil: read them now).
+func (e *Engine) readOutFrom(ps pass, raw []byte) error {
+	rows, drawn, walk, err := e.readRows(ps, raw)
 	if err != nil {
 		return err
 	}
@@ -314,17 +318,21 @@ func (e *Engine) readOut(ps pass) error {
 // greedy token, its log-probability and the row's log-sum-exp; from
 // sample.wgsl, all it wrote, and with it in the same read (readLayout)
 // the words of the proposals drawn and of the trees walked.
-func (e *Engine) readRows(ps pass) (rows []engine.VerifyRow, drawn, walk []uint32, err error) {
+func (e *Engine) readRows(ps pass, raw []byte) (rows []engine.VerifyRow, drawn, walk []uint32, err error) {
 	a := e.act
 	rows = make([]engine.VerifyRow, ps.lasts)
 	if ps.lasts == 0 {
 		return rows, nil, nil, nil
 	}
-	if !ps.sample {
-		ids, lps, lses, err := a.readNext(ps.lasts)
-		if err != nil {
-			return nil, nil, nil, err
+	if raw == nil {
+		r := e.rowsRange(ps)
+		if raw, err = r.Buf.Read(r.Offset, r.Size); err != nil {
+			return nil, nil, nil, fmt.Errorf("read back: %w", err)
 		}
+	}
+	if !ps.sample {
+		ids, lps := nextWords(raw, a.nextLP, ps.lasts)
+		_, lses := nextWords(raw, a.nextLP+uint64(lseAt(ps.lasts))*4, ps.lasts)
 		for r := range rows {
 			if rows[r].Argmax, err = e.token(ids[r]); err != nil {
 				return nil, nil, nil, fmt.Errorf("forward pass: %w", err)
@@ -334,10 +342,6 @@ func (e *Engine) readRows(ps pass) (rows []engine.VerifyRow, drawn, walk []uint3
 		return rows, nil, nil, nil
 	}
 	l := e.layout(ps)
-	raw, err := a.sampled.Read(0, l.size)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("read back: %w", err)
-	}
 	words := u32s(raw)
 	at := func(off, bytes uint64) []uint32 { return words[off/4 : (off+bytes)/4] }
 	var top []uint32
@@ -368,6 +372,17 @@ func (e *Engine) readRows(ps pass) (rows []engine.VerifyRow, drawn, walk []uint3
 		}
 	}
 	return rows, drawn, walk, nil
+}
+
+// rowsRange is what readRows reads back after pass ps: argmax.wgsl's
+// tokens, log-probabilities and log-sum-exps in next, or all that
+// sample.wgsl and the sampled drafts' kernels gathered (readLayout).
+func (e *Engine) rowsRange(ps pass) gpu.Binding {
+	a := e.act
+	if !ps.sample {
+		return a.next.Slice(0, a.nextLP+uint64(lseAt(ps.lasts)+ps.lasts)*4)
+	}
+	return a.sampled.Slice(0, e.layout(ps).size)
 }
 
 // token checks a greedy token read back: argmax.wgsl writes ArgmaxNaN for

@@ -140,7 +140,7 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 	if err != nil {
 		return nil, err
 	}
-	chained, err := e.chainRead(work, ch)
+	chained, err := e.chainRead(work, ch, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -205,6 +205,9 @@ type chainRun struct {
 	base     []int // entry i's pass j token sits at slot base[i] + j
 }
 
+// resultsRange is the part of results the chain wrote.
+func (c *chainRun) resultsRange() gpu.Binding { return c.results.Slice(0, uint64(c.m)*c.stride) }
+
 // tokenWord is the u32 word of results that holds entry i's greedy token
 // of pass j.
 func (c *chainRun) tokenWord(i, j int) int { return int(uint64(j)*c.stride/4) + i }
@@ -264,12 +267,16 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chain
 	return c, nil
 }
 
-// chainRead reads a submitted chain's results back and returns each
-// entry's m tokens; the sequences hold what the chain fed.
-func (e *Engine) chainRead(work []pending, c *chainRun) ([][]engine.Token, error) {
-	raw, err := c.results.Read(0, uint64(c.m)*c.stride)
-	if err != nil {
-		return nil, fmt.Errorf("read back: %w", err)
+// chainRead reads a submitted chain's results back (raw: its range
+// already read; nil: read it now) and returns each entry's m tokens; the
+// sequences hold what the chain fed.
+func (e *Engine) chainRead(work []pending, c *chainRun, raw []byte) ([][]engine.Token, error) {
+	var err error
+	if raw == nil {
+		r := c.resultsRange()
+		if raw, err = r.Buf.Read(r.Offset, r.Size); err != nil {
+			return nil, fmt.Errorf("read back: %w", err)
+		}
 	}
 	out := make([][]engine.Token, len(work))
 	for i := range out {

@@ -3,8 +3,10 @@
 // greedy steps (Step, StepN), and a verifier's pass that reads out every
 // position it feeds (Verify) — and provides the engine over the reference
 // model. The CPU engine (engine/cpu) and the WebGPU engine (engine/webgpu)
-// implement the same interface, so the
-// server and the command line never see a kernel.
+// implement the same interface, so the server and the command line never
+// see a kernel. A drafter may also draft and have its target verify in
+// one go on their shared device (Fuser: chains; TreeFuser: token trees);
+// DraftVerify falls back to the two calls where it cannot.
 package engine
 
 import (

@@ -410,35 +410,17 @@ func (e *Engine) commitTree(s *engine.TreeStep, d, t *pending, nodes []kernels.T
 	}
 	// The drafter: its pending tokens, then the fed nodes, each under its
 	// parent's slot (the context's last for a child of the root).
-	pendD := s.Draft.Tokens
-	parents := make([]int, len(pendD), len(pendD)+len(fed))
-	for i := range parents {
-		parents[i] = treemask.Line
-	}
-	for _, k := range fed {
-		parent := base - 1
-		if p := nodes[k].Parent; p >= 0 {
-			parent = base + nodes[p].DSlot
-		}
-		parents = append(parents, parent)
-	}
-	if err := commitPlaced(d.seq, parents); err != nil {
+	dslot := func(n kernels.TreeNode) int { return n.DSlot }
+	if err := commitPlaced(d.seq, treeParents(len(s.Draft.Tokens), nodes, fed, base, dslot)); err != nil {
 		return fmt.Errorf("drafter: %w", err)
 	}
 	// The target: its pending tokens, then the verified nodes by row.
 	pendT := s.Verify.Tokens
 	line := t.seq.Len() + len(pendT) // the target's first tree slot
+	tparents := treeParents(len(pendT), nodes, rows, line, func(n kernels.TreeNode) int { return n.Row })
 	tokens := slices.Clip(slices.Clone(pendT))
-	tparents := make([]int, len(pendT), len(pendT)+n)
-	for i := range tparents {
-		tparents[i] = treemask.Line
-	}
 	for _, k := range rows {
-		parent := line - 1
-		if p := nodes[k].Parent; p >= 0 {
-			parent = line + nodes[p].Row
-		}
-		tokens, tparents = append(tokens, nodes[k].Token), append(tparents, parent)
+		tokens = append(tokens, nodes[k].Token)
 	}
 	if err := commitPlaced(t.seq, tparents); err != nil {
 		return fmt.Errorf("target: %w", err)
@@ -454,6 +436,24 @@ func (e *Engine) commitTree(s *engine.TreeStep, d, t *pending, nodes []kernels.T
 			Score: float64(nd.Score), DraftSlot: slot, Row: nd.Row}
 	}
 	return nil
+}
+
+// treeParents are the parents of pending line tokens followed by the
+// nodes of order, each under its parent's slot, first + slot(parent), or
+// first − 1 (the line's last slot) for a child of the root.
+func treeParents(pending int, nodes []kernels.TreeNode, order []int, first int, slot func(kernels.TreeNode) int) []int {
+	parents := make([]int, pending, pending+len(order))
+	for i := range parents {
+		parents[i] = treemask.Line
+	}
+	for _, k := range order {
+		parent := first - 1
+		if p := nodes[k].Parent; p >= 0 {
+			parent = first + slot(nodes[p])
+		}
+		parents = append(parents, parent)
+	}
+	return parents
 }
 
 // commitPlaced commits tokens fed after seq's line under parents (Line or

@@ -267,8 +267,7 @@ fn scan(lid: u32, own: f32) -> f32 {
 
 // hit returns, after scan, (the thread whose run the goal falls in, or the
 // last thread with a value when rounding carries the goal past the end;
-// 1 if any thread has a value, else 0) — sample.wgsl's scan_hit, its two
-// reductions made one.
+// 1 if any thread has a value, else 0), in one reduction of two values.
 fn hit(lid: u32, own: f32, goal: f32) -> vec2<u32> {
     workgroupBarrier();
     red_u[lid] = select(NONE, lid, own > 0.0 && at_excl <= goal && goal < at_incl);

@@ -94,6 +94,11 @@ struct Params {
 
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
+var<workgroup> red_v: array<u32, WG>; // hit's second reduction
+
+// at_excl and at_incl are scan's sums before and through the thread.
+var<private> at_excl: f32;
+var<private> at_incl: f32;
 
 fn is_nan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; // (x != x may be folded away)
@@ -523,12 +528,13 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         own += chunk_weight(c, threshold, x, x_w, wide);
     }
     let goal = bitcast<f32>(d.z) * sum_all(lid, own);
-    let at = scan_hit(lid, own, goal);
+    _ = scan(lid, own);
+    let at = hit(lid, own, goal);
     // The chunk the goal falls in and what is left of the goal there.
     workgroupBarrier();
     if lid == at.x && at.y != 0u {
         var acc = at_excl;
-        var hit = NONE;
+        var found = NONE;
         var last = NONE;
         var before = 0.0;
         for (var c = c0; c < c1; c++) {
@@ -538,12 +544,12 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                 before = acc;
                 acc += w;
                 if goal < acc {
-                    hit = c;
+                    found = c;
                     break;
                 }
             }
         }
-        red_u[0] = select(last, hit, hit != NONE);
+        red_u[0] = select(last, found, found != NONE);
         red_f[0] = goal - before;
     }
     let cs = workgroupUniformLoad(&red_u[0]);
@@ -558,7 +564,8 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         for (var i = e0; i < e1; i++) {
             mine += weight(logits[row_base + i], i, threshold, x);
         }
-        let at2 = scan_hit(lid, mine, rest);
+        _ = scan(lid, mine);
+        let at2 = hit(lid, mine, rest);
         workgroupBarrier();
         if lid == at2.x && at2.y != 0u {
             var acc = at_excl;
@@ -619,34 +626,4 @@ fn chunk_weight(c: u32, threshold: f32, x: u32, x_w: f32, wide: bool) -> f32 {
         }
     }
     return w;
-}
-
-// at_excl is, after scan_hit, the scan's sum before the hit thread.
-var<private> at_excl: f32;
-
-// scan_hit scans the threads' values in thread order and returns (the
-// thread whose run the goal falls in, or past the end from rounding the
-// last thread with a value; 1 if any thread has a value, else 0). Each
-// thread's at_excl is what the threads before it hold.
-fn scan_hit(lid: u32, own: f32, goal: f32) -> vec2<u32> {
-    workgroupBarrier();
-    red_f[lid] = own;
-    workgroupBarrier();
-    for (var stride = 1u; stride < WG; stride <<= 1u) { // inclusive scan (Hillis–Steele)
-        var v = red_f[lid];
-        if lid >= stride {
-            v += red_f[lid - stride];
-        }
-        workgroupBarrier();
-        red_f[lid] = v;
-        workgroupBarrier();
-    }
-    let incl = red_f[lid];
-    at_excl = incl - own;
-    let hit = min_u(lid, select(NONE, lid, own > 0.0 && at_excl <= goal && goal < incl));
-    let last = max_u(lid, select(0u, lid + 1u, own > 0.0)); // 1 + the last thread with a value; 0: none
-    if last == 0u {
-        return vec2<u32>(0u, 0u);
-    }
-    return vec2<u32>(select(last - 1u, hit, hit != NONE), 1u);
 }

@@ -66,6 +66,7 @@ const (
 	ClassH200                     // NVIDIA's H200, where webdraft's kernels were measured
 	ClassLavapipe                 // Mesa's lavapipe (llvmpipe): Vulkan on the CPU
 	ClassSwiftShader              // Chromium's SwiftShader: WebGPU on the CPU
+	ClassBrowserGPU               // a GPU behind a browser's WebGPU, where each dispatch costs the host more than natively
 	NumClasses
 )
 
@@ -79,20 +80,25 @@ func (c Class) String() string {
 		return "lavapipe"
 	case ClassSwiftShader:
 		return "swiftshader"
+	case ClassBrowserGPU:
+		return "browser-gpu"
 	}
 	return fmt.Sprintf("Class(%d)", int(c))
 }
 
-// Class returns the adapter's class, from its name.
+// Class returns the adapter's class, from its name and, for a GPU behind
+// a browser's WebGPU, its backend.
 func (a AdapterInfo) Class() Class {
 	name := strings.ToLower(a.Name)
 	switch {
-	case strings.Contains(name, "h200"):
-		return ClassH200
-	case strings.Contains(name, "llvmpipe") || strings.Contains(name, "lavapipe"):
-		return ClassLavapipe
 	case strings.Contains(name, "swiftshader"):
 		return ClassSwiftShader
+	case strings.Contains(name, "llvmpipe") || strings.Contains(name, "lavapipe"):
+		return ClassLavapipe
+	case a.Backend == "webgpu":
+		return ClassBrowserGPU
+	case strings.Contains(name, "h200"):
+		return ClassH200
 	}
 	return ClassGPU
 }

@@ -353,6 +353,7 @@ func TestAttentionHiddenKeys(t *testing.T) {
 			{wg: 64, workgroups: 1 << 20, maxChunk: 64, vb: 8, mergeMinRows: 1},                      // 64-key splits merged by the last
 			{wg: 64, workgroups: 1 << 20, maxChunk: 64, vb: 8, mergeMinRows: 1, mergeDispatch: true}, // … by a dispatch
 			{wg: 64, workgroups: 1, maxChunk: 1024, vb: 8},                                           // one split
+			measuredBrowserGPU.decode, // one split, 128 threads, 16 values a load
 		} {
 			t.Run(fmt.Sprintf("decode/f16=%v/%+v", half, tune), func(t *testing.T) {
 				// Rows at slot 399 of a 400-slot sequence see the slots below

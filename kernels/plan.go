@@ -106,14 +106,36 @@ var measuredSwiftShader = plan{
 	decode:            decodeTuning{wg: 64, workgroups: 1, maxChunk: 1024, vb: 8, mergeMinRows: 2},
 }
 
-// plans holds each class's plan. The H200's and SwiftShader's are
-// measured; other GPUs and lavapipe take the H200's until they are (their
-// rows here are where their own measurements go).
+// measuredBrowserGPU is the plan measured on a GPU behind a browser's
+// WebGPU: the NVIDIA H200 through Dawn, Chrome's WebGPU, in Node
+// (lab/dawn: `KPLAN='MatMulKernels|AttentionDecode' bash lab/dawn/h200.sh
+// run`, the kernels' benchmarks as wasm, 200 iterations of 16 dependent
+// calls, at the shipped pair's shapes and a context of 256). There every
+// dispatch costs the host microseconds — the Go program's recording, the
+// crossing into JavaScript, Dawn's validation and barriers — more than the
+// pair's kernels cost the GPU:
+//   - matmuls take 8–40 µs a call at one and four rows whatever the
+//     layout (the head 36–60 µs), within the spread between runs, so the
+//     H200's choices stay;
+//   - decode attention is faster in one split of up to 1,024 positions
+//     (no merge dispatch) at 128 threads and 16 values a load: 30 / 22 µs
+//     a call at 1 / 4 rows against 36–46 / 42–56 µs at the H200's 1,024
+//     workgroups with their merge.
+var measuredBrowserGPU = func() plan {
+	p := measuredH200
+	p.decode = decodeTuning{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16, mergeMinRows: 2}
+	return p
+}()
+
+// plans holds each class's plan. The H200's, SwiftShader's and a browser
+// GPU's are measured; other GPUs and lavapipe take the H200's until they
+// are (their rows here are where their own measurements go).
 var plans = [gpu.NumClasses]plan{
 	gpu.ClassH200:        measuredH200,
 	gpu.ClassGPU:         measuredH200,
 	gpu.ClassLavapipe:    measuredH200,
 	gpu.ClassSwiftShader: measuredSwiftShader,
+	gpu.ClassBrowserGPU:  measuredBrowserGPU,
 }
 
 // planFor returns the plan of d's adapter class.

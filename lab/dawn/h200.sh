@@ -9,9 +9,18 @@
 #   bash lab/dawn/h200.sh run      carry .gl .gpu/run: correctness and figures,
 #                                  through Dawn and natively, into $OUT
 #
-# PROMPTS (default 8), TOKENS (128), KS (4,6) size the race; TESTS=0 skips
-# the tests' wasm binaries; PROFILE=1 adds the engine alone under Node's
-# CPU profiler ($OUT/engine.cpuprofile: lab/dawn/cpuprofile.py reads it).
+# PROMPTS (default 8), TOKENS (128), KS (4,6) size the race; EDGE=0 skips
+# edge mode from a cold cache; TESTS=0 skips
+# the tests' wasm binaries; PROFILE=1 runs the engine's build with its
+# function names and writes Node's CPU profiles of the engine's timed steps
+# and of the race ($OUT/steps-*.cpuprofile: lab/dawn/cpuprofile.py reads
+# them);
+# CALLS=1 times the engine's WebGPU calls and replays a step's from
+# JavaScript alone (harness.cjs --calls); SHAPE=qwen3-0.6b adds a drafter
+# of that published shape with random int4 weights (webdraft bench convert),
+# natively and through Dawn; KPLAN=PATTERN runs the kernels' benchmarks of
+# that -test.bench pattern through Dawn at the pair's shapes, KPLAN_ARGS
+# more flags for them (default -benchts=1,4 -test.benchtime 200x).
 set -uo pipefail
 what=${1:?usage: h200.sh dawn | run}
 : "${OUT:?OUT: the folder for the results}"
@@ -43,10 +52,14 @@ run)
   prompts=${PROMPTS:-8} tokens=${TOKENS:-128} ks=${KS:-4,6}
   # harness SECONDS MODE [options]: lab/dawn/harness.cjs on the pair, its
   # drafts checked against native webdraft's.
+  wasm=$run profile=()
+  if [ "${PROFILE:-0}" != 0 ]; then
+    wasm=$run/prof profile=(--profile "$OUT/steps")
+  fi
   harness() {
     local secs=$1 mode=$2
     shift 2
-    timeout "$secs" "$node" lab/dawn/harness.cjs "$mode" --wasm "$run" --prompts "$run/prompts.jsonl" \
+    timeout "$secs" "$node" lab/dawn/harness.cjs "$mode" --wasm "$wasm" --prompts "$run/prompts.jsonl" \
       --max-prompts "$prompts" --native "$run/webdraft" "$@"
     local rc=$?
     [ $rc = 124 ] && echo "h200.sh: harness $mode: stopped after $secs s"
@@ -62,18 +75,35 @@ run)
     echo "== native: mode (a)'s loop (bench spec --live), the same prompts"
     timeout 120 "$run/webdraft" bench spec --live --backend webgpu --target weights/target --drafter weights/drafter \
       --prompts "$run/prompts.jsonl" --max-prompts "$prompts" --new-tokens "$tokens" --batch 1 --ks "$ks" 2>&1 | grep -v "level=INFO"
+    calls=()
+    [ "${CALLS:-0}" != 0 ] && calls=(--calls)
     echo "== Dawn: the engine alone (drafts against native webdraft's, steps)"
-    harness 120 engine --n 16 --steps 64 --chain 16 --rounds 16 --out "$OUT/engine.json"
+    harness 120 engine --n 16 --steps 64 --chain 16 --rounds 16 "${calls[@]}" "${profile[@]}" --out "$OUT/engine.json"
+    if [ -n "${SHAPE:-}" ]; then
+      echo "== a drafter of $SHAPE's shape, random int4 weights: natively and through Dawn"
+      scratch=$(mktemp -d)
+      timeout 240 "$run/webdraft" bench convert --shape "$SHAPE" --scratch "$scratch" 2>&1 | grep -v "level=INFO"
+      shaped=$scratch/$SHAPE
+      mv "$scratch/out-int4" "$shaped" && rm -rf "$scratch/hf"
+      timeout 60 "$run/webdraft" bench engine --backend webgpu --model "$shaped" --context 128 --batches 1 --steps 64 \
+        --prefill 64 2>&1 | grep -E "^(adapter|model|decode step|  chained|batch-1 step floor)"
+      harness 180 engine --drafter "$shaped" --n 16 --steps 64 --chain 16 --rounds 16 "${calls[@]}" --out "$OUT/engine-$SHAPE.json"
+    fi
     echo "== Dawn: the page's worker, mode (a): the race"
-    harness 180 browser --k "$ks" --max-tokens "$tokens" --out "$OUT/browser.json"
-    echo "== Dawn: the page's worker, edge, from a cold cache over loopback HTTP"
-    harness 60 edge --cold --n 16 --out "$OUT/edge.json"
-    if [ "${PROFILE:-0}" != 0 ]; then
-      echo "== Dawn: the engine alone under Node's CPU profiler (drafter.wasm with its function names)"
-      timeout 120 "$node" --cpu-prof --cpu-prof-dir "$OUT" --cpu-prof-name engine.cpuprofile lab/dawn/harness.cjs engine \
-        --wasm "$run/prof" --prompts "$run/prompts.jsonl" --max-prompts 1 --steps 256 --rounds 32
+    harness 180 browser --k "$ks" --max-tokens "$tokens" "${profile[@]}" --out "$OUT/browser.json"
+    if [ "${EDGE:-1}" != 0 ]; then
+      echo "== Dawn: the page's worker, edge, from a cold cache over loopback HTTP"
+      harness 60 edge --cold --n 16 --out "$OUT/edge.json"
     fi
   } 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/figures.txt"
+  if [ -n "${KPLAN:-}" ]; then
+    export WASM_EXEC=$root/$run/wasm_exec.js
+    echo "== the kernels' benchmarks through Dawn, at the pair's shapes: $KPLAN"
+    # shellcheck disable=SC2086
+    (cd kernels && timeout 300 "$node" "$root/lab/dawn/gotest.cjs" "$root/$run/kernels.test.wasm" -test.run '^$' \
+      -test.bench "$KPLAN" -benchshape=embedded ${KPLAN_ARGS:--benchts=1,4 -test.benchtime 200x} 2>&1) |
+      grep -v XDG_RUNTIME_DIR | tee "$OUT/kplan.txt"
+  fi
   if [ "${TESTS:-1}" != 0 ]; then
     export WASM_EXEC=$root/$run/wasm_exec.js
     {

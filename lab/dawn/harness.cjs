@@ -15,6 +15,7 @@ const vm = require("vm");
 const crypto = require("crypto");
 const { execFileSync } = require("child_process");
 const dawn = require("./navigator.cjs");
+const { Calls, replay, census } = require("./calls.cjs");
 
 const root = path.join(__dirname, "..", "..");
 
@@ -43,6 +44,11 @@ options:
   --steps N            engine: timed one-step drafts (default 32)
   --chain N            engine: tokens of each timed chained draft (default 32)
   --rounds N           engine: timed chained drafts (default 8)
+  --calls              engine: also time the WebGPU calls of the steps (where
+                       the host's time goes: inside Dawn, waiting for the GPU,
+                       in the Go program) and replay one step's and one chained
+                       draft's calls from JavaScript alone (their floor
+                       without the Go program)
   --k LIST             browser: draft lengths, comma-separated (default 4)
   --max-tokens N       browser: tokens a run generates (default 128)
   --cold               edge, browser: start from an empty Cache Storage (the models
@@ -50,6 +56,9 @@ options:
   --native PATH        a native webdraft binary: compare the drafts with its
                        \`draft --backend webgpu\` for the same prompts (and, in mode
                        browser, take the prompts' text from its \`detokenize\`)
+  --profile FILE       engine, browser: Node's CPU profile of the timed steps alone
+                       (cpuprofile.py reads it; --wasm with a drafter.wasm built
+                       without -ldflags=-s names the Go functions)
   --out FILE           also write the report (JSON) here
 `;
 
@@ -58,11 +67,11 @@ function parseArgs(argv) {
     mode: argv[0], dawn: "", dawnFlags: [], wasm: path.join(root, "wasm/dist/files"),
     worker: path.join(root, "web/static/worker.js"), drafter: path.join(root, "weights/drafter"),
     target: path.join(root, "weights/target"), prompts: path.join(root, "weights/heldout_prompts.jsonl"),
-    maxPrompts: 8, n: 16, steps: 32, chain: 32, rounds: 8, k: [4], maxTokens: 128, cold: false, native: "", out: "",
+    maxPrompts: 8, n: 16, steps: 32, chain: 32, rounds: 8, k: [4], maxTokens: 128, cold: false, calls: false, profile: "", native: "", out: "",
   };
   if (!["adapter", "engine", "edge", "browser"].includes(o.mode)) throw new UsageError(`unknown mode ${JSON.stringify(o.mode)}`);
   const ints = { "--max-prompts": "maxPrompts", "--n": "n", "--steps": "steps", "--chain": "chain", "--rounds": "rounds", "--max-tokens": "maxTokens" };
-  const strs = { "--dawn": "dawn", "--wasm": "wasm", "--worker": "worker", "--drafter": "drafter", "--target": "target", "--prompts": "prompts", "--native": "native", "--out": "out" };
+  const strs = { "--dawn": "dawn", "--wasm": "wasm", "--worker": "worker", "--drafter": "drafter", "--target": "target", "--prompts": "prompts", "--native": "native", "--out": "out", "--profile": "profile" };
   for (let i = 1; i < argv.length; i++) {
     const a = argv[i];
     const value = () => {
@@ -70,6 +79,7 @@ function parseArgs(argv) {
       return argv[++i];
     };
     if (a === "--cold") o.cold = true;
+    else if (a === "--calls") o.calls = true;
     else if (a === "--dawn-flag") o.dawnFlags.push(value());
     else if (a === "--k") o.k = value().split(",").map((s) => positive("--k", s));
     else if (a in ints) o[ints[a]] = positive(a, value());
@@ -292,6 +302,25 @@ function promptTexts(o, prompts) {
 
 const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 
+// profiler starts Node's CPU profiler; stop(file) writes the profile.
+async function profiler() {
+  const inspector = require("inspector");
+  const session = new inspector.Session();
+  session.connect();
+  const post = (method, params) => new Promise((resolve, reject) => session.post(method, params, (err, r) => (err ? reject(err) : resolve(r))));
+  await post("Profiler.enable");
+  await post("Profiler.setSamplingInterval", { interval: 100 });
+  await post("Profiler.start");
+  return {
+    async stop(file) {
+      const { profile } = await post("Profiler.stop");
+      session.disconnect();
+      fs.writeFileSync(file, JSON.stringify(profile));
+      log(`the steps' CPU profile: ${file}`);
+    },
+  };
+}
+
 // ---- the modes ----
 
 async function modeAdapter(o, gpu) {
@@ -306,6 +335,8 @@ async function modeEngine(o) {
   if (prompts.some((p) => !p.ids)) throw new Error("mode engine drafts after token ids: every prompt needs \"ids\"");
   const { origin } = await serve(s);
   workerScope(s, origin, memoryCache(s, false), () => {});
+  const calls = new Calls();
+  if (o.calls) calls.install(globalThis);
   const t0 = now();
   await bootProgram(s.manifest);
   const bootMs = now() - t0;
@@ -342,6 +373,7 @@ async function modeEngine(o) {
     const sess = m.session();
     let d = await sess.draft(prompts[0].ids, true, 1);
     const single = [], singleGo = [], chained = [];
+    const prof = o.profile ? await profiler() : null;
     for (let i = 0; i < o.steps; i++) {
       t = now();
       d = await sess.draft([d.tokens[0]], false, 1);
@@ -352,6 +384,22 @@ async function modeEngine(o) {
       t = now();
       d = await sess.draft([d.tokens[0]], false, o.chain);
       chained.push((now() - t) / o.chain);
+    }
+    if (prof) await prof.stop(o.profile.replace(/(\.cpuprofile)?$/, `-${role}.cpuprofile`));
+    if (o.calls) {
+      const step = async () => { d = await sess.draft([d.tokens[0]], false, 1); };
+      const chain = async () => { d = await sess.draft([d.tokens[0]], false, o.chain); };
+      r.calls = {
+        step: await calls.measure(async () => { for (let i = 0; i < o.steps; i++) await step(); }, o.steps),
+        chained: await calls.measure(async () => { for (let i = 0; i < o.rounds; i++) await chain(); }, o.rounds * o.chain),
+      };
+      const stepTrace = await calls.capture(step), chainTrace = await calls.capture(chain);
+      r.replay = {
+        step_ms: round(await replay(stepTrace, o.steps)), chained_ms: round((await replay(chainTrace, o.rounds)) / o.chain),
+        step_calls: census(stepTrace), chained_calls: census(chainTrace),
+      };
+      log(`${role}: a step's calls ${JSON.stringify(r.calls.step)}`);
+      log(`${role}: replayed from JavaScript alone: a step ${r.replay.step_ms} ms, chained ${r.replay.chained_ms} ms a token`);
     }
     await sess.close();
     r.step_ms = round(median(single));
@@ -418,6 +466,7 @@ async function modeBrowser(o) {
     downloaded: ready.downloaded, served_bytes: stats.bytes, max_tokens: o.maxTokens, runs: [],
   };
   const problems = [];
+  const prof = o.profile ? await profiler() : null;
   for (const k of o.k) {
     const rows = [];
     for (const [i, p] of prompts.entries()) {
@@ -471,6 +520,7 @@ async function modeBrowser(o) {
       target_step_ms: round((1000 * sum((r) => r.target.seconds)) / sum((r) => r.target.steps)),
     });
   }
+  if (prof) await prof.stop(o.profile.replace(/(\.cpuprofile)?$/, "-browser.cpuprofile"));
   report.problems = problems;
   for (const p of problems) log(`PROBLEM: ${p}`);
   return report;
@@ -481,6 +531,14 @@ function summary(mode, r) {
   if (mode === "engine") {
     lines.push(`adapter ${r.adapter}; engine booted in ${r.boot_ms} ms`, "| model | load ms | first draft ms | step ms | chained ms/token |", "| --- | ---: | ---: | ---: | ---: |");
     for (const [role, m] of Object.entries(r.models)) lines.push(`| ${role} | ${m.load_ms} | ${m.first_draft_ms} | ${m.step_ms} | ${m.chained_step_ms} |`);
+    for (const [role, m] of Object.entries(r.models)) {
+      if (!m.calls) continue;
+      for (const [what, c] of Object.entries(m.calls)) {
+        lines.push(`${role}, ${what} (ms a token): ${c.ms} = ${c.in_calls_ms} in WebGPU calls + ${c.map_wait_ms} waiting for mappings + ${c.outside_ms} elsewhere (Go, syscall/js, promises)`);
+        lines.push(`  calls a token: ${Object.entries(c.calls).map(([k, v]) => `${k} ${v.n}× ${v.us} µs`).join(", ")}`);
+      }
+      lines.push(`${role}, replayed from JavaScript alone: a step ${m.replay.step_ms} ms, chained ${m.replay.chained_ms} ms a token`);
+    }
     if ("drafts_equal_native" in r) lines.push(`drafts equal native webdraft's: ${r.drafts_equal_native}`);
   } else if (mode === "browser") {
     lines.push(`adapter ${r.adapter}; ready in ${r.ready_ms} ms; ${r.max_tokens} tokens a run, greedy`, "| k | prompts | speculative tok/s | target alone tok/s | τ | speedup | draft ms | verify ms | target step ms |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");

@@ -184,11 +184,11 @@ func (b *Batch) params(words []uint32) (*wgpu.Buffer, uint64, error) {
 	d := b.d
 	stride := alignUp(uint64(len(words)*4), uint64(max(d.limits.MinUniformBufferOffsetAlignment, 16)))
 	if len(b.chunks) == 0 || uint64(len(b.chunks[len(b.chunks)-1].data))+stride > paramsChunkSize {
-		buf, err := d.takeChunk()
+		c, err := d.takeChunk()
 		if err != nil {
 			return nil, 0, err
 		}
-		b.chunks = append(b.chunks, &paramsChunk{buf: buf, data: make([]byte, 0, paramsChunkSize)})
+		b.chunks = append(b.chunks, c)
 	}
 	c := b.chunks[len(b.chunks)-1]
 	off := uint64(len(c.data))
@@ -197,11 +197,15 @@ func (b *Batch) params(words []uint32) (*wgpu.Buffer, uint64, error) {
 	return c.buf, off, nil
 }
 
-// takeChunk returns a free uniform chunk, making one if none is free.
-func (d *Device) takeChunk() (*wgpu.Buffer, error) {
+// takeChunk returns a free uniform chunk, emptied, making one if none is
+// free. A chunk keeps its host image from batch to batch: a step records
+// several batches, and a fresh 64 KiB image each would be garbage to
+// collect (in the browser's Go, a cost the step feels).
+func (d *Device) takeChunk() (*paramsChunk, error) {
 	if n := len(d.chunks); n > 0 {
 		c := d.chunks[n-1]
 		d.chunks = d.chunks[:n-1]
+		c.data = c.data[:0]
 		return c, nil
 	}
 	buf, err := d.dev.CreateBuffer(&wgpu.BufferDescriptor{
@@ -216,7 +220,7 @@ func (d *Device) takeChunk() (*wgpu.Buffer, error) {
 		}
 		return nil, err
 	}
-	return buf, nil
+	return &paramsChunk{buf: buf, data: make([]byte, 0, paramsChunkSize)}, nil
 }
 
 // Submit ends the pass, writes the params, submits the batch and reports
@@ -286,9 +290,7 @@ func (b *Batch) Discard() {
 }
 
 func (b *Batch) release() {
-	for _, c := range b.chunks {
-		b.d.chunks = append(b.d.chunks, c.buf)
-	}
+	b.d.chunks = append(b.d.chunks, b.chunks...)
 	b.chunks = nil
 	if b.pass != nil {
 		b.pass.Release()

@@ -173,7 +173,7 @@ type Device struct {
 	pipelines map[string]*Pipeline          // by module name + entry + constants
 	// pipelinesByKey holds the same pipelines for the per-dispatch lookup.
 	pipelinesByKey map[pipelineKey]*Pipeline
-	chunks         []*wgpu.Buffer // free uniform chunks for Batch params
+	chunks         []*paramsChunk // free uniform chunks for Batch params
 	binds          *bindCache     // bind groups reused across batches
 	objs           objects        // what batches' recorders name (JavaScript: record_js.go)
 	timestamps     bool           // timestamp queries enabled (natively, where offered)
@@ -232,8 +232,8 @@ func (d *Device) Close() {
 		m.Release()
 	}
 	for _, c := range d.chunks {
-		c.Destroy()
-		c.Release()
+		c.buf.Destroy()
+		c.buf.Release()
 	}
 	d.pipelines, d.pipelinesByKey, d.modules, d.chunks = nil, nil, nil, nil
 	d.scopes.close()

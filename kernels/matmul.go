@@ -82,7 +82,7 @@ func matMulPlanned(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMul
 	}
 	d := b.Device()
 	l := d.Limits()
-	_, err := matMulSplitK(b, out, x, w, T, in, planFor(d).pick(w, T, l), l.MaxStorageBufferBindingSize, false)
+	_, err := matMulSplitK(b, out, x, w, T, in, w.planned(d, T), l.MaxStorageBufferBindingSize, false)
 	return err
 }
 
@@ -108,7 +108,7 @@ func matMulSplitK(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulI
 	if w == nil {
 		return splitK{}, fmt.Errorf("kernels: matmul: nil matrix")
 	}
-	op := "matmul " + w.Name
+	op := w.opName()
 	if T <= 0 {
 		return splitK{}, fmt.Errorf("kernels: %s: T = %d", op, T)
 	}

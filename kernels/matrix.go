@@ -39,6 +39,34 @@ type Matrix struct {
 	Scales *gpu.Buffer // int4: (N, K/G) f16 scales; nil for dense formats
 
 	pipes gpu.PipelineMemo[matMulPipelineKey] // the matmul pipelines asked for with this matrix
+	picks map[int]matMulChoice                // the device plan's choices by activation rows (planned)
+	op    string                              // "matmul NAME", for errors (opName)
+}
+
+// opName is the matmul's name in errors, made once: every matmul recorded
+// passes it along.
+func (w *Matrix) opName() string {
+	if w.op == "" {
+		w.op = "matmul " + w.Name
+	}
+	return w.op
+}
+
+// planned returns the device plan's choice for T activation rows of w,
+// remembered by T: a forward pass asks for the same few every step, and
+// working one out walks the plan's kernels and layouts (a microsecond or
+// more of a browser's host time a matmul). w lives on d, so the plan and
+// the limits behind a choice never change.
+func (w *Matrix) planned(d *gpu.Device, T int) matMulChoice {
+	if c, ok := w.picks[T]; ok {
+		return c
+	}
+	c := planFor(d).pick(w, T, d.Limits())
+	if w.picks == nil {
+		w.picks = map[int]matMulChoice{}
+	}
+	w.picks[T] = c
+	return c
 }
 
 // UploadMatrix uploads m (a *tensor.Int4, *tensor.F16 or *tensor.F32). K

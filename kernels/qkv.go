@@ -74,7 +74,7 @@ func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, co
 	}
 	d := b.Device()
 	l := d.Limits()
-	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, rows, T, heads, matMulInput{norm: inputNorm, eps: eps}, planFor(d).pick(w, T, l), l.MaxStorageBufferBindingSize)
+	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, rows, T, heads, matMulInput{norm: inputNorm, eps: eps}, w.planned(d, T), l.MaxStorageBufferBindingSize)
 	return err
 }
 

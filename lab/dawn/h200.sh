@@ -3,14 +3,16 @@
 # checkout's copy there; README.md). Two calls, back to back, while the
 # machine stays held:
 #
-#   bash lab/dawn/h200.sh dawn     carry .gl .gpu/dawn: unpacks Node and
-#                                  dawn.node in .gpu/dawn/ (they stay there),
+#   bash lab/dawn/h200.sh dawn     carry .gl and .gpu/dawn/node.xz, then
+#                                  again with .gpu/dawn/dawn.node.xz: unpacks
+#                                  them in .gpu/dawn/ (they stay there), then
 #                                  prints the adapter Dawn finds
 #   bash lab/dawn/h200.sh run      carry .gl .gpu/run: correctness and figures,
 #                                  through Dawn and natively, into $OUT
 #
 # PROMPTS (default 8), TOKENS (128), KS (4,6) size the race; EDGE=0 skips
-# edge mode from a cold cache; TESTS=0 skips
+# edge mode from a cold cache; TESTPKGS lists the tests' packages as
+# DIR:BINARY:SECONDS (default: gpu, kernels, engine/webgpu); TESTS=0 skips
 # the tests' wasm binaries; PROFILE=1 runs the engine's build with its
 # function names and writes Node's CPU profiles of the engine's timed steps
 # and of the race ($OUT/steps-*.cpuprofile: lab/dawn/cpuprofile.py reads
@@ -34,12 +36,20 @@ export DAWN_NODE=$root/.gpu/dawn/dawn.node
 
 case $what in
 dawn)
+  # Either file or both: with the tree, one at a time fits a call.
   set -e
-  unxz .gpu/dawn/node.xz "$node" && chmod +x "$node"
-  unxz .gpu/dawn/dawn.node.xz "$DAWN_NODE"
-  rm .gpu/dawn/*.xz
-  "$node" --version
-  "$node" lab/dawn/harness.cjs adapter --out "$OUT/adapter.json"
+  if [ -e .gpu/dawn/node.xz ]; then
+    unxz .gpu/dawn/node.xz "$node" && chmod +x "$node" && rm .gpu/dawn/node.xz
+  fi
+  if [ -e .gpu/dawn/dawn.node.xz ]; then
+    unxz .gpu/dawn/dawn.node.xz "$DAWN_NODE" && rm .gpu/dawn/dawn.node.xz
+  fi
+  if [ -x "$node" ] && [ -e "$DAWN_NODE" ]; then
+    "$node" --version
+    "$node" lab/dawn/harness.cjs adapter --out "$OUT/adapter.json"
+  else
+    echo "h200.sh: unpacked $(ls .gpu/dawn); carry the other file next"
+  fi
   ;;
 run)
   if [ ! -x "$node" ] || [ ! -e "$DAWN_NODE" ]; then
@@ -108,7 +118,7 @@ run)
     export WASM_EXEC=$root/$run/wasm_exec.js
     {
       echo "== the tests compiled to wasm, through Dawn"
-      for t in gpu:gpu:60 kernels:kernels:180 engine/webgpu:webgpu:100; do
+      for t in ${TESTPKGS:-gpu:gpu:60 kernels:kernels:180 engine/webgpu:webgpu:100}; do
         IFS=: read -r dir bin secs <<< "$t"
         echo "-- $dir"
         # The shipped-pair tests need the embedded pair, which these

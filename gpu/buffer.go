@@ -220,11 +220,11 @@ func ReadRanges(ranges ...Binding) ([][]byte, error) {
 	}
 	defer cmd.Release()
 	d.queue.Submit(cmd)
-	raw, err := d.mapRead(staging, total)
+	raw, err, cerr := d.mapReadChecked(staging, total, "reading buffer "+label)
 	if err != nil {
 		d.dropReadback() // its mapping state is unknown now
 	}
-	if cerr := d.check("reading buffer " + label); cerr != nil {
+	if cerr != nil {
 		return nil, cerr
 	}
 	if err != nil {

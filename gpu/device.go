@@ -176,6 +176,7 @@ type Device struct {
 	chunks         []*paramsChunk // free uniform chunks for Batch params
 	binds          *bindCache     // bind groups reused across batches
 	objs           objects        // what batches' recorders name (JavaScript: record_js.go)
+	writes         writeScratch   // what queue writes copy through (JavaScript: write_js.go)
 	timestamps     bool           // timestamp queries enabled (natively, where offered)
 	deviceBarrier  bool           // see DeviceScopeBarrier
 	scratch        *Buffer        // see Scratch
@@ -277,14 +278,22 @@ func (d *Device) checkSubmit(op string) error {
 // check pops the device's catch-all error scopes, pushes them again, and
 // returns what they caught (or that the device is lost), naming op.
 func (d *Device) check(op string) error {
+	if err := d.checkState(op); err != nil {
+		return err
+	}
+	if err := d.scopes.check(); err != nil {
+		return fmt.Errorf("gpu: %s: %w", op, err)
+	}
+	return nil
+}
+
+// checkState reports a closed or lost device, naming op.
+func (d *Device) checkState(op string) error {
 	if d.closed {
 		return fmt.Errorf("gpu: %s: device is closed", op)
 	}
 	if why := d.lost.Load(); why != nil {
 		return fmt.Errorf("gpu: %s: %w: %s", op, ErrLost, *why)
-	}
-	if err := d.scopes.check(); err != nil {
-		return fmt.Errorf("gpu: %s: %w", op, err)
 	}
 	return nil
 }

@@ -62,18 +62,41 @@ func (s errorScopes) push() {
 // are popped at once, innermost first, and their answers awaited
 // afterwards: one round trip to the GPU process instead of one per scope.
 func (s errorScopes) pop() error {
+	promises := s.popStart()
+	results := make([]scopeResult, len(promises))
+	for i, p := range promises {
+		results[i].value, results[i].ok = jsx.Await(p)
+	}
+	return popErrors(results)
+}
+
+// popStart pops the catch-all scopes, innermost first, and returns their
+// answers' promises in scopeFilters' order.
+func (s errorScopes) popStart() []js.Value {
 	promises := make([]js.Value, len(scopeFilters))
 	for i := len(scopeFilters) - 1; i >= 0; i-- {
 		promises[i] = s.dev.Call("popErrorScope")
 	}
+	return promises
+}
+
+// scopeResult is a popped scope's answer: its GPUError or null, or ok
+// false when popping failed.
+type scopeResult struct {
+	value js.Value
+	ok    bool
+}
+
+// popErrors is what popped scopes caught, their results in scopeFilters'
+// order.
+func popErrors(results []scopeResult) error {
 	var errs []error
-	for i := len(scopeFilters) - 1; i >= 0; i-- {
-		res, ok := jsx.Await(promises[i])
-		switch {
-		case !ok:
+	for i := len(results) - 1; i >= 0; i-- {
+		switch res := results[i]; {
+		case !res.ok:
 			errs = append(errs, errors.New("popping an error scope failed"))
-		case res.Truthy():
-			errs = append(errs, fmt.Errorf("%s error: %s", scopeFilters[i], res.Get("message").String()))
+		case res.value.Truthy():
+			errs = append(errs, fmt.Errorf("%s error: %s", scopeFilters[i], res.value.Get("message").String()))
 		}
 	}
 	return errors.Join(errs...)
@@ -95,7 +118,13 @@ func (s errorScopes) check() error {
 	}
 	err := s.pop()
 	s.push()
-	err = errors.Join(append(s.state.uncaptured, err)...)
+	return s.caught(err)
+}
+
+// caught joins popped, the scopes' errors, with those that escaped them
+// since the last check (and forgets those).
+func (s errorScopes) caught(popped error) error {
+	err := errors.Join(append(s.state.uncaptured, popped)...)
 	s.state.uncaptured = nil
 	return err
 }

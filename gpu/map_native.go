@@ -15,6 +15,14 @@ var spinPoll = false
 
 const spinTimeout = 10 * time.Second
 
+// mapReadChecked is mapRead, then check: the mapping's error and what the
+// device's error scopes caught, naming op (the browser's waits for both at
+// once).
+func (d *Device) mapReadChecked(staging *wgpu.Buffer, size uint64, op string) (out []byte, mapErr, checkErr error) {
+	out, mapErr = d.mapRead(staging, size)
+	return out, mapErr, d.check(op)
+}
+
 // mapRead maps staging (MapRead, size bytes) once the queue is done with it
 // and returns a copy of its contents.
 func (d *Device) mapRead(staging *wgpu.Buffer, size uint64) ([]byte, error) {

@@ -31,9 +31,11 @@ class Calls {
     this.waitMs = 0; // time from mapAsync to its promise settling
   }
 
-  // install wraps each method on its class's prototype.
+  // install wraps each method on its class's prototype, until uninstall:
+  // a wrapped call costs a little even when not timed.
   install(globals) {
     const self = this;
+    this.originals = [];
     for (const [cls, names] of Object.entries(methods)) {
       const proto = globals[cls] && globals[cls].prototype;
       if (!proto) throw new Error(`calls: dawn.node has no ${cls}`);
@@ -41,6 +43,7 @@ class Calls {
         const orig = proto[m];
         if (typeof orig !== "function") throw new Error(`calls: ${cls}.${m} is not a method`);
         const key = `${cls}.${m}`;
+        this.originals.push([proto, m, orig]);
         proto[m] = function (...args) {
           if (!self.timing && !self.trace) return orig.apply(this, args);
           const t = now();
@@ -58,6 +61,12 @@ class Calls {
         };
       }
     }
+  }
+
+  // uninstall puts the methods back.
+  uninstall() {
+    for (const [proto, m, orig] of this.originals || []) proto[m] = orig;
+    this.originals = [];
   }
 
   // measure times the calls of what run does (an async function) and

@@ -22,6 +22,7 @@ import (
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/internal/syncbuf"
 	"webdraft/internal/synth"
 	"webdraft/qwen3"
 	"webdraft/scheduler"
@@ -50,36 +51,18 @@ func (e delayed) Verify(ctx context.Context, b []*engine.VerifyEntry) error {
 	return e.Engine.Verify(ctx, b)
 }
 
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // limited is a server on a real listener, its connection cap included.
 type limited struct {
 	url, addr string
 	srv       *Server
 	ln        *capListener
-	logs      *syncBuffer // everything logged, at debug level
+	logs      *syncbuf.Buffer // everything logged, at debug level
 }
 
 // serveLimited serves c with o as webdraft serve does.
 func serveLimited(t *testing.T, o Options, c Config) *limited {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	srv := NewWithOptions(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), o)
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -13,11 +13,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"webdraft/engine"
+	"webdraft/internal/syncbuf"
 	"webdraft/server"
 )
 
@@ -142,12 +142,12 @@ func lastLine(s string) string {
 
 // startServe runs serve with args until the test ends, and waits for
 // /health to answer 200; it returns the address and serve's stderr.
-func startServe(t *testing.T, args ...string) (string, *syncWriter) {
+func startServe(t *testing.T, args ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	exit := make(chan int, 1)
-	stderr := &syncWriter{}
+	stderr := &syncbuf.Buffer{}
 	go func() {
 		exit <- run(ctx, append([]string{"serve", "--addr", addr, "--backend", "cpu"}, args...), io.Discard, stderr)
 	}()
@@ -179,24 +179,6 @@ func startServe(t *testing.T, args ...string) (string, *syncWriter) {
 	}
 	t.Fatalf("never healthy: %s", stderr.String())
 	return "", nil
-}
-
-// syncWriter is a buffer safe for serve's goroutines.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
 
 // closedWithin reports whether the server closes c before its deadline.

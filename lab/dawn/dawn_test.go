@@ -18,9 +18,10 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"webdraft/internal/syncbuf"
 )
 
 const (
@@ -283,7 +284,7 @@ func runBoth(t *testing.T, dir string, limit time.Duration, env []string, name s
 	cmd.Env = env
 	cmd.WaitDelay = 10 * time.Second // the harness's native runs may hold its pipes
 	var out bytes.Buffer
-	all := &lockedBuffer{}
+	all := &syncbuf.Buffer{}
 	cmd.Stdout = io.MultiWriter(&out, all)
 	cmd.Stderr = all
 	start := time.Now()
@@ -297,25 +298,6 @@ func runBoth(t *testing.T, dir string, limit time.Duration, env []string, name s
 	}
 	t.Logf("%s: %.1f s", what, time.Since(start).Seconds())
 	return out.Bytes(), all.Bytes()
-}
-
-// lockedBuffer is a buffer two goroutines write to: exec's copies of
-// standard output and standard error.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Bytes()
 }
 
 // tail is the last lines of a command's output, less Dawn's

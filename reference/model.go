@@ -140,8 +140,29 @@ func (m *Model) ForwardBatch(inputs []Input) ([][]float32, error) {
 // ForwardRows is ForwardBatch returning the logits of each input's last
 // outs[i] new positions (1 ≤ outs[i] ≤ its tokens), in order.
 func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
+	logits, _, err := m.forward(inputs, outs, nil)
+	return logits, err
+}
+
+// ForwardFeatures is ForwardRows also returning, for each input's new
+// positions, the hidden states an EAGLE-3 head reads: the residual stream
+// entering each of the layers aux (ascending), concatenated — (T, 3·H)
+// rows for three layers (package eagle3).
+func (m *Model) ForwardFeatures(inputs []Input, outs []int, aux []int) (logits, features [][][]float32, err error) {
+	for i, l := range aux {
+		if l < 0 || l >= m.cfg.NumHiddenLayers || i > 0 && l <= aux[i-1] {
+			return nil, nil, fmt.Errorf("forward: feature layers %v: want ascending layers of 0 … %d", aux, m.cfg.NumHiddenLayers-1)
+		}
+	}
+	if len(aux) == 0 {
+		return nil, nil, fmt.Errorf("forward: no feature layers")
+	}
+	return m.forward(inputs, outs, aux)
+}
+
+func (m *Model) forward(inputs []Input, outs []int, aux []int) ([][][]float32, [][][]float32, error) {
 	if len(outs) != len(inputs) {
-		return nil, fmt.Errorf("forward: %d output counts for %d inputs", len(outs), len(inputs))
+		return nil, nil, fmt.Errorf("forward: %d output counts for %d inputs", len(outs), len(inputs))
 	}
 	c := &m.cfg
 	H := c.HiddenSize
@@ -152,22 +173,22 @@ func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
 		T, P := len(in.Tokens), in.Seq.len
 		switch {
 		case T == 0:
-			return nil, fmt.Errorf("forward: input %d has no tokens", i)
+			return nil, nil, fmt.Errorf("forward: input %d has no tokens", i)
 		case seen[in.Seq]:
-			return nil, fmt.Errorf("forward: input %d repeats a sequence of the batch", i)
+			return nil, nil, fmt.Errorf("forward: input %d repeats a sequence of the batch", i)
 		case P+T > c.MaxPositionEmbeddings:
-			return nil, fmt.Errorf("forward: %d positions exceed max_position_embeddings %d", P+T, c.MaxPositionEmbeddings)
+			return nil, nil, fmt.Errorf("forward: %d positions exceed max_position_embeddings %d", P+T, c.MaxPositionEmbeddings)
 		}
 		for j, t := range in.Tokens {
 			if t < 0 || t >= c.VocabSize {
-				return nil, fmt.Errorf("forward: token %d at index %d is outside the vocabulary [0, %d)", t, j, c.VocabSize)
+				return nil, nil, fmt.Errorf("forward: token %d at index %d is outside the vocabulary [0, %d)", t, j, c.VocabSize)
 			}
 		}
 		if outs[i] < 1 || outs[i] > T {
-			return nil, fmt.Errorf("forward: input %d reads out %d of its %d rows", i, outs[i], T)
+			return nil, nil, fmt.Errorf("forward: input %d reads out %d of its %d rows", i, outs[i], T)
 		}
 		if in.Parents != nil && len(in.Parents) != T {
-			return nil, fmt.Errorf("forward: input %d has %d parents for %d tokens", i, len(in.Parents), T)
+			return nil, nil, fmt.Errorf("forward: input %d has %d parents for %d tokens", i, len(in.Parents), T)
 		}
 		parents := in.Parents
 		if parents == nil {
@@ -178,7 +199,7 @@ func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
 		}
 		placed, err := in.Seq.tree.Plan(P, parents)
 		if err != nil {
-			return nil, fmt.Errorf("forward: input %d: %w", i, err)
+			return nil, nil, fmt.Errorf("forward: input %d: %w", i, err)
 		}
 		seen[in.Seq] = true
 		segs[i] = segment{seq: in.Seq, r0: rows, T: T, P: P, rows: placed}
@@ -193,7 +214,19 @@ func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
 			m.w.EmbedTokens.Row(tok, x[r*H:(r+1)*H])
 		}
 	}
+	// features[r] = cat(hidden before layer aux[0], aux[1], …): (rows, len(aux)·H)
+	var feats []float32
+	if len(aux) > 0 {
+		feats = make([]float32, rows*len(aux)*H)
+	}
 	for l := range m.w.Layers {
+		for a, al := range aux {
+			if al == l {
+				for r := range rows {
+					copy(feats[(r*len(aux)+a)*H:(r*len(aux)+a+1)*H], x[r*H:(r+1)*H])
+				}
+			}
+		}
 		m.layer(l, x, segs)
 	}
 	for _, sg := range segs {
@@ -240,7 +273,17 @@ func (m *Model) ForwardRows(inputs []Input, outs []int) ([][][]float32, error) {
 			k++
 		}
 	}
-	return out, nil
+	if aux == nil {
+		return out, nil, nil
+	}
+	w := len(aux) * H
+	features := make([][][]float32, len(segs))
+	for i, sg := range segs {
+		for r := sg.r0; r < sg.r0+sg.T; r++ {
+			features[i] = append(features[i], feats[r*w:(r+1)*w:(r+1)*w])
+		}
+	}
+	return out, features, nil
 }
 
 // layer runs decoder layer l on x (rows, H) in place, appending each

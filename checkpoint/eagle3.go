@@ -42,21 +42,8 @@ func LoadEagle3(dir string, opts LoadOptions) (*Eagle3, error) {
 	if err := checkMatrixShapes(slots, opts.Quant, opts.GroupSize); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
-	for _, s := range slots {
-		src, err := checkSource(folder, s.Name, s.Shape)
-		if err != nil {
-			return nil, err
-		}
-		if s.Vector != nil {
-			*s.Vector = make([]float32, s.Shape[0])
-			sourceRow(src, 0, s.Shape[0], *s.Vector)
-			continue
-		}
-		mat := newMatrix(opts.Quant, s.Shape[0], s.Shape[1], opts.GroupSize)
-		if err := encodeRows(mat, src, 0); err != nil {
-			return nil, fmt.Errorf("%s: tensor %s: %w", folder.FileOf(s.Name), s.Name, err)
-		}
-		*s.Matrix = mat
+	if err := fillSlots(folder, slots, opts.Quant, opts.GroupSize); err != nil {
+		return nil, err
 	}
 	d2t, err := int64Vector(folder, eagle3.D2TName, cfg.DraftVocabSize)
 	if err != nil {

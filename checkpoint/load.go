@@ -150,8 +150,21 @@ func (m *Model) loadHF(opts LoadOptions) error {
 	if err := checkMatrixShapes(slots, m.Quant, m.GroupSize); err != nil {
 		return fmt.Errorf("%s: %w", m.Dir, err)
 	}
+	if err := fillSlots(m.folder, slots, m.Quant, m.GroupSize); err != nil {
+		return err
+	}
+	if err := w.Tie(&m.Config); err != nil {
+		return fmt.Errorf("%s: %w", m.Dir, err)
+	}
+	m.Weights = w
+	return nil
+}
+
+// fillSlots fills each slot from the folder's BF16, F16 or F32 tensor of
+// its name and shape: vectors as f32, matrices in format q.
+func fillSlots(folder *safetensors.Folder, slots []qwen3.Slot, q Quant, groupSize int) error {
 	for _, s := range slots {
-		src, err := checkSource(m.folder, s.Name, s.Shape)
+		src, err := checkSource(folder, s.Name, s.Shape)
 		if err != nil {
 			return err
 		}
@@ -160,16 +173,12 @@ func (m *Model) loadHF(opts LoadOptions) error {
 			sourceRow(src, 0, s.Shape[0], *s.Vector)
 			continue
 		}
-		mat := newMatrix(m.Quant, s.Shape[0], s.Shape[1], m.GroupSize)
+		mat := newMatrix(q, s.Shape[0], s.Shape[1], groupSize)
 		if err := encodeRows(mat, src, 0); err != nil {
-			return fmt.Errorf("%s: tensor %s: %w", m.folder.FileOf(s.Name), s.Name, err)
+			return fmt.Errorf("%s: tensor %s: %w", folder.FileOf(s.Name), s.Name, err)
 		}
 		*s.Matrix = mat
 	}
-	if err := w.Tie(&m.Config); err != nil {
-		return fmt.Errorf("%s: %w", m.Dir, err)
-	}
-	m.Weights = w
 	return nil
 }
 

@@ -132,22 +132,8 @@ func (h *Head) Forward(seq *HeadSequence, ids []int, hidden [][]float32) ([]Head
 	o := make([]float32, T*H)
 	MatMul(o, attn, w.OProj, T)
 	Add(x, o) // x is now the residual: fc'd hidden + attention
-	y := make([]float32, T*H)
-	for t := range T {
-		RMSNorm(y[t*H:(t+1)*H], x[t*H:(t+1)*H], w.PostAttentionLayernorm, c.RMSNormEps)
-	}
-	// hidden = down_proj(SiLU(gate_proj(y)) * up_proj(y)); the layer's output
-	// before norm is hidden + residual
-	I := c.IntermediateSize
-	gate := make([]float32, T*I)
-	up := make([]float32, T*I)
-	MatMul(gate, y, w.GateProj, T)
-	MatMul(up, y, w.UpProj, T)
-	for i := range gate {
-		gate[i] = SiLU(gate[i]) * up[i]
-	}
-	MatMul(o, gate, w.DownProj, T)
-	Add(x, o)
+	// the MLP block: x becomes the layer's output before norm
+	mlpBlock(x, T, c.IntermediateSize, w.PostAttentionLayernorm, w.GateProj, w.UpProj, w.DownProj, c.RMSNormEps)
 	// logits = lm_head(norm(hidden + residual)): (T, Vd)
 	out := make([]HeadRow, T)
 	for t := range T {

@@ -13,6 +13,7 @@ import (
 	"math"
 
 	"webdraft/qwen3"
+	"webdraft/tensor"
 	"webdraft/treemask"
 )
 
@@ -338,22 +339,27 @@ func (m *Model) layer(l int, x []float32, segs []segment) {
 	MatMul(o, attn, w.OProj, T)
 	Add(x, o)
 
-	// --- MLP block ---
-	// residual = hidden; hidden = post_attention_layernorm(hidden)
+	mlpBlock(x, T, c.IntermediateSize, w.PostAttentionLayernorm, w.GateProj, w.UpProj, w.DownProj, c.RMSNormEps)
+}
+
+// mlpBlock is a decoder layer's MLP block on x (T, H) in place:
+// residual = hidden; h = post_attention_layernorm(hidden);
+// hidden = residual + down_proj(SiLU(gate_proj(h)) * up_proj(h)).
+func mlpBlock(x []float32, T, I int, postNorm []float32, gateProj, upProj, downProj tensor.Matrix, eps float64) {
+	H := len(x) / T
+	h := make([]float32, T*H)
 	for t := range T {
-		RMSNorm(h[t*H:(t+1)*H], x[t*H:(t+1)*H], w.PostAttentionLayernorm, c.RMSNormEps)
+		RMSNorm(h[t*H:(t+1)*H], x[t*H:(t+1)*H], postNorm, eps)
 	}
-	// hidden = residual + down_proj(SiLU(gate_proj(h)) * up_proj(h))
-	I := c.IntermediateSize
 	gate := make([]float32, T*I)
 	up := make([]float32, T*I)
-	MatMul(gate, h, w.GateProj, T)
-	MatMul(up, h, w.UpProj, T)
+	MatMul(gate, h, gateProj, T)
+	MatMul(up, h, upProj, T)
 	for i := range gate {
 		gate[i] = SiLU(gate[i]) * up[i]
 	}
-	MatMul(o, gate, w.DownProj, T)
-	Add(x, o)
+	MatMul(h, gate, downProj, T)
+	Add(x, h)
 }
 
 // Draft feeds tokens to seq and returns the n greedy tokens that follow. The

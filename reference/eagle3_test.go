@@ -21,15 +21,7 @@ const eagle3Tiny = "../testdata/eagle3/tiny"
 // steps that each feed back the last row's output with its best token,
 // mapped to the target's vocabulary by d2t.
 func TestEagle3HeadMatchesPyTorch(t *testing.T) {
-	m, err := checkpoint.LoadEagle3(eagle3Tiny, checkpoint.LoadOptions{Quant: checkpoint.F32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := NewHead(m.Config, m.Weights, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := readExpected(t, filepath.Join(eagle3Tiny, "expected.safetensors"))
+	h, m, want := loadTinyHead(t, checkpoint.LoadOptions{Quant: checkpoint.F32})
 	H, Ht := m.Config.HiddenSize, m.Config.TargetHiddenSize
 	seq := h.NewSequence()
 	ids := ints(want.i64["ids0"])
@@ -76,15 +68,7 @@ func TestEagle3HeadMatchesPyTorch(t *testing.T) {
 // TestEagle3HeadInt4 loads the same head quantized to int4 and drafts from
 // it: the path a served head takes.
 func TestEagle3HeadInt4(t *testing.T) {
-	m, err := checkpoint.LoadEagle3(eagle3Tiny, checkpoint.LoadOptions{Quant: checkpoint.Int4, GroupSize: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := NewHead(m.Config, m.Weights, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := readExpected(t, filepath.Join(eagle3Tiny, "expected.safetensors"))
+	h, m, want := loadTinyHead(t, checkpoint.LoadOptions{Quant: checkpoint.Int4, GroupSize: 16})
 	Ht := m.Config.TargetHiddenSize
 	rows, err := h.Forward(h.NewSequence(), []int{int(want.i64["ids0"][0])}, [][]float32{want.f32["features0"][:3*Ht]})
 	if err != nil {
@@ -95,6 +79,21 @@ func TestEagle3HeadInt4(t *testing.T) {
 	if e := relErr(rows[0].Logits, want.f32["logits0"][:m.Config.DraftVocabSize]); e > 0.25 {
 		t.Errorf("int4 logits differ from PyTorch's (BF16) by %.2g of their largest", e)
 	}
+}
+
+// loadTinyHead loads testdata/eagle3's head as opts say, with PyTorch's
+// inputs and outputs for it.
+func loadTinyHead(t *testing.T, opts checkpoint.LoadOptions) (*Head, *checkpoint.Eagle3, expected) {
+	t.Helper()
+	m, err := checkpoint.LoadEagle3(eagle3Tiny, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewHead(m.Config, m.Weights, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, m, readExpected(t, filepath.Join(eagle3Tiny, "expected.safetensors"))
 }
 
 type expected struct {

@@ -110,47 +110,11 @@ func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (Co
 	}
 	stats.Tensors = len(slots)
 
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
-		return stats, err
-	}
-	outPath := filepath.Join(outDir, safetensors.SingleFile)
-	tmp, err := os.CreateTemp(outDir, safetensors.SingleFile+".tmp*")
-	if err != nil {
-		return stats, err
-	}
-	defer os.Remove(tmp.Name()) // no-op once renamed
-	bw := bufio.NewWriterSize(tmp, 4<<20)
-	plan := planOutput(slots, opts.Quant, opts.GroupSize)
-	if w.HeadTokens != nil { // 4-byte elements: first
-		plan.specs = append([]safetensors.Spec{{Name: qwen3.HeadTokensName, DType: safetensors.I32, Shape: []int{len(w.HeadTokens)}}}, plan.specs...)
-	}
-	sw, err := safetensors.NewWriter(bw, plan.specs, meta)
-	if err != nil {
-		tmp.Close()
-		return stats, err
-	}
-	conv := &converter{ctx: ctx, w: sw, opts: opts, total: stats.SourceBytes}
+	var raw []rawTensor
 	if w.HeadTokens != nil {
-		if err := conv.write(w.HeadTokens); err != nil {
-			tmp.Close()
-			return stats, fmt.Errorf("write %s: %w", outPath, err)
-		}
+		raw = append(raw, rawTensor{safetensors.Spec{Name: qwen3.HeadTokensName, DType: safetensors.I32, Shape: []int{len(w.HeadTokens)}}, w.HeadTokens})
 	}
-	if err := conv.run(slots, sources, plan.order); err != nil {
-		tmp.Close()
-		return stats, fmt.Errorf("convert %s: %w", inDir, err)
-	}
-	if err := firstErr(sw.Close(), bw.Flush(), tmp.Chmod(0o644), tmp.Sync()); err != nil {
-		tmp.Close()
-		return stats, fmt.Errorf("write %s: %w", outPath, err)
-	}
-	if st, err := tmp.Stat(); err == nil {
-		stats.OutputBytes = st.Size()
-	}
-	if err := tmp.Close(); err != nil {
-		return stats, fmt.Errorf("write %s: %w", outPath, err)
-	}
-	if err := os.Rename(tmp.Name(), outPath); err != nil {
+	if stats.OutputBytes, err = writeWeights(ctx, inDir, outDir, meta, raw, slots, sources, opts, stats.SourceBytes); err != nil {
 		return stats, err
 	}
 	if err := copyFile(cfgPath, filepath.Join(outDir, "config.json")); err != nil {
@@ -162,6 +126,67 @@ func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (Co
 		}
 	}
 	return stats, nil
+}
+
+// rawTensor is an output tensor written as given, ahead of the weights.
+type rawTensor struct {
+	spec safetensors.Spec
+	data any // its elements, for binary.Append: []int32, []int64
+}
+
+// writeWeights writes outDir's model.safetensors (creating outDir): the raw
+// tensors first, in the order given (8-byte elements before 4-byte ones, for
+// alignment), then each slot encoded from its source per opts. The file is
+// written under a temporary name and renamed when complete, so an error
+// leaves no partial file. It returns the file's size.
+func writeWeights(ctx context.Context, inDir, outDir string, meta map[string]string, raw []rawTensor,
+	slots []qwen3.Slot, sources []safetensors.Tensor, opts ConvertOptions, total int64) (int64, error) {
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return 0, err
+	}
+	outPath := filepath.Join(outDir, safetensors.SingleFile)
+	tmp, err := os.CreateTemp(outDir, safetensors.SingleFile+".tmp*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(tmp.Name()) // no-op once renamed
+	bw := bufio.NewWriterSize(tmp, 4<<20)
+	plan := planOutput(slots, opts.Quant, opts.GroupSize)
+	var specs []safetensors.Spec
+	for _, r := range raw {
+		specs = append(specs, r.spec)
+	}
+	sw, err := safetensors.NewWriter(bw, append(specs, plan.specs...), meta)
+	if err != nil {
+		tmp.Close()
+		return 0, err
+	}
+	conv := &converter{ctx: ctx, w: sw, opts: opts, total: total}
+	for _, r := range raw {
+		if err := conv.write(r.data); err != nil {
+			tmp.Close()
+			return 0, fmt.Errorf("write %s: %w", outPath, err)
+		}
+	}
+	if err := conv.run(slots, sources, plan.order); err != nil {
+		tmp.Close()
+		return 0, fmt.Errorf("convert %s: %w", inDir, err)
+	}
+	if err := firstErr(sw.Close(), bw.Flush(), tmp.Chmod(0o644), tmp.Sync()); err != nil {
+		tmp.Close()
+		return 0, fmt.Errorf("write %s: %w", outPath, err)
+	}
+	var size int64
+	if st, err := tmp.Stat(); err == nil {
+		size = st.Size()
+	}
+	if err := tmp.Close(); err != nil {
+		return 0, fmt.Errorf("write %s: %w", outPath, err)
+	}
+	if err := os.Rename(tmp.Name(), outPath); err != nil {
+		return 0, err
+	}
+	return size, nil
 }
 
 // emptyWeights returns a folder's empty weight tree, with the first n of its
@@ -237,10 +262,9 @@ func shareEmbedding(in *safetensors.Folder, cfg *qwen3.Config, outDir string, op
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
-	m := &Model{Dir: from, Config: *cfg, folder: shared}
 	w, _ := qwen3.NewWeights(cfg)
 	embed := qwen3.Slot{Name: embedName, Shape: []int{cfg.VocabSize, cfg.HiddenSize}, Matrix: &w.EmbedTokens}
-	if err := m.loadSlot(shared, embed, q, g); err != nil {
+	if err := loadSlot(shared, embed, q, g); err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	if src, ok := in.Tensor(embedName); ok {

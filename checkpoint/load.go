@@ -47,8 +47,8 @@ func (m *Model) TokenizerJSON() (data []byte, ok bool, err error) {
 	return data, err == nil, err
 }
 
-// LoadOptions choose how an HF checkpoint is held once loaded; a webdraft
-// folder keeps its own format.
+// LoadOptions choose how an HF checkpoint (or an EAGLE-3 head in the public
+// layout) is held once loaded; a webdraft folder keeps its own format.
 type LoadOptions struct {
 	Quant     Quant // default Int4
 	GroupSize int   // default tensor.DefaultGroupSize
@@ -207,9 +207,9 @@ func (m *Model) loadConverted() error {
 			if err := checkMatrixShapes([]qwen3.Slot{s}, sq, sg); err != nil {
 				return fmt.Errorf("%s: the embedding shared with %s: %w", m.Dir, m.SharedEmbedding, err)
 			}
-			err = m.loadSlot(m.shared, s, sq, sg)
+			err = loadSlot(m.shared, s, sq, sg)
 		} else {
-			err = m.loadSlot(m.folder, s, q, g)
+			err = loadSlot(m.folder, s, q, g)
 		}
 		if err != nil {
 			return err
@@ -222,10 +222,11 @@ func (m *Model) loadConverted() error {
 	return nil
 }
 
-// loadSlot points slot s at its tensors in folder, stored as q (group g).
-func (m *Model) loadSlot(from *safetensors.Folder, s qwen3.Slot, q Quant, g int) error {
+// loadSlot points slot s at its tensors in a webdraft folder, stored as q
+// (group g): the slot then aliases the folder's mapped bytes.
+func loadSlot(from *safetensors.Folder, s qwen3.Slot, q Quant, g int) error {
 	if s.Vector != nil {
-		t, err := m.tensor(from, s.Name, safetensors.F32, s.Shape)
+		t, err := storedTensor(from, s.Name, safetensors.F32, s.Shape)
 		if err != nil {
 			return err
 		}
@@ -235,24 +236,24 @@ func (m *Model) loadSlot(from *safetensors.Folder, s qwen3.Slot, q Quant, g int)
 	rows, cols := s.Shape[0], s.Shape[1]
 	switch q {
 	case Int4:
-		qw, err := m.tensor(from, s.Name+qweightSuffix, safetensors.U32, []int{rows, cols / 8})
+		qw, err := storedTensor(from, s.Name+qweightSuffix, safetensors.U32, []int{rows, cols / 8})
 		if err != nil {
 			return err
 		}
-		sc, err := m.tensor(from, s.Name+scalesSuffix, safetensors.F16, []int{rows, cols / g})
+		sc, err := storedTensor(from, s.Name+scalesSuffix, safetensors.F16, []int{rows, cols / g})
 		if err != nil {
 			return err
 		}
 		*s.Matrix = &tensor.Int4{Rows: rows, Cols: cols, GroupSize: g,
 			QWeight: safetensors.Uint32s(qw.Data), Scales: safetensors.Uint16s(sc.Data)}
 	case F16:
-		t, err := m.tensor(from, s.Name, safetensors.F16, s.Shape)
+		t, err := storedTensor(from, s.Name, safetensors.F16, s.Shape)
 		if err != nil {
 			return err
 		}
 		*s.Matrix = &tensor.F16{Rows: rows, Cols: cols, Data: safetensors.Uint16s(t.Data)}
 	case F32:
-		t, err := m.tensor(from, s.Name, safetensors.F32, s.Shape)
+		t, err := storedTensor(from, s.Name, safetensors.F32, s.Shape)
 		if err != nil {
 			return err
 		}
@@ -291,8 +292,9 @@ func (m *Model) openSharedEmbedding() (Quant, int, error) {
 	return q, g, nil
 }
 
-// tensor fetches a stored tensor of folder and checks its dtype and shape.
-func (m *Model) tensor(folder *safetensors.Folder, name string, dt safetensors.DType, shape []int) (safetensors.Tensor, error) {
+// storedTensor fetches a stored tensor of folder and checks its dtype and
+// shape.
+func storedTensor(folder *safetensors.Folder, name string, dt safetensors.DType, shape []int) (safetensors.Tensor, error) {
 	t, ok := folder.Tensor(name)
 	switch {
 	case !ok:

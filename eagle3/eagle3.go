@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"webdraft/qwen3"
@@ -78,8 +79,8 @@ func LoadConfig(path string) (Config, error) {
 		return Config{}, err
 	}
 	c, err := ParseConfig(data)
-	if err != nil {
-		return Config{}, fmt.Errorf("%s: %w", path, err)
+	if err != nil { // ParseConfig's errors begin "config.json: "
+		return Config{}, fmt.Errorf("%s: %w", filepath.Dir(path), err)
 	}
 	return c, nil
 }

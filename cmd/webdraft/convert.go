@@ -4,16 +4,18 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 
 	"webdraft/checkpoint"
+	"webdraft/eagle3"
 )
 
 func runConvert(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "convert", "--in HF_DIR --out DIR [--quant int4|f16|f32] [--group-size 32] [--embedding-from DIR] [--head-tokens N]")
-	in := fs.String("in", "", "Hugging Face Qwen3 checkpoint folder (config.json, model.safetensors or shards)")
+	fs := newFlags(e, "convert", "--in HF_DIR|HEAD_DIR --out DIR [--quant int4|f16|f32] [--group-size 32] [--embedding-from DIR] [--head-tokens N]")
+	in := fs.String("in", "", "Hugging Face Qwen3 checkpoint folder (config.json, model.safetensors or shards), or an EAGLE-3 head folder (LlamaForCausalLMEagle3 in config.json; --embedding-from and --head-tokens do not apply)")
 	out := fs.String("out", "", "output folder (created; its model.safetensors, config.json and tokenizer.json are replaced)")
 	quant := fs.String("quant", "int4", "weight format: int4, f16 or f32")
 	group := fs.Int("group-size", 32, "int4: input columns per f16 scale (a multiple of 8 dividing every matrix width)")
@@ -43,17 +45,29 @@ func runConvert(ctx context.Context, e *env, args []string) error {
 		}
 		defer bar.Finish()
 	}
+	convert, what := checkpoint.Convert, "model"
+	if isHead(*in) {
+		convert, what = checkpoint.ConvertEagle3, "EAGLE-3 head"
+	}
 	start := time.Now()
-	stats, err := checkpoint.Convert(ctx, *in, *out, opts)
+	stats, err := convert(ctx, *in, *out, opts)
 	if err != nil {
 		return err
 	}
 	for _, n := range stats.Ignored {
 		e.log.Warn("tensor not part of the model, skipped", "tensor", n)
 	}
-	e.log.Info("converted", "in", *in, "out", *out, "quant", q, "tensors", stats.Tensors,
+	e.log.Info("converted", "what", what, "in", *in, "out", *out, "quant", q, "tensors", stats.Tensors,
 		"source_mb", stats.SourceBytes>>20, "output_mb", stats.OutputBytes>>20, "seconds", fmt.Sprintf("%.1f", time.Since(start).Seconds()))
 	return nil
+}
+
+// isHead reports whether dir's config.json names an EAGLE-3 head; a folder
+// whose config.json cannot be read goes to checkpoint.Convert, which says
+// why.
+func isHead(dir string) bool {
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	return err == nil && eagle3.IsHead(data)
 }
 
 // newProgressBar returns a byte progress bar on stderr when stderr is a

@@ -37,7 +37,7 @@ type env struct {
 
 // commands lists every subcommand; each lives in its own file.
 var commands = map[string]command{
-	"convert":    {"convert a Hugging Face Qwen3 checkpoint to a webdraft model folder", runConvert},
+	"convert":    {"convert a Hugging Face Qwen3 checkpoint, or an EAGLE-3 head, to a webdraft folder", runConvert},
 	"draft":      {"draft the n greedy tokens that follow the input", runDraft},
 	"generate":   {"generate text by speculative decoding in the terminal, then report τ and the speedup", runGenerate},
 	"tokenize":   {"turn text into token ids (no special tokens added)", runTokenize},

@@ -1,6 +1,7 @@
 // Package synth writes random Qwen3 checkpoints in Hugging Face's layout
 // (config.json as transformers 5.x writes it, bf16 safetensors, optionally
-// sharded) for tests and benchmarks: real shapes without real weights.
+// sharded), and random EAGLE-3 heads for them in the public layout, for
+// tests and benchmarks: real shapes without real weights.
 package synth
 
 import (
@@ -84,17 +85,21 @@ func Write(dir string, cfg qwen3.Config, opts Options) error {
 		if opts.Shards > 1 {
 			name = fmt.Sprintf("model-%05d-of-%05d.safetensors", shard+1, opts.Shards)
 		}
-		var ids []int32
-		if shard == 0 {
-			ids = w.HeadTokens
+		var head []raw
+		if shard == 0 && w.HeadTokens != nil {
+			b := make([]byte, 0, 4*len(w.HeadTokens))
+			for _, t := range w.HeadTokens {
+				b = binary.LittleEndian.AppendUint32(b, uint32(t))
+			}
+			head = append(head, raw{safetensors.Spec{Name: qwen3.HeadTokensName, DType: safetensors.I32, Shape: []int{len(w.HeadTokens)}}, b})
 		}
-		if err := writeShard(filepath.Join(dir, name), part, ids, opts, rng); err != nil {
+		if err := writeShard(filepath.Join(dir, name), head, part, nil, opts, rng); err != nil {
 			return err
 		}
 		for _, s := range part {
 			weightMap[s.Name] = name
 		}
-		if ids != nil {
+		if head != nil {
 			weightMap[qwen3.HeadTokensName] = name
 		}
 	}
@@ -108,17 +113,26 @@ func Write(dir string, cfg qwen3.Config, opts Options) error {
 	return nil
 }
 
-func writeShard(path string, slots []qwen3.Slot, headTokens []int32, opts Options, rng *rand.Rand) error {
+// raw is a tensor written as given: its little-endian bytes.
+type raw struct {
+	spec safetensors.Spec
+	data []byte
+}
+
+// writeShard writes one safetensors file: the head tensors, the slots'
+// random values (drawn from rng in slot order) and the tail tensors.
+func writeShard(path string, head []raw, slots []qwen3.Slot, tail []raw, opts Options, rng *rand.Rand) error {
 	var specs []safetensors.Spec
 	buf := make([]byte, 0, 1<<16)
-	if headTokens != nil {
-		specs = append(specs, safetensors.Spec{Name: qwen3.HeadTokensName, DType: safetensors.I32, Shape: []int{len(headTokens)}})
-		for _, t := range headTokens {
-			buf = binary.LittleEndian.AppendUint32(buf, uint32(t))
-		}
+	for _, r := range head {
+		specs = append(specs, r.spec)
+		buf = append(buf, r.data...)
 	}
 	for _, s := range slots {
 		specs = append(specs, safetensors.Spec{Name: s.Name, DType: opts.DType, Shape: s.Shape})
+	}
+	for _, r := range tail {
+		specs = append(specs, r.spec)
 	}
 	f, err := os.Create(path)
 	if err != nil {
@@ -149,6 +163,9 @@ func writeShard(path string, slots []qwen3.Slot, headTokens []int32, opts Option
 				buf = buf[:0]
 			}
 		}
+	}
+	for _, r := range tail {
+		buf = append(buf, r.data...)
 	}
 	if _, err := w.Write(buf); err != nil {
 		f.Close()

@@ -82,6 +82,10 @@ type Entry struct {
 	// attends to the line and its own ancestors (package treemask). Nil:
 	// every token continues the line.
 	Parents []int
+	// Target is, for a drafter that reads its target (ReadsTarget: an
+	// EAGLE-3 head), the target's sequence of the same text: each token's
+	// row reads the target's features at the position before it.
+	Target Sequence
 	// TopN, 0 … MaxTopN, asks Step for the most likely tokens after the
 	// last one too (a drafter's alternatives, for a page to show).
 	TopN int
@@ -428,6 +432,38 @@ func checkSampled(c *qwen3.Config, i int, e *VerifyEntry) error {
 		}
 	}
 	return nil
+}
+
+// ReadsTarget returns the target engine whose features drafter reads (an
+// EAGLE-3 head: see Head), or nil for a drafter that reads text alone.
+func ReadsTarget(drafter Engine) Engine {
+	if r, ok := drafter.(interface{ Target() Engine }); ok {
+		return r.Target()
+	}
+	return nil
+}
+
+// Head is a drafter that reads its target's hidden states: an EAGLE-3
+// draft head. It is an Engine whose Step drafts for the text of each
+// entry's Target sequence, with these rules:
+//
+//   - A head sequence of length L has fed tokens 0 … L−1. Each token i ≥ 1
+//     is a row of the head's layer, at position i−1, paired with the
+//     features of position i−1: the target's (the residual stream entering
+//     the layers the head reads, concatenated) while Entry.Target holds
+//     that position, else — drafting past the target — the head's own
+//     output for token i−1, whose row must then be the sequence's last.
+//     Token 0 has no row: a step must feed a token past it.
+//   - Truncate(n) keeps at most the rows that read the target's features:
+//     rows the head drafted from its own output go too, so that the next
+//     step computes them again from the target's, which by then holds
+//     their positions. Len may then be below n.
+//   - Trees (Entry.Parents) are refused.
+type Head interface {
+	Engine
+	// Target is the engine whose sequences' features the head reads; its
+	// sequences keep them (for the layers the head was trained on).
+	Target() Engine
 }
 
 // Chainer is an Engine that runs several greedy steps in one call, each

@@ -12,6 +12,11 @@
 // kernels, its work split across the same workers (sample.go: the draw,
 // a drafter's proposals, a tree's walk), by package sampling's rule.
 //
+// Where asked (Options.FeatureLayers) every pass also keeps, in its
+// sequences beside their keys and values, the residual stream entering
+// chosen layers: what an EAGLE-3 draft head reads, which runs over the
+// engine's sequences on the same workers (Head, head.go).
+//
 // It passes the engine suite (enginetest) against the reference, the
 // oracle it is tested against and which stays the reference engine
 // (--backend reference).
@@ -48,6 +53,11 @@ type Engine struct {
 	pool    *parallel.Pool
 	ownPool bool // pool is the engine's own (Options.Threads), not the shared one
 	pass    pass // the buffers of a forward pass, reused
+	// features are the layers whose input every pass keeps in its
+	// sequences (Options.FeatureLayers); featureAt[l] is layer l's index
+	// among them, −1 for a layer not kept.
+	features  []int
+	featureAt []int
 }
 
 // layer is one decoder layer's weights, ready for the kernels.
@@ -73,6 +83,13 @@ type Options struct {
 	// and forth, rather than one engine's workers spinning for its next
 	// pass while the other's run on the same cores.
 	Threads int
+	// FeatureLayers are target layers (0 … L−1, each once, in the order
+	// given) whose input — the residual stream entering the layer, the
+	// embedding itself for layer 0 — every pass keeps in its sequences,
+	// concatenated in this order (len(FeatureLayers)·H floats a
+	// position) at each fed row's cache slot, as its keys and values:
+	// the features an EAGLE-3 head reads (Head). Nil keeps none.
+	FeatureLayers []int
 }
 
 // shared is the team engines made with Threads 0 share, started by the
@@ -99,6 +116,16 @@ func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 	if opts.KVBytes < 0 || opts.Threads < 0 {
 		return nil, fmt.Errorf("cpu engine: KV bytes %d, threads %d: want ≥ 0", opts.KVBytes, opts.Threads)
 	}
+	featureAt := make([]int, cfg.NumHiddenLayers)
+	for l := range featureAt {
+		featureAt[l] = -1
+	}
+	for i, l := range opts.FeatureLayers {
+		if l < 0 || l >= cfg.NumHiddenLayers || featureAt[l] >= 0 {
+			return nil, fmt.Errorf("cpu engine: feature layers %v: want distinct layers of 0 … %d", opts.FeatureLayers, cfg.NumHiddenLayers-1)
+		}
+		featureAt[l] = i
+	}
 	head, tokens, err := sortedHead(w.LMHead, w.HeadTokens)
 	if err != nil {
 		return nil, fmt.Errorf("cpu engine: %w", err)
@@ -106,7 +133,7 @@ func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, embed: w.EmbedTokens, norm: slices.Clone(w.Norm), head: ops.NewLinear(head),
 		tokens: tokens, invFreq: cfg.RopeInvFreq(), kvBytes: opts.KVBytes,
-		ownPool: opts.Threads > 0,
+		ownPool: opts.Threads > 0, features: slices.Clone(opts.FeatureLayers), featureAt: featureAt,
 	}
 	if w.EmbedTokens == w.LMHead {
 		e.embed = e.head // its packed copy, so that the original may be freed
@@ -156,6 +183,13 @@ func sortedHead(head tensor.Matrix, tokens []int32) (tensor.Matrix, []int32, err
 
 func (e *Engine) Config() qwen3.Config { return e.cfg }
 
+// FeatureLayers returns the layers whose input the engine's sequences keep
+// (Options.FeatureLayers), in their order there.
+func (e *Engine) FeatureLayers() []int { return slices.Clone(e.features) }
+
+// featureWidth is the floats a position's features take: len(features)·H.
+func (e *Engine) featureWidth() int { return len(e.features) * e.cfg.HiddenSize }
+
 func (e *Engine) Info() engine.Info {
 	return engine.Info{Backend: "cpu", Adapter: fmt.Sprintf("Go CPU engine, %s kernels, %d threads", ops.Vector(), e.pool.Workers())}
 }
@@ -181,11 +215,14 @@ func (e *Engine) NewSequence() (engine.Sequence, error) {
 }
 
 // sequence is one sequence's KV cache: per layer, (len, kv_heads·D) keys
-// (RoPE applied) and values, grown as positions come.
+// (RoPE applied) and values, grown as positions come; and, where the
+// engine keeps features, (len, featureWidth) of them, slot by slot as the
+// keys and values.
 type sequence struct {
 	owner *Engine
 	len   int
 	k, v  [][]float32
+	feat  []float32
 	tree  treemask.Tree
 }
 
@@ -208,27 +245,39 @@ func (s *sequence) KeepPath(path []int) error {
 	if err != nil {
 		return err
 	}
-	kvDim := s.owner.cfg.KVDim()
+	kvDim, F := s.owner.cfg.KVDim(), s.owner.featureWidth()
 	for l := range s.k {
 		for _, m := range moves {
 			copy(s.k[l][m.To*kvDim:(m.To+1)*kvDim], s.k[l][m.From*kvDim:(m.From+1)*kvDim])
 			copy(s.v[l][m.To*kvDim:(m.To+1)*kvDim], s.v[l][m.From*kvDim:(m.From+1)*kvDim])
 		}
 	}
+	for _, m := range moves {
+		copy(s.feat[m.To*F:(m.To+1)*F], s.feat[m.From*F:(m.From+1)*F])
+	}
 	s.len = n
 	return nil
 }
 
-func (s *sequence) Release() { s.k, s.v, s.len = nil, nil, 0 }
+func (s *sequence) Release() { s.k, s.v, s.feat, s.len = nil, nil, nil, 0 }
 
-// reserve makes room for n more positions in every layer's cache,
-// growing it as append does.
+// reserve makes room for n more positions in every layer's cache, and in
+// the features where the engine keeps them, growing them as append does.
 func (s *sequence) reserve(n, kvDim int) {
 	have, want := s.len*kvDim, (s.len+n)*kvDim
 	for l := range s.k {
 		s.k[l] = slices.Grow(s.k[l][:have], want-have)[:want]
 		s.v[l] = slices.Grow(s.v[l][:have], want-have)[:want]
 	}
+	if F := s.owner.featureWidth(); F > 0 {
+		s.feat = slices.Grow(s.feat[:s.len*F], n*F)[:(s.len+n)*F]
+	}
+}
+
+// features is the features the sequence keeps at slot i.
+func (s *sequence) features(i int) []float32 {
+	F := s.owner.featureWidth()
+	return s.feat[i*F : (i+1)*F : (i+1)*F]
 }
 
 // sequences checks that every entry's sequence is this engine's, once in

@@ -236,8 +236,16 @@ func (p *pass) run(w int) {
 
 	for l := range e.layers {
 		L := &e.layers[l]
-		// residual = hidden; h = input_layernorm(hidden): (R, H), blocked
+		// residual = hidden; h = input_layernorm(hidden): (R, H), blocked.
+		// A layer whose input the sequences keep (Options.FeatureLayers):
+		// hidden into each row's slot of its sequence's features.
 		lo, hi := pool.Split(R, w)
+		if a := e.featureAt[l]; a >= 0 {
+			for r := lo; r < hi; r++ {
+				f := p.segs[p.rowSeg[r]].seq.features(int(p.rowSlot[r]))
+				copy(f[a*H:(a+1)*H], p.x[r*H:(r+1)*H])
+			}
+		}
 		for r := lo; r < hi; r++ {
 			ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], L.inputNorm, eps)
 			p.normed.Set(r, ws.row)
@@ -494,18 +502,28 @@ func (p *pass) sampled(rd readout, rows []engine.VerifyRow, i0 int) error {
 }
 
 // token is the vocabulary token of head row i.
-func (e *Engine) token(i int) int {
-	if e.tokens != nil {
-		return int(e.tokens[i])
+func (e *Engine) token(i int) int { return tokenOf(e.tokens, i) }
+
+// tokenOf is the vocabulary token of row i of a head over tokens
+// (ascending; nil: row i is token i).
+func tokenOf(tokens []int32, i int) int {
+	if tokens != nil {
+		return int(tokens[i])
 	}
 	return i
 }
 
-// top returns the n most likely tokens of a head row, most likely first,
-// the lower token first on ties (sampling.Top's order), without sorting
-// the row: a short list kept in order, which a chunk of 64 logits enters
-// only when its largest (a vector reduction) could.
+// top returns the n most likely tokens of a head row (topOf).
 func (e *Engine) top(logits []float32, n int, lse float32) []sampling.TokenLogprob {
+	return topOf(logits, n, lse, e.tokens)
+}
+
+// topOf returns the n most likely tokens of a row of logits over a head's
+// tokens (tokenOf), most likely first, the lower token first on ties
+// (sampling.Top's order), without sorting the row: a short list kept in
+// order, which a chunk of 64 logits enters only when its largest (a
+// vector reduction) could.
+func topOf(logits []float32, n int, lse float32, tokens []int32) []sampling.TokenLogprob {
 	type cand struct {
 		v   float32
 		tok int
@@ -521,7 +539,7 @@ func (e *Engine) top(logits []float32, n int, lse float32) []sampling.TokenLogpr
 			}
 		}
 		for j, v := range part {
-			c := cand{v, e.token(c0 + j)}
+			c := cand{v, tokenOf(tokens, c0+j)}
 			if len(best) == n && !better(c, best[n-1]) {
 				continue
 			}

@@ -94,7 +94,7 @@ func Run(ctx context.Context, target, drafter engine.Engine, prompts [][]int, o 
 		if err != nil {
 			return nil, fmt.Errorf("target, prompts %d…%d: %w", lo, lo+len(group)-1, err)
 		}
-		if err := r.verify(ctx, drafter, group, conts); err != nil {
+		if err := r.verify(ctx, target, drafter, group, conts); err != nil {
 			return nil, fmt.Errorf("drafter, prompts %d…%d: %w", lo, lo+len(group)-1, err)
 		}
 		r.Continuations = append(r.Continuations, conts...)
@@ -151,6 +151,7 @@ func newEntries(e engine.Engine, n int) ([]*engine.Entry, func(), error) {
 // accepted continuation) and how far into the target's continuation it is.
 type game struct {
 	entry   *engine.Entry
+	target  *engine.Entry // a head's: the target's sequence of the context, for its features
 	context []int
 	cont    []int
 	pos     int
@@ -162,36 +163,74 @@ type game struct {
 // (one batched forward pass per token), then each keeps the prefix its
 // target agrees with. Drafter KV caches persist across steps, rolled back
 // to what was accepted.
-func (r *Result) verify(ctx context.Context, drafter engine.Engine, prompts, conts [][]int) error {
+//
+// A drafter that reads its target (an EAGLE-3 head, engine.ReadsTarget)
+// drafts from the target's features of the context as the live loop has
+// them — every position but the last token's, which the target has not
+// fed yet — so each step the target first feeds the context so far (one
+// batched pass), and a one-token context drafts nothing.
+func (r *Result) verify(ctx context.Context, target, drafter engine.Engine, prompts, conts [][]int) error {
 	entries, release, err := newEntries(drafter, len(prompts))
 	defer release()
 	if err != nil {
 		return err
 	}
-	games := make([]*game, len(prompts))
-	for i, p := range prompts {
-		games[i] = &game{entry: entries[i], context: append([]int(nil), p...), cont: conts[i], draft: make([]int, 0, r.K)}
-	}
-	for {
-		var batch []*engine.Entry
-		var playing []*game
-		for _, g := range games {
-			if g.pos < len(g.cont) {
-				g.entry.Tokens = g.context[g.entry.Seq.Len():]
-				g.draft = g.draft[:0]
-				batch = append(batch, g.entry)
-				playing = append(playing, g)
-			}
-		}
-		if len(batch) == 0 {
-			return nil
-		}
-		drafts, err := engine.StepN(ctx, drafter, batch, r.K)
+	head := engine.ReadsTarget(drafter) != nil
+	var targets []*engine.Entry
+	if head {
+		var releaseTargets func()
+		targets, releaseTargets, err = newEntries(target, len(prompts))
+		defer releaseTargets()
 		if err != nil {
 			return err
 		}
-		for i, g := range playing {
-			g.draft = append(g.draft, engine.IDs(drafts[i])...)
+	}
+	games := make([]*game, len(prompts))
+	for i, p := range prompts {
+		games[i] = &game{entry: entries[i], context: append([]int(nil), p...), cont: conts[i], draft: make([]int, 0, r.K)}
+		if head {
+			games[i].target = targets[i]
+		}
+	}
+	for {
+		var batch, feed []*engine.Entry
+		var playing, drafting []*game
+		for _, g := range games {
+			if g.pos >= len(g.cont) {
+				continue
+			}
+			g.draft = g.draft[:0]
+			playing = append(playing, g)
+			if head {
+				t := g.target
+				if t.Tokens = g.context[t.Seq.Len() : len(g.context)-1]; len(t.Tokens) > 0 {
+					feed = append(feed, t)
+				}
+				if len(g.context) == 1 {
+					continue // no features yet: the target's own token
+				}
+				g.entry.Target = t.Seq
+			}
+			g.entry.Tokens = g.context[g.entry.Seq.Len():]
+			batch = append(batch, g.entry)
+			drafting = append(drafting, g)
+		}
+		if len(playing) == 0 {
+			return nil
+		}
+		if len(feed) > 0 {
+			if err := target.Step(ctx, feed); err != nil {
+				return fmt.Errorf("the target's features: %w", err)
+			}
+		}
+		if len(batch) > 0 {
+			drafts, err := engine.StepN(ctx, drafter, batch, r.K)
+			if err != nil {
+				return err
+			}
+			for i, g := range drafting {
+				g.draft = append(g.draft, engine.IDs(drafts[i])...)
+			}
 		}
 		for _, g := range playing {
 			r.accept(g)
@@ -204,12 +243,12 @@ func (r *Result) verify(ctx context.Context, drafter engine.Engine, prompts, con
 func (r *Result) accept(g *game) {
 	left := len(g.cont) - g.pos
 	a := 0
-	for a < r.K && a < left && g.draft[a] == g.cont[g.pos+a] {
+	for a < len(g.draft) && a < left && g.draft[a] == g.cont[g.pos+a] {
 		r.Reached[a]++
 		r.Accepted[a]++
 		a++
 	}
-	if a < r.K && a < left {
+	if a < len(g.draft) && a < left {
 		r.Reached[a]++
 	}
 	gained := min(a+1, left) // the accepted tokens and the target's own

@@ -232,6 +232,19 @@ func (r *runner) step(ctx context.Context) error {
 			continue
 		}
 		tp, dp := gn.pendingTarget(), gn.pendingDraft()
+		if g.head && gn.draft != nil {
+			// A head drafts from the target's features of the context: the
+			// target feeds the prompt, all but its last token, first; the
+			// head then reads it all in its first draft.
+			if len(tp) <= 1 {
+				ready = append(ready, gn)
+			} else if n := min(len(tp)-1, chunk, budget); n > 0 {
+				budget -= n
+				targetFill = append(targetFill, &engine.VerifyEntry{Seq: gn.target, Tokens: tp[:n], Out: 1})
+				filling = append(filling, gn)
+			}
+			continue
+		}
 		if len(tp) <= chunk && len(dp) <= chunk {
 			// The tails of prompts count against the budget; a pass takes one
 			// at least.
@@ -462,7 +475,14 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 			continue
 		}
 		if k := gn.draftLen(r.g); k > 0 {
-			batch = append(batch, &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN})
+			en := &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN}
+			if r.g.head {
+				if gn.target.Len() == 0 {
+					continue // no features yet: a one-token prompt's first step is the target's alone
+				}
+				en.Target = gn.target
+			}
+			batch = append(batch, en)
 			who = append(who, i)
 			n = max(n, k)
 			room = min(room, d.Config().MaxPositionEmbeddings-len(gn.context)+1)

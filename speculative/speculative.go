@@ -91,7 +91,7 @@ type Request struct {
 	// most likely children (a sampled generation's: TopK draws), TreeNodes
 	// nodes verified; 0 takes Options'. A sampled tree needs engines whose
 	// drafts can be sampled (engine.SampledPair), else it drafts a chain;
-	// remote drafts are chains.
+	// remote drafts are chains, and so are an EAGLE-3 head's.
 	TopK, TreeNodes int
 	// PMin, above 0, ends a draft early before the first token the drafter
 	// gives a probability below it (llama.cpp's --draft-p-min).
@@ -214,8 +214,12 @@ var (
 // one.
 type Generator struct {
 	drafter, target engine.Engine
-	opts            Options
-	queue           *jobqueue.Queue[*job]
+	// head: the drafter reads the target's features (engine.Head, an
+	// EAGLE-3 head): a generation's target feeds its prompt before the
+	// head's first draft, and drafts are chains.
+	head  bool
+	opts  Options
+	queue *jobqueue.Queue[*job]
 	// The KV budgets in positions (Options.DraftTokens, TargetTokens).
 	draftBudget, targetBudget int
 
@@ -248,6 +252,10 @@ func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
 	if d, t := drafter.Config().VocabSize, target.Config().VocabSize; d != t {
 		return nil, fmt.Errorf("speculative: the drafter's vocabulary has %d tokens, the target's %d", d, t)
 	}
+	head := engine.ReadsTarget(drafter)
+	if head != nil && head != target {
+		return nil, errors.New("speculative: the drafter is an EAGLE-3 head of another target engine")
+	}
 	budget := func(want, capacity int) int {
 		if want <= 0 || want > capacity {
 			return capacity
@@ -255,7 +263,7 @@ func New(drafter, target engine.Engine, opts Options) (*Generator, error) {
 		return want
 	}
 	return &Generator{
-		drafter: drafter, target: target, opts: opts,
+		drafter: drafter, target: target, head: head != nil, opts: opts,
 		queue: jobqueue.New[*job](opts.MaxQueue), wake: make(chan struct{}, 1),
 		draftBudget: budget(opts.DraftTokens, drafter.KVCapacity()), targetBudget: budget(opts.TargetTokens, target.KVCapacity()),
 	}, nil
@@ -296,8 +304,11 @@ func (g *Generator) k(r *Request) int {
 	return r.K
 }
 
-// topK is the tree width r asks for (1: a chain).
+// topK is the tree width r asks for (1: a chain); a head drafts chains.
 func (g *Generator) topK(r *Request) int {
+	if g.head {
+		return 1
+	}
 	if r.TopK == 0 {
 		return g.opts.TopK
 	}

@@ -211,10 +211,10 @@ func TestGreedyEqualsTarget(t *testing.T) {
 
 // TestTauEqualsOffline: for greedy decoding the live loop's τ is the
 // offline measurement's (package specdec, the target's continuation
-// computed first).
+// computed first), an EAGLE-3 head's included.
 func TestTauEqualsOffline(t *testing.T) {
-	for _, p := range pairs(t, cpu) {
-		ps := prompts(2, 8)
+	ps := prompts(2, 8)
+	for _, p := range append(pairs(t, cpu), headPair(t, ps, 20)) {
 		for _, k := range []int{2, 5} {
 			const n = 20
 			off, err := specdec.Run(context.Background(), p.target, p.drafter, ps, specdec.Options{K: k, NewTokens: n})
@@ -264,6 +264,7 @@ func TestSamplingFollowsTarget(t *testing.T) {
 	for _, backend := range []struct {
 		name     string
 		open     func(*testing.T, *checkpoint.Model) engine.Engine
+		pair     func(*testing.T) pair // instead of open's first pair
 		seeds    int
 		variants []variant
 	}{
@@ -271,13 +272,21 @@ func TestSamplingFollowsTarget(t *testing.T) {
 		// SamplesDrafts): chains and trees held to the multi-draft rule;
 		// and a drafter that proposes its greedy tokens (one that does
 		// not).
-		{"reference", cpu, 2000, []variant{{"sampled-chain", sampled, 1}, {"sampled-tree", sampled, 3},
+		{"reference", cpu, nil, 2000, []variant{{"sampled-chain", sampled, 1}, {"sampled-tree", sampled, 3},
 			{"greedy-drafts", func(p pair) engine.Engine { return greedyDrafter{p.drafter} }, 1}}},
 		// The WebGPU pair in one group: proposals drawn and trees walked
 		// on the device (lavapipe: fewer seeds, a tree).
-		{"webgpu", gpuGroup(t), 400, []variant{{"sampled-tree", sampled, 3}}},
+		{"webgpu", gpuGroup(t), nil, 400, []variant{{"sampled-tree", sampled, 3}}},
+		// An EAGLE-3 head on the CPU engine, proposing its greedy tokens.
+		{"cpu-head", nil, func(t *testing.T) pair { return headPair(t, [][]int{prompt}, 3) }, 2000,
+			[]variant{{"greedy-drafts", sampled, 1}}},
 	} {
-		p := pairs(t, backend.open)[0] // the other drafter's tokens are all but never accepted
+		if backend.pair == nil {
+			backend.pair = func(t *testing.T) pair {
+				return pairs(t, backend.open)[0] // the other drafter's tokens are all but never accepted
+			}
+		}
+		p := backend.pair(t)
 		for _, v := range backend.variants {
 			t.Run(backend.name+"/"+v.name, func(t *testing.T) {
 				seeds := backend.seeds

@@ -20,9 +20,10 @@ import (
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--batch 1] [--temperature 0] [--top-p 1]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR | --head DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--batch 1] [--temperature 0] [--top-p 1]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter)")
+	headDir := headFlagVar(fs)
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
 	k := fs.Int("k", 16, "draft length per verification step")
 	newTokens := fs.Int("new-tokens", 128, "tokens per prompt: the target's greedy continuation (with --live, each generation's length); the report gives their loop rate (the share in which a run of 12 tokens occurs 3 times without overlap) and distinct-4 (distinct 4-grams over 4-grams, the mean)")
@@ -90,11 +91,9 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("target: %w", err)
 	}
 	defer target.Close()
-	drafter, drafterName, err := load(*drafterDir, weights.DrafterDir)
-	if err != nil {
-		return fmt.Errorf("drafter: %w", err)
+	if *headDir != "" && *drafterDir != "" {
+		return usagef("give --drafter or --head, not both")
 	}
-	defer drafter.Close()
 	prompts, err := readPrompts(*promptsFile, target, *maxPrompts)
 	if err != nil {
 		return err
@@ -109,14 +108,30 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		positions := int64(*batch) * int64(longest+*newTokens+max(*k, speculative.MaxK)+32)
 		return positions * int64(engine.KVBytesPerToken(&m.Config, 4))
 	}
-	// One device for both (on WebGPU): sampled drafts verified on it.
-	engs, err := openEngines(e, []*checkpoint.Model{target, drafter}, backend, []int64{kvFor(target), kvFor(drafter)}, *batch)
-	if err != nil {
-		return err
+	var te, de engine.Engine
+	var drafterName string
+	if *headDir != "" {
+		hp, err := openHeadPair(e, target, targetName, *headDir, backend, kvFor(target))
+		if err != nil {
+			return err
+		}
+		defer hp.close()
+		te, de, drafterName = hp.target, hp.head, "EAGLE-3 head "+*headDir
+	} else {
+		drafter, name, err := load(*drafterDir, weights.DrafterDir)
+		if err != nil {
+			return fmt.Errorf("drafter: %w", err)
+		}
+		defer drafter.Close()
+		// One device for both (on WebGPU): sampled drafts verified on it.
+		engs, err := openEngines(e, []*checkpoint.Model{target, drafter}, backend, []int64{kvFor(target), kvFor(drafter)}, *batch)
+		if err != nil {
+			return err
+		}
+		te, de, drafterName = engs[0], engs[1], name
+		defer te.Close()
+		defer de.Close()
 	}
-	te, de := engs[0], engs[1]
-	defer te.Close()
-	defer de.Close()
 
 	if *live {
 		ks, err := parseIDs(*ksFlag)

@@ -12,14 +12,16 @@ import (
 	"webdraft/sampling"
 	"webdraft/speculative"
 	"webdraft/tokenizer"
+	"webdraft/weights"
 )
 
 // generateCacheMB is each model's KV cache for one generation.
 const generateCacheMB = 64
 
 func runGenerate(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
+	fs := newFlags(e, "generate", "[--model DIR | --head DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
 	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded drafter")
+	headDir := headFlagVar(fs)
 	targetDir := fs.String("target", "", "the target's folder; default: the embedded target")
 	text := fs.String("text", "", "the prompt as text")
 	idsFlag := fs.String("ids", "", "the prompt as token ids, comma-separated")
@@ -55,32 +57,53 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	drafter, target, err := openServedPair(ctx, e, *modelDir, *targetDir, backend, generateCacheMB)
-	if err != nil {
-		return err
+	if *headDir != "" && *modelDir != "" {
+		return usagef("give --model or --head, not both")
 	}
-	defer drafter.close()
-	defer target.close()
-	if err := checkPair(drafter.model, target.model); err != nil {
-		return err
+	var d, t engine.Engine
+	var drafterName, targetName string
+	var tok *tokenizer.Tokenizer
+	if *headDir != "" {
+		tl, err := loadServed(e, *targetDir, weights.TargetDir)
+		if err != nil {
+			return err
+		}
+		defer tl.m.Close()
+		hp, err := openHeadPair(e, tl.m, tl.name, *headDir, backend, generateCacheMB<<20)
+		if err != nil {
+			return err
+		}
+		defer hp.close()
+		d, t, tok = hp.head, hp.target, tl.tok
+		drafterName, targetName = "EAGLE-3 head "+*headDir, tl.name
+	} else {
+		drafter, target, err := openServedPair(ctx, e, *modelDir, *targetDir, backend, generateCacheMB)
+		if err != nil {
+			return err
+		}
+		defer drafter.close()
+		defer target.close()
+		if err := checkPair(drafter.model, target.model); err != nil {
+			return err
+		}
+		d, t, tok = drafter.model.Engine, target.model.Engine, target.model.Tokenizer
+		if tok == nil {
+			tok = drafter.model.Tokenizer
+		}
+		drafterName, targetName = drafter.model.Name, target.model.Name
 	}
 	if *k == 0 {
-		*k = defaultK(target.model.Engine.Info().Backend)
+		*k = defaultK(t.Info().Backend)
 	}
-	tok := target.model.Tokenizer
-	if tok == nil {
-		tok = drafter.model.Tokenizer
-	}
-	prompt, err := generatePrompt(tok, *text, *idsFlag, *chat, target.model.Engine.Config().VocabSize)
+	prompt, err := generatePrompt(tok, *text, *idsFlag, *chat, t.Config().VocabSize)
 	if err != nil {
 		return err
 	}
 	req := speculative.Request{
 		Prompt: prompt, MaxTokens: *maxTokens, K: *k, TopK: *tree.topK, TreeNodes: *tree.nodes, Seed: *seed,
 		Sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
-		Stop:     tokenizer.StopIDs(target.model.Engine.Config().EOSTokenIDs, tok),
+		Stop:     tokenizer.StopIDs(t.Config().EOSTokenIDs, tok),
 	}
-	d, t := drafter.model.Engine, target.model.Engine
 	out := &errWriter{w: e.stdout}
 
 	// Speculative decoding, streamed as the target accepts.
@@ -128,7 +151,7 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 		mode = fmt.Sprintf("temperature %g, top-p %g, seed %d", *temperature, *topP, *seed)
 	}
 	writeSummary(out, summary{
-		drafter: drafter.model.Name, target: target.model.Name, backend: t.Info().Backend, k: *k, topK: *tree.topK, nodes: *tree.nodes, mode: mode,
+		drafter: drafterName, target: targetName, backend: t.Info().Backend, k: *k, topK: *tree.topK, nodes: *tree.nodes, mode: mode,
 		spec: spec, specTime: specTime, alone: alone, aloneTime: aloneTime, hist: hist,
 	})
 	if out.err != nil {

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"webdraft/checkpoint"
+	"webdraft/internal/synth"
+	"webdraft/safetensors"
+)
+
+// TestHead: generate and bench spec draft with an EAGLE-3 head for the
+// golden target (a random head in the public layout, quantized on load):
+// generate gives the target's own greedy tokens; bench spec measures τ;
+// a head for another target, both --model and --head, and --head on
+// WebGPU are refused in one line.
+func TestHead(t *testing.T) {
+	golden := filepath.Join("..", "..", "testdata", "golden")
+	target, err := checkpoint.Load(filepath.Join(golden, "untied"), checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	head := t.TempDir()
+	if err := synth.WriteEagle3(head, target.Config, synth.Eagle3Options{Seed: 3, Std: 0.1, DType: safetensors.F32, DraftVocabSize: 256}); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := webdraft(t, "generate", "--head", head, "--target", filepath.Join(golden, "untied"), "--ids", "1,2,3",
+		"--max-tokens", "12", "--k", "3", "--backend", "cpu")
+	if code != 0 {
+		t.Fatalf("generate: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"── EAGLE-3 head " + head + " drafting for " + filepath.Join(golden, "untied") + ", k 3, greedy, cpu engine",
+		"the same tokens as the target alone: yes"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("generate: no %q in\n%s", want, stdout)
+		}
+	}
+	prompts := filepath.Join(t.TempDir(), "prompts.jsonl")
+	if err := os.WriteFile(prompts, []byte("{\"ids\": [1, 2, 3]}\n{\"ids\": [400, 5, 6, 7]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr = webdraft(t, "bench", "spec", "--prompts", prompts, "--head", head, "--target", filepath.Join(golden, "untied"),
+		"--k", "4", "--new-tokens", "16", "--backend", "cpu")
+	if code != 0 || !regexp.MustCompile(`drafter EAGLE-3 head .*: 2 prompts, k = 4`).MatchString(stdout) || !strings.Contains(stdout, "τ (mean tokens per verification step)") {
+		t.Errorf("bench spec: exit %d\n%s%s", code, stdout, stderr)
+	}
+
+	other := t.TempDir()
+	tied, err := checkpoint.Load(filepath.Join(golden, "tied"), checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tied.Close()
+	wide := tied.Config
+	wide.HiddenSize, wide.VocabSize = 96, 2048 // the golden target: 128 wide, 1024 tokens
+	if err := synth.WriteEagle3(other, wide, synth.Eagle3Options{Seed: 3, DType: safetensors.F32, DraftVocabSize: 64}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"generate", "--head", other, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "cpu"}, 1, "does not fit target"},
+		{[]string{"generate", "--head", head, "--model", filepath.Join(golden, "tied"), "--ids", "1"}, 2, "not both"},
+		{[]string{"generate", "--head", head, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "webgpu"}, 2, "CPU engine"},
+		{[]string{"bench", "spec", "--prompts", prompts, "--head", head, "--drafter", filepath.Join(golden, "tied")}, 2, "not both"},
+	} {
+		code, _, stderr := webdraft(t, c.args...)
+		if code != c.code || !strings.Contains(stderr, c.want) || strings.Count(strings.TrimSpace(lastLine(stderr)), "\n") > 0 {
+			t.Errorf("%v: exit %d (want %d), stderr %q", c.args, code, c.code, stderr)
+		}
+	}
+}
+

@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 
 	"webdraft/checkpoint"
-	"webdraft/eagle3"
 )
 
 func runConvert(ctx context.Context, e *env, args []string) error {
@@ -60,14 +58,6 @@ func runConvert(ctx context.Context, e *env, args []string) error {
 	e.log.Info("converted", "what", what, "in", *in, "out", *out, "quant", q, "tensors", stats.Tensors,
 		"source_mb", stats.SourceBytes>>20, "output_mb", stats.OutputBytes>>20, "seconds", fmt.Sprintf("%.1f", time.Since(start).Seconds()))
 	return nil
-}
-
-// isHead reports whether dir's config.json names an EAGLE-3 head; a folder
-// whose config.json cannot be read goes to checkpoint.Convert, which says
-// why.
-func isHead(dir string) bool {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	return err == nil && eagle3.IsHead(data)
 }
 
 // newProgressBar returns a byte progress bar on stderr when stderr is a

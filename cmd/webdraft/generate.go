@@ -19,9 +19,8 @@ import (
 const generateCacheMB = 64
 
 func runGenerate(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "generate", "[--model DIR | --head DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
-	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded drafter")
-	headDir := headFlagVar(fs)
+	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
+	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded drafter"+headNote)
 	targetDir := fs.String("target", "", "the target's folder; default: the embedded target")
 	text := fs.String("text", "", "the prompt as text")
 	idsFlag := fs.String("ids", "", "the prompt as token ids, comma-separated")
@@ -57,25 +56,22 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *headDir != "" && *modelDir != "" {
-		return usagef("give --model or --head, not both")
-	}
 	var d, t engine.Engine
 	var drafterName, targetName string
 	var tok *tokenizer.Tokenizer
-	if *headDir != "" {
+	if isHead(*modelDir) {
 		tl, err := loadServed(e, *targetDir, weights.TargetDir)
 		if err != nil {
 			return err
 		}
 		defer tl.m.Close()
-		hp, err := openHeadPair(e, tl.m, tl.name, *headDir, backend, generateCacheMB<<20)
+		hp, err := openHeadPair(e, tl.m, tl.name, *modelDir, backend, generateCacheMB<<20)
 		if err != nil {
 			return err
 		}
 		defer hp.close()
 		d, t, tok = hp.head, hp.target, tl.tok
-		drafterName, targetName = "EAGLE-3 head "+*headDir, tl.name
+		drafterName, targetName = "EAGLE-3 head "+*modelDir, tl.name
 	} else {
 		drafter, target, err := openServedPair(ctx, e, *modelDir, *targetDir, backend, generateCacheMB)
 		if err != nil {

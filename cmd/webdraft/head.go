@@ -1,18 +1,30 @@
 package main
 
 import (
-	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"webdraft/checkpoint"
+	"webdraft/eagle3"
 	"webdraft/engine"
 	"webdraft/engine/cpu"
 )
 
-// headUsage is the --head flag's help.
-const headUsage = "an EAGLE-3 draft head's folder (the public LlamaForCausalLMEagle3 layout, BF16/F16/F32 quantized to int4 on load, or webdraft convert's) to draft with instead of the drafter: it reads the target's hidden states; it runs on the CPU engine"
+// headNote ends the help of a flag that names the drafter.
+const headNote = "; or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which reads the target's hidden states (CPU engine)"
 
-func headFlagVar(fs *flag.FlagSet) *string { return fs.String("head", "", headUsage) }
+// isHead reports whether dir is an EAGLE-3 head's folder (its config.json
+// names LlamaForCausalLMEagle3); a folder whose config.json cannot be read
+// is not, and its loader says why.
+func isHead(dir string) bool {
+	if dir == "" || strings.HasPrefix(dir, "embedded:") {
+		return false
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	return err == nil && eagle3.IsHead(data)
+}
 
 // headPair is a target engine that keeps the features an EAGLE-3 head
 // reads, and the head drafting for it.
@@ -36,7 +48,7 @@ func (p *headPair) close() {
 func openHeadPair(e *env, target *checkpoint.Model, targetName, dir string, b backendChoice, kvBytes int64) (*headPair, error) {
 	switch b {
 	case "webgpu", "reference":
-		return nil, usagef("--head runs on the CPU engine: --backend %s is not supported with it (use auto or cpu)", b)
+		return nil, usagef("an EAGLE-3 head runs on the CPU engine: --backend %s is not supported with one (use auto or cpu)", b)
 	}
 	m, err := checkpoint.LoadEagle3(dir, checkpoint.LoadOptions{})
 	if err != nil {
@@ -58,7 +70,7 @@ func openHeadPair(e *env, target *checkpoint.Model, targetName, dir string, b ba
 		m.Close()
 		return nil, fmt.Errorf("head %s: %w", dir, err)
 	}
-	why := "--head: an EAGLE-3 head runs on the CPU engine"
+	why := "an EAGLE-3 head runs on the CPU engine"
 	logEngine(e, te, why)
 	logEngine(e, he, why)
 	return &headPair{target: te, head: he, model: m, name: dir}, nil

@@ -12,11 +12,11 @@ import (
 	"webdraft/safetensors"
 )
 
-// TestHead: generate and bench spec draft with an EAGLE-3 head for the
-// golden target (a random head in the public layout, quantized on load):
-// generate gives the target's own greedy tokens; bench spec measures τ;
-// a head for another target, both --model and --head, and --head on
-// WebGPU are refused in one line.
+// TestHead: generate --model and bench spec --drafter take an EAGLE-3
+// head's folder and draft with it for the golden target (a random head in
+// the public layout, quantized on load): generate gives the target's own
+// greedy tokens; bench spec measures τ; a head for another target, and a
+// head on WebGPU, are refused in one line.
 func TestHead(t *testing.T) {
 	golden := filepath.Join("..", "..", "testdata", "golden")
 	target, err := checkpoint.Load(filepath.Join(golden, "untied"), checkpoint.LoadOptions{})
@@ -28,7 +28,7 @@ func TestHead(t *testing.T) {
 	if err := synth.WriteEagle3(head, target.Config, synth.Eagle3Options{Seed: 3, Std: 0.1, DType: safetensors.F32, DraftVocabSize: 256}); err != nil {
 		t.Fatal(err)
 	}
-	code, stdout, stderr := webdraft(t, "generate", "--head", head, "--target", filepath.Join(golden, "untied"), "--ids", "1,2,3",
+	code, stdout, stderr := webdraft(t, "generate", "--model", head, "--target", filepath.Join(golden, "untied"), "--ids", "1,2,3",
 		"--max-tokens", "12", "--k", "3", "--backend", "cpu")
 	if code != 0 {
 		t.Fatalf("generate: exit %d: %s", code, stderr)
@@ -43,7 +43,7 @@ func TestHead(t *testing.T) {
 	if err := os.WriteFile(prompts, []byte("{\"ids\": [1, 2, 3]}\n{\"ids\": [400, 5, 6, 7]}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, stdout, stderr = webdraft(t, "bench", "spec", "--prompts", prompts, "--head", head, "--target", filepath.Join(golden, "untied"),
+	code, stdout, stderr = webdraft(t, "bench", "spec", "--prompts", prompts, "--drafter", head, "--target", filepath.Join(golden, "untied"),
 		"--k", "4", "--new-tokens", "16", "--backend", "cpu")
 	if code != 0 || !regexp.MustCompile(`drafter EAGLE-3 head .*: 2 prompts, k = 4`).MatchString(stdout) || !strings.Contains(stdout, "τ (mean tokens per verification step)") {
 		t.Errorf("bench spec: exit %d\n%s%s", code, stdout, stderr)
@@ -65,10 +65,9 @@ func TestHead(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"generate", "--head", other, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "cpu"}, 1, "does not fit target"},
-		{[]string{"generate", "--head", head, "--model", filepath.Join(golden, "tied"), "--ids", "1"}, 2, "not both"},
-		{[]string{"generate", "--head", head, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "webgpu"}, 2, "CPU engine"},
-		{[]string{"bench", "spec", "--prompts", prompts, "--head", head, "--drafter", filepath.Join(golden, "tied")}, 2, "not both"},
+		{[]string{"generate", "--model", other, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "cpu"}, 1, "does not fit target"},
+		{[]string{"bench", "spec", "--prompts", prompts, "--drafter", other, "--target", filepath.Join(golden, "untied"), "--backend", "cpu"}, 1, "does not fit target"},
+		{[]string{"generate", "--model", head, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "webgpu"}, 2, "CPU engine"},
 	} {
 		code, _, stderr := webdraft(t, c.args...)
 		if code != c.code || !strings.Contains(stderr, c.want) || strings.Count(strings.TrimSpace(lastLine(stderr)), "\n") > 0 {
@@ -76,4 +75,3 @@ func TestHead(t *testing.T) {
 		}
 	}
 }
-

@@ -19,6 +19,8 @@
 #   bench:   `webdraft bench spec` of each of those drafters
 #   live:    `webdraft bench spec --live` of the shipped pair (TARGET and
 #            LIVE_DRAFTER), greedy and at temperature 0.7
+#   eagle3:  the corpus and the distillation set unless OUT has them; an
+#            EAGLE-3 head for TARGET (train_eagle3.py; see eagle3() below)
 #
 #   WEBDRAFT=.gpu/webdraft GO_SRC=.gpu/gosrc.tar.xz OUT=/tmp/pair bash weights/train/pipeline.sh target
 #   WEBDRAFT=.gpu/webdraft OUT=/tmp/pair bash weights/train/pipeline.sh target-more   # as often as time allows
@@ -215,6 +217,32 @@ export_drafter() {
   ls -l "$dest"
 }
 
+# eagle3: the corpus and the target's greedy continuations (the
+# distillation set, as drafter makes it) unless OUT has them; then an
+# EAGLE-3 head for TARGET trained on them for EAGLE3_MINUTES (5), its draft
+# vocabulary the shipped drafter's (DRAFTER, weights/drafter), written as a
+# webdraft int4 folder to OUT/head with its held-out figures (eval.json).
+# EAGLE3_INIT goes on training a head folder (a later cycle: give it
+# DISTILL_SHARD 1, 2 … for continuations of other prompts);
+# EAGLE3_MAX_FILES caps the corpus's files (only prompts are drawn from it
+# here); EAGLE3_DATA_ONLY=1 stops after the data.
+eagle3() {
+  local T=${TARGET:?set TARGET to the int4 target folder} n=1048576 es=()
+  [ "${SMOKE:-0}" = 1 ] && { n=4096; es=(--max-steps 30 --batch 8); }
+  [ -n "${EAGLE3_INIT:-}" ] && es+=(--init "$EAGLE3_INIT" --lr 6e-4 --warmup 50)
+  [ -n "${EAGLE3_MAX_FILES:-}" ] && files=(--max-files "$EAGLE3_MAX_FILES")
+  prepare
+  if ! compgen -G "$D/distill-*.npy" >/dev/null; then
+    on 0 distill-gen py distill_data.py --target "$T" --data "$D" --shard "${DISTILL_SHARD:-0}" --n $n --new 96 \
+      --minutes "${DISTILL_GEN_MINUTES:-1.6}"
+    waitall
+  fi
+  [ "${EAGLE3_DATA_ONLY:-0}" = 1 ] && return
+  on 0 eagle3 py train_eagle3.py --target "$T" --drafter "${DRAFTER:-weights/drafter}" --data "$D" \
+    --out "$OUT/head" --minutes "${EAGLE3_MINUTES:-5}" "${es[@]}"
+  waitall
+}
+
 case "${1:-}" in
 target) target ;;
 target-more) target_more ;;
@@ -222,7 +250,8 @@ target-ul) target_ul ;;
 live) live ;;
 drafter) drafter ;;
 bench) bench ;;
+eagle3) eagle3 ;;
 export-target) export_target "${2:-}" ;;
 export-drafter) export_drafter "${2:-}" ;;
-*) echo "usage: pipeline.sh target|target-more|target-ul|drafter|bench|live|export-target DEST|export-drafter DEST" >&2; exit 2 ;;
+*) echo "usage: pipeline.sh target|target-more|target-ul|drafter|bench|live|eagle3|export-target DEST|export-drafter DEST" >&2; exit 2 ;;
 esac

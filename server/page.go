@@ -69,7 +69,7 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `<!DOCTYPE html><meta http-equiv="refresh" content="1"><title>webdraft</title><p>The models are loading…</p>`)
 		return
 	}
-	d := web.PageData{Drafter: st.drafter.Name, MaxK: speculative.MaxK, MaxTokens: live.MaxTokens, Auth: s.apiKey != "",
+	d := web.PageData{Drafter: st.drafts().Name, MaxK: speculative.MaxK, MaxTokens: live.MaxTokens, Auth: s.apiKey != "",
 		TopK: 1, MaxTopK: speculative.MaxTopK, DraftTokens: speculative.DefaultTreeNodes, MaxDraftTokens: speculative.MaxTreeNodes}
 	if st.target != nil {
 		d.Target, d.K, d.TopK, d.DraftTokens = st.target.Name, st.gen.K(), st.gen.TopK(), st.gen.TreeNodes()
@@ -137,7 +137,7 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 	s.sessions.open(ps.id)
 	s.log.Info("page session", "session", ps.id, "remote", r.RemoteAddr)
 	go ps.write()
-	ps.emit(map[string]any{"type": "hello", "session": ps.id, "drafter": st.drafter.Name, "target": st.target.Name, "k": st.gen.K(),
+	ps.emit(map[string]any{"type": "hello", "session": ps.id, "drafter": st.drafts().Name, "target": st.target.Name, "k": st.gen.K(),
 		"backend": st.target.Engine.Info().Backend, "edge": true})
 	ps.read()
 }

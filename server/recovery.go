@@ -57,6 +57,9 @@ const (
 // model's Reopen, retrying with backoff until ctx ends. It returns c with
 // the new engines.
 func (r *recovery) recover(ctx context.Context, c Config, fault error) (Config, error) {
+	if c.Head != nil {
+		return c, fmt.Errorf("%w (with an EAGLE-3 head the engines are not reopened)", fault)
+	}
 	models := []*Model{&c.Drafter}
 	if c.Target != nil {
 		t := *c.Target

@@ -60,7 +60,13 @@ type Config struct {
 	Drafter Model
 	// Target, when set, verifies the drafter's drafts behind the
 	// OpenAI-compatible API; without one that API answers 404.
-	Target      *Model
+	Target *Model
+	// Head, when set with Target, drafts the generations in Drafter's
+	// place: an EAGLE-3 head over Target's engine (engine.Head), which
+	// reads its features. Drafter still serves /draft (an outside
+	// verifier sends no features) and the page's browser modes. A head
+	// has no Reopen: after a fault it is rebuilt by no one, and Run ends.
+	Head        *Model
 	Scheduler   scheduler.Options
 	Speculative speculative.Options
 }
@@ -99,6 +105,7 @@ type Server struct {
 type state struct {
 	drafter Model
 	target  *Model
+	head    *Model // Config.Head: drafts the generations in drafter's place
 	sched   *scheduler.Scheduler
 	gen     *speculative.Generator // nil without a target
 	browser *browserFiles          // the pair for the page's in-browser engine
@@ -107,6 +114,15 @@ type state struct {
 	// the models' contexts (textBound): longer cannot fit.
 	drafterText, targetText int
 	encodeSlots             chan struct{} // tokenizations at once (encode)
+}
+
+// drafts is the model that drafts the generations: the head, else the
+// drafter.
+func (st *state) drafts() *Model {
+	if st.head != nil {
+		return st.head
+	}
+	return &st.drafter
 }
 
 // genGauges are the generator's gauges, zero without a target.
@@ -203,7 +219,7 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 // newState builds what serves c: the scheduler over the drafter, the
 // generator over both models, the page's files.
 func (s *Server) newState(c Config) (*state, error) {
-	st := &state{drafter: c.Drafter, target: c.Target, started: time.Now(), encodeSlots: newEncodeSlots()}
+	st := &state{drafter: c.Drafter, target: c.Target, head: c.Head, started: time.Now(), encodeSlots: newEncodeSlots()}
 	st.drafterText = textBound(c.Drafter.Tokenizer, c.Drafter.Engine.Config().MaxPositionEmbeddings)
 	if st.drafter.Stop == nil {
 		st.drafter.Stop = tokenizer.StopIDs(c.Drafter.Engine.Config().EOSTokenIDs, c.Drafter.Tokenizer)
@@ -214,10 +230,16 @@ func (s *Server) newState(c Config) (*state, error) {
 			t.Stop = tokenizer.StopIDs(t.Engine.Config().EOSTokenIDs, t.Tokenizer)
 			st.target = &t
 		}
-		half := c.Drafter.Engine.KVCapacity() / 2
-		c.Scheduler.CacheTokens, c.Speculative.DraftTokens = half, half
+		drafts := c.Drafter.Engine
+		if c.Head != nil {
+			// the drafter's cache is /draft's alone, the head's the generations'
+			drafts = c.Head.Engine
+		} else {
+			half := c.Drafter.Engine.KVCapacity() / 2
+			c.Scheduler.CacheTokens, c.Speculative.DraftTokens = half, half
+		}
 		var err error
-		if st.gen, err = speculative.New(c.Drafter.Engine, c.Target.Engine, c.Speculative); err != nil {
+		if st.gen, err = speculative.New(drafts, c.Target.Engine, c.Speculative); err != nil {
 			return nil, err
 		}
 		s.metrics.watchGenerator(st.gen)
@@ -446,6 +468,9 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	}
 	if st.target != nil {
 		h["target"], h["k"], h["topk"], h["draft_tokens"] = st.target.Name, st.gen.K(), st.gen.TopK(), st.gen.TreeNodes()
+	}
+	if st.head != nil {
+		h["head"] = st.head.Name // drafts the generations; "model" serves /draft
 	}
 	writeJSON(w, http.StatusOK, h)
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +12,7 @@ import (
 	"webdraft/checkpoint"
 	"webdraft/internal/synth"
 	"webdraft/safetensors"
+	"webdraft/weights"
 )
 
 // TestHead: generate --model and bench spec --drafter take an EAGLE-3
@@ -73,5 +76,59 @@ func TestHead(t *testing.T) {
 		if code != c.code || !strings.Contains(stderr, c.want) || strings.Count(strings.TrimSpace(lastLine(stderr)), "\n") > 0 {
 			t.Errorf("%v: exit %d (want %d), stderr %q", c.args, code, c.code, stderr)
 		}
+	}
+}
+
+// TestServeHead: serve --model HEAD drafts the generations with the head
+// over the embedded target — greedy text equal to the target alone's — and
+// keeps the embedded drafter for /draft; /health names both.
+func TestServeHead(t *testing.T) {
+	target, _, err := loadEmbedded(weights.TargetDir)
+	if err != nil {
+		t.Skip(err)
+	}
+	cfg := target.Config
+	target.Close()
+	head := t.TempDir()
+	if err := synth.WriteEagle3(head, cfg, synth.Eagle3Options{Seed: 5, DType: safetensors.F32, DraftVocabSize: 512}); err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := startServe(t, "--model", head, "--backend", "cpu", "--k", "3", "--cache-mb", "64")
+	post := func(path, body string, out any) {
+		t.Helper()
+		resp, err := http.Post("http://"+addr+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %v", path, resp.StatusCode, err)
+		}
+	}
+	var spec, alone struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	post("/v1/completions", `{"prompt":"def quicksort(xs):","max_tokens":12,"temperature":0}`, &spec)
+	post("/v1/completions", `{"prompt":"def quicksort(xs):","max_tokens":12,"temperature":0,"speculative":{"k":0}}`, &alone)
+	if len(spec.Choices) != 1 || len(alone.Choices) != 1 || spec.Choices[0].Text != alone.Choices[0].Text || spec.Choices[0].Text == "" {
+		t.Errorf("greedy text with the head %+v, the target alone %+v", spec, alone)
+	}
+	var draft struct {
+		Draft []int `json:"draft"`
+	}
+	post("/draft", `{"text":"def quicksort(xs):","n":4}`, &draft)
+	if len(draft.Draft) != 4 {
+		t.Errorf("/draft: %+v", draft)
+	}
+	resp, err := http.Get("http://" + addr + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || h["head"] != "EAGLE-3 head "+head || h["model"] != "embedded:"+weights.DrafterDir {
+		t.Errorf("/health: %v (%v)", h, err)
 	}
 }

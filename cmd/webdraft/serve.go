@@ -32,7 +32,7 @@ const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
-	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter")
+	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter; or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which then drafts the generations from the target's hidden states on the CPU engine, the embedded drafter serving /draft")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given, else none")
 	k := fs.Int("k", 0, kUsage+" (a request's speculative.k overrides it)")
 	tree := treeFlagsVar(fs, true)
@@ -122,14 +122,18 @@ func runServe(ctx context.Context, e *env, args []string) error {
 
 	// Load while /health answers "loading".
 	start := time.Now()
-	withTarget := *targetDir != "" || *modelDir == ""
-	drafter, target, err := openServedModels(ctx, e, *modelDir, *targetDir, withTarget, backend, *cacheMB)
+	head := isHead(*modelDir)
+	withTarget := *targetDir != "" || *modelDir == "" || head
+	drafter, target, hp, err := openServedModels(ctx, e, *modelDir, *targetDir, withTarget, head, backend, *cacheMB)
 	if err != nil {
 		httpSrv.Close()
 		return stoppedLoading(ctx, e, err)
 	}
 	defer drafter.close()
 	cfg := server.Config{Drafter: drafter.model}
+	if hp != nil {
+		cfg.Head = &server.Model{Name: "EAGLE-3 head " + *modelDir, Engine: hp.head}
+	}
 	if withTarget {
 		defer target.close()
 		if err := checkPair(drafter.model, target.model); err != nil {
@@ -283,13 +287,39 @@ func openServed(ctx context.Context, e *env, dir, embedded string, backend backe
 }
 
 // openServedModels opens serve's drafter, and its target withTarget
-// (nil without).
-func openServedModels(ctx context.Context, e *env, drafterDir, targetDir string, withTarget bool, backend backendChoice, cacheMB int) (drafter, target *served, err error) {
-	if withTarget {
-		return openServedPair(ctx, e, drafterDir, targetDir, backend, cacheMB)
+// (nil without); with head, drafterDir is an EAGLE-3 head's folder
+// (openServedHead).
+func openServedModels(ctx context.Context, e *env, drafterDir, targetDir string, withTarget, head bool, backend backendChoice, cacheMB int) (drafter, target *served, hp *headPair, err error) {
+	switch {
+	case head:
+		return openServedHead(ctx, e, drafterDir, targetDir, backend, cacheMB)
+	case withTarget:
+		drafter, target, err = openServedPair(ctx, e, drafterDir, targetDir, backend, cacheMB)
+		return drafter, target, nil, err
 	}
 	drafter, err = openServed(ctx, e, drafterDir, weights.DrafterDir, backend, cacheMB)
-	return drafter, nil, err
+	return drafter, nil, nil, err
+}
+
+// openServedHead opens what serve runs for an EAGLE-3 head in headDir: the
+// target on the CPU engine keeping the features the head reads, the head
+// over it, and the embedded drafter for /draft (an outside verifier sends
+// no features) and the page's browser modes.
+func openServedHead(ctx context.Context, e *env, headDir, targetDir string, backend backendChoice, cacheMB int) (drafter, target *served, hp *headPair, err error) {
+	t, err := loadServed(e, targetDir, weights.TargetDir)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if hp, err = openHeadPair(e, t.m, t.name, headDir, backend, int64(cacheMB)<<20); err != nil {
+		t.m.Close()
+		return nil, nil, nil, err
+	}
+	target = t.served(e, hp.target, nil, hp.close)
+	if drafter, err = openServed(ctx, e, "", weights.DrafterDir, backend, cacheMB); err != nil {
+		target.close()
+		return nil, nil, nil, err
+	}
+	return drafter, target, hp, nil
 }
 
 // openServedPair loads a drafter and a target as openServed does, and

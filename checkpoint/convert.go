@@ -52,16 +52,7 @@ const rowBlock = 4096
 // stays far below the checkpoint's size; the output appears atomically.
 func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (ConvertStats, error) {
 	var stats ConvertStats
-	if opts.Quant == "" {
-		opts.Quant = Int4
-	}
-	if opts.GroupSize == 0 {
-		opts.GroupSize = tensor.DefaultGroupSize
-	}
-	if same, err := sameDir(inDir, outDir); err != nil || same {
-		if err == nil {
-			err = fmt.Errorf("--out %s is the input folder", outDir)
-		}
+	if err := opts.prepare(inDir, outDir); err != nil {
 		return stats, err
 	}
 	cfgPath := filepath.Join(inDir, "config.json")
@@ -69,14 +60,11 @@ func Convert(ctx context.Context, inDir, outDir string, opts ConvertOptions) (Co
 	if err != nil {
 		return stats, err
 	}
-	folder, err := safetensors.OpenFolder(inDir)
+	folder, err := openSource(inDir)
 	if err != nil {
 		return stats, err
 	}
 	defer folder.Close()
-	if folder.Metadata()[metaFormat] == formatName {
-		return stats, fmt.Errorf("%s is already a webdraft folder", inDir)
-	}
 
 	// Check every source tensor before writing anything.
 	w, err := emptyWeights(folder, &cfg, opts.HeadTokens)
@@ -187,6 +175,36 @@ func writeWeights(ctx context.Context, inDir, outDir string, meta map[string]str
 		return 0, err
 	}
 	return size, nil
+}
+
+// prepare fills opts' defaults (int4, the default group size) and refuses
+// an output folder that is the input.
+func (opts *ConvertOptions) prepare(inDir, outDir string) error {
+	if opts.Quant == "" {
+		opts.Quant = Int4
+	}
+	if opts.GroupSize == 0 {
+		opts.GroupSize = tensor.DefaultGroupSize
+	}
+	same, err := sameDir(inDir, outDir)
+	if err == nil && same {
+		err = fmt.Errorf("--out %s is the input folder", outDir)
+	}
+	return err
+}
+
+// openSource opens the checkpoint a conversion reads, refusing a folder
+// webdraft convert already wrote.
+func openSource(inDir string) (*safetensors.Folder, error) {
+	folder, err := safetensors.OpenFolder(inDir)
+	if err != nil {
+		return nil, err
+	}
+	if folder.Metadata()[metaFormat] == formatName {
+		folder.Close()
+		return nil, fmt.Errorf("%s is already a webdraft folder", inDir)
+	}
+	return folder, nil
 }
 
 // emptyWeights returns a folder's empty weight tree, with the first n of its

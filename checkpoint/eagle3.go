@@ -9,7 +9,6 @@ import (
 	"webdraft/eagle3"
 	"webdraft/qwen3"
 	"webdraft/safetensors"
-	"webdraft/tensor"
 )
 
 // Eagle3 is an EAGLE-3 head loaded from its folder: config.json and its
@@ -166,16 +165,7 @@ func ConvertEagle3(ctx context.Context, inDir, outDir string, opts ConvertOption
 	case opts.HeadTokens != 0:
 		return stats, fmt.Errorf("--head-tokens %d: an EAGLE-3 head's draft vocabulary is its d2t; it has no lm_head.token_ids to cut", opts.HeadTokens)
 	}
-	if opts.Quant == "" {
-		opts.Quant = Int4
-	}
-	if opts.GroupSize == 0 {
-		opts.GroupSize = tensor.DefaultGroupSize
-	}
-	if same, err := sameDir(inDir, outDir); err != nil || same {
-		if err == nil {
-			err = fmt.Errorf("--out %s is the input folder", outDir)
-		}
+	if err := opts.prepare(inDir, outDir); err != nil {
 		return stats, err
 	}
 	cfgPath := filepath.Join(inDir, "config.json")
@@ -183,14 +173,11 @@ func ConvertEagle3(ctx context.Context, inDir, outDir string, opts ConvertOption
 	if err != nil {
 		return stats, err
 	}
-	folder, err := safetensors.OpenFolder(inDir)
+	folder, err := openSource(inDir)
 	if err != nil {
 		return stats, err
 	}
 	defer folder.Close()
-	if folder.Metadata()[metaFormat] == formatName {
-		return stats, fmt.Errorf("%s is already a webdraft folder", inDir)
-	}
 
 	// Check every source tensor before writing anything.
 	h := &Eagle3{Dir: inDir, Config: cfg, Weights: &eagle3.Weights{}}

@@ -121,6 +121,9 @@ type VerifyEntry struct {
 	// Parents places the tokens as Entry.Parents does: a verification of
 	// a token tree reads out its nodes' rows (the last Out positions).
 	Parents []int
+	// Target is, for a head drafting a token tree level by level (Head),
+	// the target's sequence, as Entry.Target.
+	Target Sequence
 	Out     int // the last Out positions are read out, 1 … len(Tokens)
 	// Sampling is how each row's Sample is drawn; with Temperature 0 there
 	// is no draw and Draws is unused. Draws holds Out draws, one a row.
@@ -458,7 +461,12 @@ func ReadsTarget(drafter Engine) Engine {
 //     rows the head drafted from its own output go too, so that the next
 //     step computes them again from the target's, which by then holds
 //     their positions. Len may then be below n.
-//   - Trees (Entry.Parents) are refused.
+//   - A token tree (Parents) is drafted through Verify, the entries naming
+//     their Target: a node's row reads the head's own output at its
+//     parent's row (the line's last row for a root), attends to the line
+//     and its ancestors, and its TopN are read out; only greedy read-outs
+//     (no Sampling, Draws, Propose or Tree). KeepPath keeps none of the
+//     tree, whatever the path: every node read the head's own output.
 type Head interface {
 	Engine
 	// Target is the engine whose sequences' features the head reads; its

@@ -103,6 +103,9 @@ type gen struct {
 	// more than sampled proposals drafted a pass and a round trip each
 	// (BENCHMARKS.md).
 	sampled bool
+	// head: the drafter is an EAGLE-3 head reading the target's features
+	// (Generator.head); it drafts once the target holds a position.
+	head bool
 	// The remote's draft for this step, the round trip, the remote's time.
 	remoteTokens         []engine.Token
 	remoteRTT, remoteOwn time.Duration
@@ -150,6 +153,7 @@ func (r *runner) admit() {
 		if j.k > 0 {
 			gn.maxContext = min(gn.maxContext, g.drafter.Config().MaxPositionEmbeddings)
 		}
+		gn.head = g.head && j.req.Remote == nil
 		gn.sampled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && engine.SampledPair(g.drafter, g.target) &&
 			(j.topK > 1 || !chains(g.drafter))
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
@@ -232,7 +236,7 @@ func (r *runner) step(ctx context.Context) error {
 			continue
 		}
 		tp, dp := gn.pendingTarget(), gn.pendingDraft()
-		if g.head && gn.draft != nil {
+		if gn.head && gn.draft != nil {
 			// A head drafts from the target's features of the context: the
 			// target feeds the prompt, all but its last token, first; the
 			// head then reads it all in its first draft.
@@ -470,16 +474,16 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 			drafts[i] = gn.remoteTokens
 			continue
 		}
+		if gn.head && gn.target.Len() == 0 {
+			continue // no features yet: a one-token prompt's first step is the target's alone
+		}
 		if gn.draftLen(r.g) > 0 && (gn.treeWidth() > 1 || gn.sampled) {
 			treeGens, treeWho = append(treeGens, gn), append(treeWho, i)
 			continue
 		}
 		if k := gn.draftLen(r.g); k > 0 {
 			en := &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN}
-			if r.g.head {
-				if gn.target.Len() == 0 {
-					continue // no features yet: a one-token prompt's first step is the target's alone
-				}
+			if gn.head {
 				en.Target = gn.target
 			}
 			batch = append(batch, en)

@@ -145,17 +145,21 @@ func prompts(seed uint64, n int) [][]int {
 
 // TestGreedyEqualsTarget: greedy speculative output is token for token the
 // target's greedy output, for k ∈ {1, 4, 16} and the target alone, each
-// prompt alone and all of them batched, on the CPU engine and on WebGPU.
+// prompt alone and all of them batched (a one-token prompt and prompts
+// longer than a prefill chunk among them), on the reference engine, with an
+// EAGLE-3 head over the CPU engine's target, and on WebGPU.
 func TestGreedyEqualsTarget(t *testing.T) {
 	for _, backend := range []struct {
 		name string
 		open func(*testing.T, *checkpoint.Model) engine.Engine
 	}{{"cpu", cpu}, {"webgpu", gpu}} {
 		t.Run(backend.name, func(t *testing.T) {
-			ps, n := prompts(1, 6), 24
+			ps, n := append(prompts(1, 6), []int{5}), 24
 			all := pairs(t, backend.open)
 			if backend.name == "webgpu" { // lavapipe: the CPU covers the rest
 				ps, n, all = ps[:3], 12, all[:1]
+			} else {
+				all = append(all, headPair(t, ps, n))
 			}
 			for _, p := range all {
 				g := start(t, p, speculative.Options{PrefillChunk: 16, PrefillBudget: 48})
@@ -166,6 +170,7 @@ func TestGreedyEqualsTarget(t *testing.T) {
 				for _, k := range []int{1, 4, 16, speculative.NoDraft} {
 					t.Run(fmt.Sprintf("%s/k%d", p.name, k), func(t *testing.T) {
 						var tau []float64
+						accepted := 0
 						check := func(how string, i int, res speculative.Result) {
 							if got := ids(res.Tokens); !slices.Equal(got, want[i]) {
 								t.Errorf("%s, prompt %d: %v, target alone %v", how, i, got, want[i])
@@ -178,6 +183,7 @@ func TestGreedyEqualsTarget(t *testing.T) {
 								t.Errorf("the target alone drafted: %+v", st)
 							}
 							tau = append(tau, st.Tau())
+							accepted += st.Accepted
 						}
 						for i, pr := range ps {
 							res, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n, K: k})
@@ -202,6 +208,9 @@ func TestGreedyEqualsTarget(t *testing.T) {
 							check("batched", i, results[i])
 						}
 						t.Logf("τ %.2f", tau)
+						if k != speculative.NoDraft && p.name != "other" && accepted == 0 {
+							t.Errorf("no draft token was accepted: the drafts never reached the target")
+						}
 					})
 				}
 			}

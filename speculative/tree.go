@@ -156,6 +156,9 @@ func (gn *gen) treeWidth() int {
 // before drawing (what the node budget leaves), all of them kept.
 func (t *draftTree) expand(gn *gen, f []int, b, budget int) *engine.VerifyEntry {
 	en := &engine.VerifyEntry{Seq: gn.draft, Out: len(f)}
+	if gn.head {
+		en.Target = gn.target
+	}
 	if f[0] < 0 {
 		en.Tokens = gn.pendingDraft()
 	} else {

@@ -21,23 +21,37 @@ import (
 // reads (Options.FeatureLayers). It follows reference.Head.Forward, its
 // oracle, with the CPU engine's kernels: every matrix through ops.Linear
 // (int4 heads on the fast kernels), each phase split across the target's
-// workers, the buffers kept from step to step.
+// workers, the buffers kept from pass to pass.
 //
-// A row's input is the target's features at the position before its
+// A line row's input is the target's features at the position before its
 // token, through fc (3·Ht → H), or the head's own output before norm at
-// the row before (drafting past the target, no fc). A row that reads its
-// own row before cannot run in the pass that computes that row, so a step
-// runs in stages: the first computes every row whose input is at hand (the
-// rows over the target's features, or a first row over the sequence's last
-// output), each later stage the next row of each entry that drafts past
-// the target. norm and lm_head then score the draft vocabulary at each
-// entry's last row.
+// the row before (drafting past the target, no fc). A token tree's node
+// (Verify with Parents: EAGLE-2's dynamic tree, drafted level by level)
+// is a row placed by package treemask as the target engine places its
+// nodes — at its parent's position plus one, attending to the line and to
+// its own ancestors — whose input is the head's own output at its
+// parent's row: the line's last row for a root, else the parent node's,
+// which the sequence keeps for every node of its tree. A row that reads
+// another row's output cannot run in the pass that computes that row, so
+// a pass runs in stages: the first computes every row whose input is at
+// hand (the rows over the target's features, a first row over the
+// sequence's last output, the nodes whose parents are cached), each later
+// stage the rows whose input the stage before computed (the next row of
+// an entry that drafts past the target, the children of the nodes just
+// computed). norm and lm_head then score the draft vocabulary at the rows
+// read out: each Step entry's last row, each Verify entry's last Out rows.
 //
-// The head's steps and its target's passes are serialized: a step holds
-// the target while it reads the target's sequences, and both run on the
+// Step takes lines only (Parents refused); Verify takes lines and trees,
+// read out greedily. A tree's nodes read the head's own output, so
+// KeepPath keeps none of them whatever the path: the next step computes
+// the accepted tokens' rows again from the target's features, as Truncate
+// has it for the rows a line drafted past the target.
+//
+// The head's passes and its target's are serialized: a pass holds the
+// target while it reads the target's sequences, and both run on the
 // target's workers.
 type Head struct {
-	mu     sync.Mutex // one step at a time: the pass's buffers are the head's
+	mu     sync.Mutex // one pass at a time: the pass's buffers are the head's
 	target *Engine
 	cfg    eagle3.Config
 	layer  qwen3.Config // the midlayer's shape (cfg.Layer())
@@ -172,15 +186,19 @@ func (h *Head) NewSequence() (engine.Sequence, error) {
 
 // headSequence is one sequence of the head: len tokens fed, token i ≥ 1
 // the row i−1 of the cache — (rows, kv_heads·D) keys (RoPE applied) and
-// values —; the output before norm of the last row computed; and how many
-// rows, from the first, read the target's features.
+// values —; the output before norm of the line's last row computed; how
+// many rows, from the first, read the target's features; and past the
+// line a token tree (slots: token indices, as the Parents that place it),
+// with the output before norm of each of its nodes' rows.
 type headSequence struct {
 	owner      *Head
 	len        int
 	k, v       []float32
-	out        []float32 // (H) the output before norm of row outRow
+	out        []float32 // (H) the output before norm of line row outRow
 	outRow     int       // −1: none held
 	targetRows int       // rows 0 … targetRows−1 read the target's features
+	tree       treemask.Tree
+	nodeOut    []float32 // (tree.Len(), H): node slot tree.Base()+i's output before norm
 	released   bool
 }
 
@@ -191,30 +209,46 @@ func (s *headSequence) rows() int { return max(s.len-1, 0) }
 
 // Truncate keeps at most n tokens and at most the rows that read the
 // target's features (engine.Head): a row drafted from the head's own output
-// goes, so that the next step computes it again from the target's.
+// goes, so that the next step computes it again from the target's — a
+// token tree's nodes, past the line, with them.
 func (s *headSequence) Truncate(n int) {
 	keep := min(n, s.targetRows+1)
 	if keep < 0 || keep >= s.len {
 		return
 	}
 	s.len = keep
+	s.tree.Truncate(keep) // the tree starts past the line, which holds the rows over the target's
+	s.nodeOut = s.nodeOut[:0]
 	s.targetRows = min(s.targetRows, s.rows())
 	if s.outRow >= s.rows() {
 		s.outRow = -1
 	}
 }
 
-// KeepPath: the head holds no token trees, so an empty path (drop the
-// tree) changes nothing and any other is refused.
+// KeepPath ends the sequence's token tree keeping none of its nodes,
+// whatever the path (engine.Head): each read the head's own output, and
+// the next step computes the accepted tokens' rows again from the
+// target's features. Len drops to the line's. A path that is not one of
+// the tree's (treemask.ErrPath) is refused and changes nothing; an empty
+// path drops the tree.
 func (s *headSequence) KeepPath(path []int) error {
-	if len(path) == 0 {
-		return nil
+	if s.released {
+		return errors.New("cpu head: keep path: a released sequence")
 	}
-	return fmt.Errorf("cpu head: keep path: the head drafts no token trees: %w", treemask.ErrPath)
+	base, nodes := s.tree.Base(), s.tree.Len()
+	if _, _, err := s.tree.KeepPath(s.len, path); err != nil {
+		return fmt.Errorf("cpu head: keep path: %w", err)
+	}
+	if nodes > 0 {
+		s.len = base
+	}
+	s.nodeOut = s.nodeOut[:0]
+	return nil
 }
 
 func (s *headSequence) Release() {
-	s.k, s.v, s.out, s.len, s.outRow, s.targetRows, s.released = nil, nil, nil, 0, -1, 0, true
+	s.k, s.v, s.out, s.nodeOut, s.len, s.outRow, s.targetRows, s.released = nil, nil, nil, nil, 0, -1, 0, true
+	s.tree = treemask.Tree{}
 }
 
 // reserve makes room for rows rows in the cache, growing it as append
@@ -228,22 +262,49 @@ func (s *headSequence) reserve(rows, kvDim int) {
 	s.v = slices.Grow(s.v[:have], want-have)[:want]
 }
 
-// headFeed is one entry of a step, planned: for each of its tokens the
-// stage that computes its row (−1: token 0, no row) and whether the row
-// reads the target's features (else the head's output at the row before).
-type headFeed struct {
-	seq    *headSequence
-	target *sequence
-	tokens []int
-	L      int // the tokens the sequence held before the step
-	stage  []int
-	feat   []bool
+// reserveNodes makes room for the outputs of a tree of nodes nodes, H
+// wide, keeping those of the tree's nodes so far.
+func (s *headSequence) reserveNodes(nodes, H int) {
+	have, want := s.tree.Len()*H, nodes*H
+	s.nodeOut = slices.Grow(s.nodeOut[:have], want-have)[:want]
 }
 
-// Step feeds each entry's tokens to its sequence, each row over its
-// Target's features or the head's own output (engine.Head), and reads out
-// the draft after each entry's last token, in the target's vocabulary.
-// Nothing changes when the batch is refused.
+// headFeed is one entry of a pass, planned: its tokens, their parents
+// (nil: a line) and placement, and for each token the stage that computes
+// its row (−1: token 0, no row) and whether the row reads the target's
+// features (else an output of the head's: the row before's for a line
+// token, the parent's for a node); the last read tokens' rows are read
+// out, with their topN most likely tokens.
+type headFeed struct {
+	seq     *headSequence
+	target  *sequence
+	tokens  []int
+	parents []int
+	read    int
+	topN    int
+	L       int            // the tokens the sequence held before the pass
+	rows    []treemask.Row // each token's placement (slots: token indices)
+	stage   []int
+	feat    []bool
+	base    int // the tree's first slot, with the feed's nodes in
+	nodes   int // the tree's nodes, with the feed's in
+	read0   int // the index of the feed's first read-out row in the pass
+}
+
+// readAt is the index among the pass's read-out rows of token t's row, or
+// −1 where it is not read out.
+func (f *headFeed) readAt(t int) int {
+	if k := t - (len(f.tokens) - f.read); k >= 0 {
+		return f.read0 + k
+	}
+	return -1
+}
+
+// Step feeds each entry's tokens to its sequence as its line, each row
+// over its Target's features or the head's own output (engine.Head), and
+// reads out the draft after each entry's last token, in the target's
+// vocabulary. It takes no tree nodes (Parents): a head drafts its trees
+// through Verify. Nothing changes when the batch is refused.
 func (h *Head) Step(ctx context.Context, batch []*engine.Entry) error {
 	if err := engine.CheckBatch(&h.engCfg, batch); err != nil {
 		return fmt.Errorf("cpu head: %w", err)
@@ -251,95 +312,188 @@ func (h *Head) Step(ctx context.Context, batch []*engine.Entry) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	feeds, err := h.sequences(batch)
+	feeds := make([]headFeed, len(batch))
+	for i, en := range batch {
+		if en.Parents != nil {
+			return fmt.Errorf("cpu head: batch entry %d: tree nodes (Parents) in a step: an EAGLE-3 head drafts token trees through Verify", i)
+		}
+		f, err := h.feed(i, en.Seq, en.Target, en.Tokens)
+		if err != nil {
+			return err
+		}
+		f.read, f.topN = 1, en.TopN
+		feeds[i] = f
+	}
+	rows, err := h.forward(ctx, feeds)
 	if err != nil {
 		return err
 	}
-	if err := ctx.Err(); err != nil {
+	for i, en := range batch {
+		r := rows[i][0]
+		en.Next, en.Logprob, en.Top = r.Argmax, r.ArgmaxLogprob, r.Top
+	}
+	return nil
+}
+
+// Verify feeds each entry's tokens to its sequence — line tokens as Step
+// does, then (Parents) a token tree's nodes, each over the head's own
+// output at its parent's row (engine.Head) — and reads out each entry's
+// last Out rows: the argmax, its log-probability and the TopN most likely
+// tokens over the draft vocabulary, in the target's vocabulary, the
+// numbers Step gives for a row. The read-out is greedy: Sampling, Draws,
+// Propose and Tree are refused. Nothing changes when the batch is
+// refused.
+func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
+	if err := engine.CheckVerify(&h.engCfg, batch); err != nil {
+		return fmt.Errorf("cpu head: %w", err)
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	feeds := make([]headFeed, len(batch))
+	for i, en := range batch {
+		switch {
+		case !en.Sampling.Greedy():
+			return fmt.Errorf("cpu head: batch entry %d: sampling at temperature %g: an EAGLE-3 head drafts token trees greedily", i, en.Sampling.Temperature)
+		case en.Draws != nil:
+			return fmt.Errorf("cpu head: batch entry %d: draws: an EAGLE-3 head reads its rows out greedily", i)
+		case en.Propose != nil:
+			return fmt.Errorf("cpu head: batch entry %d: sampled proposals: an EAGLE-3 head drafts token trees greedily", i)
+		case en.Tree != nil:
+			return fmt.Errorf("cpu head: batch entry %d: a sampled tree to verify: an EAGLE-3 head drafts and does not verify", i)
+		}
+		f, err := h.feed(i, en.Seq, en.Target, en.Tokens)
+		if err != nil {
+			return err
+		}
+		f.parents, f.read, f.topN = en.Parents, en.Out, en.TopN
+		feeds[i] = f
+	}
+	rows, err := h.forward(ctx, feeds)
+	if err != nil {
 		return err
+	}
+	for i, en := range batch {
+		en.Rows = rows[i]
+	}
+	return nil
+}
+
+// feed checks entry i — a sequence of the head's, not released; a Target
+// sequence of the head's target, not released — and returns its feed to
+// plan.
+func (h *Head) feed(i int, seq, target engine.Sequence, tokens []int) (headFeed, error) {
+	s, ok := seq.(*headSequence)
+	switch {
+	case !ok || s.owner != h:
+		return headFeed{}, fmt.Errorf("cpu head: batch entry %d: a sequence of another engine (%T)", i, seq)
+	case s.released:
+		return headFeed{}, fmt.Errorf("cpu head: batch entry %d: a released sequence", i)
+	case target == nil:
+		return headFeed{}, fmt.Errorf("cpu head: batch entry %d: no Target sequence: an EAGLE-3 head reads its target's features", i)
+	}
+	tq, ok := target.(*sequence)
+	switch {
+	case !ok || tq.owner != h.target:
+		return headFeed{}, fmt.Errorf("cpu head: batch entry %d: the Target sequence (%T) is not of the head's target engine", i, target)
+	case tq.k == nil:
+		return headFeed{}, fmt.Errorf("cpu head: batch entry %d: a released Target sequence", i)
+	}
+	return headFeed{seq: s, target: tq, tokens: tokens, L: s.len}, nil
+}
+
+// forward plans every feed — each sequence once in the batch — runs the
+// head's layer over their rows stage by stage, appends the tokens to the
+// sequences (and their nodes to the sequences' trees) and reads out each
+// feed's last rows. Nothing changes when a feed is refused.
+func (h *Head) forward(ctx context.Context, feeds []headFeed) ([][]engine.VerifyRow, error) {
+	for i := range feeds {
+		for _, p := range feeds[:i] {
+			if p.seq == feeds[i].seq {
+				return nil, fmt.Errorf("cpu head: batch entry %d repeats a sequence of the batch", i)
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	t := h.target
 	t.mu.Lock() // the target's sequences stay as they are while read
 	defer t.mu.Unlock()
+	n := 0
 	for i := range feeds {
 		if err := feeds[i].plan(i); err != nil {
-			return err
+			return nil, err
 		}
+		feeds[i].read0 = n
+		n += feeds[i].read
 	}
-	p, kvDim := &h.pass, h.layer.KVDim()
+	p, H, kvDim := &h.pass, h.layer.HiddenSize, h.layer.KVDim()
 	defer p.trim()
-	p.seqs = p.seqs[:0]
-	for _, f := range feeds {
+	p.seqs, p.reads = p.seqs[:0], n
+	p.readX = grow(p.readX, n*H)
+	for i := range feeds {
+		f := &feeds[i]
 		f.seq.reserve(f.L+len(f.tokens)-1, kvDim)
+		f.seq.reserveNodes(f.nodes, H)
 		p.seqs = append(p.seqs, f.seq)
 	}
 	for stage := 0; p.layer(feeds, stage); stage++ { // until a stage has no rows
 	}
 	for _, f := range feeds {
+		f.seq.tree.Commit(f.L, f.rows)
 		f.seq.len += len(f.tokens)
 	}
-	return p.readOut(feeds, batch)
+	return p.readOut(feeds)
 }
 
-// Verify is refused: a head drafts (Step) for its target, whose text it
-// reads through Entry.Target, which a Verify entry does not carry.
-func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
-	return errors.New("cpu head: an EAGLE-3 head drafts (Step) and does not verify")
-}
-
-// sequences checks every entry — a sequence of the head's once in the
-// batch, a line, a Target sequence of the head's target, neither released,
-// a row to compute — and returns the feeds to plan.
-func (h *Head) sequences(batch []*engine.Entry) ([]headFeed, error) {
-	feeds := make([]headFeed, len(batch))
-	for i, en := range batch {
-		s, ok := en.Seq.(*headSequence)
-		switch {
-		case !ok || s.owner != h:
-			return nil, fmt.Errorf("cpu head: batch entry %d: a sequence of another engine (%T)", i, en.Seq)
-		case s.released:
-			return nil, fmt.Errorf("cpu head: batch entry %d: a released sequence", i)
-		case en.Parents != nil:
-			return nil, fmt.Errorf("cpu head: batch entry %d: tree nodes (Parents): an EAGLE-3 head drafts chains only", i)
-		case en.Target == nil:
-			return nil, fmt.Errorf("cpu head: batch entry %d: no Target sequence: an EAGLE-3 head reads its target's features", i)
-		case s.len == 0 && len(en.Tokens) == 1:
-			return nil, fmt.Errorf("cpu head: batch entry %d: token 0 alone: an EAGLE-3 head's first row is token 1's", i)
-		}
-		tq, ok := en.Target.(*sequence)
-		switch {
-		case !ok || tq.owner != h.target:
-			return nil, fmt.Errorf("cpu head: batch entry %d: the Target sequence (%T) is not of the head's target engine", i, en.Target)
-		case tq.k == nil:
-			return nil, fmt.Errorf("cpu head: batch entry %d: a released Target sequence", i)
-		}
-		for _, p := range feeds[:i] {
-			if p.seq == s {
-				return nil, fmt.Errorf("cpu head: batch entry %d repeats a sequence of the batch", i)
-			}
-		}
-		feeds[i] = headFeed{seq: s, target: tq, tokens: en.Tokens, L: s.len}
-	}
-	return feeds, nil
-}
-
-// plan places entry i's rows (headFeed): token i ≥ 1 is row j = i−1 over
-// the target's features at position j while the target holds it in its
-// line (a token tree's nodes are no position of the text), else over the
-// head's output at row j−1 — the row of the token before in this feed (a
-// stage after it), or the sequence's last row, which the sequence must
-// hold.
+// plan places entry i's tokens (headFeed) as the target engine places its
+// own (treemask), and their rows. Line token i ≥ 1 is row j = i−1 over the
+// target's features at position j while the target holds it in its line
+// (a token tree's nodes are no position of the text), else over the head's
+// output at row j−1 — the row of the token before in this feed (a stage
+// after it), or the sequence's last row, which the sequence must hold. A
+// node is row slot−1 over the head's output at its parent's row — the
+// line's last for a root — in the stage after its parent's where the feed
+// computes that row, else in the first, the sequence holding it.
 func (f *headFeed) plan(i int) error {
+	T := len(f.tokens)
+	if f.L == 0 && f.read == T {
+		if T == 1 {
+			return fmt.Errorf("cpu head: batch entry %d: token 0 alone: an EAGLE-3 head's first row is token 1's", i)
+		}
+		return fmt.Errorf("cpu head: batch entry %d: reads out token 0, which has no row: an EAGLE-3 head's first row is token 1's", i)
+	}
+	rows, err := placeRows(&f.seq.tree, f.L, T, f.parents)
+	if err != nil {
+		return fmt.Errorf("cpu head: batch entry %d: %w", i, err)
+	}
+	f.rows, f.base, f.nodes = rows, f.seq.tree.Base(), f.seq.tree.Len()
 	held := f.target.len
 	if f.target.tree.Len() > 0 {
 		held = f.target.tree.Base()
 	}
-	f.stage, f.feat = make([]int, len(f.tokens)), make([]bool, len(f.tokens))
+	f.stage, f.feat = make([]int, T), make([]bool, T)
 	for t := range f.tokens {
 		tok := f.L + t
-		j := tok - 1 // the token's row and the position of its features
+		j := tok - 1 // the token's row; a line token's position and that of its features
+		if p := rows[t].Parent; p != treemask.Line {
+			if f.nodes == 0 {
+				f.base = tok
+			}
+			f.nodes++
+			switch {
+			case p == 0:
+				return fmt.Errorf("cpu head: batch entry %d: node %d's parent is token 0, which has no row: an EAGLE-3 head's first row is token 1's", i, tok)
+			case p >= f.L:
+				f.stage[t] = f.stage[p-f.L] + 1
+			case p < f.base && f.seq.outRow != p-1:
+				return fmt.Errorf("cpu head: batch entry %d: root %d reads the head's output at the line's last row %d, which the sequence no longer holds", i, tok, p-1)
+			}
+			continue
+		}
 		switch {
 		case tok == 0:
 			f.stage[t] = -1
@@ -360,19 +514,26 @@ func (f *headFeed) plan(i int) error {
 }
 
 // headRow is a row of a stage's pass: its sequence (feed), its slot in the
-// head's cache, its token, and the target's features it reads (nil: it
-// reads its sequence's last output).
+// head's cache, the position it is rotated at and the slots it attends to,
+// its token, whether it is a tree node, its index among the read-out rows
+// (−1: none), and its input: the target's features it reads (feat, through
+// fc), else an output of the head's (own).
 type headRow struct {
 	feed  int
 	slot  int
+	pos   int
+	mask  ops.Mask
 	token int
+	node  bool
+	read  int
 	feat  []float32
+	own   []float32
 }
 
-// headPass holds the buffers of the head's passes, kept from step to
-// step: R rows of a stage (n entries for the read-out), H the head's
-// width, Ht the target's, D head_dim, I intermediate_size. As in the
-// target's pass, the inputs of a matrix product are ops.Inputs.
+// headPass holds the buffers of the head's passes, kept from pass to
+// pass: R rows of a stage (n rows read out), H the head's width, Ht the
+// target's, D head_dim, I intermediate_size. As in the target's pass, the
+// inputs of a matrix product are ops.Inputs.
 type headPass struct {
 	h       *Head
 	rows    []headRow
@@ -393,7 +554,9 @@ type headPass struct {
 	cos     []float32  // (R, D/2)
 	sin     []float32  // (R, D/2)
 	seqs    []*headSequence
-	headIn  *ops.Input // (n, H): norm(output) at each entry's last row
+	reads   int        // n: the rows read out
+	readX   []float32  // (n, H) the outputs before norm of the rows read out
+	headIn  *ops.Input // (n, H): norm(output) at each row read out
 	logits  []float32  // (n, Vd)
 	parts   []partial  // (workers, n)
 	sums    []float32  // (workers, n)
@@ -401,10 +564,10 @@ type headPass struct {
 	scale   float32
 }
 
-// trim lets go of the step's sequences and drops the buffers sized past
-// keepRows rows or keepReads entries (as the target's pass does).
+// trim lets go of the pass's sequences and drops the buffers sized past
+// keepRows rows or keepReads rows read out (as the target's pass does).
 func (p *headPass) trim() {
-	clear(p.rows) // the target's features they point into
+	clear(p.rows[:cap(p.rows)]) // the target's features and the outputs they point into
 	clear(p.seqs)
 	c := &p.h.layer
 	if cap(p.x) > keepRows*c.HiddenSize {
@@ -415,7 +578,7 @@ func (p *headPass) trim() {
 		}
 	}
 	if cap(p.logits) > keepReads*p.h.cfg.DraftVocabSize {
-		p.logits, p.parts, p.sums, p.seqs = nil, nil, nil, nil
+		p.logits, p.parts, p.sums, p.seqs, p.readX = nil, nil, nil, nil, nil
 		p.headIn.Trim(keepReads)
 	}
 	for i := range p.workers {
@@ -443,23 +606,35 @@ func (p *headPass) init(h *Head) {
 	}
 }
 
-// layer runs the midlayer over the rows of the given stage of every feed
-// and keeps each feed's last output; false when the stage has no rows.
+// layer runs the midlayer over the rows of the given stage of every feed,
+// and keeps each feed's last line output, its nodes' outputs and those of
+// the rows read out; false when the stage has no rows.
 func (p *headPass) layer(feeds []headFeed, stage int) bool {
 	h := p.h
 	c := &h.layer
 	H, qDim, kvDim, I, half := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize, c.HeadDim/2
 	p.rows, p.fcRows = p.rows[:0], p.fcRows[:0]
 	longest := 0
-	for i, f := range feeds {
+	for i := range feeds {
+		f := &feeds[i]
 		for t, tok := range f.tokens {
 			if f.stage[t] != stage {
 				continue
 			}
-			r := headRow{feed: i, slot: f.L + t - 1, token: tok}
-			if f.feat[t] {
+			// The token's row is the cache slot before its own (token 0 has
+			// none): its position and the rows it reads shift with it.
+			at := f.rows[t]
+			r := headRow{feed: i, slot: f.L + t - 1, pos: at.Pos - 1, mask: ops.Mask{Base: at.Base - 1, Bits: at.Mask},
+				token: tok, node: at.Parent != treemask.Line, read: f.readAt(t)}
+			switch {
+			case f.feat[t]:
 				r.feat = f.target.features(r.slot)
 				p.fcRows = append(p.fcRows, int32(len(p.rows)))
+			case !r.node || at.Parent == f.base-1: // the row before's output; a root's parent is the line's last
+				r.own = f.seq.out
+			default:
+				n := at.Parent - f.base
+				r.own = f.seq.nodeOut[n*H : (n+1)*H]
 			}
 			p.rows = append(p.rows, r)
 			longest = max(longest, r.slot+1)
@@ -484,23 +659,32 @@ func (p *headPass) layer(feeds []headFeed, stage int) bool {
 		p.workers[i].scores = grow(p.workers[i].scores, longest)
 	}
 	for r, row := range p.rows {
-		if row.feat == nil { // the row before's output, which the sequence holds
-			copy(p.x[r*H:(r+1)*H], feeds[row.feed].seq.out)
+		if row.feat == nil { // an output the sequence holds
+			copy(p.x[r*H:(r+1)*H], row.own)
 		}
 	}
 
 	h.target.pool.Run(p.run)
 
-	// Each feed's last row of the stage: its output is the sequence's last;
-	// the rows over the target's features extend those from the first.
+	// A line row's output is its sequence's last (the stage's rows of a
+	// feed come in token order); the line rows over the target's features
+	// extend those from the first. A node's output joins its tree's.
 	for r, row := range p.rows {
-		s := feeds[row.feed].seq
-		if row.feat != nil && row.slot == s.targetRows {
-			s.targetRows++
-		}
-		if r+1 == R || p.rows[r+1].feed != row.feed {
-			s.out = append(s.out[:0], p.x[r*H:(r+1)*H]...)
+		f := &feeds[row.feed]
+		s, x := f.seq, p.x[r*H:(r+1)*H]
+		switch {
+		case row.node:
+			n := row.slot + 1 - f.base
+			copy(s.nodeOut[n*H:(n+1)*H], x)
+		default:
+			if row.feat != nil && row.slot == s.targetRows {
+				s.targetRows++
+			}
+			s.out = append(s.out[:0], x...)
 			s.outRow = row.slot
+		}
+		if row.read >= 0 {
+			copy(p.readX[row.read*H:(row.read+1)*H], x)
 		}
 	}
 	return true
@@ -508,7 +692,8 @@ func (p *headPass) layer(feeds []headFeed, stage int) bool {
 
 // run is one worker's part of a stage's pass (Pool.Run), phase by phase,
 // as reference.Head.Forward: fc, the two norms, q, k, v with RoPE into the
-// cache, causal GQA attention, o_proj and the residual, the MLP block.
+// cache, GQA attention (causal, or a tree's mask), o_proj and the
+// residual, the MLP block.
 func (p *headPass) run(w int) {
 	h := p.h
 	c := &h.layer
@@ -523,7 +708,7 @@ func (p *headPass) run(w int) {
 	for r := lo; r < hi; r++ {
 		row := &p.rows[r]
 		h.embed.Row(row.token, p.emb[r*H:(r+1)*H])
-		ops.RopeAngles(p.cos[r*half:(r+1)*half], p.sin[r*half:(r+1)*half], row.slot, h.invFreq)
+		ops.RopeAngles(p.cos[r*half:(r+1)*half], p.sin[r*half:(r+1)*half], row.pos, h.invFreq)
 	}
 	lo, hi = pool.Split(len(p.fcRows), w)
 	for i := lo; i < hi; i++ {
@@ -571,7 +756,8 @@ func (p *headPass) run(w int) {
 		copy(s.v[at:at+D], p.v[r*kvDim+hd*D:r*kvDim+(hd+1)*D])
 	}
 	pool.Barrier()
-	// attn = softmax(q·kᵀ/√D + causal mask)·v over the head's cache, GQA
+	// attn = softmax(q·kᵀ/√D + mask)·v over the head's cache, GQA: the
+	// mask causal for a line row, a node's the line and its ancestors
 	lo, hi = pool.Split(R*heads, w)
 	for i := lo; i < hi; i++ {
 		r, hd := i/heads, i%heads
@@ -579,7 +765,7 @@ func (p *headPass) run(w int) {
 		s, n := p.seqs[row.feed], row.slot+1
 		kv := (hd / c.GroupSize()) * D
 		ops.Attend(p.attn[r*qDim+hd*D:r*qDim+(hd+1)*D], p.q[r*qDim+hd*D:r*qDim+(hd+1)*D],
-			s.k[kv:], s.v[kv:], kvDim, n, p.scale, ws.scores, ops.Mask{Base: n})
+			s.k[kv:], s.v[kv:], kvDim, n, p.scale, ws.scores, row.mask)
 	}
 	pool.Barrier()
 	lo, hi = pool.Split(R, w)
@@ -615,54 +801,60 @@ func (p *headPass) run(w int) {
 	h.down.MulRows(p.x, H, p.mlp, lo, hi, true, ws.mm)
 }
 
-// readOut scores the draft vocabulary after each feed's last token —
-// logits = lm_head(norm(output)) — and sets its entry's Next (the argmax,
-// the lowest draft token of a tie, as a target token), Logprob (its
-// log-softmax over the draft vocabulary) and Top.
-func (p *headPass) readOut(feeds []headFeed, batch []*engine.Entry) error {
+// readOut scores the draft vocabulary at each row read out — logits =
+// lm_head(norm(output)) — and gives each feed's rows: the argmax (the
+// lowest draft token of a tie, as a target token), its log-softmax over
+// the draft vocabulary, the log-sum-exp, and the topN most likely.
+func (p *headPass) readOut(feeds []headFeed) ([][]engine.VerifyRow, error) {
 	h := p.h
-	n, Vd := len(feeds), h.cfg.DraftVocabSize
+	n, Vd := p.reads, h.cfg.DraftVocabSize
 	p.headIn.Resize(n, h.layer.HiddenSize)
 	p.logits = grow(p.logits, n*Vd)
 	p.parts, p.sums = grow(p.parts, len(p.workers)*n), grow(p.sums, len(p.workers)*n)
 	h.target.pool.Run(p.score)
-	for i, en := range batch {
-		best, at, sum := float32(math.Inf(-1)), -1, float32(0)
-		for w := range p.workers {
-			q := p.parts[w*n+i]
-			if q.none {
-				continue
+	out := make([][]engine.VerifyRow, len(feeds))
+	for i, f := range feeds {
+		out[i] = make([]engine.VerifyRow, f.read)
+		for j := range out[i] {
+			k := f.read0 + j
+			best, at, sum := float32(math.Inf(-1)), -1, float32(0)
+			for w := range p.workers {
+				q := p.parts[w*n+k]
+				if q.none {
+					continue
+				}
+				if q.nan {
+					return nil, fmt.Errorf("cpu head: batch entry %d row %d: %w", i, j, sampling.ErrNaN)
+				}
+				if q.max > best || at < 0 {
+					best, at = q.max, q.at
+				}
+				sum += p.sums[w*n+k]
 			}
-			if q.nan {
-				return fmt.Errorf("cpu head: batch entry %d: %w", i, sampling.ErrNaN)
+			if math.IsInf(float64(best), -1) {
+				return nil, fmt.Errorf("cpu head: batch entry %d row %d: every logit is −Inf", i, j)
 			}
-			if q.max > best || at < 0 {
-				best, at = q.max, q.at
+			lse := best + float32(math.Log(float64(sum)))
+			r := &out[i][j]
+			r.Row = sampling.Row{Argmax: int(h.tokens[at]), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
+			if f.topN > 0 {
+				r.Top = topOf(p.logits[k*Vd:(k+1)*Vd], f.topN, lse, h.tokens)
 			}
-			sum += p.sums[w*n+i]
-		}
-		if math.IsInf(float64(best), -1) {
-			return fmt.Errorf("cpu head: batch entry %d: every logit is −Inf", i)
-		}
-		lse := best + float32(math.Log(float64(sum)))
-		en.Next, en.Logprob, en.Top = int(h.tokens[at]), best-lse, nil
-		if en.TopN > 0 {
-			en.Top = topOf(p.logits[i*Vd:(i+1)*Vd], en.TopN, lse, h.tokens)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // score is one worker's part of the read-out (Pool.Run): the norm of each
-// entry's last output, its chunk of lm_head's rows, and over that chunk
-// each row's largest logit and Σ exp(logit − the row's max).
+// output read out, its chunk of lm_head's rows, and over that chunk each
+// row's largest logit and Σ exp(logit − the row's max).
 func (p *headPass) score(w int) {
 	h := p.h
 	pool, ws := h.target.pool, &p.workers[w]
-	n, Vd := len(p.seqs), h.cfg.DraftVocabSize
+	n, Vd, H := p.reads, h.cfg.DraftVocabSize, h.layer.HiddenSize
 	lo, hi := pool.Split(n, w)
 	for i := lo; i < hi; i++ {
-		ops.RMSNorm(ws.row, p.seqs[i].out, h.norm, h.layer.RMSNormEps)
+		ops.RMSNorm(ws.row[:H], p.readX[i*H:(i+1)*H], h.norm, h.layer.RMSNormEps)
 		p.headIn.Set(i, ws.row)
 	}
 	pool.Barrier()

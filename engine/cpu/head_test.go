@@ -13,6 +13,7 @@ import (
 	"webdraft/engine"
 	"webdraft/engine/cpu/ops"
 	"webdraft/reference"
+	"webdraft/sampling"
 	"webdraft/tensor"
 )
 
@@ -129,25 +130,33 @@ func (o *headOracle) check(what string, h *Head, en *engine.Entry, i int, text, 
 	rows := o.rows(text, targetText)
 	want := rows[len(rows)-1]
 	Vd := h.cfg.DraftVocabSize
-	if e := relErr(h.pass.logits[i*Vd:(i+1)*Vd], want.Logits); e > tol {
-		o.t.Errorf("%s: logits %.2g from the reference's", what, e)
-	}
 	if e := relErr(en.Seq.(*headSequence).out, want.Hidden); e > tol {
 		o.t.Errorf("%s: the output before norm %.2g from the reference's", what, e)
+	}
+	o.compare(what, h.pass.logits[i*Vd:(i+1)*Vd], en.Next, en.Logprob, en.Top, en.TopN, want, tol)
+}
+
+// compare holds a row's read-out — its logits, argmax, log-probability and
+// topN most likely tokens — to the oracle's row want.
+func (o *headOracle) compare(what string, logits []float32, next int, logprob float32, top []sampling.TokenLogprob, topN int, want reference.HeadRow, tol float64) {
+	o.t.Helper()
+	Vd := len(want.Logits)
+	if e := relErr(logits, want.Logits); e > tol {
+		o.t.Errorf("%s: logits %.2g from the reference's", what, e)
 	}
 	best, err := reference.Argmax(want.Logits)
 	if err != nil {
 		o.t.Fatal(err)
 	}
 	lse := logSumExp(want.Logits)
-	if tok := o.head.TargetToken(best); en.Next != tok {
-		o.t.Errorf("%s: Next %d, the reference's %d", what, en.Next, tok)
+	if tok := o.head.TargetToken(best); next != tok {
+		o.t.Errorf("%s: Next %d, the reference's %d", what, next, tok)
 	}
-	if lp := want.Logits[best] - lse; math.Abs(float64(en.Logprob-lp)) > 1e-4 {
-		o.t.Errorf("%s: Logprob %g, the reference's %g", what, en.Logprob, lp)
+	if lp := want.Logits[best] - lse; math.Abs(float64(logprob-lp)) > 1e-4 {
+		o.t.Errorf("%s: Logprob %g, the reference's %g", what, logprob, lp)
 	}
-	if len(en.Top) != en.TopN {
-		o.t.Fatalf("%s: %d top tokens, want %d", what, len(en.Top), en.TopN)
+	if len(top) != topN {
+		o.t.Fatalf("%s: %d top tokens, want %d", what, len(top), topN)
 	}
 	order := make([]int, Vd)
 	for d := range order {
@@ -162,7 +171,7 @@ func (o *headOracle) check(what string, h *Head, en *engine.Entry, i int, text, 
 		}
 		return 0
 	})
-	for k, tl := range en.Top {
+	for k, tl := range top {
 		d := order[k]
 		if tl.Token != o.head.TargetToken(d) || math.Abs(float64(tl.Logprob-(want.Logits[d]-lse))) > 1e-4 {
 			o.t.Errorf("%s: top %d is %+v, the reference's token %d (%g)", what, k, tl, o.head.TargetToken(d), want.Logits[d]-lse)
@@ -378,7 +387,7 @@ func TestHeadBatch(t *testing.T) {
 
 // TestHeadTruncate: Truncate keeps at most the rows over the target's
 // features and one token, whatever n; a draft step whose row before is
-// gone is refused; KeepPath takes only the empty path.
+// gone is refused; KeepPath on a line takes only the empty path.
 func TestHeadTruncate(t *testing.T) {
 	rig := newHeadRig(t, false)
 	ctx := context.Background()
@@ -543,8 +552,8 @@ func TestHeadRefusals(t *testing.T) {
 	if err := h.Step(ctx, []*engine.Entry{ok}); err != nil {
 		t.Errorf("rows 3 and 4 past a target of 3: %v", err)
 	}
-	if err := h.Verify(ctx, nil); err == nil {
-		t.Error("Verify: accepted")
+	if err := h.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Tokens: []int{1, 2}, Out: 1}}); err == nil {
+		t.Error("Verify without a Target: accepted")
 	}
 	if engine.ReadsTarget(h) != engine.Engine(target) {
 		t.Error("ReadsTarget(head) is not its target")

@@ -2,7 +2,6 @@ package speculative_test
 
 import (
 	"cmp"
-	"context"
 	"slices"
 	"testing"
 
@@ -65,32 +64,6 @@ func headPair(t *testing.T, prompts [][]int, n int) pair {
 		t.Fatal(err)
 	}
 	return pair{"eagle3-head", target, head}
-}
-
-// TestHeadDraftsChains: a tree request to a generator drafting with a head
-// drafts a chain: the target's greedy output, accepted drafts of one token
-// a step at most per position.
-func TestHeadDraftsChains(t *testing.T) {
-	ps, n := prompts(11, 3), 16
-	p := headPair(t, ps, n)
-	g := start(t, p, speculative.Options{})
-	for i, pr := range ps {
-		want := greedy(t, p.target, pr, n)
-		var trees int
-		res, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n, K: 4, TopK: 3,
-			OnStep: func(st speculative.Step) bool {
-				if st.Tree != nil {
-					trees++
-				}
-				return true
-			}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := ids(res.Tokens); !slices.Equal(got, want) || trees > 0 {
-			t.Errorf("prompt %d: %v (%d tree steps), target alone %v", i, got, trees, want)
-		}
-	}
 }
 
 // TestHeadOfAnotherTarget: a head drafts only for the target engine whose

@@ -91,7 +91,7 @@ type Request struct {
 	// most likely children (a sampled generation's: TopK draws), TreeNodes
 	// nodes verified; 0 takes Options'. A sampled tree needs engines whose
 	// drafts can be sampled (engine.SampledPair), else it drafts a chain;
-	// remote drafts are chains, and so are an EAGLE-3 head's.
+	// remote drafts are chains.
 	TopK, TreeNodes int
 	// PMin, above 0, ends a draft early before the first token the drafter
 	// gives a probability below it (llama.cpp's --draft-p-min).
@@ -216,7 +216,7 @@ type Generator struct {
 	drafter, target engine.Engine
 	// head: the drafter reads the target's features (engine.Head, an
 	// EAGLE-3 head): a generation's target feeds its prompt before the
-	// head's first draft, and drafts are chains.
+	// head's first draft.
 	head  bool
 	opts  Options
 	queue *jobqueue.Queue[*job]
@@ -304,11 +304,8 @@ func (g *Generator) k(r *Request) int {
 	return r.K
 }
 
-// topK is the tree width r asks for (1: a chain); a head drafts chains.
+// topK is the tree width r asks for (1: a chain).
 func (g *Generator) topK(r *Request) int {
-	if g.head {
-		return 1
-	}
 	if r.TopK == 0 {
 		return g.opts.TopK
 	}

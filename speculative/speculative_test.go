@@ -618,6 +618,8 @@ func TestTreesEqualTarget(t *testing.T) {
 			ps, n := prompts(3, 5), 24
 			all := pairs(t, backend.open)
 			switch backend.name { // lavapipe: the CPU covers the rest
+			case "cpu": // and an EAGLE-3 head drafting for the CPU engine's target
+				all = append(all, headPair(t, ps, n))
 			case "webgpu": // engines apart: each level a drafter call
 				ps, n, all, shapes = ps[:2], 12, all[:1], []shape{{4, 2, 8}, {6, 4, 32}}
 			case "webgpu-fused": // one group: chains and trees drafted and verified in one submission

@@ -817,24 +817,10 @@ func (p *headPass) readOut(feeds []headFeed) ([][]engine.VerifyRow, error) {
 		out[i] = make([]engine.VerifyRow, f.read)
 		for j := range out[i] {
 			k := f.read0 + j
-			best, at, sum := float32(math.Inf(-1)), -1, float32(0)
-			for w := range p.workers {
-				q := p.parts[w*n+k]
-				if q.none {
-					continue
-				}
-				if q.nan {
-					return nil, fmt.Errorf("cpu head: batch entry %d row %d: %w", i, j, sampling.ErrNaN)
-				}
-				if q.max > best || at < 0 {
-					best, at = q.max, q.at
-				}
-				sum += p.sums[w*n+k]
+			best, at, lse, err := reduceRow(p.parts, p.sums, len(p.workers), n, k)
+			if err != nil {
+				return nil, fmt.Errorf("cpu head: batch entry %d row %d: %w", i, j, err)
 			}
-			if math.IsInf(float64(best), -1) {
-				return nil, fmt.Errorf("cpu head: batch entry %d row %d: every logit is −Inf", i, j)
-			}
-			lse := best + float32(math.Log(float64(sum)))
 			r := &out[i][j]
 			r.Row = sampling.Row{Argmax: int(h.tokens[at]), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
 			if f.topN > 0 {

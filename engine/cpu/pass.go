@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 
@@ -403,6 +404,33 @@ func project(lo, hi int, in *ops.Input, mm []float32, pairs ...any) {
 	}
 }
 
+// errNoLogit: every logit of a read-out row is −Inf.
+var errNoLogit = errors.New("every logit is −Inf")
+
+// reduceRow merges the workers' partial reductions of read-out row k (of
+// n): the largest logit, where (the first of a tie), and the log-sum-exp.
+func reduceRow(parts []partial, sums []float32, workers, n, k int) (best float32, at int, lse float32, err error) {
+	best, at = float32(math.Inf(-1)), -1
+	var sum float32
+	for w := range workers {
+		q := parts[w*n+k]
+		if q.none {
+			continue
+		}
+		if q.nan {
+			return 0, 0, 0, sampling.ErrNaN
+		}
+		if q.max > best || at < 0 {
+			best, at = q.max, q.at
+		}
+		sum += sums[w*n+k]
+	}
+	if math.IsInf(float64(best), -1) {
+		return 0, 0, 0, errNoLogit
+	}
+	return best, at, best + float32(math.Log(float64(sum))), nil
+}
+
 // readOut turns the workers' partial reductions into each entry's rows:
 // the argmax and log-sum-exp always; a sampled row's draw, proposals or
 // tree walk by the sampler (sample.go); the most likely tokens where
@@ -417,24 +445,10 @@ func (p *pass) readOut(feeds []feed) ([][]engine.VerifyRow, error) {
 		out[en] = make([]engine.VerifyRow, rd.rows)
 		i0 := i
 		for j := range rd.rows {
-			best, at, sum := float32(math.Inf(-1)), -1, float32(0)
-			for w := range p.workers {
-				q := p.partials[w*n+i]
-				if q.none {
-					continue
-				}
-				if q.nan {
-					return nil, fmt.Errorf("cpu engine: batch entry %d row %d: %w", en, j, sampling.ErrNaN)
-				}
-				if q.max > best || at < 0 {
-					best, at = q.max, q.at
-				}
-				sum += p.sums[w*n+i]
+			best, at, lse, err := reduceRow(p.partials, p.sums, len(p.workers), n, i)
+			if err != nil {
+				return nil, fmt.Errorf("cpu engine: batch entry %d row %d: %w", en, j, err)
 			}
-			if math.IsInf(float64(best), -1) {
-				return nil, fmt.Errorf("cpu engine: batch entry %d row %d: every logit is −Inf", en, j)
-			}
-			lse := best + float32(math.Log(float64(sum)))
 			out[en][j].Row = sampling.Row{Argmax: e.token(at), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
 			if rd.topN > 0 {
 				out[en][j].Top = e.top(p.logitRow(i), rd.topN, lse)

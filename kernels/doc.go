@@ -10,12 +10,14 @@
 // function is tested against its plain-Go twin in package reference on
 // random shapes.
 //
-// The files: kvcache.go the paged KV cache, which owns its pool and block
-// tables; plan.go the measured choices among kernels, a table per adapter
+// The files: kvcache.go the paged KV cache, which owns its pool, block
+// tables and feature rows (kvmove.go moves a kept path's slots);
+// plan.go the measured choices among kernels, a table per adapter
 // class; matmul.go the matmul entry points, and a file per int4 matmul
 // family (matmul_rowtile.go, matvec.go, matvec_batch.go, skinny.go,
 // gemm.go, splitk.go); qkv.go, attention.go, embed.go, norm.go, argmax.go
-// and copy.go the rest of a forward pass; matrix.go the weights on the
-// device. Each kernel's params are a Go struct held to its WGSL twin by
+// and copy.go the rest of a forward pass; gather.go rows moved by index
+// (a target's features, an EAGLE-3 head's rows); matrix.go the weights on
+// the device. Each kernel's params are a Go struct held to its WGSL twin by
 // gpu.CheckParams.
 package kernels

@@ -27,6 +27,17 @@ import (
 // memory and the bytes attention reads, at f16 storage precision; it needs
 // no shader-f16 (pack2x16float / unpack2x16float).
 //
+// Where its shape asks (Features), the cache also keeps rows of f32
+// features beside the keys and values, slot by slot — what an EAGLE-3
+// head reads of its target (engine/webgpu) —, a buffer each:
+//
+//	feat[i]     (blocks·block_size, feature_width) f32: slot j of a
+//	            sequence at row block·block_size + j % block_size, block
+//	            its table's (KVSeq.PoolRow)
+//
+// The passes write and read them (GatherRows); the cache moves them with
+// the keys and values (RecordMoves).
+//
 // A forward pass over some sequences first Reserves the blocks its new
 // positions need (all or nothing), writes the tables that changed
 // (SyncTables), records the moves of paths kept since the last pass
@@ -37,6 +48,7 @@ import (
 type KVCache struct {
 	KVShape
 	k, v     []*gpu.Buffer // per layer
+	feat     []*gpu.Buffer // per feature (KVShape.Features)
 	table    *gpu.Buffer
 	wgMemory int // the device's workgroup memory, bytes
 
@@ -59,6 +71,9 @@ type KVShape struct {
 	Seqs               int // sequence slots (table rows)
 	MaxBlocks          int // blocks one sequence may map (max_position_embeddings / BlockSize, rounded up)
 	F16                bool
+	// Features is how many buffers of f32 rows, FeatureWidth values a
+	// slot, the cache keeps beside the keys and values (0: none).
+	Features, FeatureWidth int
 }
 
 // ErrKVFull reports a cache whose pool or sequence slots are used up:
@@ -94,6 +109,12 @@ func NewKVCache(d *gpu.Device, s KVShape) (*KVCache, error) {
 	if c.layerBytes() > d.Limits().MaxStorageBufferBindingSize {
 		return nil, fmt.Errorf("kernels: kv cache: a layer's %d bytes exceed one binding (%d)", c.layerBytes(), d.Limits().MaxStorageBufferBindingSize)
 	}
+	if s.Features < 0 || s.Features > 0 && s.FeatureWidth <= 0 {
+		return nil, fmt.Errorf("kernels: kv cache: %d features of %d values", s.Features, s.FeatureWidth)
+	}
+	if c.featureBytes() > d.Limits().MaxStorageBufferBindingSize {
+		return nil, fmt.Errorf("kernels: kv cache: a feature buffer's %d bytes exceed one binding (%d)", c.featureBytes(), d.Limits().MaxStorageBufferBindingSize)
+	}
 	for l := range s.Layers {
 		for _, kv := range []struct {
 			dst  *[]*gpu.Buffer
@@ -106,6 +127,14 @@ func NewKVCache(d *gpu.Device, s KVShape) (*KVCache, error) {
 			}
 			*kv.dst = append(*kv.dst, buf)
 		}
+	}
+	for i := range s.Features {
+		buf, err := d.NewBuffer(fmt.Sprintf("kv.features.%d", i), c.featureBytes())
+		if err != nil {
+			c.Release()
+			return nil, err
+		}
+		c.feat = append(c.feat, buf)
 	}
 	var err error
 	if c.table, err = d.NewBuffer("kv.table", uint64(s.Seqs*s.MaxBlocks)*4); err != nil {
@@ -126,6 +155,18 @@ func (c *KVCache) layerBytes() uint64 {
 	return uint64(c.Blocks) * uint64(c.KVHeads*c.BlockSize*c.D) * uint64(c.ElemBytes())
 }
 
+// featureBytes is the size of one feature buffer (0 without features).
+func (c *KVCache) featureBytes() uint64 {
+	if c.Features == 0 {
+		return 0
+	}
+	return uint64(c.Blocks) * uint64(c.BlockSize) * uint64(c.FeatureWidth) * 4
+}
+
+// Feature is feature buffer i (KVShape.Features): (blocks·block_size,
+// feature_width) f32, a sequence's slot j at its row KVSeq.PoolRow(j).
+func (c *KVCache) Feature(i int) *gpu.Buffer { return c.feat[i] }
+
 // ElemBytes is the size of one cached value: 4 (f32) or 2 (f16).
 func (c *KVCache) ElemBytes() int {
 	if c.F16 {
@@ -145,7 +186,7 @@ func (c *KVCache) Release() {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
-	for _, b := range append(append([]*gpu.Buffer{c.table, c.moveList}, c.k...), c.v...) {
+	for _, b := range append(append(append([]*gpu.Buffer{c.table, c.moveList}, c.k...), c.v...), c.feat...) {
 		if b != nil {
 			b.Release()
 		}
@@ -226,6 +267,32 @@ func (s *KVSeq) Slot() int { return s.slot }
 
 // Cache is the cache the sequence belongs to (nil once released).
 func (s *KVSeq) Cache() *KVCache { return s.c }
+
+// Line is the positions of the sequence's line: Len, or where it holds a
+// token tree, the tree's base — the positions that are its text.
+func (s *KVSeq) Line() int {
+	if s.tree.Len() > 0 {
+		return s.tree.Base()
+	}
+	return s.len
+}
+
+// PoolRow is the row of the sequence's slot j in the pool's
+// (blocks·block_size) rows — block·block_size + j % block_size, its block
+// the one the sequence's table maps —, where the feature buffers keep the
+// slot's features; an error for a slot whose block is not mapped.
+func (s *KVSeq) PoolRow(j int) (int, error) {
+	c := s.c
+	if c == nil {
+		return 0, errors.New("kernels: kv cache: a released sequence")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if j < 0 || j/c.BlockSize >= len(s.blocks) {
+		return 0, fmt.Errorf("kernels: kv cache: slot %d of a sequence with %d blocks of %d mapped", j, len(s.blocks), c.BlockSize)
+	}
+	return int(s.blocks[j/c.BlockSize])*c.BlockSize + j%c.BlockSize, nil
+}
 
 // Place returns how T tokens fed next are placed — their positions and
 // masks, treemask.Tree.Plan at the sequence's length, with parents (nil:

@@ -70,6 +70,33 @@ func TestKVCachePool(t *testing.T) {
 	if a.Len() != 5 || len(a.blocks) != 2 || len(c.free) != 4 {
 		t.Errorf("after Truncate(5): Len %d, %d blocks, %d free", a.Len(), len(a.blocks), len(c.free))
 	}
+	// Pool rows: slot j in its block's row; none past the mapped blocks.
+	for j := range 2 * bs {
+		if row, err := a.PoolRow(j); err != nil || row != int(a.blocks[j/bs])*bs+j%bs {
+			t.Errorf("PoolRow(%d) = %d, %v, want %d", j, row, err, int(a.blocks[j/bs])*bs+j%bs)
+		}
+	}
+	if _, err := a.PoolRow(2 * bs); err == nil {
+		t.Error("PoolRow of an unmapped slot: no error")
+	}
+	// The line: the positions without a tree, the tree's base with one.
+	if err := c.Reserve([]*KVSeq{a}, []int{7}); err != nil {
+		t.Fatal(err)
+	}
+	place, err := a.Place(2, []int{4, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Commit(7, place); err != nil {
+		t.Fatal(err)
+	}
+	if a.Line() != 5 || a.Len() != 7 {
+		t.Errorf("with a tree of 2 nodes past 5 positions: Line %d, Len %d", a.Line(), a.Len())
+	}
+	a.Truncate(5)
+	if a.Line() != 5 {
+		t.Errorf("without a tree: Line %d, want 5", a.Line())
+	}
 	a.Truncate(-1)
 	a.Truncate(100)
 	if a.Len() != 5 || len(a.blocks) != 2 {

@@ -9,10 +9,16 @@ import (
 	"webdraft/shaders"
 )
 
-var kvMove = gpu.Kernel{
-	Module: "kv_move.wgsl", Source: shaders.KVMove, Entry: "main", Params: reflect.TypeFor[kvMoveParams](),
-	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // list, table, kcache, vcache
-}
+var (
+	kvMove = gpu.Kernel{
+		Module: "kv_move.wgsl", Source: shaders.KVMove, Entry: "main", Params: reflect.TypeFor[kvMoveParams](),
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // list, table, kcache, vcache
+	}
+	kvMoveRows = gpu.Kernel{
+		Module: "kv_move.wgsl", Source: shaders.KVMove, Entry: "rows", Params: reflect.TypeFor[kvMoveParams](),
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // list, table, one feature buffer (kcache)
+	}
+)
 
 // kvMoveParams are kv_move.wgsl's params.
 type kvMoveParams struct {
@@ -25,7 +31,8 @@ const kvMoveWG = 64
 
 // RecordMoves records into b, ahead of whatever b records next, the moves
 // of every path kept (KVSeq.KeepPath) since the last call — one
-// kv_move.wgsl dispatch a layer, each sequence's moves in its order — and
+// kv_move.wgsl dispatch a layer and one a feature buffer, each sequence's
+// moves in its order — and
 // clears them; with none pending it records nothing. Their list goes to
 // the device now, by a queue write, so b must be submitted before the next
 // call. A pass calls it before its kernels, so that they read the moved
@@ -87,8 +94,9 @@ func (c *KVCache) ensureMoveList(d *gpu.Device, n int) error {
 	return nil
 }
 
-// recordMoves records kv_move.wgsl over every layer for G groups whose
-// moves start at word moves0 of the list (words in all).
+// recordMoves records kv_move.wgsl over every layer and every feature
+// buffer for G groups whose moves start at word moves0 of the list (words
+// in all).
 func (c *KVCache) recordMoves(b *gpu.Batch, G, moves0, words int) error {
 	op := "kv_move"
 	p, err := c.pipeline(b.Device(), kvMove, kernelShape{}, false, func() gpu.Consts { return nil })
@@ -103,6 +111,20 @@ func (c *KVCache) recordMoves(b *gpu.Batch, G, moves0, words int) error {
 		kc, vc := c.layer(l)
 		if err := gpu.Dispatch(b, p, params, []gpu.Binding{list, c.table.All(), kc, vc}, divCeil(c.KVHeads*dw, kvMoveWG), uint32(G), 1); err != nil {
 			return fmt.Errorf("kernels: %s: layer %d: %w", op, l, err)
+		}
+	}
+	if len(c.feat) == 0 {
+		return nil
+	}
+	pr, err := c.pipeline(b.Device(), kvMoveRows, kernelShape{}, false, func() gpu.Consts { return nil })
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	rows := *params
+	rows.KVHeads, rows.DW = 1, uint32(c.FeatureWidth)
+	for i, f := range c.feat {
+		if err := gpu.Dispatch(b, pr, &rows, []gpu.Binding{list, c.table.All(), f.All()}, divCeil(c.FeatureWidth, kvMoveWG), uint32(G), 1); err != nil {
+			return fmt.Errorf("kernels: %s: features %d: %w", op, i, err)
 		}
 	}
 	return nil

@@ -12,13 +12,14 @@ import (
 )
 
 // TestKVMove: the moves of paths kept in several sequences' token trees
-// (KVSeq.KeepPath), made by RecordMoves on the device in every layer,
-// against the same moves made one after another in plain Go on the
-// layers' images — random words everywhere, and the moves' destinations
-// that no move reads poisoned first; f32 and f16 caches, a head_dim whose
-// words do not fill a workgroup. One sequence is truncated after KeepPath
-// (its moves to the dropped positions are dropped) and one released (its
-// moves are dropped).
+// (KVSeq.KeepPath), made by RecordMoves on the device in every layer and
+// every feature buffer, against the same moves made one after another in
+// plain Go on the buffers' images — random words everywhere, and the
+// moves' destinations that no move reads poisoned first; f32 and f16
+// caches, a head_dim and a feature width whose words do not fill a
+// workgroup. One sequence is truncated after KeepPath (its moves to the
+// dropped positions are dropped) and one released (its moves are
+// dropped).
 func TestKVMove(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -31,7 +32,9 @@ func TestKVMove(t *testing.T) {
 
 func testKVMove(t *testing.T, d *gpu.Device, r *rand.Rand, half bool, D int) {
 	const bs, seqs = 8, 4
-	c, err := NewKVCache(d, KVShape{Layers: 2, KVHeads: 2, D: D, BlockSize: bs, Blocks: 64, Seqs: seqs, MaxBlocks: 14, F16: half})
+	const features, width = 2, 72
+	c, err := NewKVCache(d, KVShape{Layers: 2, KVHeads: 2, D: D, BlockSize: bs, Blocks: 64, Seqs: seqs, MaxBlocks: 14, F16: half,
+		Features: features, FeatureWidth: width})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,46 +100,62 @@ func testKVMove(t *testing.T, d *gpu.Device, r *rand.Rand, half bool, D int) {
 	all[2].Release() // its moves go with it
 	live := []*KVSeq{all[0], all[1], all[3]}
 
-	// The layers' images: random words, and the destinations no move reads
-	// poisoned.
+	// The buffers' images: random words, and the destinations no move
+	// reads poisoned. A layer's slot holds kv_heads runs of dw words; a
+	// feature buffer's one run of width words, at its pool row.
 	dw := D * c.ElemBytes() / 4
-	at := func(s *KVSeq, j, h int) int {
-		return ((int(s.blocks[j/bs])*c.KVHeads+h)*bs + j%bs) * dw
+	type image struct {
+		buf      *gpu.Buffer
+		name     string
+		heads, w int
 	}
-	imgs := make([][]uint32, 2*c.Layers) // k, v of each layer
-	for i := range imgs {
-		imgs[i] = make([]uint32, c.layerBytes()/4)
-		for j := range imgs[i] {
-			imgs[i][j] = r.Uint32()
+	var imgs []image
+	for l := range c.Layers {
+		imgs = append(imgs, image{c.k[l], fmt.Sprintf("layer %d k", l), c.KVHeads, dw}, image{c.v[l], fmt.Sprintf("layer %d v", l), c.KVHeads, dw})
+	}
+	for i := range features {
+		imgs = append(imgs, image{c.Feature(i), fmt.Sprintf("features %d", i), 1, width})
+	}
+	at := func(s *KVSeq, j, h int, img image) int {
+		if img.heads == 1 && img.w == width {
+			row, err := s.PoolRow(j)
+			if err != nil || row != int(s.blocks[j/bs])*bs+j%bs {
+				t.Fatalf("PoolRow(%d) = %d, %v: want block %d's row %d", j, row, err, s.blocks[j/bs], j%bs)
+			}
+			return row * width
+		}
+		return ((int(s.blocks[j/bs])*img.heads+h)*bs + j%bs) * img.w
+	}
+	words := make([][]uint32, len(imgs))
+	for i, img := range imgs {
+		words[i] = make([]uint32, img.buf.Size()/4)
+		for j := range words[i] {
+			words[i][j] = r.Uint32()
 		}
 		for _, s := range live {
 			for _, m := range s.moves {
 				if slices.IndexFunc(s.moves, func(o treemask.Move) bool { return o.From == m.To }) < 0 {
-					for h := range c.KVHeads {
-						for w := range dw {
-							imgs[i][at(s, m.To, h)+w] = gpu.NaN32
+					for h := range img.heads {
+						for w := range img.w {
+							words[i][at(s, m.To, h, img)+w] = gpu.NaN32
 						}
 					}
 				}
 			}
 		}
-	}
-	for l := range c.Layers {
-		for i, buf := range []*gpu.Buffer{c.k[l], c.v[l]} {
-			if err := buf.WriteU32(0, imgs[2*l+i]); err != nil {
-				t.Fatal(err)
-			}
+		if err := img.buf.WriteU32(0, words[i]); err != nil {
+			t.Fatal(err)
 		}
 	}
 	// The plain-Go twin: each sequence's moves one after another.
 	want := make([][]uint32, len(imgs))
 	for i, img := range imgs {
-		want[i] = slices.Clone(img)
+		want[i] = slices.Clone(words[i])
 		for _, s := range live {
 			for _, m := range s.moves {
-				for h := range c.KVHeads {
-					from, to := at(s, m.From, h), at(s, m.To, h)
-					copy(want[i][to:to+dw], want[i][from:from+dw])
+				for h := range img.heads {
+					from, to := at(s, m.From, h, img), at(s, m.To, h, img)
+					copy(want[i][to:to+img.w], want[i][from:from+img.w])
 				}
 			}
 		}
@@ -145,21 +164,19 @@ func testKVMove(t *testing.T, d *gpu.Device, r *rand.Rand, half bool, D int) {
 		if err := c.RecordMoves(b); err != nil {
 			return err
 		}
-		if b.Len() != c.Layers {
-			t.Errorf("%d dispatches recorded, want one a layer (%d)", b.Len(), c.Layers)
+		if b.Len() != c.Layers+features {
+			t.Errorf("%d dispatches recorded, want one a layer and one a feature buffer (%d)", b.Len(), c.Layers+features)
 		}
 		return nil
 	})
-	for l := range c.Layers {
-		for i, buf := range []*gpu.Buffer{c.k[l], c.v[l]} {
-			got, err := buf.ReadU32()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for j, w := range want[2*l+i] {
-				if got[j] != w {
-					t.Fatalf("layer %d %s: word %d = %#x, want %#x", l, []string{"k", "v"}[i], j, got[j], w)
-				}
+	for i, img := range imgs {
+		got, err := img.buf.ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, w := range want[i] {
+			if got[j] != w {
+				t.Fatalf("%s: word %d = %#x, want %#x", img.name, j, got[j], w)
 			}
 		}
 	}

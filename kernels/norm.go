@@ -15,9 +15,10 @@ var rmsNorm = gpu.Kernel{
 
 // rmsNormParams are rmsnorm.wgsl's params.
 type rmsNormParams struct {
-	R, N uint32
-	Eps  float32
-	_    uint32
+	R, N      uint32
+	Eps       float32
+	Ldo, Col0 uint32
+	_, _, _   uint32
 }
 
 // RMSNorm records out[r] = rmsnorm(x[r]) · weight for R rows of n values
@@ -31,18 +32,37 @@ type rmsNormParams struct {
 // before the head; the layers' norms happen inside MatMulNorm and the q/k
 // norms inside QKVRopeKV); per-head rows would be R = T·heads, n = D.
 func RMSNorm(b *gpu.Batch, out, x, weight *gpu.Buffer, R, n int, eps float64) error {
+	return RMSNormCols(b, out, n, 0, x, weight, R, n, eps)
+}
+
+// RMSNormCols records RMSNorm into columns col0 … col0+n−1 of out's rows
+// of ldo values, the other columns left as they are:
+//
+//	x      (R, n) f32
+//	weight (n) f32
+//	out    (R, ldo) f32, a different buffer from x;
+//	       out[r·ldo + col0 + i] = rmsnorm(x[r])[i] · weight[i]
+//
+// Two calls write the halves of an EAGLE-3 head's 2H-wide input,
+// [input_layernorm(embedding); hidden_norm(hidden)] (ldo = 2H, col0 = 0
+// and H), for one projection over both.
+func RMSNormCols(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, x, weight *gpu.Buffer, R, n int, eps float64) error {
 	op := "rmsnorm"
-	if R <= 0 || n <= 0 {
-		return fmt.Errorf("kernels: %s: shape (%d, %d)", op, R, n)
+	if R <= 0 || n <= 0 || col0 < 0 || ldo < col0+n {
+		return fmt.Errorf("kernels: %s: shape (%d, %d) into columns %d… of rows of %d", op, R, n, col0, ldo)
 	}
+	outLen := (R-1)*ldo + col0 + n
 	for _, c := range []struct {
 		name string
 		buf  *gpu.Buffer
 		n    int
-	}{{"x", x, R * n}, {"weight", weight, n}, {"out", out, R * n}} {
+	}{{"x", x, R * n}, {"weight", weight, n}, {"out", out, outLen}} {
 		if err := need(op, c.name, c.buf, c.n); err != nil {
 			return err
 		}
+	}
+	if x == out {
+		return fmt.Errorf("kernels: %s: out is x (%q)", op, x.Label())
 	}
 	wg := uint32(256) // hidden rows; a head row (D = 128) keeps 64 threads busy
 	if n <= 256 {
@@ -52,8 +72,8 @@ func RMSNorm(b *gpu.Batch, out, x, weight *gpu.Buffer, R, n int, eps float64) er
 	if err != nil {
 		return err
 	}
-	params := &rmsNormParams{R: uint32(R), N: uint32(n), Eps: float32(eps)}
-	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(R*n)*4)}
+	params := &rmsNormParams{R: uint32(R), N: uint32(n), Eps: float32(eps), Ldo: uint32(ldo), Col0: uint32(col0)}
+	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(outLen)*4)}
 	if err := gpu.Dispatch(b, p, params, binds, uint32(R), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

@@ -147,6 +147,73 @@ func TestRMSNorm(t *testing.T) {
 	}
 }
 
+// TestRMSNormCols: two calls write the halves of 2n-wide rows — each
+// half the reference's RMSNorm of its own input with its own weight, as
+// an EAGLE-3 head's [input_layernorm(e); hidden_norm(h)] — and a third
+// writes columns in the middle of wider rows, leaving the rest of each row
+// poisoned; a bad layout is refused.
+func TestRMSNormCols(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for range 3 {
+		R, n := []int{1, 3, 17}[r.IntN(3)], 32*(1+r.IntN(40))
+		t.Run(fmt.Sprintf("R%d_n%d", R, n), func(t *testing.T) {
+			const eps = 1e-6
+			a, h := randVec(r, R*n, 3), randVec(r, R*n, 0.5)
+			wa, wh := randVec(r, n, 0.2), randVec(r, n, 0.2)
+			for i := range wa {
+				wa[i]++
+				wh[i]++
+			}
+			want := make([]float32, R*2*n)
+			for row := range R {
+				reference.RMSNorm(want[row*2*n:row*2*n+n], a[row*n:(row+1)*n], wa, eps)
+				reference.RMSNorm(want[row*2*n+n:(row+1)*2*n], h[row*n:(row+1)*n], wh, eps)
+			}
+			ab, hb, wab, whb := upload(t, d, "a", a), upload(t, d, "h", h), upload(t, d, "wa", wa), upload(t, d, "wh", wh)
+			out := poisoned(t, d, "in", R*2*n)
+			run(t, d, "rmsnorm halves", func(b *gpu.Batch) error {
+				if err := RMSNormCols(b, out, 2*n, 0, ab, wab, R, n, eps); err != nil {
+					return err
+				}
+				return RMSNormCols(b, out, 2*n, n, hb, whb, R, n, eps)
+			})
+			checkClose(t, "both halves", readF32(t, out, R*2*n), want, tolF32)
+
+			// Columns 8 … 8+n−1 of rows of n+24: the rest stays NaN.
+			ldo := n + 24
+			mid := poisoned(t, d, "mid", R*ldo)
+			run(t, d, "rmsnorm middle", func(b *gpu.Batch) error { return RMSNormCols(b, mid, ldo, 8, ab, wab, R, n, eps) })
+			got := readF32(t, mid, R*ldo)
+			for row := range R {
+				checkClose(t, fmt.Sprintf("row %d", row), got[row*ldo+8:row*ldo+8+n], want[row*2*n:row*2*n+n], tolF32)
+				for i, v := range got[row*ldo : (row+1)*ldo] {
+					if (i < 8 || i >= 8+n) && !math.IsNaN(float64(v)) {
+						t.Fatalf("row %d column %d written: %v", row, i, v)
+					}
+				}
+			}
+			b, err := d.NewBatch("refused")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Discard()
+			for name, call := range map[string]func() error{
+				"columns past the row": func() error { return RMSNormCols(b, out, 2*n, n+1, hb, whb, R, n, eps) },
+				"a short out":          func() error { return RMSNormCols(b, mid, 2*n, n, hb, whb, R, n, eps) }, // n ≥ 32: 2n > n+24
+				"out is x":             func() error { return RMSNormCols(b, ab, n, 0, ab, wab, R, n, eps) },
+			} {
+				if err := call(); err == nil {
+					t.Errorf("%s: accepted", name)
+				}
+			}
+			if b.Len() != 0 {
+				t.Errorf("%d dispatches recorded by refused calls", b.Len())
+			}
+		})
+	}
+}
+
 func TestArgmax(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -569,6 +636,80 @@ func TestGather(t *testing.T) {
 				t.Error("more pairs than the buffer holds were accepted")
 			}
 			return nil
+		})
+	}
+}
+
+// TestGatherRows: each pair's source row lands at its destination row,
+// word for word, every other destination word keeping its poison — rows
+// of one word to some thousands (a hidden state's), pairs bound at an
+// offset of their buffer, a grid folded into two dimensions; and a bad
+// call is refused before anything is recorded.
+func TestGatherRows(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	align := int(d.Limits().MinStorageBufferOffsetAlignment)
+	for _, c := range []struct{ n, words int }{{1, 1}, {65, 1}, {3, 64}, {7, 100}, {40, 2048}, {2100, 2048}} { // the last: more than 65,535 workgroups
+		t.Run(fmt.Sprintf("n%d_words%d", c.n, c.words), func(t *testing.T) {
+			srcRows, dstRows := c.n+3, 2*c.n+1
+			src := make([]uint32, srcRows*c.words)
+			for i := range src {
+				src[i] = r.Uint32()
+			}
+			const poison = 0xdeadbeef
+			want := make([]uint32, dstRows*c.words)
+			for i := range want {
+				want[i] = poison
+			}
+			// The pairs after a run of unread words, at an aligned offset.
+			lead := align / 4
+			pairs := make([]uint32, lead, lead+GatherPairWords*c.n)
+			for i, to := range r.Perm(dstRows)[:c.n] {
+				from := r.IntN(srcRows)
+				if i == 0 {
+					to, from = dstRows-1, srcRows-1 // the last rows of both
+				}
+				pairs = append(pairs, uint32(to), uint32(from))
+				copy(want[to*c.words:(to+1)*c.words], src[from*c.words:(from+1)*c.words])
+			}
+			sb, pb := uploadU32(t, d, "src", src), uploadU32(t, d, "pairs", pairs)
+			dst, err := d.NewBuffer("dst", uint64(len(want))*4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dst.Release()
+			if err := dst.Fill(poison); err != nil {
+				t.Fatal(err)
+			}
+			bind := pb.Slice(uint64(align), uint64(c.n*GatherPairWords)*4)
+			run(t, d, "gather rows", func(b *gpu.Batch) error { return GatherRows(b, dst, sb, bind, c.n, c.words) })
+			got, err := dst.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("word %d (row %d) = %#x, want %#x", i, i/c.words, got[i], want[i])
+				}
+			}
+			b, err := d.NewBatch("gather rows refused")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Discard()
+			for name, call := range map[string]func() error{
+				"more pairs than bound": func() error { return GatherRows(b, dst, sb, bind, c.n+1, c.words) },
+				"rows of 0 words":       func() error { return GatherRows(b, dst, sb, bind, c.n, 0) },
+				"one buffer":            func() error { return GatherRows(b, dst, dst, bind, c.n, c.words) },
+				"no pairs":              func() error { return GatherRows(b, dst, sb, gpu.Binding{}, c.n, c.words) },
+			} {
+				if err := call(); err == nil {
+					t.Errorf("%s: accepted", name)
+				}
+			}
+			if b.Len() != 0 {
+				t.Errorf("%d dispatches recorded by refused calls", b.Len())
+			}
 		})
 	}
 }

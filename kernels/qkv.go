@@ -20,7 +20,8 @@ type qkvRopeKVParams struct {
 	Eps                      float32
 	BS, MaxBlocks, Splits, K uint32
 	NormEps                  float32
-	_, _                     uint32
+	QKNorm                   uint32
+	_                        uint32
 }
 
 // qkNormRopeWG and qkNormRopePairs (WG and PAIRS in qkv_rope_kv.wgsl) bound
@@ -101,10 +102,26 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	if err != nil {
 		return 0, err // it names the matrix
 	}
-	if err := recordQKVRopeKV(b, op, q, qkv, split, consts, c, layer, rows, T, heads, w.K, in.eps); err != nil {
+	if err := recordQKVRopeKV(b, op, q, qkv, split, consts, c, layer, rows, T, heads, w.K, in.eps, true); err != nil {
 		return 0, err
 	}
 	return max(split.splits, 1), nil
+}
+
+// QKVRopeKV records qkv_rope_kv.wgsl alone over q|k|v rows already
+// projected (qkv, QKVProjRopeKV's layout: (T, (heads + 2·kv_heads)·D)):
+// each query and key head rotated at its row's position — after Qwen3's
+// q_norm and k_norm (consts', epsilon eps) when qkNorm, as they come
+// otherwise, a Llama layer's attention input (an EAGLE-3 head's midlayer)
+// — the queries into q and the keys and values into layer's cache at the
+// rows' slots. consts is UploadQKNormRope's; without qkNorm its norms are
+// not read.
+func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads int, eps float64, qkNorm bool) error {
+	op := "qkv_rope_kv"
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
+		return err
+	}
+	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, rows, T, heads, 0, eps, qkNorm)
 }
 
 // checkQKVRopeKV checks qkv_rope_kv.wgsl's arguments.
@@ -134,8 +151,9 @@ func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int
 
 // recordQKVRopeKV records qkv_rope_kv.wgsl over the rows in qkv, or over
 // the partials in split when it has more than one split (K inputs a row,
-// RMSNorm epsilon eps); the arguments are checked.
-func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, consts *gpu.Buffer, c *KVCache, layer int, rowBuf *gpu.Buffer, T, heads, K int, eps float64) error {
+// RMSNorm epsilon eps), with q_norm and k_norm when qkNorm; the arguments
+// are checked.
+func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, consts *gpu.Buffer, c *KVCache, layer int, rowBuf *gpu.Buffer, T, heads, K int, eps float64, qkNorm bool) error {
 	sb := splitBlockLog(split.splits)
 	p, err := c.pipeline(b.Device(), qkvRopeKV, kernelShape{sb: sb}, true, func() gpu.Consts { return reduceConsts[sb] })
 	if err != nil {
@@ -151,7 +169,7 @@ func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, 
 	kc, vc := c.layer(layer)
 	binds := []gpu.Binding{rows, f(consts, 2*D+D/2), f(rowBuf, T*RowWords), c.table.All(), f(q, T*heads*D), kc, vc}
 	params := &qkvRopeKVParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), D: uint32(D), Eps: float32(eps),
-		BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), K: uint32(K), NormEps: float32(eps)}
+		BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), K: uint32(K), NormEps: float32(eps), QKNorm: wgslBool(qkNorm)}
 	if err := gpu.Dispatch(b, p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

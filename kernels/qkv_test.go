@@ -93,9 +93,10 @@ func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs
 func (q *qkvRows) width() int { return (q.heads + 2*q.c.KVHeads) * q.c.D }
 
 // check compares the q written to qb and the keys and values in the cache
-// with the reference's RMSNorm and Rope of the q|k|v rows qkv (T, width):
-// each row rotated at its position, its key and value at its slot.
-func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
+// with the reference's RMSNorm (where qkNorm) and Rope of the q|k|v rows
+// qkv (T, width): each row rotated at its position, its key and value at
+// its slot.
+func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32, qkNorm bool) {
 	t.Helper()
 	T, heads, kvHeads, D, bs, width := q.T, q.heads, q.c.KVHeads, q.c.D, q.c.BlockSize, q.width()
 	invFreq := q.invFreq
@@ -109,7 +110,9 @@ func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
 	}
 	for _, c := range []struct{ v, w []float32 }{{wantQ, q.qNorm}, {wantK, q.kNorm}} {
 		for i := 0; i < len(c.v); i += D {
-			reference.RMSNorm(c.v[i:i+D], c.v[i:i+D], c.w, q.eps)
+			if qkNorm {
+				reference.RMSNorm(c.v[i:i+D], c.v[i:i+D], c.w, q.eps)
+			}
 			reference.Rope(c.v[i:i+D], int(q.pos[i/(len(c.v)/T)]), invFreq)
 		}
 	}
@@ -136,36 +139,33 @@ func (q *qkvRows) check(t *testing.T, qb *gpu.Buffer, qkv []float32) {
 	}
 }
 
-// qkvRopeKVRows records qkv_rope_kv.wgsl over the q|k|v rows in qkv (unsplit):
-// the second half of QKVProjRopeKV on its own.
+// qkvRopeKVRows records qkv_rope_kv.wgsl over the q|k|v rows in qkv (unsplit),
+// with q/k norms: the second half of QKVProjRopeKV on its own.
 func qkvRopeKVRows(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads int, eps float64) error {
-	op := "qkv_rope_kv"
-	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
-		return err
-	}
-	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, rows, T, heads, 0, eps)
+	return QKVRopeKV(b, q, qkv, consts, c, layer, rows, T, heads, eps, true)
 }
 
 // TestQKVRopeKV: q/k norms and RoPE from stacked projection rows, with the
 // keys and values written to the cache, against the reference's RMSNorm
 // and Rope — line rows, and token-tree rows whose position is not their
-// slot.
+// slot; and RoPE alone (no q/k norms: a Llama layer's, an EAGLE-3 head's),
+// against the reference's Rope.
 func TestQKVRopeKV(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for i := range 6 {
+	for i := range 8 {
 		s := randAttnShape(r)
 		s.D = []int{64, 128, 256}[r.IntN(3)]
-		half, tree := i%2 == 1, i >= 2
+		half, tree, qkNorm := i%2 == 1, i >= 2, i < 6
 		heads, kvHeads, D, T := s.kvHeads*s.group, s.kvHeads, s.D, 3+r.IntN(58)
-		t.Run(fmt.Sprintf("heads%d_kv%d_D%d_T%d_f16=%v_tree=%v", heads, kvHeads, D, T, half, tree), func(t *testing.T) {
+		t.Run(fmt.Sprintf("heads%d_kv%d_D%d_T%d_f16=%v_tree=%v_qknorm=%v", heads, kvHeads, D, T, half, tree, qkNorm), func(t *testing.T) {
 			rows := newQKVRows(t, d, r, heads, kvHeads, D, s.blockSize, T, half, tree)
 			qkv := randVec(r, T*rows.width(), 2)
 			qb, qkvb := poisoned(t, d, "q", T*heads*D), upload(t, d, "qkv", qkv)
 			run(t, d, "qkv_rope_kv", func(b *gpu.Batch) error {
-				return qkvRopeKVRows(b, qb, qkvb, rows.consts, rows.c, rows.layer, rows.rowBuf, T, heads, rows.eps)
+				return QKVRopeKV(b, qb, qkvb, rows.consts, rows.c, rows.layer, rows.rowBuf, T, heads, rows.eps, qkNorm)
 			})
-			rows.check(t, qb, qkv)
+			rows.check(t, qb, qkv, qkNorm)
 		})
 	}
 }
@@ -250,7 +250,7 @@ func TestQKVProjRopeKV(t *testing.T) {
 				if c.partials != (splits > 1) {
 					t.Fatalf("qkv_rope_kv.wgsl read %d splits, want partials = %v", splits, c.partials)
 				}
-				rows.check(t, qb, qkv)
+				rows.check(t, qb, qkv, true)
 
 				// The two-dispatch path, into fresh buffers: the same q.
 				fused := readF32(t, qb, T*heads*D)

@@ -1,29 +1,44 @@
-// gather.wgsl: dst[pairs[i].x] = src[pairs[i].y] for i < n — single u32
-// words picked from one buffer and written at given words of another. A
-// fused speculative step (package engine/webgpu) places the drafter's
-// chained tokens, which never leave the device, at the target's input ids
-// and at its read-out rows' proposals this way.
+// gather.wgsl: rows picked from one buffer and written at given rows of
+// another,
+//   dst[pairs[i].x · W + w] = src[pairs[i].y · W + w]   for i < n, w < W
+// rows of W u32 words (W = 1: single words). A fused speculative step
+// (package engine/webgpu) places the drafter's chained tokens, which never
+// leave the device, at the target's input ids and at its read-out rows'
+// proposals this way (W = 1); a target that keeps features writes each
+// row's hidden state to its cache slot's feature row, and an EAGLE-3 head
+// gathers its rows' features, hidden states and outputs (W = H).
 //
 // Buffers:
-//   pairs (n) vec2<u32>: (destination word, source word)
-//   src   u32 words
-//   dst   u32 words; only the words named in pairs are written
+//   pairs (n) vec2<u32>: (destination row, source row)
+//   src   rows of W u32 words
+//   dst   rows of W u32 words; only the rows named in pairs are written
 //
-// Dispatch: (ceil(n / WG), 1, 1) workgroups of WG threads, a thread a pair.
-// WG = 64: n is a few hundred words at most.
+// Dispatch: (min(G, 65535), ceil(G / 65535), 1) workgroups of WG threads,
+// G = ceil(n·W / WG): a thread a word — consecutive threads a row's
+// consecutive words — the grid folded into two dimensions as copy.wgsl's.
+// WG = 64: a few hundred words for W = 1, some thousands of rows of a
+// hidden state's for W = H.
 
 const WG: u32 = 64u;
 
-@group(0) @binding(0) var<uniform> p: WordsParams;
+struct Params {
+    n: u32,     // pairs
+    words: u32, // W: the u32 words of a row
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> pairs: array<vec2<u32>>;
 @group(0) @binding(2) var<storage, read> src: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<u32>;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if i < p.n {
-        let pr = pairs[i];
-        dst[pr.x] = src[pr.y];
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * WG + gid.x;
+    if i < p.n * p.words {
+        let pr = pairs[i / p.words];
+        let w = i % p.words;
+        dst[pr.x * p.words + w] = src[pr.y * p.words + w];
     }
 }

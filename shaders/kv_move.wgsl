@@ -22,8 +22,14 @@
 // and written by its own thread only. A group has at most 63 moves (a tree
 // holds 64 nodes), so a thread's loop is short.
 //
+// Entry point rows makes the same moves in one buffer of rows of DW words
+// a slot, kcache alone bound: a cache's features (kernels.KVCache,
+// KVShape.Features), laid out as one kv head's slots (kv_heads = 1, DW
+// their width), a dispatch a feature buffer.
+//
 // Dispatch: (ceil(kv_heads·DW / WG), G, 1) workgroups of WG = 64 threads,
-// one dispatch a layer (each layer is a buffer of its own).
+// one dispatch a layer (each layer is a buffer of its own), or a feature
+// buffer (rows).
 
 const WG: u32 = 64u;
 
@@ -69,5 +75,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let dst = word(seq, list[at + 1u], h, w);
         kcache[dst] = kcache[src];
         vcache[dst] = vcache[src];
+    }
+}
+
+@compute @workgroup_size(WG)
+fn rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let x = gid.x;
+    if x >= p.kv_heads * p.DW {
+        return;
+    }
+    let h = x / p.DW;
+    let w = x % p.DW;
+    let g = gid.y;
+    let seq = list[4u * g];
+    let first = list[4u * g + 1u];
+    let n = list[4u * g + 2u];
+    for (var i = 0u; i < n; i++) {
+        let at = p.moves0 + 2u * (first + i);
+        kcache[word(seq, list[at + 1u], h, w)] = kcache[word(seq, list[at], h, w)];
     }
 }

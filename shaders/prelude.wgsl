@@ -56,8 +56,7 @@ struct EmbedParams {
 }
 
 // WordsParams are the params of the kernels over n 16-byte words of a
-// buffer (copy.wgsl; bench's stream_read.wgsl), or over n items
-// (gather.wgsl).
+// buffer (copy.wgsl; bench's stream_read.wgsl).
 struct WordsParams {
     n: u32,
     _pad0: u32,

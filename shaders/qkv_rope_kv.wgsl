@@ -5,6 +5,9 @@
 //   q[t]        ← rope(rmsnorm(qkv[t].q_h) · q_norm)     for each query head h
 //   kcache[t]   ← rope(rmsnorm(qkv[t].k_h) · k_norm)     for each kv head h
 //   vcache[t]   ← qkv[t].v_h
+// With qk_norm = 0 the heads are rotated as they come, q[t] ← rope(qkv[t].q_h)
+// and kcache[t] ← rope(qkv[t].k_h): a Llama layer's attention input (an
+// EAGLE-3 head's midlayer), consts' q_norm and k_norm unread.
 //   rope: y[i], y[i + D/2] ← y[i]·cos a − y[i + D/2]·sin a, y[i + D/2]·cos a + y[i]·sin a,
 //         a = rows[t].pos · inv_freq[i] (i < D/2; split-halves layout)
 // The normalized value is rounded to f32 before the rotation, exactly as
@@ -43,7 +46,8 @@
 //   part    (T, heads·D + 2·kv_heads·D) f32: rows of q_proj | k_proj | v_proj
 //           (splits = 1); or (splits, T, W) f32 partial sums, then
 //           (splits, T) partial sums of squares of the input rows
-//   consts  (2·D + D/2) f32: q_norm (D), k_norm (D), inv_freq (D/2)
+//   consts  (2·D + D/2) f32: q_norm (D), k_norm (D), inv_freq (D/2); the
+//           norms unread when qk_norm = 0
 //   rows    (T) Row: each row's sequence, slot and position (its mask is
 //           attention's)
 //   table   (seqs, max_blocks) u32 block tables
@@ -76,8 +80,8 @@ struct Params {
     splits: u32,     // 1: qkv holds rows; > 1: split-K partials of that many splits
     K: u32,          // splits > 1: the input row length the sums of squares cover
     norm_eps: f32,   // splits > 1: the input RMSNorm's epsilon
+    qk_norm: u32,    // 1: q_norm and k_norm before RoPE; 0: RoPE alone
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -153,12 +157,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let inv = 1.0 / sqrt(sums[0] / f32(D) + p.eps);
         let w0 = select(D, 0u, is_q); // q_norm or k_norm
+        let norm = p.qk_norm != 0u;
         let position = rows[t].pos;
         for (var j = 0u; j < PAIRS; j++) {
             let i = lid + j * WG;
             if i < half {
-                let n1 = consts[w0 + i] * (x1[j] * inv);
-                let n2 = consts[w0 + i + half] * (x2[j] * inv);
+                var n1 = x1[j];
+                var n2 = x2[j];
+                if norm {
+                    n1 = consts[w0 + i] * (x1[j] * inv);
+                    n2 = consts[w0 + i + half] * (x2[j] * inv);
+                }
                 let a = reduced(position, consts[2u * D + i]);
                 let c = cos(a);
                 let s = sin(a);

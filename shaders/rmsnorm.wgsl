@@ -1,13 +1,17 @@
 // rmsnorm.wgsl: Qwen3RMSNorm over rows, in f32:
-//   out[r][i] = weight[i] · (x[r][i] · 1/sqrt(mean_i(x[r][i]²) + eps))
-// for r < R rows of n values. Serves the hidden norms (R = T, n = H) and
-// the per-head q/k norms (R = T·heads, n = D).
+//   out[r·ldo + col0 + i] = weight[i] · (x[r][i] · 1/sqrt(mean_i(x[r][i]²) + eps))
+// for r < R rows of n values, written to columns col0 … col0+n−1 of rows
+// of ldo values (ldo = n, col0 = 0: rows as they came). Serves the hidden
+// norms (R = T, n = H), the per-head q/k norms (R = T·heads, n = D), and
+// the halves of an EAGLE-3 head's 2H-wide input, [input_layernorm(e);
+// hidden_norm(h)] (ldo = 2H, col0 = 0 or H).
 //
 // Buffers:
 //   x      (R, n) f32
 //   weight (n) f32
-//   out    (R, n) f32 (may not alias x: WebGPU forbids a writable binding
-//          overlapping another)
+//   out    (R, ldo) f32, columns col0 … col0+n−1 of each row written (may
+//          not alias x: WebGPU forbids a writable binding overlapping
+//          another)
 //
 // Dispatch: (R, 1, 1) workgroups of WG threads, one row each: threads sum
 // strided squares, a tree in workgroup memory adds the WG sums, then all
@@ -20,7 +24,11 @@ struct Params {
     R: u32,
     n: u32,
     eps: f32,
-    _pad: u32,
+    ldo: u32,  // out's row length
+    col0: u32, // the first column of out written
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -47,7 +55,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
     let inv = 1.0 / sqrt(sums[0] / f32(p.n) + p.eps);
+    let dst = wid.x * p.ldo + p.col0;
     for (var i = lid; i < p.n; i += WG) {
-        out[base + i] = weight[i] * (x[base + i] * inv);
+        out[dst + i] = weight[i] * (x[base + i] * inv);
     }
 }

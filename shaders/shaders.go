@@ -84,9 +84,10 @@ var (
 	RMSNorm = mustModule("rmsnorm.wgsl")
 	// Copy is copy.wgsl: a 16-byte-word copy.
 	Copy = mustModule("copy.wgsl")
-	// Gather is gather.wgsl: single words copied between given places of
-	// two buffers (a fused speculative step's drafted tokens into the
-	// target's inputs).
+	// Gather is gather.wgsl: rows of words (single words, or hidden
+	// states) copied between given rows of two buffers (a fused
+	// speculative step's drafted tokens into the target's inputs; a
+	// target's features at their cache slots; an EAGLE-3 head's rows).
 	Gather = mustModule("gather.wgsl")
 	// Scatter is scatter.wgsl: rows of values placed at given columns of
 	// wider rows (a partial vocabulary's logits at their tokens).

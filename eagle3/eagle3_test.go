@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"webdraft/qwen3"
+	"webdraft/tensor"
 )
 
 // TestConfigRefuses: heads webdraft cannot run, or that do not fit their
@@ -54,6 +55,47 @@ func TestConfigRefuses(t *testing.T) {
 		c := Config{DraftVocabSize: 3, VocabSize: 300}
 		if _, err := TargetIDsFrom(d2t, &c); err == nil {
 			t.Errorf("d2t %v accepted", d2t)
+		}
+	}
+}
+
+// TestWeightsValidate: a complete tree of c's shapes passes; a tensor
+// missing or of another shape, a norm of another length, an embedding of
+// another shape, and target ids too few, outside the vocabulary or not
+// ascending are refused, each naming what is wrong.
+func TestWeightsValidate(t *testing.T) {
+	c := Config{HiddenSize: 16, IntermediateSize: 24, NumAttentionHeads: 2, NumKeyValueHeads: 1, HeadDim: 8,
+		VocabSize: 50, DraftVocabSize: 4, TargetHiddenSize: 16}
+	full := func() *Weights {
+		w := &Weights{TargetIDs: []int32{1, 5, 9, 40}}
+		for _, s := range w.Slots(&c) {
+			if s.Vector != nil {
+				*s.Vector = make([]float32, s.Shape[0])
+				continue
+			}
+			*s.Matrix = &tensor.F32{Rows: s.Shape[0], Cols: s.Shape[1], Data: make([]float32, s.Shape[0]*s.Shape[1])}
+		}
+		return w
+	}
+	if err := full().Validate(&c); err != nil {
+		t.Fatalf("a complete tree: %v", err)
+	}
+	for _, bad := range []struct {
+		name, want string
+		spoil      func(w *Weights)
+	}{
+		{"no fc", "fc.weight is missing", func(w *Weights) { w.FC = nil }},
+		{"a narrow q_proj", "q_proj", func(w *Weights) { w.QProj = &tensor.F32{Rows: 16, Cols: 16, Data: make([]float32, 256)} }},
+		{"a short norm", "norm.weight has 3 values", func(w *Weights) { w.Norm = w.Norm[:3] }},
+		{"an embedding of another width", EmbedName, func(w *Weights) { w.EmbedTokens = &tensor.F32{Rows: 50, Cols: 8, Data: make([]float32, 400)} }},
+		{"three target ids", "target ids", func(w *Weights) { w.TargetIDs = w.TargetIDs[:3] }},
+		{"a target id past the vocabulary", "ascending tokens", func(w *Weights) { w.TargetIDs[3] = 50 }},
+		{"target ids out of order", "ascending tokens", func(w *Weights) { w.TargetIDs[1] = 1 }},
+	} {
+		w := full()
+		bad.spoil(w)
+		if err := w.Validate(&c); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: %v, want an error naming %q", bad.name, err, bad.want)
 		}
 	}
 }

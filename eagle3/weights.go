@@ -88,3 +88,37 @@ func TargetIDsFrom(d2t []int64, c *Config) ([]int32, error) {
 	}
 	return ids, nil
 }
+
+// Validate refuses a weight tree with a tensor missing or of another shape
+// than c's, an embedding of another shape, or target ids that are not Vd
+// ascending tokens of the vocabulary.
+func (w *Weights) Validate(c *Config) error {
+	for _, s := range w.Slots(c) {
+		if s.Vector != nil {
+			if len(*s.Vector) != s.Shape[0] {
+				return fmt.Errorf("%s has %d values, want %d", s.Name, len(*s.Vector), s.Shape[0])
+			}
+			continue
+		}
+		if *s.Matrix == nil {
+			return fmt.Errorf("%s is missing", s.Name)
+		}
+		if rows, cols := (*s.Matrix).Shape(); rows != s.Shape[0] || cols != s.Shape[1] {
+			return fmt.Errorf("%s is %d×%d, want %d×%d", s.Name, rows, cols, s.Shape[0], s.Shape[1])
+		}
+	}
+	if w.EmbedTokens != nil {
+		if rows, cols := w.EmbedTokens.Shape(); rows != c.VocabSize || cols != c.HiddenSize {
+			return fmt.Errorf("%s is %d×%d, want %d×%d", EmbedName, rows, cols, c.VocabSize, c.HiddenSize)
+		}
+	}
+	if len(w.TargetIDs) != c.DraftVocabSize {
+		return fmt.Errorf("%d target ids (%s) for a draft vocabulary of %d", len(w.TargetIDs), D2TName, c.DraftVocabSize)
+	}
+	for d, t := range w.TargetIDs {
+		if t < 0 || int(t) >= c.VocabSize || d > 0 && t <= w.TargetIDs[d-1] {
+			return fmt.Errorf("draft token %d is target token %d: want ascending tokens of [0, %d)", d, t, c.VocabSize)
+		}
+	}
+	return nil
+}

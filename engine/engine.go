@@ -461,8 +461,8 @@ func ReadsTarget(drafter Engine) Engine {
 //     rows the head drafted from its own output go too, so that the next
 //     step computes them again from the target's, which by then holds
 //     their positions. Len may then be below n.
-//   - A token tree (Parents) is drafted through Verify, the entries naming
-//     their Target: a node's row reads the head's own output at its
+//   - A head that drafts token trees (DraftsTrees) drafts them through
+//     Verify, the entries naming their Target: a node's row reads the head's own output at its
 //     parent's row (the line's last row for a root), attends to the line
 //     and its ancestors, and its TopN are read out; only greedy read-outs
 //     (no Sampling, Draws, Propose or Tree). KeepPath keeps none of the
@@ -472,6 +472,13 @@ type Head interface {
 	// Target is the engine whose sequences' features the head reads; its
 	// sequences keep them (for the layers the head was trained on).
 	Target() Engine
+}
+
+// DraftsTrees reports whether a head drafts token trees (through Verify;
+// see Head); one that does not drafts chains.
+func DraftsTrees(head Engine) bool {
+	t, ok := head.(interface{ DraftsTrees() bool })
+	return ok && t.DraftsTrees()
 }
 
 // Chainer is an Engine that runs several greedy steps in one call, each

@@ -9,6 +9,8 @@ import (
 	"webdraft/eagle3"
 	"webdraft/engine"
 	enginecpu "webdraft/engine/cpu"
+	"webdraft/engine/webgpu"
+	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
 	"webdraft/safetensors"
 	"webdraft/speculative"
@@ -16,21 +18,52 @@ import (
 
 // headPair is the golden untied target on the CPU engine, keeping the
 // features of the layers an EAGLE-3 head reads, and a random head for it
-// whose draft vocabulary is the two tokens the target's greedy
-// continuations of prompts use most: it agrees by chance often enough to
-// accept drafts of many lengths.
+// (randomHead).
 func headPair(t *testing.T, prompts [][]int, n int) pair {
 	t.Helper()
 	m := load(t, "untied", checkpoint.F32)
-	aux := eagle3.DefaultAux(m.Config.NumHiddenLayers)
-	plain, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 8 << 20})
+	target, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 32 << 20, FeatureLayers: eagle3.DefaultAux(m.Config.NumHiddenLayers)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer plain.Close()
+	t.Cleanup(func() { target.Close() })
+	h := randomHead(t, m, target, prompts, n)
+	head, err := enginecpu.NewHead(target, h.Config, h.Weights, enginecpu.HeadOptions{KVBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pair{"eagle3-head", target, head}
+}
+
+// webgpuHeadPair is headPair on the WebGPU engine: the target keeping the
+// features on the device, the head in its group (webgpu.NewHead).
+func webgpuHeadPair(t *testing.T, prompts [][]int, n int) pair {
+	t.Helper()
+	m := load(t, "untied", checkpoint.F32)
+	g := webgpu.NewGroup(gputest.Device(t))
+	target, err := g.New(m.Config, m.Weights, webgpu.Options{KVBytes: 16 << 20, MaxSequences: 32,
+		FeatureLayers: eagle3.DefaultAux(m.Config.NumHiddenLayers)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Close() })
+	h := randomHead(t, m, target, prompts, n)
+	head, err := webgpu.NewHead(target, h.Config, h.Weights, webgpu.HeadOptions{KVBytes: 4 << 20, MaxSequences: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { head.Close() })
+	return pair{"eagle3-head", target, head}
+}
+
+// randomHead is a random EAGLE-3 head for m (f32) whose draft vocabulary
+// is the two tokens target's greedy continuations of prompts use most: it
+// agrees by chance often enough to accept drafts of many lengths.
+func randomHead(t *testing.T, m *checkpoint.Model, target engine.Engine, prompts [][]int, n int) *checkpoint.Eagle3 {
+	t.Helper()
 	used := map[int32]int{}
 	for _, p := range prompts {
-		for _, tok := range greedy(t, plain, p, n) {
+		for _, tok := range greedy(t, target, p, n) {
 			used[int32(tok)]++
 		}
 	}
@@ -38,12 +71,9 @@ func headPair(t *testing.T, prompts [][]int, n int) pair {
 	for tok := range used {
 		vocab = append(vocab, tok)
 	}
-	// the two the target uses most
 	slices.SortFunc(vocab, func(a, b int32) int { return cmp.Or(used[b]-used[a], int(a-b)) })
 	vocab = vocab[:min(2, len(vocab))]
 	slices.Sort(vocab)
-	t.Logf("draft vocabulary %v of the %d tokens the target emits", vocab, len(used))
-
 	dir := t.TempDir()
 	if err := synth.WriteEagle3(dir, m.Config, synth.Eagle3Options{Seed: 7, Std: 0.2, DType: safetensors.F32, DraftVocabSize: len(vocab)}); err != nil {
 		t.Fatal(err)
@@ -54,16 +84,7 @@ func headPair(t *testing.T, prompts [][]int, n int) pair {
 	}
 	t.Cleanup(func() { h.Close() })
 	h.Weights.TargetIDs = vocab
-	target, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 32 << 20, FeatureLayers: aux})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { target.Close() })
-	head, err := enginecpu.NewHead(target, h.Config, h.Weights, enginecpu.HeadOptions{KVBytes: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pair{"eagle3-head", target, head}
+	return h
 }
 
 // TestHeadOfAnotherTarget: a head drafts only for the target engine whose

@@ -91,7 +91,8 @@ type Request struct {
 	// most likely children (a sampled generation's: TopK draws), TreeNodes
 	// nodes verified; 0 takes Options'. A sampled tree needs engines whose
 	// drafts can be sampled (engine.SampledPair), else it drafts a chain;
-	// remote drafts are chains.
+	// remote drafts are chains, and so are those of an EAGLE-3 head that
+	// drafts no trees (engine.DraftsTrees).
 	TopK, TreeNodes int
 	// PMin, above 0, ends a draft early before the first token the drafter
 	// gives a probability below it (llama.cpp's --draft-p-min).
@@ -304,8 +305,12 @@ func (g *Generator) k(r *Request) int {
 	return r.K
 }
 
-// topK is the tree width r asks for (1: a chain).
+// topK is the tree width r asks for (1: a chain); a head that drafts no
+// trees (engine.DraftsTrees) drafts chains.
 func (g *Generator) topK(r *Request) int {
+	if g.head && !engine.DraftsTrees(g.drafter) {
+		return 1
+	}
 	if r.TopK == 0 {
 		return g.opts.TopK
 	}

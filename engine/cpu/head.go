@@ -102,7 +102,7 @@ func NewHead(target *Engine, cfg eagle3.Config, w *eagle3.Weights, opts HeadOpti
 	if opts.KVBytes < 0 {
 		return nil, fmt.Errorf("cpu head: KV bytes %d: want ≥ 0", opts.KVBytes)
 	}
-	if err := checkHeadWeights(&cfg, w); err != nil {
+	if err := w.Validate(&cfg); err != nil {
 		return nil, fmt.Errorf("cpu head: incomplete weights: %w", err)
 	}
 	layer := cfg.Layer()
@@ -124,39 +124,9 @@ func NewHead(target *Engine, cfg eagle3.Config, w *eagle3.Weights, opts HeadOpti
 	return h, nil
 }
 
-// checkHeadWeights refuses a weight tree with a tensor missing or of
-// another shape than cfg's, an embedding of another shape, or target ids
-// that are not Vd ascending tokens of the vocabulary.
-func checkHeadWeights(c *eagle3.Config, w *eagle3.Weights) error {
-	for _, s := range w.Slots(c) {
-		if s.Vector != nil {
-			if len(*s.Vector) != s.Shape[0] {
-				return fmt.Errorf("%s has %d values, want %d", s.Name, len(*s.Vector), s.Shape[0])
-			}
-			continue
-		}
-		if *s.Matrix == nil {
-			return fmt.Errorf("%s is missing", s.Name)
-		}
-		if rows, cols := (*s.Matrix).Shape(); rows != s.Shape[0] || cols != s.Shape[1] {
-			return fmt.Errorf("%s is %d×%d, want %d×%d", s.Name, rows, cols, s.Shape[0], s.Shape[1])
-		}
-	}
-	if w.EmbedTokens != nil {
-		if rows, cols := w.EmbedTokens.Shape(); rows != c.VocabSize || cols != c.HiddenSize {
-			return fmt.Errorf("%s is %d×%d, want %d×%d", eagle3.EmbedName, rows, cols, c.VocabSize, c.HiddenSize)
-		}
-	}
-	if len(w.TargetIDs) != c.DraftVocabSize {
-		return fmt.Errorf("%d target ids (%s) for a draft vocabulary of %d", len(w.TargetIDs), eagle3.D2TName, c.DraftVocabSize)
-	}
-	for d, t := range w.TargetIDs {
-		if t < 0 || int(t) >= c.VocabSize || d > 0 && t <= w.TargetIDs[d-1] {
-			return fmt.Errorf("draft token %d is target token %d: want ascending tokens of [0, %d)", d, t, c.VocabSize)
-		}
-	}
-	return nil
-}
+// DraftsTrees: the CPU head drafts token trees through Verify
+// (engine.DraftsTrees).
+func (h *Head) DraftsTrees() bool { return true }
 
 // Target is the engine whose sequences' features the head reads.
 func (h *Head) Target() engine.Engine { return h.target }

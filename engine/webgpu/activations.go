@@ -56,15 +56,19 @@ type activations struct {
 	// verification's drafted tokens go, in ids and in draws, and where in
 	// the drafter's chained results each comes from (kernels.Gather).
 	idPairs, drawPairs *gpu.Buffer
-	hiddenRows         *kernels.Matrix
-	all                []*gpu.Buffer
+	// featPairs (rows, 2) u32: each row's pool row (kernels.KVSeq.PoolRow)
+	// and the row, where the features it keeps go (GatherRows); nil
+	// without features.
+	featPairs  *gpu.Buffer
+	hiddenRows *kernels.Matrix
+	all        []*gpu.Buffer
 }
 
 // minReadOut is the fewest rows a pass reads out, whatever the sequences:
 // a verification of 64 draft tokens in one pass.
 const minReadOut = 65
 
-func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int) (_ *activations, err error) {
+func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int, features bool) (_ *activations, err error) {
 	a := &activations{}
 	defer func() {
 		if err != nil {
@@ -103,6 +107,12 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int) (_
 			return nil, fmt.Errorf("activations: %w", err)
 		}
 		a.all = append(a.all, *b.dst)
+	}
+	if features {
+		if a.featPairs, err = d.NewBuffer("feature_pairs", uint64(rows*kernels.GatherPairWords)*4); err != nil {
+			return nil, fmt.Errorf("activations: %w", err)
+		}
+		a.all = append(a.all, a.featPairs)
 	}
 	if headRows != c.VocabSize {
 		if a.headLogits, err = d.NewBuffer("head_logits", uint64(a.maxLasts*headRows)*4); err != nil {

@@ -16,18 +16,27 @@
 // target of the group to verify them by the multi-draft rule on the
 // device (engine.SamplesDrafts; sampled.go).
 //
+// An engine may keep, at each position its passes feed, the residual
+// stream entering chosen layers (Options.FeatureLayers) in its KV cache's
+// feature rows; an EAGLE-3 draft head of its group (Head) reads them
+// there, never on the host.
+//
 // The files: engine.go the engine and its sequences; group.go engines
 // sharing a device, and the Q store; step.go Step and StepN, a pass at a
 // time or chained on the device, and Verify; pass.go one forward pass —
 // which rows it takes, its inputs, its kernels, what it reads out;
-// sampled.go sampled drafts, proposed and walked; activations.go the
-// buffers a pass works in; weights.go the model on the device.
+// sampled.go sampled drafts, proposed and walked; fused.go and
+// fusedtree.go drafts verified in the same submission; activations.go the
+// buffers a pass works in; weights.go the model on the device; head.go
+// the EAGLE-3 head and its sequences, headstep.go its step, headbuffers.go
+// its weights and buffers.
 package webgpu
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"webdraft/engine"
 	"webdraft/gpu"
@@ -45,6 +54,14 @@ type Options struct {
 	// bytes attention reads; the default where the adapter has shader-f16)
 	// or "f32". No kernel needs shader-f16 either way.
 	KV string
+	// FeatureLayers are target layers (0 … L−1, each once, in the order
+	// given) whose input — the residual stream entering the layer, the
+	// embedding itself for layer 0 — every pass keeps on the device, f32,
+	// at each fed row's cache slot (kernels.KVCache's features, a buffer a
+	// layer, moved and cut with the keys and values): the features an
+	// EAGLE-3 head reads (Head), never read back. Their memory counts in
+	// KVBytes. Nil keeps none.
+	FeatureLayers []int
 	// Device is how Open picks and opens the device (New takes one open).
 	Device gpu.Options
 }
@@ -75,6 +92,11 @@ type Engine struct {
 	kv   *kernels.KVCache
 	act  *activations
 	tree treeBuffers // trees drafted on the device (DraftVerifyTree), made by the first
+	// features are the layers whose input every pass keeps in the cache's
+	// feature buffers (Options.FeatureLayers); featureAt[l] is layer l's
+	// buffer, −1 for a layer not kept.
+	features  []int
+	featureAt []int
 
 	closed  bool
 	profile *gpu.Profile // non-nil while Profile runs: GPU time per kernel
@@ -115,7 +137,18 @@ func build(g *Group, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine,
 	if err := engine.CheckHead(&cfg, w); err != nil {
 		return nil, err
 	}
-	e := &Engine{g: g, dev: dev, cfg: cfg, opts: opts}
+	featureAt := make([]int, cfg.NumHiddenLayers)
+	for l := range featureAt {
+		featureAt[l] = -1
+	}
+	for i, l := range opts.FeatureLayers {
+		if l < 0 || l >= cfg.NumHiddenLayers || featureAt[l] >= 0 {
+			return nil, fmt.Errorf("webgpu engine: feature layers %v: want distinct layers of 0 … %d", opts.FeatureLayers, cfg.NumHiddenLayers-1)
+		}
+		featureAt[l] = i
+	}
+	e := &Engine{g: g, dev: dev, cfg: cfg, opts: opts, features: slices.Clone(opts.FeatureLayers), featureAt: featureAt}
+	e.opts.FeatureLayers = e.features
 	var err error
 	if e.w, err = upload(dev, &cfg, w); err != nil {
 		return nil, fmt.Errorf("upload weights: %w", err)
@@ -135,7 +168,8 @@ func build(g *Group, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine,
 	if half {
 		elem = 2
 	}
-	blockBytes := int64(engine.KVBytesPerToken(&cfg, elem) * opts.BlockSize)
+	featureBytes := len(e.features) * cfg.HiddenSize * 4 // a position's features, f32
+	blockBytes := int64((engine.KVBytesPerToken(&cfg, elem) + featureBytes) * opts.BlockSize)
 	blocks := int(opts.KVBytes / blockBytes)
 	if sequencesDefaulted && blocks <= opts.MaxSequences {
 		// A small budget for a deep model: as many sequences as leave each
@@ -151,12 +185,13 @@ func build(g *Group, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine,
 		Layers: cfg.NumHiddenLayers, KVHeads: cfg.NumKeyValueHeads, D: cfg.HeadDim,
 		BlockSize: opts.BlockSize, Blocks: blocks, Seqs: opts.MaxSequences,
 		MaxBlocks: (cfg.MaxPositionEmbeddings + opts.BlockSize - 1) / opts.BlockSize, F16: half,
+		Features: len(e.features), FeatureWidth: cfg.HiddenSize,
 	})
 	if err != nil {
 		e.release()
 		return nil, fmt.Errorf("KV cache: %w", err)
 	}
-	if e.act, err = newActivations(dev, &cfg, opts.MaxRows, opts.MaxSequences, e.w.headRows); err != nil {
+	if e.act, err = newActivations(dev, &cfg, opts.MaxRows, opts.MaxSequences, e.w.headRows, len(e.features) > 0); err != nil {
 		e.release()
 		return nil, err
 	}
@@ -164,6 +199,10 @@ func build(g *Group, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine,
 }
 
 func (e *Engine) Config() qwen3.Config { return e.cfg }
+
+// FeatureLayers returns the layers whose input the engine keeps at its
+// sequences' slots (Options.FeatureLayers), in their order there.
+func (e *Engine) FeatureLayers() []int { return slices.Clone(e.features) }
 
 // Device is the engine's device (for benchmarks that measure it alongside).
 func (e *Engine) Device() *gpu.Device { return e.dev }

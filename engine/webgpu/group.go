@@ -13,7 +13,8 @@ import (
 )
 
 // Group is engines on one gpu.Device that work together — a drafter and
-// its target. Their calls take one lock (a device is used by one
+// its target, or a target and its EAGLE-3 head (NewHead). Their calls take
+// one lock (a device is used by one
 // goroutine at a time, package gpu), a fault of one breaks them all (the
 // device's state is unknown), and they share a Q store: where a drafter's
 // sampled proposals keep their distributions (VerifyRow.Q, a *DeviceDist),

@@ -211,6 +211,11 @@ func (e *Engine) forward(ps pass, continues bool, pre, extra []step, every int) 
 	if err := e.kv.SyncTables(seqs); err != nil {
 		return err
 	}
+	if len(e.features) > 0 {
+		if err := e.writeFeaturePairs(ps); err != nil {
+			return err
+		}
+	}
 	if ps.sample {
 		if !ps.chained {
 			if err := e.act.ensureReadout(e.dev, ps, e.layout(ps)); err != nil {
@@ -245,6 +250,23 @@ func (e *Engine) forward(ps pass, continues bool, pre, extra []step, every int) 
 		return fmt.Errorf("forward pass: %w", err)
 	}
 	return nil
+}
+
+// writeFeaturePairs writes where each row of pass ps keeps its features:
+// its slot's pool row, for the feature layers' GatherRows.
+func (e *Engine) writeFeaturePairs(ps pass) error {
+	pairs := make([]uint32, ps.rows*kernels.GatherPairWords)
+	for _, pe := range ps.entries {
+		for t := range pe.T {
+			row, err := pe.p.seq.PoolRow(pe.P + t)
+			if err != nil {
+				return err
+			}
+			r := pe.row0 + t
+			pairs[2*r], pairs[2*r+1] = uint32(row), uint32(r)
+		}
+	}
+	return e.act.featPairs.WriteU32(0, pairs)
 }
 
 // writeDraws writes the inputs of sample.wgsl for a pass's read-out rows:
@@ -467,6 +489,14 @@ func (e *Engine) kernels(ps pass) []step {
 	}
 	for l := range w.layers {
 		lw := &w.layers[l]
+		if f := e.featureAt[l]; f >= 0 {
+			// A layer whose input the sequences keep: hidden into each
+			// row's slot of feature buffer f.
+			steps = append(steps, func(b *gpu.Batch) error {
+				pairs := a.featPairs.Slice(0, uint64(R*kernels.GatherPairWords)*4)
+				return kernels.GatherRows(b, e.kv.Feature(f), a.x, pairs, R, c.HiddenSize)
+			})
+		}
 		steps = append(steps,
 			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);
 			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)

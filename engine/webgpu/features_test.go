@@ -1,0 +1,314 @@
+package webgpu
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"webdraft/checkpoint"
+	"webdraft/engine"
+	"webdraft/gpu"
+	"webdraft/gpu/gputest"
+	"webdraft/internal/synth"
+	"webdraft/kernels"
+	"webdraft/reference"
+	"webdraft/safetensors"
+	"webdraft/sampling"
+)
+
+// tinyTarget writes a tiny random f32 target of the given layers (synth's
+// "tiny": 64 wide, 256 tokens) and opens it in g as an engine keeping the
+// features of layers (f32 KV cache), beside the reference model, the
+// oracle, and the checkpoint.
+func tinyTarget(t *testing.T, g *Group, layers int, features []int) (*Engine, *reference.Model, *checkpoint.Model) {
+	t.Helper()
+	cfg := synth.Shapes["tiny"]
+	cfg.NumHiddenLayers = layers
+	dir := filepath.Join(t.TempDir(), "target")
+	if err := synth.Write(dir, cfg, synth.Options{Seed: 7, Std: 0.2, DType: safetensors.F32}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.F32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	e, err := g.New(m.Config, m.Weights, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32", FeatureLayers: features})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	ref, err := reference.New(m.Config, m.Weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, ref, m
+}
+
+// readFeatures reads back the features e keeps at position pos of seq —
+// each feature layer's H values, in FeatureLayers' order — once the moves
+// of paths kept since its last pass are made (tests only: the engine
+// never reads them back).
+func (e *Engine) readFeatures(seq engine.Sequence, pos int) ([]float32, error) {
+	e.g.mu.Lock()
+	defer e.g.mu.Unlock()
+	b, err := e.dev.NewBatch("feature moves")
+	if err != nil {
+		return nil, err
+	}
+	if err := e.kv.RecordMoves(b); err != nil {
+		b.Discard()
+		return nil, err
+	}
+	if err := b.Submit(); err != nil {
+		return nil, err
+	}
+	row, err := seq.(*kernels.KVSeq).PoolRow(pos)
+	if err != nil {
+		return nil, err
+	}
+	H := uint64(e.cfg.HiddenSize)
+	var ranges []gpu.Binding
+	for i := range e.features {
+		ranges = append(ranges, e.kv.Feature(i).Slice(uint64(row)*H*4, H*4))
+	}
+	raw, err := gpu.ReadRanges(ranges...)
+	if err != nil {
+		return nil, err
+	}
+	var out []float32
+	for _, r := range raw {
+		for _, w := range u32s(r) {
+			out = append(out, math.Float32frombits(w))
+		}
+	}
+	return out, nil
+}
+
+// refFeatures is the features of every position of tokens as the reference
+// computes them, for layers in any order: each row the inputs of layers,
+// concatenated in their order.
+func refFeatures(t *testing.T, ref *reference.Model, tokens []int, layers []int) [][]float32 {
+	t.Helper()
+	asc := slices.Sorted(slices.Values(layers))
+	_, feats, err := ref.ForwardFeatures([]reference.Input{{Seq: ref.NewSequence(), Tokens: tokens}}, []int{1}, asc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	H := ref.Config().HiddenSize
+	out := make([][]float32, len(tokens))
+	for i, f := range feats[0] {
+		for _, l := range layers {
+			a := slices.Index(asc, l)
+			out[i] = append(out[i], f[a*H:(a+1)*H]...)
+		}
+	}
+	return out
+}
+
+// relErr is max|a−b| / max|b|; a NaN in a makes it +Inf.
+func relErr(a, b []float32) float64 {
+	var d, m float64
+	for i := range b {
+		if math.IsNaN(float64(a[i])) {
+			return math.Inf(1)
+		}
+		d = max(d, math.Abs(float64(a[i]-b[i])))
+		m = max(m, math.Abs(float64(b[i])))
+	}
+	return d / m
+}
+
+// featureTol is how far the device's f32 features may be from the
+// reference's: f32 math (docs/reference.md, "Tolerances"), its sums in
+// another order over a few layers.
+const featureTol = 1e-5
+
+// checkFeatures holds the features a sequence keeps to the reference's
+// over its text.
+func checkFeatures(t *testing.T, what string, e *Engine, seq engine.Sequence, ref *reference.Model, text []int) {
+	t.Helper()
+	if seq.Len() != len(text) {
+		t.Fatalf("%s: the sequence holds %d positions, want %d", what, seq.Len(), len(text))
+	}
+	worst := 0.0
+	for i, want := range refFeatures(t, ref, text, e.features) {
+		got, err := e.readFeatures(seq, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: position %d: %d floats of features, want %d", what, i, len(got), len(want))
+		}
+		if d := relErr(got, want); d > featureTol {
+			t.Errorf("%s: position %d: features %.2g from the reference's", what, i, d)
+		} else {
+			worst = max(worst, d)
+		}
+	}
+	t.Logf("%s: %d positions, features within %.2g of the reference's", what, len(text), worst)
+}
+
+// TestFeatures: a sequence of an engine with FeatureLayers keeps on the
+// device, at every position any of its passes fed — Step, a chain of
+// StepN, a sampled Verify, a token tree's Verify and the path KeepPath
+// kept, a draft fused with its verification (DraftVerify), a tree drafted
+// and verified in one submission (DraftVerifyTree) and its path kept —
+// the residual stream entering those layers (the embedding for layer 0)
+// in the order given, equal to the reference's ForwardFeatures; after a
+// Truncate and a re-feed the features follow the text.
+func TestFeatures(t *testing.T) {
+	layers := []int{3, 0, 1}
+	g := NewGroup(gputest.Device(t))
+	e, ref, m := tinyTarget(t, g, 4, layers)
+	if got := e.FeatureLayers(); !slices.Equal(got, layers) {
+		t.Fatalf("FeatureLayers() = %v, want %v", got, layers)
+	}
+	e.FeatureLayers()[0] = 2
+	if e.FeatureLayers()[0] != 3 {
+		t.Error("FeatureLayers returns the engine's own slice")
+	}
+	// A drafter in the group, for the fused passes.
+	d, err := g.New(m.Config, m.Weights, Options{KVBytes: 8 << 20, MaxSequences: 8, KV: "f32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	ctx := context.Background()
+	seq, err := e.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Release()
+	text := []int{3, 17, 5, 9, 30, 200, 11}
+	en := &engine.Entry{Seq: seq, Tokens: text}
+	if err := e.Step(ctx, []*engine.Entry{en}); err != nil {
+		t.Fatal(err)
+	}
+	// A chain: the next token and two of its greedy tokens fed on the
+	// device.
+	chain, err := e.StepN(ctx, []*engine.Entry{{Seq: seq, Tokens: []int{en.Next}}}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text = append(text, en.Next, chain[0][0].ID, chain[0][1].ID)
+	// A sampled verification of four tokens.
+	draft := []int{chain[0][2].ID, 40, 41, 42}
+	v := &engine.VerifyEntry{Seq: seq, Tokens: draft, Out: 2, Sampling: sampling.Params{Temperature: 0.8},
+		Draws: []sampling.Draw{{X: 40, U: 0.3, V: 0.6}, {X: 41, U: 0.9, V: 0.1}}}
+	if err := e.Verify(ctx, []*engine.VerifyEntry{v}); err != nil {
+		t.Fatal(err)
+	}
+	text = append(text, draft...)
+	checkFeatures(t, "after Step, StepN and Verify", e, seq, ref, text)
+
+	seq.Truncate(5)
+	text = append(text[:5], 77, 78, 79)
+	if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: text[5:]}}); err != nil {
+		t.Fatal(err)
+	}
+	checkFeatures(t, "after Truncate and a re-feed", e, seq, ref, text)
+
+	// A tree past the line: roots 50 and 51, 52 under 50, 53 under 51;
+	// keep 51, 53.
+	n := seq.Len()
+	tree := &engine.VerifyEntry{Seq: seq, Tokens: []int{50, 51, 52, 53}, Parents: []int{n - 1, n - 1, n, n + 1}, Out: 4}
+	if err := e.Verify(ctx, []*engine.VerifyEntry{tree}); err != nil {
+		t.Fatal(err)
+	}
+	if err := seq.KeepPath([]int{n + 1, n + 3}); err != nil {
+		t.Fatal(err)
+	}
+	text = append(text, 51, 53)
+	checkFeatures(t, "after KeepPath", e, seq, ref, text)
+
+	// A draft fused with its verification: the target takes its pending
+	// token and the drafter's first three.
+	dseq, err := d.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dseq.Release()
+	if err := d.Step(ctx, []*engine.Entry{{Seq: dseq, Tokens: text[:len(text)-1]}}); err != nil {
+		t.Fatal(err)
+	}
+	seq.Truncate(len(text) - 1)
+	step := engine.ChainStep{
+		Draft:  &engine.Entry{Seq: dseq, Tokens: text[len(text)-1:]},
+		Verify: &engine.VerifyEntry{Seq: seq, Tokens: text[len(text)-1:], Out: 4}, Take: 3,
+	}
+	out, err := d.DraftVerify(ctx, e, []engine.ChainStep{step}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text = append(text, engine.IDs(out[0][:3])...)
+	checkFeatures(t, "after a fused draft and verification", e, seq, ref, text)
+
+	// A tree drafted and verified in one submission; the path to its last
+	// verified node kept.
+	dseq.Truncate(len(text) - 1) // it holds the text, and a token drafted after it
+	seq.Truncate(len(text) - 1)
+	ts := []engine.TreeStep{{
+		Draft:  &engine.Entry{Seq: dseq, Tokens: text[len(text)-1:]},
+		Verify: &engine.VerifyEntry{Seq: seq, Tokens: text[len(text)-1:]}, Width: 2, Depth: 3, Nodes: 5,
+	}}
+	if !d.FusesTree(e, ts) {
+		t.Fatal("FusesTree refused the step")
+	}
+	if err := d.DraftVerifyTree(ctx, e, ts); err != nil {
+		t.Fatal(err)
+	}
+	nodes, last := ts[0].Tree, -1
+	for k, nd := range nodes {
+		if nd.Row >= 0 && (last < 0 || nd.Row > nodes[last].Row) {
+			last = k
+		}
+	}
+	var slots, keep []int
+	for k := last; k >= 0; k = nodes[k].Parent {
+		slots = append([]int{len(text) + nodes[k].Row}, slots...)
+		keep = append([]int{nodes[k].ID}, keep...)
+	}
+	if err := seq.KeepPath(slots); err != nil {
+		t.Fatal(err)
+	}
+	text = append(text, keep...)
+	checkFeatures(t, "after a tree drafted and verified on the device, its path kept", e, seq, ref, text)
+
+	for _, bad := range [][]int{{0, 0}, {-1}, {4}, {1, 2, 1}} {
+		if _, err := g.New(m.Config, m.Weights, Options{KVBytes: 8 << 20, MaxSequences: 8, FeatureLayers: bad}); err == nil {
+			t.Errorf("feature layers %v accepted", bad)
+		}
+	}
+}
+
+// TestNoFeatures: an engine without FeatureLayers keeps no features: no
+// feature buffers, no pairs, no gathers in its passes; with them each
+// position's features count in the KV budget.
+func TestNoFeatures(t *testing.T) {
+	g := NewGroup(gputest.Device(t))
+	plain, _, m := tinyTarget(t, g, 2, nil)
+	if plain.kv.Features != 0 || plain.act.featPairs != nil || len(plain.FeatureLayers()) != 0 {
+		t.Errorf("an engine without feature layers keeps %d feature buffers (pairs %v)", plain.kv.Features, plain.act.featPairs)
+	}
+	seq, _ := plain.NewSequence()
+	defer seq.Release()
+	if err := plain.Step(context.Background(), []*engine.Entry{{Seq: seq, Tokens: []int{1, 2, 3}}}); err != nil {
+		t.Fatal(err)
+	}
+	with, err := g.New(m.Config, m.Weights, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32", FeatureLayers: []int{0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer with.Close()
+	c := m.Config
+	perToken := func(features int) int { return engine.KVBytesPerToken(&c, 4) + features*c.HiddenSize*4 }
+	if got, want := with.kv.Blocks, (16<<20)/(perToken(2)*16); got != want {
+		t.Errorf("%d blocks with two feature layers, want %d", got, want)
+	}
+	if got, want := plain.kv.Blocks, (16<<20)/(perToken(0)*16); got != want {
+		t.Errorf("%d blocks without features, want %d", got, want)
+	}
+}

@@ -124,7 +124,7 @@ type VerifyEntry struct {
 	// Target is, for a head drafting a token tree level by level (Head),
 	// the target's sequence, as Entry.Target.
 	Target Sequence
-	Out     int // the last Out positions are read out, 1 … len(Tokens)
+	Out    int // the last Out positions are read out, 1 … len(Tokens)
 	// Sampling is how each row's Sample is drawn; with Temperature 0 there
 	// is no draw and Draws is unused. Draws holds Out draws, one a row.
 	Sampling sampling.Params

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,10 +11,12 @@ import (
 	"webdraft/eagle3"
 	"webdraft/engine"
 	"webdraft/engine/cpu"
+	"webdraft/engine/webgpu"
+	"webdraft/gpu"
 )
 
 // headNote ends the help of a flag that names the drafter.
-const headNote = "; or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which reads the target's hidden states (CPU engine)"
+const headNote = "; or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which reads the target's hidden states (WebGPU or the CPU engine)"
 
 // isHead reports whether dir is an EAGLE-3 head's folder (its config.json
 // names LlamaForCausalLMEagle3); a folder whose config.json cannot be read
@@ -27,12 +30,11 @@ func isHead(dir string) bool {
 }
 
 // headPair is a target engine that keeps the features an EAGLE-3 head
-// reads, and the head drafting for it.
+// reads, and the head drafting for it, on one device.
 type headPair struct {
-	target *cpu.Engine
-	head   *cpu.Head
+	target engine.Engine
+	head   engine.Head
 	model  *checkpoint.Eagle3
-	name   string
 }
 
 func (p *headPair) close() {
@@ -41,14 +43,14 @@ func (p *headPair) close() {
 	p.model.Close()
 }
 
-// openHeadPair loads the head in dir and starts the target on the CPU
-// engine keeping the features the head reads, each with kvBytes of KV
-// cache. A head runs on the CPU engine so far: --backend webgpu is
-// refused, auto takes the CPU.
+// openHeadPair loads the head in dir and starts the target keeping the
+// features the head reads, and the head over it, each with kvBytes of KV
+// cache, on the engine --backend picks as openEngines does: WebGPU (the
+// head in the target's group) or the CPU engine. The reference engine
+// runs no head.
 func openHeadPair(e *env, target *checkpoint.Model, targetName, dir string, b backendChoice, kvBytes int64) (*headPair, error) {
-	switch b {
-	case "webgpu", "reference":
-		return nil, usagef("an EAGLE-3 head runs on the CPU engine: --backend %s is not supported with one (use auto or cpu)", b)
+	if b == "reference" {
+		return nil, usagef("an EAGLE-3 head runs on WebGPU or the CPU engine: --backend reference is not supported with one")
 	}
 	m, err := checkpoint.LoadEagle3(dir, checkpoint.LoadOptions{})
 	if err != nil {
@@ -59,21 +61,56 @@ func openHeadPair(e *env, target *checkpoint.Model, targetName, dir string, b ba
 		m.Close()
 		return nil, fmt.Errorf("head %s does not fit target %s: %w", dir, targetName, err)
 	}
-	te, err := cpu.New(tc, target.Weights, cpu.Options{KVBytes: kvBytes, FeatureLayers: m.Config.Aux(tc.NumHiddenLayers)})
+	hp, why, err := startHeadPair(target, m, b, kvBytes)
 	if err != nil {
 		m.Close()
-		return nil, fmt.Errorf("target: %w", err)
+		return nil, fmt.Errorf("head %s: %w", dir, err)
+	}
+	logEngine(e, hp.target, why)
+	logEngine(e, hp.head, why)
+	return hp, nil
+}
+
+// startHeadPair starts the target and the head on the engine b picks, and
+// says why.
+func startHeadPair(target *checkpoint.Model, m *checkpoint.Eagle3, b backendChoice, kvBytes int64) (*headPair, string, error) {
+	tc := target.Config
+	aux := m.Config.Aux(tc.NumHiddenLayers)
+	why := "--backend " + string(b)
+	if b != "cpu" {
+		g, err := webgpu.OpenGroup(gpu.Options{HardwareOnly: b == "auto"})
+		switch {
+		case err == nil:
+			defer g.Close() // the device closes with the last engine
+			if b == "auto" {
+				why = "a GPU was found"
+			}
+			te, err := g.New(tc, target.Weights, webgpu.Options{KVBytes: kvBytes, FeatureLayers: aux})
+			if err != nil {
+				return nil, "", fmt.Errorf("webgpu: %w", err)
+			}
+			he, err := webgpu.NewHead(te, m.Config, m.Weights, webgpu.HeadOptions{KVBytes: kvBytes})
+			if err != nil {
+				te.Close()
+				return nil, "", err
+			}
+			return &headPair{target: te, head: he, model: m}, why + "; the head shares the target's device", nil
+		case b == "auto" && errors.Is(err, gpu.ErrNoHardwareAdapter):
+			why = err.Error() + ": the CPU engine is faster than a software renderer (--backend webgpu takes it)"
+		case b == "auto" && errors.Is(err, gpu.ErrNoAdapter):
+			why = "no WebGPU adapter"
+		default:
+			return nil, "", fmt.Errorf("webgpu: %w", err)
+		}
+	}
+	te, err := cpu.New(tc, target.Weights, cpu.Options{KVBytes: kvBytes, FeatureLayers: aux})
+	if err != nil {
+		return nil, "", err
 	}
 	he, err := cpu.NewHead(te, m.Config, m.Weights, cpu.HeadOptions{KVBytes: kvBytes})
 	if err != nil {
 		te.Close()
-		m.Close()
-		return nil, fmt.Errorf("head %s: %w", dir, err)
+		return nil, "", err
 	}
-	why := "an EAGLE-3 head runs on the CPU engine"
-	logEngine(e, te, why)
-	logEngine(e, he, why)
-	return &headPair{target: te, head: he, model: m, name: dir}, nil
+	return &headPair{target: te, head: he, model: m}, why, nil
 }
-
-var _ engine.Head = (*cpu.Head)(nil)

@@ -18,8 +18,9 @@ import (
 // TestHead: generate --model and bench spec --drafter take an EAGLE-3
 // head's folder and draft with it for the golden target (a random head in
 // the public layout, quantized on load): generate gives the target's own
-// greedy tokens; bench spec measures τ; a head for another target, and a
-// head on WebGPU, are refused in one line.
+// greedy tokens, on the CPU engine and on WebGPU; bench spec measures τ; a
+// head for another target, and a head on the reference engine, are refused
+// in one line.
 func TestHead(t *testing.T) {
 	golden := filepath.Join("..", "..", "testdata", "golden")
 	target, err := checkpoint.Load(filepath.Join(golden, "untied"), checkpoint.LoadOptions{})
@@ -41,6 +42,13 @@ func TestHead(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("generate: no %q in\n%s", want, stdout)
 		}
+	}
+	// On WebGPU: the head in the target's group.
+	code, stdout, stderr = webdraft(t, "generate", "--model", head, "--target", filepath.Join(golden, "untied"), "--ids", "1,2,3",
+		"--max-tokens", "8", "--k", "3", "--backend", "webgpu")
+	if code != 0 || !strings.Contains(stdout, "greedy, webgpu engine") || !strings.Contains(stdout, "the same tokens as the target alone: yes") ||
+		!strings.Contains(stderr, "the head shares the target's device") {
+		t.Errorf("generate on WebGPU: exit %d\n%s%s", code, stdout, stderr)
 	}
 	prompts := filepath.Join(t.TempDir(), "prompts.jsonl")
 	if err := os.WriteFile(prompts, []byte("{\"ids\": [1, 2, 3]}\n{\"ids\": [400, 5, 6, 7]}\n"), 0o644); err != nil {
@@ -70,7 +78,7 @@ func TestHead(t *testing.T) {
 	}{
 		{[]string{"generate", "--model", other, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "cpu"}, 1, "does not fit target"},
 		{[]string{"bench", "spec", "--prompts", prompts, "--drafter", other, "--target", filepath.Join(golden, "untied"), "--backend", "cpu"}, 1, "does not fit target"},
-		{[]string{"generate", "--model", head, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "webgpu"}, 2, "CPU engine"},
+		{[]string{"generate", "--model", head, "--target", filepath.Join(golden, "untied"), "--ids", "1", "--backend", "reference"}, 2, "--backend reference"},
 	} {
 		code, _, stderr := webdraft(t, c.args...)
 		if code != c.code || !strings.Contains(stderr, c.want) || strings.Count(strings.TrimSpace(lastLine(stderr)), "\n") > 0 {

@@ -28,6 +28,9 @@ import (
 // norm and lm_head score the draft vocabulary at each entry's last row,
 // whose argmax, log-probability and top tokens come back mapped to the
 // target's vocabulary. Nothing but those read-out words leaves the device.
+// StepN (headchain.go) chains greedy steps on the device: each step's
+// argmax, mapped to the target's vocabulary there, is the next step's
+// token, and one read brings every step's words back.
 type Head struct {
 	target *Engine
 	g      *Group
@@ -47,8 +50,9 @@ type Head struct {
 }
 
 var (
-	_ engine.Engine = (*Head)(nil)
-	_ engine.Head   = (*Head)(nil)
+	_ engine.Engine  = (*Head)(nil)
+	_ engine.Head    = (*Head)(nil)
+	_ engine.Chainer = (*Head)(nil)
 )
 
 // HeadOptions size a Head; zero values take the defaults.

@@ -28,9 +28,12 @@ type headWeights struct {
 	// rope is RoPE's inverse frequencies for qkv_rope_kv.wgsl, after unit
 	// q/k norms it does not read (kernels.UploadQKNormRope; QKVRopeKV
 	// without qkNorm).
-	rope    *gpu.Buffer
-	mats    []*kernels.Matrix // the head's own, for release
-	buffers []*gpu.Buffer
+	rope *gpu.Buffer
+	// targetIDs is the target token of each draft token (Vd) u32: a
+	// chained step (StepN) maps its argmax through it on the device.
+	targetIDs *gpu.Buffer
+	mats      []*kernels.Matrix // the head's own, for release
+	buffers   []*gpu.Buffer
 }
 
 // uploadHead copies w to the device; the head embeds with targetEmbed
@@ -103,6 +106,14 @@ func uploadHead(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, w *eagle3.
 		return nil, err
 	}
 	hw.buffers = append(hw.buffers, hw.rope)
+	ids := make([]uint32, len(w.TargetIDs))
+	for i, id := range w.TargetIDs {
+		ids[i] = uint32(id)
+	}
+	if hw.targetIDs, err = d.UploadU32("d2t", ids); err != nil {
+		return nil, err
+	}
+	hw.buffers = append(hw.buffers, hw.targetIDs)
 	return hw, nil
 }
 
@@ -142,7 +153,16 @@ type headActivations struct {
 	temps    *gpu.Buffer // (S, kernels.SampleTempWords) f32
 	sampled  *gpu.Buffer // (S, kernels.SampleWords) u32
 	top      *gpu.Buffer // (S, MaxTopN, 2) u32
-	all      []*gpu.Buffer
+	// A chain (StepN): mapSrc holds the pairs (2i+1, i) that gather each
+	// read-out row's argmax into the odd word of pair i of mapPairs, whose
+	// even words hold i, so that mapPairs gathers each row's target token
+	// from headWeights.targetIDs into ids (S pairs each); chainRows the
+	// places of a chained step's rows, a buffer a step, and results each
+	// step's read-out words (grown as calls need them).
+	mapSrc, mapPairs *gpu.Buffer
+	chainRows        []*gpu.Buffer
+	results          *gpu.Buffer
+	all              []*gpu.Buffer
 }
 
 // pairRegions are where the pairs buffer holds each gather's pairs, byte
@@ -188,9 +208,10 @@ func newHeadActivations(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, R,
 		{&a.qkv, "head.qkv", R * (qDim + 2*kvDim)}, {&a.q, "head.q", R * qDim}, {&a.attn, "head.attn", R * qDim},
 		{&a.gateUp, "head.gate_up", R * 2 * I}, {&a.pairs, "head.pairs", a.regions.words},
 		{&a.hLast, "head.hidden_last", S * H}, {&a.hNorm, "head.hidden_last_normed", S * H}, {&a.logits, "head.logits", S * Vd},
-		{&a.next, "head.next", S}, {&a.lp, "head.lp", lseAt(S) + S},
+		{&a.next, "head.next", (S + 3) &^ 3}, {&a.lp, "head.lp", lseAt(S) + S},
 		{&a.draws, "head.draws", S * kernels.SampleDrawWords}, {&a.temps, "head.temps", S * kernels.SampleTempWords},
-		{&a.sampled, "head.sampled", S * kernels.SampleWords}, {&a.top, "head.top", S * engine.MaxTopN * 2},
+		{&a.sampled, "head.sampled", S * kernels.SampleWords}, {&a.top, "head.top", (S*engine.MaxTopN*2 + 3) &^ 3},
+		{&a.mapSrc, "head.map_src", S * kernels.GatherPairWords}, {&a.mapPairs, "head.map_pairs", S * kernels.GatherPairWords},
 	} {
 		if uint64(b.words)*4 > limit {
 			return nil, fmt.Errorf("activations: %s takes %d bytes, more than one binding (%d): fewer rows a pass (MaxRows) or sequences", b.name, b.words*4, limit)
@@ -200,12 +221,55 @@ func newHeadActivations(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, R,
 		}
 		a.all = append(a.all, *b.dst)
 	}
+	src, pairs := make([]uint32, S*kernels.GatherPairWords), make([]uint32, S*kernels.GatherPairWords)
+	for i := range S {
+		src[2*i], src[2*i+1], pairs[2*i] = uint32(2*i+1), uint32(i), uint32(i)
+	}
+	if err := a.mapSrc.WriteU32(0, src); err != nil {
+		return nil, fmt.Errorf("activations: %w", err)
+	}
+	if err := a.mapPairs.WriteU32(0, pairs); err != nil {
+		return nil, fmt.Errorf("activations: %w", err)
+	}
 	return a, nil
+}
+
+// ensureChain readies a chain of m steps after the first: m buffers of
+// the rows' places, and results of at least bytes.
+func (a *headActivations) ensureChain(d *gpu.Device, m int, bytes uint64) error {
+	for len(a.chainRows) < m {
+		b, err := d.NewBuffer(fmt.Sprintf("head.chain_rows.%d", len(a.chainRows)), uint64(a.S*kernels.RowWords)*4)
+		if err != nil {
+			return err
+		}
+		a.chainRows = append(a.chainRows, b)
+	}
+	if a.results != nil && a.results.Size() >= bytes {
+		return nil
+	}
+	if a.results != nil {
+		bytes = max(bytes, 2*a.results.Size())
+	}
+	b, err := d.NewBuffer("head.chain_results", bytes)
+	if err != nil {
+		return err
+	}
+	if a.results != nil {
+		a.results.Release()
+	}
+	a.results = b
+	return nil
 }
 
 func (a *headActivations) release() {
 	for _, b := range a.all {
 		b.Release()
 	}
-	a.all = nil
+	for _, b := range a.chainRows {
+		b.Release()
+	}
+	if a.results != nil {
+		a.results.Release()
+	}
+	a.all, a.chainRows, a.results = nil, nil, nil
 }

@@ -55,6 +55,11 @@ func (h *Head) Step(ctx context.Context, batch []*engine.Entry) error {
 	if err := h.usable(); err != nil {
 		return err
 	}
+	return h.step(ctx, batch)
+}
+
+// step is Step over a checked, non-empty batch, the group's lock held.
+func (h *Head) step(ctx context.Context, batch []*engine.Entry) error {
 	feeds, err := h.feeds(batch)
 	if err != nil {
 		return err
@@ -172,6 +177,9 @@ type headPass struct {
 	maxLen      int // the longest context a decode row sees
 	nfc, nsave  int
 	first, last bool // the step's first pass, and its last (the read-out's)
+	// rowBuf holds the rows' places in the head's cache (nil: the
+	// activations' rowBuf); a chained step's are its own (StepN).
+	rowBuf *gpu.Buffer
 }
 
 // passes lays the feeds' rows out in passes, stage by stage, each of at
@@ -355,6 +363,10 @@ func (h *Head) writePass(feeds []headFeed, ps *headPass, topN int) error {
 func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	a, w, c, t := h.act, h.w, &h.cfg, h.target
 	R, H, heads, eps := ps.rows, c.HiddenSize, c.NumAttentionHeads, c.RMSNormEps
+	rowBuf := a.rowBuf
+	if ps.rowBuf != nil {
+		rowBuf = ps.rowBuf
+	}
 	pairs := func(region uint64, n int) gpu.Binding {
 		return a.pairs.Slice(region, uint64(n*kernels.GatherPairWords)*4)
 	}
@@ -384,19 +396,19 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 		// (a Llama layer); the keys and values into the head's cache
 		func(b *gpu.Batch) error { return kernels.MatMul(b, a.qkv, a.in, w.qkv, R, false) },
 		func(b *gpu.Batch) error {
-			return kernels.QKVRopeKV(b, a.q, a.qkv, w.rope, h.kv, 0, a.rowBuf, R, heads, eps, false)
+			return kernels.QKVRopeKV(b, a.q, a.qkv, w.rope, h.kv, 0, rowBuf, R, heads, eps, false)
 		},
 		// attn = softmax(q·kᵀ/√D + causal mask)·v over the head's cache, GQA
 		func(b *gpu.Batch) error {
 			if ps.decode == 0 {
 				return nil
 			}
-			return kernels.AttentionDecode(b, a.attn, a.q, h.kv, 0, a.rowBuf, ps.decode, heads, ps.maxLen)
+			return kernels.AttentionDecode(b, a.attn, a.q, h.kv, 0, rowBuf, ps.decode, heads, ps.maxLen)
 		},
 		func(b *gpu.Batch) error {
 			for _, p := range ps.parts {
 				if p.row0 >= ps.decode {
-					if err := kernels.AttentionPrefill(b, a.attn, a.q, h.kv, 0, p.slot, a.rowBuf, p.row0, p.T, heads); err != nil {
+					if err := kernels.AttentionPrefill(b, a.attn, a.q, h.kv, 0, p.slot, rowBuf, p.row0, p.T, heads); err != nil {
 						return err
 					}
 				}

@@ -1,0 +1,294 @@
+package webgpu
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"webdraft/engine"
+	"webdraft/gpu"
+	"webdraft/kernels"
+	"webdraft/sampling"
+	"webdraft/treemask"
+)
+
+// StepN is n Steps in one (engine.Chainer): the first feeds each entry's
+// tokens, as Step does, and each after it one row an entry — its token the
+// step before's argmax, mapped to the target's vocabulary on the device
+// (headWeights.targetIDs) and embedded from there, its hidden the head's
+// output at the row before, kept on the device. The first step's passes
+// are submitted as Step's are, every later step recorded after them with
+// no host input of its own (the rows' places written ahead, a buffer a
+// step), and each step's argmax, log-probability and top tokens copied to
+// a results buffer that one read brings back at the end. The caches then
+// hold the entries' tokens and the first n−1 drafted; entry.Next is the
+// last; entries' Tokens are left as they were. A batch that Step refuses,
+// or that n−1 more tokens would take past the context or the cache, is
+// refused before anything runs.
+//
+// Where the rows of the steps after the first would read the target's
+// features (an entry fed short of the target's line) or the batch
+// outnumbers a pass's rows, the steps run one by one, each read back, as
+// engine.StepN runs them.
+func (h *Head) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]engine.Token, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("webgpu head: step n: n = %d, want > 0", n)
+	}
+	if err := engine.CheckBatch(&h.engCfg, batch); err != nil {
+		return nil, fmt.Errorf("webgpu head: %w", err)
+	}
+	out := make([][]engine.Token, len(batch))
+	if len(batch) == 0 {
+		return out, nil
+	}
+	h.g.mu.Lock()
+	defer h.g.mu.Unlock()
+	if err := h.usable(); err != nil {
+		return nil, err
+	}
+	feeds, err := h.feeds(batch)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	seqs, need := make([]*kernels.KVSeq, len(feeds)), make([]int, len(feeds))
+	for i, f := range feeds {
+		if p := f.L + len(f.tokens) + n - 1; p > h.engCfg.MaxPositionEmbeddings {
+			return nil, fmt.Errorf("webgpu head: batch entry %d: %d positions: %w (max_position_embeddings %d)", i, p, engine.ErrContextFull, h.engCfg.MaxPositionEmbeddings)
+		}
+		seqs[i], need[i] = f.seq.kv, f.L+len(f.tokens)-1+n-1
+	}
+	if err := h.kv.Reserve(seqs, need); err != nil {
+		return nil, fmt.Errorf("webgpu head: %w", kvError(err))
+	}
+	if n > 1 && h.chains(feeds) {
+		toks, submitted, err := h.chain(ctx, feeds, batch, n)
+		if err != nil {
+			for _, f := range feeds {
+				f.seq.kv.Truncate(f.seq.rows())
+				if submitted {
+					f.seq.outRow = -1
+				}
+			}
+			return nil, h.target.broken(err)
+		}
+		return toks, nil
+	}
+	// Step by step, each read back.
+	tokens := make([][]int, len(batch))
+	for i, en := range batch {
+		tokens[i] = en.Tokens
+	}
+	defer func() {
+		for i, en := range batch {
+			en.Tokens = tokens[i]
+		}
+	}()
+	for range n {
+		if err := h.step(ctx, batch); err != nil {
+			return nil, err
+		}
+		for i, en := range batch {
+			out[i] = append(out[i], engine.Token{ID: en.Next, Logprob: en.Logprob, Top: en.Top})
+			en.Tokens = []int{en.Next}
+		}
+	}
+	return out, nil
+}
+
+// chains reports whether the steps after the first of planned feeds chain
+// on the device: every row they compute reads the head's output at the
+// row before (none the target's features), and one pass holds a row an
+// entry.
+func (h *Head) chains(feeds []headFeed) bool {
+	if len(feeds) > h.act.R {
+		return false
+	}
+	for _, f := range feeds {
+		if f.L+len(f.tokens)-1 < f.target.Line() {
+			return false
+		}
+	}
+	return true
+}
+
+// chainLayout is where a chain's results buffer holds each step's words:
+// at step j's offset j·stride, the argmax draft ids (B u32), from lpAt
+// their log-probabilities (B f32), from topAt the top tokens (B, topN, 2)
+// u32 where topN > 0; each part at an offset a binding takes.
+type chainLayout struct {
+	stride, lpAt, topAt uint64
+	idBytes, topBytes   uint64
+	topN, B             int
+}
+
+// chain runs the n steps of planned feeds (chains; the blocks reserved) on
+// the device and reads their results back once: it returns each entry's n
+// tokens, sets the entries' Next, Logprob and Top to the last, and commits
+// the sequences. submitted reports whether any pass went to the device.
+func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int) (_ [][]engine.Token, submitted bool, err error) {
+	a, B := h.act, len(feeds)
+	topN := 0
+	seqs := make([]*kernels.KVSeq, B)
+	for i, f := range feeds {
+		seqs[i] = f.seq.kv
+		topN = max(topN, min(batch[i].TopN, h.cfg.DraftVocabSize))
+	}
+	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
+	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
+	lay := chainLayout{topN: topN, B: B}
+	lay.idBytes = uint64(B*4+15) &^ 15
+	lay.topBytes = uint64(B*topN*2*4+15) &^ 15
+	lay.lpAt = up(lay.idBytes)
+	lay.topAt = lay.lpAt + up(lay.idBytes)
+	lay.stride = lay.topAt
+	if topN > 0 {
+		lay.stride += up(lay.topBytes)
+	}
+	if err := a.ensureChain(h.dev, n-1, uint64(n)*lay.stride); err != nil {
+		return nil, false, err
+	}
+	if err := h.kv.SyncTables(seqs); err != nil {
+		return nil, false, err
+	}
+	// Each step's tail: its read-out words into the results and, but
+	// after the last, its argmax mapped to target tokens into ids.
+	tail := func(j int) []step {
+		at := uint64(j) * lay.stride
+		steps := []step{
+			func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at, a.next, lay.idBytes) },
+			func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at+lay.lpAt, a.lp, lay.idBytes) },
+		}
+		if topN > 0 {
+			steps = append(steps, func(b *gpu.Batch) error {
+				return kernels.CopyTo(b, a.results, at+lay.topAt, a.top, lay.topBytes)
+			})
+		}
+		if j < n-1 {
+			steps = append(steps,
+				func(b *gpu.Batch) error { return kernels.Gather(b, a.mapPairs, a.next, a.mapSrc, B) },
+				func(b *gpu.Batch) error { return kernels.Gather(b, a.ids, h.w.targetIDs, a.mapPairs, B) },
+			)
+		}
+		return steps
+	}
+	// Step 1: Step's passes.
+	passes := h.passes(feeds)
+	for k := range passes {
+		if err := ctx.Err(); err != nil {
+			return nil, submitted, err
+		}
+		ps := &passes[k]
+		if err := h.writePass(feeds, ps, topN); err != nil {
+			return nil, submitted, err
+		}
+		steps := h.passSteps(ps, B, topN)
+		if ps.last {
+			steps = append(steps, tail(0)...)
+		}
+		submitted = true
+		if err := h.target.submit(steps, submitEvery); err != nil {
+			return nil, true, fmt.Errorf("head pass %d of %d: %w", k+1, len(passes), err)
+		}
+	}
+	// Steps 2 … n: a row an entry, the places of step j's in chainRows[j−1],
+	// the pairs the same for every step (written after step 1's are
+	// submitted: the queue orders them).
+	if err := ctx.Err(); err != nil {
+		return nil, true, err
+	}
+	pairs := make([]uint32, a.regions.words)
+	put := func(region uint64, i int, dst, src int) {
+		w := region/4 + uint64(i*kernels.GatherPairWords)
+		pairs[w], pairs[w+1] = uint32(dst), uint32(src)
+	}
+	parts := make([]headPart, B)
+	for i, f := range feeds {
+		slot := f.seq.kv.Slot()
+		parts[i] = headPart{feed: i, slot: slot, T: 1, row0: i}
+		put(a.regions.x, i, i, a.R+slot)
+		put(a.regions.save, i, a.R+slot, i)
+		put(a.regions.read, i, i, a.R+slot)
+	}
+	if err := a.pairs.WriteU32(0, pairs); err != nil {
+		return nil, true, err
+	}
+	var steps []step
+	for j := 1; j < n; j++ {
+		rows := make([]uint32, B*kernels.RowWords)
+		ps := headPass{parts: parts, rows: B, decode: B, nsave: B, last: true, rowBuf: a.chainRows[j-1]}
+		for i, f := range feeds {
+			r := f.L + len(f.tokens) - 1 + j - 1 // the row of the step's token
+			kernels.PutRow(rows[i*kernels.RowWords:], f.seq.kv.Slot(), r, treemask.LineRow(r))
+			ps.maxLen = max(ps.maxLen, r+1)
+		}
+		if err := ps.rowBuf.WriteU32(0, rows); err != nil {
+			return nil, true, err
+		}
+		steps = append(steps, h.passSteps(&ps, B, topN)...)
+		steps = append(steps, tail(j)...)
+	}
+	if err := h.target.submit(steps, chainedSubmitEvery); err != nil {
+		return nil, true, fmt.Errorf("chained head steps: %w", err)
+	}
+	toks, err := h.chainRead(feeds, batch, lay, n)
+	if err != nil {
+		return nil, true, err
+	}
+	for _, f := range feeds {
+		s := f.seq
+		if err := s.kv.Commit(f.L+len(f.tokens)-1+n-1, nil); err != nil {
+			return nil, true, err
+		}
+		for t := range f.tokens {
+			if f.feat[t] && f.L+t-1 == s.targetRows {
+				s.targetRows++
+			}
+		}
+		s.len += len(f.tokens) + n - 1
+		s.outRow = s.rows() - 1
+	}
+	return toks, true, nil
+}
+
+// chainRead reads a chain's results back (one read) and returns each
+// entry's n tokens in the target's vocabulary, setting its Next, Logprob
+// and Top to the last.
+func (h *Head) chainRead(feeds []headFeed, batch []*engine.Entry, lay chainLayout, n int) ([][]engine.Token, error) {
+	raw, err := h.act.results.Read(0, uint64(n)*lay.stride)
+	if err != nil {
+		return nil, fmt.Errorf("read back: %w", err)
+	}
+	out := make([][]engine.Token, len(feeds))
+	for i := range out {
+		out[i] = make([]engine.Token, n)
+	}
+	for j := range n {
+		at := uint64(j) * lay.stride
+		ids, lps := u32s(raw[at:at+uint64(lay.B)*4]), u32s(raw[at+lay.lpAt:at+lay.lpAt+uint64(lay.B)*4])
+		var top []uint32
+		if lay.topN > 0 {
+			top = u32s(raw[at+lay.topAt : at+lay.topAt+lay.topBytes])
+		}
+		for i, en := range batch {
+			if ids[i] == kernels.ArgmaxNaN || int(ids[i]) >= len(h.tokens) {
+				return nil, fmt.Errorf("chained step %d, batch entry %d: %w", j+1, i, sampling.ErrNaN)
+			}
+			tk := engine.Token{ID: int(h.tokens[ids[i]]), Logprob: math.Float32frombits(lps[i])}
+			if k := min(en.TopN, lay.topN); k > 0 {
+				tk.Top = kernels.SampleTop(top[i*lay.topN*2:], k)
+				for m := range tk.Top {
+					tk.Top[m].Token = int(h.tokens[tk.Top[m].Token])
+				}
+			}
+			out[i][j] = tk
+		}
+	}
+	for i, en := range batch {
+		last := out[i][n-1]
+		en.Next, en.Logprob, en.Top = last.ID, last.Logprob, last.Top
+	}
+	return out, nil
+}

@@ -2,13 +2,13 @@ package cpu
 
 import (
 	"context"
-	"math"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/engine/enginetest"
 	"webdraft/internal/synth"
 	"webdraft/qwen3"
 	"webdraft/reference"
@@ -43,37 +43,6 @@ func tinyTarget(t *testing.T, layers int, features []int) (*Engine, *reference.M
 	return e, ref, m.Config, m.Weights
 }
 
-// refFeatures is the features of every position of tokens as the reference
-// computes them, for layers in any order: each row the inputs of layers,
-// concatenated in their order.
-func refFeatures(t *testing.T, ref *reference.Model, tokens []int, layers []int) [][]float32 {
-	t.Helper()
-	asc := slices.Sorted(slices.Values(layers))
-	_, feats, err := ref.ForwardFeatures([]reference.Input{{Seq: ref.NewSequence(), Tokens: tokens}}, []int{1}, asc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	H := ref.Config().HiddenSize
-	out := make([][]float32, len(tokens))
-	for i, f := range feats[0] {
-		for _, l := range layers {
-			a := slices.Index(asc, l)
-			out[i] = append(out[i], f[a*H:(a+1)*H]...)
-		}
-	}
-	return out
-}
-
-// relErr is max|a−b| / max|b|.
-func relErr(a, b []float32) float64 {
-	var d, m float64
-	for i := range b {
-		d = max(d, math.Abs(float64(a[i]-b[i])))
-		m = max(m, math.Abs(float64(b[i])))
-	}
-	return d / m
-}
-
 // checkFeatures holds a sequence's features to the reference's over its
 // text.
 func checkFeatures(t *testing.T, what string, seq engine.Sequence, ref *reference.Model, text []int, layers []int) {
@@ -82,12 +51,12 @@ func checkFeatures(t *testing.T, what string, seq engine.Sequence, ref *referenc
 	if s.Len() != len(text) {
 		t.Fatalf("%s: the sequence holds %d positions, want %d", what, s.Len(), len(text))
 	}
-	for i, want := range refFeatures(t, ref, text, layers) {
+	for i, want := range enginetest.Features(t, ref, text, layers) {
 		got := s.features(i)
 		if len(got) != len(want) {
 			t.Fatalf("%s: position %d: %d floats of features, want %d", what, i, len(got), len(want))
 		}
-		if e := relErr(got, want); e > 1e-5 {
+		if e := enginetest.RelErr(got, want); e > 1e-5 {
 			t.Errorf("%s: position %d: features %.2g from the reference's", what, i, e)
 		}
 	}

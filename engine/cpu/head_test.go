@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -12,79 +11,11 @@ import (
 	"webdraft/eagle3"
 	"webdraft/engine"
 	"webdraft/engine/cpu/ops"
+	"webdraft/engine/enginetest"
 	"webdraft/reference"
 	"webdraft/sampling"
 	"webdraft/tensor"
 )
-
-// headLayers is the tiny target's depth: eagle3.DefaultAux(8) is layers
-// 2, 4 and 5.
-const headLayers = 8
-
-// tinyHeadConfig is a head that fits the tiny target (synth's "tiny": 64
-// wide, 256 tokens), reading eagle3.DefaultAux's layers.
-func tinyHeadConfig() eagle3.Config {
-	return eagle3.Config{
-		HiddenSize: 64, IntermediateSize: 128, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 32,
-		RMSNormEps: 1e-6, RopeTheta: 10000, MaxPositionEmbeddings: 128, VocabSize: 256, DraftVocabSize: 100,
-		TargetHiddenSize: 64,
-	}
-}
-
-// randomHead returns random f32 weights for c: matrices of small normal
-// values (std scale/√cols), norms near one, the draft vocabulary a sorted
-// random subset of the target's, and an embedding of its own with
-// ownEmbed.
-func randomHead(c eagle3.Config, seed uint64, ownEmbed bool) *eagle3.Weights {
-	rng := rand.New(rand.NewPCG(seed, 3))
-	w := &eagle3.Weights{}
-	matrix := func(rows, cols int, scale float64) *tensor.F32 {
-		m := &tensor.F32{Rows: rows, Cols: cols, Data: make([]float32, rows*cols)}
-		for i := range m.Data {
-			m.Data[i] = float32(rng.NormFloat64() * scale / math.Sqrt(float64(cols)))
-		}
-		return m
-	}
-	for _, s := range w.Slots(&c) {
-		if s.Vector != nil {
-			v := make([]float32, s.Shape[0])
-			for i := range v {
-				v[i] = float32(1 + 0.1*rng.NormFloat64())
-			}
-			*s.Vector = v
-			continue
-		}
-		*s.Matrix = matrix(s.Shape[0], s.Shape[1], 1)
-	}
-	w.LMHead = matrix(c.DraftVocabSize, c.HiddenSize, 4) // logits of a few units
-	if ownEmbed {
-		w.EmbedTokens = matrix(c.VocabSize, c.HiddenSize, 8)
-	}
-	for _, tok := range rng.Perm(c.VocabSize)[:c.DraftVocabSize] {
-		w.TargetIDs = append(w.TargetIDs, int32(tok))
-	}
-	slices.Sort(w.TargetIDs)
-	return w
-}
-
-// quantizeHead returns w with every matrix quantized to int4 (groups of
-// 32 columns).
-func quantizeHead(t *testing.T, c eagle3.Config, w *eagle3.Weights) *eagle3.Weights {
-	t.Helper()
-	q := *w
-	for _, s := range q.Slots(&c) {
-		if s.Matrix == nil {
-			continue
-		}
-		m := (*s.Matrix).(*tensor.F32)
-		qm, err := tensor.QuantizeInt4(m.Data, m.Rows, m.Cols, tensor.DefaultGroupSize)
-		if err != nil {
-			t.Fatalf("%s: %v", s.Name, err)
-		}
-		*s.Matrix = qm
-	}
-	return &q
-}
 
 // headOracle computes what a head sequence holds from scratch with
 // reference.Head: token i ≥ 1 of text is a row over the target's features
@@ -100,27 +31,7 @@ type headOracle struct {
 // targetText.
 func (o *headOracle) rows(text, targetText []int) []reference.HeadRow {
 	o.t.Helper()
-	var feats [][]float32
-	if len(targetText) > 0 {
-		feats = refFeatures(o.t, o.ref, targetText, o.head.Config().Aux(headLayers))
-	}
-	seq := o.head.NewSequence()
-	var rows []reference.HeadRow
-	for i := 1; i < len(text); i++ {
-		j := i - 1
-		hidden := []float32(nil)
-		if j < len(feats) {
-			hidden = feats[j]
-		} else {
-			hidden = rows[j-1].Hidden
-		}
-		r, err := o.head.Forward(seq, []int{text[i]}, [][]float32{hidden})
-		if err != nil {
-			o.t.Fatal(err)
-		}
-		rows = append(rows, r[0])
-	}
-	return rows
+	return enginetest.HeadRows(o.t, o.ref, o.head, text, targetText)
 }
 
 // check holds a head step's read-out — its entry, the pass's logits for
@@ -130,7 +41,7 @@ func (o *headOracle) check(what string, h *Head, en *engine.Entry, i int, text, 
 	rows := o.rows(text, targetText)
 	want := rows[len(rows)-1]
 	Vd := h.cfg.DraftVocabSize
-	if e := relErr(en.Seq.(*headSequence).out, want.Hidden); e > tol {
+	if e := enginetest.RelErr(en.Seq.(*headSequence).out, want.Hidden); e > tol {
 		o.t.Errorf("%s: the output before norm %.2g from the reference's", what, e)
 	}
 	o.compare(what, h.pass.logits[i*Vd:(i+1)*Vd], en.Next, en.Logprob, en.Top, en.TopN, want, tol)
@@ -141,14 +52,14 @@ func (o *headOracle) check(what string, h *Head, en *engine.Entry, i int, text, 
 func (o *headOracle) compare(what string, logits []float32, next int, logprob float32, top []sampling.TokenLogprob, topN int, want reference.HeadRow, tol float64) {
 	o.t.Helper()
 	Vd := len(want.Logits)
-	if e := relErr(logits, want.Logits); e > tol {
+	if e := enginetest.RelErr(logits, want.Logits); e > tol {
 		o.t.Errorf("%s: logits %.2g from the reference's", what, e)
 	}
 	best, err := reference.Argmax(want.Logits)
 	if err != nil {
 		o.t.Fatal(err)
 	}
-	lse := logSumExp(want.Logits)
+	lse := enginetest.LogSumExp(want.Logits)
 	if tok := o.head.TargetToken(best); next != tok {
 		o.t.Errorf("%s: Next %d, the reference's %d", what, next, tok)
 	}
@@ -179,15 +90,6 @@ func (o *headOracle) compare(what string, logits []float32, next int, logprob fl
 	}
 }
 
-func logSumExp(x []float32) float32 {
-	m := slices.Max(x)
-	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v - m))
-	}
-	return m + float32(math.Log(s))
-}
-
 // headRig is a tiny target with the features of eagle3.DefaultAux's layers,
 // a random head over it on the CPU and the oracle.
 type headRig struct {
@@ -200,11 +102,11 @@ type headRig struct {
 
 func newHeadRig(t *testing.T, int4 bool) *headRig {
 	t.Helper()
-	c := tinyHeadConfig()
-	target, ref, _, tw := tinyTarget(t, headLayers, eagle3.DefaultAux(headLayers))
-	w := randomHead(c, 11, false)
+	c := enginetest.TinyHeadConfig()
+	target, ref, _, tw := tinyTarget(t, enginetest.HeadLayers, eagle3.DefaultAux(enginetest.HeadLayers))
+	w := enginetest.RandomHead(c, 11, false)
 	if int4 {
-		w = quantizeHead(t, c, w)
+		w = enginetest.QuantizeHead(t, c, w)
 	}
 	h, err := NewHead(target, c, w, HeadOptions{KVBytes: 1 << 20})
 	if err != nil {
@@ -490,9 +392,9 @@ func TestHeadRefusals(t *testing.T) {
 	aux := c
 	aux.AuxLayers = []int{1, 2, 3}
 	bad("other layers", "FeatureLayers", aux, w, target)
-	plain, _, _, _ := tinyTarget(t, headLayers, nil)
+	plain, _, _, _ := tinyTarget(t, enginetest.HeadLayers, nil)
 	bad("a target without features", "FeatureLayers", c, w, plain)
-	shuffled, _, _, _ := tinyTarget(t, headLayers, []int{5, 4, 2})
+	shuffled, _, _, _ := tinyTarget(t, enginetest.HeadLayers, []int{5, 4, 2})
 	bad("the features in another order", "FeatureLayers", c, w, shuffled)
 	noFC := *w
 	noFC.FC = nil
@@ -573,9 +475,9 @@ func TestHeadRefusals(t *testing.T) {
 // TestHeadOwnEmbedding: a head with an embedding of its own embeds with it,
 // not the target's.
 func TestHeadOwnEmbedding(t *testing.T) {
-	c := tinyHeadConfig()
-	target, ref, _, tw := tinyTarget(t, headLayers, eagle3.DefaultAux(headLayers))
-	w := randomHead(c, 5, true)
+	c := enginetest.TinyHeadConfig()
+	target, ref, _, tw := tinyTarget(t, enginetest.HeadLayers, eagle3.DefaultAux(enginetest.HeadLayers))
+	w := enginetest.RandomHead(c, 5, true)
 	h, err := NewHead(target, c, w, HeadOptions{})
 	if err != nil {
 		t.Fatal(err)

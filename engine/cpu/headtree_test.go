@@ -11,6 +11,7 @@ import (
 
 	"webdraft/engine"
 	"webdraft/engine/cpu/ops"
+	"webdraft/engine/enginetest"
 	"webdraft/sampling"
 	"webdraft/treemask"
 )
@@ -379,7 +380,7 @@ func TestHeadTreeRefusals(t *testing.T) {
 	h, target := rig.head, rig.target
 	tseq, _ := target.NewSequence()
 	targetStep(t, target, tseq, 1, 2, 3)
-	plain, _, _, _ := tinyTarget(t, headLayers, nil)
+	plain, _, _, _ := tinyTarget(t, enginetest.HeadLayers, nil)
 	other, _ := plain.NewSequence()
 	targetStep(t, plain, other, 1, 2, 3)
 	sampled := sampling.Params{Temperature: 0.8}

@@ -9,6 +9,7 @@ import (
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/engine/enginetest"
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
@@ -87,40 +88,6 @@ func (e *Engine) readFeatures(seq engine.Sequence, pos int) ([]float32, error) {
 	return out, nil
 }
 
-// refFeatures is the features of every position of tokens as the reference
-// computes them, for layers in any order: each row the inputs of layers,
-// concatenated in their order.
-func refFeatures(t *testing.T, ref *reference.Model, tokens []int, layers []int) [][]float32 {
-	t.Helper()
-	asc := slices.Sorted(slices.Values(layers))
-	_, feats, err := ref.ForwardFeatures([]reference.Input{{Seq: ref.NewSequence(), Tokens: tokens}}, []int{1}, asc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	H := ref.Config().HiddenSize
-	out := make([][]float32, len(tokens))
-	for i, f := range feats[0] {
-		for _, l := range layers {
-			a := slices.Index(asc, l)
-			out[i] = append(out[i], f[a*H:(a+1)*H]...)
-		}
-	}
-	return out
-}
-
-// relErr is max|a−b| / max|b|; a NaN in a makes it +Inf.
-func relErr(a, b []float32) float64 {
-	var d, m float64
-	for i := range b {
-		if math.IsNaN(float64(a[i])) {
-			return math.Inf(1)
-		}
-		d = max(d, math.Abs(float64(a[i]-b[i])))
-		m = max(m, math.Abs(float64(b[i])))
-	}
-	return d / m
-}
-
 // featureTol is how far the device's f32 features may be from the
 // reference's: f32 math (docs/reference.md, "Tolerances"), its sums in
 // another order over a few layers.
@@ -134,7 +101,7 @@ func checkFeatures(t *testing.T, what string, e *Engine, seq engine.Sequence, re
 		t.Fatalf("%s: the sequence holds %d positions, want %d", what, seq.Len(), len(text))
 	}
 	worst := 0.0
-	for i, want := range refFeatures(t, ref, text, e.features) {
+	for i, want := range enginetest.Features(t, ref, text, e.features) {
 		got, err := e.readFeatures(seq, i)
 		if err != nil {
 			t.Fatal(err)
@@ -142,7 +109,7 @@ func checkFeatures(t *testing.T, what string, e *Engine, seq engine.Sequence, re
 		if len(got) != len(want) {
 			t.Fatalf("%s: position %d: %d floats of features, want %d", what, i, len(got), len(want))
 		}
-		if d := relErr(got, want); d > featureTol {
+		if d := enginetest.RelErr(got, want); d > featureTol {
 			t.Errorf("%s: position %d: features %.2g from the reference's", what, i, d)
 		} else {
 			worst = max(worst, d)

@@ -1,0 +1,153 @@
+package enginetest
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"webdraft/eagle3"
+	"webdraft/reference"
+	"webdraft/tensor"
+)
+
+// HeadLayers is the depth of the tiny target the engines' EAGLE-3 head
+// tests use: eagle3.DefaultAux(8) is layers 2, 4 and 5.
+const HeadLayers = 8
+
+// TinyHeadConfig is a head that fits that tiny target (synth's "tiny": 64
+// wide, 256 tokens, 128 positions), reading eagle3.DefaultAux's layers.
+func TinyHeadConfig() eagle3.Config {
+	return eagle3.Config{
+		HiddenSize: 64, IntermediateSize: 128, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 32,
+		RMSNormEps: 1e-6, RopeTheta: 10000, MaxPositionEmbeddings: 128, VocabSize: 256, DraftVocabSize: 100,
+		TargetHiddenSize: 64,
+	}
+}
+
+// RandomHead returns random f32 weights for c: matrices of small normal
+// values (std scale/√cols), norms near one, the draft vocabulary a sorted
+// random subset of the target's, and an embedding of its own with
+// ownEmbed.
+func RandomHead(c eagle3.Config, seed uint64, ownEmbed bool) *eagle3.Weights {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	w := &eagle3.Weights{}
+	matrix := func(rows, cols int, scale float64) *tensor.F32 {
+		m := &tensor.F32{Rows: rows, Cols: cols, Data: make([]float32, rows*cols)}
+		for i := range m.Data {
+			m.Data[i] = float32(rng.NormFloat64() * scale / math.Sqrt(float64(cols)))
+		}
+		return m
+	}
+	for _, s := range w.Slots(&c) {
+		if s.Vector != nil {
+			v := make([]float32, s.Shape[0])
+			for i := range v {
+				v[i] = float32(1 + 0.1*rng.NormFloat64())
+			}
+			*s.Vector = v
+			continue
+		}
+		*s.Matrix = matrix(s.Shape[0], s.Shape[1], 1)
+	}
+	w.LMHead = matrix(c.DraftVocabSize, c.HiddenSize, 4) // logits of a few units
+	if ownEmbed {
+		w.EmbedTokens = matrix(c.VocabSize, c.HiddenSize, 8)
+	}
+	for _, tok := range rng.Perm(c.VocabSize)[:c.DraftVocabSize] {
+		w.TargetIDs = append(w.TargetIDs, int32(tok))
+	}
+	slices.Sort(w.TargetIDs)
+	return w
+}
+
+// QuantizeHead returns w with every matrix quantized to int4 (groups of
+// 32 columns).
+func QuantizeHead(t *testing.T, c eagle3.Config, w *eagle3.Weights) *eagle3.Weights {
+	t.Helper()
+	q := *w
+	for _, s := range q.Slots(&c) {
+		if s.Matrix == nil {
+			continue
+		}
+		m := (*s.Matrix).(*tensor.F32)
+		qm, err := tensor.QuantizeInt4(m.Data, m.Rows, m.Cols, tensor.DefaultGroupSize)
+		if err != nil {
+			t.Fatalf("%s: %v", s.Name, err)
+		}
+		*s.Matrix = qm
+	}
+	return &q
+}
+
+// HeadRows computes from scratch, with reference.Head, the rows of a head
+// sequence of text whose target holds targetText: token i ≥ 1 of text is
+// a row over the target's features at position i−1 where the target holds
+// it, else over the row before's output.
+func HeadRows(t *testing.T, ref *reference.Model, head *reference.Head, text, targetText []int) []reference.HeadRow {
+	t.Helper()
+	var feats [][]float32
+	if len(targetText) > 0 {
+		feats = Features(t, ref, targetText, head.Config().Aux(ref.Config().NumHiddenLayers))
+	}
+	seq := head.NewSequence()
+	var rows []reference.HeadRow
+	for i := 1; i < len(text); i++ {
+		j := i - 1
+		var hidden []float32
+		if j < len(feats) {
+			hidden = feats[j]
+		} else {
+			hidden = rows[j-1].Hidden
+		}
+		r, err := head.Forward(seq, []int{text[i]}, [][]float32{hidden})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, r[0])
+	}
+	return rows
+}
+
+// Features is the reference's features over tokens for the given layers,
+// in their order: per position, the residual stream entering each.
+func Features(t *testing.T, ref *reference.Model, tokens []int, layers []int) [][]float32 {
+	t.Helper()
+	asc := slices.Sorted(slices.Values(layers))
+	_, feats, err := ref.ForwardFeatures([]reference.Input{{Seq: ref.NewSequence(), Tokens: tokens}}, []int{1}, asc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	H := ref.Config().HiddenSize
+	out := make([][]float32, len(tokens))
+	for i, f := range feats[0] {
+		for _, l := range layers {
+			a := slices.Index(asc, l)
+			out[i] = append(out[i], f[a*H:(a+1)*H]...)
+		}
+	}
+	return out
+}
+
+// RelErr is max|a−b| / max|b|; a NaN in a makes it +Inf.
+func RelErr(a, b []float32) float64 {
+	var d, m float64
+	for i := range b {
+		if math.IsNaN(float64(a[i])) {
+			return math.Inf(1)
+		}
+		d = max(d, math.Abs(float64(a[i]-b[i])))
+		m = max(m, math.Abs(float64(b[i])))
+	}
+	return d / m
+}
+
+// LogSumExp is log Σ exp(x).
+func LogSumExp(x []float32) float32 {
+	m := slices.Max(x)
+	var s float64
+	for _, v := range x {
+		s += math.Exp(float64(v - m))
+	}
+	return m + float32(math.Log(s))
+}

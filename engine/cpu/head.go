@@ -747,28 +747,8 @@ func (p *headPass) run(w int) {
 	lo, hi = splitRows(pool, H, w)
 	h.o.MulRows(p.x, H, p.attnIn, lo, hi, true, ws.mm)
 	pool.Barrier()
-	// residual = hidden; hidden = residual + down(SiLU(gate(h))·up(h)),
-	// h = post_attention_layernorm(hidden): the output before norm
-	lo, hi = pool.Split(R, w)
-	for r := lo; r < hi; r++ {
-		ops.RMSNorm(ws.row[:H], p.x[r*H:(r+1)*H], h.postNorm, eps)
-		p.normed.Set(r, ws.row[:H])
-	}
-	pool.Barrier()
-	lo, hi = splitRows(pool, I, w)
-	h.gate.MulRows(p.gate, I, p.normed, lo, hi, false, ws.mm)
-	h.up.MulRows(p.up, I, p.normed, lo, hi, false, ws.mm)
-	for r := range R {
-		ops.SiLUMul(p.gate[r*I+lo:r*I+hi], p.up[r*I+lo:r*I+hi])
-	}
-	pool.Barrier()
-	lo, hi = pool.Split(R, w)
-	for r := lo; r < hi; r++ {
-		p.mlp.Set(r, p.gate[r*I:(r+1)*I])
-	}
-	pool.Barrier()
-	lo, hi = splitRows(pool, H, w)
-	h.down.MulRows(p.x, H, p.mlp, lo, hi, true, ws.mm)
+	// the MLP block: x becomes the output before norm
+	mlpBlock(pool, w, ws, mlpBuffers{p.x, p.normed, p.gate, p.up, p.mlp}, R, H, I, h.postNorm, eps, h.gate, h.up, h.down)
 }
 
 // readOut scores the draft vocabulary at each row read out — logits =

@@ -293,30 +293,7 @@ func (p *pass) run(w int) {
 		lo, hi = splitRows(pool, H, w)
 		L.o.MulRows(p.x, H, p.attnIn, lo, hi, true, ws.mm)
 		pool.Barrier()
-		// residual = hidden; h = post_attention_layernorm(hidden)
-		lo, hi = pool.Split(R, w)
-		for r := lo; r < hi; r++ {
-			ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], L.postNorm, eps)
-			p.normed.Set(r, ws.row)
-		}
-		pool.Barrier()
-		// m = SiLU(gate_proj(h))·up_proj(h): this worker's columns of m,
-		// in place of gate.
-		lo, hi = splitRows(pool, I, w)
-		L.gate.MulRows(p.gate, I, p.normed, lo, hi, false, ws.mm)
-		L.up.MulRows(p.up, I, p.normed, lo, hi, false, ws.mm)
-		for r := range R {
-			ops.SiLUMul(p.gate[r*I+lo:r*I+hi], p.up[r*I+lo:r*I+hi])
-		}
-		pool.Barrier()
-		lo, hi = pool.Split(R, w)
-		for r := lo; r < hi; r++ {
-			p.mlp.Set(r, p.gate[r*I:(r+1)*I])
-		}
-		pool.Barrier()
-		// hidden = residual + down_proj(m)
-		lo, hi = splitRows(pool, H, w)
-		L.down.MulRows(p.x, H, p.mlp, lo, hi, true, ws.mm)
+		mlpBlock(pool, w, ws, mlpBuffers{p.x, p.normed, p.gate, p.up, p.mlp}, R, H, I, L.postNorm, eps, L.gate, L.up, L.down)
 		pool.Barrier()
 	}
 
@@ -429,6 +406,46 @@ func reduceRow(parts []partial, sums []float32, workers, n, k int) (best float32
 		return 0, 0, 0, errNoLogit
 	}
 	return best, at, best + float32(math.Log(float64(sum))), nil
+}
+
+// mlpBuffers are a pass's buffers for the MLP block: x (R, H), the
+// residual stream, to which the block adds; normed (R, H); gate and up
+// (R, I); mlp (R, I), down_proj's input.
+type mlpBuffers struct {
+	x        []float32
+	normed   *ops.Input
+	gate, up []float32
+	mlp      *ops.Input
+}
+
+// mlpBlock is worker w's part of a decoder layer's MLP block over R rows
+// (the Qwen3 layer's and the EAGLE-3 head's): residual = x;
+// x = residual + down_proj(SiLU(gate_proj(h))·up_proj(h)), h =
+// post_attention_layernorm(x). It meets the other workers at barriers
+// between its phases, not after the last.
+func mlpBlock(pool *parallel.Pool, w int, ws *scratch, b mlpBuffers, R, H, I int, postNorm []float32, eps float64, gate, up, down *ops.Linear) {
+	lo, hi := pool.Split(R, w)
+	for r := lo; r < hi; r++ {
+		ops.RMSNorm(ws.row[:H], b.x[r*H:(r+1)*H], postNorm, eps)
+		b.normed.Set(r, ws.row[:H])
+	}
+	pool.Barrier()
+	// m = SiLU(gate_proj(h))·up_proj(h): this worker's columns of m, in
+	// place of gate.
+	lo, hi = splitRows(pool, I, w)
+	gate.MulRows(b.gate, I, b.normed, lo, hi, false, ws.mm)
+	up.MulRows(b.up, I, b.normed, lo, hi, false, ws.mm)
+	for r := range R {
+		ops.SiLUMul(b.gate[r*I+lo:r*I+hi], b.up[r*I+lo:r*I+hi])
+	}
+	pool.Barrier()
+	lo, hi = pool.Split(R, w)
+	for r := lo; r < hi; r++ {
+		b.mlp.Set(r, b.gate[r*I:(r+1)*I])
+	}
+	pool.Barrier()
+	lo, hi = splitRows(pool, H, w)
+	down.MulRows(b.x, H, b.mlp, lo, hi, true, ws.mm)
 }
 
 // readOut turns the workers' partial reductions into each entry's rows:

@@ -796,32 +796,5 @@ func (p *headPass) score(w int) {
 	pool.Barrier()
 	lo, hi = splitRows(pool, Vd, w)
 	h.lmHead.MulRows(p.logits, Vd, p.headIn, lo, hi, false, ws.mm)
-	mine := p.parts[w*n : (w+1)*n]
-	for i := range mine {
-		row := p.logits[i*Vd+lo : i*Vd+hi]
-		if len(row) == 0 {
-			mine[i] = partial{none: true}
-			continue
-		}
-		m, at, nan := ops.Max(row)
-		mine[i] = partial{max: m, at: lo + at, nan: nan}
-	}
-	pool.Barrier()
-	sums := p.sums[w*n : (w+1)*n]
-	for i := range mine {
-		sums[i] = 0
-		if mine[i].none || mine[i].nan {
-			continue
-		}
-		m := float32(math.Inf(-1))
-		for v := range p.workers {
-			if q := p.parts[v*n+i]; !q.none {
-				m = max(m, q.max)
-			}
-		}
-		if math.IsInf(float64(m), -1) {
-			continue // an all −∞ row: the read-out refuses it
-		}
-		sums[i] = ops.ExpSumFrom(p.logits[i*Vd+lo:i*Vd+hi], m)
-	}
+	reduceChunk(pool, w, n, Vd, lo, hi, p.logits, p.parts, p.sums)
 }

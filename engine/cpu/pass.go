@@ -311,9 +311,18 @@ func (p *pass) run(w int) {
 	pool.Barrier()
 	// Each row's largest logit and Σ exp(logit − max), over every worker's
 	// chunk of the head's rows: the argmax and the log-sum-exp.
-	mine := p.partials[w*n : (w+1)*n]
+	reduceChunk(pool, w, n, p.headRows, lo, hi, p.logits, p.partials, p.sums)
+}
+
+// reduceChunk is worker w's part of a read-out's reductions, over its
+// chunk [lo, hi) of the width-wide logits of n rows: each row's largest
+// logit and where (parts), then, the workers met, Σ exp(logit − the row's
+// max over every chunk) (sums). An all −∞ row is left for the read-out
+// to refuse.
+func reduceChunk(pool *parallel.Pool, w, n, width, lo, hi int, logits []float32, parts []partial, sums []float32) {
+	mine := parts[w*n : (w+1)*n]
 	for i := range mine {
-		row := p.logits[i*p.headRows+lo : i*p.headRows+hi]
+		row := logits[i*width+lo : i*width+hi]
 		if len(row) == 0 {
 			mine[i] = partial{none: true}
 			continue
@@ -322,31 +331,34 @@ func (p *pass) run(w int) {
 		mine[i] = partial{max: m, at: lo + at, nan: nan}
 	}
 	pool.Barrier()
-	sums := p.sums[w*n : (w+1)*n]
+	own := sums[w*n : (w+1)*n]
 	for i := range mine {
-		sums[i] = 0
+		own[i] = 0
 		if mine[i].none || mine[i].nan {
 			continue
 		}
-		m := p.rowMax(i)
+		m := rowMax(parts, pool.Workers(), n, i)
 		if math.IsInf(float64(m), -1) {
-			continue // an all −∞ row: the read-out refuses it
+			continue
 		}
-		sums[i] = ops.ExpSumFrom(p.logits[i*p.headRows+lo:i*p.headRows+hi], m)
+		own[i] = ops.ExpSumFrom(logits[i*width+lo:i*width+hi], m)
 	}
 }
 
-// rowMax is read row i's largest logit over every worker's chunk.
-func (p *pass) rowMax(i int) float32 {
-	n := len(p.read)
+// rowMax is row i's largest logit over every worker's chunk (parts of n
+// rows a worker).
+func rowMax(parts []partial, workers, n, i int) float32 {
 	m := float32(math.Inf(-1))
-	for w := range p.workers {
-		if q := p.partials[w*n+i]; !q.none {
+	for w := range workers {
+		if q := parts[w*n+i]; !q.none {
 			m = max(m, q.max)
 		}
 	}
 	return m
 }
+
+// rowMax is read row i's largest logit over every worker's chunk.
+func (p *pass) rowMax(i int) float32 { return rowMax(p.partials, len(p.workers), len(p.read), i) }
 
 // attend computes row r's attention output for query head h over the
 // slots of its sequence it reads: those up to its own that its mask keeps

@@ -164,8 +164,10 @@ func testKVMove(t *testing.T, d *gpu.Device, r *rand.Rand, half bool, D int) {
 		if err := c.RecordMoves(b); err != nil {
 			return err
 		}
-		if b.Len() != c.Layers+features {
-			t.Errorf("%d dispatches recorded, want one a layer and one a feature buffer (%d)", b.Len(), c.Layers+features)
+		// One dispatch a layer and one a feature buffer, or none where the
+		// sequences left nothing to move.
+		if n := b.Len(); n != 0 && n != c.Layers+features {
+			t.Errorf("%d dispatches recorded, want one a layer and one a feature buffer (%d), or none", n, c.Layers+features)
 		}
 		return nil
 	})

@@ -11,6 +11,7 @@ import (
 
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
+	"webdraft/internal/synth"
 	"webdraft/qwen3"
 	"webdraft/tensor"
 	"webdraft/treemask"
@@ -203,8 +204,16 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			}
 			if T <= matVecMaxT {
 				for _, l := range benchMatVecLayouts {
-					if p, ok := matVecAt(l, w, T, limits); ok {
-						add(kernelMatVec, func(c *matMulChoice) { c.matVec = p })
+					// Each layout staging the whole row where it fits, and
+					// in chunks of at most 1,024 and 2,048 columns.
+					for _, kc := range []int{0, 1024, 2048} {
+						l.maxKC = kc
+						if kc > 0 && kc >= s.K {
+							continue
+						}
+						if p, ok := matVecAt(l, w, T, limits); ok {
+							add(kernelMatVec, func(c *matMulChoice) { c.matVec = p })
+						}
 					}
 				}
 			}
@@ -263,14 +272,20 @@ func benchMatrix(b *testing.B, d *gpu.Device, r *rand.Rand, name string, n, k in
 }
 
 // benchModel is the model whose shapes the benchmarks take: -benchshape
-// qwen3-1.7b (the default) or embedded (the shipped pair, weights/target
-// and weights/drafter: what the page runs in the browser).
+// names a published Qwen3 size (qwen3-0.6b, qwen3-1.7b, the default,
+// qwen3-4b, qwen3-8b: internal/synth's shapes) or embedded (the shipped
+// pair, weights/target and weights/drafter: what the page runs in the
+// browser).
 func benchModel(b *testing.B) benchShape {
-	s, ok := benchShapes[*benchShapeName]
-	if !ok {
-		b.Fatalf("-benchshape %q: want qwen3-1.7b or embedded", *benchShapeName)
+	if s, ok := benchShapes[*benchShapeName]; ok {
+		return s
 	}
-	return s
+	if c, ok := synth.Shapes[*benchShapeName]; ok && c.HeadDim == 128 {
+		return benchShape{hidden: c.HiddenSize, intermediate: c.IntermediateSize, heads: c.NumAttentionHeads,
+			kvHeads: c.NumKeyValueHeads, headDim: c.HeadDim, vocab: c.VocabSize, context: 1024}
+	}
+	b.Fatalf("-benchshape %q: want qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b or embedded", *benchShapeName)
+	return benchShape{}
 }
 
 // benchShape is a Qwen3 model's shapes, as the benchmarks need them.
@@ -280,14 +295,14 @@ type benchShape struct {
 	context                                              int // decode attention's position
 }
 
+// benchShapes are the shapes that are not a published size's.
 var benchShapes = map[string]benchShape{
-	"qwen3-1.7b": {hidden: 2048, intermediate: 6144, heads: 16, kvHeads: 8, headDim: 128, vocab: 151936, context: 1024},
 	// The page's contexts are a prompt and a few dozen tokens.
 	"embedded": {hidden: 256, intermediate: 1024, heads: 4, kvHeads: 2, headDim: 64, vocab: 151936, headRows: 32768, context: 256},
 }
 
 var (
-	benchShapeName = flag.String("benchshape", "qwen3-1.7b", "the benchmarks' model shapes: qwen3-1.7b or embedded (the shipped pair)")
+	benchShapeName = flag.String("benchshape", "qwen3-1.7b", "the benchmarks' model shapes: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b or embedded (the shipped pair)")
 	benchRows      = flag.String("benchts", "", "the activation rows the benchmarks time, comma-separated (default: each benchmark's own)")
 )
 
@@ -313,6 +328,8 @@ var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}
 var benchSkinnyLayouts = []skinnyLayout{
 	{4, 2, 64}, {4, 2, 128}, {8, 2, 128}, {8, 4, 64}, {16, 2, 64}, {16, 2, 128}, {16, 4, 64},
 	{32, 1, 128}, {32, 2, 64}, {32, 2, 128}, {32, 4, 64}, {32, 2, 256},
+	// Row counts between the powers of two: a verification's k + 1 rows.
+	{12, 2, 96}, {12, 2, 192}, {20, 2, 160}, {20, 2, 240}, {24, 2, 192}, {24, 2, 240},
 }
 
 // benchSkinnyPrefillLayouts are the skinny_int4.wgsl layouts
@@ -327,8 +344,9 @@ var benchSkinnyPrefillLayouts = []skinnyLayout{
 // benchMatVecLayouts are the matrix-vector layouts BenchmarkMatMulKernels
 // tries besides pickMatVecLayout's.
 var benchMatVecLayouts = []matVecLayout{
-	{16, 1, 256}, {16, 2, 128}, {16, 4, 64}, {16, 4, 128}, {16, 4, 256}, {16, 8, 128},
-	{32, 4, 128}, {32, 2, 64}, {64, 4, 128}, {64, 2, 64},
+	{lanes: 16, rt: 1, wg: 256}, {lanes: 16, rt: 2, wg: 128}, {lanes: 16, rt: 4, wg: 64},
+	{lanes: 16, rt: 4, wg: 128}, {lanes: 16, rt: 4, wg: 256}, {lanes: 16, rt: 8, wg: 128},
+	{lanes: 32, rt: 4, wg: 128}, {lanes: 32, rt: 2, wg: 64}, {lanes: 64, rt: 4, wg: 128}, {lanes: 64, rt: 2, wg: 64},
 }
 
 // benchMatMuls runs the benchmark's loop over pairs of batches, one of reps

@@ -88,14 +88,16 @@ func TestPlanMatVec(t *testing.T) {
 		ok      bool
 		kc, shm uint32
 	}{
-		{matVecLayout{16, 4, 256}, 1, 2048, 48 << 10, true, 2048, 1296}, // one chunk, partials and sums of squares the larger
-		{matVecLayout{16, 4, 64}, 4, 2048, 48 << 10, true, 2048, 2048},  // four rows staged
-		{matVecLayout{16, 4, 64}, 3, 6144, 48 << 10, true, 2048, 2048},  // registers: three chunks
-		{matVecLayout{64, 4, 128}, 1, 6144, 48 << 10, true, 6144, 1536}, // one chunk of 64 lanes
-		{matVecLayout{16, 4, 64}, 4, 2048, 16 << 10, true, 1024, 1024},  // memory: two chunks
-		{matVecLayout{16, 2, 64}, 1, 100, 48 << 10, true, 512, 196},     // a short row: one vec4 a lane
-		{matVecLayout{16, 4, 256}, 4, 2048, 16 << 10, false, 0, 0},      // partials alone exceed 16 KiB
-		{matVecLayout{16, 32, 256}, 1, 2048, 48 << 10, false, 0, 0},     // more rows a thread than lanes
+		{matVecLayout{lanes: 16, rt: 4, wg: 256}, 1, 2048, 48 << 10, true, 2048, 1296},             // one chunk, partials and sums of squares the larger
+		{matVecLayout{lanes: 16, rt: 4, wg: 64}, 4, 2048, 48 << 10, true, 2048, 2048},              // four rows staged
+		{matVecLayout{lanes: 16, rt: 4, wg: 64}, 3, 6144, 48 << 10, true, 2048, 2048},              // registers: three chunks
+		{matVecLayout{lanes: 64, rt: 4, wg: 128}, 1, 6144, 48 << 10, true, 6144, 1536},             // one chunk of 64 lanes
+		{matVecLayout{lanes: 16, rt: 4, wg: 64}, 4, 2048, 16 << 10, true, 1024, 1024},              // memory: two chunks
+		{matVecLayout{lanes: 16, rt: 2, wg: 64}, 1, 100, 48 << 10, true, 512, 196},                 // a short row: one vec4 a lane
+		{matVecLayout{lanes: 16, rt: 4, wg: 256}, 4, 2048, 16 << 10, false, 0, 0},                  // partials alone exceed 16 KiB
+		{matVecLayout{lanes: 16, rt: 32, wg: 256}, 1, 2048, 48 << 10, false, 0, 0},                 // more rows a thread than lanes
+		{matVecLayout{lanes: 16, rt: 2, wg: 128, maxKC: 2048}, 1, 4096, 48 << 10, true, 2048, 512}, // capped: two chunks
+		{matVecLayout{lanes: 32, rt: 2, wg: 128, maxKC: 100}, 1, 4096, 48 << 10, true, 1024, 392},  // a cap below one vec4 a lane: one
 	} {
 		p, ok := planMatVec(c.l, c.T, c.K, c.limit)
 		if ok != c.ok || ok && (p.kc != c.kc || p.shm != c.shm) {
@@ -116,13 +118,13 @@ func TestPlanMatVec(t *testing.T) {
 		n, k, T int
 		want    matVecLayout
 	}{
-		{2048, 2048, 1, matVecLayout{64, 4, 128}},   // o_proj
-		{4096, 2048, 2, matVecLayout{64, 4, 128}},   // q|k|v
-		{4096, 2048, 4, matVecLayout{32, 4, 128}},   // q|k|v
-		{12288, 2048, 1, matVecLayout{16, 2, 128}},  // gate|up
-		{151936, 2048, 4, matVecLayout{16, 8, 128}}, // the head
-		{2048, 6144, 1, matVecLayout{32, 4, 128}},   // down_proj
-		{2048, 6144, 3, matVecLayout{16, 1, 256}},   // down_proj
+		{2048, 2048, 1, matVecLayout{lanes: 64, rt: 4, wg: 128}},   // o_proj
+		{4096, 2048, 2, matVecLayout{lanes: 64, rt: 4, wg: 128}},   // q|k|v
+		{4096, 2048, 4, matVecLayout{lanes: 32, rt: 4, wg: 128}},   // q|k|v
+		{12288, 2048, 1, matVecLayout{lanes: 16, rt: 2, wg: 128}},  // gate|up
+		{151936, 2048, 4, matVecLayout{lanes: 16, rt: 8, wg: 128}}, // the head
+		{2048, 6144, 1, matVecLayout{lanes: 32, rt: 4, wg: 128}},   // down_proj
+		{2048, 6144, 3, matVecLayout{lanes: 16, rt: 1, wg: 256}},   // down_proj
 	} {
 		if got := pickMatVecLayout(c.n, c.k, c.T); got != c.want {
 			t.Errorf("pickMatVecLayout(%d, %d, %d) = %v, want %v", c.n, c.k, c.T, got, c.want)
@@ -195,7 +197,7 @@ func TestMatMulEachKernel(t *testing.T) {
 func TestSkinnyLayouts(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, l := range []skinnyLayout{{4, 1, 64}, {8, 4, 64}, {16, 1, 128}, {32, 4, 64}, {32, 2, 128}, {64, 2, 128}, {64, 1, 64}} {
+	for _, l := range []skinnyLayout{{4, 1, 64}, {8, 4, 64}, {12, 2, 192}, {16, 1, 128}, {20, 2, 160}, {24, 2, 240}, {32, 4, 64}, {32, 2, 128}, {64, 2, 128}, {64, 1, 64}} {
 		for _, groups := range []int{1, 64} {
 			T := 1 + r.IntN(2*l.tt)
 			s := matMulShape{T: T, N: 16 + r.IntN(300), K: 32 * (1 + r.IntN(40)), G: 32}
@@ -222,7 +224,7 @@ func TestPickMatMul(t *testing.T) {
 		want   matMulKernel
 	}{
 		{int4, 1, large, kernelMatVec}, {int4, 2, large, kernelMatVecBatch}, {int4, 4, large, kernelMatVecBatch},
-		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelRowTile}, // down_proj, one row
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelMatVecBatch}, // down_proj, one row of 4,096 inputs or more
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelSkinny},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},

@@ -27,10 +27,16 @@ const (
 
 // matVecLayout is matvec_int4.wgsl's tiling (see its header): lanes
 // threads along K share rt neighbouring weight rows, wg threads a
-// workgroup.
-type matVecLayout struct{ lanes, rt, wg int }
+// workgroup; the input is staged at most maxKC columns at a time (0: the
+// whole row where it fits).
+type matVecLayout struct{ lanes, rt, wg, maxKC int }
 
-func (l matVecLayout) String() string { return fmt.Sprintf("matvec-%dx%d/%d", l.lanes, l.rt, l.wg) }
+func (l matVecLayout) String() string {
+	if l.maxKC > 0 {
+		return fmt.Sprintf("matvec-%dx%d/%d/kc=%d", l.lanes, l.rt, l.wg, l.maxKC)
+	}
+	return fmt.Sprintf("matvec-%dx%d/%d", l.lanes, l.rt, l.wg)
+}
 
 // rows is the weight rows a workgroup computes.
 func (l matVecLayout) rows() int { return l.wg / l.lanes * l.rt }
@@ -49,6 +55,7 @@ func (l matVecLayout) valid() bool {
 // or, from two rows on, one row a thread; the rest 64 lanes of 4 rows. The
 // differences are small at one row — every layout's dependent time there is
 // mostly latency — and up to 3× at four.
+
 func pickMatVecLayout(n, k, T int) matVecLayout {
 	switch {
 	case n >= 8192 && T == 1:
@@ -104,6 +111,9 @@ func planMatVec(l matVecLayout, T, k int, limit uint32) (matVecPlan, bool) {
 	shm := func(kc int) int { return max(int(p.tt)*kc/4, l.rt*l.wg+l.wg+l.wg/16) }
 	memory := func(kc int) uint32 { return uint32(16 * shm(kc)) }
 	kc := int(alignUp(uint64(k), uint64(step)))
+	if l.maxKC > 0 {
+		kc = max(step, min(kc, l.maxKC/step*step))
+	}
 	for kc > step && (kc/step*l.rt > matVecMaxWeights || memory(kc) > limit) {
 		kc -= step
 	}

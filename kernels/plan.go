@@ -13,12 +13,12 @@ import (
 // choice, not a limit of a kernel (those stay with the kernel's Go file).
 type plan struct {
 	// The int4 matmul kernel by activation rows T: the matrix-vector
-	// kernels up to matVecMaxT rows (but the row-tile kernel for one row of
-	// more than rowTileMinK inputs); skinny_int4.wgsl up to skinnyMaxT rows
+	// kernels up to matVecMaxT rows (matvec_batch_int4.wgsl also for one
+	// row of matVecBatchMinK inputs or more); skinny_int4.wgsl up to skinnyMaxT rows
 	// and for prompt chunks of skinnyMinPrefillT rows or more; the GEMM in
 	// between, at 4 × 4 outputs a thread from gemm4MinT rows, else at 2 × 8
 	// or 2 × 4 from gemmMinT rows.
-	rowTileMinK int
+	matVecBatchMinK int
 	// matVec, where set, is matvec_int4.wgsl's layout at every shape
 	// (else pickMatVecLayout's, the H200's by shape).
 	matVec            matVecLayout
@@ -41,8 +41,14 @@ type plan struct {
 // `go test ./kernels -bench 'MatMulKernels|AttentionDecode|DecodeLayer'`
 // and the engine's decode steps (`webdraft bench engine`), at Qwen3-1.7B's
 // shapes:
-//   - one row of down_proj (6,144 inputs) is faster on the row-tile
-//     kernel's 64 threads a weight row than on every matrix-vector layout;
+//   - one row of 4,096 inputs or more (down_proj from Qwen3-1.7B on, every
+//     projection and the head of Qwen3-8B) takes matvec_batch_int4.wgsl:
+//     at Qwen3-8B's shapes (`-benchshape qwen3-8b -benchts 1 -cold`) 14–210
+//     µs a projection against 17–214 on the row-tile kernel and 17–311 on
+//     matvec_int4.wgsl staging whole rows, and a chained decode step of
+//     Qwen3-8B 4.71 ms against 6.86 before (one run). matvec_int4.wgsl
+//     staging 1,024 or 2,048 columns at a time was faster alone (12–181 µs)
+//     but slower in the step (4.96 ms, the next run);
 //   - 5–40 rows are fastest on skinny_int4.wgsl, well ahead of the 8-row
 //     tile and of the GEMM;
 //   - at 64 rows the kernel benchmark favours skinny_int4.wgsl too, but a
@@ -57,7 +63,7 @@ type plan struct {
 //     workgroup, eight values a load; the last split merges from two rows
 //     on (at one row the merge dispatch is faster).
 var measuredH200 = plan{
-	rowTileMinK:       4096,
+	matVecBatchMinK:   4096,
 	skinnyMaxT:        40,
 	skinnyMinPrefillT: 128,
 	gemmMinT:          17,
@@ -93,8 +99,8 @@ var measuredH200 = plan{
 //     64 threads, eight values a load: at five rows 11–18 ms against
 //     29–38 ms at the H200's 1,024 workgroups; 128 and 256 threads slower.
 var measuredSwiftShader = plan{
-	rowTileMinK:       1 << 30,
 	matVec:            matVecLayout{lanes: 16, rt: 4, wg: 64},
+	matVecBatchMinK:   1 << 30,
 	skinnyMaxT:        1 << 30,
 	skinnyMinPrefillT: 1,
 	gemmMinT:          1 << 30,
@@ -199,9 +205,8 @@ func (c matMulChoice) String() string {
 }
 
 // pick returns how T rows of w run on a device with limits l: the
-// matrix-vector kernels for 1–4 rows (matvec_int4.wgsl for one, but the
-// row-tile kernel for one row of long inputs; matvec_batch_int4.wgsl for
-// 2–4), skinny_int4.wgsl and the GEMMs by the plan's row counts, and the
+// matrix-vector kernels for 1–4 rows (matvec_int4.wgsl for one, but
+// matvec_batch_int4.wgsl for one row of long inputs, and for 2–4), skinny_int4.wgsl and the GEMMs by the plan's row counts, and the
 // row-tile kernel for whatever the int4 kernels do not take.
 func (p *plan) pick(w *Matrix, T int, l gpu.Limits) matMulChoice {
 	c, _ := p.choose(p.kernelFor(w, T, l), w, T, l)
@@ -211,8 +216,8 @@ func (p *plan) pick(w *Matrix, T int, l gpu.Limits) matMulChoice {
 // kernelFor is pick's kernel.
 func (p *plan) kernelFor(w *Matrix, T int, l gpu.Limits) matMulKernel {
 	switch {
-	case T == 1 && w.K > p.rowTileMinK:
-		return kernelRowTile
+	case T == 1 && w.K >= p.matVecBatchMinK && kernelMatVecBatch.fits(w, T, l):
+		return kernelMatVecBatch
 	case T == 1 && kernelMatVec.fits(w, T, l):
 		return kernelMatVec
 	case T <= matVecMaxT && kernelMatVecBatch.fits(w, T, l):

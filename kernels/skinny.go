@@ -52,6 +52,11 @@ func (l skinnyLayout) chunk(limit uint32) int {
 // more for tall matrices (gate|up, the head) — and 256 for prompt chunks of
 // 256 rows and more, which have tiles enough for any matrix (64 rows a
 // workgroup or four weight rows a thread were slower at every projection).
+// A verification's k + 1 rows between the powers of two take tiles of 12
+// (9–12 rows, 96 threads) and 20 (17–20, 240 threads; the head keeps 16),
+// which pad less: at Qwen3-8B's shapes (-benchshape qwen3-8b -benchts 9,17
+// -cold) 9 rows took 32–574 µs a projection against 37–751 at 16 rows a
+// tile, 17 rows 44–164 against 50–282 at 32.
 func pickSkinnyLayout(n, T int) skinnyLayout {
 	tall := n >= 8192
 	wg := 64
@@ -63,8 +68,12 @@ func pickSkinnyLayout(n, T int) skinnyLayout {
 		return skinnyLayout{tt: 32, rt: 2, wg: 256}
 	case T <= 8:
 		return skinnyLayout{tt: 8, rt: 2, wg: wg}
+	case T <= 12:
+		return skinnyLayout{tt: 12, rt: 2, wg: 96}
 	case T <= 16 || n >= 65536:
 		return skinnyLayout{tt: 16, rt: 2, wg: wg}
+	case T <= 20:
+		return skinnyLayout{tt: 20, rt: 2, wg: 240}
 	case tall:
 		return skinnyLayout{tt: 32, rt: 2, wg: 256}
 	}

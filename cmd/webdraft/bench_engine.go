@@ -32,7 +32,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size and the prefill kernel by kernel on the GPU (timestamp queries)")
 	svg := fs.String("svg", "", "also plot milliseconds per decode step against batch size, as SVG, to this file")
 	backendFlag := fs.String("backend", "webgpu", "webgpu, or an engine on the CPU: cpu (the fast CPU engine) or reference (the plain-Go oracle)")
-	rowsFlag := fs.String("rows", "1,5,7,9,17", "with cpu or reference: the verification passes to time, in rows (a verification of k drafted tokens reads k+1)")
+	rowsFlag := fs.String("rows", "1,5,7,9,17", "the verification passes to time, in rows (a verification of k drafted tokens reads k+1)")
 	baseline := fs.String("baseline", "reference", "with --backend cpu: the engine measured beside it in the same run, for the ratios: reference, or none")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -85,10 +85,10 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		}
 		w = synth.Int4Weights(cfg, 1, 0.02)
 	}
-	if need := *context + *steps + 4; need > cfg.MaxPositionEmbeddings || *prefill > cfg.MaxPositionEmbeddings {
+	if need := *context + max(*steps, slices.Max(rows)) + 4; need > cfg.MaxPositionEmbeddings || *prefill > cfg.MaxPositionEmbeddings {
 		return usagef("--context %d / --prefill %d exceed the model's %d positions", *context, *prefill, cfg.MaxPositionEmbeddings)
 	}
-	kvPositions := maxBatch*(*context+*steps+8) + 2**prefill
+	kvPositions := maxBatch*(*context+max(*steps, slices.Max(rows))+8) + 2**prefill
 	kvBytes := int64(kvPositions+(maxBatch+8)*16) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
 	if backend != "webgpu" {
 		return benchCPU(ctx, e, cpuBench{
@@ -96,7 +96,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			kvBytes: kvBytes, batches: batches, rows: rows, context: *context, steps: *steps, prefill: *prefill,
 		}, args)
 	}
-	eng, err := webgpu.Open(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: maxBatch + 8, MaxRows: max(*prefill, maxBatch)})
+	eng, err := webgpu.Open(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: maxBatch + 8, MaxRows: max(*prefill, maxBatch, slices.Max(rows))})
 	if err != nil {
 		return fmt.Errorf("webgpu: %w", err)
 	}
@@ -141,7 +141,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		Subtitle: dev.Info().String(),
 		XLabel:   "sequences decoded together (batch)", YLabel: "ms per decode step",
 	}
-	var chainedOne time.Duration // the chained batch-1 step, for the floor's row
+	var chainedOne, singleOne time.Duration // the batch-1 steps, for the floor's and the verifications' rows
 	for _, b := range batches {
 		step, err := bench.Decode(ctx, eng, b, *context, *steps)
 		if err != nil {
@@ -161,11 +161,27 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(chained), float64(b)/chained.Seconds()),
 			fmt.Sprintf("%.3f ms", ms64(floor)), pct(floor.Seconds()/chained.Seconds()))
 		if b == 1 {
-			chainedOne = chained
+			chainedOne, singleOne = chained, step
 		}
 		plot.Labels = append(plot.Labels, strconv.Itoa(b))
 		plot.Values = append(plot.Values, ms64(step))
 		plot.Notes = append(plot.Notes, fmt.Sprintf("%.0f tok/s", float64(b)/step.Seconds()))
+	}
+	// Verifications of one sequence: what a target pays to check k drafted
+	// tokens, against the single step it would take without them.
+	if singleOne == 0 {
+		if singleOne, err = bench.Decode(ctx, eng, 1, *context, *steps); err != nil {
+			return fmt.Errorf("decode batch 1: %w", err)
+		}
+	}
+	for _, n := range rows {
+		v, err := bench.Verify(ctx, eng, n, *context, *steps)
+		if err != nil {
+			return fmt.Errorf("verify %d rows: %w", n, err)
+		}
+		row(fmt.Sprintf("verification, %d rows read out (k = %d), context %d", n, n-1, *context),
+			fmt.Sprintf("%.3f ms", ms64(v)), fmt.Sprintf("%.3f ms (a single batch-1 step)", ms64(singleOne)),
+			strconv.FormatFloat(v.Seconds()/singleOne.Seconds(), 'f', 2, 64)+"× it")
 	}
 	// The floor of a batch-1 step made of dispatches: its dependent phases
 	// reduced to passes that read their bytes once.

@@ -270,3 +270,26 @@ func TestEmbeddedPair(t *testing.T) {
 // minEmbeddedTau is well below what the shipped pair measures on these
 // prompts (BENCHMARKS.md) and far above an untrained pair's ≈ 1.
 const minEmbeddedTau = 2.5
+
+// TestBenchEngineWebGPU: bench engine on the WebGPU engine (lavapipe here)
+// prints its table through the verifications of --rows rows, each as a
+// multiple of a single step.
+func TestBenchEngineWebGPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a tiny model's bench on lavapipe takes half a minute")
+	}
+	code, stdout, stderr := webdraft(t, "bench", "engine", "--shape", "tiny", "--context", "24", "--batches", "1",
+		"--steps", "2", "--prefill", "16", "--rows", "1,3", "--copy-mb", "4")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"decode step, batch 1, context 24", "verification, 1 rows read out (k = 0), context 24",
+		"verification, 3 rows read out (k = 2), context 24", "(a single batch-1 step)", "batch-1 step floor", "prefill 16 tokens"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("no %q in:\n%s", want, stdout)
+		}
+	}
+	if code, _, stderr := webdraft(t, "bench", "engine", "--shape", "tiny", "--rows", "0"); code != 2 || !strings.Contains(stderr, "--rows") {
+		t.Errorf("--rows 0: exit %d: %s", code, stderr)
+	}
+}

@@ -7,7 +7,7 @@ import (
 	"webdraft/shaders"
 )
 
-// matvec_batch_int4.wgsl: int4 W times two to four activation rows, one
+// matvec_batch_int4.wgsl: int4 W times one (long rows) to four activation rows, one
 // weight row a thread (see its header).
 var matVecBatchInt4 = gpu.Kernel{
 	Module: "matvec_batch_int4.wgsl", Source: shaders.MatVecBatchInt4, Entry: "main", Params: reflect.TypeFor[matMulParams](),

@@ -14,8 +14,8 @@ import (
 type plan struct {
 	// The int4 matmul kernel by activation rows T: the matrix-vector
 	// kernels up to matVecMaxT rows (matvec_batch_int4.wgsl also for one
-	// row of matVecBatchMinK inputs or more); skinny_int4.wgsl up to skinnyMaxT rows
-	// and for prompt chunks of skinnyMinPrefillT rows or more; the GEMM in
+	// row of matVecBatchMinK inputs or more); skinny_int4.wgsl up to
+	// skinnyMaxT rows and for prompt chunks of skinnyMinPrefillT rows or more; the GEMM in
 	// between, at 4 × 4 outputs a thread from gemm4MinT rows, else at 2 × 8
 	// or 2 × 4 from gemmMinT rows.
 	matVecBatchMinK int
@@ -206,7 +206,8 @@ func (c matMulChoice) String() string {
 
 // pick returns how T rows of w run on a device with limits l: the
 // matrix-vector kernels for 1–4 rows (matvec_int4.wgsl for one, but
-// matvec_batch_int4.wgsl for one row of long inputs, and for 2–4), skinny_int4.wgsl and the GEMMs by the plan's row counts, and the
+// matvec_batch_int4.wgsl for one row of long inputs, and for 2–4),
+// skinny_int4.wgsl and the GEMMs by the plan's row counts, and the
 // row-tile kernel for whatever the int4 kernels do not take.
 func (p *plan) pick(w *Matrix, T int, l gpu.Limits) matMulChoice {
 	c, _ := p.choose(p.kernelFor(w, T, l), w, T, l)

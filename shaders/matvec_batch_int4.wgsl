@@ -1,10 +1,13 @@
-// matvec_batch_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and 2–4
-// activation rows (T ≤ TT ≤ 4: decode of a small batch) — the sibling of
-// matvec_int4.wgsl for several rows: one weight row a thread rather than
-// several, so that the TT activation rows' sums stay few registers. Each
-// staged input read here serves one weight row (matvec_int4.wgsl's serve
-// RT), which costs at one row and not at two to four, where the H200's
-// decode steps are faster with this kernel.
+// matvec_batch_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and 1–4
+// activation rows (T ≤ TT ≤ 4: decode of a small batch, or of one sequence
+// over rows of 4,096 inputs or more) — the sibling of matvec_int4.wgsl for
+// several rows: one weight row a thread rather than several, so that the
+// TT activation rows' sums stay few registers. Each staged input read here
+// serves one weight row (matvec_int4.wgsl's serve RT), which costs at one
+// short row and not at two to four, where the H200's decode steps are
+// faster with this kernel; nor at one row of 4,096 inputs or more, where
+// staging 2,048 of them at a time leaves room for more workgroups an SM
+// than matvec_int4.wgsl's whole rows (Qwen3-8B's shapes).
 //
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]

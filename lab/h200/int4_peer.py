@@ -17,8 +17,13 @@ It times, at a context of --context tokens:
 
 Each figure is the median over --reps replays of the graph, timed with CUDA
 events: the step eager, and for the figures --compile names also compiled by
-torch.compile (the peer proper; a compilation takes about a minute). Print
-format: one tab-separated line a figure.
+torch.compile (a compilation takes about a minute). Print format: one
+tab-separated line a figure.
+
+Known fault: compiled, the step's slice update of the one static cache
+tensor copies the whole cache in every layer (41.7 ms a Qwen3-8B step on
+2026-12-02, against 6.39 eager): until the cache is per layer and updated
+in place (index_copy_), read the eager CUDA graph's figures.
 
     python3 lab/h200/int4_peer.py --shapes qwen3-8b,qwen3-1.7b --context 1024 \\
         --batches 1,16 --rows 5,9,17 --matmuls

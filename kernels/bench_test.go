@@ -203,6 +203,11 @@ func BenchmarkMatMulKernels(b *testing.B) {
 				}
 			}
 			if T <= matVecMaxT {
+				for _, l := range benchMatVecBatchLayouts {
+					if l.fits(w, T, limits) {
+						add(kernelMatVecBatch, func(c *matMulChoice) { c.matVecBatch = l })
+					}
+				}
 				for _, l := range benchMatVecLayouts {
 					// Each layout staging the whole row where it fits, and
 					// in chunks of at most 1,024 and 2,048 columns.
@@ -339,6 +344,15 @@ var benchSkinnyLayouts = []skinnyLayout{
 var benchSkinnyPrefillLayouts = []skinnyLayout{
 	{32, 2, 64}, {32, 2, 128}, {32, 2, 256}, {32, 4, 64}, {32, 4, 128},
 	{64, 1, 64}, {64, 1, 128}, {64, 2, 64}, {64, 2, 128}, {64, 2, 256},
+}
+
+// benchMatVecBatchLayouts are the matvec_batch_int4.wgsl layouts
+// BenchmarkMatMulKernels tries (and TestMatVecBatchLayouts checks): the
+// plan's, fewer rows a workgroup (more workgroups for Qwen3-8B's
+// 4,096-row down_proj and o_proj), 8 and 32 lanes a row, and chunks of
+// 1,024 columns.
+var benchMatVecBatchLayouts = []matVecBatchLayout{
+	{16, 16, 0}, {16, 8, 0}, {32, 8, 0}, {8, 32, 0}, {16, 16, 1024}, {16, 8, 1024},
 }
 
 // benchMatVecLayouts are the matrix-vector layouts BenchmarkMatMulKernels

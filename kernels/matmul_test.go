@@ -74,8 +74,8 @@ func TestMatVecBatchChunk(t *testing.T) {
 	for _, c := range []struct{ tt, limit, want uint32 }{
 		{1, 16 << 10, 2048}, {2, 16 << 10, 1024}, {4, 16 << 10, 512}, {4, 8 << 10, 512},
 	} {
-		if got := matVecBatchChunk(c.tt, c.limit); got != c.want {
-			t.Errorf("matVecBatchChunk(%d, %d) = %d, want %d", c.tt, c.limit, got, c.want)
+		if got := (matVecBatchLayout{lanes: 16, rows: 16}).chunk(c.tt, c.limit); got != c.want {
+			t.Errorf("chunk(%d, %d) = %d, want %d", c.tt, c.limit, got, c.want)
 		}
 	}
 }
@@ -212,6 +212,25 @@ func TestSkinnyLayouts(t *testing.T) {
 	}
 }
 
+// TestMatVecBatchLayouts runs matvec_batch_int4.wgsl at the layouts the
+// benchmark tries, each exact, on rows of up to 5,120 inputs (several
+// staged chunks, so that prefetching crosses chunks).
+func TestMatVecBatchLayouts(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, l := range benchMatVecBatchLayouts {
+		T := 1 + r.IntN(matVecMaxT)
+		s := matMulShape{T: T, N: 16 + r.IntN(150), K: 32 * (1 + r.IntN(160)), G: 32}
+		in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
+		t.Run(fmt.Sprintf("%v/T%d_N%d_K%d/%s", l, T, s.N, s.K, in), func(t *testing.T) {
+			if !l.fits(&Matrix{Format: Int4, N: s.N, K: s.K, G: s.G}, T, d.Limits()) {
+				t.Skipf("this device does not take %v at %d rows", l, T)
+			}
+			testMatMulHow(t, d, r, Int4, s, in != "norm", in, &matMulChoice{kernel: kernelMatVecBatch, matVecBatch: l}, 0)
+		})
+	}
+}
+
 func TestPickMatMul(t *testing.T) {
 	small := gpu.Limits{MaxComputeWorkgroupsPerDimension: 65535, MaxComputeWorkgroupStorageSize: 16 << 10}
 	large := small
@@ -224,7 +243,7 @@ func TestPickMatMul(t *testing.T) {
 		want   matMulKernel
 	}{
 		{int4, 1, large, kernelMatVec}, {int4, 2, large, kernelMatVecBatch}, {int4, 4, large, kernelMatVecBatch},
-		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelMatVecBatch}, // down_proj, one row of 4,096 inputs or more
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelMatVecBatch}, // down_proj, one row of more than 2,048 inputs
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelSkinny},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},

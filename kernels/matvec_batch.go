@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"reflect"
 
 	"webdraft/gpu"
@@ -15,38 +16,83 @@ var matVecBatchInt4 = gpu.Kernel{
 }
 
 // The constants matvec_batch_int4.wgsl is specialized by.
-var matVecBatchConsts = []string{"TT", "KC"}
+var matVecBatchConsts = []string{"LANES", "ROWS", "WG", "TT", "KC"}
 
-// matvec_batch_int4.wgsl's tiling (see its header): matVecBatchLanes
-// threads a weight row, matVecBatchRows rows a workgroup, the input staged
-// matVecBatchStaged floats at a time.
-const (
-	matVecBatchLanes  = 16
-	matVecBatchRows   = 16
-	matVecBatchStaged = 2048
-)
+// matVecBatchStaged is how many input values matvec_batch_int4.wgsl stages
+// at a time (KC · TT), at most.
+const matVecBatchStaged = 2048
 
-// matVecBatchChunk returns how many input columns matvec_batch_int4.wgsl
-// stages at a time for tt rows: matVecBatchStaged values in all, fewer
-// where the device's workgroup memory (staged input, then tt·WG partial
-// sums and the norm's tt·ROWS sums) would not hold them — but at least one
-// 32-column vec4 a lane (at tt ≤ 4 WebGPU's default 16 KiB always holds
+// matVecBatchLayout is matvec_batch_int4.wgsl's tiling (see its header):
+// lanes threads a weight row, rows weight rows a workgroup, and at most
+// maxKC input columns staged at a time (0: matVecBatchStaged values).
+type matVecBatchLayout struct {
+	lanes, rows, maxKC int
+}
+
+func (l matVecBatchLayout) String() string {
+	s := fmt.Sprintf("matvec-batch-%dx%d", l.lanes, l.rows)
+	if l.maxKC > 0 {
+		s += fmt.Sprintf("/kc=%d", l.maxKC)
+	}
+	return s
+}
+
+// wg is the layout's threads a workgroup.
+func (l matVecBatchLayout) wg() int { return l.lanes * l.rows }
+
+// valid reports whether the kernel takes the layout.
+func (l matVecBatchLayout) valid() bool {
+	return l.lanes >= 1 && l.lanes&(l.lanes-1) == 0 && l.lanes <= 64 && l.rows >= 1 && l.wg() <= 256
+}
+
+// pickMatVecBatchLayout returns the layout for T rows of an N × K matrix:
+// 16 lanes and 16 rows, measured on the H200 at Qwen3-1.7B's two to four
+// rows and Qwen3-8B's one.
+func pickMatVecBatchLayout(n, k, T int) matVecBatchLayout {
+	return matVecBatchLayout{lanes: 16, rows: 16}
+}
+
+// fits reports whether the layout takes T ≤ matVecMaxT rows of w on a
+// device with limits l: its workgroups fit the grid and at least one
+// vec4 a lane of staged input fits the workgroup memory.
+func (l matVecBatchLayout) fits(w *Matrix, T int, lim gpu.Limits) bool {
+	tt := matVecTT(T)
+	kc, wg, rows := l.chunk(tt, lim.MaxComputeWorkgroupStorageSize), uint32(l.wg()), uint32(l.rows)
+	return l.valid() && divCeil(w.N, l.rows) <= lim.MaxComputeWorkgroupsPerDimension &&
+		4*(tt*kc+tt*wg+tt*rows+tt) <= lim.MaxComputeWorkgroupStorageSize
+}
+
+// chunk returns how many input columns the layout stages at a time for tt
+// rows: matVecBatchStaged values in all (or maxKC columns), fewer where the device's
+// workgroup memory (staged input, then tt·WG partial sums and the norm's
+// tt·ROWS sums) would not hold them — but at least one 32-column vec4 a
+// lane (at tt ≤ 4 and 256 threads WebGPU's default 16 KiB always holds
 // that).
-func matVecBatchChunk(tt, limit uint32) uint32 {
-	kc := uint32(matVecBatchStaged) / tt
-	for kc > 32*matVecBatchLanes && 4*(tt*kc+tt*matVecBatchLanes*matVecBatchRows+tt*matVecBatchRows+tt) > limit {
-		kc /= 2
+func (l matVecBatchLayout) chunk(tt, limit uint32) uint32 {
+	step := uint32(32 * l.lanes)
+	kc := max(step, uint32(matVecBatchStaged)/tt/step*step)
+	if l.maxKC > 0 {
+		kc = max(step, min(kc, uint32(l.maxKC)/step*step))
+	}
+	wg, rows := uint32(l.wg()), uint32(l.rows)
+	for kc > step && 4*(tt*kc+tt*wg+tt*rows+tt) > limit {
+		kc = max(step, kc/2/step*step)
 	}
 	return kc
 }
 
-// matVecBatch records one row block with matvec_batch_int4.wgsl.
+// matVecBatch records one row block with matvec_batch_int4.wgsl at the
+// choice's layout.
 func (c *matMulCall) matVecBatch(blk rowBlock, out gpu.Binding) error {
-	w, d := c.w, c.b.Device()
+	w, d, l := c.w, c.b.Device(), c.choice.matVecBatch
+	if !l.fits(w, c.T, d.Limits()) {
+		return fmt.Errorf("%v does not take %d rows of %d × %d on this device", l, c.T, w.N, w.K)
+	}
 	tt := matVecTT(c.T)
 	// No longer than the row (rounded to a vec4 a lane): each thread loads
 	// KC / 32 / LANES weight vec4s a chunk, and one past the row would only
 	// be skipped.
-	kc := min(matVecBatchChunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), 32*matVecBatchLanes)))
-	return c.rowDispatch(blk, out, matVecBatchInt4, specialization{matVecBatchConsts, [6]uint32{tt, kc}}, matVecBatchRows, int(tt))
+	kc := min(l.chunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), uint64(32*l.lanes))))
+	consts := specialization{matVecBatchConsts, [6]uint32{uint32(l.lanes), uint32(l.rows), uint32(l.wg()), tt, kc}}
+	return c.rowDispatch(blk, out, matVecBatchInt4, consts, l.rows, int(tt))
 }

@@ -41,14 +41,19 @@ type plan struct {
 // `go test ./kernels -bench 'MatMulKernels|AttentionDecode|DecodeLayer'`
 // and the engine's decode steps (`webdraft bench engine`), at Qwen3-1.7B's
 // shapes:
-//   - one row of 4,096 inputs or more (down_proj from Qwen3-1.7B on, every
-//     projection and the head of Qwen3-8B) takes matvec_batch_int4.wgsl:
-//     at Qwen3-8B's shapes (`-benchshape qwen3-8b -benchts 1 -cold`) 14–210
-//     µs a projection against 17–214 on the row-tile kernel and 17–311 on
-//     matvec_int4.wgsl staging whole rows, and a chained decode step of
-//     Qwen3-8B 4.71 ms against 6.86 before (one run). matvec_int4.wgsl
-//     staging 1,024 or 2,048 columns at a time was faster alone (12–181 µs)
-//     but slower in the step (4.96 ms, the next run);
+//   - one row of more than 2,048 inputs (down_proj from Qwen3-0.6B on,
+//     every projection of Qwen3-4B and 8B) takes matvec_batch_int4.wgsl at
+//     16 lanes × 16 rows: at Qwen3-8B's shapes (`-benchshape qwen3-8b
+//     -benchts 1 -cold`) 13–193 µs a projection against 17–214 on the
+//     row-tile kernel and 17–311 on matvec_int4.wgsl staging whole rows,
+//     and a chained decode step of Qwen3-8B 4.48 ms against 6.86 (one
+//     run); at Qwen3-4B's, 13–26 µs against 15–32 on matvec_int4.wgsl (the
+//     head alike). At 2,048 inputs (Qwen3-1.7B) matvec_int4.wgsl stays
+//     ahead (7.7–91 µs against 8.5–104). matvec_int4.wgsl staging 1,024 or
+//     2,048 columns at a time was faster alone at 8B (12–181 µs) but slower
+//     in the step (4.96 ms against 4.71); 8 rows a workgroup, 32 or 8 lanes
+//     a row, and loading the next chunk's weights during this chunk's
+//     products were no faster;
 //   - 5–40 rows are fastest on skinny_int4.wgsl, well ahead of the 8-row
 //     tile and of the GEMM;
 //   - at 64 rows the kernel benchmark favours skinny_int4.wgsl too, but a
@@ -63,7 +68,7 @@ type plan struct {
 //     workgroup, eight values a load; the last split merges from two rows
 //     on (at one row the merge dispatch is faster).
 var measuredH200 = plan{
-	matVecBatchMinK:   4096,
+	matVecBatchMinK:   2049,
 	skinnyMaxT:        40,
 	skinnyMinPrefillT: 128,
 	gemmMinT:          17,
@@ -185,16 +190,19 @@ func (k matMulKernel) String() string {
 // matMulChoice is how one matmul runs: the kernel, its layout where it has
 // one, and the workgroups it should have before it splits along K.
 type matMulChoice struct {
-	kernel matMulKernel
-	matVec matVecPlan   // kernelMatVec
-	skinny skinnyLayout // kernelSkinny
-	groups int          // kernelSkinny and the GEMMs: the split-K target
+	kernel      matMulKernel
+	matVec      matVecPlan        // kernelMatVec
+	matVecBatch matVecBatchLayout // kernelMatVecBatch
+	skinny      skinnyLayout      // kernelSkinny
+	groups      int               // kernelSkinny and the GEMMs: the split-K target
 }
 
 func (c matMulChoice) String() string {
 	switch c.kernel {
 	case kernelMatVec:
 		return c.matVec.matVecLayout.String()
+	case kernelMatVecBatch:
+		return c.matVecBatch.String()
 	case kernelSkinny:
 		return fmt.Sprintf("%v/groups=%d", c.skinny, c.groups)
 	}
@@ -252,6 +260,8 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 				c.matVec = m
 			}
 		}
+	case k == kernelMatVecBatch:
+		c.matVecBatch = pickMatVecBatchLayout(w.N, w.K, T)
 	case k == kernelSkinny:
 		c.skinny = pickSkinnyLayout(w.N, T)
 		c.groups = p.skinnyGroups
@@ -276,7 +286,7 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 	case kernelRowTile:
 		return true
 	case kernelMatVecBatch:
-		return int4 && T <= matVecMaxT && divCeil(w.N, matVecBatchRows) <= l.MaxComputeWorkgroupsPerDimension
+		return int4 && T <= matVecMaxT && pickMatVecBatchLayout(w.N, w.K, T).fits(w, T, l)
 	case kernelMatVec:
 		if !int4 || T > matVecMaxT {
 			return false

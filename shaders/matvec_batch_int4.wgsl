@@ -1,13 +1,13 @@
 // matvec_batch_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and 1–4
 // activation rows (T ≤ TT ≤ 4: decode of a small batch, or of one sequence
-// over rows of 4,096 inputs or more) — the sibling of matvec_int4.wgsl for
-// several rows: one weight row a thread rather than several, so that the
-// TT activation rows' sums stay few registers. Each staged input read here
-// serves one weight row (matvec_int4.wgsl's serve RT), which costs at one
-// short row and not at two to four, where the H200's decode steps are
-// faster with this kernel; nor at one row of 4,096 inputs or more, where
+// over rows of more than 2,048 inputs) — the sibling of matvec_int4.wgsl
+// for several rows: one weight row a thread rather than several, so that
+// the TT activation rows' sums stay few registers. Each staged input read
+// here serves one weight row (matvec_int4.wgsl's serve RT), which costs at
+// one short row and not at two to four, where the H200's decode steps are
+// faster with this kernel; nor at one row of more than 2,048 inputs, where
 // staging 2,048 of them at a time leaves room for more workgroups an SM
-// than matvec_int4.wgsl's whole rows (Qwen3-8B's shapes).
+// than matvec_int4.wgsl's whole rows (Qwen3-4B's and 8B's shapes).
 //
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
@@ -30,17 +30,17 @@
 // Dispatch: (ceil(N / ROWS), 1, 1) workgroups of WG = ROWS·LANES threads.
 // Per chunk of KC input columns, the workgroup first stages x' for its TT
 // rows in workgroup memory (computing SwiGLU or the norm's sum of squares
-// once, not once per weight row), then LANES threads share each weight row:
-// lane l reads the row's vec4s l, l+LANES, … (neighbouring lanes,
-// neighbouring 16-byte words: coalesced), turns each into 32 weights with
-// the exponent trick — bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8
-// exactly in two integer ops and a subtraction, no int→float conversion
-// (a quarter-rate instruction) — and multiplies them with x' from
-// workgroup memory, stored swizzled so that the eight lanes of a
-// quarter-warp touch eight different bank quads. Finally each (row,
-// activation row) adds up its LANES partial sums.
+// once, not once per weight row; scaled by PLACE for codes_in_place), then
+// LANES threads share each weight row: lane l reads the row's vec4s l,
+// l+LANES, … (neighbouring lanes, neighbouring 16-byte words: coalesced),
+// turns each into 32 weights with the exponent trick, each code in place
+// in its half word (codes_in_place: one AND-OR and a subtraction a code, no
+// shift and no int→float conversion, a quarter-rate instruction), and
+// multiplies them with x' from workgroup memory, stored swizzled so that
+// the eight lanes of a quarter-warp touch eight different bank quads.
+// Finally each (row, activation row) adds up its LANES partial sums.
 //
-// Why these sizes: 16 lanes of 16-byte loads read a Qwen3-1.7B row of 2048
+// Sizes (LANES, ROWS, KC: kernels/matvec_batch.go's layout). 16 lanes of 16-byte loads read a Qwen3-1.7B row of 2048
 // inputs (1 KiB) in 4 independent loads per thread, and 16 rows a
 // workgroup give 128…768 workgroups for its projections (the H200 has 132
 // SMs); KC·TT·4 bytes of staged input (8 KiB) leave room for several
@@ -51,7 +51,7 @@ const LANES: u32 = 16u;             // threads per weight row
 const ROWS: u32 = 16u;              // weight rows per workgroup
 const WG: u32 = 256u;               // ROWS · LANES
 const TT: u32 = 1u;                 // activation rows the workgroup holds (T ≤ TT ≤ 4)
-const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32
+const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
 const SWIGLU: u32 = 0u;             // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;               // 1: the input is rmsnorm(x) · g
 const STAGED: u32 = TT * KC / 4u;   // vec4s of staged input
@@ -115,7 +115,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     ss += select(vec4<f32>(), vec4<f32>(dot(v, v)), vec4<u32>(0u, 1u, 2u, 3u) == vec4<u32>(t));
                     v *= norm[c0 / 4u + j];
                 }
-                xs[t * (KC / 4u) + swizzle(j)] = v;
+                xs[t * (KC / 4u) + swizzle(j)] = v * PLACE;
             }
         }
         workgroupBarrier();
@@ -124,7 +124,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if v < kc4 / 8u {
                 var dots = array<f32, TT>();
                 for (var m = 0u; m < 8u; m++) { // columns 32v + 4m … 32v + 4m + 3
-                    let w = codes(wq[j][m >> 1u], (m & 1u) * 16u);
+                    let w = codes_in_place(wq[j][m >> 1u] >> ((m & 1u) * 16u));
                     for (var t = 0u; t < TT; t++) {
                         dots[t] += dot(w, xs[t * (KC / 4u) + swizzle(8u * v + m)]);
                     }

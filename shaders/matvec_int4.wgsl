@@ -32,12 +32,13 @@
 //      hides behind step 2;
 //   2. the workgroup stages x' for its TT activation rows in workgroup
 //      memory (SwiGLU, and the norm's weight and sum of squares, computed
-//      once a workgroup, not once a weight row), swizzled so that the eight
-//      lanes of a quarter-warp reading vec4s 128 bytes apart touch eight
-//      different bank quads;
+//      once a workgroup, not once a weight row), scaled by PLACE for the
+//      codes' places, swizzled so that the eight lanes of a quarter-warp
+//      reading vec4s 128 bytes apart touch eight different bank quads;
 //   3. each thread turns its codes into floats with the exponent trick —
 //      bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8 exactly, no
-//      int→float conversion (a quarter-rate instruction) — and multiplies
+//      int→float conversion (a quarter-rate instruction), each code in
+//      place in its half word (codes_in_place: no shift) — and multiplies
 //      them with x'. Each staged vec4 read serves RT weight rows: the
 //      workgroup-memory traffic is 8/RT times the weight bytes (at RT = 1
 //      it would equal the L1's bandwidth at the H200's DRAM rate).
@@ -151,7 +152,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     ss += select(vec4<f32>(), vec4<f32>(s), vec4<u32>(0u, 1u, 2u, 3u) == vec4<u32>(t));
                     v *= norm[c0 / 4u + j];
                 }
-                shm[t * (KC / 4u) + swizzle(j)] = v;
+                shm[t * (KC / 4u) + swizzle(j)] = v * PLACE;
             }
         }
         workgroupBarrier();
@@ -166,7 +167,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                         xv[t] = shm[t * (KC / 4u) + swizzle(8u * v + m)];
                     }
                     for (var r = 0u; r < RT; r++) {
-                        d[r] += dots(codes(wq[j * RT + r][m >> 1u], (m & 1u) * 16u), xv);
+                        d[r] += dots(codes_in_place(wq[j * RT + r][m >> 1u] >> ((m & 1u) * 16u)), xv);
                     }
                 }
                 for (var r = 0u; r < RT; r++) {

@@ -104,6 +104,24 @@ fn codes(w: u32, shift: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - BIAS;
 }
 
+// codes_in_place returns the four codes in bits 0–15 of h, minus 8, each
+// times 16^e for its place e — (h & 0xF·16^e | MAGIC) − (2²³ + 8·16^e),
+// exact, with no shift (codes shifts each code down first). A kernel that
+// uses it stages its input scaled by 16^−e (PLACE, exact) to match, so
+// that each product is the same float as the code's times the input's (the
+// scale's product too: scaling by a power of two commutes with rounding).
+fn codes_in_place(h: u32) -> vec4<f32> {
+    let n = vec4<u32>(h) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
+    return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - PLACE_BIAS;
+}
+
+// PLACE is 16^−e for column e of four: what codes_in_place's inputs are
+// scaled by.
+const PLACE: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+
+// PLACE_BIAS is 2²³ + 8·16^e for column e of four (codes_in_place).
+const PLACE_BIAS: vec4<f32> = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376.0);
+
 // swizzle places vec4 j = 8v + m of a row staged in workgroup memory at 8v
 // + (m + v) % 8: the eight lanes of a quarter-warp that read the same m of
 // eight consecutive v at once would otherwise all fall in one bank quad (a

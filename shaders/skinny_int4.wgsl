@@ -91,20 +91,6 @@ var<workgroup> sq: array<f32, WG>;       // norm: each thread's sum of squares
 var<workgroup> inv_rms: array<f32, TT>;  // norm, splits = 1: each activation row's 1 / rms
 
 
-// codes_in_place returns the four codes in bits 0–15 of h, minus 8, each
-// times 16^e for its place e — (h & 0xF·16^e | the bits of 2²³) − (2²³ +
-// 8·16^e), exact, with no shift. The staged input is scaled by 16^−e
-// (PLACE, exact) to match, so that each product is the same float as the
-// code's times the input's (the scale's product too: scaling by a power of
-// two commutes with rounding).
-const PLACE: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
-const PLACE_BIAS: vec4<f32> = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376.0);
-
-fn codes_in_place(h: u32) -> vec4<f32> {
-    let n = vec4<u32>(h) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
-    return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - PLACE_BIAS;
-}
-
 // component returns word c of v — by selects, so that a loop over c that
 // the compiler keeps rolled indexes no register array.
 fn component(v: vec4<u32>, c: u32) -> u32 {

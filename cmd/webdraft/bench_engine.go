@@ -104,6 +104,9 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	dev := eng.Device()
 	e.log.Info("measuring", "adapter", dev.Info().String(), "model", label)
 
+	if err := bench.WarmUp(dev, time.Second); err != nil {
+		return err
+	}
 	bw, copyBytes, err := bench.CopyBandwidth(dev, uint64(*copyMB)<<20, 20)
 	if err != nil {
 		return fmt.Errorf("copy: %w", err)

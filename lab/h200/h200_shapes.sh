@@ -5,9 +5,9 @@
 # 1–17 rows of one sequence, the matvecs at the shape, the step floor;
 # with PROFILE=1 each kernel's GPU time), then lab/h200/int4_peer.py —
 # torch's tinygemm int4 + a CUDA graph, eager and torch.compile'd — at the same
-# shapes, so every ratio comes from one run on one machine. With BASE=a
-# second webdraft binary, its bench engine runs first at each shape (an
-# A/B of a change in the same run). With
+# shapes, so every ratio comes from one run on one machine. With BASE=other
+# webdraft binaries (a comma-separated list), their bench engine runs
+# first at each shape (an A/B of a change in the same run). With
 # KERNELS=a kernels.test binary (`go test -c ./kernels`), also
 # BenchmarkMatMulKernels at each shape (KBENCH picks its sub-benchmarks,
 # KTS the activation rows), every kernel and layout over cold weights.
@@ -17,7 +17,9 @@
 #     [KERNELS=.gpu/kernels.test [KBENCH=regexp] [KTS=1,17] [KSHAPES=qwen3-8b]] bash lab/h200/h200_shapes.sh
 #
 # Everything lands in one folder, packed into $OUT/results.tgz; the main
-# figures are printed. PEER=0 leaves the peer out. The peer runs first (PEER_TIMEOUT seconds at most;
+# figures are printed, and lab/h200/cost_model.py turns the folder into
+# the cost model's tables (with SHAPES and PEER_SHAPES holding the target
+# and its drafters). PEER=0 leaves the peer out. The peer runs first (PEER_TIMEOUT seconds at most;
 # each torch.compile'd figure takes about a minute to compile).
 set -u
 W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary}
@@ -37,9 +39,10 @@ fi
 for s in ${SHAPES//,/ }; do
   profile=""
   [ "${PROFILE:-0}" = 1 ] && profile=--profile
-  for b in ${BASE:-} "$W"; do
+  base=${BASE:-}
+  for b in ${base//,/ } "$W"; do
     name=engine-$s.txt
-    [ "$b" = "$W" ] || name=engine-base-$s.txt
+    [ "$b" = "$W" ] || name=engine-base-$(basename "$b")-$s.txt
     echo "== $b $s"
     timeout 300 "$b" bench engine --shape "$s" --context 1024 --batches 1,16 --rows 1,5,9,17 --steps 16 \
       --prefill 256 --copy-mb 256 $profile 2>&1 | grep -v '^time=' > "$R/$name"
@@ -52,3 +55,10 @@ for s in ${SHAPES//,/ }; do
     echo "kernels $s: $(grep -c '^Benchmark' "$R/kbench-$s.txt") benchmarks"
   fi
 done
+# The cost model, where the run holds a target and a drafter (COST_TARGET,
+# COST_DRAFTERS: qwen3-8b with qwen3-0.6b and qwen3-1.7b).
+ct=${COST_TARGET:-qwen3-8b}
+if [ -e "$R/engine-$ct.txt" ]; then
+  python3 lab/h200/cost_model.py "$R" --target "$ct" --drafters "${COST_DRAFTERS:-qwen3-0.6b,qwen3-1.7b}" \
+    > "$R/cost-model.md" 2>&1 && cat "$R/cost-model.md"
+fi

@@ -55,6 +55,9 @@ func TestMeasurements(t *testing.T) {
 	if r, err := FMARate(d, 2); err != nil || r <= 0 {
 		t.Errorf("fma: %v, %v", r, err)
 	}
+	if r, err := IMADRate(d, 2); err != nil || r <= 0 {
+		t.Errorf("imad: %v, %v", r, err)
+	}
 	if f, err := StepFloor(d, &cfg, 10, 2, 2); err != nil || f.Step <= 0 || f.Record <= 0 || f.Passes != 5*cfg.NumHiddenLayers+2 {
 		t.Errorf("step floor: %+v, %v", f, err)
 	}

@@ -101,14 +101,26 @@ func CopyBandwidth(d *gpu.Device, bytes uint64, reps int) (float64, uint64, erro
 // earlier). A single probe is not enough to size it: a handful of
 // workgroups on a large GPU measures launch latency, not arithmetic.
 func FMARate(d *gpu.Device, reps int) (float64, error) {
+	return arithmeticRate(d, reps, FMA)
+}
+
+// IMADRate runs the integer yardstick (IMAD) as FMARate runs FMA and
+// returns 32-bit integer operations per second (a multiply-add counted as
+// two): the limit of integer dot products of unpacked int4 codes.
+func IMADRate(d *gpu.Device, reps int) (float64, error) {
+	return arithmeticRate(d, reps, IMAD)
+}
+
+// arithmeticRate is FMARate's measurement of record (FMA or IMAD).
+func arithmeticRate(d *gpu.Device, reps int, record func(*gpu.Batch, *gpu.Buffer, int) error) (float64, error) {
 	maxGroups := min(4096, int(d.Limits().MaxComputeWorkgroupsPerDimension))
-	out, err := d.NewBuffer("fma_out", uint64(maxGroups)*256*4)
+	out, err := d.NewBuffer("arithmetic_out", uint64(maxGroups)*256*4)
 	if err != nil {
 		return 0, err
 	}
 	defer out.Release()
 	timed := func(groups, reps int) (time.Duration, error) {
-		return run(d, out, reps, func(b *gpu.Batch) error { return FMA(b, out, groups) })
+		return run(d, out, reps, func(b *gpu.Batch) error { return record(b, out, groups) })
 	}
 	groups := 16
 	for groups < maxGroups {

@@ -98,10 +98,17 @@ func StreamRead(b *gpu.Batch, sums, src *gpu.Buffer, bytes uint64) error {
 	return nil
 }
 
-var fmaKernel = gpu.Kernel{
-	Module: "fma.wgsl", Source: fmaSource, Entry: "main", Params: reflect.TypeFor[fmaParams](),
-	Storage: []gpu.Access{gpu.ReadWrite}, // out
-}
+// fmaKernel and imadKernel are fma.wgsl's f32 and integer yardsticks.
+var (
+	fmaKernel = gpu.Kernel{
+		Module: "fma.wgsl", Source: fmaSource, Entry: "main", Params: reflect.TypeFor[fmaParams](),
+		Storage: []gpu.Access{gpu.ReadWrite}, // out
+	}
+	imadKernel = gpu.Kernel{
+		Module: "fma.wgsl", Source: fmaSource, Entry: "imad", Params: reflect.TypeFor[fmaParams](),
+		Storage: []gpu.Access{gpu.ReadWrite}, // out
+	}
+)
 
 const (
 	fmaWG    = 256
@@ -114,14 +121,25 @@ const (
 // FMA records groups workgroups of the arithmetic yardstick (fma.wgsl):
 // groups·256 threads of FMAFlops flops each, one f32 each written to out.
 func FMA(b *gpu.Batch, out *gpu.Buffer, groups int) error {
-	op := "fma"
+	return arithmetic(b, out, groups, "fma", fmaKernel)
+}
+
+// IMAD records groups workgroups of the integer yardstick (fma.wgsl's
+// imad): groups·256 threads of FMAFlops integer operations each (a
+// multiply and an add counted as two), one word each written to out.
+func IMAD(b *gpu.Batch, out *gpu.Buffer, groups int) error {
+	return arithmetic(b, out, groups, "imad", imadKernel)
+}
+
+// arithmetic records groups workgroups of one of fma.wgsl's entry points.
+func arithmetic(b *gpu.Batch, out *gpu.Buffer, groups int, op string, k gpu.Kernel) error {
 	if groups <= 0 || groups > int(b.Device().Limits().MaxComputeWorkgroupsPerDimension) {
 		return fmt.Errorf("bench: %s: %d workgroups", op, groups)
 	}
 	if err := need(op, "out", out, groups*fmaWG); err != nil {
 		return err
 	}
-	p, err := b.Device().Pipeline(fmaKernel, nil)
+	p, err := b.Device().Pipeline(k, nil)
 	if err != nil {
 		return err
 	}

@@ -141,10 +141,40 @@ func TestFMA(t *testing.T) {
 	}
 }
 
+// TestIMAD: the integer yardstick computes what its header says, in
+// wrapping u32 arithmetic.
+func TestIMAD(t *testing.T) {
+	d := gputest.Device(t)
+	const groups = 2
+	out := poisoned(t, d, "out", groups*fmaWG)
+	record(t, d, "imad", func(b *gpu.Batch) error { return IMAD(b, out, groups) })
+	all, err := out.ReadU32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, c := uint32(fmaIters|1), math.Float32bits(0.001)
+	for i, got := range all[:groups*fmaWG] {
+		seed := uint32(i & 255)
+		var sum uint32
+		for acc := range uint32(8) {
+			for lane := range uint32(4) {
+				a := seed + lane + 10*acc
+				for range fmaIters {
+					a = a*m + c
+				}
+				sum += a
+			}
+		}
+		if got != sum {
+			t.Fatalf("thread %d: %d, want %d", i, got, sum)
+		}
+	}
+}
+
 // TestParamsMatchWGSL: each kernel's Go params struct has the fields of the
 // WGSL struct it fills (gpu.CheckParams).
 func TestParamsMatchWGSL(t *testing.T) {
-	for _, k := range []gpu.Kernel{fmaKernel, streamReadKernel} {
+	for _, k := range []gpu.Kernel{fmaKernel, imadKernel, streamReadKernel} {
 		if err := gpu.CheckParams(k); err != nil {
 			t.Error(err)
 		}

@@ -349,10 +349,10 @@ var benchSkinnyPrefillLayouts = []skinnyLayout{
 // benchMatVecBatchLayouts are the matvec_batch_int4.wgsl layouts
 // BenchmarkMatMulKernels tries (and TestMatVecBatchLayouts checks): the
 // plan's, fewer rows a workgroup (more workgroups for Qwen3-8B's
-// 4,096-row down_proj and o_proj), 8 and 32 lanes a row, and chunks of
-// 1,024 columns.
+// 4,096-row down_proj and o_proj), 8 and 32 lanes a row, and 1,024 to
+// 8,192 staged values (the chunk, over the activation rows).
 var benchMatVecBatchLayouts = []matVecBatchLayout{
-	{16, 16, 0}, {16, 8, 0}, {32, 8, 0}, {8, 32, 0}, {16, 16, 1024}, {16, 8, 1024},
+	{16, 16, 0}, {16, 8, 0}, {32, 8, 0}, {8, 32, 0}, {16, 16, 1024}, {16, 16, 4096}, {16, 8, 4096}, {16, 16, 8192},
 }
 
 // benchMatVecLayouts are the matrix-vector layouts BenchmarkMatMulKernels

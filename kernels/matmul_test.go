@@ -245,6 +245,10 @@ func TestPickMatMul(t *testing.T) {
 		{int4, 1, large, kernelMatVec}, {int4, 2, large, kernelMatVecBatch}, {int4, 4, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelMatVecBatch}, // down_proj, one row of more than 2,048 inputs
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVecBatch},
+		{&Matrix{Format: Int4, N: 4096, K: 12288, G: 32}, 2, large, kernelMatVecBatch}, // Qwen3-8B's down_proj: two rows,
+		{&Matrix{Format: Int4, N: 4096, K: 12288, G: 32}, 3, large, kernelSkinny},      // three or four on skinny_int4.wgsl
+		{&Matrix{Format: Int4, N: 4096, K: 12288, G: 32}, 4, large, kernelSkinny},
+		{&Matrix{Format: Int4, N: 6144, K: 4096, G: 32}, 4, large, kernelMatVecBatch}, // its q|k|v: too small
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 32, large, kernelSkinny},
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 41, large, kernelGEMM4},
 		{int4, 5, large, kernelSkinny}, {int4, 16, large, kernelSkinny},

@@ -23,16 +23,17 @@ var matVecBatchConsts = []string{"LANES", "ROWS", "WG", "TT", "KC"}
 const matVecBatchStaged = 2048
 
 // matVecBatchLayout is matvec_batch_int4.wgsl's tiling (see its header):
-// lanes threads a weight row, rows weight rows a workgroup, and at most
-// maxKC input columns staged at a time (0: matVecBatchStaged values).
+// lanes threads a weight row, rows weight rows a workgroup, and staged
+// input values at a time over its activation rows (KC · TT; 0:
+// matVecBatchStaged).
 type matVecBatchLayout struct {
-	lanes, rows, maxKC int
+	lanes, rows, staged int
 }
 
 func (l matVecBatchLayout) String() string {
 	s := fmt.Sprintf("matvec-batch-%dx%d", l.lanes, l.rows)
-	if l.maxKC > 0 {
-		s += fmt.Sprintf("/kc=%d", l.maxKC)
+	if l.staged > 0 {
+		s += fmt.Sprintf("/staged=%d", l.staged)
 	}
 	return s
 }
@@ -63,17 +64,18 @@ func (l matVecBatchLayout) fits(w *Matrix, T int, lim gpu.Limits) bool {
 }
 
 // chunk returns how many input columns the layout stages at a time for tt
-// rows: matVecBatchStaged values in all (or maxKC columns), fewer where the device's
+// rows: the layout's staged values in all, fewer where the device's
 // workgroup memory (staged input, then tt·WG partial sums and the norm's
 // tt·ROWS sums) would not hold them — but at least one 32-column vec4 a
 // lane (at tt ≤ 4 and 256 threads WebGPU's default 16 KiB always holds
 // that).
 func (l matVecBatchLayout) chunk(tt, limit uint32) uint32 {
 	step := uint32(32 * l.lanes)
-	kc := max(step, uint32(matVecBatchStaged)/tt/step*step)
-	if l.maxKC > 0 {
-		kc = max(step, min(kc, uint32(l.maxKC)/step*step))
+	staged := uint32(matVecBatchStaged)
+	if l.staged > 0 {
+		staged = uint32(l.staged)
 	}
+	kc := max(step, staged/tt/step*step)
 	wg, rows := uint32(l.wg()), uint32(l.rows)
 	for kc > step && 4*(tt*kc+tt*wg+tt*rows+tt) > limit {
 		kc = max(step, kc/2/step*step)

@@ -19,6 +19,10 @@ type plan struct {
 	// between, at 4 × 4 outputs a thread from gemm4MinT rows, else at 2 × 8
 	// or 2 × 4 from gemmMinT rows.
 	matVecBatchMinK int
+	// From skinnyFewMinT rows up to matVecMaxT, matrices of
+	// skinnyFewMinWeights weights or more take skinny_int4.wgsl rather than
+	// matvec_batch_int4.wgsl.
+	skinnyFewMinT, skinnyFewMinWeights int
 	// matVec, where set, is matvec_int4.wgsl's layout at every shape
 	// (else pickMatVecLayout's, the H200's by shape).
 	matVec            matVecLayout
@@ -54,6 +58,13 @@ type plan struct {
 //     in the step (4.96 ms against 4.71); 8 rows a workgroup, 32 or 8 lanes
 //     a row, and loading the next chunk's weights during this chunk's
 //     products were no faster;
+//   - 3–4 rows of a matrix of 48M weights or more (Qwen3-8B's down_proj,
+//     gate|up and head, every head) take skinny_int4.wgsl in tiles of 4
+//     rows (`-benchshape qwen3-8b -benchts 2,3,4 -cold`): 40 / 67 / 330 µs
+//     against matvec_batch_int4.wgsl's 55 / 85 / 429 at 3 rows, the 1.7B
+//     head 170 against 220; smaller matrices are as fast or faster on
+//     matvec_batch_int4.wgsl (8B's q|k|v 25.5 against 28.4), and two rows
+//     stay there everywhere;
 //   - 5–40 rows are fastest on skinny_int4.wgsl, well ahead of the 8-row
 //     tile and of the GEMM;
 //   - at 64 rows the kernel benchmark favours skinny_int4.wgsl too, but a
@@ -68,16 +79,18 @@ type plan struct {
 //     workgroup, eight values a load; the last split merges from two rows
 //     on (at one row the merge dispatch is faster).
 var measuredH200 = plan{
-	matVecBatchMinK:   2049,
-	skinnyMaxT:        40,
-	skinnyMinPrefillT: 128,
-	gemmMinT:          17,
-	gemm4MinT:         41,
-	gemm2Groups:       512,
-	gemm4Groups:       256,
-	skinnyGroups:      512,
-	skinnyGroupsWide:  256,
-	decode:            decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
+	matVecBatchMinK:     2049,
+	skinnyFewMinT:       3,
+	skinnyFewMinWeights: 48 << 20,
+	skinnyMaxT:          40,
+	skinnyMinPrefillT:   128,
+	gemmMinT:            17,
+	gemm4MinT:           41,
+	gemm2Groups:         512,
+	gemm4Groups:         256,
+	skinnyGroups:        512,
+	skinnyGroupsWide:    256,
+	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the
@@ -106,6 +119,7 @@ var measuredH200 = plan{
 var measuredSwiftShader = plan{
 	matVec:            matVecLayout{lanes: 16, rt: 4, wg: 64},
 	matVecBatchMinK:   1 << 30,
+	skinnyFewMinT:     1 << 30,
 	skinnyMaxT:        1 << 30,
 	skinnyMinPrefillT: 1,
 	gemmMinT:          1 << 30,
@@ -214,9 +228,10 @@ func (c matMulChoice) String() string {
 
 // pick returns how T rows of w run on a device with limits l: the
 // matrix-vector kernels for 1–4 rows (matvec_int4.wgsl for one, but
-// matvec_batch_int4.wgsl for one row of long inputs, and for 2–4),
-// skinny_int4.wgsl and the GEMMs by the plan's row counts, and the
-// row-tile kernel for whatever the int4 kernels do not take.
+// matvec_batch_int4.wgsl for one row of long inputs, and for 2–4 but those
+// of large matrices from the plan's skinnyFewMinT rows), skinny_int4.wgsl
+// and the GEMMs by the plan's row counts, and the row-tile kernel for
+// whatever the int4 kernels do not take.
 func (p *plan) pick(w *Matrix, T int, l gpu.Limits) matMulChoice {
 	c, _ := p.choose(p.kernelFor(w, T, l), w, T, l)
 	return c
@@ -229,6 +244,8 @@ func (p *plan) kernelFor(w *Matrix, T int, l gpu.Limits) matMulKernel {
 		return kernelMatVecBatch
 	case T == 1 && kernelMatVec.fits(w, T, l):
 		return kernelMatVec
+	case T >= p.skinnyFewMinT && T <= matVecMaxT && w.N*w.K >= p.skinnyFewMinWeights && kernelSkinny.fits(w, T, l):
+		return kernelSkinny
 	case T <= matVecMaxT && kernelMatVecBatch.fits(w, T, l):
 		return kernelMatVecBatch
 	case (T <= p.skinnyMaxT || T >= p.skinnyMinPrefillT) && kernelSkinny.fits(w, T, l):

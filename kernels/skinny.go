@@ -56,7 +56,10 @@ func (l skinnyLayout) chunk(limit uint32) int {
 // (9–12 rows, 96 threads) and 20 (17–20, 240 threads; the head keeps 16),
 // which pad less: at Qwen3-8B's shapes (-benchshape qwen3-8b -benchts 9,17
 // -cold) 9 rows took 32–574 µs a projection against 37–751 at 16 rows a
-// tile, 17 rows 44–164 against 50–282 at 32.
+// tile, 17 rows 44–164 against 50–282 at 32. Three or four rows (the
+// plan's large matrices) take tiles of 4 rows and 128 threads: 40–332 µs
+// at Qwen3-8B's down_proj, gate|up and head against 66–512 at 8 rows a
+// tile.
 func pickSkinnyLayout(n, T int) skinnyLayout {
 	tall := n >= 8192
 	wg := 64
@@ -66,6 +69,8 @@ func pickSkinnyLayout(n, T int) skinnyLayout {
 	switch {
 	case T >= 256 && n < 65536:
 		return skinnyLayout{tt: 32, rt: 2, wg: 256}
+	case T <= 4:
+		return skinnyLayout{tt: 4, rt: 2, wg: 128}
 	case T <= 8:
 		return skinnyLayout{tt: 8, rt: 2, wg: wg}
 	case T <= 12:

@@ -122,6 +122,11 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("fma: %w", err)
 	}
 	row("f32 multiply-add rate (registers only)", fmt.Sprintf("%.1f TFLOP/s", fma/1e12), "", "")
+	imad, err := bench.IMADRate(dev, 5)
+	if err != nil {
+		return fmt.Errorf("imad: %w", err)
+	}
+	row("32-bit integer multiply-add rate (registers only)", fmt.Sprintf("%.1f Tops/s", imad/1e12), "", "")
 
 	overhead, err := bench.DispatchOverhead(dev, 256)
 	if err != nil {

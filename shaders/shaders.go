@@ -51,6 +51,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 //go:embed *.wgsl
@@ -168,7 +169,7 @@ func mustModule(name string) string {
 // it uses, directly or through other items, in the prelude's order. A
 // kernel that declares a name the prelude declares is an error.
 func Link(name, src string) (string, error) {
-	items, err := preludeItems()
+	items, err := loadPrelude()
 	if err != nil {
 		return "", err
 	}
@@ -178,25 +179,27 @@ func Link(name, src string) (string, error) {
 			return "", fmt.Errorf("%s declares %s, which %s declares", name, m[2], preludeFile)
 		}
 	}
-	used := map[string]bool{}
+	refs := scanRefs(code)
+	used := make([]bool, len(items.list))
+	n := 0
 	for grown := true; grown; { // until no item adds another
 		grown = false
-		for _, it := range items.list {
-			if !used[it.name] && it.usedIn(code) {
-				used[it.name] = true
-				code += "\n" + it.code
-				grown = true
+		for i, it := range items.list {
+			if !used[i] && refs.uses(it) {
+				used[i], grown = true, true
+				n++
+				refs.add(it.refs)
 			}
 		}
 	}
-	if len(used) == 0 {
+	if n == 0 {
 		return src, nil
 	}
 	var b strings.Builder
 	b.WriteString(src)
 	fmt.Fprintf(&b, "\n// ---- from %s ----\n", path.Join("shaders", preludeFile))
-	for _, it := range items.list {
-		if used[it.name] {
+	for i, it := range items.list {
+		if used[i] {
 			b.WriteString("\n" + it.text + "\n")
 		}
 	}
@@ -207,13 +210,65 @@ func Link(name, src string) (string, error) {
 type item struct {
 	name, kind string
 	text       string // as written, comment included
-	code       string // without comments
-	use        *regexp.Regexp
+	refs       refs   // the names its code (its own declaration left out) uses
 }
 
-// usedIn reports whether code (without comments) uses the item: calls a
-// function, names a constant or a struct — not as a field (p.scale).
-func (it item) usedIn(code string) bool { return it.use.MatchString(code) }
+// refs is the names a piece of WGSL (without comments) uses: named (a
+// constant, a struct, an alias — not a field, as in p.scale) and called (a
+// function: the name, then an opening parenthesis).
+type refs struct{ named, called map[string]bool }
+
+// uses reports whether the code behind r uses item it.
+func (r refs) uses(it item) bool {
+	if it.kind == "fn" {
+		return r.called[it.name]
+	}
+	return r.named[it.name]
+}
+
+// add adds o's names to r.
+func (r refs) add(o refs) {
+	for n := range o.named {
+		r.named[n] = true
+	}
+	for n := range o.called {
+		r.called[n] = true
+	}
+}
+
+// scanRefs returns the names code uses: each identifier not right after a
+// '.', and of those the ones followed (past spaces) by '('.
+func scanRefs(code string) refs {
+	r := refs{named: map[string]bool{}, called: map[string]bool{}}
+	for i := 0; i < len(code); {
+		c := code[i]
+		if !identStart(c) && !digit(c) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(code) && (identStart(code[j]) || digit(code[j])) {
+			j++
+		}
+		if identStart(c) && (i == 0 || code[i-1] != '.') { // a number's suffix (2u, 1e5) is no name
+			id := code[i:j]
+			r.named[id] = true
+			k := j
+			for k < len(code) && (code[k] == ' ' || code[k] == '\t' || code[k] == '\n' || code[k] == '\r') {
+				k++
+			}
+			if k < len(code) && code[k] == '(' {
+				r.called[id] = true
+			}
+		}
+		i = j
+	}
+	return r
+}
+
+func identStart(c byte) bool { return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
+func digit(c byte) bool { return c >= '0' && c <= '9' }
 
 type prelude struct {
 	list   []item
@@ -227,6 +282,9 @@ var (
 )
 
 func stripComments(s string) string { return comment.ReplaceAllString(s, "") }
+
+// loadPrelude is preludeItems, split once.
+var loadPrelude = sync.OnceValues(preludeItems)
 
 // preludeItems splits prelude.wgsl into its items: paragraphs after the
 // file's opening comment, each a comment and one declaration.
@@ -243,17 +301,12 @@ func preludeItems() (prelude, error) {
 		if len(decls) != 1 {
 			return prelude{}, fmt.Errorf("%s: paragraph %d declares %d names, want one", preludeFile, i+2, len(decls))
 		}
-		it := item{kind: decls[0][1], name: decls[0][2], text: text, code: code}
+		it := item{kind: decls[0][1], name: decls[0][2], text: text,
+			// The item's own declaration is no use of it.
+			refs: scanRefs(strings.Replace(code, decls[0][0], "", 1))}
 		if _, dup := p.byName[it.name]; dup {
 			return prelude{}, fmt.Errorf("%s declares %s twice", preludeFile, it.name)
 		}
-		pattern := `(^|[^.\w])` + it.name + `\b`
-		if it.kind == "fn" {
-			pattern = `(^|[^.\w])` + it.name + `\s*\(`
-		}
-		it.use = regexp.MustCompile(pattern)
-		// The item's own declaration is no use of it.
-		it.code = strings.Replace(code, decls[0][0], "", 1)
 		p.list = append(p.list, it)
 		p.byName[it.name] = it
 	}

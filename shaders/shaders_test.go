@@ -59,3 +59,13 @@ func TestModules(t *testing.T) {
 		t.Errorf("%d kernels linked", len(mods))
 	}
 }
+
+// BenchmarkModules is the linking of every kernel, which the package does
+// once at start-up (in the browser, as the engine boots).
+func BenchmarkModules(b *testing.B) {
+	for b.Loop() {
+		if _, err := Modules(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -41,6 +41,19 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 	}
 	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}, place: []treemask.Row{treemask.LineRow(s.Len())}}}
 	steps := e.kernels(e.plan(work))
+	// One recording first, untimed: it creates the step's pipelines (on
+	// SwiftShader seconds of shader compiling, which would swamp the
+	// figure).
+	warm, err := e.newBatch()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, st := range steps {
+		if err := st(warm); err != nil {
+			b.Fatal(err)
+		}
+	}
+	warm.Discard()
 	for _, submit := range []bool{false, true} {
 		name := map[bool]string{false: "record", true: "record+submit"}[submit]
 		b.Run(name, func(b *testing.B) {

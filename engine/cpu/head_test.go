@@ -119,16 +119,6 @@ func newHeadRig(t *testing.T, int4 bool) *headRig {
 	return &headRig{target: target, head: h, oracle: &headOracle{t: t, ref: ref, head: rh}, cfg: c, w: w}
 }
 
-// targetStep feeds tokens to a target sequence and returns its Next.
-func targetStep(t *testing.T, e *Engine, seq engine.Sequence, tokens ...int) int {
-	t.Helper()
-	en := &engine.Entry{Seq: seq, Tokens: tokens}
-	if err := e.Step(context.Background(), []*engine.Entry{en}); err != nil {
-		t.Fatal(err)
-	}
-	return en.Next
-}
-
 // TestHead holds cpu.Head to reference.Head (f32): a prompt over the
 // target's features, draft steps past the target (the head's own output),
 // a rollback (Truncate drops the drafted rows) and a re-feed over the
@@ -164,7 +154,7 @@ func testHead(t *testing.T, rig *headRig, tol float64) {
 	defer hseq.Release()
 	prompt := []int{3, 17, 5, 9, 30, 200}
 	ttext := slices.Clone(prompt)
-	next := targetStep(t, target, tseq, prompt...)
+	next := enginetest.TargetStep(t, target, tseq, prompt...)
 	text := append(slices.Clone(prompt), next)
 
 	// The prompt and the target's token: rows 0 … 5 over the target's
@@ -191,7 +181,7 @@ func testHead(t *testing.T, rig *headRig, tol float64) {
 	// computes the first draft's row again from the target's.
 	d1 := text[7]
 	ttext = append(ttext, text[6], d1)
-	b := targetStep(t, target, tseq, text[6], d1)
+	b := enginetest.TargetStep(t, target, tseq, text[6], d1)
 	hseq.Truncate(9)
 	if hseq.Len() != 7 {
 		t.Fatalf("Truncate(9) kept %d tokens, want 7 (the rows over the target's features and one)", hseq.Len())
@@ -205,7 +195,7 @@ func testHead(t *testing.T, rig *headRig, tol float64) {
 	// The target holds b's position; a feed of three: one row over the
 	// target's features, two over the head's output within the step.
 	ttext = append(ttext, b)
-	targetStep(t, target, tseq, b)
+	enginetest.TargetStep(t, target, tseq, b)
 	three := []int{en.Next, 60, 61}
 	text = append(text, three...)
 	en.Tokens = three
@@ -251,7 +241,7 @@ func TestHeadBatch(t *testing.T) {
 	var sides []side
 	for _, p := range prompts {
 		tseq, _ := target.NewSequence()
-		targetStep(t, target, tseq, p...)
+		enginetest.TargetStep(t, target, tseq, p...)
 		a, _ := h.NewSequence()
 		b, _ := h.NewSequence()
 		sides = append(sides, side{tseq, a, b})
@@ -287,53 +277,11 @@ func TestHeadBatch(t *testing.T) {
 	}
 }
 
-// TestHeadTruncate: Truncate keeps at most the rows over the target's
-// features and one token, whatever n; a draft step whose row before is
-// gone is refused; KeepPath on a line takes only the empty path.
+// TestHeadTruncate: enginetest.HeadTruncate, Truncate's and KeepPath's
+// rules for a head.
 func TestHeadTruncate(t *testing.T) {
 	rig := newHeadRig(t, false)
-	ctx := context.Background()
-	h, target := rig.head, rig.target
-	tseq, _ := target.NewSequence()
-	next := targetStep(t, target, tseq, 1, 2, 3, 4)
-	hseq, _ := h.NewSequence()
-	en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: []int{1, 2, 3, 4, next}}
-	if _, err := engine.StepN(ctx, h, []*engine.Entry{en}, 3); err != nil {
-		t.Fatal(err)
-	}
-	if hseq.Len() != 7 {
-		t.Fatalf("the head holds %d tokens, want 7", hseq.Len())
-	}
-	hseq.Truncate(100)
-	if hseq.Len() != 5 {
-		t.Errorf("Truncate(100) kept %d tokens, want 5 (4 rows over the target's features and one)", hseq.Len())
-	}
-	hseq.Truncate(3)
-	if hseq.Len() != 3 {
-		t.Errorf("Truncate(3) kept %d tokens, want 3", hseq.Len())
-	}
-	// Token 3's row (row 2) reads the target's features at position 2: it
-	// is computed again. Token 5 then reads row 3's output, the last.
-	if err := h.Step(ctx, []*engine.Entry{{Seq: hseq, Target: tseq, Tokens: []int{4, next, 9}}}); err != nil {
-		t.Fatal(err)
-	}
-	hseq.Truncate(5)
-	if err := h.Step(ctx, []*engine.Entry{{Seq: hseq, Target: tseq, Tokens: []int{9}}}); err == nil {
-		t.Error("a draft step over a row Truncate dropped: accepted")
-	}
-	if hseq.Len() != 5 {
-		t.Errorf("a refused step changed the sequence: %d tokens, want 5", hseq.Len())
-	}
-	if err := hseq.KeepPath(nil); err != nil {
-		t.Errorf("KeepPath(nil): %v", err)
-	}
-	if err := hseq.KeepPath([]int{4}); err == nil {
-		t.Error("KeepPath of a node: accepted")
-	}
-	hseq.Release()
-	if err := h.Step(ctx, []*engine.Entry{{Seq: hseq, Target: tseq, Tokens: []int{9}}}); err == nil {
-		t.Error("a released sequence: accepted")
-	}
+	enginetest.HeadTruncate(t, rig.head, rig.target)
 }
 
 // TestHeadTargetTree: a Target sequence holding a token tree past its line
@@ -347,7 +295,7 @@ func TestHeadTargetTree(t *testing.T) {
 	var next []int
 	for _, tree := range []bool{false, true} {
 		tseq, _ := target.NewSequence()
-		targetStep(t, target, tseq, line...)
+		enginetest.TargetStep(t, target, tseq, line...)
 		if tree {
 			v := &engine.VerifyEntry{Seq: tseq, Tokens: []int{4, 5}, Parents: []int{2, 2}, Out: 2}
 			if err := target.Verify(ctx, []*engine.VerifyEntry{v}); err != nil {
@@ -406,9 +354,9 @@ func TestHeadRefusals(t *testing.T) {
 	ctx := context.Background()
 	h := rig.head
 	tseq, _ := target.NewSequence()
-	targetStep(t, target, tseq, 1, 2, 3)
+	enginetest.TargetStep(t, target, tseq, 1, 2, 3)
 	other, _ := plain.NewSequence()
-	targetStep(t, plain, other, 1, 2, 3)
+	enginetest.TargetStep(t, plain, other, 1, 2, 3)
 	for _, tc := range []struct {
 		name string
 		en   func(seq engine.Sequence) *engine.Entry
@@ -489,7 +437,7 @@ func TestHeadOwnEmbedding(t *testing.T) {
 	o := &headOracle{t: t, ref: ref, head: rh}
 	tseq, _ := target.NewSequence()
 	text := []int{4, 8, 15, 16, 23}
-	targetStep(t, target, tseq, text...)
+	enginetest.TargetStep(t, target, tseq, text...)
 	hseq, _ := h.NewSequence()
 	en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: append(slices.Clone(text), 42)}
 	if err := h.Step(context.Background(), []*engine.Entry{en}); err != nil {

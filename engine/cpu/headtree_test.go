@@ -118,7 +118,7 @@ func testHeadTree(t *testing.T, rig *headRig, tol float64) {
 	tseq, _ := target.NewSequence()
 	defer tseq.Release()
 	prompt := []int{3, 17, 5, 9, 30, 200}
-	next := targetStep(t, target, tseq, prompt...)
+	next := enginetest.TargetStep(t, target, tseq, prompt...)
 	tr := &headTree{line: append(slices.Clone(prompt), next)}
 	L := len(tr.line)
 	hseq, _ := h.NewSequence()
@@ -202,7 +202,7 @@ func testHeadTree(t *testing.T, rig *headRig, tol float64) {
 		t.Fatalf("KeepPath left %d tokens, want the line's %d", hseq.Len(), L)
 	}
 	accepted := []int{tr.tok[0], tr.tok[3]}
-	b := targetStep(t, target, tseq, append([]int{next}, accepted...)...)
+	b := enginetest.TargetStep(t, target, tseq, append([]int{next}, accepted...)...)
 	ttext := append(slices.Clone(tr.line), accepted...)
 	text := append(slices.Clone(ttext), b)
 	en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: append(slices.Clone(accepted), b), TopN: 3}
@@ -251,7 +251,7 @@ func TestHeadTreeDropped(t *testing.T) {
 	h, target := rig.head, rig.target
 	tseq, _ := target.NewSequence()
 	line := []int{4, 8, 15, 16, 23}
-	line = append(line, targetStep(t, target, tseq, line...))
+	line = append(line, enginetest.TargetStep(t, target, tseq, line...))
 	L := len(line)
 	hseq, _ := h.NewSequence()
 	v0 := &engine.VerifyEntry{Seq: hseq, Target: tseq, Tokens: line, Out: 1, TopN: 2}
@@ -308,7 +308,7 @@ func TestHeadTreeBatch(t *testing.T) {
 	var sides []*side
 	for _, p := range prompts {
 		tseq, _ := target.NewSequence()
-		line := append(slices.Clone(p), targetStep(t, target, tseq, p...))
+		line := append(slices.Clone(p), enginetest.TargetStep(t, target, tseq, p...))
 		a, _ := h.NewSequence()
 		b, _ := h.NewSequence()
 		sides = append(sides, &side{tseq: tseq, alone: a, batched: b, line: line, frontier: []int{len(line) - 1}})
@@ -379,10 +379,10 @@ func TestHeadTreeRefusals(t *testing.T) {
 	ctx := context.Background()
 	h, target := rig.head, rig.target
 	tseq, _ := target.NewSequence()
-	targetStep(t, target, tseq, 1, 2, 3)
+	enginetest.TargetStep(t, target, tseq, 1, 2, 3)
 	plain, _, _, _ := tinyTarget(t, enginetest.HeadLayers, nil)
 	other, _ := plain.NewSequence()
-	targetStep(t, plain, other, 1, 2, 3)
+	enginetest.TargetStep(t, plain, other, 1, 2, 3)
 	sampled := sampling.Params{Temperature: 0.8}
 	draw := sampling.Draw{X: sampling.NoProposal, U: 0.5, V: 0.5}
 	line := []int{1, 2, 3, 9} // rows 0 … 2 over the target's features

@@ -1,12 +1,14 @@
 package enginetest
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"webdraft/eagle3"
+	"webdraft/engine"
 	"webdraft/reference"
 	"webdraft/tensor"
 )
@@ -150,4 +152,65 @@ func LogSumExp(x []float32) float32 {
 		s += math.Exp(float64(v - m))
 	}
 	return m + float32(math.Log(s))
+}
+
+// TargetStep feeds tokens to the target's sequence seq and returns its
+// greedy next token.
+func TargetStep(t *testing.T, e engine.Engine, seq engine.Sequence, tokens ...int) int {
+	t.Helper()
+	en := &engine.Entry{Seq: seq, Tokens: tokens}
+	if err := e.Step(context.Background(), []*engine.Entry{en}); err != nil {
+		t.Fatal(err)
+	}
+	return en.Next
+}
+
+// HeadTruncate checks an EAGLE-3 head h drafting for target (engine.Head's
+// rules): Truncate keeps at most the rows over the target's features and
+// one token, whatever n; a draft step whose row before is gone is refused
+// and changes nothing; KeepPath on a line takes only the empty path; a
+// released sequence is refused.
+func HeadTruncate(t *testing.T, h, target engine.Engine) {
+	t.Helper()
+	ctx := context.Background()
+	tseq, _ := target.NewSequence()
+	next := TargetStep(t, target, tseq, 1, 2, 3, 4)
+	hseq, _ := h.NewSequence()
+	en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: []int{1, 2, 3, 4, next}}
+	if _, err := engine.StepN(ctx, h, []*engine.Entry{en}, 3); err != nil {
+		t.Fatal(err)
+	}
+	if hseq.Len() != 7 {
+		t.Fatalf("the head holds %d tokens, want 7", hseq.Len())
+	}
+	hseq.Truncate(100)
+	if hseq.Len() != 5 {
+		t.Errorf("Truncate(100) kept %d tokens, want 5 (4 rows over the target's features and one)", hseq.Len())
+	}
+	hseq.Truncate(3)
+	if hseq.Len() != 3 {
+		t.Errorf("Truncate(3) kept %d tokens, want 3", hseq.Len())
+	}
+	// Token 3's row (row 2) reads the target's features at position 2: it
+	// is computed again. Token 5 then reads row 3's output, the last.
+	if err := h.Step(ctx, []*engine.Entry{{Seq: hseq, Target: tseq, Tokens: []int{4, next, 9}}}); err != nil {
+		t.Fatal(err)
+	}
+	hseq.Truncate(5)
+	if err := h.Step(ctx, []*engine.Entry{{Seq: hseq, Target: tseq, Tokens: []int{9}}}); err == nil {
+		t.Error("a draft step over a row Truncate dropped: accepted")
+	}
+	if hseq.Len() != 5 {
+		t.Errorf("a refused step changed the sequence: %d tokens, want 5", hseq.Len())
+	}
+	if err := hseq.KeepPath(nil); err != nil {
+		t.Errorf("KeepPath(nil): %v", err)
+	}
+	if err := hseq.KeepPath([]int{4}); err == nil {
+		t.Error("KeepPath of a node: accepted")
+	}
+	hseq.Release()
+	if err := h.Step(ctx, []*engine.Entry{{Seq: hseq, Target: tseq, Tokens: []int{9}}}); err == nil {
+		t.Error("a released sequence: accepted")
+	}
 }

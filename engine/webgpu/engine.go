@@ -281,15 +281,7 @@ func (e *Engine) broken(err error) error {
 // the last engine of a group that owns it). Closing a closed engine does
 // nothing.
 func (e *Engine) Close() error {
-	e.g.mu.Lock()
-	defer e.g.mu.Unlock()
-	if e.closed {
-		return nil
-	}
-	e.closed = true
-	e.release()
-	e.g.engines--
-	e.g.release()
+	e.g.closeMember(&e.closed, e.release)
 	return nil
 }
 

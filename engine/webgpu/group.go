@@ -83,6 +83,21 @@ func (g *Group) Close() {
 	g.release()
 }
 
+// closeMember closes one of the group's engines — the target or a head —
+// once: it marks it closed, frees its resources (free) and lets the group
+// release what nothing uses any more.
+func (g *Group) closeMember(closed *bool, free func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if *closed {
+		return
+	}
+	*closed = true
+	free()
+	g.engines--
+	g.release()
+}
+
 // release frees what the group holds once nothing uses it (the caller
 // holds g.mu): the Q store with the last engine, the device when the
 // group is closed too and owns it.

@@ -244,15 +244,7 @@ var errHeadClosed = errors.New("webgpu head: closed")
 // last engine of a group that owns it). Closing a closed head does
 // nothing.
 func (h *Head) Close() error {
-	h.g.mu.Lock()
-	defer h.g.mu.Unlock()
-	if h.closed {
-		return nil
-	}
-	h.closed = true
-	h.release()
-	h.g.engines--
-	h.g.release()
+	h.g.closeMember(&h.closed, h.release)
 	return nil
 }
 

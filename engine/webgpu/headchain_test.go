@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"webdraft/engine"
+	"webdraft/engine/enginetest"
 )
 
 // headSteps is n Steps over batch, each after the first feeding every
@@ -149,7 +150,7 @@ func testHeadStepN(t *testing.T, rig *headRig) {
 	var texts [][]int
 	for _, p := range prompts {
 		tseq, _ := target.NewSequence()
-		next := targetStep(t, target, tseq, p...)
+		next := enginetest.TargetStep(t, target, tseq, p...)
 		a, _ := h.NewSequence()
 		b, _ := h.NewSequence()
 		cases = append(cases, chainCase{tseq, a, b})
@@ -208,7 +209,7 @@ func TestHeadStepNRefusals(t *testing.T) {
 	ctx := context.Background()
 	tseq, _ := target.NewSequence()
 	defer tseq.Release()
-	next := targetStep(t, target, tseq, 1, 2, 3)
+	next := enginetest.TargetStep(t, target, tseq, 1, 2, 3)
 	s, _ := h.NewSequence()
 	defer s.Release()
 	en := &engine.Entry{Seq: s, Target: tseq, Tokens: []int{1, 2, 3, next}}

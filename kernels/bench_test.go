@@ -331,7 +331,7 @@ var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}
 // benchSkinnyLayouts are the skinny_int4.wgsl layouts
 // BenchmarkMatMulKernels tries besides pickSkinnyLayout's.
 var benchSkinnyLayouts = []skinnyLayout{
-	{4, 2, 64}, {4, 2, 128}, {8, 2, 128}, {8, 4, 64}, {16, 2, 64}, {16, 2, 128}, {16, 4, 64},
+	{4, 2, 64}, {4, 2, 128}, {4, 2, 256}, {8, 2, 128}, {8, 2, 256}, {8, 4, 64}, {16, 2, 64}, {16, 2, 128}, {16, 4, 64},
 	{32, 1, 128}, {32, 2, 64}, {32, 2, 128}, {32, 4, 64}, {32, 2, 256},
 	// Row counts between the powers of two: a verification's k + 1 rows.
 	{12, 2, 96}, {12, 2, 192}, {20, 2, 160}, {20, 2, 240}, {24, 2, 192}, {24, 2, 240},

@@ -197,7 +197,7 @@ func TestMatMulEachKernel(t *testing.T) {
 func TestSkinnyLayouts(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, l := range []skinnyLayout{{4, 1, 64}, {8, 4, 64}, {12, 2, 192}, {16, 1, 128}, {20, 2, 160}, {24, 2, 240}, {32, 4, 64}, {32, 2, 128}, {64, 2, 128}, {64, 1, 64}} {
+	for _, l := range []skinnyLayout{{4, 1, 64}, {4, 2, 256}, {8, 2, 256}, {8, 4, 64}, {12, 2, 192}, {16, 1, 128}, {20, 2, 160}, {24, 2, 240}, {32, 4, 64}, {32, 2, 128}, {64, 2, 128}, {64, 1, 64}} {
 		for _, groups := range []int{1, 64} {
 			T := 1 + r.IntN(2*l.tt)
 			s := matMulShape{T: T, N: 16 + r.IntN(300), K: 32 * (1 + r.IntN(40)), G: 32}

@@ -2,7 +2,7 @@
 # Real model sizes against the CUDA int4 peer, in one run on the GPU
 # machine: for each published Qwen3 shape, `webdraft bench engine` with
 # random int4 weights (batch-1 and batch-16 decode steps, verifications of
-# 1–17 rows of one sequence, the matvecs at the shape, the step floor;
+# 1–17 rows of one sequence (ROWS, 2,3,5,9,17), the matvecs at the shape, the step floor;
 # with PROFILE=1 each kernel's GPU time), then lab/h200/int4_peer.py —
 # torch's tinygemm int4 + a CUDA graph, eager and torch.compile'd — at the same
 # shapes, so every ratio comes from one run on one machine. With BASE=other
@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv,noh
 if [ "${PEER:-1}" = 1 ]; then
 echo "== the CUDA int4 peer"
 # shellcheck disable=SC2086 # PEER_ARGS is a list of flags
-timeout "${PEER_TIMEOUT:-360}" python3 lab/h200/int4_peer.py --shapes "${PEER_SHAPES:-$SHAPES}" --context 1024 --batches 1,16 --rows 5,9,17 \
+timeout "${PEER_TIMEOUT:-360}" python3 lab/h200/int4_peer.py --shapes "${PEER_SHAPES:-$SHAPES}" --context 1024 --batches 1,16 --rows "${ROWS:-2,3,5,9,17}" \
   ${PEER_ARGS:-} 2>&1 | tee "$R/peer.txt" | grep -v '^#' || true
 grep '^#' "$R/peer.txt"
 fi
@@ -44,7 +44,7 @@ for s in ${SHAPES//,/ }; do
     name=engine-$s.txt
     [ "$b" = "$W" ] || name=engine-base-$(basename "$b")-$s.txt
     echo "== $b $s"
-    timeout 300 "$b" bench engine --shape "$s" --context 1024 --batches 1,16 --rows 1,5,9,17 --steps 16 \
+    timeout 300 "$b" bench engine --shape "$s" --context 1024 --batches 1,16 --rows "1,${ROWS:-2,3,5,9,17}" --steps 16 \
       --prefill 256 --copy-mb 256 $profile 2>&1 | grep -v '^time=' > "$R/$name"
     grep -E 'decode step|chained|verification|floor' "$R/$name"
   done

@@ -46,12 +46,10 @@ func (l matVecBatchLayout) valid() bool {
 	return l.lanes >= 1 && l.lanes&(l.lanes-1) == 0 && l.lanes <= 64 && l.rows >= 1 && l.wg() <= 256
 }
 
-// pickMatVecBatchLayout returns the layout for T rows of an N × K matrix:
-// 16 lanes and 16 rows, measured on the H200 at Qwen3-1.7B's two to four
-// rows and Qwen3-8B's one.
-func pickMatVecBatchLayout(n, k, T int) matVecBatchLayout {
-	return matVecBatchLayout{lanes: 16, rows: 16}
-}
+// matVecBatchDefault is the layout every shape takes: 16 lanes and 16 rows,
+// the fastest measured on the H200 at Qwen3-1.7B's two to four rows and at
+// Qwen3-8B's and 4B's one (kernels/plan.go).
+var matVecBatchDefault = matVecBatchLayout{lanes: 16, rows: 16}
 
 // fits reports whether the layout takes T ≤ matVecMaxT rows of w on a
 // device with limits l: its workgroups fit the grid and at least one

@@ -278,7 +278,7 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 			}
 		}
 	case k == kernelMatVecBatch:
-		c.matVecBatch = pickMatVecBatchLayout(w.N, w.K, T)
+		c.matVecBatch = matVecBatchDefault
 	case k == kernelSkinny:
 		c.skinny = pickSkinnyLayout(w.N, T)
 		c.groups = p.skinnyGroups
@@ -303,7 +303,7 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 	case kernelRowTile:
 		return true
 	case kernelMatVecBatch:
-		return int4 && T <= matVecMaxT && pickMatVecBatchLayout(w.N, w.K, T).fits(w, T, l)
+		return int4 && T <= matVecMaxT && matVecBatchDefault.fits(w, T, l)
 	case kernelMatVec:
 		if !int4 || T > matVecMaxT {
 			return false

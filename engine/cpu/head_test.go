@@ -229,52 +229,10 @@ func testHead(t *testing.T, rig *headRig, tol float64) {
 	}
 }
 
-// TestHeadBatch: entries stepped in one batch equal each stepped alone —
-// a prompt beside a draft step past the target, a feed of several stages
-// beside one of one.
+// TestHeadBatch: enginetest.HeadBatch, a batch against its entries alone.
 func TestHeadBatch(t *testing.T) {
 	rig := newHeadRig(t, false)
-	ctx := context.Background()
-	h, target := rig.head, rig.target
-	prompts := [][]int{{3, 17, 5, 9, 30, 200}, {8, 1, 250, 4}}
-	type side struct{ tseq, alone, batched engine.Sequence }
-	var sides []side
-	for _, p := range prompts {
-		tseq, _ := target.NewSequence()
-		enginetest.TargetStep(t, target, tseq, p...)
-		a, _ := h.NewSequence()
-		b, _ := h.NewSequence()
-		sides = append(sides, side{tseq, a, b})
-	}
-	feeds := [][][]int{
-		{prompts[0], prompts[1][:2]},
-		{{7}, prompts[1][2:]},
-		{{9, 10, 11}, {12}},
-		{{13}, {14, 15}},
-	}
-	for k, f := range feeds {
-		var alone, batch []*engine.Entry
-		for i, s := range sides {
-			en := &engine.Entry{Seq: s.alone, Target: s.tseq, Tokens: f[i], TopN: 3}
-			if err := h.Step(ctx, []*engine.Entry{en}); err != nil {
-				t.Fatalf("step %d, entry %d alone: %v", k, i, err)
-			}
-			alone = append(alone, en)
-			batch = append(batch, &engine.Entry{Seq: s.batched, Target: s.tseq, Tokens: f[i], TopN: 3})
-		}
-		if err := h.Step(ctx, batch); err != nil {
-			t.Fatalf("step %d batched: %v", k, err)
-		}
-		for i, s := range sides {
-			a, b := alone[i], batch[i]
-			if b.Next != a.Next || math.Abs(float64(b.Logprob-a.Logprob)) > 1e-5 || fmt.Sprint(b.Top) != fmt.Sprint(a.Top) {
-				t.Errorf("step %d, entry %d: batched %d (%g) %v, alone %d (%g) %v", k, i, b.Next, b.Logprob, b.Top, a.Next, a.Logprob, a.Top)
-			}
-			if s.alone.Len() != s.batched.Len() {
-				t.Errorf("step %d, entry %d: %d tokens batched, %d alone", k, i, s.batched.Len(), s.alone.Len())
-			}
-		}
-	}
+	enginetest.HeadBatch(t, rig.head, rig.target, 1e-5)
 }
 
 // TestHeadTruncate: enginetest.HeadTruncate, Truncate's and KeepPath's

@@ -214,3 +214,55 @@ func HeadTruncate(t *testing.T, h, target engine.Engine) {
 		t.Error("a released sequence: accepted")
 	}
 }
+
+// HeadBatch checks that entries a head h steps in one batch equal each
+// stepped alone — a prompt beside a draft step past the target, a feed of
+// several stages beside one of one —: the same Next and top tokens, their
+// log-probabilities within tol.
+func HeadBatch(t *testing.T, h, target engine.Engine, tol float64) {
+	t.Helper()
+	ctx := context.Background()
+	prompts := [][]int{{3, 17, 5, 9, 30, 200}, {8, 1, 250, 4}}
+	type side struct{ tseq, alone, batched engine.Sequence }
+	var sides []side
+	for _, p := range prompts {
+		tseq, _ := target.NewSequence()
+		TargetStep(t, target, tseq, p...)
+		a, _ := h.NewSequence()
+		b, _ := h.NewSequence()
+		sides = append(sides, side{tseq, a, b})
+	}
+	feeds := [][][]int{
+		{prompts[0], prompts[1][:2]},
+		{{7}, prompts[1][2:]},
+		{{9, 10, 11}, {12}},
+		{{13}, {14, 15}},
+	}
+	for k, f := range feeds {
+		var alone, batch []*engine.Entry
+		for i, s := range sides {
+			en := &engine.Entry{Seq: s.alone, Target: s.tseq, Tokens: f[i], TopN: 3}
+			if err := h.Step(ctx, []*engine.Entry{en}); err != nil {
+				t.Fatalf("step %d, entry %d alone: %v", k, i, err)
+			}
+			alone = append(alone, en)
+			batch = append(batch, &engine.Entry{Seq: s.batched, Target: s.tseq, Tokens: f[i], TopN: 3})
+		}
+		if err := h.Step(ctx, batch); err != nil {
+			t.Fatalf("step %d batched: %v", k, err)
+		}
+		for i, s := range sides {
+			a, b := alone[i], batch[i]
+			same := b.Next == a.Next && math.Abs(float64(b.Logprob-a.Logprob)) <= tol && len(a.Top) == len(b.Top)
+			for j := range a.Top {
+				same = same && a.Top[j].Token == b.Top[j].Token && math.Abs(float64(a.Top[j].Logprob-b.Top[j].Logprob)) <= tol
+			}
+			if !same {
+				t.Errorf("step %d, entry %d: batched %d (%g) %v, alone %d (%g) %v", k, i, b.Next, b.Logprob, b.Top, a.Next, a.Logprob, a.Top)
+			}
+			if s.alone.Len() != s.batched.Len() {
+				t.Errorf("step %d, entry %d: %d tokens batched, %d alone", k, i, s.batched.Len(), s.alone.Len())
+			}
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"webdraft/engine"
+	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
 	"webdraft/kernels"
@@ -41,33 +42,28 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 	}
 	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}, place: []treemask.Row{treemask.LineRow(s.Len())}}}
 	steps := e.kernels(e.plan(work))
+	record := func(b *testing.B) *gpu.Batch {
+		batch, err := e.newBatch()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, st := range steps {
+			if err := st(batch); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return batch
+	}
 	// One recording first, untimed: it creates the step's pipelines (on
 	// SwiftShader seconds of shader compiling, which would swamp the
 	// figure).
-	warm, err := e.newBatch()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, st := range steps {
-		if err := st(warm); err != nil {
-			b.Fatal(err)
-		}
-	}
-	warm.Discard()
+	record(b).Discard()
 	for _, submit := range []bool{false, true} {
 		name := map[bool]string{false: "record", true: "record+submit"}[submit]
 		b.Run(name, func(b *testing.B) {
 			dispatches, n := 0, 0
 			for b.Loop() {
-				batch, err := e.newBatch()
-				if err != nil {
-					b.Fatal(err)
-				}
-				for _, st := range steps {
-					if err := st(batch); err != nil {
-						b.Fatal(err)
-					}
-				}
+				batch := record(b)
 				dispatches = batch.Len()
 				if !submit {
 					batch.Discard()

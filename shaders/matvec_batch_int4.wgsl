@@ -40,11 +40,11 @@
 // the eight lanes of a quarter-warp touch eight different bank quads.
 // Finally each (row, activation row) adds up its LANES partial sums.
 //
-// Sizes (LANES, ROWS, KC: kernels/matvec_batch.go's layout). 16 lanes of 16-byte loads read a Qwen3-1.7B row of 2048
-// inputs (1 KiB) in 4 independent loads per thread, and 16 rows a
-// workgroup give 128…768 workgroups for its projections (the H200 has 132
-// SMs); KC·TT·4 bytes of staged input (8 KiB) leave room for several
-// workgroups per SM. A thread loads its weights of a chunk (KC / 32 /
+// Sizes (LANES, ROWS, KC: kernels/matvec_batch.go's layout). 16 lanes of
+// 16-byte loads read a Qwen3-1.7B row of 2048 inputs (1 KiB) in 4
+// independent loads per thread, and 16 rows a workgroup give 128…768
+// workgroups for its projections (the H200 has 132 SMs); KC·TT·4 bytes of
+// staged input (8 KiB) leave room for several workgroups per SM. A thread loads its weights of a chunk (KC / 32 /
 // LANES vec4s) before staging x', so that their latency overlaps it.
 
 const LANES: u32 = 16u;             // threads per weight row

@@ -1,8 +1,9 @@
 // matvec_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and a few
 // activation rows (T ≤ TT ≤ 4; package kernels picks it for one row of up
 // to 2,048 inputs — the decode of one sequence, its logits head — and
-// matvec_batch_int4.wgsl for longer rows and 2–4) — the memory-bound case, where the whole job is to stream W at full
-// bandwidth and spend as few instructions as possible per weight.
+// matvec_batch_int4.wgsl for longer rows and 2–4) — the memory-bound case,
+// where the whole job is to stream W at full bandwidth and spend as few
+// instructions as possible per weight.
 //
 // For t < T, n < N:
 //   out[t*ldo + n] = (accumulate ? out[t*ldo + n] : 0) + Σ_k x'[t][k] · W[n][k]
@@ -35,11 +36,11 @@
 //      once a workgroup, not once a weight row), scaled by PLACE for the
 //      codes' places, swizzled so that the eight lanes of a quarter-warp
 //      reading vec4s 128 bytes apart touch eight different bank quads;
-//   3. each thread turns its codes into floats with the exponent trick —
-//      bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8 exactly, no
-//      int→float conversion (a quarter-rate instruction), each code in
-//      place in its half word (codes_in_place: no shift) — and multiplies
-//      them with x'. Each staged vec4 read serves RT weight rows: the
+//   3. each thread turns its codes into floats with the exponent trick,
+//      each code left in place in its half word — bitcast(0x4B000000 |
+//      code·16^e) − (2²³ + 8·16^e) is (code − 8)·16^e exactly, no shift and
+//      no int→float conversion (a quarter-rate instruction; codes_in_place)
+//      — and multiplies them with x'. Each staged vec4 read serves RT weight rows: the
 //      workgroup-memory traffic is 8/RT times the weight bytes (at RT = 1
 //      it would equal the L1's bandwidth at the H200's DRAM rate).
 // Finally each (weight row, activation row) adds up its LANES partial sums

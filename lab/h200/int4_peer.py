@@ -110,8 +110,8 @@ class Model:
     def step(self, tokens, pos, cos, sin, mask):
         """tokens (B, T) at positions pos … pos + T − 1 of B sequences;
         returns each row's argmax (B, T)."""
-        at = torch.arange(pos, pos + tokens.shape[1], device="cuda")
         B, T = tokens.shape
+        at = torch.arange(pos, pos + T, device="cuda")  # the rows' places in the cache
         nh, nkv, hd = self.nh, self.nkv, self.hd
         x = self.embed[tokens].reshape(B * T, self.H)
         ks, vs = self.caches[B]

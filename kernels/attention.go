@@ -47,20 +47,21 @@ type attentionPrefillParams struct {
 const (
 	prefillRows    = 64 // BR in attention_prefill.wgsl: query rows a workgroup
 	prefillKeys    = 32 // BC: keys a tile
-	decodeMinChunk = 64 // context positions per split, at least (fewer splits: a shorter merge)
+	decodeMinChunk = 16 // context positions per split, at least (a tuning's minChunk is 16 … maxChunk)
 	decodeMergeMax = 64 // MAXS in attention_decode.wgsl: the most splits its last split merges
 )
 
 // decodeTuning is attention_decode.wgsl's tuning: threads a workgroup (wg,
 // a power of two), the workgroups its splits should add up to at least,
-// the longest split (a power of two), the values a thread loads before it
+// the longest and the shortest split (powers of two; the shortest 64 when
+// minChunk is 0), the values a thread loads before it
 // uses them (vb), and the fewest rows whose splits the last split merges
 // (where the device orders storage device-wide) instead of a merge
 // dispatch; mergeDispatch merges in a dispatch of its own always.
 type decodeTuning struct {
-	wg, workgroups, maxChunk, vb int
-	mergeMinRows                 int
-	mergeDispatch                bool
+	wg, workgroups, maxChunk, minChunk, vb int
+	mergeMinRows                           int
+	mergeDispatch                          bool
 }
 
 // attentionScale is 1/sqrt(D) as reference.Attention computes it.
@@ -81,14 +82,23 @@ func (c *KVCache) decodeScratch(T, heads, maxLen int, tune decodeTuning) int {
 	return T * heads * c.decodeSplits(T, heads, maxLen, tune) * (c.D + 2)
 }
 
+// leastChunk is the shortest split tune allows: minChunk, 64 when unset
+// (the fewer splits, the shorter the merge).
+func (tune decodeTuning) leastChunk() int {
+	if tune.minChunk == 0 {
+		return 64
+	}
+	return tune.minChunk
+}
+
 // decodeChunk is the context positions per split: the longest power of two
-// (decodeMinChunk … tune.maxChunk) that still gives about tune.workgroups
+// (tune.leastChunk() … tune.maxChunk) that still gives about tune.workgroups
 // workgroups — a workgroup per kv head, split and row — so that a single
 // sequence's decode spreads over the whole GPU while a large batch keeps
 // merges few, and whose workgroup memory the device has.
 func (c *KVCache) decodeChunk(T, heads, maxLen int, tune decodeTuning) int {
 	chunk := tune.maxChunk
-	for chunk > decodeMinChunk && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < tune.workgroups ||
+	for chunk > tune.leastChunk() && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < tune.workgroups ||
 		c.decodeMemory(heads, chunk, false, tune) > c.wgMemory) {
 		chunk /= 2
 	}
@@ -156,8 +166,9 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 	if c.D%8 != 0 || c.D/8 > wg {
 		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*wg)
 	}
-	if wg < 16 || wg&(wg-1) != 0 || tune.vb < 1 || tune.maxChunk < decodeMinChunk {
-		return fmt.Errorf("kernels: %s: tuning %+v: want a power-of-two workgroup of at least 16 threads, VB ≥ 1 and splits of at least %d", op, tune, decodeMinChunk)
+	least := tune.leastChunk()
+	if wg < 16 || wg&(wg-1) != 0 || tune.vb < 1 || least < decodeMinChunk || least&(least-1) != 0 || tune.maxChunk < least {
+		return fmt.Errorf("kernels: %s: tuning %+v: want a power-of-two workgroup of at least 16 threads, VB ≥ 1 and splits of %d positions or more, powers of two", op, tune, decodeMinChunk)
 	}
 	if maxLen <= 0 {
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)

@@ -208,6 +208,16 @@ func BenchmarkMatMulKernels(b *testing.B) {
 						add(kernelMatVecBatch, func(c *matMulChoice) { c.matVecBatch = l })
 					}
 				}
+				// Split along K where its workgroups are fewer than a target.
+				for _, g := range []int{512, 768, 1024, 2048} {
+					for _, l := range []matVecBatchLayout{matVecBatchDefault, {16, 8, 0}, {32, 8, 0}} {
+						for _, merge := range []bool{false, true} {
+							if l.fits(w, T, limits) {
+								add(kernelMatVecBatch, func(c *matMulChoice) { c.matVecBatch, c.groups, c.merge = l, g, merge })
+							}
+						}
+					}
+				}
 				for _, l := range benchMatVecLayouts {
 					// Each layout staging the whole row where it fits, and
 					// in chunks of at most 1,024 and 2,048 columns.
@@ -440,7 +450,10 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	heads := kvHeads * group
 	// The plan's tuning with the changes below (zero fields keep it).
 	Ts, changes := []int{1, 4, 32}, []decodeTuning{
-		{}, {mergeDispatch: true}, {vb: 1}, {vb: 4}, {vb: 16}, {workgroups: 2048}, {workgroups: 256, maxChunk: 512},
+		{}, {mergeDispatch: true}, {mergeMinRows: 1}, {vb: 1}, {vb: 4}, {vb: 16}, {workgroups: 2048}, {workgroups: 256, maxChunk: 512},
+		// splits shorter than 64 positions: more workgroups for few kv heads
+		{minChunk: 32}, {minChunk: 16}, {minChunk: 32, mergeMinRows: 1}, {minChunk: 16, mergeMinRows: 1},
+		{minChunk: 16, workgroups: 4096, mergeMinRows: 1}, {wg: 128, minChunk: 32, mergeMinRows: 1},
 		{wg: 128}, {wg: 128, vb: 4}, {wg: 128, vb: 16}, {wg: 128, workgroups: 256, maxChunk: 512},
 		{wg: 256, vb: 4}, {wg: 256, vb: 8}, {wg: 256, vb: 16}, {wg: 256, workgroups: 256, maxChunk: 512, vb: 16},
 		// one split of the whole context, which needs no merge
@@ -463,7 +476,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		for _, f := range []struct {
 			dst *int
 			v   int
-		}{{&t.wg, ch.wg}, {&t.workgroups, ch.workgroups}, {&t.maxChunk, ch.maxChunk}, {&t.vb, ch.vb}} {
+		}{{&t.wg, ch.wg}, {&t.workgroups, ch.workgroups}, {&t.maxChunk, ch.maxChunk}, {&t.minChunk, ch.minChunk}, {&t.vb, ch.vb}, {&t.mergeMinRows, ch.mergeMinRows}} {
 			if f.v != 0 {
 				*f.dst = f.v
 			}
@@ -487,7 +500,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 		for _, t := range tunings {
-			name := fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d/vb=%d", T, t.wg, t.workgroups, t.maxChunk, t.vb)
+			name := fmt.Sprintf("T%d/wg=%d/workgroups=%d/max=%d/min=%d/vb=%d/mergerows=%d", T, t.wg, t.workgroups, t.maxChunk, t.leastChunk(), t.vb, t.mergeMinRows)
 			if t.mergeDispatch { // else merged by the last split where the device allows
 				name += "/merge=dispatch"
 			}

@@ -218,15 +218,20 @@ func TestSkinnyLayouts(t *testing.T) {
 func TestMatVecBatchLayouts(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, l := range benchMatVecBatchLayouts {
+	for i, l := range append(benchMatVecBatchLayouts, benchMatVecBatchLayouts...) {
 		T := 1 + r.IntN(matVecMaxT)
 		s := matMulShape{T: T, N: 16 + r.IntN(150), K: 32 * (1 + r.IntN(160)), G: 32}
 		in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
-		t.Run(fmt.Sprintf("%v/T%d_N%d_K%d/%s", l, T, s.N, s.K, in), func(t *testing.T) {
+		// Two layouts in three split along K: a target of 64 workgroups
+		// splits these rows 2 to 64 ways (slices of 32·lanes inputs, the
+		// last one shorter where they do not divide K), added up by
+		// matmul_reduce.wgsl or by the last split (where the device allows).
+		c := matMulChoice{kernel: kernelMatVecBatch, matVecBatch: l, groups: []int{0, 64, 64}[i%3], merge: i%3 == 2}
+		t.Run(fmt.Sprintf("%v/T%d_N%d_K%d/%s", c, T, s.N, s.K, in), func(t *testing.T) {
 			if !l.fits(&Matrix{Format: Int4, N: s.N, K: s.K, G: s.G}, T, d.Limits()) {
 				t.Skipf("this device does not take %v at %d rows", l, T)
 			}
-			testMatMulHow(t, d, r, Int4, s, in != "norm", in, &matMulChoice{kernel: kernelMatVecBatch, matVecBatch: l}, 0)
+			testMatMulHow(t, d, r, Int4, s, in != "norm", in, &c, 0)
 		})
 	}
 }

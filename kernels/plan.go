@@ -33,9 +33,14 @@ type plan struct {
 
 	// The workgroups a matmul should have at least (split-K below that):
 	// the GEMM at 2 × n and 4 × 4 outputs a thread, skinny_int4.wgsl at up
-	// to 16 and at 32 activation rows a workgroup.
+	// to 16 and at 32 activation rows a workgroup, matvec_batch_int4.wgsl
+	// (0: never split).
 	gemm2Groups, gemm4Groups       int
 	skinnyGroups, skinnyGroupsWide int
+	matVecBatchGroups              int
+	// matVecBatchMerge: a split matvec_batch_int4.wgsl adds up its splits
+	// itself (entry merged) where the device allows.
+	matVecBatchMerge bool
 
 	// attention_decode.wgsl's tuning.
 	decode decodeTuning
@@ -208,7 +213,8 @@ type matMulChoice struct {
 	matVec      matVecPlan        // kernelMatVec
 	matVecBatch matVecBatchLayout // kernelMatVecBatch
 	skinny      skinnyLayout      // kernelSkinny
-	groups      int               // kernelSkinny and the GEMMs: the split-K target
+	groups      int               // kernelSkinny, kernelMatVecBatch and the GEMMs: the split-K target
+	merge       bool              // kernelMatVecBatch: its last workgroups add up a split, not matmul_reduce.wgsl
 }
 
 func (c matMulChoice) String() string {
@@ -216,6 +222,12 @@ func (c matMulChoice) String() string {
 	case kernelMatVec:
 		return c.matVec.matVecLayout.String()
 	case kernelMatVecBatch:
+		if c.groups > 0 && c.merge {
+			return fmt.Sprintf("%v/groups=%d/merged", c.matVecBatch, c.groups)
+		}
+		if c.groups > 0 {
+			return fmt.Sprintf("%v/groups=%d", c.matVecBatch, c.groups)
+		}
 		return c.matVecBatch.String()
 	case kernelSkinny:
 		return fmt.Sprintf("%v/groups=%d", c.skinny, c.groups)
@@ -279,6 +291,7 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 		}
 	case k == kernelMatVecBatch:
 		c.matVecBatch = matVecBatchDefault
+		c.groups, c.merge = p.matVecBatchGroups, p.matVecBatchMerge
 	case k == kernelSkinny:
 		c.skinny = pickSkinnyLayout(w.N, T)
 		c.groups = p.skinnyGroups

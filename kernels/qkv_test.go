@@ -191,6 +191,8 @@ func TestQKVProjRopeKV(t *testing.T) {
 	}{
 		{"planned", 1, kernelPlanned, false, false, false},
 		{"planned", 3, kernelPlanned, false, false, false},
+		{"matvec-batch", 1, kernelMatVecBatch, true, false, true},
+		{"matvec-batch", 3, kernelMatVecBatch, true, false, true},
 		{"skinny", 9, kernelSkinny, true, false, true},
 		{"gemm-4", 45, kernelGEMM4, true, false, true},
 		{"gemm-2x8", 70, kernelGEMM2x8, true, false, true},
@@ -203,6 +205,9 @@ func TestQKVProjRopeKV(t *testing.T) {
 				kvHeads, group, D = 2, 4, 128
 			}
 			heads, K := kvHeads*group, 128*(2+r.IntN(3))
+			if c.kernel == kernelMatVecBatch { // slices of 512 inputs: at least two
+				K *= 4
+			}
 			name := fmt.Sprintf("%s/T%d_heads%d_kv%d_D%d_K%d_f16=%v", c.name, c.T, heads, kvHeads, D, K, half)
 			t.Run(name, func(t *testing.T) {
 				T := c.T

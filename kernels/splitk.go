@@ -7,10 +7,11 @@ import (
 	"webdraft/shaders"
 )
 
-// A split-K matmul: gemm_int4.wgsl and skinny_int4.wgsl, whose tiles alone
-// would be too few workgroups to fill a large GPU, each take a slice of K
-// (grid z) and write partial sums to scratch, which matmul_reduce.wgsl adds
-// up into out — or the next kernel as it reads them (qkv_rope_kv.wgsl).
+// A split-K matmul: gemm_int4.wgsl, skinny_int4.wgsl and
+// matvec_batch_int4.wgsl, whose tiles alone would be too few workgroups to
+// fill a large GPU, each take a slice of K (grid z) and write partial sums
+// to scratch, which matmul_reduce.wgsl adds up into out — or the next
+// kernel as it reads them (qkv_rope_kv.wgsl).
 
 // matMulReduce is matmul_reduce.wgsl.
 var matMulReduce = gpu.Kernel{
@@ -24,7 +25,7 @@ type splitParams struct {
 	T, N, K, G, Ldo, Accumulate uint32
 	Eps                         float32
 	Splits, Kps, Swiglu, Norm   uint32
-	_                           uint32
+	Part0                       uint32 // matvec_batch_int4.wgsl's merged
 }
 
 // reduceParams are matmul_reduce.wgsl's params.
@@ -33,19 +34,16 @@ type reduceParams struct {
 	Eps                                    float32
 }
 
-// splitDispatch records pipeline p — gemm_int4.wgsl or skinny_int4.wgsl,
-// which share bindings, params and the split-K protocol — over tiles of
-// bn output features × bm activation rows, split along K into parts of a
-// multiple of step inputs (then summed by matmul_reduce.wgsl, or left in
+// splitDispatch records pipeline p — gemm_int4.wgsl, skinny_int4.wgsl or
+// matvec_batch_int4.wgsl, which share bindings, params and the split-K
+// protocol — over tiles of bn output features × bm activation rows, split
+// along K into parts of a multiple of step inputs (the last one shorter
+// where step does not divide K) (then summed by matmul_reduce.wgsl, or left in
 // c.split when c.deferReduce) when the tiles alone are fewer than target
 // workgroups.
 func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Binding, bn, bm, step, target int) error {
 	w, T, d := c.w, c.T, c.b.Device()
-	tiles := int(divCeil(blk.n, bn)) * int(divCeil(T, bm))
-	kSteps := w.K / step
-	splits := min(kSteps, max(1, (target+tiles-1)/tiles))
-	kps := (kSteps + splits - 1) / splits * step
-	splits = (w.K + kps - 1) / kps
+	splits, kps := c.splitK(blk, bn, bm, step, target)
 	partials := uint64(splits) * uint64(T) * uint64(blk.n+1) * 4 // sums, then sums of squares
 	if splits > 1 && partials > d.Limits().MaxStorageBufferBindingSize {
 		splits, kps = 1, w.K
@@ -78,6 +76,19 @@ func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Bindin
 	rp := &reduceParams{T: uint32(T), N: uint32(blk.n), Splits: uint32(splits), Ldo: uint32(w.N), Accumulate: wgslBool(c.in.accumulate),
 		Norm: norm, K: uint32(w.K), Eps: float32(c.in.eps)}
 	return gpu.Dispatch(c.b, r, rp, []gpu.Binding{dst, out}, divCeil(blk.n, 256), uint32(T), 1)
+}
+
+// splitK returns how a matmul over tiles of bn output features × bm
+// activation rows of blk splits along K for at least target workgroups:
+// the slices, and the inputs each (a multiple of step; the last slice
+// shorter where they do not divide K).
+func (c *matMulCall) splitK(blk rowBlock, bn, bm, step, target int) (splits, kps int) {
+	K := c.w.K
+	tiles := int(divCeil(blk.n, bn)) * int(divCeil(c.T, bm))
+	kSteps := (K + step - 1) / step
+	splits = min(kSteps, max(1, (target+tiles-1)/tiles))
+	kps = (kSteps + splits - 1) / splits * step
+	return (K + kps - 1) / kps, kps
 }
 
 // splitBlockLog is log2 of SB in matmul_reduce.wgsl and qkv_rope_kv.wgsl

@@ -1,5 +1,5 @@
-// matmul_reduce.wgsl: the second half of a split-K matmul (gemm_int4.wgsl
-// with splits > 1): out (+)= Σ_s part[s], scaled by the RMSNorm factor when
+// matmul_reduce.wgsl: the second half of a split-K matmul (gemm_int4.wgsl,
+// skinny_int4.wgsl or matvec_batch_int4.wgsl with splits > 1): out (+)= Σ_s part[s], scaled by the RMSNorm factor when
 // the input was normalized. (The q|k|v projection skips it:
 // qkv_rope_kv.wgsl sums its partials the same way as it loads them.)
 //

@@ -27,7 +27,25 @@
 // The Go side uses it when K % 32 = 0 and G % 32 = 0, so that a vec4 of
 // codes lies in one scale group.
 //
-// Dispatch: (ceil(N / ROWS), 1, 1) workgroups of WG = ROWS·LANES threads.
+// Split-K (as skinny_int4.wgsl): with splits > 1, workgroup z sums only
+// inputs [z·kps, (z+1)·kps) (kps a multiple of 32·LANES) and writes its
+// partial sums, unscaled, to out as (splits, T, N), followed with NORM by
+// its slice's sums of squares as (splits, T) — matmul_reduce.wgsl (or
+// qkv_rope_kv.wgsl) adds them up. It gives a projection of few rows (Qwen3-
+// 8B's o_proj and down_proj: 256 workgroups) enough workgroups to fill the
+// GPU, and each fewer chunks one after another.
+//
+// Entry merged (where gpu.Device.DeviceScopeBarrier holds) finishes a split
+// in the same dispatch, as attention_decode.wgsl's MERGE does: each
+// workgroup writes its sums (and with NORM its slice's sums of squares) to
+// part, then storageBarrier (release), then one thread adds 1 to row
+// block b's count in word b of part; the one that finds splits − 1 there is
+// the last: after another storageBarrier (acquire) it adds up every split's
+// sums in split order (the same sums as matmul_reduce.wgsl's), applies the
+// norm and the accumulation, writes out and sets the count back to 0. part
+// is read and written only through atomics.
+//
+// Dispatch: (ceil(N / ROWS), 1, splits) workgroups of WG = ROWS·LANES threads.
 // Per chunk of KC input columns, the workgroup first stages x' for its TT
 // rows in workgroup memory (computing SwiGLU or the norm's sum of squares
 // once, not once per weight row; scaled by PLACE for codes_in_place), then
@@ -59,8 +77,9 @@ const SPT: u32 = (STAGED + WG - 1u) / WG; // … a thread stages per chunk, at m
 const WPT: u32 = KC / 32u / LANES;  // weight vec4s a thread reads per chunk (KC a multiple of 32·LANES)
 const PARTIAL: u32 = TT * WG;       // one partial sum per (activation row, thread)
 const SUMSQ: u32 = TT * ROWS;       // NORM's sums of squares, LANES threads' each
+const SLOT: u32 = TT * ROWS + TT;   // merged: a workgroup's words in part: its sums, then NORM's sums of squares
 
-@group(0) @binding(0) var<uniform> p: MatMulParams;
+@group(0) @binding(0) var<uniform> p: SplitParams;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> qweight: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
@@ -70,12 +89,22 @@ const SUMSQ: u32 = TT * ROWS;       // NORM's sums of squares, LANES threads' ea
 var<workgroup> xs: array<vec4<f32>, STAGED>;
 var<workgroup> partial: array<f32, PARTIAL>;
 var<workgroup> sumsq: array<f32, SUMSQ>;
-var<workgroup> inv_rms: array<f32, TT>;
+var<workgroup> ssq: array<f32, TT>;       // NORM: each activation row's sum of squares over the slice
+var<workgroup> is_last: bool;             // merged: this workgroup finishes its row block
 
+// merged's part: words 0 … ceil(N / ROWS) − 1 count each row block's
+// arrivals; from word part0 on, row block b's split z writes its SLOT
+// words at part0 + (b·splits + z)·SLOT.
+@group(0) @binding(6) var<storage, read_write> part: array<atomic<u32>>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+// slice_sums sums workgroup wid's weight rows over its slice of K: after
+// it, partial[(t·ROWS + r)·LANES + lane] holds thread (r, lane)'s sum for
+// activation row t and, with NORM, ssq[t] the slice's sum of squares of
+// row t (both published by a barrier). All threads call it.
+fn slice_sums(wid: vec3<u32>, lid: u32) {
     let lane = lid % LANES;
+    let kbeg = wid.z * p.kps;            // this workgroup's slice of K
+    let kend = min(p.K, kbeg + p.kps);
     let r = lid / LANES;
     let n = min(wid.x * ROWS + r, p.N - 1u); // rows past N repeat row N-1; not written
     let row_vec4s = p.K / 32u;
@@ -86,8 +115,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var ss = vec4<f32>(); // NORM: row t's sum of squares of what this thread staged, in ss[t]
     var wq: array<vec4<u32>, WPT>; // this thread's weights of a chunk
     var wscale: array<f32, WPT>;   // and their scales
-    for (var c0 = 0u; c0 < p.K; c0 += KC) {
-        let kc4 = min(KC, p.K - c0) / 4u; // vec4s of x' per row in this chunk
+    for (var c0 = kbeg; c0 < kend; c0 += KC) {
+        let kc4 = min(KC, kend - c0) / 4u; // vec4s of x' per row in this chunk
         // This thread's weights of the chunk, loaded first: they do not
         // depend on x', so their latency hides behind its staging.
         for (var j = 0u; j < WPT; j++) {
@@ -138,9 +167,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 
     if NORM == 1u {
-        // inv_rms[t] = 1 / sqrt(mean x[t]² + eps), from the threads' sums of
-        // squares: ROWS threads add LANES each, then one thread adds those
-        // (two barriers, not a tree's eight).
+        // The threads' sums of squares: ROWS threads add LANES each, then
+        // one thread adds those (two barriers, not a tree's eight).
         for (var t = 0u; t < TT; t++) {
             partial[t * WG + lid] = ss[t];
         }
@@ -158,33 +186,101 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var i = 0u; i < ROWS; i++) {
                 v += sumsq[lid * ROWS + i];
             }
-            inv_rms[lid] = 1.0 / sqrt(v / f32(p.K) + p.eps);
+            ssq[lid] = v;
         }
         workgroupBarrier();
     }
 
-    // Each (activation row, weight row) adds its LANES partial sums.
     for (var t = 0u; t < TT; t++) {
         partial[(t * ROWS + r) * LANES + lane] = acc[t];
     }
     workgroupBarrier();
+}
+
+// row_sum adds up the LANES partial sums of activation row t and weight
+// row rr of the workgroup (after slice_sums).
+fn row_sum(t: u32, rr: u32, lid: u32) -> f32 {
+    var v = 0.0;
+    for (var l = 0u; l < LANES; l++) {
+        v += partial[(t * ROWS + rr) * LANES + ((l + lid) % LANES)];
+    }
+    return v;
+}
+
+// finish writes out[t][nn] from the sum v over all of K and row t's sum of
+// squares (NORM).
+fn finish(t: u32, nn: u32, sum: f32, sumsq_t: f32) {
+    var v = sum;
+    if NORM == 1u {
+        v *= 1.0 / sqrt(sumsq_t / f32(p.K) + p.eps);
+    }
+    let o = t * p.ldo + nn;
+    if p.accumulate != 0u {
+        v += out[o];
+    }
+    out[o] = v;
+}
+
+// main writes out, or with splits > 1 the partial sums for
+// matmul_reduce.wgsl (or qkv_rope_kv.wgsl).
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    slice_sums(wid, lid);
+    if p.splits > 1u && NORM == 1u && wid.x == 0u && lid < min(TT, p.T) {
+        out[p.splits * p.T * p.N + wid.z * p.T + lid] = ssq[lid];
+    }
     if lid < TT * ROWS {
         let t = lid / ROWS;
         let rr = lid % ROWS;
         let nn = wid.x * ROWS + rr;
         if t < p.T && nn < p.N {
-            var v = 0.0;
-            for (var l = 0u; l < LANES; l++) {
-                v += partial[(t * ROWS + rr) * LANES + ((l + lid) % LANES)];
+            let v = row_sum(t, rr, lid);
+            if p.splits > 1u {
+                out[(wid.z * p.T + t) * p.N + nn] = v;
+            } else {
+                finish(t, nn, v, ssq[t]);
             }
-            if NORM == 1u {
-                v *= inv_rms[t];
-            }
-            let o = t * p.ldo + nn;
-            if p.accumulate != 0u {
-                v += out[o];
-            }
-            out[o] = v;
         }
+    }
+}
+
+// merged writes out with splits > 1, the last of a row block's splits
+// adding up their sums (see the header).
+@compute @workgroup_size(WG)
+fn merged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    slice_sums(wid, lid);
+    let b = wid.x;
+    let first = p.part0 + b * p.splits * SLOT; // split 0 of row block b
+    if lid < TT * ROWS {
+        atomicStore(&part[first + wid.z * SLOT + lid], bitcast<u32>(row_sum(lid / ROWS, lid % ROWS, lid)));
+    }
+    if NORM == 1u && lid < TT {
+        atomicStore(&part[first + wid.z * SLOT + TT * ROWS + lid], bitcast<u32>(ssq[lid]));
+    }
+    storageBarrier(); // release: the sums above before the arrival
+    if lid == 0u {
+        is_last = atomicAdd(&part[b], 1u) == p.splits - 1u;
+    }
+    if !workgroupUniformLoad(&is_last) {
+        return;
+    }
+    storageBarrier(); // acquire: the other splits' sums after their arrivals
+    if lid < TT * ROWS {
+        let t = lid / ROWS;
+        let nn = b * ROWS + lid % ROWS;
+        if t < p.T && nn < p.N {
+            var v = 0.0;
+            var sq = 0.0;
+            for (var z = 0u; z < p.splits; z++) {
+                v += bitcast<f32>(atomicLoad(&part[first + z * SLOT + lid]));
+                if NORM == 1u {
+                    sq += bitcast<f32>(atomicLoad(&part[first + z * SLOT + TT * ROWS + t]));
+                }
+            }
+            finish(t, nn, v, sq);
+        }
+    }
+    if lid == 0u {
+        atomicStore(&part[b], 0u); // for the next dispatch
     }
 }

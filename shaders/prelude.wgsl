@@ -13,7 +13,7 @@
 // line inside.
 
 // MatMulParams are the params of the matmul kernels over whole weight rows
-// (matmul_rowtile.wgsl, matvec_int4.wgsl, matvec_batch_int4.wgsl).
+// that never split K (matmul_rowtile.wgsl, matvec_int4.wgsl).
 struct MatMulParams {
     T: u32,          // activation rows
     N: u32,          // output features (rows of W) in this call
@@ -26,7 +26,7 @@ struct MatMulParams {
 }
 
 // SplitParams are the params of the matmul kernels that may split K across
-// workgroups (gemm_int4.wgsl, skinny_int4.wgsl); with splits > 1 they write
+// workgroups (gemm_int4.wgsl, skinny_int4.wgsl, matvec_batch_int4.wgsl); with splits > 1 they write
 // partial sums for matmul_reduce.wgsl (or qkv_rope_kv.wgsl) instead of out.
 struct SplitParams {
     T: u32,          // activation rows
@@ -40,7 +40,7 @@ struct SplitParams {
     kps: u32,        // inputs per split
     swiglu: u32,     // 1: x is gate | up, and the input silu(gate)·up (skinny_int4.wgsl; gemm_int4.wgsl takes SWIGLU)
     norm: u32,       // 1: the input is rmsnorm(x) · g (skinny_int4.wgsl; gemm_int4.wgsl takes NORM)
-    _pad0: u32,
+    part0: u32,      // matvec_batch_int4.wgsl's merged: the first word of its sums in part, after the counts
 }
 
 // EmbedParams are the params of the embedding gathers (embed.wgsl).

@@ -97,6 +97,15 @@ type Entry struct {
 	Top     []sampling.TokenLogprob
 }
 
+// TakeNext sets each Step entry's Next, Logprob and Top from its row read
+// out (rows[i][0]: the row after the entry's last token).
+func TakeNext(batch []*Entry, rows [][]VerifyRow) {
+	for i, en := range batch {
+		r := rows[i][0]
+		en.Next, en.Logprob, en.Top = r.Argmax, r.ArgmaxLogprob, r.Top
+	}
+}
+
 // Token is a token an engine chose, its log-probability under the model,
 // and the entry's TopN most likely tokens at its position.
 type Token struct {
@@ -374,6 +383,29 @@ func CheckVerify(c *qwen3.Config, batch []*VerifyEntry) error {
 			if d.X != sampling.NoProposal && (d.X < 0 || d.X >= c.VocabSize) || !(d.U >= 0 && d.U < 1) || !(d.V >= 0 && d.V < 1) {
 				return fmt.Errorf("batch entry %d: draw %d %+v: want a proposal in the vocabulary (or none) and uniforms in [0, 1)", i, j, d)
 			}
+		}
+	}
+	return nil
+}
+
+// CheckHeadVerify validates a head's Verify batch (Head: token trees
+// drafted level by level) as CheckVerify does, and refuses what a head
+// does not read out: only greedy rows, no Sampling, Draws, Propose or
+// Tree.
+func CheckHeadVerify(c *qwen3.Config, batch []*VerifyEntry) error {
+	if err := CheckVerify(c, batch); err != nil {
+		return err
+	}
+	for i, e := range batch {
+		switch {
+		case !e.Sampling.Greedy():
+			return fmt.Errorf("batch entry %d: sampling at temperature %g: an EAGLE-3 head drafts token trees greedily", i, e.Sampling.Temperature)
+		case e.Draws != nil:
+			return fmt.Errorf("batch entry %d: draws: an EAGLE-3 head reads its rows out greedily", i)
+		case e.Propose != nil:
+			return fmt.Errorf("batch entry %d: sampled proposals: an EAGLE-3 head drafts token trees greedily", i)
+		case e.Tree != nil:
+			return fmt.Errorf("batch entry %d: a sampled tree to verify: an EAGLE-3 head drafts and does not verify", i)
 		}
 	}
 	return nil

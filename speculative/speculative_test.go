@@ -621,8 +621,9 @@ func TestTreesEqualTarget(t *testing.T) {
 			switch backend.name { // lavapipe: the CPU covers the rest
 			case "cpu": // and an EAGLE-3 head drafting for the CPU engine's target
 				all = append(all, headPair(t, ps, n))
-			case "webgpu": // engines apart: each level a drafter call
-				ps, n, all, shapes = ps[:2], 12, all[:1], []shape{{4, 2, 8}, {6, 4, 32}}
+			case "webgpu": // engines apart: each level a drafter call; and an EAGLE-3 head drafting trees for the WebGPU target
+				ps, n, shapes = ps[:2], 12, []shape{{4, 2, 8}, {6, 4, 32}}
+				all = append(all[:1], webgpuHeadPair(t, ps, n))
 			case "webgpu-fused": // one group: chains and trees drafted and verified in one submission
 				ps, n, all, shapes = ps[:2], 12, all[:1], []shape{{4, 1, 8}, {4, 2, 8}, {6, 4, 32}}
 			}

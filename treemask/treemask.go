@@ -133,6 +133,24 @@ func (t *Tree) Plan(at int, parents []int) ([]Row, error) {
 	return rows, nil
 }
 
+// Place is Plan for T tokens fed at slot at: parents one a token, or nil
+// for T line tokens (which a tree's nodes may not precede).
+func (t *Tree) Place(at, T int, parents []int) ([]Row, error) {
+	if parents == nil && len(t.nodes) == 0 {
+		return LineRows(at, T), nil
+	}
+	if parents == nil {
+		parents = make([]int, T)
+		for i := range parents {
+			parents[i] = Line
+		}
+	}
+	if len(parents) != T {
+		return nil, fmt.Errorf("%d parents for %d tokens", len(parents), T)
+	}
+	return t.Plan(at, parents)
+}
+
 // Commit records rows Plan returned for slots at, at+1, …; at must be the
 // slot Plan was given, and nothing committed in between.
 func (t *Tree) Commit(at int, rows []Row) {
@@ -160,6 +178,23 @@ func (t *Tree) Truncate(n int) {
 	if i := n - t.base; i < len(t.nodes) {
 		t.nodes = t.nodes[:i]
 	}
+}
+
+// KeepNone ends the tree of a sequence of length n keeping none of its
+// nodes, whatever path of it is named — for a drafter whose nodes must be
+// computed again once accepted (an EAGLE-3 head's read its own output) —
+// and returns the sequence's new length: the tree's base, or n without a
+// tree. A path that is not one of the tree's (ErrPath) is refused and
+// changes nothing; an empty path drops the tree.
+func (t *Tree) KeepNone(n int, path []int) (int, error) {
+	base, nodes := t.base, len(t.nodes)
+	if _, _, err := t.KeepPath(n, path); err != nil {
+		return n, err
+	}
+	if nodes > 0 {
+		return base, nil
+	}
+	return n, nil
 }
 
 // Move is one slot's keys and values copied to another.

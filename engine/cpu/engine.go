@@ -317,10 +317,7 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 	if err != nil {
 		return err
 	}
-	for i, en := range batch {
-		r := rows[i][0]
-		en.Next, en.Logprob, en.Top = r.Argmax, r.ArgmaxLogprob, r.Top
-	}
+	engine.TakeNext(batch, rows)
 	return nil
 }
 

@@ -205,13 +205,11 @@ func (s *headSequence) KeepPath(path []int) error {
 	if s.released {
 		return errors.New("cpu head: keep path: a released sequence")
 	}
-	base, nodes := s.tree.Base(), s.tree.Len()
-	if _, _, err := s.tree.KeepPath(s.len, path); err != nil {
+	n, err := s.tree.KeepNone(s.len, path)
+	if err != nil {
 		return fmt.Errorf("cpu head: keep path: %w", err)
 	}
-	if nodes > 0 {
-		s.len = base
-	}
+	s.len = n
 	s.nodeOut = s.nodeOut[:0]
 	return nil
 }
@@ -298,10 +296,7 @@ func (h *Head) Step(ctx context.Context, batch []*engine.Entry) error {
 	if err != nil {
 		return err
 	}
-	for i, en := range batch {
-		r := rows[i][0]
-		en.Next, en.Logprob, en.Top = r.Argmax, r.ArgmaxLogprob, r.Top
-	}
+	engine.TakeNext(batch, rows)
 	return nil
 }
 
@@ -314,7 +309,7 @@ func (h *Head) Step(ctx context.Context, batch []*engine.Entry) error {
 // Propose and Tree are refused. Nothing changes when the batch is
 // refused.
 func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
-	if err := engine.CheckVerify(&h.engCfg, batch); err != nil {
+	if err := engine.CheckHeadVerify(&h.engCfg, batch); err != nil {
 		return fmt.Errorf("cpu head: %w", err)
 	}
 	if len(batch) == 0 {
@@ -322,16 +317,6 @@ func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
 	}
 	feeds := make([]headFeed, len(batch))
 	for i, en := range batch {
-		switch {
-		case !en.Sampling.Greedy():
-			return fmt.Errorf("cpu head: batch entry %d: sampling at temperature %g: an EAGLE-3 head drafts token trees greedily", i, en.Sampling.Temperature)
-		case en.Draws != nil:
-			return fmt.Errorf("cpu head: batch entry %d: draws: an EAGLE-3 head reads its rows out greedily", i)
-		case en.Propose != nil:
-			return fmt.Errorf("cpu head: batch entry %d: sampled proposals: an EAGLE-3 head drafts token trees greedily", i)
-		case en.Tree != nil:
-			return fmt.Errorf("cpu head: batch entry %d: a sampled tree to verify: an EAGLE-3 head drafts and does not verify", i)
-		}
 		f, err := h.feed(i, en.Seq, en.Target, en.Tokens)
 		if err != nil {
 			return err
@@ -436,7 +421,7 @@ func (f *headFeed) plan(i int) error {
 		}
 		return fmt.Errorf("cpu head: batch entry %d: reads out token 0, which has no row: an EAGLE-3 head's first row is token 1's", i)
 	}
-	rows, err := placeRows(&f.seq.tree, f.L, T, f.parents)
+	rows, err := f.seq.tree.Place(f.L, T, f.parents)
 	if err != nil {
 		return fmt.Errorf("cpu head: batch entry %d: %w", i, err)
 	}

@@ -3,7 +3,6 @@ package cpu
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"webdraft/engine/cpu/ops"
 	"webdraft/engine/enginetest"
 	"webdraft/reference"
-	"webdraft/sampling"
 	"webdraft/tensor"
 )
 
@@ -35,7 +33,9 @@ func (o *headOracle) rows(text, targetText []int) []reference.HeadRow {
 }
 
 // check holds a head step's read-out — its entry, the pass's logits for
-// entry i and the sequence's last output — to the oracle's last row.
+// entry i and the sequence's last output — to the oracle's last row: the
+// logits and the output within tol, the read-out as
+// enginetest.CheckHeadRead holds it (log-probabilities within 1e-4).
 func (o *headOracle) check(what string, h *Head, en *engine.Entry, i int, text, targetText []int, tol float64) {
 	o.t.Helper()
 	rows := o.rows(text, targetText)
@@ -44,50 +44,10 @@ func (o *headOracle) check(what string, h *Head, en *engine.Entry, i int, text, 
 	if e := enginetest.RelErr(en.Seq.(*headSequence).out, want.Hidden); e > tol {
 		o.t.Errorf("%s: the output before norm %.2g from the reference's", what, e)
 	}
-	o.compare(what, h.pass.logits[i*Vd:(i+1)*Vd], en.Next, en.Logprob, en.Top, en.TopN, want, tol)
-}
-
-// compare holds a row's read-out — its logits, argmax, log-probability and
-// topN most likely tokens — to the oracle's row want.
-func (o *headOracle) compare(what string, logits []float32, next int, logprob float32, top []sampling.TokenLogprob, topN int, want reference.HeadRow, tol float64) {
-	o.t.Helper()
-	Vd := len(want.Logits)
-	if e := enginetest.RelErr(logits, want.Logits); e > tol {
+	if e := enginetest.RelErr(h.pass.logits[i*Vd:(i+1)*Vd], want.Logits); e > tol {
 		o.t.Errorf("%s: logits %.2g from the reference's", what, e)
 	}
-	best, err := reference.Argmax(want.Logits)
-	if err != nil {
-		o.t.Fatal(err)
-	}
-	lse := enginetest.LogSumExp(want.Logits)
-	if tok := o.head.TargetToken(best); next != tok {
-		o.t.Errorf("%s: Next %d, the reference's %d", what, next, tok)
-	}
-	if lp := want.Logits[best] - lse; math.Abs(float64(logprob-lp)) > 1e-4 {
-		o.t.Errorf("%s: Logprob %g, the reference's %g", what, logprob, lp)
-	}
-	if len(top) != topN {
-		o.t.Fatalf("%s: %d top tokens, want %d", what, len(top), topN)
-	}
-	order := make([]int, Vd)
-	for d := range order {
-		order[d] = d
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		switch {
-		case want.Logits[a] > want.Logits[b]:
-			return -1
-		case want.Logits[a] < want.Logits[b]:
-			return 1
-		}
-		return 0
-	})
-	for k, tl := range top {
-		d := order[k]
-		if tl.Token != o.head.TargetToken(d) || math.Abs(float64(tl.Logprob-(want.Logits[d]-lse))) > 1e-4 {
-			o.t.Errorf("%s: top %d is %+v, the reference's token %d (%g)", what, k, tl, o.head.TargetToken(d), want.Logits[d]-lse)
-		}
-	}
+	enginetest.CheckHeadRead(o.t, what, o.head, want, en.Next, en.Logprob, en.Top, en.TopN, 1e-4)
 }
 
 // headRig is a tiny target with the features of eagle3.DefaultAux's layers,

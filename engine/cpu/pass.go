@@ -143,7 +143,7 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 	R, n := 0, 0
 	for i, s := range ss {
 		T := len(feeds[i].tokens)
-		rows, err := placeRows(&s.tree, s.len, T, feeds[i].parents)
+		rows, err := s.tree.Place(s.len, T, feeds[i].parents)
 		if err != nil {
 			return nil, fmt.Errorf("cpu engine: batch entry %d: %w", i, err)
 		}
@@ -601,20 +601,4 @@ func topOf(logits []float32, n int, lse float32, tokens []int32) []sampling.Toke
 		out[k] = sampling.TokenLogprob{Token: c.tok, Logprob: c.v - lse}
 	}
 	return out
-}
-
-// placeRows places T tokens fed at slot at of a sequence with tree t
-// (treemask.Tree.Plan), every token a line token when parents is nil —
-// which a sequence holding a tree refuses, as a line token after a node.
-func placeRows(t *treemask.Tree, at, T int, parents []int) ([]treemask.Row, error) {
-	if parents == nil && t.Len() == 0 {
-		return treemask.LineRows(at, T), nil
-	}
-	if parents == nil {
-		parents = make([]int, T)
-		for i := range parents {
-			parents[i] = treemask.Line
-		}
-	}
-	return t.Plan(at, parents)
 }

@@ -10,6 +10,7 @@ import (
 	"webdraft/eagle3"
 	"webdraft/engine"
 	"webdraft/reference"
+	"webdraft/sampling"
 	"webdraft/tensor"
 )
 
@@ -263,6 +264,67 @@ func HeadBatch(t *testing.T, h, target engine.Engine, tol float64) {
 			if s.alone.Len() != s.batched.Len() {
 				t.Errorf("step %d, entry %d: %d tokens batched, %d alone", k, i, s.batched.Len(), s.alone.Len())
 			}
+		}
+	}
+}
+
+// CheckHeadRead holds a head's read-out of a row — its argmax next, the
+// log-probability and the top tokens (topN asked) — to the reference's
+// row want: next the reference's argmax (or a near tie: logits within
+// 1e-3 of the largest |logit|, as the engine suite holds greedy tokens),
+// logprob and each of top within tol of the reference's, top in the
+// reference's order but for near ties.
+func CheckHeadRead(t *testing.T, what string, rh *reference.Head, want reference.HeadRow, next int, logprob float32, top []sampling.TokenLogprob, topN int, tol float64) {
+	t.Helper()
+	best, err := reference.Argmax(want.Logits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lse := LogSumExp(want.Logits)
+	draft := map[int]int{} // target token → draft token
+	for d := range want.Logits {
+		draft[rh.TargetToken(d)] = d
+	}
+	scale := 0.0
+	for _, l := range want.Logits {
+		scale = max(scale, math.Abs(float64(l)))
+	}
+	if tok := rh.TargetToken(best); next != tok {
+		d, ok := draft[next]
+		if !ok || math.Abs(float64(want.Logits[d]-want.Logits[best])) > 1e-3*scale {
+			t.Errorf("%s: Next %d, the reference's %d", what, next, tok)
+		}
+	}
+	if lp := want.Logits[best] - lse; math.Abs(float64(logprob-lp)) > tol {
+		t.Errorf("%s: Logprob %g, the reference's %g", what, logprob, lp)
+	}
+	if len(top) != min(topN, len(want.Logits)) {
+		t.Fatalf("%s: %d top tokens, want %d", what, len(top), topN)
+	}
+	order := make([]int, len(want.Logits))
+	for d := range order {
+		order[d] = d
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		switch {
+		case want.Logits[a] > want.Logits[b]:
+			return -1
+		case want.Logits[a] < want.Logits[b]:
+			return 1
+		}
+		return 0
+	})
+	for k, tl := range top {
+		d, ok := draft[tl.Token]
+		if !ok {
+			t.Errorf("%s: top %d is token %d, not of the draft vocabulary", what, k, tl.Token)
+			continue
+		}
+		// The token's own log-probability, and its rank's (a near tie may
+		// swap two tokens).
+		mine, rank := want.Logits[d]-lse, want.Logits[order[k]]-lse
+		if math.Abs(float64(tl.Logprob-mine)) > tol || math.Abs(float64(mine-rank)) > tol {
+			t.Errorf("%s: top %d is %+v, the reference's token %d (%g)", what, k, tl, rh.TargetToken(order[k]), rank)
 		}
 	}
 }

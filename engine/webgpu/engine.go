@@ -28,8 +28,9 @@
 // sampled.go sampled drafts, proposed and walked; fused.go and
 // fusedtree.go drafts verified in the same submission; activations.go the
 // buffers a pass works in; weights.go the model on the device; head.go
-// the EAGLE-3 head and its sequences, headstep.go its step, headbuffers.go
-// its weights and buffers.
+// the EAGLE-3 head and its sequences, headstep.go its step and its token
+// trees (Verify), headchain.go its chained steps, headbuffers.go its
+// weights and buffers.
 package webgpu
 
 import (

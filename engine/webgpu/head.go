@@ -31,6 +31,20 @@ import (
 // StepN (headchain.go) chains greedy steps on the device: each step's
 // argmax, mapped to the target's vocabulary there, is the next step's
 // token, and one read brings every step's words back.
+//
+// Verify drafts token trees (EAGLE-2's dynamic tree, level by level), as
+// cpu.Head does: a node (VerifyEntry.Parents) is a row of the head's cache
+// placed by package treemask as the target engine places its nodes — at
+// its parent's position plus one, its attention masked to the line and its
+// own ancestors through the rows buffer the attention kernels read — whose
+// input is the head's own output before norm at its parent's row: the
+// store's row for a root (the line's last row), else the parent's row of
+// the node store, where the head keeps every node's output on the device
+// (headActivations.nodes). A tree's levels fed in one call run as stages
+// on the device, recorded one after another with no read between them;
+// each pass reads out its rows of the entries' last Out into the results,
+// which one read brings back. A tree's nodes read the head's own output,
+// so KeepPath keeps none of them whatever the path.
 type Head struct {
 	target *Engine
 	g      *Group
@@ -195,6 +209,10 @@ func (h *Head) release() {
 	h.w, h.kv, h.act = nil, nil, nil
 }
 
+// DraftsTrees: the head drafts token trees through Verify
+// (engine.DraftsTrees).
+func (h *Head) DraftsTrees() bool { return true }
+
 // Target is the engine whose sequences' features the head reads.
 func (h *Head) Target() engine.Engine { return h.target }
 
@@ -265,14 +283,18 @@ func (h *Head) NewSequence() (engine.Sequence, error) {
 
 // headSequence is one sequence of the head: len tokens fed, token i ≥ 1
 // the row i−1 of its cache (kv holds len−1 positions); the row whose
-// output before norm the head's store keeps at the sequence's slot; and
-// how many rows, from the first, read the target's features.
+// output before norm the head's store keeps at the sequence's slot; how
+// many rows, from the first, read the target's features; and past the
+// line a token tree (slots: token indices, as the Parents that place it),
+// whose node slot tree.Base()+i keeps its output before norm in row
+// kv.Slot()·treemask.MaxNodes + i of the node store.
 type headSequence struct {
 	owner      *Head
 	kv         *kernels.KVSeq
 	len        int
 	outRow     int // −1: the store holds none of the sequence's
 	targetRows int // rows 0 … targetRows−1 read the target's features
+	tree       treemask.Tree
 	released   bool
 }
 
@@ -283,13 +305,15 @@ func (s *headSequence) rows() int { return max(s.len-1, 0) }
 
 // Truncate keeps at most n tokens and at most the rows that read the
 // target's features (engine.Head): a row drafted from the head's own output
-// goes, so that the next step computes it again from the target's.
+// goes, so that the next step computes it again from the target's — a
+// token tree's nodes, past the line, with them.
 func (s *headSequence) Truncate(n int) {
 	keep := min(n, s.targetRows+1)
 	if s.released || keep < 0 || keep >= s.len {
 		return
 	}
 	s.len = keep
+	s.tree.Truncate(keep) // the tree starts past the line, which holds the rows over the target's
 	s.targetRows = min(s.targetRows, s.rows())
 	s.kv.Truncate(s.rows())
 	if s.outRow >= s.rows() {
@@ -297,13 +321,23 @@ func (s *headSequence) Truncate(n int) {
 	}
 }
 
-// KeepPath: the head holds no token trees, so an empty path (drop the
-// tree) changes nothing and any other is refused.
+// KeepPath ends the sequence's token tree keeping none of its nodes,
+// whatever the path (engine.Head): each read the head's own output, and
+// the next step computes the accepted tokens' rows again from the
+// target's features. Len drops to the line's. A path that is not one of
+// the tree's (treemask.ErrPath) is refused and changes nothing; an empty
+// path drops the tree.
 func (s *headSequence) KeepPath(path []int) error {
-	if len(path) == 0 {
-		return nil
+	if s.released {
+		return errors.New("webgpu head: keep path: a released sequence")
 	}
-	return fmt.Errorf("webgpu head: keep path: the head drafts no token trees: %w", treemask.ErrPath)
+	n, err := s.tree.KeepNone(s.len, path)
+	if err != nil {
+		return fmt.Errorf("webgpu head: keep path: %w", err)
+	}
+	s.len = n
+	s.kv.Truncate(s.rows())
+	return nil
 }
 
 func (s *headSequence) Release() {
@@ -312,4 +346,5 @@ func (s *headSequence) Release() {
 	}
 	s.kv.Release()
 	s.len, s.outRow, s.targetRows, s.released = 0, -1, 0, true
+	s.tree = treemask.Tree{}
 }

@@ -97,57 +97,7 @@ func (o *headOracle) check(what string, h *Head, en *engine.Entry, i int, text, 
 	if eh > tol {
 		o.t.Errorf("%s: the output before norm %.2g from the reference's", what, eh)
 	}
-	best, err := reference.Argmax(want.Logits)
-	if err != nil {
-		o.t.Fatal(err)
-	}
-	lse := enginetest.LogSumExp(want.Logits)
-	draft := map[int]int{} // target token → draft token
-	for d := range want.Logits {
-		draft[o.head.TargetToken(d)] = d
-	}
-	scale := 0.0
-	for _, l := range want.Logits {
-		scale = max(scale, math.Abs(float64(l)))
-	}
-	if tok := o.head.TargetToken(best); en.Next != tok {
-		d, ok := draft[en.Next]
-		if !ok || math.Abs(float64(want.Logits[d]-want.Logits[best])) > 1e-3*scale {
-			o.t.Errorf("%s: Next %d, the reference's %d", what, en.Next, tok)
-		}
-	}
-	if lp := want.Logits[best] - lse; math.Abs(float64(en.Logprob-lp)) > lpTol {
-		o.t.Errorf("%s: Logprob %g, the reference's %g", what, en.Logprob, lp)
-	}
-	if len(en.Top) != min(en.TopN, len(want.Logits)) {
-		o.t.Fatalf("%s: %d top tokens, want %d", what, len(en.Top), en.TopN)
-	}
-	order := make([]int, len(want.Logits))
-	for d := range order {
-		order[d] = d
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		switch {
-		case want.Logits[a] > want.Logits[b]:
-			return -1
-		case want.Logits[a] < want.Logits[b]:
-			return 1
-		}
-		return 0
-	})
-	for k, tl := range en.Top {
-		d, ok := draft[tl.Token]
-		if !ok {
-			o.t.Errorf("%s: top %d is token %d, not of the draft vocabulary", what, k, tl.Token)
-			continue
-		}
-		// The token's own log-probability, and its rank's (a near tie may
-		// swap two tokens).
-		mine, rank := want.Logits[d]-lse, want.Logits[order[k]]-lse
-		if math.Abs(float64(tl.Logprob-mine)) > lpTol || math.Abs(float64(mine-rank)) > lpTol {
-			o.t.Errorf("%s: top %d is %+v, the reference's token %d (%g)", what, k, tl, o.head.TargetToken(order[k]), rank)
-		}
-	}
+	enginetest.CheckHeadRead(o.t, what, o.head, want, en.Next, en.Logprob, en.Top, en.TopN, lpTol)
 }
 
 // headRig is a tiny target keeping the features of eagle3.DefaultAux's
@@ -362,7 +312,7 @@ func TestHeadLongPrompt(t *testing.T) {
 // mustFeeds plans a batch as Step would.
 func mustFeeds(t *testing.T, h *Head, batch []*engine.Entry) []headFeed {
 	t.Helper()
-	f, err := h.feeds(batch)
+	f, err := h.stepFeeds(batch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,8 +386,8 @@ func TestHeadTargetTree(t *testing.T) {
 // TestHeadRefusals: NewHead refuses a head that does not fit its target, a
 // target without the head's features, and incomplete weights; Step
 // refuses an entry without its Target or with another engine's, tree
-// nodes, token 0 alone, a row over features the target does not hold;
-// Verify is refused.
+// nodes (the head drafts its trees through Verify: DraftsTrees), token 0
+// alone, a row over features the target does not hold.
 func TestHeadRefusals(t *testing.T) {
 	rig := newHeadRig(t, true, HeadOptions{})
 	c, w, target := rig.cfg, rig.w, rig.target
@@ -531,8 +481,8 @@ func TestHeadRefusals(t *testing.T) {
 	if err := h.Step(ctx, []*engine.Entry{ok}); err != nil {
 		t.Errorf("rows 3 and 4 past a target of 3: %v", err)
 	}
-	if err := h.Verify(ctx, nil); err == nil {
-		t.Error("Verify: accepted")
+	if !engine.DraftsTrees(h) {
+		t.Error("the head drafts no token trees")
 	}
 	if engine.ReadsTarget(h) != engine.Engine(target) {
 		t.Error("ReadsTarget(head) is not its target")

@@ -8,7 +8,9 @@ import (
 	"webdraft/gpu"
 	"webdraft/kernels"
 	"webdraft/qwen3"
+	"webdraft/sampling"
 	"webdraft/tensor"
+	"webdraft/treemask"
 )
 
 // headWeights is an EAGLE-3 head on the GPU, uploaded once.
@@ -153,12 +155,18 @@ type headActivations struct {
 	temps    *gpu.Buffer // (S, kernels.SampleTempWords) f32
 	sampled  *gpu.Buffer // (S, kernels.SampleWords) u32
 	top      *gpu.Buffer // (S, MaxTopN, 2) u32
+	// nodes (S·treemask.MaxNodes, H) f32 is the node store: row
+	// s·MaxNodes + i holds the output before norm of node i of the tree of
+	// the sequence in slot s (nil until a Verify feeds tree nodes:
+	// ensureNodes).
+	nodes *gpu.Buffer
 	// A chain (StepN): mapSrc holds the pairs (2i+1, i) that gather each
 	// read-out row's argmax into the odd word of pair i of mapPairs, whose
 	// even words hold i, so that mapPairs gathers each row's target token
 	// from headWeights.targetIDs into ids (S pairs each); chainRows the
 	// places of a chained step's rows, a buffer a step, and results each
-	// step's read-out words (grown as calls need them).
+	// step's read-out words — or a Verify's, each pass's (verifyLayout) —
+	// grown as calls need them.
 	mapSrc, mapPairs *gpu.Buffer
 	chainRows        []*gpu.Buffer
 	results          *gpu.Buffer
@@ -167,12 +175,13 @@ type headActivations struct {
 
 // pairRegions are where the pairs buffer holds each gather's pairs, byte
 // offsets aligned for a binding: the features' (one region of R pairs a
-// feature buffer), the hidden's (R), the outputs kept (R), the read-out's
-// (S).
+// feature buffer), the hidden's from the hidden store (R) and from the
+// node store (nodeX, R), the outputs kept in the store (R) and in the node
+// store (nodeSave, R), the read-out's (S).
 type pairRegions struct {
-	features      []uint64
-	x, save, read uint64
-	words         int // the buffer's u32 words
+	features                       []uint64
+	x, nodeX, save, nodeSave, read uint64
+	words                          int // the buffer's u32 words
 }
 
 func newHeadActivations(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, R, S, features int) (_ *headActivations, err error) {
@@ -194,7 +203,8 @@ func newHeadActivations(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, R,
 	for range features {
 		a.regions.features = append(a.regions.features, region(&at, R))
 	}
-	a.regions.x, a.regions.save, a.regions.read = region(&at, R), region(&at, R), region(&at, S)
+	a.regions.x, a.regions.nodeX, a.regions.save = region(&at, R), region(&at, R), region(&at, R)
+	a.regions.nodeSave, a.regions.read = region(&at, R), region(&at, S)
 	a.regions.words = int(at / 4)
 	limit := d.Limits().MaxStorageBufferBindingSize
 	for _, b := range []struct {
@@ -231,11 +241,40 @@ func newHeadActivations(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, R,
 	if err := a.mapPairs.WriteU32(0, pairs); err != nil {
 		return nil, fmt.Errorf("activations: %w", err)
 	}
+	// Every read-out row is greedy: sample.wgsl's inputs, written once.
+	draws, temps := make([]uint32, S*kernels.SampleDrawWords), make([]float32, S*kernels.SampleTempWords)
+	for i := range S {
+		kernels.PutSampleRow(draws[i*kernels.SampleDrawWords:], temps[i*kernels.SampleTempWords:], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+	}
+	if err := a.draws.WriteU32(0, draws); err != nil {
+		return nil, fmt.Errorf("activations: %w", err)
+	}
+	if err := a.temps.WriteF32(0, temps); err != nil {
+		return nil, fmt.Errorf("activations: %w", err)
+	}
 	return a, nil
 }
 
+// ensureNodes allocates the node store for outputs of H values,
+// the first time a pass feeds tree nodes.
+func (a *headActivations) ensureNodes(d *gpu.Device, H int) error {
+	if a.nodes != nil {
+		return nil
+	}
+	bytes := uint64(a.S*treemask.MaxNodes*H) * 4
+	if limit := d.Limits().MaxStorageBufferBindingSize; bytes > limit {
+		return fmt.Errorf("the node store of %d sequences' token trees takes %d bytes, more than one binding (%d): fewer sequences (MaxSequences)", a.S, bytes, limit)
+	}
+	b, err := d.NewBuffer("head.node_store", bytes)
+	if err != nil {
+		return fmt.Errorf("the node store: %w", err)
+	}
+	a.nodes = b
+	return nil
+}
+
 // ensureChain readies a chain of m steps after the first: m buffers of
-// the rows' places, and results of at least bytes.
+// the rows' places, and results of at least bytes (a Verify's: m = 0).
 func (a *headActivations) ensureChain(d *gpu.Device, m int, bytes uint64) error {
 	for len(a.chainRows) < m {
 		b, err := d.NewBuffer(fmt.Sprintf("head.chain_rows.%d", len(a.chainRows)), uint64(a.S*kernels.RowWords)*4)
@@ -268,8 +307,10 @@ func (a *headActivations) release() {
 	for _, b := range a.chainRows {
 		b.Release()
 	}
-	if a.results != nil {
-		a.results.Release()
+	for _, b := range []*gpu.Buffer{a.results, a.nodes} {
+		if b != nil {
+			b.Release()
+		}
 	}
-	a.all, a.chainRows, a.results = nil, nil, nil
+	a.all, a.chainRows, a.results, a.nodes = nil, nil, nil, nil
 }

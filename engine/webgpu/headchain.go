@@ -46,7 +46,7 @@ func (h *Head) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]eng
 	if err := h.usable(); err != nil {
 		return nil, err
 	}
-	feeds, err := h.feeds(batch)
+	feeds, err := h.stepFeeds(batch)
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +181,7 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 			return nil, submitted, err
 		}
 		ps := &passes[k]
-		if err := h.writePass(feeds, ps, topN); err != nil {
+		if err := h.writePass(feeds, ps); err != nil {
 			return nil, submitted, err
 		}
 		steps := h.passSteps(ps, B, topN)
@@ -218,7 +218,7 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 	var steps []step
 	for j := 1; j < n; j++ {
 		rows := make([]uint32, B*kernels.RowWords)
-		ps := headPass{parts: parts, rows: B, decode: B, nsave: B, last: true, rowBuf: a.chainRows[j-1]}
+		ps := headPass{parts: parts, rows: B, decode: B, nx: B, nsave: B, last: true, rowBuf: a.chainRows[j-1]}
 		for i, f := range feeds {
 			r := f.L + len(f.tokens) - 1 + j - 1 // the row of the step's token
 			kernels.PutRow(rows[i*kernels.RowWords:], f.seq.kv.Slot(), r, treemask.LineRow(r))
@@ -237,18 +237,8 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 	if err != nil {
 		return nil, true, err
 	}
-	for _, f := range feeds {
-		s := f.seq
-		if err := s.kv.Commit(f.L+len(f.tokens)-1+n-1, nil); err != nil {
-			return nil, true, err
-		}
-		for t := range f.tokens {
-			if f.feat[t] && f.L+t-1 == s.targetRows {
-				s.targetRows++
-			}
-		}
-		s.len += len(f.tokens) + n - 1
-		s.outRow = s.rows() - 1
+	if err := h.commit(feeds, n-1); err != nil {
+		return nil, true, err
 	}
 	return toks, true, nil
 }

@@ -81,7 +81,7 @@ func compareStepN(t *testing.T, h *Head, what string, cases []chainCase, tokens 
 	}
 	if n > 1 {
 		h.g.mu.Lock()
-		feeds, err := h.feeds(a)
+		feeds, err := h.stepFeeds(a)
 		h.g.mu.Unlock()
 		if err != nil {
 			t.Fatal(err)

@@ -3,7 +3,6 @@ package webgpu
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -15,21 +14,45 @@ import (
 	"webdraft/treemask"
 )
 
-// headFeed is one entry of a head step, planned: for each of its tokens the
-// stage that computes its row (−1: token 0, no row) and whether the row
-// reads the target's features (else the head's output at the row before).
-type headFeed struct {
-	seq    *headSequence
-	target *kernels.KVSeq
-	tokens []int
-	L      int // the tokens the sequence held before the step
-	stage  []int
-	feat   []bool
+// headIn is one entry of a head pass as given: its sequences, its tokens
+// and their parents (nil: a line), how many of its last rows are read out
+// and the most likely tokens each lists.
+type headIn struct {
+	seq, target     engine.Sequence
+	tokens, parents []int
+	read, topN      int
 }
+
+// headFeed is one entry of a head pass, planned: its tokens, their
+// placement (package treemask, slots token indices: token i's row is the
+// head's cache slot i−1), for each the stage that computes its row (−1:
+// token 0, no row) and whether the row reads the target's features (else
+// an output of the head's: the row before's for a line token, the
+// parent's for a node); the last read tokens' rows are read out, topN
+// most likely tokens each.
+type headFeed struct {
+	seq        *headSequence
+	target     *kernels.KVSeq
+	tokens     []int
+	parents    []int
+	read, topN int
+	L          int // the tokens the sequence held before the pass
+	place      []treemask.Row
+	stage      []int
+	feat       []bool
+	base       int // the tree's first slot, with the feed's nodes in
+}
+
+// node reports whether token t is a tree node.
+func (f *headFeed) node(t int) bool { return f.place[t].Parent != treemask.Line }
+
+// firstRead is the first token whose row is read out.
+func (f *headFeed) firstRead() int { return len(f.tokens) - f.read }
 
 // Step feeds each entry's tokens to its sequence, each row over its
 // Target's features or the head's own output (engine.Head), and reads out
-// the draft after each entry's last token, in the target's vocabulary.
+// the draft after each entry's last token, in the target's vocabulary. It
+// takes no tree nodes (Parents): the head drafts its trees through Verify.
 //
 // A row that reads the head's output at the row before cannot run in the
 // pass that computes that row, so a step runs in stages, as cpu.Head's
@@ -60,70 +83,105 @@ func (h *Head) Step(ctx context.Context, batch []*engine.Entry) error {
 
 // step is Step over a checked, non-empty batch, the group's lock held.
 func (h *Head) step(ctx context.Context, batch []*engine.Entry) error {
-	feeds, err := h.feeds(batch)
+	rows, err := h.call(ctx, func() ([]headFeed, error) { return h.stepFeeds(batch) }, false)
 	if err != nil {
 		return err
 	}
-	if err := ctx.Err(); err != nil {
+	engine.TakeNext(batch, rows)
+	return nil
+}
+
+// Verify feeds each entry's tokens to its sequence — line tokens as Step
+// does, then (Parents) a token tree's nodes, each over the head's own
+// output at its parent's row (engine.Head) — and reads out each entry's
+// last Out rows: the argmax, its log-probability, the log-sum-exp and the
+// TopN most likely tokens over the draft vocabulary, in the target's
+// vocabulary. The rows run in stages as Step's do — a node a stage after
+// its parent where the call feeds both —, each pass reading out its rows
+// of the entries' last Out into the results buffer on the device, which
+// one read brings back after the last. The read-out is greedy: Sampling,
+// Draws, Propose and Tree are refused (engine.CheckHeadVerify). Nothing
+// changes when the batch is refused.
+func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
+	if err := engine.CheckHeadVerify(&h.engCfg, batch); err != nil {
+		return fmt.Errorf("webgpu head: %w", err)
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	ins := make([]headIn, len(batch))
+	for i, en := range batch {
+		ins[i] = headIn{seq: en.Seq, target: en.Target, tokens: en.Tokens, parents: en.Parents, read: en.Out, topN: en.TopN}
+	}
+	h.g.mu.Lock()
+	defer h.g.mu.Unlock()
+	if err := h.usable(); err != nil {
 		return err
 	}
-	seqs, need := make([]*kernels.KVSeq, len(feeds)), make([]int, len(feeds))
-	for i, f := range feeds {
-		seqs[i], need[i] = f.seq.kv, f.L+len(f.tokens)-1
+	rows, err := h.call(ctx, func() ([]headFeed, error) { return h.feeds(ins) }, true)
+	if err != nil {
+		return err
 	}
-	if err := h.kv.Reserve(seqs, need); err != nil {
-		return fmt.Errorf("webgpu head: %w", kvError(err))
-	}
-	if submitted, err := h.run(feeds, batch); err != nil {
-		for _, f := range feeds {
-			f.seq.kv.Truncate(f.seq.rows())
-			if submitted { // the store may hold rows of this step
-				f.seq.outRow = -1
-			}
-		}
-		return h.target.broken(err)
+	for i, en := range batch {
+		en.Rows = rows[i]
 	}
 	return nil
 }
 
-// Verify is refused: a head drafts (Step) for its target, whose text it
-// reads through Entry.Target, which a Verify entry does not carry.
-func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
-	return errors.New("webgpu head: an EAGLE-3 head drafts (Step) and does not verify")
+// call plans a call's feeds and, unless ctx is done, runs them (forward),
+// the group's lock held.
+func (h *Head) call(ctx context.Context, plan func() ([]headFeed, error), verify bool) ([][]engine.VerifyRow, error) {
+	feeds, err := plan()
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return h.forward(feeds, verify)
+}
+
+// stepFeeds checks a Step batch — lines only — and returns its feeds,
+// planned, each reading out its last row.
+func (h *Head) stepFeeds(batch []*engine.Entry) ([]headFeed, error) {
+	ins := make([]headIn, len(batch))
+	for i, en := range batch {
+		if en.Parents != nil {
+			return nil, fmt.Errorf("webgpu head: batch entry %d: tree nodes (Parents) in a step: an EAGLE-3 head drafts token trees through Verify", i)
+		}
+		ins[i] = headIn{seq: en.Seq, target: en.Target, tokens: en.Tokens, read: 1, topN: en.TopN}
+	}
+	return h.feeds(ins)
 }
 
 // feeds checks every entry — a sequence of the head's once in the batch, a
-// line, a Target sequence of the head's target, neither released, a row to
-// compute — and returns its feed, planned.
-func (h *Head) feeds(batch []*engine.Entry) ([]headFeed, error) {
-	feeds := make([]headFeed, len(batch))
-	for i, en := range batch {
-		s, ok := en.Seq.(*headSequence)
+// Target sequence of the head's target, neither released, rows to compute
+// and read out — and returns its feed, planned.
+func (h *Head) feeds(ins []headIn) ([]headFeed, error) {
+	feeds := make([]headFeed, len(ins))
+	for i, in := range ins {
+		s, ok := in.seq.(*headSequence)
 		switch {
 		case !ok || s.owner != h:
-			return nil, fmt.Errorf("webgpu head: batch entry %d: a sequence of another engine (%T)", i, en.Seq)
+			return nil, fmt.Errorf("webgpu head: batch entry %d: a sequence of another engine (%T)", i, in.seq)
 		case s.released:
 			return nil, fmt.Errorf("webgpu head: batch entry %d: a released sequence", i)
-		case en.Parents != nil:
-			return nil, fmt.Errorf("webgpu head: batch entry %d: tree nodes (Parents): an EAGLE-3 head drafts chains only", i)
-		case en.Target == nil:
+		case in.target == nil:
 			return nil, fmt.Errorf("webgpu head: batch entry %d: no Target sequence: an EAGLE-3 head reads its target's features", i)
-		case s.len == 0 && len(en.Tokens) == 1:
-			return nil, fmt.Errorf("webgpu head: batch entry %d: token 0 alone: an EAGLE-3 head's first row is token 1's", i)
 		}
-		tq, ok := en.Target.(*kernels.KVSeq)
+		tq, ok := in.target.(*kernels.KVSeq)
 		switch {
 		case ok && tq.Cache() == nil:
 			return nil, fmt.Errorf("webgpu head: batch entry %d: a released Target sequence", i)
 		case !ok || tq.Cache() != h.target.kv:
-			return nil, fmt.Errorf("webgpu head: batch entry %d: the Target sequence (%T) is not of the head's target engine", i, en.Target)
+			return nil, fmt.Errorf("webgpu head: batch entry %d: the Target sequence (%T) is not of the head's target engine", i, in.target)
 		}
 		for _, p := range feeds[:i] {
 			if p.seq == s {
 				return nil, fmt.Errorf("webgpu head: batch entry %d repeats a sequence of the batch", i)
 			}
 		}
-		feeds[i] = headFeed{seq: s, target: tq, tokens: en.Tokens, L: s.len}
+		feeds[i] = headFeed{seq: s, target: tq, tokens: in.tokens, parents: in.parents, read: in.read, topN: in.topN, L: s.len}
 		if err := feeds[i].plan(i); err != nil {
 			return nil, err
 		}
@@ -131,17 +189,50 @@ func (h *Head) feeds(batch []*engine.Entry) ([]headFeed, error) {
 	return feeds, nil
 }
 
-// plan places entry i's rows (headFeed): token i ≥ 1 is row j = i−1 over
-// the target's features at position j while the target holds it in its
-// line (a token tree's nodes are no position of the text), else over the
-// head's output at row j−1 — the row of the token before in this feed (a
-// stage after it), or the sequence's last row, which the store must hold.
+// plan places entry i's tokens (headFeed) as the target engine places its
+// own (treemask), and their rows. Line token i ≥ 1 is row j = i−1 over the
+// target's features at position j while the target holds it in its line
+// (a token tree's nodes are no position of the text), else over the head's
+// output at row j−1 — the row of the token before in this feed (a stage
+// after it), or the sequence's last row, which the store must hold. A
+// node is row slot−1 over the head's output at its parent's row — the
+// line's last for a root — in the stage after its parent's where the feed
+// computes that row, else in the first, the store or the node store
+// holding it.
 func (f *headFeed) plan(i int) error {
+	T := len(f.tokens)
+	if f.L == 0 && f.read == T {
+		if T == 1 {
+			return fmt.Errorf("webgpu head: batch entry %d: token 0 alone: an EAGLE-3 head's first row is token 1's", i)
+		}
+		return fmt.Errorf("webgpu head: batch entry %d: reads out token 0, which has no row: an EAGLE-3 head's first row is token 1's", i)
+	}
+	place, err := f.seq.tree.Place(f.L, T, f.parents)
+	if err != nil {
+		return fmt.Errorf("webgpu head: batch entry %d: %w", i, err)
+	}
+	f.place, f.base = place, f.seq.tree.Base()
+	nodes := f.seq.tree.Len()
 	held := f.target.Line()
-	f.stage, f.feat = make([]int, len(f.tokens)), make([]bool, len(f.tokens))
+	f.stage, f.feat = make([]int, T), make([]bool, T)
 	for t := range f.tokens {
 		tok := f.L + t
-		j := tok - 1 // the token's row and the position of its features
+		j := tok - 1 // the token's row; a line token's position and that of its features
+		if p := place[t].Parent; p != treemask.Line {
+			if nodes == 0 {
+				f.base = tok
+			}
+			nodes++
+			switch {
+			case p == 0:
+				return fmt.Errorf("webgpu head: batch entry %d: node %d's parent is token 0, which has no row: an EAGLE-3 head's first row is token 1's", i, tok)
+			case p >= f.L:
+				f.stage[t] = f.stage[p-f.L] + 1
+			case p < f.base && f.seq.outRow != p-1:
+				return fmt.Errorf("webgpu head: batch entry %d: root %d reads the head's output at the line's last row %d, which the sequence no longer holds", i, tok, p-1)
+			}
+			continue
+		}
 		switch {
 		case tok == 0:
 			f.stage[t] = -1
@@ -161,58 +252,117 @@ func (f *headFeed) plan(i int) error {
 	return nil
 }
 
-// headPart is a run of one feed's rows in a head pass: its tokens t0 …
-// t0+T−1, at the pass's rows row0 … row0+T−1; slot is its sequence's
-// (table row and store row).
-type headPart struct{ feed, slot, t0, T, row0 int }
+// headPart is a run of one feed's rows in a head pass, line rows or tree
+// nodes: its tokens t0 … t0+T−1, at the pass's rows row0 … row0+T−1; slot
+// is its sequence's (table row and store row).
+type headPart struct {
+	feed, slot, t0, T, row0 int
+	node                    bool
+}
 
-// headPass is one pass of a head step: rows of one stage, a part a feed,
-// the short parts first — rows 0 … decode−1 attend through decode
+// headRead is a row a Verify pass reads out: read-out row j of feed.
+type headRead struct{ feed, j int }
+
+// headPass is one pass of a head call: rows of one stage, runs of them a
+// part, the short parts first — rows 0 … decode−1 attend through decode
 // attention, the longer parts through prefill tiles —; nfc of its rows
-// read the target's features, and nsave parts keep their last output.
+// read the target's features, nx their hidden from the store (or fc's
+// rows), nnx from the node store; nsave parts keep their last output in
+// the store, nnsave nodes theirs in the node store.
 type headPass struct {
 	parts       []headPart
 	rows        int
 	decode      int
 	maxLen      int // the longest context a decode row sees
+	nread       int // the rows it reads out (planning: at most S)
 	nfc, nsave  int
-	first, last bool // the step's first pass, and its last (the read-out's)
+	nx, nnx     int
+	nnsave      int
+	first, last bool // the call's first pass, and its last
 	// rowBuf holds the rows' places in the head's cache (nil: the
 	// activations' rowBuf); a chained step's are its own (StepN).
 	rowBuf *gpu.Buffer
+	// out, for a Verify, lays out the results: the pass reads its rows out
+	// (reads, in order) into them at resultsAt. Nil for a step, whose
+	// read-out after its last pass reads the store.
+	out       *verifyLayout
+	resultsAt uint64
+	reads     []headRead
 }
 
+// verifyLayout is where a Verify's results buffer holds each pass's
+// read-out words: at its offset, sample.wgsl's words (S rows of
+// kernels.SampleWords), from topAt its top tokens (S, topN, 2) u32 where
+// topN > 0; each part at an offset a binding takes.
+type verifyLayout struct {
+	stride, topAt uint64
+	topN          int
+}
+
+// verifyLayout lays out the results of a Verify whose rows list topN most
+// likely tokens.
+func (h *Head) verifyLayout(topN int) verifyLayout {
+	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
+	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
+	S := h.act.S
+	l := verifyLayout{topN: topN, topAt: up(uint64(S*kernels.SampleWords) * 4)}
+	l.stride = l.topAt
+	if topN > 0 {
+		l.stride += up(topBytes(S, topN))
+	}
+	return l
+}
+
+// topBytes is the bytes of n rows of topN top tokens, rounded up to a copy's
+// 16.
+func topBytes(n, topN int) uint64 { return uint64(n*topN*2*4+15) &^ 15 }
+
 // passes lays the feeds' rows out in passes, stage by stage, each of at
-// most R rows (a stage's long run split over several).
+// most R rows of which at most S are read out (a stage's long run split
+// over several).
 func (h *Head) passes(feeds []headFeed) []headPass {
 	var out []headPass
+	var cur headPass
+	flush := func() {
+		if cur.rows > 0 {
+			out = append(out, h.lay(cur, feeds))
+			cur = headPass{}
+		}
+	}
 	for stage := 0; ; stage++ {
-		var cur headPass
+		some := false
 		for i := range feeds {
 			f := &feeds[i]
-			t0 := slices.Index(f.stage, stage)
-			if t0 < 0 {
-				continue
-			}
-			T := 1
-			for t0+T < len(f.stage) && f.stage[t0+T] == stage {
-				T++
-			}
-			for T > 0 {
-				if cur.rows == h.act.R {
-					out = append(out, h.lay(cur, feeds))
-					cur = headPass{}
+			for t0 := 0; t0 < len(f.tokens); {
+				if f.stage[t0] != stage {
+					t0++
+					continue
 				}
-				n := min(T, h.act.R-cur.rows)
-				cur.parts = append(cur.parts, headPart{feed: i, slot: f.seq.kv.Slot(), t0: t0, T: n})
-				cur.rows += n
-				t0, T = t0+n, T-n
+				end := t0 + 1 // the run: the stage's tokens, lines and nodes apart
+				for end < len(f.tokens) && f.stage[end] == stage && f.node(end) == f.node(t0) {
+					end++
+				}
+				some = true
+				for t0 < end {
+					n := min(end-t0, h.act.R-cur.rows)
+					if r0 := max(t0, f.firstRead()); t0+n > r0 {
+						n = min(n, r0-t0+h.act.S-cur.nread)
+					}
+					if n == 0 {
+						flush()
+						continue
+					}
+					cur.parts = append(cur.parts, headPart{feed: i, slot: f.seq.kv.Slot(), t0: t0, T: n, node: f.node(t0)})
+					cur.rows += n
+					cur.nread += max(0, t0+n-max(t0, f.firstRead()))
+					t0 += n
+				}
 			}
 		}
-		if cur.rows == 0 {
+		if !some {
 			break
 		}
-		out = append(out, h.lay(cur, feeds))
+		flush()
 	}
 	out[0].first, out[len(out)-1].last = true, true
 	return out
@@ -242,59 +392,123 @@ func (h *Head) lay(ps headPass, feeds []headFeed) headPass {
 	return ps
 }
 
-// run records and submits the step's passes and reads its read-out back:
-// each entry's Next, Logprob and Top are set and its sequence holds the
-// tokens fed. submitted reports whether any pass went to the device.
-func (h *Head) run(feeds []headFeed, batch []*engine.Entry) (submitted bool, err error) {
+// forward runs the passes of planned feeds — a Verify's (verify), else a
+// step's — over blocks it reserves, and returns each feed's rows read out;
+// the sequences then hold the tokens fed. On an error every sequence is as
+// it was, and an error of the device breaks the group.
+func (h *Head) forward(feeds []headFeed, verify bool) ([][]engine.VerifyRow, error) {
+	seqs, need := make([]*kernels.KVSeq, len(feeds)), make([]int, len(feeds))
+	trees := false
+	for i, f := range feeds {
+		seqs[i], need[i] = f.seq.kv, f.L+len(f.tokens)-1
+		trees = trees || f.seq.tree.Len() > 0 || slices.ContainsFunc(f.place, func(r treemask.Row) bool { return r.Parent != treemask.Line })
+	}
+	if trees {
+		if err := h.act.ensureNodes(h.dev, h.cfg.HiddenSize); err != nil {
+			return nil, fmt.Errorf("webgpu head: %w", err)
+		}
+	}
+	if err := h.kv.Reserve(seqs, need); err != nil {
+		return nil, fmt.Errorf("webgpu head: %w", kvError(err))
+	}
+	rows, submitted, err := h.run(feeds, verify)
+	if err != nil {
+		for _, f := range feeds {
+			f.seq.kv.Truncate(f.seq.rows())
+			if submitted { // the store may hold rows of this call
+				f.seq.outRow = -1
+			}
+		}
+		return nil, h.target.broken(err)
+	}
+	return rows, nil
+}
+
+// run records and submits the passes of planned feeds and reads their
+// read-out back, and commits the sequences. submitted reports whether any
+// pass went to the device.
+func (h *Head) run(feeds []headFeed, verify bool) (_ [][]engine.VerifyRow, submitted bool, err error) {
 	seqs := make([]*kernels.KVSeq, len(feeds))
 	topN := 0
 	for i, f := range feeds {
 		seqs[i] = f.seq.kv
-		topN = max(topN, min(batch[i].TopN, h.cfg.DraftVocabSize))
+		topN = max(topN, min(f.topN, h.cfg.DraftVocabSize))
 	}
 	if err := h.kv.SyncTables(seqs); err != nil {
-		return false, err
+		return nil, false, err
 	}
 	passes := h.passes(feeds)
+	var lay verifyLayout
+	if verify {
+		lay = h.verifyLayout(topN)
+		if err := h.act.ensureChain(h.dev, 0, uint64(len(passes))*lay.stride); err != nil {
+			return nil, false, err
+		}
+	}
 	for k := range passes {
 		ps := &passes[k]
-		if err := h.writePass(feeds, ps, topN); err != nil {
-			return submitted, err
+		if verify {
+			ps.out, ps.resultsAt = &lay, uint64(k)*lay.stride
+		}
+		if err := h.writePass(feeds, ps); err != nil {
+			return nil, submitted, err
 		}
 		submitted = true
 		if err := h.target.submit(h.passSteps(ps, len(feeds), topN), submitEvery); err != nil {
-			return true, fmt.Errorf("head pass %d of %d: %w", k+1, len(passes), err)
+			return nil, true, fmt.Errorf("head pass %d of %d: %w", k+1, len(passes), err)
 		}
 	}
-	if err := h.readOut(feeds, batch, topN); err != nil {
-		return true, err
+	var rows [][]engine.VerifyRow
+	if verify {
+		rows, err = h.readVerify(feeds, passes, lay)
+	} else {
+		rows, err = h.readOut(feeds, topN)
 	}
+	if err != nil {
+		return nil, true, err
+	}
+	return rows, true, h.commit(feeds, 0)
+}
+
+// commit records that each feed's sequence holds its tokens and more line
+// tokens past them (a chain's drafted ones): its cache's rows, its tree's
+// nodes, the rows over the target's features and the row the store holds.
+func (h *Head) commit(feeds []headFeed, more int) error {
 	for _, f := range feeds {
 		s := f.seq
-		if n := f.L + len(f.tokens) - 1; n > 0 {
+		if n := f.L + len(f.tokens) - 1 + more; n > 0 {
 			if err := s.kv.Commit(n, nil); err != nil {
-				return true, err
+				return err
 			}
 		}
+		s.tree.Commit(f.L, f.place)
+		line := more // the line tokens fed: the feed's first, then more
 		for t := range f.tokens {
 			if f.feat[t] && f.L+t-1 == s.targetRows {
 				s.targetRows++
 			}
+			if !f.node(t) {
+				line++
+			}
 		}
-		s.len += len(f.tokens)
-		s.outRow = s.rows() - 1
+		if line > 0 && f.L+line >= 2 {
+			s.outRow = f.L + line - 2 // the last line token's row
+		}
+		s.len += len(f.tokens) + more
 	}
-	return true, nil
+	return nil
 }
 
 // writePass writes pass ps's inputs: its tokens, its rows' places in the
-// head's cache, and the pairs of its gathers — the features of the rows
-// over the target's (their pool rows in the target's cache), each row's
-// hidden (fc's output, or the store's row of its sequence), the outputs
-// kept (each part's last row into the store); after the last pass, the
-// read-out's (each entry's store row), and its greedy draws where it reads
-// top tokens.
-func (h *Head) writePass(feeds []headFeed, ps *headPass, topN int) error {
+// head's cache (a node's its tree's, shifted a slot as its row is), and
+// the pairs of its gathers — the features of the rows over the target's
+// (their pool rows in the target's cache), each row's hidden (fc's output,
+// the store's row of its sequence for a line row past the target or a
+// root, its parent's row of the node store for another node), the outputs
+// kept (each line part's last row into the store, each node's into the
+// node store), and the read-out's: a Verify's rows of this pass read out,
+// or after a step's last pass each entry's store row.
+func (h *Head) writePass(feeds []headFeed, ps *headPass) error {
 	a := h.act
 	ids, rows := make([]uint32, ps.rows), make([]uint32, ps.rows*kernels.RowWords)
 	pairs := make([]uint32, a.regions.words)
@@ -303,16 +517,20 @@ func (h *Head) writePass(feeds []headFeed, ps *headPass, topN int) error {
 		pairs[w], pairs[w+1] = uint32(dst), uint32(src)
 	}
 	nf := len(a.regions.features)
-	ps.nfc, ps.nsave = 0, 0
+	ps.nfc, ps.nsave, ps.nx, ps.nnx, ps.nnsave, ps.reads = 0, 0, 0, 0, 0, nil
 	for _, p := range ps.parts {
 		f, slot := &feeds[p.feed], p.slot
+		nodeRow := func(tok int) int { return slot*treemask.MaxNodes + tok - f.base }
 		for k := range p.T {
 			t, r := p.t0+k, p.row0+k
 			j := f.L + t - 1
+			at := f.place[t]
 			ids[r] = uint32(f.tokens[t])
-			kernels.PutRow(rows[r*kernels.RowWords:], slot, j, treemask.LineRow(j))
-			src := a.R + slot
-			if f.feat[t] {
+			// The token's row is the cache slot before its own (token 0 has
+			// none): its position and the rows it reads shift with it.
+			kernels.PutRow(rows[r*kernels.RowWords:], slot, j, treemask.Row{Pos: at.Pos - 1, Base: at.Base - 1, Mask: at.Mask})
+			switch {
+			case f.feat[t]:
 				pool, err := f.target.PoolRow(j)
 				if err != nil {
 					return fmt.Errorf("the target's features at position %d: %w", j, err)
@@ -320,30 +538,33 @@ func (h *Head) writePass(feeds []headFeed, ps *headPass, topN int) error {
 				for i, region := range a.regions.features {
 					put(region, ps.nfc, ps.nfc*nf+i, pool)
 				}
-				src = ps.nfc
+				put(a.regions.x, ps.nx, r, ps.nfc)
 				ps.nfc++
+				ps.nx++
+			case !f.node(t) || at.Parent == f.base-1: // the row before's output; a root's parent is the line's last
+				put(a.regions.x, ps.nx, r, a.R+slot)
+				ps.nx++
+			default:
+				put(a.regions.nodeX, ps.nnx, r, nodeRow(at.Parent))
+				ps.nnx++
 			}
-			put(a.regions.x, r, r, src)
+			if p.node {
+				put(a.regions.nodeSave, ps.nnsave, nodeRow(f.L+t), r)
+				ps.nnsave++
+			}
+			if ps.out != nil && t >= f.firstRead() {
+				put(a.regions.read, len(ps.reads), len(ps.reads), r)
+				ps.reads = append(ps.reads, headRead{feed: p.feed, j: t - f.firstRead()})
+			}
 		}
-		put(a.regions.save, ps.nsave, a.R+slot, p.row0+p.T-1)
-		ps.nsave++
+		if !p.node {
+			put(a.regions.save, ps.nsave, a.R+slot, p.row0+p.T-1)
+			ps.nsave++
+		}
 	}
-	if ps.last {
+	if ps.last && ps.out == nil {
 		for i, f := range feeds {
 			put(a.regions.read, i, i, a.R+f.seq.kv.Slot())
-		}
-		if topN > 0 {
-			draws := make([]uint32, len(feeds)*kernels.SampleDrawWords)
-			temps := make([]float32, len(feeds)*kernels.SampleTempWords)
-			for i := range feeds {
-				kernels.PutSampleRow(draws[i*kernels.SampleDrawWords:], temps[i*kernels.SampleTempWords:], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
-			}
-			if err := a.draws.WriteU32(0, draws); err != nil {
-				return err
-			}
-			if err := a.temps.WriteF32(0, temps); err != nil {
-				return err
-			}
 		}
 	}
 	for _, w := range []struct {
@@ -358,17 +579,15 @@ func (h *Head) writePass(feeds []headFeed, ps *headPass, topN int) error {
 }
 
 // passSteps lists a head pass's operations — reference.Head.Forward, step
-// by step — over its R rows, and after the last pass the read-out of n
-// entries (their topN most likely tokens where topN > 0).
+// by step — over its R rows, and its read-out: a Verify pass's rows read
+// out, or after a step's last pass its n entries' (their topN most likely
+// tokens where topN > 0).
 func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	a, w, c, t := h.act, h.w, &h.cfg, h.target
 	R, H, heads, eps := ps.rows, c.HiddenSize, c.NumAttentionHeads, c.RMSNormEps
 	rowBuf := a.rowBuf
 	if ps.rowBuf != nil {
 		rowBuf = ps.rowBuf
-	}
-	pairs := func(region uint64, n int) gpu.Binding {
-		return a.pairs.Slice(region, uint64(n*kernels.GatherPairWords)*4)
 	}
 	var steps []step
 	if ps.first {
@@ -379,15 +598,14 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	if ps.nfc > 0 {
 		// hidden_states = fc(cat(the target's features)): (nfc, 3·Ht) → (nfc, H)
 		for i, region := range a.regions.features {
-			steps = append(steps, func(b *gpu.Batch) error {
-				return kernels.GatherRows(b, a.fcIn, t.kv.Feature(i), pairs(region, ps.nfc), ps.nfc, c.TargetHiddenSize)
-			})
+			steps = append(steps, h.gather(a.fcIn, t.kv.Feature(i), region, ps.nfc, c.TargetHiddenSize))
 		}
 		steps = append(steps, func(b *gpu.Batch) error { return kernels.MatMul(b, a.hid, a.fcIn, w.fc, ps.nfc, false) })
 	}
+	// residual = hidden: fc's rows, or the row before's output (the store),
+	// or a node's parent's (the node store)
+	steps = append(steps, h.gather(a.x, a.hid, a.regions.x, ps.nx, H), h.gather(a.x, a.nodes, a.regions.nodeX, ps.nnx, H))
 	steps = append(steps,
-		// residual = hidden: fc's rows, or the row before's output (the store)
-		func(b *gpu.Batch) error { return kernels.GatherRows(b, a.x, a.hid, pairs(a.regions.x, R), R, H) },
 		// in = cat(input_layernorm(embed_tokens(ids)), hidden_norm(hidden)): (R, 2H)
 		func(b *gpu.Batch) error { return kernels.Embed(b, a.emb, a.ids, w.embed, R) },
 		func(b *gpu.Batch) error { return kernels.RMSNormCols(b, a.in, 2*H, 0, a.emb, w.inputNorm, R, H, eps) },
@@ -398,7 +616,8 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 		func(b *gpu.Batch) error {
 			return kernels.QKVRopeKV(b, a.q, a.qkv, w.rope, h.kv, 0, rowBuf, R, heads, eps, false)
 		},
-		// attn = softmax(q·kᵀ/√D + causal mask)·v over the head's cache, GQA
+		// attn = softmax(q·kᵀ/√D + mask)·v over the head's cache, GQA: the
+		// mask causal for a line row, a node's the line and its ancestors
 		func(b *gpu.Batch) error {
 			if ps.decode == 0 {
 				return nil
@@ -420,71 +639,143 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 		func(b *gpu.Batch) error { return kernels.MatMul(b, a.x, a.attn, w.o, R, true) },
 		func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.gateUp, a.x, w.postNorm, w.gateUp, R, eps) },
 		func(b *gpu.Batch) error { return kernels.MatMulSwiGLU(b, a.x, a.gateUp, w.down, R, true) },
-		// each part's last output into its sequence's store row
-		func(b *gpu.Batch) error {
-			return kernels.GatherRows(b, a.hid, a.x, pairs(a.regions.save, ps.nsave), ps.nsave, H)
-		},
 	)
-	if !ps.last {
-		return steps
+	// each line part's last output into its sequence's store row, each
+	// node's into its row of the node store
+	steps = append(steps, h.gather(a.hid, a.x, a.regions.save, ps.nsave, H), h.gather(a.nodes, a.x, a.regions.nodeSave, ps.nnsave, H))
+	switch {
+	case ps.out != nil && len(ps.reads) > 0:
+		// A Verify's rows of this pass read out, their words into the
+		// results.
+		k, l := len(ps.reads), ps.out
+		steps = append(steps, h.readSteps(a.x, k, l.topN, true)...)
+		steps = append(steps, func(b *gpu.Batch) error {
+			return kernels.CopyTo(b, a.results, ps.resultsAt, a.sampled, uint64(k*kernels.SampleWords)*4)
+		})
+		if l.topN > 0 {
+			steps = append(steps, func(b *gpu.Batch) error {
+				return kernels.CopyTo(b, a.results, ps.resultsAt+l.topAt, a.top, topBytes(k, l.topN))
+			})
+		}
+	case ps.out == nil && ps.last:
+		steps = append(steps, h.readSteps(a.hid, n, topN, topN > 0)...)
 	}
-	// The read-out: logits = lm_head(norm(output)) at each entry's last
-	// row, over the draft vocabulary; its argmax, log-probability and top
-	// tokens.
-	Vd := c.DraftVocabSize
-	return append(steps,
-		func(b *gpu.Batch) error { return kernels.GatherRows(b, a.hLast, a.hid, pairs(a.regions.read, n), n, H) },
+	return steps
+}
+
+// gather is a step of GatherRows: n rows of words words from src into dst
+// by the pairs of region (nothing for n = 0).
+func (h *Head) gather(dst, src *gpu.Buffer, region uint64, n, words int) step {
+	return func(b *gpu.Batch) error {
+		if n == 0 {
+			return nil
+		}
+		return kernels.GatherRows(b, dst, src, h.act.pairs.Slice(region, uint64(n*kernels.GatherPairWords)*4), n, words)
+	}
+}
+
+// readSteps records the read-out of n rows of outputs before norm, those
+// of src the read region's pairs name: logits = lm_head(norm(output)) over
+// the draft vocabulary, and through sample.wgsl (sample, greedy) or
+// argmax.wgsl each row's argmax, log-probability and, with sample, its
+// log-sum-exp and topN most likely tokens.
+func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool) []step {
+	a, w, c := h.act, h.w, &h.cfg
+	H, Vd, eps := c.HiddenSize, c.DraftVocabSize, c.RMSNormEps
+	return []step{
+		h.gather(a.hLast, src, a.regions.read, n, H),
 		func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.hNorm, a.hLast, w.norm, n, H, eps) },
 		func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.hNorm, w.lmHead, n, false) },
 		func(b *gpu.Batch) error {
-			if topN > 0 {
+			if sample {
 				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp, a.logits, a.draws, a.temps, n, Vd, topN)
 			}
 			return kernels.Argmax(b, a.next, a.lp, a.logits, n, Vd, lseAt(n))
 		},
-	)
+	}
 }
 
-// readOut reads the step's read-out back and sets each entry's Next (the
-// argmax, the lowest draft token of a tie, as a target token), Logprob
-// (its log-softmax over the draft vocabulary) and Top (its TopN most
-// likely tokens, at most the draft vocabulary's).
-func (h *Head) readOut(feeds []headFeed, batch []*engine.Entry, topN int) error {
+// readOut reads a step's read-out back: each feed's row — the argmax (the
+// lowest draft token of a tie, as a target token), its log-softmax over
+// the draft vocabulary and its TopN most likely tokens (at most the draft
+// vocabulary's); the log-sum-exp where the pass lists top tokens.
+func (h *Head) readOut(feeds []headFeed, topN int) ([][]engine.VerifyRow, error) {
 	a, n := h.act, len(feeds)
+	out := make([][]engine.VerifyRow, n)
 	if topN == 0 {
 		raw, err := gpu.ReadRanges(a.next.Slice(0, uint64(n)*4), a.lp.Slice(0, uint64(n)*4))
 		if err != nil {
-			return fmt.Errorf("read back: %w", err)
+			return nil, fmt.Errorf("read back: %w", err)
 		}
 		ids, lps := u32s(raw[0]), u32s(raw[1])
-		for i, en := range batch {
+		for i := range feeds {
 			if ids[i] == kernels.ArgmaxNaN || int(ids[i]) >= len(h.tokens) {
-				return fmt.Errorf("batch entry %d: %w", i, sampling.ErrNaN)
+				return nil, fmt.Errorf("batch entry %d: %w", i, sampling.ErrNaN)
 			}
-			en.Next, en.Logprob, en.Top = int(h.tokens[ids[i]]), math.Float32frombits(lps[i]), nil
+			out[i] = []engine.VerifyRow{{Row: sampling.Row{Argmax: int(h.tokens[ids[i]]), ArgmaxLogprob: math.Float32frombits(lps[i])}}}
 		}
-		return nil
+		return out, nil
 	}
 	raw, err := gpu.ReadRanges(a.sampled.Slice(0, uint64(n*kernels.SampleWords)*4), a.top.Slice(0, uint64(n*topN*2)*4))
 	if err != nil {
-		return fmt.Errorf("read back: %w", err)
+		return nil, fmt.Errorf("read back: %w", err)
 	}
 	words, top := u32s(raw[0]), u32s(raw[1])
-	for i, en := range batch {
-		row, err := kernels.SampleRow(words[i*kernels.SampleWords:])
+	for i, f := range feeds {
+		r, err := h.sampledRow(words, top, i, topN, f.topN)
 		if err != nil {
-			return fmt.Errorf("batch entry %d: %w", i, err)
+			return nil, fmt.Errorf("batch entry %d: %w", i, err)
 		}
-		if row.Argmax < 0 || row.Argmax >= len(h.tokens) {
-			return fmt.Errorf("batch entry %d: %w", i, sampling.ErrNaN)
-		}
-		en.Next, en.Logprob, en.Top = int(h.tokens[row.Argmax]), row.ArgmaxLogprob, nil
-		if k := min(en.TopN, topN); k > 0 {
-			en.Top = kernels.SampleTop(top[i*topN*2:], k)
-			for j := range en.Top {
-				en.Top[j].Token = int(h.tokens[en.Top[j].Token])
+		out[i] = []engine.VerifyRow{r}
+	}
+	return out, nil
+}
+
+// readVerify reads a Verify's results back (one read) and returns each
+// feed's rows read out.
+func (h *Head) readVerify(feeds []headFeed, passes []headPass, l verifyLayout) ([][]engine.VerifyRow, error) {
+	raw, err := h.act.results.Read(0, uint64(len(passes))*l.stride)
+	if err != nil {
+		return nil, fmt.Errorf("read back: %w", err)
+	}
+	words := u32s(raw)
+	out := make([][]engine.VerifyRow, len(feeds))
+	for i, f := range feeds {
+		out[i] = make([]engine.VerifyRow, f.read)
+	}
+	for _, ps := range passes {
+		at := ps.resultsAt / 4
+		sampled, top := words[at:], words[at+l.topAt/4:]
+		for k, rd := range ps.reads {
+			r, err := h.sampledRow(sampled, top, k, l.topN, feeds[rd.feed].topN)
+			if err != nil {
+				return nil, fmt.Errorf("batch entry %d row %d: %w", rd.feed, rd.j, err)
 			}
+			out[rd.feed][rd.j] = r
 		}
 	}
-	return nil
+	return out, nil
+}
+
+// sampledRow decodes read-out row k of sample.wgsl's words and top tokens
+// (topN a row) as a head's row in the target's vocabulary: the argmax,
+// its log-probability, the log-sum-exp and the first n top tokens (the
+// numbers cpu.Head gives).
+func (h *Head) sampledRow(words, top []uint32, k, topN, n int) (engine.VerifyRow, error) {
+	row, err := kernels.SampleRow(words[k*kernels.SampleWords:])
+	if err != nil {
+		return engine.VerifyRow{}, err
+	}
+	if row.Argmax < 0 || row.Argmax >= len(h.tokens) {
+		return engine.VerifyRow{}, sampling.ErrNaN
+	}
+	r := engine.VerifyRow{Row: sampling.Row{Argmax: int(h.tokens[row.Argmax]), LogSumExp: row.LogSumExp,
+		ArgmaxLogprob: row.ArgmaxLogprob, Threshold: float32(math.Inf(-1))}}
+	if n = min(n, topN); n > 0 {
+		r.Top = kernels.SampleTop(top[k*topN*2:], n)
+		for j := range r.Top {
+			r.Top[j].Token = int(h.tokens[r.Top[j].Token])
+		}
+	}
+	return r, nil
 }

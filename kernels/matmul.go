@@ -72,8 +72,12 @@ type matMulInput struct {
 type matMulParams struct {
 	T, N, K, G, Ldo, Accumulate uint32
 	Eps                         float32
-	_                           uint32
+	Magic                       uint32 // codesMagic
 }
+
+// codesMagic is prelude.wgsl's MAGIC, which the int4 kernels take in their
+// params for codes_in_place (see there).
+const codesMagic = 0x4B000000
 
 // matMulPlanned is a matmul as the device's plan runs it.
 func matMulPlanned(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulInput) error {
@@ -253,7 +257,7 @@ func (c *matMulCall) bind(blk rowBlock, out gpu.Binding) []gpu.Binding {
 func (c *matMulCall) params(blk rowBlock) *matMulParams {
 	w := c.w
 	return &matMulParams{T: uint32(c.T), N: uint32(blk.n), K: uint32(w.K), G: uint32(w.G), Ldo: uint32(w.N),
-		Accumulate: wgslBool(c.in.accumulate), Eps: float32(c.in.eps)}
+		Accumulate: wgslBool(c.in.accumulate), Eps: float32(c.in.eps), Magic: codesMagic}
 }
 
 // rowDispatch records kernel k — one over whole weight rows, taking

@@ -134,7 +134,7 @@ func (c *matMulCall) matVecBatchMerged(blk rowBlock, out gpu.Binding, consts spe
 	swiglu, norm := c.inputFlags()
 	params := &splitParams{T: uint32(c.T), N: uint32(blk.n), K: uint32(w.K), G: uint32(w.G), Ldo: uint32(w.N),
 		Accumulate: wgslBool(c.in.accumulate), Eps: float32(c.in.eps), Splits: uint32(splits), Kps: uint32(kps),
-		Swiglu: swiglu, Norm: norm, Part0: uint32(part0 / 4)}
+		Swiglu: swiglu, Norm: norm, Part0: uint32(part0 / 4), Magic: codesMagic}
 	binds := append(c.bind(blk, out), scratch.Slice(0, part0+sums))
 	return gpu.Dispatch(c.b, p, params, binds, uint32(blocks), 1, uint32(splits))
 }

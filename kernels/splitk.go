@@ -26,6 +26,8 @@ type splitParams struct {
 	Eps                         float32
 	Splits, Kps, Swiglu, Norm   uint32
 	Part0                       uint32 // matvec_batch_int4.wgsl's merged
+	Magic                       uint32 // codesMagic
+	_, _, _                     uint32
 }
 
 // reduceParams are matmul_reduce.wgsl's params.
@@ -58,7 +60,8 @@ func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Bindin
 	}
 	swiglu, norm := c.inputFlags() // skinny_int4.wgsl's; gemm_int4.wgsl takes them as constants
 	params := &splitParams{T: uint32(T), N: uint32(blk.n), K: uint32(w.K), G: uint32(w.G), Ldo: uint32(w.N),
-		Accumulate: wgslBool(c.in.accumulate), Eps: float32(c.in.eps), Splits: uint32(splits), Kps: uint32(kps), Swiglu: swiglu, Norm: norm}
+		Accumulate: wgslBool(c.in.accumulate), Eps: float32(c.in.eps), Splits: uint32(splits), Kps: uint32(kps), Swiglu: swiglu, Norm: norm,
+		Magic: codesMagic}
 	if err := gpu.Dispatch(c.b, p, params, c.bind(blk, dst), divCeil(blk.n, bn), divCeil(T, bm), uint32(splits)); err != nil {
 		return err
 	}

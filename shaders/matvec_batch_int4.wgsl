@@ -111,6 +111,7 @@ fn slice_sums(wid: vec3<u32>, lid: u32) {
     let groups = p.K / p.G;
     let vec4s_per_group = p.G / 32u;
 
+    let magic = p.magic;
     var acc = array<f32, TT>();
     var ss = vec4<f32>(); // NORM: row t's sum of squares of what this thread staged, in ss[t]
     var wq: array<vec4<u32>, WPT>; // this thread's weights of a chunk
@@ -153,9 +154,9 @@ fn slice_sums(wid: vec3<u32>, lid: u32) {
             if v < kc4 / 8u {
                 var dots = array<f32, TT>();
                 for (var m = 0u; m < 8u; m++) { // columns 32v + 4m … 32v + 4m + 3
-                    let w = codes_in_place(wq[j][m >> 1u] >> ((m & 1u) * 16u));
+                    let w = codes_in_place(wq[j][m >> 1u] >> ((m & 1u) * 16u), magic);
                     for (var t = 0u; t < TT; t++) {
-                        dots[t] += dot(w, xs[t * (KC / 4u) + swizzle(8u * v + m)]);
+                        dots[t] += dot(w, xs[t * (KC / 4u) + swizzle_at(v, m)]);
                     }
                 }
                 for (var t = 0u; t < TT; t++) {

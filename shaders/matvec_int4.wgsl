@@ -165,10 +165,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 for (var m = 0u; m < 8u; m++) { // columns 32v + 4m … 32v + 4m + 3
                     var xv = array<vec4<f32>, 4>();
                     for (var t = 0u; t < TT; t++) {
-                        xv[t] = shm[t * (KC / 4u) + swizzle(8u * v + m)];
+                        xv[t] = shm[t * (KC / 4u) + swizzle_at(v, m)];
                     }
                     for (var r = 0u; r < RT; r++) {
-                        d[r] += dots(codes_in_place(wq[j * RT + r][m >> 1u] >> ((m & 1u) * 16u)), xv);
+                        d[r] += dots(codes_in_place(wq[j * RT + r][m >> 1u] >> ((m & 1u) * 16u), p.magic), xv);
                     }
                 }
                 for (var r = 0u; r < RT; r++) {

@@ -22,7 +22,7 @@ struct MatMulParams {
     ldo: u32,        // row stride of out, ≥ N
     accumulate: u32, // 1: add into out
     eps: f32,        // RMSNorm's epsilon (NORM = 1)
-    _pad0: u32,
+    magic: u32,      // MAGIC, for codes_in_place (matvec_int4.wgsl)
 }
 
 // SplitParams are the params of the matmul kernels that may split K across
@@ -41,6 +41,10 @@ struct SplitParams {
     swiglu: u32,     // 1: x is gate | up, and the input silu(gate)·up (skinny_int4.wgsl; gemm_int4.wgsl takes SWIGLU)
     norm: u32,       // 1: the input is rmsnorm(x) · g (skinny_int4.wgsl; gemm_int4.wgsl takes NORM)
     part0: u32,      // matvec_batch_int4.wgsl's merged: the first word of its sums in part, after the counts
+    magic: u32,      // MAGIC, for codes_in_place (skinny_int4.wgsl, matvec_batch_int4.wgsl)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // EmbedParams are the params of the embedding gathers (embed.wgsl).
@@ -110,9 +114,13 @@ fn codes(w: u32, shift: u32) -> vec4<f32> {
 // uses it stages its input scaled by 16^−e (PLACE, exact) to match, so
 // that each product is the same float as the code's times the input's (the
 // scale's product too: scaling by a power of two commutes with rounding).
-fn codes_in_place(h: u32) -> vec4<f32> {
+// magic is MAGIC, taken from the kernel's params: a value the driver cannot
+// fold keeps it in a register, and the AND and the OR become one
+// three-input instruction a code (NVIDIA's LOP3), where with two constants
+// they took two (`lab/nvsass`).
+fn codes_in_place(h: u32, magic: u32) -> vec4<f32> {
     let n = vec4<u32>(h) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
-    return bitcast<vec4<f32>>(n | vec4<u32>(MAGIC)) - PLACE_BIAS;
+    return bitcast<vec4<f32>>(n | vec4<u32>(magic)) - PLACE_BIAS;
 }
 
 // PLACE is 16^−e for column e of four: what codes_in_place's inputs are
@@ -130,6 +138,12 @@ const PLACE_BIAS: vec4<f32> = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376
 // local memory).
 fn swizzle(j: u32) -> u32 {
     return (j & ~7u) | ((j + (j >> 3u)) & 7u);
+}
+
+// swizzle_at is swizzle(8v + m) for m < 8, computed as a kernel's loop over
+// m wants it: 8v once, then one add and one AND-OR a vec4.
+fn swizzle_at(v: u32, m: u32) -> u32 {
+    return (v << 3u) | ((v + m) & 7u);
 }
 
 // split_sum returns Σ_{s < p.splits} part[at + s·stride] over the kernel's

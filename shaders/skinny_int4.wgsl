@@ -175,8 +175,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 var hi: array<vec4<f32>, RT>;
                 for (var r = 0u; r < RT; r++) {
                     let w = component(cur[r], c);
-                    lo[r] = codes_in_place(w) * cur_scale[r];
-                    hi[r] = codes_in_place(w >> 16u) * cur_scale[r];
+                    lo[r] = codes_in_place(w, p.magic) * cur_scale[r];
+                    hi[r] = codes_in_place(w >> 16u, p.magic) * cur_scale[r];
                 }
                 let o = k / 8u; // the octet k … k+7
                 for (var v = 0u; v < TV; v++) {

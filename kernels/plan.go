@@ -84,8 +84,10 @@ type plan struct {
 //     workgroup, eight values a load, splits of at least 64 positions
 //     (at Qwen3-8B's 8 kv heads and 1,024 positions, one row: 19.0 µs,
 //     against 22.5 and 29.0 for splits of 32 and 16); the last split
-//     merges, from one row on (17.3 µs against 19.0 with the merge
-//     dispatch at one row, 17.4 against 18.6 at two; 2026-12-03);
+//     merges from two rows on: at one row the kernel alone is faster so
+//     (17.3 µs against 19.0 with the merge dispatch, 2026-12-03), but
+//     Qwen3-8B's and 4B's chained steps were slower (4.67 ms against 4.49
+//     with the rest of that build's changes), as in earlier rounds;
 //   - split-K for matvec_batch_int4.wgsl's one row (Qwen3-8B's o_proj
 //     and down_proj: 256 workgroups) does not pay: 13.6–21 µs against
 //     14.5 for o_proj, 27.5–36 against 30.3 for down_proj, the best
@@ -102,7 +104,7 @@ var measuredH200 = plan{
 	gemm4Groups:         256,
 	skinnyGroups:        512,
 	skinnyGroupsWide:    256,
-	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 1},
+	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the

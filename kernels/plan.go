@@ -87,7 +87,8 @@ type plan struct {
 //     merges from two rows on: at one row the kernel alone is faster so
 //     (17.3 µs against 19.0 with the merge dispatch, 2026-12-03), but
 //     Qwen3-8B's and 4B's chained steps were slower (4.67 ms against 4.49
-//     with the rest of that build's changes), as in earlier rounds;
+//     with the rest of that build's changes, 4.37 without it), as in
+//     earlier rounds;
 //   - split-K for matvec_batch_int4.wgsl's one row (Qwen3-8B's o_proj
 //     and down_proj: 256 workgroups) does not pay: 13.6–21 µs against
 //     14.5 for o_proj, 27.5–36 against 30.3 for down_proj, the best

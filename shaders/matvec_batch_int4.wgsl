@@ -32,8 +32,9 @@
 // partial sums, unscaled, to out as (splits, T, N), followed with NORM by
 // its slice's sums of squares as (splits, T) — matmul_reduce.wgsl (or
 // qkv_rope_kv.wgsl) adds them up. It gives a projection of few rows (Qwen3-
-// 8B's o_proj and down_proj: 256 workgroups) enough workgroups to fill the
-// GPU, and each fewer chunks one after another.
+// 8B's o_proj and down_proj: 256 workgroups) more workgroups, each with
+// fewer chunks one after another — which on the H200 does not pay
+// (kernels/plan.go), so a plan splits only where measured faster.
 //
 // Entry merged (where gpu.Device.DeviceScopeBarrier holds) finishes a split
 // in the same dispatch, as attention_decode.wgsl's MERGE does: each

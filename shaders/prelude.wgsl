@@ -114,10 +114,12 @@ fn codes(w: u32, shift: u32) -> vec4<f32> {
 // uses it stages its input scaled by 16^−e (PLACE, exact) to match, so
 // that each product is the same float as the code's times the input's (the
 // scale's product too: scaling by a power of two commutes with rounding).
-// magic is MAGIC, taken from the kernel's params: a value the driver cannot
-// fold keeps it in a register, and the AND and the OR become one
-// three-input instruction a code (NVIDIA's LOP3), where with two constants
-// they took two (`lab/nvsass`).
+// magic is MAGIC, taken from the kernel's params so that the driver cannot
+// fold it into the mask: NVIDIA's three-input LOP3 takes one immediate,
+// and with both constant the AND and the OR were two instructions a code.
+// The H200's driver still emits two, the OR reading magic from its
+// constant bank (`lab/nvsass`, 2026-12-03); the matvecs were 1–8 % faster
+// with it all the same (BENCHMARKS.md).
 fn codes_in_place(h: u32, magic: u32) -> vec4<f32> {
     let n = vec4<u32>(h) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
     return bitcast<vec4<f32>>(n | vec4<u32>(magic)) - PLACE_BIAS;

@@ -211,10 +211,8 @@ func BenchmarkMatMulKernels(b *testing.B) {
 				// Split along K where its workgroups are fewer than a target.
 				for _, g := range []int{512, 768, 1024, 2048} {
 					for _, l := range []matVecBatchLayout{matVecBatchDefault, {16, 8, 0}, {32, 8, 0}} {
-						for _, merge := range []bool{false, true} {
-							if l.fits(w, T, limits) {
-								add(kernelMatVecBatch, func(c *matMulChoice) { c.matVecBatch, c.groups, c.merge = l, g, merge })
-							}
+						if l.fits(w, T, limits) {
+							add(kernelMatVecBatch, func(c *matMulChoice) { c.matVecBatch, c.groups = l, g })
 						}
 					}
 				}

@@ -15,13 +15,6 @@ var matVecBatchInt4 = gpu.Kernel{
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly}, // x, qweight, out, norm, scales
 }
 
-// matVecBatchInt4Merged is its entry merged: split along K, the last of a
-// row block's workgroups adding up the splits' sums (see its header).
-var matVecBatchInt4Merged = gpu.Kernel{
-	Module: "matvec_batch_int4.wgsl", Source: shaders.MatVecBatchInt4, Entry: "merged", Params: reflect.TypeFor[splitParams](),
-	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // … and part
-}
-
 // The constants matvec_batch_int4.wgsl is specialized by.
 var matVecBatchConsts = []string{"LANES", "ROWS", "WG", "TT", "KC"}
 
@@ -90,10 +83,7 @@ func (l matVecBatchLayout) chunk(tt, limit uint32) uint32 {
 
 // matVecBatch records one row block with matvec_batch_int4.wgsl at the
 // choice's layout, split along K in slices of whole vec4s a lane when its
-// workgroups are fewer than the choice's split-K target: the splits added
-// up by the last of them with the choice's merge (where the device orders
-// storage device-wide and the caller does not take the partials itself),
-// else by matmul_reduce.wgsl.
+// workgroups are fewer than the choice's split-K target.
 func (c *matMulCall) matVecBatch(blk rowBlock, out gpu.Binding) error {
 	w, d, l := c.w, c.b.Device(), c.choice.matVecBatch
 	if !l.fits(w, c.T, d.Limits()) {
@@ -105,36 +95,9 @@ func (c *matMulCall) matVecBatch(blk rowBlock, out gpu.Binding) error {
 	// be skipped.
 	kc := min(l.chunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), uint64(32*l.lanes))))
 	consts := specialization{matVecBatchConsts, [6]uint32{uint32(l.lanes), uint32(l.rows), uint32(l.wg()), tt, kc}}
-	step := 32 * l.lanes
-	if splits, kps := c.splitK(blk, l.rows, int(tt), step, c.choice.groups); splits > 1 && c.choice.merge && !c.deferReduce && d.DeviceScopeBarrier() {
-		return c.matVecBatchMerged(blk, out, consts, int(tt), splits, kps)
-	}
 	p, err := c.pipeline(matVecBatchInt4, consts)
 	if err != nil {
 		return err
 	}
-	return c.splitDispatch(p, blk, out, l.rows, int(tt), step, c.choice.groups)
-}
-
-// matVecBatchMerged records matvec_batch_int4.wgsl's entry merged for blk
-// in splits slices of kps inputs, tt activation rows a workgroup: the
-// counts and the splits' sums in the device's counted scratch.
-func (c *matMulCall) matVecBatchMerged(blk rowBlock, out gpu.Binding, consts specialization, tt, splits, kps int) error {
-	w, d, l := c.w, c.b.Device(), c.choice.matVecBatch
-	p, err := c.pipeline(matVecBatchInt4Merged, consts)
-	if err != nil {
-		return err
-	}
-	blocks := int(divCeil(blk.n, l.rows))
-	sums := uint64(blocks*splits*(tt*l.rows+tt)) * 4 // SLOT words a workgroup
-	scratch, part0, err := d.CountedScratch(blocks, sums)
-	if err != nil {
-		return err
-	}
-	swiglu, norm := c.inputFlags()
-	params := &splitParams{T: uint32(c.T), N: uint32(blk.n), K: uint32(w.K), G: uint32(w.G), Ldo: uint32(w.N),
-		Accumulate: wgslBool(c.in.accumulate), Eps: float32(c.in.eps), Splits: uint32(splits), Kps: uint32(kps),
-		Swiglu: swiglu, Norm: norm, Part0: uint32(part0 / 4), Magic: codesMagic}
-	binds := append(c.bind(blk, out), scratch.Slice(0, part0+sums))
-	return gpu.Dispatch(c.b, p, params, binds, uint32(blocks), 1, uint32(splits))
+	return c.splitDispatch(p, blk, out, l.rows, int(tt), 32*l.lanes, c.choice.groups)
 }

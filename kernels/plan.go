@@ -38,9 +38,6 @@ type plan struct {
 	gemm2Groups, gemm4Groups       int
 	skinnyGroups, skinnyGroupsWide int
 	matVecBatchGroups              int
-	// matVecBatchMerge: a split matvec_batch_int4.wgsl adds up its splits
-	// itself (entry merged) where the device allows.
-	matVecBatchMerge bool
 
 	// attention_decode.wgsl's tuning.
 	decode decodeTuning
@@ -224,7 +221,6 @@ type matMulChoice struct {
 	matVecBatch matVecBatchLayout // kernelMatVecBatch
 	skinny      skinnyLayout      // kernelSkinny
 	groups      int               // kernelSkinny, kernelMatVecBatch and the GEMMs: the split-K target
-	merge       bool              // kernelMatVecBatch: its last workgroups add up a split, not matmul_reduce.wgsl
 }
 
 func (c matMulChoice) String() string {
@@ -232,9 +228,6 @@ func (c matMulChoice) String() string {
 	case kernelMatVec:
 		return c.matVec.matVecLayout.String()
 	case kernelMatVecBatch:
-		if c.groups > 0 && c.merge {
-			return fmt.Sprintf("%v/groups=%d/merged", c.matVecBatch, c.groups)
-		}
 		if c.groups > 0 {
 			return fmt.Sprintf("%v/groups=%d", c.matVecBatch, c.groups)
 		}
@@ -301,7 +294,7 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 		}
 	case k == kernelMatVecBatch:
 		c.matVecBatch = matVecBatchDefault
-		c.groups, c.merge = p.matVecBatchGroups, p.matVecBatchMerge
+		c.groups = p.matVecBatchGroups
 	case k == kernelSkinny:
 		c.skinny = pickSkinnyLayout(w.N, T)
 		c.groups = p.skinnyGroups

@@ -25,9 +25,8 @@ type splitParams struct {
 	T, N, K, G, Ldo, Accumulate uint32
 	Eps                         float32
 	Splits, Kps, Swiglu, Norm   uint32
-	Part0                       uint32 // matvec_batch_int4.wgsl's merged
 	Magic                       uint32 // codesMagic
-	_, _, _                     uint32
+
 }
 
 // reduceParams are matmul_reduce.wgsl's params.
@@ -39,8 +38,8 @@ type reduceParams struct {
 // splitDispatch records pipeline p — gemm_int4.wgsl, skinny_int4.wgsl or
 // matvec_batch_int4.wgsl, which share bindings, params and the split-K
 // protocol — over tiles of bn output features × bm activation rows, split
-// along K into parts of a multiple of step inputs (the last one shorter
-// where step does not divide K) (then summed by matmul_reduce.wgsl, or left in
+// along K into parts of a multiple of step inputs, the last one shorter
+// where step does not divide K (then summed by matmul_reduce.wgsl, or left in
 // c.split when c.deferReduce) when the tiles alone are fewer than target
 // workgroups.
 func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Binding, bn, bm, step, target int) error {

@@ -36,16 +36,6 @@
 // fewer chunks one after another — which on the H200 does not pay
 // (kernels/plan.go), so a plan splits only where measured faster.
 //
-// Entry merged (where gpu.Device.DeviceScopeBarrier holds) finishes a split
-// in the same dispatch, as attention_decode.wgsl's MERGE does: each
-// workgroup writes its sums (and with NORM its slice's sums of squares) to
-// part, then storageBarrier (release), then one thread adds 1 to row
-// block b's count in word b of part; the one that finds splits − 1 there is
-// the last: after another storageBarrier (acquire) it adds up every split's
-// sums in split order (the same sums as matmul_reduce.wgsl's), applies the
-// norm and the accumulation, writes out and sets the count back to 0. part
-// is read and written only through atomics.
-//
 // Dispatch: (ceil(N / ROWS), 1, splits) workgroups of WG = ROWS·LANES threads.
 // Per chunk of KC input columns, the workgroup first stages x' for its TT
 // rows in workgroup memory (computing SwiGLU or the norm's sum of squares
@@ -78,7 +68,6 @@ const SPT: u32 = (STAGED + WG - 1u) / WG; // … a thread stages per chunk, at m
 const WPT: u32 = KC / 32u / LANES;  // weight vec4s a thread reads per chunk (KC a multiple of 32·LANES)
 const PARTIAL: u32 = TT * WG;       // one partial sum per (activation row, thread)
 const SUMSQ: u32 = TT * ROWS;       // NORM's sums of squares, LANES threads' each
-const SLOT: u32 = TT * ROWS + TT;   // merged: a workgroup's words in part: its sums, then NORM's sums of squares
 
 @group(0) @binding(0) var<uniform> p: SplitParams;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
@@ -91,12 +80,7 @@ var<workgroup> xs: array<vec4<f32>, STAGED>;
 var<workgroup> partial: array<f32, PARTIAL>;
 var<workgroup> sumsq: array<f32, SUMSQ>;
 var<workgroup> ssq: array<f32, TT>;       // NORM: each activation row's sum of squares over the slice
-var<workgroup> is_last: bool;             // merged: this workgroup finishes its row block
 
-// merged's part: words 0 … ceil(N / ROWS) − 1 count each row block's
-// arrivals; from word part0 on, row block b's split z writes its SLOT
-// words at part0 + (b·splits + z)·SLOT.
-@group(0) @binding(6) var<storage, read_write> part: array<atomic<u32>>;
 
 // slice_sums sums workgroup wid's weight rows over its slice of K: after
 // it, partial[(t·ROWS + r)·LANES + lane] holds thread (r, lane)'s sum for
@@ -243,46 +227,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 finish(t, nn, v, ssq[t]);
             }
         }
-    }
-}
-
-// merged writes out with splits > 1, the last of a row block's splits
-// adding up their sums (see the header).
-@compute @workgroup_size(WG)
-fn merged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    slice_sums(wid, lid);
-    let b = wid.x;
-    let first = p.part0 + b * p.splits * SLOT; // split 0 of row block b
-    if lid < TT * ROWS {
-        atomicStore(&part[first + wid.z * SLOT + lid], bitcast<u32>(row_sum(lid / ROWS, lid % ROWS, lid)));
-    }
-    if NORM == 1u && lid < TT {
-        atomicStore(&part[first + wid.z * SLOT + TT * ROWS + lid], bitcast<u32>(ssq[lid]));
-    }
-    storageBarrier(); // release: the sums above before the arrival
-    if lid == 0u {
-        is_last = atomicAdd(&part[b], 1u) == p.splits - 1u;
-    }
-    if !workgroupUniformLoad(&is_last) {
-        return;
-    }
-    storageBarrier(); // acquire: the other splits' sums after their arrivals
-    if lid < TT * ROWS {
-        let t = lid / ROWS;
-        let nn = b * ROWS + lid % ROWS;
-        if t < p.T && nn < p.N {
-            var v = 0.0;
-            var sq = 0.0;
-            for (var z = 0u; z < p.splits; z++) {
-                v += bitcast<f32>(atomicLoad(&part[first + z * SLOT + lid]));
-                if NORM == 1u {
-                    sq += bitcast<f32>(atomicLoad(&part[first + z * SLOT + TT * ROWS + t]));
-                }
-            }
-            finish(t, nn, v, sq);
-        }
-    }
-    if lid == 0u {
-        atomicStore(&part[b], 0u); // for the next dispatch
     }
 }

@@ -40,11 +40,7 @@ struct SplitParams {
     kps: u32,        // inputs per split
     swiglu: u32,     // 1: x is gate | up, and the input silu(gate)·up (skinny_int4.wgsl; gemm_int4.wgsl takes SWIGLU)
     norm: u32,       // 1: the input is rmsnorm(x) · g (skinny_int4.wgsl; gemm_int4.wgsl takes NORM)
-    part0: u32,      // matvec_batch_int4.wgsl's merged: the first word of its sums in part, after the counts
     magic: u32,      // MAGIC, for codes_in_place (skinny_int4.wgsl, matvec_batch_int4.wgsl)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 // EmbedParams are the params of the embedding gathers (embed.wgsl).

@@ -50,7 +50,8 @@ type Batch struct {
 	// Reused by every dispatch (wgpu-native copies what it keeps).
 	entries []wgpu.BindGroupEntry
 	offsets [1]uint32
-	rec     recorder // the pass's dispatches, unless profiled
+	rec     recorder   // the pass's dispatches, unless profiled
+	capture *Recording // non-nil: dispatches are also added here (Capture)
 }
 
 // paramsChunk is a uniform buffer and its host image.
@@ -119,15 +120,14 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 		return nil
 	}
 	entries := b.entries[:0]
-	var offsets []uint32
+	var chunk *wgpu.Buffer
+	var off uint64
 	if len(params) > 0 {
-		chunk, off, err := b.params(params)
-		if err != nil {
+		var err error
+		if chunk, off, err = b.params(params); err != nil {
 			return fail("%v", err)
 		}
 		entries = append(entries, wgpu.BindGroupEntry{Binding: 0, Buffer: chunk, Offset: 0, Size: uint64(4 * len(params))})
-		b.offsets[0] = uint32(off)
-		offsets = b.offsets[:]
 	}
 	for i, bind := range bufs {
 		if err := d.checkBinding(bind); err != nil {
@@ -140,24 +140,38 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 	if err != nil {
 		return fail("%v", err)
 	}
-	if b.prof != nil {
-		if err := b.beginDispatch(p.Name()); err != nil {
-			return fail("profile: %v", err)
-		}
+	if err := b.emit(p, group, nil, chunk != nil, uint32(off), x, y, z); err != nil {
+		return fail("%v", err)
+	}
+	if c := b.capture; c != nil {
+		c.add(p, group, entries, params, x, y, z)
+	}
+	return nil
+}
+
+// emit records one dispatch of p with its bind group, whose params, if it
+// has any, lie at offset off of the chunk it binds; slots, if not nil,
+// caches what the recorder looks up of p and group.
+func (b *Batch) emit(p *Pipeline, group *wgpu.BindGroup, slots *objectSlots, hasParams bool, off uint32, x, y, z uint32) error {
+	var offsets []uint32
+	if hasParams {
+		b.offsets[0] = off
+		offsets = b.offsets[:]
 	}
 	if b.prof == nil {
-		b.rec.dispatch(d, b.pass, p.pipe, group, offsets, x, y, z)
+		b.rec.dispatch(b.d, b.pass, p.pipe, group, slots, offsets, x, y, z)
 	} else {
+		if err := b.beginDispatch(p.Name()); err != nil {
+			return fmt.Errorf("profile: %w", err)
+		}
 		b.pass.SetPipeline(p.pipe)
 		b.pass.SetBindGroup(0, group, offsets)
 		b.pass.DispatchWorkgroups(x, y, z)
-	}
-	b.n++
-	if b.prof != nil {
 		if err := b.endDispatch(); err != nil {
-			return fail("profile: %v", err)
+			return fmt.Errorf("profile: %w", err)
 		}
 	}
+	b.n++
 	return nil
 }
 
@@ -193,9 +207,13 @@ func (b *Batch) params(words []uint32) (*wgpu.Buffer, uint64, error) {
 	c := b.chunks[len(b.chunks)-1]
 	off := uint64(len(c.data))
 	c.data = append(c.data, asBytes(words)...)
-	c.data = append(c.data, make([]byte, off+stride-uint64(len(c.data)))...)
+	c.data = append(c.data, paramsPad[:off+stride-uint64(len(c.data))]...)
 	return c.buf, off, nil
 }
+
+// paramsPad is zeros to pad params to their stride with: less than the
+// uniform offset alignment, which WebGPU caps at 256.
+var paramsPad [256]byte
 
 // takeChunk returns a free uniform chunk, emptied, making one if none is
 // free. A chunk keeps its host image from batch to batch: a step records

@@ -25,6 +25,9 @@ type bindCache struct {
 	retired []*wgpu.BindGroup
 	open    int    // batches being recorded
 	buf     []byte // the key being looked up, reused
+	// epoch counts the groups dropped: a Recording made at one epoch names
+	// only groups that are still alive while the epoch is the same.
+	epoch uint64
 	// onRelease, when set, is told of each group released.
 	onRelease func(*wgpu.BindGroup)
 }
@@ -100,6 +103,7 @@ func (c *bindCache) clear() {
 }
 
 func (c *bindCache) retire(g *wgpu.BindGroup) {
+	c.epoch++
 	c.retired = append(c.retired, g)
 	c.release()
 }

@@ -153,6 +153,9 @@ func (l Limits) check() error {
 		return fmt.Errorf("device allows %d-byte uniform bindings, need 4 KiB", l.MaxUniformBufferBindingSize)
 	case l.MinStorageBufferOffsetAlignment == 0 || l.MinUniformBufferOffsetAlignment == 0:
 		return errors.New("device reports a zero buffer offset alignment")
+	case l.MinUniformBufferOffsetAlignment > uint32(len(paramsPad)):
+		// WebGPU caps it at 256; so does Vulkan.
+		return fmt.Errorf("device aligns uniform offsets to %d bytes, more than %d", l.MinUniformBufferOffsetAlignment, len(paramsPad))
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package gpu_test
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -632,5 +633,167 @@ func TestBufferBytes(t *testing.T) {
 	b.Release()
 	if got := withStaging - d.BufferBytes(); got != 2200 {
 		t.Errorf("releasing both (a twice) freed %d bytes, want 2200", got)
+	}
+}
+
+// TestRecordingReplay: a captured run of dispatches, replayed into later
+// batches — alone, after other dispatches (its params then land in other
+// uniform chunks than captured) and within a capture — computes what
+// recording them afresh does; a recording whose buffer was released is
+// refused and leaves the batch usable.
+func TestRecordingReplay(t *testing.T) {
+	d := gputest.Device(t)
+	p, err := d.Pipeline(affine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, steps = 1000, 300 // 256-byte params: 300 span two chunks
+	y := make([]float32, n)
+	for i := range y {
+		y[i] = float32(i%7) - 3
+	}
+	buf, err := d.UploadF32("y", y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Release()
+	muls, adds := make([]float32, steps), make([]float32, steps)
+	for s := range steps {
+		muls[s], adds[s] = []float32{0.5, 1, 2}[s%3], float32(s%5)-2
+	}
+	dispatches := func(from, to int) func(*gpu.Batch) error {
+		return func(b *gpu.Batch) error {
+			for s := from; s < to; s++ {
+				if err := gpu.Dispatch(b, p, affineParams(n, muls[s], adds[s]), []gpu.Binding{buf.All()}, (n+63)/64, 1, 1); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	// want applies steps from … to-1 to y: a product by a power of two is
+	// exact, so the GPU's result is the same with or without fused
+	// multiply-adds.
+	want := func(from, to int) {
+		for s := from; s < to; s++ {
+			for i := range y {
+				y[i] = float32(y[i]*muls[s]) + adds[s]
+			}
+		}
+	}
+	b, err := d.NewBatch("capture")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.Capture(dispatches(0, steps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Len() != steps || b.Len() != steps || !rec.Valid() {
+		t.Fatalf("captured %d dispatches into a batch of %d (valid %v), want %d", rec.Len(), b.Len(), rec.Valid(), steps)
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
+	}
+	want(0, steps)
+	for _, run := range []struct {
+		name         string
+		before       int  // dispatches recorded afresh before the replay
+		nested, more bool // the replay within a capture, which is replayed too
+	}{{name: "alone"}, {name: "after 100 dispatches", before: 100}, {name: "within a capture", before: 37, nested: true}} {
+		b, err := d.NewBatch(run.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dispatches(0, run.before)(b); err != nil {
+			t.Fatal(err)
+		}
+		replay := func(b *gpu.Batch) error { return b.Replay(rec) }
+		var outer *gpu.Recording
+		if run.nested {
+			if outer, err = b.Capture(replay); err == nil && outer.Len() != steps {
+				t.Errorf("%s: the capture holds %d dispatches, want %d", run.name, outer.Len(), steps)
+			}
+		} else {
+			err = replay(b)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", run.name, err)
+		}
+		if b.Len() != run.before+steps {
+			t.Errorf("%s: batch of %d dispatches, want %d", run.name, b.Len(), run.before+steps)
+		}
+		if err := b.Submit(); err != nil {
+			t.Fatal(err)
+		}
+		want(0, run.before)
+		want(0, steps)
+		if outer != nil { // the capture of a replay replays as the original
+			b, err := d.NewBatch("outer")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Replay(outer); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Submit(); err != nil {
+				t.Fatal(err)
+			}
+			want(0, steps)
+		}
+		got, err := buf.ReadF32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range y {
+			if got[i] != y[i] {
+				t.Fatalf("%s: y[%d] = %v, want %v", run.name, i, got[i], y[i])
+			}
+		}
+	}
+
+	// A recording binding a released buffer is stale.
+	z, err := d.UploadF32("z", make([]float32, 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = d.NewBatch("stale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zrec, err := b.Capture(func(b *gpu.Batch) error {
+		return gpu.Dispatch(b, p, affineParams(64, 2, 1), []gpu.Binding{z.All()}, 1, 1, 1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
+	}
+	z.Release()
+	if zrec.Valid() || rec.Valid() {
+		t.Errorf("after a bound buffer's release: valid %v and %v, want both stale", zrec.Valid(), rec.Valid())
+	}
+	b, err = d.NewBatch("after stale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Replay(zrec); !errors.Is(err, gpu.ErrStaleRecording) {
+		t.Errorf("replaying a stale recording: %v, want ErrStaleRecording", err)
+	}
+	if _, err := b.Capture(func(b *gpu.Batch) error { return b.Replay(zrec) }); !errors.Is(err, gpu.ErrStaleRecording) {
+		t.Errorf("capturing a stale replay: %v, want ErrStaleRecording", err)
+	}
+	if _, err := b.Capture(func(b *gpu.Batch) error {
+		_, err := b.Capture(dispatches(0, 1))
+		return err
+	}); err == nil || !strings.Contains(err.Error(), "capture within a capture") {
+		t.Errorf("a nested capture: %v, want an error", err)
+	}
+	if err := dispatches(0, 1)(b); err != nil { // the batch is still usable
+		t.Fatal(err)
+	}
+	if err := b.Submit(); err != nil {
+		t.Fatal(err)
 	}
 }

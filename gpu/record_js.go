@@ -25,8 +25,24 @@ type recorder struct {
 	cmds []uint32
 }
 
-func (r *recorder) dispatch(d *Device, _ *wgpu.ComputePassEncoder, pipe *wgpu.ComputePipeline, group *wgpu.BindGroup, offsets []uint32, x, y, z uint32) {
-	r.cmds = append(r.cmds, d.objs.index(pipe, jsValueOf(unsafe.Pointer(pipe))), d.objs.index(group, jsValueOf(unsafe.Pointer(group))), uint32(len(offsets)))
+// objectSlots caches a replayed dispatch's pipeline and bind group's slots
+// in the device's object table (a Recording's; slots live while their
+// objects do, which a valid Recording's do).
+type objectSlots struct {
+	pipe, group uint32
+	ok          bool
+}
+
+func (r *recorder) dispatch(d *Device, _ *wgpu.ComputePassEncoder, pipe *wgpu.ComputePipeline, group *wgpu.BindGroup, slots *objectSlots, offsets []uint32, x, y, z uint32) {
+	if slots == nil || !slots.ok {
+		s := objectSlots{d.objs.index(pipe, jsValueOf(unsafe.Pointer(pipe))), d.objs.index(group, jsValueOf(unsafe.Pointer(group))), true}
+		if slots == nil {
+			slots = &s
+		} else {
+			*slots = s
+		}
+	}
+	r.cmds = append(r.cmds, slots.pipe, slots.group, uint32(len(offsets)))
 	r.cmds = append(r.cmds, offsets...)
 	r.cmds = append(r.cmds, x, y, z)
 }
@@ -67,13 +83,19 @@ type objects struct {
 }
 
 // replayJS replays a command list (recorder) into a compute pass; it skips
-// a setPipeline that repeats the one before.
+// a setPipeline that repeats the one before, and passes one dynamic offset
+// (a params chunk's) in a plain array, reused: Dawn takes that faster than
+// a range of the Uint32Array (1.9 against 2.2 µs a dispatch on its null
+// backend).
 const replayJS = `
 let last = null;
+const one = [0];
 for (let i = 0; i < n; ) {
   const pipe = objs[cmds[i]], group = objs[cmds[i + 1]], k = cmds[i + 2];
   if (pipe !== last) { pass.setPipeline(pipe); last = pipe; }
-  if (k === 0) pass.setBindGroup(0, group); else pass.setBindGroup(0, group, cmds, i + 3, k);
+  if (k === 0) pass.setBindGroup(0, group);
+  else if (k === 1) { one[0] = cmds[i + 3]; pass.setBindGroup(0, group, one); }
+  else pass.setBindGroup(0, group, Array.from(cmds.subarray(i + 3, i + 3 + k)));
   i += 3 + k;
   pass.dispatchWorkgroups(cmds[i], cmds[i + 1], cmds[i + 2]);
   i += 3;

@@ -8,7 +8,11 @@ import "github.com/cogentcore/webgpu/wgpu"
 // goes straight to wgpu-native.
 type recorder struct{}
 
-func (recorder) dispatch(_ *Device, pass *wgpu.ComputePassEncoder, pipe *wgpu.ComputePipeline, group *wgpu.BindGroup, offsets []uint32, x, y, z uint32) {
+// objectSlots is what a replayed dispatch caches for its recorder (nothing
+// natively).
+type objectSlots struct{}
+
+func (recorder) dispatch(_ *Device, pass *wgpu.ComputePassEncoder, pipe *wgpu.ComputePipeline, group *wgpu.BindGroup, _ *objectSlots, offsets []uint32, x, y, z uint32) {
 	pass.SetPipeline(pipe)
 	pass.SetBindGroup(0, group, offsets)
 	pass.DispatchWorkgroups(x, y, z)

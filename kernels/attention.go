@@ -129,6 +129,23 @@ func (c *KVCache) lastSplitMerges(d *gpu.Device, T, heads, maxLen int, tune deco
 		c.decodeMemory(heads, c.decodeChunk(T, heads, maxLen, tune), true, tune) <= c.wgMemory
 }
 
+// DecodeShape is all that AttentionDecode's dispatches take from maxLen:
+// calls for the same T rows and heads whose maxLen give equal shapes record
+// the same dispatches with the same params, so an engine may replay one
+// recording for the other (gpu.Recording).
+type DecodeShape struct {
+	chunk, splits int
+	merge         bool
+}
+
+// DecodeShapeOf is the DecodeShape of AttentionDecode(…, T, heads, maxLen)
+// on device d.
+func (c *KVCache) DecodeShapeOf(d *gpu.Device, T, heads, maxLen int) DecodeShape {
+	tune := planFor(d).decode
+	return DecodeShape{chunk: c.decodeChunk(T, heads, maxLen, tune), splits: c.decodeSplits(T, heads, maxLen, tune),
+		merge: c.lastSplitMerges(d, T, heads, maxLen, tune)}
+}
+
 // AttentionDecode records GQA attention for T single query rows, each of
 // its own sequence, slot and mask, over layer's cache — split over the
 // context, then merged:

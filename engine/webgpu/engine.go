@@ -99,6 +99,10 @@ type Engine struct {
 	features  []int
 	featureAt []int
 
+	// recorded holds the kernels of decode passes by shape, replayed by
+	// the next pass of the shape (replay.go).
+	recorded map[passKey]recordedPass
+
 	closed  bool
 	profile *gpu.Profile // non-nil while Profile runs: GPU time per kernel
 }
@@ -148,7 +152,7 @@ func build(g *Group, cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine,
 		}
 		featureAt[l] = i
 	}
-	e := &Engine{g: g, dev: dev, cfg: cfg, opts: opts, features: slices.Clone(opts.FeatureLayers), featureAt: featureAt}
+	e := &Engine{g: g, dev: dev, cfg: cfg, opts: opts, features: slices.Clone(opts.FeatureLayers), featureAt: featureAt, recorded: map[passKey]recordedPass{}}
 	e.opts.FeatureLayers = e.features
 	var err error
 	if e.w, err = upload(dev, &cfg, w); err != nil {

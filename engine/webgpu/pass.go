@@ -245,10 +245,12 @@ func (e *Engine) forward(ps pass, continues bool, pre, extra []step, every int) 
 		}
 	}
 	moves := func(b *gpu.Batch) error { return e.kv.RecordMoves(b) }
-	steps := append(append([]step{moves}, pre...), e.kernels(ps)...)
+	kernelSteps, keep := e.passKernels(ps)
+	steps := append(append([]step{moves}, pre...), kernelSteps...)
 	if err := e.submit(append(steps, extra...), every); err != nil {
 		return fmt.Errorf("forward pass: %w", err)
 	}
+	keep()
 	return nil
 }
 

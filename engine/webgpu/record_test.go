@@ -2,6 +2,7 @@ package webgpu
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"webdraft/engine"
@@ -16,8 +17,10 @@ import (
 // one batch-1 forward pass of a 28-layer model (Qwen3-1.7B's layer count,
 // tiny widths) into command buffers, without submitting them ("record"),
 // and submitting them too ("record+submit": wgpu validates and tracks at
-// submit; the tiny model's GPU time is small beside it). Chained on the
-// H200 the host records while the GPU runs, so this cost bounds a step
+// submit; the tiny model's GPU time is small beside it); "replay" and
+// "replay+submit" record the pass as the engine does once its shape has
+// been recorded, replaying the kernels' recordings (replay.go). Chained on
+// the H200 the host records while the GPU runs, so this cost bounds a step
 // from below whatever the kernels do; the metric is per dispatch.
 func BenchmarkRecordDecodeStep(b *testing.B) {
 	cfg := synth.Shapes["tiny"]
@@ -41,7 +44,8 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 		b.Fatal(err)
 	}
 	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}, place: []treemask.Row{treemask.LineRow(s.Len())}}}
-	steps := e.kernels(e.plan(work))
+	ps := e.plan(work)
+	steps := e.kernels(ps)
 	record := func(b *testing.B) *gpu.Batch {
 		batch, err := e.newBatch()
 		if err != nil {
@@ -58,9 +62,43 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 	// SwiftShader seconds of shader compiling, which would swamp the
 	// figure).
 	record(b).Discard()
-	for _, submit := range []bool{false, true} {
-		name := map[bool]string{false: "record", true: "record+submit"}[submit]
-		b.Run(name, func(b *testing.B) {
+	captured, keep := e.passKernels(ps)
+	batch, err := e.newBatch()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, st := range captured {
+		if err := st(batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	batch.Discard()
+	keep()
+	key, _ := e.keyOf(ps)
+	recs := e.recorded[key]
+	if !recs.valid() {
+		b.Fatal("the pass's recordings were not kept")
+	}
+	replays := e.replaySteps(ps, recs)
+	for _, run := range []struct {
+		name   string
+		steps  []step
+		submit bool
+	}{{"record", steps, false}, {"replay", replays, false}, {"record+submit", steps, true}, {"replay+submit", replays, true}} {
+		steps, submit := run.steps, run.submit
+		record := func(b *testing.B) *gpu.Batch {
+			batch, err := e.newBatch()
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, st := range steps {
+				if err := st(batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			return batch
+		}
+		b.Run(run.name, func(b *testing.B) {
 			dispatches, n := 0, 0
 			for b.Loop() {
 				batch := record(b)
@@ -81,5 +119,184 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*dispatches), "ns/dispatch")
 			b.ReportMetric(float64(dispatches), "dispatches")
 		})
+	}
+}
+
+// TestReplayedPasses: decode passes replay their kernels' recordings
+// (replay.go) and give, bit for bit, what recording them afresh gives —
+// one-token steps, chained steps, a batch of two — also after a released
+// buffer made the recordings stale.
+func TestReplayedPasses(t *testing.T) {
+	cfg := synth.Shapes["tiny"]
+	cfg.NumHiddenLayers = 3
+	w := synth.Int4Weights(cfg, 7, 0.05)
+	dev := gputest.Device(t)
+	ctx := context.Background()
+	var stale func(*testing.T, *Engine)
+	type result struct {
+		tokens   []engine.Token
+		replayed int // passes whose recordings were replayed as they were
+	}
+	stale = staleRecordings(dev)
+	run := func(t *testing.T, replay bool) result {
+		e, err := New(dev, cfg, w, Options{KVBytes: 8 << 20, MaxSequences: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if !replay {
+			e.recorded = nil
+		}
+		var res result
+		// recordings is what the engine holds now, to count the passes that
+		// kept them.
+		recordings := func() map[*gpu.Recording]bool {
+			m := map[*gpu.Recording]bool{}
+			for _, rec := range e.recorded {
+				for _, r := range rec {
+					m[r] = true
+				}
+			}
+			return m
+		}
+		var seqs []engine.Sequence
+		for range 2 {
+			s, err := e.NewSequence()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Release()
+			seqs = append(seqs, s)
+		}
+		a := &engine.Entry{Seq: seqs[0], Tokens: []int{1, 2, 3, 4, 5}}
+		b := &engine.Entry{Seq: seqs[1], Tokens: []int{9, 8}}
+		for i := range 24 {
+			before := recordings()
+			batch := []*engine.Entry{a}
+			if i >= 16 {
+				batch = append(batch, b) // a batch of two: another shape
+			}
+			if i == 10 || i == 20 {
+				stale(t, e)
+			}
+			if i%4 == 3 {
+				tokens, err := e.StepN(ctx, batch, 5)
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				for _, ts := range tokens {
+					res.tokens = append(res.tokens, ts...)
+				}
+			} else {
+				if err := e.Step(ctx, batch); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				for _, en := range batch {
+					res.tokens = append(res.tokens, engine.Token{ID: en.Next, Logprob: en.Logprob})
+				}
+			}
+			for _, en := range batch {
+				en.Tokens = []int{en.Next}
+			}
+			after := recordings()
+			for r := range before {
+				if after[r] {
+					res.replayed++
+					break
+				}
+			}
+		}
+		return res
+	}
+	fresh, replayed := run(t, false), run(t, true)
+	if fresh.replayed != 0 {
+		t.Fatalf("an engine without recordings kept %d", fresh.replayed)
+	}
+	t.Logf("%d of 24 calls replayed recordings", replayed.replayed)
+	if replayed.replayed < 12 {
+		t.Errorf("%d of 24 calls replayed recordings, want most", replayed.replayed)
+	}
+	if !slices.EqualFunc(fresh.tokens, replayed.tokens, func(x, y engine.Token) bool { return x.ID == y.ID && x.Logprob == y.Logprob }) {
+		t.Errorf("replayed passes gave\n%v\nrecorded afresh\n%v", replayed.tokens, fresh.tokens)
+	}
+}
+
+// staleRecordings returns a function that releases a buffer a bind group
+// binds, which makes every recording on dev stale.
+func staleRecordings(dev *gpu.Device) func(*testing.T, *Engine) {
+	return func(t *testing.T, e *Engine) {
+		t.Helper()
+		z, err := dev.NewBuffer("stale", 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := dev.NewBatch("stale")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kernels.Copy(b, z, e.act.next, 16); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Submit(); err != nil {
+			t.Fatal(err)
+		}
+		z.Release()
+	}
+}
+
+// TestReplayGoneStale: a pass whose recordings go stale after it was
+// planned (a buffer released by an earlier step of the same pass) records
+// its kernels afresh, with the same result.
+func TestReplayGoneStale(t *testing.T) {
+	cfg := synth.Shapes["tiny"]
+	cfg.NumHiddenLayers = 2
+	dev := gputest.Device(t)
+	e, err := New(dev, cfg, synth.Int4Weights(cfg, 3, 0.05), Options{KVBytes: 8 << 20, MaxSequences: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	seq, err := e.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Release()
+	entry := &engine.Entry{Seq: seq, Tokens: []int{1, 2, 3}}
+	if err := e.Step(context.Background(), []*engine.Entry{entry}); err != nil {
+		t.Fatal(err)
+	}
+	s := seq.(*kernels.KVSeq)
+	if err := e.kv.Reserve([]*kernels.KVSeq{s}, []int{s.Len() + 1}); err != nil {
+		t.Fatal(err)
+	}
+	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}, place: []treemask.Row{treemask.LineRow(s.Len())}}}
+	ps := e.plan(work)
+	// The pass recorded afresh, then replayed with its recordings made
+	// stale by its first step: each time the same greedy token.
+	next := func(steps []step) uint32 {
+		if err := e.submit(steps, submitEvery); err != nil {
+			t.Fatal(err)
+		}
+		got, err := e.act.next.ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got[0]
+	}
+	steps, keep := e.passKernels(ps)
+	want := next(steps)
+	keep()
+	key, _ := e.keyOf(ps)
+	rec := e.recorded[key]
+	if !rec.valid() {
+		t.Fatal("the pass's recordings were not kept")
+	}
+	staleNow := staleRecordings(dev)
+	first := func(*gpu.Batch) error { staleNow(t, e); return nil }
+	if got := next(append([]step{first}, e.replaySteps(ps, rec)...)); got != want {
+		t.Errorf("recorded afresh within the pass: token %d, want %d", got, want)
+	}
+	if rec.valid() {
+		t.Error("the recordings are still valid after a bound buffer's release")
 	}
 }

@@ -31,12 +31,27 @@ function install(given, flags = []) {
   }
   Object.assign(globalThis, dawn.globals);
   const gpu = dawn.create(flags);
+  if (flags.includes("backend=null")) zeroReads();
   // Node 21+ has a navigator of its own (without gpu); 20 has none.
   Object.defineProperty(globalThis, "navigator", {
     value: { gpu, userAgent: `Node.js ${process.version} with Dawn (${path.basename(p)})` },
     configurable: true, writable: true,
   });
   return gpu;
+}
+
+// zeroReads makes Dawn's null backend (backend=null: no GPU, every command
+// accepted and dropped) read back zeros rather than whatever its memory
+// held, so that the engine runs on it — tokens 0, never a NaN — and the
+// host's share of a step (the Go program, syscall/js, Dawn's front end) can
+// be timed on a machine without a GPU.
+function zeroReads() {
+  const get = GPUBuffer.prototype.getMappedRange;
+  GPUBuffer.prototype.getMappedRange = function (...args) {
+    const range = get.apply(this, args);
+    if (this.usage & GPUBufferUsage.MAP_READ) new Uint8Array(range).fill(0);
+    return range;
+  };
 }
 
 // describe says what adapter navigator.gpu gives: its name, features and

@@ -191,6 +191,26 @@ func (l *locked) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 	return engine.StepN(ctx, l.Engine, batch, n)
 }
 
+// Fuses reports whether the drafter's engine fuses with the target's
+// (engine.Fuser): both in the page's group, as they are. Fused, a step is
+// one submission and one read-back, where the drafter's chain and the
+// target's verification would each wait for theirs.
+func (l *locked) Fuses(target engine.Engine) bool {
+	f, ok := l.Engine.(engine.Fuser)
+	t, same := target.(*locked)
+	return ok && same && t.d == l.d && f.Fuses(t.Engine)
+}
+
+// DraftVerify is the engine's (engine.Fuser), under the page's lock.
+func (l *locked) DraftVerify(ctx context.Context, target engine.Engine, steps []engine.ChainStep, n int) ([][]engine.Token, error) {
+	if !l.Fuses(target) {
+		return nil, errors.New("draft and verify: the target is not fused with the drafter")
+	}
+	l.d.mu.Lock()
+	defer l.d.mu.Unlock()
+	return l.Engine.(engine.Fuser).DraftVerify(ctx, target.(*locked).Engine, steps, n)
+}
+
 // SamplesDrafts is the engine's (engine.SamplesDrafts).
 func (l *locked) SamplesDrafts() bool { return engine.SamplesDrafts(l.Engine) }
 

@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
 # The GPU machine's runs of lab/dawn (the device tool's `run`, in the
-# checkout's copy there; README.md). Two calls, back to back, while the
-# machine stays held:
+# checkout's copy there; README.md). Calls back to back, while the machine
+# stays held:
 #
 #   bash lab/dawn/h200.sh dawn     carry .gl and .gpu/dawn/node.xz, then
-#                                  again with .gpu/dawn/dawn.node.xz: unpacks
-#                                  them in .gpu/dawn/ (they stay there), then
-#                                  prints the adapter Dawn finds
-#   bash lab/dawn/h200.sh run      carry .gl .gpu/run: correctness and figures,
-#                                  through Dawn and natively, into $OUT
+#                                  .gpu/dawn/dawn.node.xz (with the next
+#                                  call's set, if it fits): unpacks them in
+#                                  .gpu/dawn/ (they stay there), then prints
+#                                  the adapter Dawn finds
+#   bash lab/dawn/h200.sh run      carry .gl .gpu/run (and .gpu/tests for the
+#                                  tests, .gpu/prof for PROFILE=1):
+#                                  correctness and figures, through Dawn and
+#                                  natively, into $OUT
 #
 # PROMPTS (default 8), TOKENS (128), KS (4,6) size the race; EDGE=0 skips
-# edge mode from a cold cache; TESTPKGS lists the tests' packages as
-# DIR:BINARY:SECONDS (default: gpu, kernels, engine/webgpu); TESTS=0 skips
-# the tests' wasm binaries; PROFILE=1 runs the engine's build with its
-# function names and writes Node's CPU profiles of the engine's timed steps
-# and of the race ($OUT/steps-*.cpuprofile: lab/dawn/cpuprofile.py reads
-# them);
+# edge mode from a cold cache; FIGURES=0 skips the figures (the tests
+# alone); TESTPKGS lists the tests' packages as DIR:BINARY:SECONDS (default:
+# gpu, kernels, engine/webgpu); TESTS=0 skips the tests' wasm binaries
+# (which run where .gpu/tests is); PROFILE=1 runs the engine's build with
+# its function names (.gpu/prof) and writes Node's CPU profiles of the
+# engine's timed steps and of the race ($OUT/steps-*.cpuprofile:
+# lab/dawn/cpuprofile.py reads them); where .gpu/run/base holds another
+# build (pack.sh base REV), the engine and the race run with it too, after
+# this build's, for an A/B in one call;
 # CALLS=1 times the engine's WebGPU calls and replays a step's from
 # JavaScript alone (harness.cjs --calls); SHAPE=qwen3-0.6b adds a drafter
 # of that published shape with random int4 weights (webdraft bench convert),
 # natively and through Dawn; KPLAN=PATTERN runs the kernels' benchmarks of
-# that -test.bench pattern through Dawn at the pair's shapes, KPLAN_ARGS
-# more flags for them (default -benchts=1,4 -test.benchtime 200x).
+# that -test.bench pattern through Dawn at the pair's shapes (.gpu/tests),
+# KPLAN_ARGS more flags for them (default -benchts=1,4 -test.benchtime 200x).
 set -uo pipefail
 what=${1:?usage: h200.sh dawn | run}
 : "${OUT:?OUT: the folder for the results}"
@@ -57,14 +63,16 @@ run)
     exit 1
   fi
   run=.gpu/run
-  for f in "$run"/*.xz "$run"/*/*.xz; do unxz "$f" "${f%.xz}" && rm "$f"; done
-  chmod +x "$run/webdraft"
+  for f in .gpu/run/*.xz .gpu/run/*/*.xz .gpu/tests/*.xz .gpu/prof/*.xz; do
+    [ -e "$f" ] && unxz "$f" "${f%.xz}" && rm "$f"
+  done
+  [ -e "$run/webdraft" ] && chmod +x "$run/webdraft"
   prompts=${PROMPTS:-8} tokens=${TOKENS:-128} ks=${KS:-4,6}
   # harness SECONDS MODE [options]: lab/dawn/harness.cjs on the pair, its
   # drafts checked against native webdraft's.
   wasm=$run profile=()
   if [ "${PROFILE:-0}" != 0 ]; then
-    wasm=$run/prof profile=(--profile "$OUT/steps")
+    wasm=.gpu/prof profile=(--profile "$OUT/steps")
   fi
   harness() {
     local secs=$1 mode=$2
@@ -75,7 +83,7 @@ run)
     [ $rc = 124 ] && echo "h200.sh: harness $mode: stopped after $secs s"
     return $rc
   }
-  {
+  [ "${FIGURES:-1}" != 0 ] && {
     echo "revision $(cat "$run/REVISION"); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
     echo "== native (wgpu-native, Vulkan): the pair's steps"
     for m in drafter target; do
@@ -101,21 +109,31 @@ run)
     fi
     echo "== Dawn: the page's worker, mode (a): the race"
     harness 180 browser --k "$ks" --max-tokens "$tokens" "${profile[@]}" --out "$OUT/browser.json"
+    if [ -d "$run/base" ]; then
+      wasm=$run/base
+      echo "== Dawn, the base build $(cat "$run/base/REVISION"): the engine alone"
+      harness 120 engine --n 16 --steps 64 --chain 16 --rounds 16 --out "$OUT/engine-base.json"
+      echo "== Dawn, the base build: the race"
+      harness 180 browser --k "$ks" --max-tokens "$tokens" --out "$OUT/browser-base.json"
+      wasm=$run
+      echo "== Dawn, this build again: the race"
+      harness 180 browser --k "$ks" --max-tokens "$tokens" --out "$OUT/browser-again.json"
+    fi
     if [ "${EDGE:-1}" != 0 ]; then
       echo "== Dawn: the page's worker, edge, from a cold cache over loopback HTTP"
       harness 60 edge --cold --n 16 --out "$OUT/edge.json"
     fi
   } 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/figures.txt"
   if [ -n "${KPLAN:-}" ]; then
-    export WASM_EXEC=$root/$run/wasm_exec.js
+    export WASM_EXEC=$root/.gpu/tests/wasm_exec.js
     echo "== the kernels' benchmarks through Dawn, at the pair's shapes: $KPLAN"
     # shellcheck disable=SC2086
-    (cd kernels && timeout 300 "$node" "$root/lab/dawn/gotest.cjs" "$root/$run/kernels.test.wasm" -test.run '^$' \
+    (cd kernels && timeout 300 "$node" "$root/lab/dawn/gotest.cjs" "$root/.gpu/tests/kernels.test.wasm" -test.run '^$' \
       -test.bench "$KPLAN" -benchshape=embedded ${KPLAN_ARGS:--benchts=1,4 -test.benchtime 200x} 2>&1) |
       grep -v XDG_RUNTIME_DIR | tee "$OUT/kplan.txt"
   fi
-  if [ "${TESTS:-1}" != 0 ]; then
-    export WASM_EXEC=$root/$run/wasm_exec.js
+  if [ "${TESTS:-1}" != 0 ] && [ -d .gpu/tests ]; then
+    export WASM_EXEC=$root/.gpu/tests/wasm_exec.js
     {
       echo "== the tests compiled to wasm, through Dawn"
       for t in ${TESTPKGS:-gpu:gpu:60 kernels:kernels:180 engine/webgpu:webgpu:100}; do
@@ -123,7 +141,7 @@ run)
         echo "-- $dir"
         # The shipped-pair tests need the embedded pair, which these
         # binaries lack (webdraft_noembed): the harness checks the pair.
-        (cd "$dir" && timeout "$secs" "$node" "$root/lab/dawn/gotest.cjs" "$root/$run/$bin.test.wasm" -test.v -test.count=1 \
+        (cd "$dir" && timeout "$secs" "$node" "$root/lab/dawn/gotest.cjs" "$root/.gpu/tests/$bin.test.wasm" -test.v -test.count=1 \
           -test.timeout "$((secs - 5))s" -test.skip 'TestSmallBindings|TestShippedLogprobs' 2>&1 | grep -v -E "^=== (RUN|PAUSE|CONT)"
           echo "exit ${PIPESTATUS[0]}")
       done

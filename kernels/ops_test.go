@@ -664,10 +664,13 @@ func TestGatherRows(t *testing.T) {
 			// The pairs after a run of unread words, at an aligned offset.
 			lead := align / 4
 			pairs := make([]uint32, lead, lead+GatherPairWords*c.n)
-			for i, to := range r.Perm(dstRows)[:c.n] {
+			// Distinct destinations (two pairs writing one row would race),
+			// the first the last row, read from the last source row.
+			tos := append([]int{dstRows - 1}, r.Perm(dstRows - 1)[:c.n-1]...)
+			for i, to := range tos {
 				from := r.IntN(srcRows)
 				if i == 0 {
-					to, from = dstRows-1, srcRows-1 // the last rows of both
+					from = srcRows - 1
 				}
 				pairs = append(pairs, uint32(to), uint32(from))
 				copy(want[to*c.words:(to+1)*c.words], src[from*c.words:(from+1)*c.words])

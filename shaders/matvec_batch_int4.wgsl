@@ -96,7 +96,14 @@ fn slice_sums(wid: vec3<u32>, lid: u32) {
     let groups = p.K / p.G;
     let vec4s_per_group = p.G / 32u;
 
-    let magic = p.magic;
+    // MAGIC, from the params, passed through workgroup memory (partial's
+    // first word, unused until the end) so that the driver keeps it in a
+    // register: then each code's mask and OR can be one three-input LOP3
+    // (an immediate mask and two registers), where with MAGIC in the
+    // constant bank they took two.
+    if lid == 0u {
+        partial[0] = bitcast<f32>(p.magic);
+    }
     var acc = array<f32, TT>();
     var ss = vec4<f32>(); // NORM: row t's sum of squares of what this thread staged, in ss[t]
     var wq: array<vec4<u32>, WPT>; // this thread's weights of a chunk
@@ -134,6 +141,7 @@ fn slice_sums(wid: vec3<u32>, lid: u32) {
             }
         }
         workgroupBarrier();
+        let magic = bitcast<u32>(partial[0]);
         for (var j = 0u; j < WPT; j++) {
             let v = lane + j * LANES;
             if v < kc4 / 8u {

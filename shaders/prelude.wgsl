@@ -110,12 +110,13 @@ fn codes(w: u32, shift: u32) -> vec4<f32> {
 // uses it stages its input scaled by 16^−e (PLACE, exact) to match, so
 // that each product is the same float as the code's times the input's (the
 // scale's product too: scaling by a power of two commutes with rounding).
-// magic is MAGIC, taken from the kernel's params so that the driver cannot
-// fold it into the mask: NVIDIA's three-input LOP3 takes one immediate,
-// and with both constant the AND and the OR were two instructions a code.
-// The H200's driver still emits two, the OR reading magic from its
-// constant bank (`lab/nvsass`, 2026-12-03); the matvecs were 1–8 % faster
-// with it all the same (BENCHMARKS.md).
+// magic is MAGIC, not the constant, so that the driver cannot fold it into
+// the mask: NVIDIA's three-input LOP3 takes one immediate or constant-bank
+// operand, so with both constant the AND and the OR are two instructions a
+// code. Taken from the params (in the constant bank) they still are; a
+// kernel that passes it through workgroup memory holds it in a register,
+// and the AND-OR is one LOP3 (matvec_batch_int4.wgsl; `lab/nvsass`,
+// BENCHMARKS.md).
 fn codes_in_place(h: u32, magic: u32) -> vec4<f32> {
     let n = vec4<u32>(h) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
     return bitcast<vec4<f32>>(n | vec4<u32>(magic)) - PLACE_BIAS;

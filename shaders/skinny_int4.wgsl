@@ -128,6 +128,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let staged = t0 + st < p.T;
     let srow = min(t0 + st, p.T - 1u);
 
+    // MAGIC, from the params, passed through workgroup memory (sq's first
+    // word, unused until the end) so that the driver holds it in a
+    // register: each code's AND-OR is then one LOP3 (codes_in_place).
+    if lid == 0u {
+        sq[0] = bitcast<f32>(p.magic);
+    }
     var acc = array<vec4<f32>, ACC>(); // acc[r·TV + v][e]: weight row n0 + r·WG, activation row t0 + 4v + e
     var ss = 0.0;                          // norm: the sum of squares of what this thread staged
     for (var c0 = kbeg; c0 < kend; c0 += KC) {
@@ -161,6 +167,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         workgroupBarrier();
+        let magic = bitcast<u32>(sq[0]);
         // 3. Multiply, 32 inputs at a time, the next 32's codes loading
         // meanwhile: each weight serves TT activation rows.
         for (var j = 0u; j < words; j++) {
@@ -175,8 +182,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 var hi: array<vec4<f32>, RT>;
                 for (var r = 0u; r < RT; r++) {
                     let w = component(cur[r], c);
-                    lo[r] = codes_in_place(w, p.magic) * cur_scale[r];
-                    hi[r] = codes_in_place(w >> 16u, p.magic) * cur_scale[r];
+                    lo[r] = codes_in_place(w, magic) * cur_scale[r];
+                    hi[r] = codes_in_place(w >> 16u, magic) * cur_scale[r];
                 }
                 let o = k / 8u; // the octet k … k+7
                 for (var v = 0u; v < TV; v++) {

@@ -1,6 +1,7 @@
 // Package gpu is webdraft's WebGPU runtime: it opens a device, uploads and
 // reads back buffers, compiles and caches compute pipelines, records many
-// dispatches into one compute pass, and turns device errors into Go errors.
+// dispatches into one compute pass (and captures them, to replay into
+// later passes: Recording), and turns device errors into Go errors.
 // It knows nothing of Qwen3; package kernels builds the model's operations
 // on it.
 //

@@ -716,3 +716,51 @@ func TestGatherRows(t *testing.T) {
 		})
 	}
 }
+
+// TestAdvanceRows: the first T rows of a rows buffer move one position on
+// — slot, position and base, from random values — their sequence and mask
+// kept; the rows after them (random words standing in for any) untouched;
+// called twice, twice on. Bad calls are refused.
+func TestAdvanceRows(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, T := range []int{1, 5, 64, 65, 300} {
+		words := make([]uint32, (T+3)*RowWords) // 3 rows past T
+		for i := range words {
+			words[i] = r.Uint32() >> 1 // no wrap-around at +2
+		}
+		buf := uploadU32(t, d, "rows", words)
+		run(t, d, "advance rows", func(b *gpu.Batch) error {
+			if err := AdvanceRows(b, buf, T); err != nil {
+				return err
+			}
+			return AdvanceRows(b, buf, T)
+		})
+		got, err := buf.ReadU32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := slices.Clone(words)
+		for row := range T {
+			for _, w := range []int{1, 2, 3} { // slot, pos, base (prelude.wgsl's Row)
+				want[row*RowWords+w] += 2
+			}
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("T %d: word %d (row %d, field %d) = %d, want %d", T, i, i/RowWords, i%RowWords, got[i], want[i])
+			}
+		}
+	}
+	buf := uploadU32(t, d, "rows", make([]uint32, 2*RowWords))
+	b, err := d.NewBatch("advance rows refused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Discard()
+	for _, T := range []int{0, -1, 3} {
+		if err := AdvanceRows(b, buf, T); err == nil {
+			t.Errorf("%d rows of a 2-row buffer: accepted", T)
+		}
+	}
+}

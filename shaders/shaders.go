@@ -85,6 +85,9 @@ var (
 	RMSNorm = mustModule("rmsnorm.wgsl")
 	// Copy is copy.wgsl: a 16-byte-word copy.
 	Copy = mustModule("copy.wgsl")
+	// AdvanceRows is advance_rows.wgsl: line rows of a rows buffer moved
+	// one position on (a chain's next pass, on the device).
+	AdvanceRows = mustModule("advance_rows.wgsl")
 	// Gather is gather.wgsl: rows of words (single words, or hidden
 	// states) copied between given rows of two buffers (a fused
 	// speculative step's drafted tokens into the target's inputs; a

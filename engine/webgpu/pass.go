@@ -184,13 +184,29 @@ func (e *Engine) attentionRows(ps *pass) {
 	}
 }
 
-// forward records and submits one pass: its block tables and per-row
-// inputs — all but the token ids when it continues a chain (those the pass
-// before it wrote) — then the KV moves of paths kept since the pass before
-// (KVCache.RecordMoves), pre (which may overwrite inputs on the device),
-// its kernels and after them extra, in command buffers of about every
-// dispatches.
+// forward records and submits one pass: its inputs (writeInputs), then the
+// KV moves of paths kept since the pass before (KVCache.RecordMoves), pre
+// (which may overwrite inputs on the device), its kernels and after them
+// extra, in command buffers of about every dispatches.
 func (e *Engine) forward(ps pass, continues bool, pre, extra []step, every int) error {
+	if err := e.writeInputs(ps, continues); err != nil {
+		return err
+	}
+	moves := func(b *gpu.Batch) error { return e.kv.RecordMoves(b) }
+	kernelSteps, keep := e.passKernels(ps)
+	steps := append(append([]step{moves}, pre...), kernelSteps...)
+	if err := e.submit(append(steps, extra...), every); err != nil {
+		return fmt.Errorf("forward pass: %w", err)
+	}
+	keep()
+	return nil
+}
+
+// writeInputs writes what pass ps reads from the host, through the queue:
+// its block tables and per-row inputs — all but the token ids when it
+// continues a chain (those the pass before wrote on the device) —, the
+// feature layers' rows and the read-out's sampling inputs.
+func (e *Engine) writeInputs(ps pass, continues bool) error {
 	a := e.act
 	seqs := make([]*kernels.KVSeq, len(ps.entries))
 	ids, rows := make([]uint32, ps.rows), make([]uint32, ps.rows*kernels.RowWords)
@@ -244,13 +260,6 @@ func (e *Engine) forward(ps pass, continues bool, pre, extra []step, every int) 
 			}
 		}
 	}
-	moves := func(b *gpu.Batch) error { return e.kv.RecordMoves(b) }
-	kernelSteps, keep := e.passKernels(ps)
-	steps := append(append([]step{moves}, pre...), kernelSteps...)
-	if err := e.submit(append(steps, extra...), every); err != nil {
-		return fmt.Errorf("forward pass: %w", err)
-	}
-	keep()
 	return nil
 }
 

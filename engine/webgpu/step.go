@@ -236,35 +236,74 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chain
 	if c.results, err = a.ensureChain(e.dev, uint64(m)*c.stride); err != nil {
 		return nil, err
 	}
-	for j := range m {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		var ps pass
-		if j == 0 {
-			ps = e.plan(work)
-			ps.chained = true
-		} else {
-			ps = decodePass(work, c.base, j, m)
-			ps.sameLasts = j > 1
-		}
+	copies := func(j int) []step {
 		at := uint64(j) * c.stride
-		copies := []step{
+		cs := []step{
 			func(b *gpu.Batch) error { return kernels.CopyTo(b, c.results, at, a.next, a.nextBytes) },
 			func(b *gpu.Batch) error { return kernels.Copy(b, a.ids, a.next, uint64(words)*4) },
 		}
 		if c.topN > 0 {
-			copies = append(copies, func(b *gpu.Batch) error { return kernels.CopyTo(b, c.results, at+c.topAt, a.top, c.topBytes) })
+			cs = append(cs, func(b *gpu.Batch) error { return kernels.CopyTo(b, c.results, at+c.topAt, a.top, c.topBytes) })
 		}
-		every := chainedSubmitEvery
-		if j == 0 { // nothing runs yet: start the GPU early
-			every = submitEvery
+		return cs
+	}
+	// The first pass, submitted early: nothing runs yet.
+	ps := e.plan(work)
+	ps.chained = true
+	if err := e.forward(ps, false, nil, copies(0), submitEvery); err != nil {
+		return nil, fmt.Errorf("chained pass 1: %w", err)
+	}
+	if m == 1 {
+		return c, nil
+	}
+	if len(e.features) == 0 {
+		return c, e.chainRest(ctx, work, c, copies)
+	}
+	// Feature rows lie where each position's pool row is, which the host
+	// writes: a pass a submission.
+	for j := 1; j < m; j++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
-		if err := e.forward(ps, j > 0, nil, copies, every); err != nil {
+		ps := decodePass(work, c.base, j, m)
+		ps.sameLasts = j > 1
+		if err := e.forward(ps, true, nil, copies(j), chainedSubmitEvery); err != nil {
 			return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 		}
 	}
 	return c, nil
+}
+
+// chainRest records the passes of chain c after its first in as few
+// submissions as their dispatches allow (chainedSubmitEvery): the host
+// writes the second pass's inputs, and every pass after it moves the rows
+// one position on, on the device (kernels.AdvanceRows), and records the
+// same kernels — replayed, once their shape has been recorded — so a pass
+// costs the host its dispatches and nothing else: no queue writes, no
+// command buffer of its own. copies(j) copies pass j's read-out into the
+// next pass's ids and its part of the results.
+func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, copies func(j int) []step) error {
+	ps := decodePass(work, c.base, 1, c.m)
+	if err := e.writeInputs(ps, true); err != nil {
+		return fmt.Errorf("chained pass 2: %w", err)
+	}
+	kernelSteps, keep := e.passKernels(ps)
+	advance := func(b *gpu.Batch) error { return kernels.AdvanceRows(b, e.act.rows, ps.rows) }
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var steps []step
+	for j := 1; j < c.m; j++ {
+		if j > 1 {
+			steps = append(steps, advance)
+		}
+		steps = append(append(steps, kernelSteps...), copies(j)...)
+	}
+	if err := e.submit(steps, chainedSubmitEvery); err != nil {
+		return fmt.Errorf("chained passes 2–%d: %w", c.m, err)
+	}
+	keep()
+	return nil
 }
 
 // chainRead reads a submitted chain's results back (raw: its range

@@ -23,28 +23,7 @@ import (
 // the H200 the host records while the GPU runs, so this cost bounds a step
 // from below whatever the kernels do; the metric is per dispatch.
 func BenchmarkRecordDecodeStep(b *testing.B) {
-	cfg := synth.Shapes["tiny"]
-	cfg.NumHiddenLayers = 28
-	e, err := New(gputest.Device(b), cfg, synth.Int4Weights(cfg, 1, 0.02), Options{KVBytes: 8 << 20, MaxSequences: 4})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
-	seq, err := e.NewSequence()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer seq.Release()
-	entry := &engine.Entry{Seq: seq, Tokens: []int{1, 2, 3}}
-	if err := e.Step(context.Background(), []*engine.Entry{entry}); err != nil {
-		b.Fatal(err)
-	}
-	s := seq.(*kernels.KVSeq)
-	if err := e.kv.Reserve([]*kernels.KVSeq{s}, []int{s.Len() + 1}); err != nil {
-		b.Fatal(err)
-	}
-	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}, place: []treemask.Row{treemask.LineRow(s.Len())}}}
-	ps := e.plan(work)
+	e, ps := decodeStep(b, 28, 1)
 	steps := e.kernels(ps)
 	record := func(b *testing.B) *gpu.Batch {
 		batch, err := e.newBatch()
@@ -248,29 +227,8 @@ func staleRecordings(dev *gpu.Device) func(*testing.T, *Engine) {
 // planned (a buffer released by an earlier step of the same pass) records
 // its kernels afresh, with the same result.
 func TestReplayGoneStale(t *testing.T) {
-	cfg := synth.Shapes["tiny"]
-	cfg.NumHiddenLayers = 2
-	dev := gputest.Device(t)
-	e, err := New(dev, cfg, synth.Int4Weights(cfg, 3, 0.05), Options{KVBytes: 8 << 20, MaxSequences: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	seq, err := e.NewSequence()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seq.Release()
-	entry := &engine.Entry{Seq: seq, Tokens: []int{1, 2, 3}}
-	if err := e.Step(context.Background(), []*engine.Entry{entry}); err != nil {
-		t.Fatal(err)
-	}
-	s := seq.(*kernels.KVSeq)
-	if err := e.kv.Reserve([]*kernels.KVSeq{s}, []int{s.Len() + 1}); err != nil {
-		t.Fatal(err)
-	}
-	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}, place: []treemask.Row{treemask.LineRow(s.Len())}}}
-	ps := e.plan(work)
+	e, ps := decodeStep(t, 2, 3)
+	dev := e.dev
 	// The pass recorded afresh, then replayed with its recordings made
 	// stale by its first step: each time the same greedy token.
 	next := func(steps []step) uint32 {
@@ -299,4 +257,38 @@ func TestReplayGoneStale(t *testing.T) {
 	if rec.valid() {
 		t.Error("the recordings are still valid after a bound buffer's release")
 	}
+}
+
+// decodeStep makes an engine of the tiny shape with layers layers (int4
+// weights from seed), feeds a sequence a three-token prompt, reserves its
+// next position and returns the engine and its next decode pass (one
+// token), unsubmitted; the test's cleanup closes the engine.
+func decodeStep(tb testing.TB, layers int, seed uint64) (*Engine, pass) {
+	tb.Helper()
+	cfg := synth.Shapes["tiny"]
+	cfg.NumHiddenLayers = layers
+	e, err := New(gputest.Device(tb), cfg, synth.Int4Weights(cfg, seed, 0.05), Options{KVBytes: 8 << 20, MaxSequences: 2})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	seq, err := e.NewSequence()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(seq.Release)
+	entry := &engine.Entry{Seq: seq, Tokens: []int{1, 2, 3}}
+	if err := e.Step(context.Background(), []*engine.Entry{entry}); err != nil {
+		tb.Fatal(err)
+	}
+	s := seq.(*kernels.KVSeq)
+	if err := e.kv.Reserve([]*kernels.KVSeq{s}, []int{s.Len() + 1}); err != nil {
+		tb.Fatal(err)
+	}
+	work := []pending{{entry: entry, seq: s, tokens: []int{entry.Next}, place: []treemask.Row{treemask.LineRow(s.Len())}}}
+	return e, e.plan(work)
 }

@@ -430,14 +430,15 @@ func (e *Engine) token(id uint32) (int, error) {
 // submitEvery is how many dispatches a pass the host waits for records
 // before it submits them: the GPU starts on the first layers while the
 // host records the rest (on the H200 host recording costs several µs of
-// CPU a dispatch). chainedSubmitEvery is the same for the passes a chain
-// records while the GPU still runs the ones before (StepN): fewer, longer
-// command buffers, since each submission boundary costs the GPU time,
-// while a single step waited for is quicker in shorter ones. Both keep
-// command buffers within what lavapipe handles.
+// CPU a dispatch). chainedSubmitEvery is the same for the passes of a
+// chain after its first (StepN), which go together (chainRest): fewer,
+// longer command buffers, since each submission costs the GPU time and a
+// browser's host more, while a single step waited for is quicker in
+// shorter ones. Both keep command buffers within what lavapipe handles
+// (it has crashed on one of ~560 dispatches with distinct bind groups).
 const (
 	submitEvery        = 48
-	chainedSubmitEvery = 512
+	chainedSubmitEvery = 256
 )
 
 // step records one operation into a batch.

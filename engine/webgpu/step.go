@@ -23,9 +23,9 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 // tokens, each after it the entry's own greedy token. Where every entry
 // feeds one token and the batch fits a pass, the passes chain on the
 // device — each pass's greedy tokens copied into the next pass's input ids
-// and into a results buffer, positions written to the queue ahead of each
-// pass, the results read back once at the end — so the host records pass
-// j+1 while the GPU runs pass j instead of waiting for each token. Where
+// and into a results buffer, its rows moved one position on by the device,
+// the passes after the first submitted together and the results read back
+// once at the end — so the host never waits for a token. Where
 // entries feed prompts, the first step runs as Step does and the n−1 after
 // it chain. Every token continues its sequence's line: tree nodes
 // (Entry.Parents) do not chain. On an error every sequence is as it was
@@ -217,8 +217,8 @@ func (c *chainRun) tokenWord(i, j int) int { return int(uint64(j)*c.stride/4) + 
 // each after it one row an entry, the greedy token of the pass before.
 // Each pass's greedy tokens are copied into the next pass's input ids and
 // into its part of the results — and, where entries ask for them, its
-// most likely tokens — so that the host records pass j+1 while the GPU
-// runs pass j. The sequences are committed by chainRead.
+// most likely tokens —, so that no pass waits for the host (chainRest).
+// The sequences are committed by chainRead.
 func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chainRun, error) {
 	a, B := e.act, len(work)
 	words := (B + 3) &^ 3 // copies move 16-byte words

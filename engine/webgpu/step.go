@@ -274,33 +274,40 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chain
 	return c, nil
 }
 
-// chainRest records the passes of chain c after its first in as few
-// submissions as their dispatches allow (chainedSubmitEvery): the host
-// writes the second pass's inputs, and every pass after it moves the rows
-// one position on, on the device (kernels.AdvanceRows), and records the
-// same kernels — replayed, once their shape has been recorded — so a pass
-// costs the host its dispatches and nothing else: no queue writes, no
-// command buffer of its own. copies(j) copies pass j's read-out into the
-// next pass's ids and its part of the results.
+// chainRest records the passes of chain c after its first: the host writes
+// the second pass's inputs, and every pass after it moves the rows one
+// position on, on the device (kernels.AdvanceRows), and records the same
+// kernels — replayed, once their shape has been recorded — so a pass costs
+// the host its dispatches and nothing else: no queue writes, no command
+// buffer of its own. The second pass is submitted alone, so that the GPU
+// has it while the host records the others, which go in as few
+// submissions as their dispatches allow (chainedSubmitEvery). copies(j)
+// copies pass j's read-out into the next pass's ids and its part of the
+// results.
 func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, copies func(j int) []step) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	ps := decodePass(work, c.base, 1, c.m)
 	if err := e.writeInputs(ps, true); err != nil {
 		return fmt.Errorf("chained pass 2: %w", err)
 	}
 	kernelSteps, keep := e.passKernels(ps)
-	advance := func(b *gpu.Batch) error { return kernels.AdvanceRows(b, e.act.rows, ps.rows) }
-	if err := ctx.Err(); err != nil {
-		return err
+	if err := e.submit(append(kernelSteps, copies(1)...), chainedSubmitEvery); err != nil {
+		return fmt.Errorf("chained pass 2: %w", err)
 	}
+	keep()
+	if c.m == 2 {
+		return nil
+	}
+	kernelSteps, keep = e.passKernels(ps) // replayed now, where the shape's recording could be kept
+	advance := func(b *gpu.Batch) error { return kernels.AdvanceRows(b, e.act.rows, ps.rows) }
 	var steps []step
-	for j := 1; j < c.m; j++ {
-		if j > 1 {
-			steps = append(steps, advance)
-		}
-		steps = append(append(steps, kernelSteps...), copies(j)...)
+	for j := 2; j < c.m; j++ {
+		steps = append(append(append(steps, advance), kernelSteps...), copies(j)...)
 	}
 	if err := e.submit(steps, chainedSubmitEvery); err != nil {
-		return fmt.Errorf("chained passes 2–%d: %w", c.m, err)
+		return fmt.Errorf("chained passes 3–%d: %w", c.m, err)
 	}
 	keep()
 	return nil

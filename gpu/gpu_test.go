@@ -697,9 +697,9 @@ func TestRecordingReplay(t *testing.T) {
 	}
 	want(0, steps)
 	for _, run := range []struct {
-		name         string
-		before       int  // dispatches recorded afresh before the replay
-		nested, more bool // the replay within a capture, which is replayed too
+		name   string
+		before int  // dispatches recorded afresh before the replay
+		nested bool // the replay within a capture, which is replayed too
 	}{{name: "alone"}, {name: "after 100 dispatches", before: 100}, {name: "within a capture", before: 37, nested: true}} {
 		b, err := d.NewBatch(run.name)
 		if err != nil {

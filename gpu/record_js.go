@@ -34,15 +34,16 @@ type objectSlots struct {
 }
 
 func (r *recorder) dispatch(d *Device, _ *wgpu.ComputePassEncoder, pipe *wgpu.ComputePipeline, group *wgpu.BindGroup, slots *objectSlots, offsets []uint32, x, y, z uint32) {
-	if slots == nil || !slots.ok {
-		s := objectSlots{d.objs.index(pipe, jsValueOf(unsafe.Pointer(pipe))), d.objs.index(group, jsValueOf(unsafe.Pointer(group))), true}
-		if slots == nil {
-			slots = &s
-		} else {
-			*slots = s
+	var pi, gi uint32
+	if slots != nil && slots.ok {
+		pi, gi = slots.pipe, slots.group
+	} else {
+		pi, gi = d.objs.index(pipe, jsValueOf(unsafe.Pointer(pipe))), d.objs.index(group, jsValueOf(unsafe.Pointer(group)))
+		if slots != nil {
+			*slots = objectSlots{pipe: pi, group: gi, ok: true}
 		}
 	}
-	r.cmds = append(r.cmds, slots.pipe, slots.group, uint32(len(offsets)))
+	r.cmds = append(r.cmds, pi, gi, uint32(len(offsets)))
 	r.cmds = append(r.cmds, offsets...)
 	r.cmds = append(r.cmds, x, y, z)
 }

@@ -141,7 +141,11 @@ type DecodeShape struct {
 // DecodeShapeOf is the DecodeShape of AttentionDecode(…, T, heads, maxLen)
 // on device d.
 func (c *KVCache) DecodeShapeOf(d *gpu.Device, T, heads, maxLen int) DecodeShape {
-	tune := planFor(d).decode
+	return c.decodeShape(d, T, heads, maxLen, planFor(d).decode)
+}
+
+// decodeShape is the DecodeShape at tuning tune.
+func (c *KVCache) decodeShape(d *gpu.Device, T, heads, maxLen int, tune decodeTuning) DecodeShape {
 	return DecodeShape{chunk: c.decodeChunk(T, heads, maxLen, tune), splits: c.decodeSplits(T, heads, maxLen, tune),
 		merge: c.lastSplitMerges(d, T, heads, maxLen, tune)}
 }
@@ -191,8 +195,9 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}
 	n := T * heads * c.D
-	chunk := c.decodeChunk(T, heads, maxLen, tune)
-	splits := c.decodeSplits(T, heads, maxLen, tune)
+	d := b.Device()
+	shape := c.decodeShape(d, T, heads, maxLen, tune)
+	chunk, splits, merge := shape.chunk, shape.splits, shape.merge
 	for _, x := range []struct {
 		name string
 		buf  *gpu.Buffer
@@ -202,10 +207,8 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 			return err
 		}
 	}
-	d := b.Device()
 	group := heads / c.KVHeads
 	direct := splits == 1 // one split: no merge, the kernel writes out itself
-	merge := c.lastSplitMerges(d, T, heads, maxLen, tune)
 	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge, tune)); err != nil {
 		return err
 	}

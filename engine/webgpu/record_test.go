@@ -25,7 +25,8 @@ import (
 func BenchmarkRecordDecodeStep(b *testing.B) {
 	e, ps := decodeStep(b, 28, 1)
 	steps := e.kernels(ps)
-	record := func(b *testing.B) *gpu.Batch {
+	// record records steps into a new batch.
+	record := func(b *testing.B, steps []step) *gpu.Batch {
 		batch, err := e.newBatch()
 		if err != nil {
 			b.Fatal(err)
@@ -39,19 +40,10 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 	}
 	// One recording first, untimed: it creates the step's pipelines (on
 	// SwiftShader seconds of shader compiling, which would swamp the
-	// figure).
-	record(b).Discard()
+	// figure). Then one that captures them, kept for the replays.
+	record(b, steps).Discard()
 	captured, keep := e.passKernels(ps)
-	batch, err := e.newBatch()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, st := range captured {
-		if err := st(batch); err != nil {
-			b.Fatal(err)
-		}
-	}
-	batch.Discard()
+	record(b, captured).Discard()
 	keep()
 	key, _ := e.keyOf(ps)
 	recs := e.recorded[key]
@@ -65,22 +57,10 @@ func BenchmarkRecordDecodeStep(b *testing.B) {
 		submit bool
 	}{{"record", steps, false}, {"replay", replays, false}, {"record+submit", steps, true}, {"replay+submit", replays, true}} {
 		steps, submit := run.steps, run.submit
-		record := func(b *testing.B) *gpu.Batch {
-			batch, err := e.newBatch()
-			if err != nil {
-				b.Fatal(err)
-			}
-			for _, st := range steps {
-				if err := st(batch); err != nil {
-					b.Fatal(err)
-				}
-			}
-			return batch
-		}
 		b.Run(run.name, func(b *testing.B) {
 			dispatches, n := 0, 0
 			for b.Loop() {
-				batch := record(b)
+				batch := record(b, steps)
 				dispatches = batch.Len()
 				if !submit {
 					batch.Discard()

@@ -48,6 +48,7 @@ var (
 	k             = flag.Int("browserbench.k", 4, "the draft length")
 	out           = flag.String("browserbench.out", "", "also write the table here")
 	wasmFiles     = flag.String("browserbench.wasm", "", "drafter.wasm builds to race one against another, comma-separated (a tab each, the prompts alternating; default: the embedded build)")
+	screenshot    = flag.String("browserbench.screenshot", "", "also save the first tab's page after the races here (PNG)")
 	drafterFolder = flag.String("browserbench.drafter", "", "a drafter folder to race instead of the embedded one (named drafter, beside a copy of the embedded target named target when it uses the target's embedding)")
 )
 
@@ -90,6 +91,15 @@ func TestSpeedup(t *testing.T) {
 			tb.rows = append(tb.rows, fmt.Sprintf("| %d | %.3f | %.3f | %.2f | %.2f× |", i, spec, base, tau, spec/base))
 			tb.spec, tb.base, tb.tau = tb.spec+spec, tb.base+base, tb.tau+tau
 			t.Logf("%s, prompt %d: speculative %.3f tok/s (τ %.2f), the target alone %.3f tok/s: %.2f×", label(tb.build), i, spec, tau, base, spec/base)
+		}
+	}
+	if *screenshot != "" {
+		png, err := chromedp.Run(tabs[0].ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot: %v", err)
+		}
+		if err := os.WriteFile(*screenshot, png, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 	var table strings.Builder

@@ -247,6 +247,45 @@ func (d *Device) takeChunk() (*paramsChunk, error) {
 // device at once). It does not wait for the GPU: a Read afterwards does.
 // The batch cannot be used again.
 func (b *Batch) Submit() error {
+	return b.checked(b.submit(nil))
+}
+
+// checked is err, the batch's submission's, or else what the device's
+// check after a submission reports (checkSubmit), which runs either way.
+func (b *Batch) checked(err error) error {
+	if cerr := b.d.checkSubmit("submitting batch " + b.label); err == nil && cerr != nil {
+		err = fmt.Errorf("gpu: batch %q: %w", b.label, cerr)
+	}
+	return err
+}
+
+// SubmitRead is Submit followed by ReadRanges(ranges...), in one
+// submission: the copies into the staging buffer follow the pass in the
+// batch's own command buffer (a submission and its command encoder fewer
+// a read, which in the browser costs the host more than the copies). It
+// waits for the GPU and returns each range's bytes, with the device's
+// errors since the last check, as ReadRanges does.
+func (b *Batch) SubmitRead(ranges ...Binding) ([][]byte, error) {
+	if b.ended {
+		return nil, fmt.Errorf("gpu: batch %q: already submitted or discarded", b.label)
+	}
+	rd, err := b.d.newRead(ranges)
+	if err != nil {
+		b.Discard()
+		return nil, err
+	}
+	if err := b.submit(rd); err != nil {
+		return nil, b.checked(err)
+	}
+	if rd.total == 0 {
+		return rd.out, b.checked(nil)
+	}
+	return rd.wait()
+}
+
+// submit ends the pass, records rd's copies after it (rd non-nil), writes
+// the params and submits the batch.
+func (b *Batch) submit(rd *read) error {
 	if b.ended {
 		return fmt.Errorf("gpu: batch %q: already submitted or discarded", b.label)
 	}
@@ -262,6 +301,9 @@ func (b *Batch) Submit() error {
 		err = endPass(b.pass)
 	} else {
 		err = b.resolveTimestamps()
+	}
+	if err == nil && rd != nil && rd.total > 0 {
+		err = rd.copy(b.enc)
 	}
 	var cmd *wgpu.CommandBuffer
 	if err == nil {
@@ -280,9 +322,6 @@ func (b *Batch) Submit() error {
 	b.release()
 	if cmd != nil {
 		cmd.Release()
-	}
-	if cerr := d.checkSubmit("submitting batch " + b.label); err == nil {
-		err = cerr
 	}
 	if err != nil {
 		return fmt.Errorf("gpu: batch %q: %w", b.label, err)

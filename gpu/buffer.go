@@ -172,55 +172,100 @@ func (b *Buffer) Read(offset, size uint64) ([]byte, error) {
 // submitted before it has run, in one read: one copy a range into the
 // device's staging buffer, one mapping for all (a wait for the GPU, in the
 // browser a round trip to its process). The buffers must share a device.
+// Batch.SubmitRead does the same as part of a batch's submission.
 func ReadRanges(ranges ...Binding) ([][]byte, error) {
 	if len(ranges) == 0 {
 		return nil, nil
 	}
 	d := ranges[0].Buf.d
-	at := make([]uint64, len(ranges))
-	var total uint64
+	rd, err := d.newRead(ranges)
+	if err != nil {
+		return nil, err
+	}
+	if rd.total == 0 {
+		return rd.out, nil
+	}
+	enc, err := d.dev.CreateCommandEncoder(nil)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", rd.label, err)
+	}
+	defer enc.Release()
+	if err := rd.copy(enc); err != nil {
+		return nil, err
+	}
+	cmd, err := enc.Finish(nil)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", rd.label, err)
+	}
+	defer cmd.Release()
+	d.queue.Submit(cmd)
+	return rd.wait()
+}
+
+// read is a read of ranges of one device's buffers through its staging
+// buffer: checked and placed (newRead), copied into the staging buffer by a
+// command encoder (copy), then mapped once the queue is done (wait).
+type read struct {
+	d       *Device
+	ranges  []Binding
+	at      []uint64 // each range's offset in the staging buffer
+	total   uint64
+	label   string // the first range's buffer's, for errors
+	staging *wgpu.Buffer
+	out     [][]byte
+}
+
+// newRead checks ranges (all on d, 4-byte aligned, within their buffers)
+// and places them one after the other in d's staging buffer.
+func (d *Device) newRead(ranges []Binding) (*read, error) {
+	rd := &read{d: d, ranges: ranges, at: make([]uint64, len(ranges)), out: make([][]byte, len(ranges))}
+	if len(ranges) == 0 {
+		return rd, nil
+	}
+	rd.label = ranges[0].Buf.label
 	for i, r := range ranges {
 		b := r.Buf
 		if err := b.usable("reading"); err != nil {
 			return nil, err
 		}
 		if b.d != d {
-			return nil, fmt.Errorf("gpu: reading buffer %q: another device's than buffer %q", b.label, ranges[0].Buf.label)
+			return nil, fmt.Errorf("gpu: reading buffer %q: another device's than buffer %q", b.label, rd.label)
 		}
 		if r.Offset%4 != 0 || r.Size%4 != 0 || r.Offset+r.Size > b.size {
 			return nil, fmt.Errorf("gpu: reading %d bytes at %d from buffer %q of %d bytes: out of range or misaligned", r.Size, r.Offset, b.label, b.size)
 		}
-		at[i], total = total, total+r.Size
+		rd.at[i], rd.total = rd.total, rd.total+r.Size
 	}
-	label := ranges[0].Buf.label
-	out := make([][]byte, len(ranges))
-	if total == 0 {
-		return out, nil
+	if rd.total == 0 {
+		return rd, nil
 	}
-	staging, err := d.readbackBuffer(total)
+	staging, err := d.readbackBuffer(rd.total)
 	if err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", label, err)
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", rd.label, err)
 	}
-	enc, err := d.dev.CreateCommandEncoder(nil)
-	if err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", label, err)
-	}
-	defer enc.Release()
-	for i, r := range ranges {
+	rd.staging = staging
+	return rd, nil
+}
+
+// copy records the copies of the ranges into the staging buffer.
+func (rd *read) copy(enc *wgpu.CommandEncoder) error {
+	for i, r := range rd.ranges {
 		if r.Size == 0 {
 			continue
 		}
-		if err := enc.CopyBufferToBuffer(r.Buf.buf, r.Offset, staging, at[i], r.Size); err != nil {
-			return nil, fmt.Errorf("gpu: reading buffer %q: %w", r.Buf.label, err)
+		if err := enc.CopyBufferToBuffer(r.Buf.buf, r.Offset, rd.staging, rd.at[i], r.Size); err != nil {
+			return fmt.Errorf("gpu: reading buffer %q: %w", r.Buf.label, err)
 		}
 	}
-	cmd, err := enc.Finish(nil)
-	if err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", label, err)
-	}
-	defer cmd.Release()
-	d.queue.Submit(cmd)
-	raw, err, cerr := d.mapReadChecked(staging, total, "reading buffer "+label)
+	return nil
+}
+
+// wait maps the staging buffer once the copies have run and returns each
+// range's bytes, with what the device's error scopes caught since the last
+// check.
+func (rd *read) wait() ([][]byte, error) {
+	d := rd.d
+	raw, err, cerr := d.mapReadChecked(rd.staging, rd.total, "reading buffer "+rd.label)
 	if err != nil {
 		d.dropReadback() // its mapping state is unknown now
 	}
@@ -228,14 +273,14 @@ func ReadRanges(ranges ...Binding) ([][]byte, error) {
 		return nil, cerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gpu: reading buffer %q: %w", label, err)
+		return nil, fmt.Errorf("gpu: reading buffer %q: %w", rd.label, err)
 	}
-	for i, r := range ranges {
+	for i, r := range rd.ranges {
 		if r.Size > 0 {
-			out[i] = raw[at[i] : at[i]+r.Size]
+			rd.out[i] = raw[rd.at[i] : rd.at[i]+r.Size]
 		}
 	}
-	return out, nil
+	return rd.out, nil
 }
 
 // readbackBuffer returns the device's MapRead staging buffer, at least size

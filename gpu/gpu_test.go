@@ -1,9 +1,11 @@
 package gpu_test
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"strings"
@@ -258,6 +260,78 @@ func TestReadRanges(t *testing.T) {
 		if _, err := gpu.ReadRanges(bufA.Slice(0, 4), bad); err == nil {
 			t.Errorf("range %+v of a %d-byte buffer read", bad, bufB.Size())
 		}
+	}
+}
+
+// TestSubmitRead: a batch submitted with ranges to read sees them after
+// its own dispatches (and those of batches before it), in one go; a bad
+// range spoils nothing but the read, and a read of nothing still submits.
+func TestSubmitRead(t *testing.T) {
+	d := gputest.Device(t)
+	p, err := d.Pipeline(affine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	y := make([]float32, n)
+	for i := range y {
+		y[i] = float32(rand.IntN(17)) - 8
+	}
+	buf, err := d.UploadF32("y", y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Release()
+	other, err := d.UploadU32("other", []uint32{7, 8, 9, 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Release()
+	record := func(mul, add float32) *gpu.Batch {
+		t.Helper()
+		b, err := d.NewBatch("affine")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gpu.Dispatch(b, p, affineParams(n, mul, add), []gpu.Binding{buf.All()}, (n+63)/64, 1, 1); err != nil {
+			t.Fatal(err)
+		}
+		for i := range y {
+			y[i] = y[i]*mul + add // exact: small integers and halves
+		}
+		return b
+	}
+	if err := record(2, 1).Submit(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := record(0.5, -3).SubmitRead(buf.Slice(4*10, 4*(n-10)), other.Slice(4, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || len(got[0]) != 4*(n-10) || len(got[1]) != 8 {
+		t.Fatalf("read %d ranges of %v bytes", len(got), [][]byte(got))
+	}
+	for i := 10; i < n; i++ {
+		if v := math.Float32frombits(binary.LittleEndian.Uint32(got[0][4*(i-10):])); v != y[i] {
+			t.Fatalf("y[%d] = %v, want %v", i, v, y[i])
+		}
+	}
+	if a, b := binary.LittleEndian.Uint32(got[1]), binary.LittleEndian.Uint32(got[1][4:]); a != 8 || b != 9 {
+		t.Errorf("other[1:3] = %d, %d, want 8, 9", a, b)
+	}
+	if _, err := record(1, 1).SubmitRead(other.Slice(2, 4)); err == nil {
+		t.Error("a misaligned range was read")
+	}
+	y0 := y[0] - 1 // the refused batch was discarded, not submitted
+	if out, err := record(1, 0).SubmitRead(); err != nil || len(out) != 0 {
+		t.Fatalf("an empty read: %v, %v", out, err)
+	}
+	v, err := buf.ReadF32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0] != y0 {
+		t.Errorf("y[0] = %v after a refused read and an empty one, want %v", v[0], y0)
 	}
 }
 

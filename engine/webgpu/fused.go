@@ -116,7 +116,7 @@ func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep,
 		}
 		return out, t.feed(ctx, twork)
 	}
-	ch, err := e.chainSubmit(ctx, dwork, n)
+	ch, err := e.chainSubmit(ctx, dwork, n, false)
 	if err != nil {
 		return nil, err
 	}
@@ -124,19 +124,18 @@ func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep,
 	if err != nil {
 		return nil, err
 	}
-	if err := t.forward(ps, false, pre, nil, submitEvery); err != nil {
-		return nil, fmt.Errorf("verification: %w", err)
-	}
-	// The drafts and the verification's rows in one read.
-	raw, err := gpu.ReadRanges(ch.resultsRange(), t.rowsRange(ps))
+	// The drafts and the verification's rows in one read, with the pass.
+	raw, err := t.forwardRead(ps, false, pre, nil, submitEvery, func() []gpu.Binding {
+		return []gpu.Binding{ch.resultsRange(), t.rowsRange(ps)}
+	})
 	if err != nil {
-		return nil, fmt.Errorf("read back: %w", err)
+		return nil, fmt.Errorf("verification and read back: %w", err)
 	}
 	out, err := e.chainRead(dwork, ch, raw[0])
 	if err != nil {
 		return nil, err
 	}
-	if err := t.readOutFrom(ps, raw[1]); err != nil {
+	if err := t.readOut(ps, raw[1]); err != nil {
 		return nil, fmt.Errorf("verification: %w", err)
 	}
 	for i, p := range dwork { // the drafter's entries, as StepN leaves them

@@ -233,14 +233,14 @@ func (e *Engine) fusedTree(ctx context.Context, t *Engine, steps []engine.TreeSt
 	if err != nil {
 		return err
 	}
-	if err := t.forward(ps, false, pre, nil, submitEvery); err != nil {
-		return fmt.Errorf("verification: %w", err)
-	}
-	// The node tables and the verification's rows in one read.
-	raw, err := gpu.ReadRanges(tb.state.Slice(0, uint64(len(steps)*kernels.TreeStateWords)*4),
-		tb.nodes.Slice(0, uint64(len(steps)*C*kernels.TreeNodeWords)*4), t.rowsRange(ps))
+	// The node tables and the verification's rows in one read, with the
+	// pass.
+	raw, err := t.forwardRead(ps, false, pre, nil, submitEvery, func() []gpu.Binding {
+		return []gpu.Binding{tb.state.Slice(0, uint64(len(steps)*kernels.TreeStateWords)*4),
+			tb.nodes.Slice(0, uint64(len(steps)*C*kernels.TreeNodeWords)*4), t.rowsRange(ps)}
+	})
 	if err != nil {
-		return fmt.Errorf("read back: %w", err)
+		return fmt.Errorf("verification and read back: %w", err)
 	}
 	stateWords, nodeWords := u32s(raw[0]), u32s(raw[1])
 	rows, _, _, err := t.readRows(ps, raw[2])

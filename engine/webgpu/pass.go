@@ -189,17 +189,30 @@ func (e *Engine) attentionRows(ps *pass) {
 // (which may overwrite inputs on the device), its kernels and after them
 // extra, in command buffers of about every dispatches.
 func (e *Engine) forward(ps pass, continues bool, pre, extra []step, every int) error {
+	_, err := e.forwardRead(ps, continues, pre, extra, every, nil)
+	return err
+}
+
+// forwardRead is forward followed by a read of the ranges read returns
+// (called once the inputs are written, as they may place the read-out)
+// with the pass's last command buffer (submitRead); read nil reads nothing.
+func (e *Engine) forwardRead(ps pass, continues bool, pre, extra []step, every int, read func() []gpu.Binding) ([][]byte, error) {
 	if err := e.writeInputs(ps, continues); err != nil {
-		return err
+		return nil, err
 	}
 	moves := func(b *gpu.Batch) error { return e.kv.RecordMoves(b) }
 	kernelSteps, keep := e.passKernels(ps)
 	steps := append(append([]step{moves}, pre...), kernelSteps...)
-	if err := e.submit(append(steps, extra...), every); err != nil {
-		return fmt.Errorf("forward pass: %w", err)
+	var ranges []gpu.Binding
+	if read != nil {
+		ranges = read()
+	}
+	raw, err := e.submitRead(append(steps, extra...), every, ranges...)
+	if err != nil {
+		return nil, fmt.Errorf("forward pass: %w", err)
 	}
 	keep()
-	return nil
+	return raw, nil
 }
 
 // writeInputs writes what pass ps reads from the host, through the queue:
@@ -310,15 +323,12 @@ func (e *Engine) writeDraws(ps pass) error {
 	return e.act.temps.WriteF32(0, temps)
 }
 
-// readOut reads back a submitted pass's read-out rows: each entry's
+// readOut takes in a submitted pass's read-out rows, read back (raw:
+// rowsRange's bytes; nil when the pass reads nothing out): each entry's
 // sequence now holds the positions it fed (tree nodes among them join its
 // tree), its pending tokens advance and its rows grow by those read out; a
 // complete Step entry's Next is its greedy token.
-func (e *Engine) readOut(ps pass) error { return e.readOutFrom(ps, nil) }
-
-// readOutFrom is readOut with the pass's read-out already read back (raw:
-// rowsRange's bytes; nil: read them now).
-func (e *Engine) readOutFrom(ps pass, raw []byte) error {
+func (e *Engine) readOut(ps pass, raw []byte) error {
 	rows, drawn, walk, err := e.readRows(ps, raw)
 	if err != nil {
 		return err
@@ -347,21 +357,16 @@ func (e *Engine) readOutFrom(ps pass, raw []byte) error {
 	return nil
 }
 
-// readRows reads back the pass's read-out rows: from argmax.wgsl, the
-// greedy token, its log-probability and the row's log-sum-exp; from
-// sample.wgsl, all it wrote, and with it in the same read (readLayout)
-// the words of the proposals drawn and of the trees walked.
+// readRows decodes the pass's read-out rows (raw: rowsRange's bytes): from
+// argmax.wgsl, the greedy token, its log-probability and the row's
+// log-sum-exp; from sample.wgsl, all it wrote, and with it in the same
+// read (readLayout) the words of the proposals drawn and of the trees
+// walked.
 func (e *Engine) readRows(ps pass, raw []byte) (rows []engine.VerifyRow, drawn, walk []uint32, err error) {
 	a := e.act
 	rows = make([]engine.VerifyRow, ps.lasts)
 	if ps.lasts == 0 {
 		return rows, nil, nil, nil
-	}
-	if raw == nil {
-		r := e.rowsRange(ps)
-		if raw, err = r.Buf.Read(r.Offset, r.Size); err != nil {
-			return nil, nil, nil, fmt.Errorf("read back: %w", err)
-		}
 	}
 	if !ps.sample {
 		ids, lps := nextWords(raw, a.nextLP, ps.lasts)
@@ -447,25 +452,42 @@ type step func(b *gpu.Batch) error
 // submit records steps into batches of about every dispatches, submitting
 // each as soon as it is full; the queue runs them in order.
 func (e *Engine) submit(steps []step, every int) error {
+	_, err := e.submitRead(steps, every)
+	return err
+}
+
+// submitRead is submit, the last batch reading ranges back as it is
+// submitted (gpu.Batch.SubmitRead): the read costs no submission of its
+// own. It returns each range's bytes.
+func (e *Engine) submitRead(steps []step, every int, ranges ...gpu.Binding) ([][]byte, error) {
 	b, err := e.newBatch()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, st := range steps {
 		if err := st(b); err != nil {
 			b.Discard()
-			return err
+			return nil, err
 		}
 		if b.Len() >= every {
 			if err := e.submitBatch(b); err != nil {
-				return err
+				return nil, err
 			}
 			if b, err = e.newBatch(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
-	return e.submitBatch(b)
+	if len(ranges) == 0 {
+		return nil, e.submitBatch(b)
+	}
+	if e.profile != nil { // the profile's timestamps are read after the batch
+		if err := e.submitBatch(b); err != nil {
+			return nil, err
+		}
+		return gpu.ReadRanges(ranges...)
+	}
+	return b.SubmitRead(ranges...)
 }
 
 func (e *Engine) newBatch() (*gpu.Batch, error) {

@@ -136,11 +136,11 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 		}
 		return out, nil
 	}
-	ch, err := e.chainSubmit(ctx, work, n)
+	ch, err := e.chainSubmit(ctx, work, n, true)
 	if err != nil {
 		return nil, err
 	}
-	chained, err := e.chainRead(work, ch, nil)
+	chained, err := e.chainRead(work, ch, ch.raw[0])
 	if err != nil {
 		return nil, err
 	}
@@ -182,10 +182,19 @@ func (e *Engine) feed(ctx context.Context, work []pending) error {
 		if ps.rows == 0 {
 			return nil
 		}
-		if err := e.forward(ps, false, nil, nil, submitEvery); err != nil {
+		var read func() []gpu.Binding // a pass that reads nothing out is not waited for
+		if ps.lasts > 0 {
+			read = func() []gpu.Binding { return []gpu.Binding{e.rowsRange(ps)} }
+		}
+		raw, err := e.forwardRead(ps, false, nil, nil, submitEvery, read)
+		if err != nil {
 			return err
 		}
-		if err := e.readOut(ps); err != nil {
+		var rows []byte
+		if raw != nil {
+			rows = raw[0]
+		}
+		if err := e.readOut(ps, rows); err != nil {
 			return err
 		}
 	}
@@ -203,10 +212,30 @@ type chainRun struct {
 	topN     int
 	topBytes uint64
 	base     []int // entry i's pass j token sits at slot base[i] + j
+	// raw holds the results read back with the chain's last submission,
+	// where chainSubmit was asked to read them.
+	raw [][]byte
 }
 
 // resultsRange is the part of results the chain wrote.
 func (c *chainRun) resultsRange() gpu.Binding { return c.results.Slice(0, uint64(c.m)*c.stride) }
+
+// ranges is what the submission that ends with pass j reads back: the
+// results when it is the chain's last and the chain reads them (read).
+func (c *chainRun) ranges(j int, read bool) []gpu.Binding {
+	if !read || j != c.m-1 {
+		return nil
+	}
+	return []gpu.Binding{c.resultsRange()}
+}
+
+// readAfter is ranges for forwardRead.
+func (c *chainRun) readAfter(j int, read bool) func() []gpu.Binding {
+	if !read || j != c.m-1 {
+		return nil
+	}
+	return func() []gpu.Binding { return c.ranges(j, read) }
+}
 
 // tokenWord is the u32 word of results that holds entry i's greedy token
 // of pass j.
@@ -218,8 +247,9 @@ func (c *chainRun) tokenWord(i, j int) int { return int(uint64(j)*c.stride/4) + 
 // Each pass's greedy tokens are copied into the next pass's input ids and
 // into its part of the results — and, where entries ask for them, its
 // most likely tokens —, so that no pass waits for the host (chainRest).
+// With read, the chain's last submission reads the results back (raw).
 // The sequences are committed by chainRead.
-func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chainRun, error) {
+func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bool) (*chainRun, error) {
 	a, B := e.act, len(work)
 	words := (B + 3) &^ 3 // copies move 16-byte words
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
@@ -250,14 +280,14 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chain
 	// The first pass, submitted early: nothing runs yet.
 	ps := e.plan(work)
 	ps.chained = true
-	if err := e.forward(ps, false, nil, copies(0), submitEvery); err != nil {
+	if c.raw, err = e.forwardRead(ps, false, nil, copies(0), submitEvery, c.readAfter(0, read)); err != nil {
 		return nil, fmt.Errorf("chained pass 1: %w", err)
 	}
 	if m == 1 {
 		return c, nil
 	}
 	if len(e.features) == 0 {
-		return c, e.chainRest(ctx, work, c, copies)
+		return c, e.chainRest(ctx, work, c, copies, read)
 	}
 	// Feature rows lie where each position's pool row is, which the host
 	// writes: a pass a submission.
@@ -267,7 +297,7 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chain
 		}
 		ps := decodePass(work, c.base, j, m)
 		ps.sameLasts = j > 1
-		if err := e.forward(ps, true, nil, copies(j), chainedSubmitEvery); err != nil {
+		if c.raw, err = e.forwardRead(ps, true, nil, copies(j), chainedSubmitEvery, c.readAfter(j, read)); err != nil {
 			return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 		}
 	}
@@ -284,7 +314,7 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int) (*chain
 // submissions as their dispatches allow (chainedSubmitEvery). copies(j)
 // copies pass j's read-out into the next pass's ids and its part of the
 // results.
-func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, copies func(j int) []step) error {
+func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, copies func(j int) []step, read bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -293,7 +323,8 @@ func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, cop
 		return fmt.Errorf("chained pass 2: %w", err)
 	}
 	kernelSteps, keep := e.passKernels(ps)
-	if err := e.submit(append(kernelSteps, copies(1)...), chainedSubmitEvery); err != nil {
+	var err error
+	if c.raw, err = e.submitRead(append(kernelSteps, copies(1)...), chainedSubmitEvery, c.ranges(1, read)...); err != nil {
 		return fmt.Errorf("chained pass 2: %w", err)
 	}
 	keep()
@@ -306,24 +337,18 @@ func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, cop
 	for j := 2; j < c.m; j++ {
 		steps = append(append(append(steps, advance), kernelSteps...), copies(j)...)
 	}
-	if err := e.submit(steps, chainedSubmitEvery); err != nil {
+	if c.raw, err = e.submitRead(steps, chainedSubmitEvery, c.ranges(c.m-1, read)...); err != nil {
 		return fmt.Errorf("chained passes 3–%d: %w", c.m, err)
 	}
 	keep()
 	return nil
 }
 
-// chainRead reads a submitted chain's results back (raw: its range
-// already read; nil: read it now) and returns each entry's m tokens; the
-// sequences hold what the chain fed.
+// chainRead decodes a submitted chain's results, read back (raw: its
+// resultsRange's bytes), and returns each entry's m tokens; the sequences
+// hold what the chain fed.
 func (e *Engine) chainRead(work []pending, c *chainRun, raw []byte) ([][]engine.Token, error) {
 	var err error
-	if raw == nil {
-		r := c.resultsRange()
-		if raw, err = r.Buf.Read(r.Offset, r.Size); err != nil {
-			return nil, fmt.Errorf("read back: %w", err)
-		}
-	}
 	out := make([][]engine.Token, len(work))
 	for i := range out {
 		out[i] = make([]engine.Token, c.m)

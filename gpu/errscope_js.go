@@ -31,10 +31,11 @@ type scopeState struct {
 	lost       string
 	uncaptured []error
 	onError    js.Func // the uncapturederror listener, removed by close
+	reads      *reads  // mapReadChecked's JavaScript side
 }
 
 func newErrorScopes(dev js.Value) errorScopes {
-	s := errorScopes{dev: dev, state: &scopeState{}}
+	s := errorScopes{dev: dev, state: &scopeState{reads: newReads()}}
 	// onLost is never released: the lost promise can settle after close (a
 	// GPU process crash; close's own destroy), and calling a released
 	// js.Func ends the Go program.

@@ -11,16 +11,20 @@ import (
 var (
 	argmaxPartial = gpu.Kernel{
 		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "partial", Params: reflect.TypeFor[argmaxParams](),
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids, lp
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly}, // logits, candidates, ids, lp, tokens
 	}
 	argmaxMerge = gpu.Kernel{
 		Module: "argmax.wgsl", Source: shaders.Argmax, Entry: "merge", Params: reflect.TypeFor[argmaxParams](),
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite}, // logits, candidates, ids, lp
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly}, // logits, candidates, ids, lp, tokens
 	}
 )
 
 // argmaxParams are argmax.wgsl's params.
-type argmaxParams struct{ T, V, Chunks, LSE0 uint32 }
+type argmaxParams struct {
+	T, V, Chunks, LSE0 uint32
+	Mapped             uint32
+	_, _, _            uint32
+}
 
 // argmaxChunk is how many logits one workgroup of argmax.wgsl's first
 // pass covers (its CHUNK).
@@ -35,8 +39,27 @@ const ArgmaxNaN = 0xffffffff
 //
 //	logits (T, V) f32
 //	ids    (T) u32; ArgmaxNaN for a row with a NaN
-//	lp     (lse0 + T) f32, lse0 ≥ T
-func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V, lse0 int) error {
+//	lp     (lse0 + T) f32, lse0 ≥ T: a range of its own buffer, or of ids'
+//	       past its first T words (one buffer then holds the read-out)
+func Argmax(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits *gpu.Buffer, T, V, lse0 int) error {
+	return argmax(b, ids, lp, logits, nil, T, V, lse0)
+}
+
+// ArgmaxOf is Argmax over the logits of a head that scores V tokens of a
+// larger vocabulary, tokens[v] the token of logit v, the others −∞: ids[t]
+// is the token, the first in token order among the largest, as Argmax over
+// the whole vocabulary's row would choose (the rows need not be placed in
+// one first), and lp the same.
+//
+//	tokens (V) u32
+func ArgmaxOf(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits, tokens *gpu.Buffer, T, V, lse0 int) error {
+	if err := need("argmax", "tokens", tokens, V); err != nil {
+		return err
+	}
+	return argmax(b, ids, lp, logits, tokens, T, V, lse0)
+}
+
+func argmax(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits, tokens *gpu.Buffer, T, V, lse0 int) error {
 	op := "argmax"
 	if T <= 0 || V <= 0 || lse0 < T {
 		return fmt.Errorf("kernels: %s: shape (%d, %d), log-sum-exps at word %d", op, T, V, lse0)
@@ -47,7 +70,7 @@ func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V, lse0 int) error {
 	if err := need(op, "ids", ids, T); err != nil {
 		return err
 	}
-	if err := need(op, "lp", lp, lse0+T); err != nil {
+	if err := needRange(op, "lp", lp, lse0+T, ids, T); err != nil {
 		return err
 	}
 	d := b.Device()
@@ -56,7 +79,11 @@ func Argmax(b *gpu.Batch, ids, lp, logits *gpu.Buffer, T, V, lse0 int) error {
 	if err != nil {
 		return err
 	}
-	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*16), ids.Slice(0, uint64(T)*4), lp.Slice(0, uint64(lse0+T)*4)}
 	params := &argmaxParams{T: uint32(T), V: uint32(V), Chunks: uint32(chunks), LSE0: uint32(lse0)}
+	mapping := logits.Slice(0, 4) // bound, unread
+	if tokens != nil {
+		params.Mapped, mapping = 1, tokens.Slice(0, uint64(V)*4)
+	}
+	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*16), ids.Slice(0, uint64(T)*4), lp.Buf.Slice(lp.Offset, uint64(lse0+T)*4), mapping}
 	return dispatchPasses(b, op, params, binds, pass{argmaxPartial, chunks, T}, pass{argmaxMerge, T, 1})
 }

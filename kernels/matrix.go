@@ -238,6 +238,23 @@ func need(op, name string, buf *gpu.Buffer, n int) error {
 	return nil
 }
 
+// needRange checks that r, a range of a buffer, holds n 4-byte words, and
+// that, where it is a range of other, it lies past other's first words
+// words: two writable bindings of one buffer must not overlap.
+func needRange(op, name string, r gpu.Binding, n int, other *gpu.Buffer, words int) error {
+	if r.Buf == nil {
+		return fmt.Errorf("kernels: %s: %s is nil", op, name)
+	}
+	want := uint64(n) * 4
+	if r.Size < want || r.Offset+want > r.Buf.Size() {
+		return fmt.Errorf("kernels: %s: %s (%d bytes at %d of %q) holds fewer than %d bytes", op, name, r.Size, r.Offset, r.Buf.Label(), want)
+	}
+	if r.Buf == other && r.Offset < uint64(words)*4 {
+		return fmt.Errorf("kernels: %s: %s (at byte %d of %q) overlaps its first %d words, written too", op, name, r.Offset, r.Buf.Label(), words)
+	}
+	return nil
+}
+
 // pass is one dispatch of an operation recorded by dispatchPasses: its
 // kernel and its workgroup grid (x, y, 1).
 type pass struct {

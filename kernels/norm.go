@@ -13,6 +13,11 @@ var rmsNorm = gpu.Kernel{
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // x, weight, out
 }
 
+var rmsNormGathered = gpu.Kernel{
+	Module: "rmsnorm.wgsl", Source: shaders.RMSNorm, Entry: "gathered", Params: reflect.TypeFor[rmsNormParams](),
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, weight, out, rows
+}
+
 // rmsNormParams are rmsnorm.wgsl's params.
 type rmsNormParams struct {
 	R, N      uint32
@@ -64,16 +69,52 @@ func RMSNormCols(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, x, weight *gpu.Bu
 	if x == out {
 		return fmt.Errorf("kernels: %s: out is x (%q)", op, x.Label())
 	}
+	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(outLen)*4)}
+	return recordRMSNorm(b, op, rmsNorm, binds, R, n, eps, ldo, col0)
+}
+
+// RMSNormRows records out[r] = rmsnorm(x[rows[r]]) · weight for R rows
+// picked out of x's xRows rows of n values, by index on the device (a
+// pass's read-out rows):
+//
+//	x      (xRows, n) f32
+//	rows   (R) u32, each < xRows (a larger one reads another row, or
+//	       zeros: WebGPU bounds every access)
+//	weight (n) f32
+//	out    (R, n) f32, a different buffer from x
+func RMSNormRows(b *gpu.Batch, out, x, rows, weight *gpu.Buffer, R, xRows, n int, eps float64) error {
+	op := "rmsnorm_rows"
+	if R <= 0 || n <= 0 || xRows <= 0 {
+		return fmt.Errorf("kernels: %s: %d rows of (%d, %d)", op, R, xRows, n)
+	}
+	for _, c := range []struct {
+		name string
+		buf  *gpu.Buffer
+		n    int
+	}{{"x", x, xRows * n}, {"rows", rows, R}, {"weight", weight, n}, {"out", out, R * n}} {
+		if err := need(op, c.name, c.buf, c.n); err != nil {
+			return err
+		}
+	}
+	if x == out {
+		return fmt.Errorf("kernels: %s: out is x (%q)", op, x.Label())
+	}
+	binds := []gpu.Binding{x.Slice(0, uint64(xRows*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(R*n)*4), rows.Slice(0, uint64(R)*4)}
+	return recordRMSNorm(b, op, rmsNormGathered, binds, R, n, eps, n, 0)
+}
+
+// recordRMSNorm dispatches one of rmsnorm.wgsl's entries over R rows of n
+// values, the arguments checked.
+func recordRMSNorm(b *gpu.Batch, op string, k gpu.Kernel, binds []gpu.Binding, R, n int, eps float64, ldo, col0 int) error {
 	wg := uint32(256) // hidden rows; a head row (D = 128) keeps 64 threads busy
 	if n <= 256 {
 		wg = 64
 	}
-	p, err := b.Device().Pipeline(rmsNorm, gpu.Consts{"WG": wg})
+	p, err := b.Device().Pipeline(k, gpu.Consts{"WG": wg})
 	if err != nil {
 		return err
 	}
 	params := &rmsNormParams{R: uint32(R), N: uint32(n), Eps: float32(eps), Ldo: uint32(ldo), Col0: uint32(col0)}
-	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(outLen)*4)}
 	if err := gpu.Dispatch(b, p, params, binds, uint32(R), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

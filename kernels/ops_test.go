@@ -147,6 +147,44 @@ func TestRMSNorm(t *testing.T) {
 	}
 }
 
+// TestRMSNormRows: rows picked out of a larger x by index (repeated, out
+// of order), each the reference's RMSNorm of its row.
+func TestRMSNormRows(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for range 3 {
+		xRows, R, n := 1+r.IntN(40), []int{1, 4, 17}[r.IntN(3)], 32*(1+r.IntN(64))
+		t.Run(fmt.Sprintf("R%d_of%d_n%d", R, xRows, n), func(t *testing.T) {
+			const eps = 1e-6
+			x, w := randVec(r, xRows*n, 3), randVec(r, n, 0.2)
+			for i := range w {
+				w[i]++
+			}
+			rows := make([]uint32, R)
+			want := make([]float32, R*n)
+			for i := range rows {
+				rows[i] = uint32(r.IntN(xRows))
+				reference.RMSNorm(want[i*n:(i+1)*n], x[int(rows[i])*n:int(rows[i]+1)*n], w, eps)
+			}
+			xb, wb, rb := upload(t, d, "x", x), upload(t, d, "w", w), uploadU32(t, d, "rows", rows)
+			out := poisoned(t, d, "out", R*n)
+			run(t, d, "rmsnorm rows", func(b *gpu.Batch) error { return RMSNormRows(b, out, xb, rb, wb, R, xRows, n, eps) })
+			checkClose(t, "out", readF32(t, out, R*n), want, tolF32)
+			b, err := d.NewBatch("refused")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Discard()
+			if err := RMSNormRows(b, xb, xb, rb, wb, R, xRows, n, eps); err == nil {
+				t.Error("out = x accepted")
+			}
+			if err := RMSNormRows(b, out, xb, rb, wb, R, xRows+1, n, eps); err == nil {
+				t.Error("an x shorter than its rows accepted")
+			}
+		})
+	}
+}
+
 // TestRMSNormCols: two calls write the halves of 2n-wide rows — each
 // half the reference's RMSNorm of its own input with its own weight, as
 // an EAGLE-3 head's [input_layernorm(e); hidden_norm(h)] — and a third
@@ -217,7 +255,7 @@ func TestRMSNormCols(t *testing.T) {
 func TestArgmax(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, V := range []int{1, 1 + r.IntN(5000), 151936} {
+	for tc, V := range []int{1, 1 + r.IntN(5000), 151936} {
 		T := []int{5, 6, 17}[r.IntN(3)] // every kind of row below
 		t.Run(fmt.Sprintf("T%d_V%d", T, V), func(t *testing.T) {
 			logits := randVec(r, T*V, 5)
@@ -241,14 +279,23 @@ func TestArgmax(t *testing.T) {
 			}
 			lb := upload(t, d, "logits", logits)
 			lse0 := T + r.IntN(3) // the log-sum-exps after the log-probabilities, maybe further
-			ids, lp := poisoned(t, d, "ids", T), poisoned(t, d, "lp", lse0+T)
+			// The log-probabilities in a buffer of their own, or in ids'
+			// after the ids (the engine's read-out: one buffer, one read).
+			ids, lpBuf, lpAt := poisoned(t, d, "ids", T), poisoned(t, d, "lp", lse0+T), 0
+			if shared := tc%2 == 1; shared {
+				align := int(d.Limits().MinStorageBufferOffsetAlignment) / 4
+				lpAt = (T + align - 1) / align * align
+				ids = poisoned(t, d, "ids_lp", lpAt+lse0+T)
+				lpBuf = ids
+			}
+			lp := lpBuf.Slice(uint64(lpAt)*4, uint64(lse0+T)*4)
 			poisonScratch(t, d, T*64)
 			run(t, d, "argmax", func(b *gpu.Batch) error { return Argmax(b, ids, lp, lb, T, V, lse0) })
 			got, err := ids.ReadU32()
 			if err != nil {
 				t.Fatal(err)
 			}
-			gotLP := readF32(t, lp, lse0+T)
+			gotLP := readF32(t, lpBuf, lpAt+lse0+T)[lpAt:]
 			for row := range T {
 				want, err := sampling.Choose(logits[row*V:(row+1)*V], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
 				if err != nil {
@@ -261,6 +308,74 @@ func TestArgmax(t *testing.T) {
 					t.Errorf("row %d: id %d, want %d", row, got[row], want.Argmax)
 				}
 				if !(math.Abs(float64(gotLP[row]-want.ArgmaxLogprob)) <= 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob)))) { // a NaN fails
+					t.Errorf("row %d: log p %v, want %v", row, gotLP[row], want.ArgmaxLogprob)
+				}
+				if lse := gotLP[lse0+row]; !(math.Abs(float64(lse-want.LogSumExp)) <= 1e-4*max(1, math.Abs(float64(want.LogSumExp)))) {
+					t.Errorf("row %d: log-sum-exp %v, want %v", row, lse, want.LogSumExp)
+				}
+			}
+		})
+	}
+}
+
+// TestArgmaxOf: a head over part of the vocabulary, its tokens in no
+// order, chooses what Argmax over the whole row (its logits placed, the
+// rest −∞) chooses: ties go to the lower token, not the lower logit index.
+func TestArgmaxOf(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, V := range []int{1, 1 + r.IntN(9000), 32768} {
+		vocab, T := V+r.IntN(3*V+5), []int{1, 4, 6}[r.IntN(3)]
+		t.Run(fmt.Sprintf("T%d_V%d_of%d", T, V, vocab), func(t *testing.T) {
+			tokens := r.Perm(vocab)[:V]
+			logits := randVec(r, T*V, 5)
+			for row := range T {
+				l := logits[row*V : (row+1)*V]
+				switch row % 4 {
+				case 1: // a tie: the lower token wins, wherever its logit sits
+					i, j := r.IntN(V), r.IntN(V)
+					l[i], l[j] = 100, 100
+				case 2:
+					l[r.IntN(V)] = float32(math.NaN())
+				case 3:
+					for i := range l {
+						l[i] = -2
+					}
+				}
+			}
+			tok := make([]uint32, V)
+			for i, id := range tokens {
+				tok[i] = uint32(id)
+			}
+			lb, tb := upload(t, d, "head_logits", logits), uploadU32(t, d, "tokens", tok)
+			lse0 := T + r.IntN(3)
+			ids, lp := poisoned(t, d, "ids", T), poisoned(t, d, "lp", lse0+T)
+			poisonScratch(t, d, T*64)
+			run(t, d, "argmax of", func(b *gpu.Batch) error { return ArgmaxOf(b, ids, lp.All(), lb, tb, T, V, lse0) })
+			got, err := ids.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotLP := readF32(t, lp, lse0+T)
+			full := make([]float32, vocab)
+			for row := range T {
+				for i := range full {
+					full[i] = float32(math.Inf(-1))
+				}
+				for i, id := range tokens {
+					full[id] = logits[row*V+i]
+				}
+				want, err := sampling.Choose(full, sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+				if err != nil {
+					if got[row] != ArgmaxNaN {
+						t.Errorf("row %d: id %#x for a NaN row", row, got[row])
+					}
+					continue
+				}
+				if got[row] != uint32(want.Argmax) {
+					t.Errorf("row %d: token %d, want %d", row, got[row], want.Argmax)
+				}
+				if !(math.Abs(float64(gotLP[row]-want.ArgmaxLogprob)) <= 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob)))) {
 					t.Errorf("row %d: log p %v, want %v", row, gotLP[row], want.ArgmaxLogprob)
 				}
 				if lse := gotLP[lse0+row]; !(math.Abs(float64(lse-want.LogSumExp)) <= 1e-4*max(1, math.Abs(float64(want.LogSumExp)))) {
@@ -325,7 +440,7 @@ func TestSample(t *testing.T) {
 			db, tb := uploadU32(t, d, "draws", dw), upload(t, d, "temps", tw)
 			out, top := poisoned(t, d, "out", rows*SampleWords), poisoned(t, d, "top", rows*max(topN, 1)*2)
 			ids, lps := poisoned(t, d, "ids", rows), poisoned(t, d, "lps", rows)
-			run(t, d, "sample", func(b *gpu.Batch) error { return Sample(b, out, top, ids, lps, lb, db, tb, rows, V, topN) })
+			run(t, d, "sample", func(b *gpu.Batch) error { return Sample(b, out, top, ids, lps.All(), lb, db, tb, rows, V, topN) })
 			gotIDs, err := ids.ReadU32()
 			if err != nil {
 				t.Fatal(err)

@@ -84,7 +84,7 @@ func (k tbBuffers) poisoned(name string, n int) *gpu.Buffer {
 
 // record records Sample over logits.
 func (ro *readOut) record(b *gpu.Batch, logits *gpu.Buffer) error {
-	return Sample(b, ro.out, ro.top, ro.ids, ro.lps, logits, ro.draws, ro.temps, ro.rows, ro.V, 0)
+	return Sample(b, ro.out, ro.top, ro.ids, ro.lps.All(), logits, ro.draws, ro.temps, ro.rows, ro.V, 0)
 }
 
 // read returns each row's read-out.

@@ -60,9 +60,9 @@ func BenchmarkReadout(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/rows%d", c.name, rows), func(b *testing.B) {
 				sec := benchMatMuls(b, d, bufs["ids"], 16, func(bt *gpu.Batch) error {
 					if c.name == "argmax" {
-						return Argmax(bt, bufs["ids"], bufs["lp"], lg, rows, V, rows)
+						return Argmax(bt, bufs["ids"], bufs["lp"].All(), lg, rows, V, rows)
 					}
-					return Sample(bt, bufs["out"], bufs["top"], bufs["ids"], bufs["lp"], lg, dw, tw, rows, V, c.topN)
+					return Sample(bt, bufs["out"], bufs["top"], bufs["ids"], bufs["lp"].All(), lg, dw, tw, rows, V, c.topN)
 				})
 				b.ReportMetric(sec*1e6, "µs/readout")
 			})

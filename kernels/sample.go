@@ -67,7 +67,9 @@ const (
 //	top    (rows, max(topN, 1), 2) u32: SampleTop
 //	ids    (rows) u32, lp (rows) f32: each row's argmax (ArgmaxNaN for a
 //	       row with a NaN) and its log-probability, as Argmax writes them
-func Sample(b *gpu.Batch, out, top, ids, lp, logits, draws, temps *gpu.Buffer, rows, V, topN int) error {
+//	       (lp a range of its own buffer, or of ids' past its first rows
+//	       words)
+func Sample(b *gpu.Batch, out, top, ids *gpu.Buffer, lp gpu.Binding, logits, draws, temps *gpu.Buffer, rows, V, topN int) error {
 	op := "sample"
 	if rows <= 0 || V <= 0 || topN < 0 || topN > V {
 		return fmt.Errorf("kernels: %s: shape (%d, %d), top %d", op, rows, V, topN)
@@ -77,10 +79,13 @@ func Sample(b *gpu.Batch, out, top, ids, lp, logits, draws, temps *gpu.Buffer, r
 		buf  *gpu.Buffer
 		n    int
 	}{{"logits", logits, rows * V}, {"draws", draws, rows * SampleDrawWords}, {"temps", temps, rows * SampleTempWords},
-		{"out", out, rows * SampleWords}, {"top", top, rows * max(topN, 1) * 2}, {"ids", ids, rows}, {"lp", lp, rows}} {
+		{"out", out, rows * SampleWords}, {"top", top, rows * max(topN, 1) * 2}, {"ids", ids, rows}} {
 		if err := need(op, c.name, c.buf, c.n); err != nil {
 			return err
 		}
+	}
+	if err := needRange(op, "lp", lp, rows, ids, rows); err != nil {
+		return err
 	}
 	d := b.Device()
 	chunks := (V + sampleChunk - 1) / sampleChunk
@@ -93,7 +98,7 @@ func Sample(b *gpu.Batch, out, top, ids, lp, logits, draws, temps *gpu.Buffer, r
 		logits.Slice(0, uint64(rows*V)*4), draws.Slice(0, uint64(rows*SampleDrawWords)*4), temps.Slice(0, uint64(rows*SampleTempWords)*4),
 		parts.Slice(0, partsBytes),
 		out.Slice(0, uint64(rows*SampleWords)*4), top.Slice(0, uint64(rows*max(topN, 1)*2)*4),
-		ids.Slice(0, uint64(rows)*4), lp.Slice(0, uint64(rows)*4),
+		ids.Slice(0, uint64(rows)*4), lp.Buf.Slice(lp.Offset, uint64(rows)*4),
 	}
 	params := &sampleParams{V: uint32(V), TopN: uint32(topN), Chunks: uint32(chunks)}
 	return dispatchPasses(b, op, params, binds, pass{samplePartial, chunks, rows}, pass{sampleMerge, rows, 1})

@@ -3,7 +3,10 @@
 // torch.argmax and sampling.Choose), its log-probability lp[t] =
 // logits[t][ids[t]] − logsumexp(logits[t]), and the row's
 // lp[lse0 + t] = logsumexp(logits[t]). A row holding a NaN yields
-// ids[t] = 0xffffffff, which the host turns into an error.
+// ids[t] = 0xffffffff, which the host turns into an error. With mapped = 1
+// the rows are a head's over part of the vocabulary: logit v is token
+// tokens[v]'s, the rest of the vocabulary −∞, and ids[t] is the token —
+// the first of the largest in token order, as over the whole vocabulary.
 //
 // Two entry points, dispatched one after the other, so that a
 // vocabulary-sized row is read by many workgroups at once rather than by
@@ -24,6 +27,7 @@
 //   ids    (T) u32
 //   lp     (lse0 + T) f32: the log-probabilities, then from word lse0 ≥ T
 //          the log-sum-exps
+//   tokens (V) u32: mapped = 1, the token of each logit; else unread
 //
 // Dispatch: partial (chunks, T, 1), merge (T, 1, 1); WG = 256 threads, and
 // CHUNK = WG·PER = 4,096 logits (a 151,936-word row: 38 workgroups).
@@ -39,6 +43,10 @@ struct Params {
     V: u32,
     chunks: u32, // ceil(V / CHUNK)
     lse0: u32,   // the word of lp where the log-sum-exps start
+    mapped: u32, // 1: logit v is token tokens[v]'s
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -46,6 +54,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> cand: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(4) var<storage, read_write> lp: array<f32>;
+@group(0) @binding(5) var<storage, read> tokens: array<u32>;
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
@@ -108,9 +117,15 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         if v < p.V {
             if is_nan(xs[i]) {
                 nan = 1u;
-            } else if better(xs[i], v, bv, bi) {
-                bv = xs[i];
-                bi = v;
+            } else {
+                var id = v;
+                if p.mapped != 0u {
+                    id = tokens[v];
+                }
+                if better(xs[i], id, bv, bi) {
+                    bv = xs[i];
+                    bi = id;
+                }
             }
         }
     }

@@ -6,12 +6,17 @@
 // the halves of an EAGLE-3 head's 2H-wide input, [input_layernorm(e);
 // hidden_norm(h)] (ldo = 2H, col0 = 0 or H).
 //
+// Two entry points: main normalizes x's rows 0 … R−1; gathered normalizes
+// x's rows rows[0], …, rows[R−1] (a pass's read-out rows, before its
+// head), so that no copy of them comes first.
+//
 // Buffers:
-//   x      (R, n) f32
+//   x      (R, n) f32; gathered: (rows of x, n) f32
 //   weight (n) f32
 //   out    (R, ldo) f32, columns col0 … col0+n−1 of each row written (may
 //          not alias x: WebGPU forbids a writable binding overlapping
 //          another)
+//   rows   (R) u32, gathered only: the rows of x normalized, each < x's rows
 //
 // Dispatch: (R, 1, 1) workgroups of WG threads, one row each: threads sum
 // strided squares, a tree in workgroup memory adds the WG sums, then all
@@ -35,12 +40,12 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> rows: array<u32>;
 
 var<workgroup> sums: array<f32, WG>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let base = wid.x * p.n;
+// norm_row writes row r of out from the row of x at base.
+fn norm_row(base: u32, r: u32, lid: u32) {
     var ss = 0.0;
     for (var i = lid; i < p.n; i += WG) {
         let v = x[base + i];
@@ -55,8 +60,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
     let inv = 1.0 / sqrt(sums[0] / f32(p.n) + p.eps);
-    let dst = wid.x * p.ldo + p.col0;
+    let dst = r * p.ldo + p.col0;
     for (var i = lid; i < p.n; i += WG) {
         out[dst + i] = weight[i] * (x[base + i] * inv);
     }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    norm_row(wid.x * p.n, wid.x, lid);
+}
+
+@compute @workgroup_size(WG)
+fn gathered(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    norm_row(rows[wid.x] * p.n, wid.x, lid);
 }

@@ -20,12 +20,11 @@ type activations struct {
 	rows *gpu.Buffer
 	last *gpu.Buffer // (lasts) u32: the rows read out
 	// next holds argmax.wgsl's greedy tokens (lasts) u32, and from nextLP
-	// on their log-probabilities (lasts) f32 followed, after a pass's
+	// on (lp) their log-probabilities (lasts) f32 followed, after a pass's
 	// lasts rounded up to whole 16-byte words (lseAt), by the rows'
-	// log-sum-exps, all copied from lp (lp, then the log-sum-exps from
-	// lseAt): one read takes the three, one copy into StepN's results the
-	// first nextBytes, tokens and log-probabilities.
-	next, lp          *gpu.Buffer
+	// log-sum-exps: one read takes the three, one copy into StepN's
+	// results the first nextBytes, tokens and log-probabilities.
+	next              *gpu.Buffer
 	nextLP, nextBytes uint64
 	// sample.wgsl's inputs and outputs: draws (lasts, 4) u32, temps
 	// (lasts, 2) f32, sampled (lasts, 8) u32, top (lasts, MaxTopN, 2) u32.
@@ -44,7 +43,7 @@ type activations struct {
 	q, attn                                    *gpu.Buffer // (rows, heads*D)
 	qkv                                        *gpu.Buffer // (rows, (heads + 2·kv_heads)·D); unwritten when the projection splits along K
 	gateUp                                     *gpu.Buffer // (rows, 2I)
-	hLast, hNorm                               *gpu.Buffer // (lasts, H): the complete entries' last rows, and normalized
+	hNorm                                      *gpu.Buffer // (lasts, H): the rows read out, normalized
 	logits                                     *gpu.Buffer // (lasts, vocab)
 	// headLogits (lasts, head rows) holds the logits of a head over part of
 	// the vocabulary, which Scatter places in logits; the other entries of
@@ -59,9 +58,8 @@ type activations struct {
 	// featPairs (rows, 2) u32: each row's pool row (kernels.KVSeq.PoolRow)
 	// and the row, where the features it keeps go (GatherRows); nil
 	// without features.
-	featPairs  *gpu.Buffer
-	hiddenRows *kernels.Matrix
-	all        []*gpu.Buffer
+	featPairs *gpu.Buffer
+	all       []*gpu.Buffer
 }
 
 // minReadOut is the fewest rows a pass reads out, whatever the sequences:
@@ -91,16 +89,16 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int, fe
 		name  string
 		words int
 	}{
-		// ids in whole 16-byte words: StepN copies next's tokens into it.
+		// ids and next in whole 16-byte words: copy.wgsl moves them.
 		{&a.ids, "ids", (rows + 3) &^ 3}, {&a.rows, "rows", rows * kernels.RowWords},
-		{&a.last, "last", a.maxLasts}, {&a.next, "next", int(a.nextBytes/4) + words}, {&a.lp, "lp", 2 * words},
+		{&a.last, "last", a.maxLasts}, {&a.next, "next", int(a.nextBytes/4) + words},
 		{&a.draws, "draws", a.maxLasts * kernels.SampleDrawWords}, {&a.temps, "temps", a.maxLasts * kernels.SampleTempWords},
 		{&a.sampled, "sampled", a.maxLasts * kernels.SampleWords}, {&a.top, "top", a.maxLasts * engine.MaxTopN * 2},
 		{&a.x, "hidden", rows * H},
 		{&a.q, "q", rows * q}, {&a.attn, "attn", rows * q},
 		{&a.qkv, "qkv", rows * (q + 2*kv)},
 		{&a.gateUp, "gate_up", rows * 2 * I},
-		{&a.hLast, "hidden_last", a.maxLasts * H}, {&a.hNorm, "hidden_last_normed", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
+		{&a.hNorm, "hidden_last_normed", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
 		{&a.idPairs, "draft_id_pairs", rows * kernels.GatherPairWords}, {&a.drawPairs, "draft_draw_pairs", a.maxLasts * kernels.GatherPairWords},
 	} {
 		if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {
@@ -123,14 +121,16 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int, fe
 			return nil, fmt.Errorf("activations: %w", err)
 		}
 	}
-	// The hidden states seen as an f32 matrix, so Embed can gather rows.
-	a.hiddenRows = &kernels.Matrix{Name: "hidden", Format: kernels.F32, N: rows, K: H, W: a.x}
 	return a, nil
 }
 
+// lp is where argmax.wgsl and sample.wgsl write the read-out rows'
+// log-probabilities and log-sum-exps: next from nextLP on.
+func (a *activations) lp() gpu.Binding { return a.next.Slice(a.nextLP, a.next.Size()-a.nextLP) }
+
 // lseAt is where a pass of n rows read out puts their log-sum-exps in lp
-// (argmax.wgsl's lse0), and in next after nextLP: past their
-// log-probabilities, in whole 16-byte words.
+// (argmax.wgsl's lse0): past their log-probabilities, in whole 16-byte
+// words.
 func lseAt(n int) int { return (n + 3) &^ 3 }
 
 // nextWords splits a copy of next into tokens and the n f32 values at

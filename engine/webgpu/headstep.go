@@ -688,9 +688,9 @@ func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool) []step {
 		func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.hNorm, w.lmHead, n, false) },
 		func(b *gpu.Batch) error {
 			if sample {
-				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp, a.logits, a.draws, a.temps, n, Vd, topN)
+				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp.All(), a.logits, a.draws, a.temps, n, Vd, topN)
 			}
-			return kernels.Argmax(b, a.next, a.lp, a.logits, n, Vd, lseAt(n))
+			return kernels.Argmax(b, a.next, a.lp.All(), a.logits, n, Vd, lseAt(n))
 		},
 	}
 }

@@ -93,6 +93,10 @@ type pass struct {
 	// sameLasts: the pass reads out the rows the pass before it did (a
 	// chain's decode passes after the first), which stay on the device.
 	sameLasts bool
+	// fromNext: the pass's input ids are the greedy tokens the pass before
+	// it read out, in next (a chain's passes after the first: one row an
+	// entry, in the order of their read-out rows).
+	fromNext bool
 }
 
 // decodeEntryRows is the most tokens an entry may feed through decode
@@ -157,7 +161,7 @@ func (e *Engine) plan(work []pending) pass {
 // attends as if to the longest context of its last, so that all of them
 // run the same kernels.
 func decodePass(work []pending, base []int, j, m int) pass {
-	ps := pass{rows: len(work), decode: len(work), lasts: len(work), chained: true}
+	ps := pass{rows: len(work), decode: len(work), lasts: len(work), chained: true, fromNext: true}
 	for i := range work {
 		p := &work[i]
 		p.tokens, p.out = nil, 1
@@ -519,7 +523,12 @@ func (e *Engine) kernels(ps pass) []step {
 	heads, eps := c.NumAttentionHeads, c.RMSNormEps
 	steps := []step{
 		// hidden = embed_tokens(input_ids): (R, H)
-		func(b *gpu.Batch) error { return kernels.Embed(b, a.x, a.ids, w.embed, R) },
+		func(b *gpu.Batch) error {
+			if ps.fromNext {
+				return kernels.Embed(b, a.x, a.next, w.embed, R)
+			}
+			return kernels.Embed(b, a.x, a.ids, w.embed, R)
+		},
 	}
 	for l := range w.layers {
 		lw := &w.layers[l]
@@ -564,29 +573,35 @@ func (e *Engine) kernels(ps pass) []step {
 	}
 	if ps.lasts > 0 {
 		steps = append(steps,
-			// The rows read out: norm, lm_head, argmax (or sample).
-			func(b *gpu.Batch) error { return kernels.Embed(b, a.hLast, a.last, a.hiddenRows, ps.lasts) },
-			// The vocabulary-sized head normalizes first: its thousands of
+			// The rows read out: norm, lm_head, argmax (or sample). The
+			// vocabulary-sized head normalizes first: its thousands of
 			// workgroups would each normalize the rows again.
 			func(b *gpu.Batch) error {
-				return kernels.RMSNorm(b, a.hNorm, a.hLast, w.norm, ps.lasts, c.HiddenSize, eps)
+				return kernels.RMSNormRows(b, a.hNorm, a.x, a.last, w.norm, ps.lasts, R, c.HiddenSize, eps)
 			},
 			func(b *gpu.Batch) error {
 				if w.headTokens == nil {
 					return kernels.MatMul(b, a.logits, a.hNorm, w.head, ps.lasts, false)
 				}
-				// A head over part of the vocabulary scores its tokens, placed
-				// among the −∞ of the rest.
+				// A head over part of the vocabulary scores its tokens: the
+				// greedy choice maps them to the vocabulary's (ArgmaxOf);
+				// sampling places them among the −∞ of the rest.
 				if err := kernels.MatMul(b, a.headLogits, a.hNorm, w.head, ps.lasts, false); err != nil {
 					return err
+				}
+				if !ps.sample {
+					return nil
 				}
 				return kernels.Scatter(b, a.logits, a.headLogits, w.headTokens, ps.lasts, w.headRows, c.VocabSize)
 			},
 			func(b *gpu.Batch) error {
-				if ps.sample {
-					return kernels.Sample(b, a.sampled, a.top, a.next, a.lp, a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
+				switch {
+				case ps.sample:
+					return kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
+				case w.headTokens != nil:
+					return kernels.ArgmaxOf(b, a.next, a.lp(), a.headLogits, w.headTokens, ps.lasts, w.headRows, lseAt(ps.lasts))
 				}
-				return kernels.Argmax(b, a.next, a.lp, a.logits, ps.lasts, c.VocabSize, lseAt(ps.lasts))
+				return kernels.Argmax(b, a.next, a.lp(), a.logits, ps.lasts, c.VocabSize, lseAt(ps.lasts))
 			},
 		)
 		if ps.sample && !ps.chained {
@@ -594,17 +609,6 @@ func (e *Engine) kernels(ps pass) []step {
 			// wrote gathered for one read.
 			steps = append(steps, e.sampledKernels(ps, e.layout(ps))...)
 		}
-		steps = append(steps,
-			// next holds the tokens and, from nextLP, their log-probabilities
-			// and (argmax.wgsl's) their rows' log-sum-exps.
-			func(b *gpu.Batch) error {
-				words := lseAt(ps.lasts)
-				if !ps.sample {
-					words *= 2
-				}
-				return kernels.CopyTo(b, a.next, a.nextLP, a.lp, uint64(words)*4)
-			},
-		)
 	}
 	return steps
 }

@@ -24,6 +24,7 @@ type passKey struct {
 	sample      bool
 	topN        int
 	chained     bool
+	fromNext    bool
 }
 
 // maxRecordedPasses bounds the recorded shapes an engine keeps (a server's
@@ -43,7 +44,7 @@ func (e *Engine) keyOf(ps pass) (passKey, bool) {
 		return passKey{}, false
 	}
 	return passKey{
-		rows: ps.rows, lasts: ps.lasts, sample: ps.sample, topN: ps.topN, chained: ps.chained,
+		rows: ps.rows, lasts: ps.lasts, sample: ps.sample, topN: ps.topN, chained: ps.chained, fromNext: ps.fromNext,
 		attention: e.kv.DecodeShapeOf(e.dev, ps.decode, e.cfg.NumAttentionHeads, ps.maxLen),
 	}, true
 }

@@ -244,14 +244,14 @@ func (c *chainRun) tokenWord(i, j int) int { return int(uint64(j)*c.stride/4) + 
 // chainSubmit submits m passes over work (chainable) on the device: the
 // first feeds each entry's pending tokens, reading out its last row, and
 // each after it one row an entry, the greedy token of the pass before.
-// Each pass's greedy tokens are copied into the next pass's input ids and
-// into its part of the results — and, where entries ask for them, its
-// most likely tokens —, so that no pass waits for the host (chainRest).
+// Each pass after the first embeds the greedy tokens of the pass before
+// where it wrote them (pass.fromNext), and each pass's are copied into its
+// part of the results — and, where entries ask for them, its most likely
+// tokens —, so that no pass waits for the host (chainRest).
 // With read, the chain's last submission reads the results back (raw).
 // The sequences are committed by chainRead.
 func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bool) (*chainRun, error) {
 	a, B := e.act, len(work)
-	words := (B + 3) &^ 3 // copies move 16-byte words
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
 	c := &chainRun{m: m, base: make([]int, B)}
@@ -270,7 +270,6 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bo
 		at := uint64(j) * c.stride
 		cs := []step{
 			func(b *gpu.Batch) error { return kernels.CopyTo(b, c.results, at, a.next, a.nextBytes) },
-			func(b *gpu.Batch) error { return kernels.Copy(b, a.ids, a.next, uint64(words)*4) },
 		}
 		if c.topN > 0 {
 			cs = append(cs, func(b *gpu.Batch) error { return kernels.CopyTo(b, c.results, at+c.topAt, a.top, c.topBytes) })
@@ -312,8 +311,7 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bo
 // buffer of its own. The second pass is submitted alone, so that the GPU
 // has it while the host records the others, which go in as few
 // submissions as their dispatches allow (chainedSubmitEvery). copies(j)
-// copies pass j's read-out into the next pass's ids and its part of the
-// results.
+// copies pass j's read-out into its part of the results.
 func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, copies func(j int) []step, read bool) error {
 	if err := ctx.Err(); err != nil {
 		return err

@@ -652,7 +652,7 @@ func BenchmarkDecodeLayer(b *testing.B) {
 		return buf
 	}
 	norm := buffer("norm", ones(H))
-	qkNormRope, err := UploadQKNormRope(d, "qk_norm_rope", ones(D), ones(D), (&qwen3.Config{HeadDim: D, RopeTheta: 1e6}).RopeInvFreq())
+	qkNormRope, err := UploadQKNormRope(d, "qk_norm_rope", ones(D), ones(D), (&qwen3.Config{HeadDim: D, RopeTheta: 1e6}).RopeInvFreq(), ones(H))
 	if err != nil {
 		b.Fatal(err)
 	}

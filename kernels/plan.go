@@ -41,6 +41,12 @@ type plan struct {
 
 	// attention_decode.wgsl's tuning.
 	decode decodeTuning
+
+	// A stacked q|k|v projection of up to qkvFusedMaxK inputs over up to
+	// qkvFusedMaxT rows takes qkv_fused_int4.wgsl (the projection, the
+	// norms, RoPE and the cache append in one dispatch) where the device
+	// allows it (fusesQKV); 0: never.
+	qkvFusedMaxK, qkvFusedMaxT int
 }
 
 // measuredH200 is the plan measured on the NVIDIA H200 (Vulkan), with
@@ -103,6 +109,8 @@ var measuredH200 = plan{
 	skinnyGroups:        512,
 	skinnyGroupsWide:    256,
 	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
+	qkvFusedMaxK:        1024,
+	qkvFusedMaxT:        8,
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the
@@ -221,6 +229,10 @@ type matMulChoice struct {
 	matVecBatch matVecBatchLayout // kernelMatVecBatch
 	skinny      skinnyLayout      // kernelSkinny
 	groups      int               // kernelSkinny, kernelMatVecBatch and the GEMMs: the split-K target
+	// fusedQKV: a stacked q|k|v projection goes to qkv_fused_int4.wgsl,
+	// which does qkv_rope_kv.wgsl's work too (QKVProjRopeKV; the plan's
+	// qkvFusedMaxK and qkvFusedMaxT), the rest of the choice unused.
+	fusedQKV bool
 }
 
 func (c matMulChoice) String() string {

@@ -14,6 +14,25 @@ var qkvRopeKV = gpu.Kernel{
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
 }
 
+var qkvFused = gpu.Kernel{
+	Module: "qkv_fused_int4.wgsl", Source: shaders.QKVFusedInt4, Entry: "main", Params: reflect.TypeFor[qkvFusedParams](),
+	// x, qweight, scales, consts, rows, table, q, kcache, vcache
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
+}
+
+// qkvFusedParams are qkv_fused_int4.wgsl's params.
+type qkvFusedParams struct {
+	T, Heads, KVHeads, D     uint32
+	K, Groups, BS, MaxBlocks uint32
+	Eps                      float32
+	QKNorm                   uint32
+	_, _                     uint32
+}
+
+// qkvFusedMaxK is KMAX in qkv_fused_int4.wgsl: the longest input row it
+// stages.
+const qkvFusedMaxK = 2048
+
 // qkvRopeKVParams are qkv_rope_kv.wgsl's params.
 type qkvRopeKVParams struct {
 	T, Heads, KVHeads, D     uint32
@@ -32,15 +51,17 @@ const (
 )
 
 // UploadQKNormRope uploads what QKVProjRopeKV needs of one layer besides the
-// activations: q_norm (D), k_norm (D) and RoPE's inverse frequencies
-// invFreq (D/2, qwen3.Config.RopeInvFreq), in one buffer.
-func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm, invFreq []float32) (*gpu.Buffer, error) {
+// activations and the weight: q_norm (D), k_norm (D), RoPE's inverse
+// frequencies invFreq (D/2, qwen3.Config.RopeInvFreq) and, where the layer
+// has one, input_layernorm's weight (K; nil for none: QKVRopeKV alone), in
+// one buffer.
+func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm, invFreq, inputNorm []float32) (*gpu.Buffer, error) {
 	D := len(qNorm)
 	if D == 0 || D%2 != 0 || len(kNorm) != D || len(invFreq) != D/2 || D/2 > qkNormRopeWG*qkNormRopePairs {
 		return nil, fmt.Errorf("kernels: %s: q_norm %d, k_norm %d and %d inverse frequencies: want an even head_dim ≤ %d, and half as many frequencies", name, D, len(kNorm), len(invFreq), 2*qkNormRopeWG*qkNormRopePairs)
 	}
-	consts := append(append(append(make([]float32, 0, 2*D+D/2), qNorm...), kNorm...), invFreq...)
-	return d.UploadF32(name, consts)
+	consts := append(append(append(make([]float32, 0, 2*D+D/2+len(inputNorm)), qNorm...), kNorm...), invFreq...)
+	return d.UploadF32(name, append(consts, inputNorm...))
 }
 
 // QKVProjRopeKV records a decoder layer's attention input: the q|k|v
@@ -75,7 +96,12 @@ func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, co
 	}
 	d := b.Device()
 	l := d.Limits()
-	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, rows, T, heads, matMulInput{norm: inputNorm, eps: eps}, w.planned(d, T), l.MaxStorageBufferBindingSize)
+	choice := w.planned(d, T)
+	if p := planFor(d); T <= p.qkvFusedMaxT && w.K <= p.qkvFusedMaxK && c != nil && fusesQKV(d, w, c.D) &&
+		consts != nil && consts.Size() >= uint64(2*c.D+c.D/2+w.K)*4 {
+		choice.fusedQKV = true
+	}
+	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, rows, T, heads, matMulInput{norm: inputNorm, eps: eps}, choice, l.MaxStorageBufferBindingSize)
 	return err
 }
 
@@ -98,6 +124,9 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
 		return 0, fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
 	}
+	if choice.fusedQKV {
+		return 1, recordQKVFused(b, op, q, x, w, consts, c, layer, rows, T, heads, in.eps)
+	}
 	split, err := matMulSplitK(b, qkv, x, w, T, in, choice, maxBinding, true)
 	if err != nil {
 		return 0, err // it names the matrix
@@ -106,6 +135,52 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 		return 0, err
 	}
 	return max(split.splits, 1), nil
+}
+
+// fusesQKV reports whether qkv_fused_int4.wgsl can take the q|k|v
+// projection of w over T rows (K inputs) on d: an int4 weight in groups of
+// a multiple of 32, inputs it can stage, head vectors it can hold, and
+// nine storage buffers; consts (UploadQKNormRope's) must hold the input
+// norm too, which the caller checks.
+func fusesQKV(d *gpu.Device, w *Matrix, D int) bool {
+	wb, _ := w.rowBytes()
+	l := d.Limits()
+	return w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0 && w.K <= qkvFusedMaxK && D <= 256 && D%2 == 0 &&
+		uint64(w.N)*wb <= l.MaxStorageBufferBindingSize && l.MaxStorageBuffersPerShaderStage >= uint32(len(qkvFused.Storage))
+}
+
+// recordQKVFused records qkv_fused_int4.wgsl: QKVProjRopeKV in one
+// dispatch, the input norm's weight read from consts after the rest.
+func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rowBuf *gpu.Buffer, T, heads int, eps float64) error {
+	D, K := c.D, w.K
+	if !fusesQKV(b.Device(), w, D) {
+		return fmt.Errorf("kernels: %s: qkv_fused_int4.wgsl cannot take %s (%d×%d, group %d) at head_dim %d on this device", op, w.Name, w.N, K, w.G, D)
+	}
+	n := 2*D + D/2 + K
+	for _, c := range []struct {
+		name string
+		buf  *gpu.Buffer
+		n    int
+	}{{"x", x, T * K}, {"consts (with input_layernorm's weight)", consts, n}} {
+		if err := need(op, c.name, c.buf, c.n); err != nil {
+			return err
+		}
+	}
+	p, err := c.pipeline(b.Device(), qkvFused, kernelShape{}, true, func() gpu.Consts { return nil })
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	f := func(buf *gpu.Buffer, n int) gpu.Binding { return buf.Slice(0, uint64(n)*4) }
+	kc, vc := c.layer(layer)
+	weights, scales := w.bindRows(rowBlock{0, w.N})
+	binds := []gpu.Binding{f(x, T*K), weights, scales, f(consts, n),
+		f(rowBuf, T*RowWords), c.table.All(), f(q, T*heads*D), kc, vc}
+	params := &qkvFusedParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), D: uint32(D),
+		K: uint32(K), Groups: uint32(K / w.G), BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Eps: float32(eps), QKNorm: 1}
+	if err := gpu.Dispatch(b, p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
 }
 
 // QKVRopeKV records qkv_rope_kv.wgsl alone over q|k|v rows already

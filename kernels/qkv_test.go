@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -73,7 +74,7 @@ func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs
 	q.rowBuf = uploadRows(t, d, q.seq, q.slot, place)
 	q.qNorm, q.kNorm = randVec(r, D, 0.5), randVec(r, D, 0.5)
 	q.invFreq = (&qwen3.Config{HeadDim: D, RopeTheta: q.theta}).RopeInvFreq()
-	if q.consts, err = UploadQKNormRope(d, "consts", q.qNorm, q.kNorm, q.invFreq); err != nil {
+	if q.consts, err = UploadQKNormRope(d, "consts", q.qNorm, q.kNorm, q.invFreq, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(q.consts.Release)
@@ -269,6 +270,76 @@ func TestQKVProjRopeKV(t *testing.T) {
 				checkClose(t, "q against the two-dispatch path", fused, readF32(t, q2, T*heads*D), tolF32)
 			})
 		}
+	}
+}
+
+// TestQKVFused: qkv_fused_int4.wgsl — input_layernorm, the int4 q|k|v
+// projection, q/k norms, RoPE and the cache append in one dispatch —
+// against the reference's RMSNorm, int4 matmul, RMSNorm and Rope, over
+// head sizes that give each weight row several threads, one, or a thread
+// two rows, f32 and f16 caches, line and tree rows; a weight or a device it
+// cannot take, and consts without the input norm, are refused.
+func TestQKVFused(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for i := range 6 {
+		kvHeads, group, D := []int{1, 2}[r.IntN(2)], []int{1, 2, 4}[r.IntN(3)], []int{64, 128, 256}[i%3]
+		heads, K, G, T, half := kvHeads*group, 32*(1+r.IntN(64)), []int{32, 64}[r.IntN(2)], 1+r.IntN(8), i%2 == 1
+		K = (K + G - 1) / G * G
+		t.Run(fmt.Sprintf("T%d_heads%d_kv%d_D%d_K%d_G%d_f16=%v", T, heads, kvHeads, D, K, G, half), func(t *testing.T) {
+			rows := newQKVRows(t, d, r, heads, kvHeads, D, []int{16, 32}[r.IntN(2)], T, half, true)
+			N := rows.width()
+			m := randMatrix(t, r, Int4, N, K, G)
+			w, err := UploadMatrix(d, "qkv_proj", m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Release()
+			if !fusesQKV(d, w, D) {
+				t.Skipf("this device does not take qkv_fused_int4.wgsl")
+			}
+			x, g := randVec(r, T*K, 3), randVec(r, K, 1)
+			xn, qkv := make([]float32, T*K), make([]float32, T*N)
+			for row := range T {
+				reference.RMSNorm(xn[row*K:(row+1)*K], x[row*K:(row+1)*K], g, rows.eps)
+			}
+			reference.MatMul(qkv, xn, m, T)
+			consts, err := UploadQKNormRope(d, "consts_with_norm", rows.qNorm, rows.kNorm, rows.invFreq, g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer consts.Release()
+			xb, qb, qkvb := upload(t, d, "x", x), poisoned(t, d, "q", T*heads*D), poisoned(t, d, "qkv", T*N)
+			how := matMulInput{norm: upload(t, d, "input_layernorm", g), eps: rows.eps}
+			run(t, d, "qkv_fused", func(b *gpu.Batch) error {
+				_, err := qkvProjRopeKV(b, qb, qkvb, xb, w, consts, rows.c, rows.layer, rows.rowBuf, T, heads, how, matMulChoice{fusedQKV: true}, d.Limits().MaxStorageBufferBindingSize)
+				return err
+			})
+			rows.check(t, qb, qkv, true)
+			if got := readF32(t, qkvb, T*N); !math.IsNaN(float64(got[0])) {
+				t.Errorf("qkv written (%v): the fused kernel keeps its rows to itself", got[0])
+			}
+
+			b, err := d.NewBatch("refused")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Discard()
+			if _, err := qkvProjRopeKV(b, qb, qkvb, xb, w, rows.consts, rows.c, rows.layer, rows.rowBuf, T, heads, how, matMulChoice{fusedQKV: true}, d.Limits().MaxStorageBufferBindingSize); err == nil {
+				t.Error("consts without the input norm accepted")
+			}
+			f16, err := UploadMatrix(d, "qkv_f16", randMatrix(t, r, F16, N, K, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f16.Release()
+			if _, err := qkvProjRopeKV(b, qb, qkvb, xb, f16, consts, rows.c, rows.layer, rows.rowBuf, T, heads, how, matMulChoice{fusedQKV: true}, d.Limits().MaxStorageBufferBindingSize); err == nil {
+				t.Error("an f16 weight accepted")
+			}
+			if b.Len() != 0 {
+				t.Errorf("%d dispatches recorded by refused calls", b.Len())
+			}
+		})
 	}
 }
 

@@ -60,7 +60,7 @@ func TestConformance(t *testing.T) {
 }
 
 // TestSmallPasses: batches larger than a pass (rows and last-row room) run
-// in several passes with the same result.
+// in several passes with the same result, up to rounding.
 func TestSmallPasses(t *testing.T) {
 	m := load(t, "untied", checkpoint.Int4)
 	m2 := load(t, "untied", checkpoint.Int4)
@@ -130,8 +130,11 @@ func TestSmallPasses(t *testing.T) {
 		for i := range a {
 			for j := range a[i] {
 				x, y := a[i][j], b[i][j]
+				// Passes of 5 rows and of all 16 may take different
+				// kernels (kernels/plan.go: a fused q|k|v projection for
+				// few rows), which round differently.
 				if x.Argmax != y.Argmax || x.Sample != y.Sample || x.Accept != y.Accept || len(x.Top) != c.topN ||
-					math.Abs(float64(x.ArgmaxLogprob-y.ArgmaxLogprob)) > 1e-4 {
+					math.Abs(float64(x.ArgmaxLogprob-y.ArgmaxLogprob)) > 1e-4*max(1, math.Abs(float64(y.LogSumExp))) {
 					t.Errorf("%+v: prompt %d row %d: %+v with 5-row passes, %+v with one pass", c.p, i, j, x, y)
 				}
 			}

@@ -104,7 +104,7 @@ func uploadHead(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, w *eagle3.
 	for i := range ones {
 		ones[i] = 1
 	}
-	if hw.rope, err = kernels.UploadQKNormRope(d, "midlayer.rope", ones, ones, layer.RopeInvFreq()); err != nil {
+	if hw.rope, err = kernels.UploadQKNormRope(d, "midlayer.rope", ones, ones, layer.RopeInvFreq(), nil); err != nil {
 		return nil, err
 	}
 	hw.buffers = append(hw.buffers, hw.rope)

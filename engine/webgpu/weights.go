@@ -92,7 +92,7 @@ func upload(d *gpu.Device, c *qwen3.Config, w *qwen3.Weights) (_ *weights, err e
 				return nil, err
 			}
 		}
-		if g.qkNormRope, err = kernels.UploadQKNormRope(d, p+"self_attn.qk_norm_rope", l.QNorm, l.KNorm, invFreq); err != nil {
+		if g.qkNormRope, err = kernels.UploadQKNormRope(d, p+"self_attn.qk_norm_rope", l.QNorm, l.KNorm, invFreq, l.InputLayernorm); err != nil {
 			return nil, err
 		}
 		gw.buffers = append(gw.buffers, g.qkNormRope)

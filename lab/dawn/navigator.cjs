@@ -67,6 +67,7 @@ async function describe(gpu) {
       maxBufferSize: a.limits.maxBufferSize,
       maxStorageBufferBindingSize: a.limits.maxStorageBufferBindingSize,
       maxComputeWorkgroupStorageSize: a.limits.maxComputeWorkgroupStorageSize,
+      maxStorageBuffersPerShaderStage: a.limits.maxStorageBuffersPerShaderStage,
       maxComputeInvocationsPerWorkgroup: a.limits.maxComputeInvocationsPerWorkgroup,
       minSubgroupSize: a.info.subgroupMinSize, maxSubgroupSize: a.info.subgroupMaxSize,
     },

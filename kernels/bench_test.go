@@ -732,6 +732,24 @@ func BenchmarkDecodeLayer(b *testing.B) {
 				b.ReportMetric(sec*1e6, "µs/layer")
 			})
 		}
+		// The attention input alone, in one dispatch (qkv_fused_int4.wgsl)
+		// and in two (the plan's matmul, then qkv_rope_kv.wgsl), where the
+		// device takes the fused kernel.
+		if fusesQKV(d, layers[0].qkv, D) {
+			for _, fused := range []bool{true, false} {
+				b.Run(fmt.Sprintf("T%d/qkv-rope-kv/fused=%v", T, fused), func(b *testing.B) {
+					sec := benchMatMuls(b, d, x, reps, func(bt *gpu.Batch) error {
+						i++
+						w := layers[i%len(layers)].qkv
+						choice := planFor(d).pick(w, T, d.Limits())
+						choice.fusedQKV = fused
+						_, err := qkvProjRopeKV(bt, q, qkv, x, w, qkNormRope, c, 0, rb, T, heads, matMulInput{norm: norm, eps: eps}, choice, limit)
+						return err
+					})
+					b.ReportMetric(sec*1e6, "µs/layer")
+				})
+			}
+		}
 		rb.Release()
 		c.Release()
 	}

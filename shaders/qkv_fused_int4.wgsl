@@ -35,9 +35,10 @@
 //           in pairs (KV_F16)
 //
 // Dispatch: (heads + 2·kv_heads, T, 1) workgroups of WG threads. The
-// workgroup stages xn in workgroup memory (K ≤ KMAX), then LANES = WG / D
-// threads share each weight row (or each thread takes WG-strided rows when
-// D > WG), lane l reading vec4s l, l + LANES, …; the lanes' sums meet in
+// workgroup stages xn in workgroup memory (K ≤ KMAX), then LANES threads
+// share each weight row (16, or the row's vec4s where fewer: a power of
+// two), WG / LANES rows at a time, lane l reading vec4s l, l + LANES, … —
+// neighbouring lanes, neighbouring 16-byte words; the lanes' sums meet in
 // workgroup memory as the head vector, and the rest is qkv_rope_kv.wgsl's,
 // thread i holding the pairs (i, i + D/2) for i < D/2 (D/2 ≤ WG).
 
@@ -118,11 +119,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
 
-    // 2. The head vector: D weight rows, LANES threads a row.
-    let lanes = max(1u, WG / D);
+    // 2. The head vector: D weight rows, LANES threads a row, neighbouring
+    // lanes reading neighbouring vec4s of it (coalesced).
+    let vecs = p.K / 32u; // weight vec4s a row
+    var lanes = 16u;
+    while lanes > vecs {
+        lanes >>= 1u;
+    }
     let per = WG / lanes; // rows at a time
     let lane = lid % lanes;
-    let vecs = p.K / 32u; // weight vec4s a row
     let per_group = vecs / p.groups;
     for (var i0 = 0u; i0 < D; i0 += per) {
         let i = i0 + lid / lanes;

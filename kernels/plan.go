@@ -109,8 +109,6 @@ var measuredH200 = plan{
 	skinnyGroups:        512,
 	skinnyGroupsWide:    256,
 	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
-	qkvFusedMaxK:        1024,
-	qkvFusedMaxT:        8,
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the
@@ -165,10 +163,20 @@ var measuredSwiftShader = plan{
 //   - decode attention is faster in one split of up to 1,024 positions
 //     (no merge dispatch) at 128 threads and 16 values a load: 30 / 22 µs
 //     a call at 1 / 4 rows against 36–46 / 42–56 µs at the H200's 1,024
-//     workgroups with their merge.
+//     workgroups with their merge;
+//   - a small layer's attention input in one dispatch
+//     (qkv_fused_int4.wgsl: 16 dispatches fewer a step of the pair's
+//     target, at ~10 µs of Dawn's host time each): the page's mode (a)
+//     at k = 3 / 4, 939 and 817 / 742 and 935 tok/s in two races against
+//     812 / 700 for the two dispatches, in one call (`h200.sh run` with
+//     the build before as its base, BENCHMARKS.md "Browser"; the
+//     engine's own steps within the runs' spread). Natively on the H200
+//     it stays unmeasured against the two dispatches in one call, so the
+//     H200's plan keeps them.
 var measuredBrowserGPU = func() plan {
 	p := measuredH200
 	p.decode = decodeTuning{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16, mergeMinRows: 2}
+	p.qkvFusedMaxK, p.qkvFusedMaxT = 1024, 8
 	return p
 }()
 

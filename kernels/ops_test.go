@@ -297,24 +297,32 @@ func TestArgmax(t *testing.T) {
 			}
 			gotLP := readF32(t, lpBuf, lpAt+lse0+T)[lpAt:]
 			for row := range T {
-				want, err := sampling.Choose(logits[row*V:(row+1)*V], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
-				if err != nil {
-					if got[row] != ArgmaxNaN {
-						t.Errorf("row %d: id %#x for a NaN row", row, got[row])
-					}
-					continue
-				}
-				if got[row] != uint32(want.Argmax) {
-					t.Errorf("row %d: id %d, want %d", row, got[row], want.Argmax)
-				}
-				if !(math.Abs(float64(gotLP[row]-want.ArgmaxLogprob)) <= 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob)))) { // a NaN fails
-					t.Errorf("row %d: log p %v, want %v", row, gotLP[row], want.ArgmaxLogprob)
-				}
-				if lse := gotLP[lse0+row]; !(math.Abs(float64(lse-want.LogSumExp)) <= 1e-4*max(1, math.Abs(float64(want.LogSumExp)))) {
-					t.Errorf("row %d: log-sum-exp %v, want %v", row, lse, want.LogSumExp)
-				}
+				checkArgmaxRow(t, row, logits[row*V:(row+1)*V], got[row], gotLP[row], gotLP[lse0+row])
 			}
 		})
+	}
+}
+
+// checkArgmaxRow holds one row's read-out — its id, log-probability and
+// log-sum-exp — to sampling.Choose's greedy choice over logits; a row
+// with a NaN must read ArgmaxNaN.
+func checkArgmaxRow(t *testing.T, row int, logits []float32, id uint32, lp, lse float32) {
+	t.Helper()
+	want, err := sampling.Choose(logits, sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+	if err != nil {
+		if id != ArgmaxNaN {
+			t.Errorf("row %d: id %#x for a NaN row", row, id)
+		}
+		return
+	}
+	if id != uint32(want.Argmax) {
+		t.Errorf("row %d: id %d, want %d", row, id, want.Argmax)
+	}
+	if !(math.Abs(float64(lp-want.ArgmaxLogprob)) <= 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob)))) { // a NaN fails
+		t.Errorf("row %d: log p %v, want %v", row, lp, want.ArgmaxLogprob)
+	}
+	if !(math.Abs(float64(lse-want.LogSumExp)) <= 1e-4*max(1, math.Abs(float64(want.LogSumExp)))) {
+		t.Errorf("row %d: log-sum-exp %v, want %v", row, lse, want.LogSumExp)
 	}
 }
 
@@ -365,22 +373,7 @@ func TestArgmaxOf(t *testing.T) {
 				for i, id := range tokens {
 					full[id] = logits[row*V+i]
 				}
-				want, err := sampling.Choose(full, sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
-				if err != nil {
-					if got[row] != ArgmaxNaN {
-						t.Errorf("row %d: id %#x for a NaN row", row, got[row])
-					}
-					continue
-				}
-				if got[row] != uint32(want.Argmax) {
-					t.Errorf("row %d: token %d, want %d", row, got[row], want.Argmax)
-				}
-				if !(math.Abs(float64(gotLP[row]-want.ArgmaxLogprob)) <= 1e-4*max(1, math.Abs(float64(want.ArgmaxLogprob)))) {
-					t.Errorf("row %d: log p %v, want %v", row, gotLP[row], want.ArgmaxLogprob)
-				}
-				if lse := gotLP[lse0+row]; !(math.Abs(float64(lse-want.LogSumExp)) <= 1e-4*max(1, math.Abs(float64(want.LogSumExp)))) {
-					t.Errorf("row %d: log-sum-exp %v, want %v", row, lse, want.LogSumExp)
-				}
+				checkArgmaxRow(t, row, full, got[row], gotLP[row], gotLP[lse0+row])
 			}
 		})
 	}

@@ -133,7 +133,13 @@ var measuredH200 = plan{
 //     matvec_batch_int4.wgsl, unmeasured here);
 //   - decode attention: one split of up to 1,024 positions (no merge),
 //     64 threads, eight values a load: at five rows 11–18 ms against
-//     29–38 ms at the H200's 1,024 workgroups; 128 and 256 threads slower.
+//     29–38 ms at the H200's 1,024 workgroups; 128 and 256 threads slower;
+//   - the attention input stays two dispatches: qkv_fused_int4.wgsl took
+//     22 / 88 ms a layer at 1 / 5 rows against 19 / 25 (through Dawn on
+//     SwiftShader, the kernels' test binary as wasm: `gotest.cjs …
+//     -test.bench 'DecodeLayer/T[0-9]+/qkv-rope-kv' -benchshape embedded
+//     -benchts 1,5`, 2026-12-03), each of its workgroups reading its
+//     rows' inputs and weights again.
 var measuredSwiftShader = plan{
 	matVec:            matVecLayout{lanes: 16, rt: 4, wg: 64},
 	matVecBatchMinK:   1 << 30,

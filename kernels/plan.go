@@ -95,7 +95,15 @@ type plan struct {
 //   - split-K for matvec_batch_int4.wgsl's one row (Qwen3-8B's o_proj
 //     and down_proj: 256 workgroups) does not pay: 13.6–21 µs against
 //     14.5 for o_proj, 27.5–36 against 30.3 for down_proj, the best
-//     only with the last split merging (same run).
+//     only with the last split merging (same run);
+//   - a small layer's attention input in one dispatch
+//     (qkv_fused_int4.wgsl) at up to 256 inputs and 8 rows: at the
+//     shipped pair's shapes 12.1 / 13.1 / 12.6 µs a layer at 1 / 4 / 8
+//     rows against 16.5 / 16.9 / 17.6 for the matmul and qkv_rope_kv.wgsl
+//     (`-bench 'DecodeLayer/T[0-9]+/qkv-rope-kv' -benchshape embedded
+//     -benchts 1,4,8`, 2026-12-03); at Qwen3-0.6B's 1,024 inputs and head
+//     vectors of 128 it is twice as slow (34–51 µs against 17–22), each
+//     workgroup reading its rows' inputs again.
 var measuredH200 = plan{
 	matVecBatchMinK:     2049,
 	skinnyFewMinT:       3,
@@ -109,6 +117,8 @@ var measuredH200 = plan{
 	skinnyGroups:        512,
 	skinnyGroupsWide:    256,
 	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
+	qkvFusedMaxK:        256,
+	qkvFusedMaxT:        8,
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the
@@ -170,19 +180,16 @@ var measuredSwiftShader = plan{
 //     (no merge dispatch) at 128 threads and 16 values a load: 30 / 22 µs
 //     a call at 1 / 4 rows against 36–46 / 42–56 µs at the H200's 1,024
 //     workgroups with their merge;
-//   - a small layer's attention input in one dispatch
-//     (qkv_fused_int4.wgsl: 16 dispatches fewer a step of the pair's
-//     target, at ~10 µs of Dawn's host time each): the page's mode (a)
-//     at k = 3 / 4, 939 and 817 / 742 and 935 tok/s in two races against
-//     812 / 700 for the two dispatches, in one call (`h200.sh run` with
-//     the build before as its base, BENCHMARKS.md "Browser"; the
-//     engine's own steps within the runs' spread). Natively on the H200
-//     it stays unmeasured against the two dispatches in one call, so the
-//     H200's plan keeps them.
+//   - a small layer's attention input in one dispatch, as the H200's plan
+//     has it (qkv_fused_int4.wgsl: 16 dispatches fewer a step of the
+//     pair's target, at ~10 µs of Dawn's host time each): the page's mode
+//     (a) at k = 3 / 4, 939 and 817 / 742 and 935 tok/s in two races
+//     against 812 / 700 for the two dispatches, in one call (`h200.sh
+//     run` with the build before as its base, BENCHMARKS.md "Browser";
+//     the engine's own steps within the runs' spread).
 var measuredBrowserGPU = func() plan {
 	p := measuredH200
 	p.decode = decodeTuning{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16, mergeMinRows: 2}
-	p.qkvFusedMaxK, p.qkvFusedMaxT = 1024, 8
 	return p
 }()
 

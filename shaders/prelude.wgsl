@@ -317,3 +317,41 @@ fn hit(lid: u32, own: f32, goal: f32) -> vec2<u32> {
     }
     return vec2<u32>(select(last - 1u, h, h != NONE), 1u);
 }
+
+// reduced returns pos·f minus the nearest multiple of 2π, RoPE's angle
+// brought near zero for sin and cos (qkv_rope_kv.wgsl's header). 2π = HI
+// + LO, where HI = 6.28125 has 8 significant bits, so k·HI is exact for k <
+// 2^16.
+fn reduced(pos: u32, f: f32) -> f32 {
+    let a = f32(pos) * f;
+    let kk = round(a * 0.15915494309189535);
+    return (a - kk * 6.28125) - kk * 0.0019353071795864769;
+}
+
+// store_head writes the kernel's workgroup `head` (D values) to the cache
+// slot of row t as kv head kvh — into vcache when is_v, else kcache —
+// packed in f16 pairs where KV_F16 (the layout in qkv_rope_kv.wgsl's
+// header). The kernel's threads (WG) share the writes.
+fn store_head(lid: u32, t: u32, kvh: u32, is_v: bool, D: u32) {
+    let j = rows[t].slot;
+    let block = table[rows[t].seq * p.max_blocks + j / p.BS];
+    let dst = ((block * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
+    if KV_F16 == 1u {
+        for (var i = 2u * lid; i < D; i += 2u * WG) {
+            let v = pack2x16float(vec2<f32>(head[i], head[i + 1u]));
+            if is_v {
+                vcache[(dst + i) >> 1u] = v;
+            } else {
+                kcache[(dst + i) >> 1u] = v;
+            }
+        }
+        return;
+    }
+    for (var i = lid; i < D; i += WG) {
+        if is_v {
+            vcache[dst + i] = bitcast<u32>(head[i]);
+        } else {
+            kcache[dst + i] = bitcast<u32>(head[i]);
+        }
+    }
+}

@@ -77,13 +77,6 @@ var<workgroup> xs: array<vec4<f32>, XS>; // xn
 var<workgroup> red_f: array<f32, WG>; // sum_all's, and the lanes' sums
 var<workgroup> head: array<f32, 256>; // the head vector (D ≤ 256)
 
-// reduced is qkv_rope_kv.wgsl's: pos·f less the nearest multiple of 2π.
-fn reduced(pos: u32, f: f32) -> f32 {
-    let a = f32(pos) * f;
-    let kk = round(a * 0.15915494309189535);
-    return (a - kk * 6.28125) - kk * 0.0019353071795864769;
-}
-
 // dot4 is Σ (code − 8) · xn over the 32 codes of one vec4 of weights,
 // against staged columns 32·c … 32·c + 31.
 fn dot4(w: vec4<u32>, c: u32) -> f32 {
@@ -191,25 +184,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     // 4. The key or value head into the row's cache slot.
     let kvh = select(h - p.heads, h - p.heads - p.kv_heads, is_v);
-    let j = rows[t].slot;
-    let block = table[rows[t].seq * p.max_blocks + j / p.BS];
-    let dst = ((block * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
-    if KV_F16 == 1u {
-        for (var i = 2u * lid; i < D; i += 2u * WG) {
-            let v = pack2x16float(vec2<f32>(head[i], head[i + 1u]));
-            if is_v {
-                vcache[(dst + i) >> 1u] = v;
-            } else {
-                kcache[(dst + i) >> 1u] = v;
-            }
-        }
-        return;
-    }
-    for (var i = lid; i < D; i += WG) {
-        if is_v {
-            vcache[dst + i] = bitcast<u32>(head[i]);
-        } else {
-            kcache[dst + i] = bitcast<u32>(head[i]);
-        }
-    }
+    store_head(lid, t, kvh, is_v, D);
 }

@@ -96,14 +96,6 @@ struct Params {
 var<workgroup> sums: array<f32, WG>;
 var<workgroup> head: array<f32, 256>; // 2·WG·PAIRS: one head vector for the cache write
 
-// reduced returns pos·f minus the nearest multiple of 2π. 2π = HI + LO,
-// where HI = 6.28125 has 8 significant bits, so k·HI is exact for k < 2^16.
-fn reduced(pos: u32, f: f32) -> f32 {
-    let a = f32(pos) * f;
-    let kk = round(a * 0.15915494309189535);
-    return (a - kk * 6.28125) - kk * 0.0019353071795864769;
-}
-
 // row_scale returns the input RMSNorm factor r[t] of row t: 1 for plain
 // rows, else from the partial sums of squares (after the partial sums of
 // width values a row).
@@ -195,25 +187,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     // Write the key or value head to the row's cache slot.
     let kvh = select(h - p.heads, h - p.heads - p.kv_heads, is_v);
-    let j = rows[t].slot;
-    let block = table[rows[t].seq * p.max_blocks + j / p.BS];
-    let dst = ((block * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
-    if KV_F16 == 1u {
-        for (var i = 2u * lid; i < D; i += 2u * WG) {
-            let v = pack2x16float(vec2<f32>(head[i], head[i + 1u]));
-            if is_v {
-                vcache[(dst + i) >> 1u] = v;
-            } else {
-                kcache[(dst + i) >> 1u] = v;
-            }
-        }
-        return;
-    }
-    for (var i = lid; i < D; i += WG) {
-        if is_v {
-            vcache[dst + i] = bitcast<u32>(head[i]);
-        } else {
-            kcache[dst + i] = bitcast<u32>(head[i]);
-        }
-    }
+    store_head(lid, t, kvh, is_v, D);
 }

@@ -328,6 +328,35 @@ fn reduced(pos: u32, f: f32) -> f32 {
     return (a - kk * 6.28125) - kk * 0.0019353071795864769;
 }
 
+// rope_store finishes pair i of head vector h of row t — x1 = y[i],
+// x2 = y[i + D/2], inv the vector's 1/rms —: q_norm or k_norm where
+// p.qk_norm, RoPE at the row's position (the normalized value rounded to
+// f32 first, as reference.RMSNorm then reference.Rope), then into q for a
+// query head, else into the workgroup's `head` (for store_head).
+fn rope_store(x1: f32, x2: f32, inv: f32, i: u32, t: u32, h: u32, is_q: bool, D: u32) {
+    let half = D / 2u;
+    let w0 = select(D, 0u, is_q); // q_norm or k_norm
+    var n1 = x1;
+    var n2 = x2;
+    if p.qk_norm != 0u {
+        n1 = consts[w0 + i] * (x1 * inv);
+        n2 = consts[w0 + i + half] * (x2 * inv);
+    }
+    let a = reduced(rows[t].pos, consts[2u * D + i]);
+    let c = cos(a);
+    let s = sin(a);
+    let y1 = n1 * c - n2 * s;
+    let y2 = n2 * c + n1 * s;
+    if is_q {
+        let dst = (t * p.heads + h) * D;
+        q[dst + i] = y1;
+        q[dst + i + half] = y2;
+    } else {
+        head[i] = y1;
+        head[i + half] = y2;
+    }
+}
+
 // store_head writes the kernel's workgroup `head` (D values) to the cache
 // slot of row t as kv head kvh — into vcache when is_v, else kcache —
 // packed in f16 pairs where KV_F16 (the layout in qkv_rope_kv.wgsl's

@@ -155,26 +155,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let inv = 1.0 / sqrt(sum_all(lid, s) / f32(D) + p.eps);
         if lid < half {
-            let w0 = select(D, 0u, is_q); // q_norm or k_norm
-            var n1 = x1;
-            var n2 = x2;
-            if p.qk_norm != 0u {
-                n1 = consts[w0 + lid] * (x1 * inv);
-                n2 = consts[w0 + lid + half] * (x2 * inv);
-            }
-            let a = reduced(rows[t].pos, consts[2u * D + lid]);
-            let c = cos(a);
-            let sn = sin(a);
-            let y1 = n1 * c - n2 * sn;
-            let y2 = n2 * c + n1 * sn;
-            if is_q {
-                let dst = (t * p.heads + h) * D;
-                q[dst + lid] = y1;
-                q[dst + lid + half] = y2;
-            } else {
-                head[lid] = y1;
-                head[lid + half] = y2;
-            }
+            rope_store(x1, x2, inv, lid, t, h, is_q, D);
         }
         if is_q {
             return; // uniform per workgroup

@@ -148,31 +148,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             workgroupBarrier();
         }
         let inv = 1.0 / sqrt(sums[0] / f32(D) + p.eps);
-        let w0 = select(D, 0u, is_q); // q_norm or k_norm
-        let norm = p.qk_norm != 0u;
-        let position = rows[t].pos;
         for (var j = 0u; j < PAIRS; j++) {
             let i = lid + j * WG;
             if i < half {
-                var n1 = x1[j];
-                var n2 = x2[j];
-                if norm {
-                    n1 = consts[w0 + i] * (x1[j] * inv);
-                    n2 = consts[w0 + i + half] * (x2[j] * inv);
-                }
-                let a = reduced(position, consts[2u * D + i]);
-                let c = cos(a);
-                let s = sin(a);
-                let y1 = n1 * c - n2 * s;
-                let y2 = n2 * c + n1 * s;
-                if is_q {
-                    let dst = (t * p.heads + h) * D;
-                    q[dst + i] = y1;
-                    q[dst + i + half] = y2;
-                } else {
-                    head[i] = y1;
-                    head[i + half] = y2;
-                }
+                rope_store(x1[j], x2[j], inv, i, t, h, is_q, D);
             }
         }
         if is_q {

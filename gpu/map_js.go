@@ -137,6 +137,7 @@ func (r *reads) await(start func(id int)) js.Value {
 	r.next++
 	id, ch := r.next, make(chan js.Value, 1)
 	r.waiting[id] = ch
+	defer delete(r.waiting, id) // also when start panics (a JavaScript exception)
 	start(id)
 	return <-ch
 }

@@ -373,14 +373,16 @@ func (r *runner) settleStep(ready []*gen, drafts [][]engine.Token, trees []*draf
 // fuses reports whether a step drafts and verifies in one call
 // (engine.DraftVerify): no prompt chunk is being fed, and every ready
 // generation drafts a local chain cut by nothing the drafter's tokens
-// decide (no p_min), with a drafter that fuses the target — one device,
-// where the drafted tokens reach the target's pass without coming back.
+// decide (no p_min) — where the drafter is an EAGLE-3 head, over a target
+// that holds a position —, with a drafter that fuses the target — one
+// device, where the drafted tokens reach the target's pass without coming
+// back.
 func (r *runner) fuses(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) bool {
 	if f, ok := r.g.drafter.(engine.Fuser); !ok || !f.Fuses(r.g.target) || r.g.opts.Unfused || len(draftFill) > 0 || len(targetFill) > 0 || len(ready) == 0 {
 		return false
 	}
 	for _, gn := range ready {
-		if gn.remote != nil || gn.draftLen(r.g) == 0 || gn.treeWidth() > 1 || gn.sampled || gn.req.PMin > 0 {
+		if gn.remote != nil || gn.draftLen(r.g) == 0 || gn.treeWidth() > 1 || gn.sampled || gn.req.PMin > 0 || gn.head && gn.target.Len() == 0 {
 			return false
 		}
 	}
@@ -398,6 +400,9 @@ func (r *runner) fused(ctx context.Context, ready []*gen) ([][]engine.Token, []*
 	for i, gn := range ready {
 		n = max(n, gn.draftLen(r.g))
 		steps[i].Draft = &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN}
+		if gn.head {
+			steps[i].Draft.Target = gn.target
+		}
 	}
 	for _, gn := range ready {
 		n = min(n, d.Config().MaxPositionEmbeddings-len(gn.context)+1)

@@ -31,24 +31,36 @@ func (e *Engine) DraftVerify(ctx context.Context, target engine.Engine, steps []
 	if !e.Fuses(target) {
 		return nil, errors.New("webgpu engine: draft and verify: the target is not another engine of the drafter's group")
 	}
-	t := target.(*Engine)
-	drafts := make([]*engine.Entry, len(steps))
-	verify := make([]*engine.VerifyEntry, len(steps))
-	pendingT := make([]int, len(steps))
+	drafts, verify, pending := draftPlaces(steps)
+	out, err := e.draftVerify(ctx, target.(*Engine), steps, drafts, verify, n)
+	settleDrafts(steps, pending, out, err)
+	return out, err
+}
+
+// draftPlaces returns the drafter's and the target's entries of steps,
+// each Verify entry's Tokens followed by its draft's places — held by
+// token 0 until the device writes them, and so checked as tokens like
+// any other —, and how many tokens each held before them.
+func draftPlaces(steps []engine.ChainStep) (drafts []*engine.Entry, verify []*engine.VerifyEntry, pending []int) {
+	drafts = make([]*engine.Entry, len(steps))
+	verify = make([]*engine.VerifyEntry, len(steps))
+	pending = make([]int, len(steps))
 	for i, s := range steps {
-		drafts[i], verify[i], pendingT[i] = s.Draft, s.Verify, len(s.Verify.Tokens)
-		// The drafted tokens' places, held by token 0 until the device
-		// writes them (and so checked as tokens like any other).
-		s.Verify.Tokens = append(s.Verify.Tokens[:pendingT[i]:pendingT[i]], make([]int, s.Take)...)
+		drafts[i], verify[i], pending[i] = s.Draft, s.Verify, len(s.Verify.Tokens)
+		s.Verify.Tokens = append(s.Verify.Tokens[:pending[i]:pending[i]], make([]int, s.Take)...)
 	}
-	out, err := e.draftVerify(ctx, t, steps, drafts, verify, n)
+	return drafts, verify, pending
+}
+
+// settleDrafts takes draftPlaces' places off the Verify entries again and,
+// where the call succeeded, appends the drafts (engine.AppendDraft).
+func settleDrafts(steps []engine.ChainStep, pending []int, out [][]engine.Token, err error) {
 	for i, s := range steps {
-		s.Verify.Tokens = s.Verify.Tokens[:pendingT[i]]
+		s.Verify.Tokens = s.Verify.Tokens[:pending[i]]
 		if err == nil {
 			engine.AppendDraft(s.Verify, out[i][:s.Take])
 		}
 	}
-	return out, err
 }
 
 func (e *Engine) draftVerify(ctx context.Context, t *Engine, steps []engine.ChainStep, drafts []*engine.Entry, verify []*engine.VerifyEntry, n int) ([][]engine.Token, error) {
@@ -120,7 +132,7 @@ func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep,
 	if err != nil {
 		return nil, err
 	}
-	pre, err := t.gatherDrafts(ps, twork, steps, ch, e.act.chained)
+	pre, err := t.gatherDrafts(ps, twork, steps, ch.tokenWord, e.act.chained)
 	if err != nil {
 		return nil, err
 	}
@@ -147,16 +159,17 @@ func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep,
 
 // gatherDrafts writes where each step's drafted tokens go in the pass ps
 // over work — the rows after its pending tokens, and the proposals of its
-// read-out rows' draws where it samples — and where in the chain's
-// results they come from, and returns the gathers that put them there.
-func (e *Engine) gatherDrafts(ps pass, work []pending, steps []engine.ChainStep, ch *chainRun, results *gpu.Buffer) ([]step, error) {
+// read-out rows' draws where it samples — and where in the drafter's
+// results they come from (word(i, j): the u32 word of step i's draft j),
+// and returns the gathers that put them there.
+func (e *Engine) gatherDrafts(ps pass, work []pending, steps []engine.ChainStep, word func(i, j int) int, results *gpu.Buffer) ([]step, error) {
 	a := e.act
 	var ids, draws []uint32
 	for _, pe := range ps.entries {
 		i := slices.IndexFunc(work, func(p pending) bool { return p.seq == pe.p.seq })
 		take := steps[i].Take
 		for j := range take {
-			from := uint32(ch.tokenWord(i, j))
+			from := uint32(word(i, j))
 			ids = append(ids, uint32(pe.row0+pe.T-take+j), from)
 			if steps[i].Verify.Draws != nil {
 				draws = append(draws, uint32((pe.out0+j)*kernels.SampleDrawWords), from)

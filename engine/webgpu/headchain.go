@@ -46,6 +46,16 @@ func (h *Head) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]eng
 	if err := h.usable(); err != nil {
 		return nil, err
 	}
+	feeds, err := h.prepareChain(ctx, batch, n)
+	if err != nil {
+		return nil, err
+	}
+	return h.runChain(ctx, feeds, batch, n)
+}
+
+// prepareChain plans n steps over batch (checked, the group's lock held)
+// and reserves the head's blocks for them; nothing changes when it fails.
+func (h *Head) prepareChain(ctx context.Context, batch []*engine.Entry, n int) ([]headFeed, error) {
 	feeds, err := h.stepFeeds(batch)
 	if err != nil {
 		return nil, err
@@ -63,20 +73,31 @@ func (h *Head) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]eng
 	if err := h.kv.Reserve(seqs, need); err != nil {
 		return nil, fmt.Errorf("webgpu head: %w", kvError(err))
 	}
+	return feeds, nil
+}
+
+// runChain runs the n steps of prepared feeds: chained on the device and
+// read back once where they chain, else step by step, each read back.
+func (h *Head) runChain(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int) ([][]engine.Token, error) {
 	if n > 1 && h.chains(feeds) {
-		toks, submitted, err := h.chain(ctx, feeds, batch, n)
-		if err != nil {
-			for _, f := range feeds {
-				f.seq.kv.Truncate(f.seq.rows())
-				if submitted {
-					f.seq.outRow = -1
-				}
+		lay, submitted, err := h.chainSubmit(ctx, feeds, batch, n, false)
+		var toks [][]engine.Token
+		if err == nil {
+			var raw []byte
+			if raw, err = h.act.results.Read(0, lay.bytes()); err != nil {
+				err = fmt.Errorf("read back: %w", err)
+			} else {
+				toks, err = h.chainDone(feeds, batch, lay, raw)
 			}
+		}
+		if err != nil {
+			h.unchain(feeds, submitted)
 			return nil, h.target.broken(err)
 		}
 		return toks, nil
 	}
 	// Step by step, each read back.
+	out := make([][]engine.Token, len(batch))
 	tokens := make([][]int, len(batch))
 	for i, en := range batch {
 		tokens[i] = en.Tokens
@@ -98,6 +119,17 @@ func (h *Head) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]eng
 	return out, nil
 }
 
+// unchain undoes a chain that failed: the blocks reserved for it given
+// back and, once any of it went to the device, the store's rows forgotten.
+func (h *Head) unchain(feeds []headFeed, submitted bool) {
+	for _, f := range feeds {
+		f.seq.kv.Truncate(f.seq.rows())
+		if submitted {
+			f.seq.outRow = -1
+		}
+	}
+}
+
 // chains reports whether the steps after the first of planned feeds chain
 // on the device: every row they compute reads the head's output at the
 // row before (none the target's features), and one pass holds a row an
@@ -116,19 +148,30 @@ func (h *Head) chains(feeds []headFeed) bool {
 
 // chainLayout is where a chain's results buffer holds each step's words:
 // at step j's offset j·stride, the argmax draft ids (B u32), from lpAt
-// their log-probabilities (B f32), from topAt the top tokens (B, topN, 2)
-// u32 where topN > 0; each part at an offset a binding takes.
+// their log-probabilities (B f32), from tidAt (where the chain keeps them:
+// tidAt > 0) the draft ids mapped to the target's vocabulary (B u32), from
+// topAt the top tokens (B, topN, 2) u32 where topN > 0; each part at an
+// offset a binding takes.
 type chainLayout struct {
-	stride, lpAt, topAt uint64
-	idBytes, topBytes   uint64
-	topN, B             int
+	stride, lpAt, tidAt, topAt uint64
+	idBytes, topBytes          uint64
+	topN, B, n                 int
 }
 
-// chain runs the n steps of planned feeds (chains; the blocks reserved) on
-// the device and reads their results back once: it returns each entry's n
-// tokens, sets the entries' Next, Logprob and Top to the last, and commits
-// the sequences. submitted reports whether any pass went to the device.
-func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int) (_ [][]engine.Token, submitted bool, err error) {
+// bytes is the results' length: n steps.
+func (l chainLayout) bytes() uint64 { return uint64(l.n) * l.stride }
+
+// targetWord is the u32 word of the results that holds entry i's draft of
+// step j in the target's vocabulary (tidAt > 0).
+func (l chainLayout) targetWord(i, j int) int { return int((uint64(j)*l.stride+l.tidAt)/4) + i }
+
+// chainSubmit submits the n steps of planned feeds (chains; the blocks
+// reserved) to the device, each step's read-out words copied into the
+// results and, with targets, each step's drafts in the target's
+// vocabulary too (chainLayout.tidAt), for a target's pass to gather.
+// Nothing is read back or committed: chainDone does that with the
+// results. submitted reports whether any pass went to the device.
+func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int, targets bool) (_ chainLayout, submitted bool, err error) {
 	a, B := h.act, len(feeds)
 	topN := 0
 	seqs := make([]*kernels.KVSeq, B)
@@ -138,23 +181,28 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 	}
 	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
-	lay := chainLayout{topN: topN, B: B}
+	lay := chainLayout{topN: topN, B: B, n: n}
 	lay.idBytes = uint64(B*4+15) &^ 15
 	lay.topBytes = uint64(B*topN*2*4+15) &^ 15
 	lay.lpAt = up(lay.idBytes)
 	lay.topAt = lay.lpAt + up(lay.idBytes)
+	if targets {
+		lay.tidAt = lay.topAt
+		lay.topAt += up(lay.idBytes)
+	}
 	lay.stride = lay.topAt
 	if topN > 0 {
 		lay.stride += up(lay.topBytes)
 	}
-	if err := a.ensureChain(h.dev, n-1, uint64(n)*lay.stride); err != nil {
-		return nil, false, err
+	if err := a.ensureChain(h.dev, n-1, lay.bytes()); err != nil {
+		return lay, false, err
 	}
 	if err := h.kv.SyncTables(seqs); err != nil {
-		return nil, false, err
+		return lay, false, err
 	}
 	// Each step's tail: its read-out words into the results and, but
-	// after the last, its argmax mapped to target tokens into ids.
+	// after the last (unless the results keep them), its argmax mapped
+	// to target tokens into ids.
 	tail := func(j int) []step {
 		at := uint64(j) * lay.stride
 		steps := []step{
@@ -166,11 +214,16 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 				return kernels.CopyTo(b, a.results, at+lay.topAt, a.top, lay.topBytes)
 			})
 		}
-		if j < n-1 {
+		if j < n-1 || targets {
 			steps = append(steps,
 				func(b *gpu.Batch) error { return kernels.Gather(b, a.mapPairs, a.next, a.mapSrc, B) },
 				func(b *gpu.Batch) error { return kernels.Gather(b, a.ids, h.w.targetIDs, a.mapPairs, B) },
 			)
+		}
+		if targets {
+			steps = append(steps, func(b *gpu.Batch) error {
+				return kernels.CopyTo(b, a.results, at+lay.tidAt, a.ids, lay.idBytes)
+			})
 		}
 		return steps
 	}
@@ -178,11 +231,11 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 	passes := h.passes(feeds)
 	for k := range passes {
 		if err := ctx.Err(); err != nil {
-			return nil, submitted, err
+			return lay, submitted, err
 		}
 		ps := &passes[k]
 		if err := h.writePass(feeds, ps); err != nil {
-			return nil, submitted, err
+			return lay, submitted, err
 		}
 		steps := h.passSteps(ps, B, topN)
 		if ps.last {
@@ -190,14 +243,14 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 		}
 		submitted = true
 		if err := h.target.submit(steps, submitEvery); err != nil {
-			return nil, true, fmt.Errorf("head pass %d of %d: %w", k+1, len(passes), err)
+			return lay, true, fmt.Errorf("head pass %d of %d: %w", k+1, len(passes), err)
 		}
 	}
 	// Steps 2 … n: a row an entry, the places of step j's in chainRows[j−1],
 	// the pairs the same for every step (written after step 1's are
 	// submitted: the queue orders them).
 	if err := ctx.Err(); err != nil {
-		return nil, true, err
+		return lay, true, err
 	}
 	pairs := make([]uint32, a.regions.words)
 	put := func(region uint64, i int, dst, src int) {
@@ -213,7 +266,7 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 		put(a.regions.read, i, i, a.R+slot)
 	}
 	if err := a.pairs.WriteU32(0, pairs); err != nil {
-		return nil, true, err
+		return lay, true, err
 	}
 	var steps []step
 	for j := 1; j < n; j++ {
@@ -225,32 +278,40 @@ func (h *Head) chain(ctx context.Context, feeds []headFeed, batch []*engine.Entr
 			ps.maxLen = max(ps.maxLen, r+1)
 		}
 		if err := ps.rowBuf.WriteU32(0, rows); err != nil {
-			return nil, true, err
+			return lay, true, err
 		}
 		steps = append(steps, h.passSteps(&ps, B, topN)...)
 		steps = append(steps, tail(j)...)
 	}
 	if err := h.target.submit(steps, chainedSubmitEvery); err != nil {
-		return nil, true, fmt.Errorf("chained head steps: %w", err)
+		return lay, true, fmt.Errorf("chained head steps: %w", err)
 	}
-	toks, err := h.chainRead(feeds, batch, lay, n)
-	if err != nil {
-		return nil, true, err
-	}
-	if err := h.commit(feeds, n-1); err != nil {
-		return nil, true, err
-	}
-	return toks, true, nil
+	return lay, true, nil
 }
 
-// chainRead reads a chain's results back (one read) and returns each
-// entry's n tokens in the target's vocabulary, setting its Next, Logprob
-// and Top to the last.
-func (h *Head) chainRead(feeds []headFeed, batch []*engine.Entry, lay chainLayout, n int) ([][]engine.Token, error) {
-	raw, err := h.act.results.Read(0, uint64(n)*lay.stride)
+// chainDone reads a chain's results (raw, the bytes chainSubmit's results
+// held when the device was done) and commits the sequences: it returns
+// each entry's n tokens, setting the entries' Next, Logprob and Top to the
+// last.
+func (h *Head) chainDone(feeds []headFeed, batch []*engine.Entry, lay chainLayout, raw []byte) ([][]engine.Token, error) {
+	toks, err := h.chainRead(feeds, batch, lay, raw)
 	if err != nil {
-		return nil, fmt.Errorf("read back: %w", err)
+		return nil, err
 	}
+	if err := h.commit(feeds, lay.n-1); err != nil {
+		return nil, err
+	}
+	return toks, nil
+}
+
+
+// chainRead returns each entry's n tokens in the target's vocabulary from
+// a chain's results (raw), setting its Next, Logprob and Top to the last.
+func (h *Head) chainRead(feeds []headFeed, batch []*engine.Entry, lay chainLayout, raw []byte) ([][]engine.Token, error) {
+	if uint64(len(raw)) < lay.bytes() {
+		return nil, fmt.Errorf("chain results: %d bytes read back, want %d", len(raw), lay.bytes())
+	}
+	n := lay.n
 	out := make([][]engine.Token, len(feeds))
 	for i := range out {
 		out[i] = make([]engine.Token, n)

@@ -313,9 +313,9 @@ def main():
             out = target(input_ids=w, output_hidden_states=True)
             assert len(out.hidden_states) == L + 1, len(out.hidden_states)
             feats = torch.cat([out.hidden_states[i] for i in aux], dim=-1)[:, :n_rows].float()
-            logits = out.logits.float()
+            logits = out.logits  # bf16 under autocast: argmax and the draft tokens' columns before any f32 copy
             greedy = logits.argmax(-1)  # (B, T): the target's token after each position
-            soft = logits[..., tokens].log_softmax(-1)  # over the draft vocabulary
+            soft = logits[..., tokens].float().log_softmax(-1)  # over the draft vocabulary
             emb = embed[w[:, 1:1 + n_rows + K]].float()
         return emb, feats, soft, greedy
 
@@ -373,11 +373,27 @@ def main():
         for gparam in opt.param_groups:
             gparam["lr"] = lr
         idx = rng.choice(train_n, size=args.batch, replace=False)
-        loss, agree = losses(*batch_of(idx))
+        timed = step == 30 and dev == "cuda"  # where a step's time goes, logged once
+        marks = [time.time()]
+
+        def mark():
+            if timed:
+                torch.cuda.synchronize()
+                marks.append(time.time())
+        mark()
+        batch = batch_of(idx)
+        mark()
+        loss, agree = losses(*batch)
+        mark()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        mark()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
+        mark()
+        if timed:
+            ms = [round(1000 * (y - x), 1) for x, y in zip(marks[1:], marks[2:])]
+            common.log(step_ms=dict(zip(["target", "head_forward_loss", "backward", "optimizer"], ms)))
         if step % 100 == 0:
             common.log(step=step, loss=round(loss.item(), 4), lr=round(lr, 6),
                        agree=[round(a.float().mean().item(), 3) for a in agree], left=round(deadline.left()))

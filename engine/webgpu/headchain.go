@@ -304,7 +304,6 @@ func (h *Head) chainDone(feeds []headFeed, batch []*engine.Entry, lay chainLayou
 	return toks, nil
 }
 
-
 // chainRead returns each entry's n tokens in the target's vocabulary from
 // a chain's results (raw), setting its Next, Logprob and Top to the last.
 func (h *Head) chainRead(feeds []headFeed, batch []*engine.Entry, lay chainLayout, raw []byte) ([][]engine.Token, error) {

@@ -14,9 +14,11 @@ import (
 
 // StepN is n Steps in one (engine.Chainer): the first feeds each entry's
 // tokens, as Step does, and each after it one row an entry — its token the
-// step before's argmax, mapped to the target's vocabulary on the device
-// (headWeights.targetIDs) and embedded from there, its hidden the head's
-// output at the row before, kept on the device. The first step's passes
+// step before's argmax in the target's vocabulary, chosen so on the device
+// (kernels.ArgmaxOf over headWeights.targetIDs; where entries ask for top
+// tokens, sample.wgsl's draft token mapped by two gathers), its hidden the
+// head's output at the row before, left in place by the step before. The
+// first step's passes
 // are submitted as Step's are, every later step recorded after them with
 // no host input of its own (the rows' places written ahead, a buffer a
 // step), and each step's argmax, log-probability and top tokens copied to
@@ -147,15 +149,17 @@ func (h *Head) chains(feeds []headFeed) bool {
 }
 
 // chainLayout is where a chain's results buffer holds each step's words:
-// at step j's offset j·stride, the argmax draft ids (B u32), from lpAt
-// their log-probabilities (B f32), from tidAt (where the chain keeps them:
-// tidAt > 0) the draft ids mapped to the target's vocabulary (B u32), from
-// topAt the top tokens (B, topN, 2) u32 where topN > 0; each part at an
-// offset a binding takes.
+// at step j's offset j·stride, the argmax ids (B u32) — the target's tokens
+// where mapped (a chain without top tokens: kernels.ArgmaxOf), else draft
+// tokens —, from lpAt their log-probabilities (B f32), from tidAt (where
+// the chain keeps them for a target's pass and they are draft tokens:
+// tidAt > 0) the target's tokens (B u32), from topAt the top tokens
+// (B, topN, 2) u32 where topN > 0; each part at an offset a binding takes.
 type chainLayout struct {
 	stride, lpAt, tidAt, topAt uint64
 	idBytes, topBytes          uint64
 	topN, B, n                 int
+	mapped                     bool
 }
 
 // bytes is the results' length: n steps.
@@ -163,7 +167,12 @@ func (l chainLayout) bytes() uint64 { return uint64(l.n) * l.stride }
 
 // targetWord is the u32 word of the results that holds entry i's draft of
 // step j in the target's vocabulary (tidAt > 0).
-func (l chainLayout) targetWord(i, j int) int { return int((uint64(j)*l.stride+l.tidAt)/4) + i }
+func (l chainLayout) targetWord(i, j int) int {
+	if l.mapped {
+		return int(uint64(j)*l.stride/4) + i
+	}
+	return int((uint64(j)*l.stride+l.tidAt)/4) + i
+}
 
 // chainSubmit submits the n steps of planned feeds (chains; the blocks
 // reserved) to the device, each step's read-out words copied into the
@@ -181,12 +190,12 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 	}
 	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
-	lay := chainLayout{topN: topN, B: B, n: n}
+	lay := chainLayout{topN: topN, B: B, n: n, mapped: topN == 0}
 	lay.idBytes = uint64(B*4+15) &^ 15
 	lay.topBytes = uint64(B*topN*2*4+15) &^ 15
 	lay.lpAt = up(lay.idBytes)
 	lay.topAt = lay.lpAt + up(lay.idBytes)
-	if targets {
+	if targets && !lay.mapped {
 		lay.tidAt = lay.topAt
 		lay.topAt += up(lay.idBytes)
 	}
@@ -200,9 +209,9 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 	if err := h.kv.SyncTables(seqs); err != nil {
 		return lay, false, err
 	}
-	// Each step's tail: its read-out words into the results and, but
-	// after the last (unless the results keep them), its argmax mapped
-	// to target tokens into ids.
+	// Each step's tail: its read-out words into the results and, where
+	// its argmax is a draft token, but after the last (unless the results
+	// keep them), that mapped to target tokens into ids.
 	tail := func(j int) []step {
 		at := uint64(j) * lay.stride
 		steps := []step{
@@ -214,13 +223,13 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 				return kernels.CopyTo(b, a.results, at+lay.topAt, a.top, lay.topBytes)
 			})
 		}
-		if j < n-1 || targets {
+		if !lay.mapped && (j < n-1 || targets) {
 			steps = append(steps,
 				func(b *gpu.Batch) error { return kernels.Gather(b, a.mapPairs, a.next, a.mapSrc, B) },
 				func(b *gpu.Batch) error { return kernels.Gather(b, a.ids, h.w.targetIDs, a.mapPairs, B) },
 			)
 		}
-		if targets {
+		if lay.tidAt > 0 {
 			steps = append(steps, func(b *gpu.Batch) error {
 				return kernels.CopyTo(b, a.results, at+lay.tidAt, a.ids, lay.idBytes)
 			})
@@ -234,6 +243,7 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 			return lay, submitted, err
 		}
 		ps := &passes[k]
+		ps.mapped = lay.mapped
 		if err := h.writePass(feeds, ps); err != nil {
 			return lay, submitted, err
 		}
@@ -271,7 +281,8 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 	var steps []step
 	for j := 1; j < n; j++ {
 		rows := make([]uint32, B*kernels.RowWords)
-		ps := headPass{parts: parts, rows: B, decode: B, nx: B, nsave: B, last: true, rowBuf: a.chainRows[j-1]}
+		ps := headPass{parts: parts, rows: B, decode: B, nx: B, nsave: B, last: true, rowBuf: a.chainRows[j-1],
+			mapped: lay.mapped, fromNext: lay.mapped, xHeld: j > 1, noSave: j < n-1, readX: true}
 		for i, f := range feeds {
 			r := f.L + len(f.tokens) - 1 + j - 1 // the row of the step's token
 			kernels.PutRow(rows[i*kernels.RowWords:], f.seq.kv.Slot(), r, treemask.LineRow(r))
@@ -323,10 +334,14 @@ func (h *Head) chainRead(feeds []headFeed, batch []*engine.Entry, lay chainLayou
 			top = u32s(raw[at+lay.topAt : at+lay.topAt+lay.topBytes])
 		}
 		for i, en := range batch {
-			if ids[i] == kernels.ArgmaxNaN || int(ids[i]) >= len(h.tokens) {
+			id := int(ids[i])
+			switch {
+			case ids[i] == kernels.ArgmaxNaN || !lay.mapped && id >= len(h.tokens) || lay.mapped && id >= h.engCfg.VocabSize:
 				return nil, fmt.Errorf("chained step %d, batch entry %d: %w", j+1, i, sampling.ErrNaN)
+			case !lay.mapped:
+				id = int(h.tokens[id])
 			}
-			tk := engine.Token{ID: int(h.tokens[ids[i]]), Logprob: math.Float32frombits(lps[i])}
+			tk := engine.Token{ID: id, Logprob: math.Float32frombits(lps[i])}
 			if k := min(en.TopN, lay.topN); k > 0 {
 				tk.Top = kernels.SampleTop(top[i*lay.topN*2:], k)
 				for m := range tk.Top {

@@ -288,6 +288,14 @@ type headPass struct {
 	out       *verifyLayout
 	resultsAt uint64
 	reads     []headRead
+	// A chain's (StepN): mapped, the read-out's greedy choice is the
+	// target's token (kernels.ArgmaxOf over the draft vocabulary's ids),
+	// which the step after embeds from next (fromNext). A chained step's
+	// row i is entry i's: its residual is row i of x as the step before
+	// left it (xHeld: that step chained too, so x holds its output there),
+	// its output stays in x for the next (noSave: no copy into the store
+	// but for the last step) and is read out from there (readX).
+	mapped, fromNext, xHeld, noSave, readX bool
 }
 
 // verifyLayout is where a Verify's results buffer holds each pass's
@@ -604,10 +612,17 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	}
 	// residual = hidden: fc's rows, or the row before's output (the store),
 	// or a node's parent's (the node store)
-	steps = append(steps, h.gather(a.x, a.hid, a.regions.x, ps.nx, H), h.gather(a.x, a.nodes, a.regions.nodeX, ps.nnx, H))
+	if !ps.xHeld {
+		steps = append(steps, h.gather(a.x, a.hid, a.regions.x, ps.nx, H))
+	}
+	steps = append(steps, h.gather(a.x, a.nodes, a.regions.nodeX, ps.nnx, H))
+	ids := a.ids
+	if ps.fromNext {
+		ids = a.next
+	}
 	steps = append(steps,
 		// in = cat(input_layernorm(embed_tokens(ids)), hidden_norm(hidden)): (R, 2H)
-		func(b *gpu.Batch) error { return kernels.Embed(b, a.emb, a.ids, w.embed, R) },
+		func(b *gpu.Batch) error { return kernels.Embed(b, a.emb, ids, w.embed, R) },
 		func(b *gpu.Batch) error { return kernels.RMSNormCols(b, a.in, 2*H, 0, a.emb, w.inputNorm, R, H, eps) },
 		func(b *gpu.Batch) error { return kernels.RMSNormCols(b, a.in, 2*H, H, a.x, w.hiddenNorm, R, H, eps) },
 		// q | k | v = qkv_proj(in); RoPE at each row's position, no q/k norm
@@ -642,13 +657,16 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	)
 	// each line part's last output into its sequence's store row, each
 	// node's into its row of the node store
-	steps = append(steps, h.gather(a.hid, a.x, a.regions.save, ps.nsave, H), h.gather(a.nodes, a.x, a.regions.nodeSave, ps.nnsave, H))
+	if !ps.noSave {
+		steps = append(steps, h.gather(a.hid, a.x, a.regions.save, ps.nsave, H))
+	}
+	steps = append(steps, h.gather(a.nodes, a.x, a.regions.nodeSave, ps.nnsave, H))
 	switch {
 	case ps.out != nil && len(ps.reads) > 0:
 		// A Verify's rows of this pass read out, their words into the
 		// results.
 		k, l := len(ps.reads), ps.out
-		steps = append(steps, h.readSteps(a.x, k, l.topN, true)...)
+		steps = append(steps, h.readSteps(a.x, k, l.topN, true, ps)...)
 		steps = append(steps, func(b *gpu.Batch) error {
 			return kernels.CopyTo(b, a.results, ps.resultsAt, a.sampled, uint64(k*kernels.SampleWords)*4)
 		})
@@ -658,7 +676,7 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 			})
 		}
 	case ps.out == nil && ps.last:
-		steps = append(steps, h.readSteps(a.hid, n, topN, topN > 0)...)
+		steps = append(steps, h.readSteps(a.hid, n, topN, topN > 0, ps)...)
 	}
 	return steps
 }
@@ -675,24 +693,33 @@ func (h *Head) gather(dst, src *gpu.Buffer, region uint64, n, words int) step {
 }
 
 // readSteps records the read-out of n rows of outputs before norm, those
-// of src the read region's pairs name: logits = lm_head(norm(output)) over
-// the draft vocabulary, and through sample.wgsl (sample, greedy) or
-// argmax.wgsl each row's argmax, log-probability and, with sample, its
-// log-sum-exp and topN most likely tokens.
-func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool) []step {
+// of src the read region's pairs name (x's first n rows in place where
+// ps.readX): logits = lm_head(norm(output)) over the draft vocabulary, and
+// through sample.wgsl (sample, greedy) or argmax.wgsl each row's argmax —
+// a draft token, or with ps.mapped the target's —, log-probability and,
+// with sample, its log-sum-exp and topN most likely tokens.
+func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool, ps *headPass) []step {
 	a, w, c := h.act, h.w, &h.cfg
 	H, Vd, eps := c.HiddenSize, c.DraftVocabSize, c.RMSNormEps
-	return []step{
-		h.gather(a.hLast, src, a.regions.read, n, H),
-		func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.hNorm, a.hLast, w.norm, n, H, eps) },
+	var steps []step
+	rows := a.x
+	if !ps.readX {
+		rows = a.hLast
+		steps = append(steps, h.gather(a.hLast, src, a.regions.read, n, H))
+	}
+	return append(steps,
+		func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.hNorm, rows, w.norm, n, H, eps) },
 		func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.hNorm, w.lmHead, n, false) },
 		func(b *gpu.Batch) error {
-			if sample {
+			switch {
+			case sample:
 				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp.All(), a.logits, a.draws, a.temps, n, Vd, topN)
+			case ps.mapped:
+				return kernels.ArgmaxOf(b, a.next, a.lp.All(), a.logits, w.targetIDs, n, Vd, lseAt(n))
 			}
 			return kernels.Argmax(b, a.next, a.lp.All(), a.logits, n, Vd, lseAt(n))
 		},
-	}
+	)
 }
 
 // readOut reads a step's read-out back: each feed's row — the argmax (the

@@ -111,22 +111,12 @@ func (e *Engine) draftVerify(ctx context.Context, t *Engine, steps []engine.Chai
 // drafts come back first and the target's passes run as Verify's.
 func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep, dwork, twork []pending, n int) ([][]engine.Token, error) {
 	ps := t.plan(twork)
-	if !e.chainable(dwork) || ps.rows != pendingRows(twork) || ps.propose || ps.trees > 0 {
+	if !e.chainable(dwork) || !gathersDrafts(ps, twork) {
 		out, err := e.run(ctx, dwork, n)
 		if err != nil {
 			return nil, err
 		}
-		for i, s := range steps {
-			for j := range s.Take {
-				twork[i].tokens[len(twork[i].tokens)-s.Take+j] = out[i][j].ID
-			}
-			if d := s.Verify.Draws; d != nil {
-				for j := range s.Take {
-					d[j].X = out[i][j].ID
-				}
-			}
-		}
-		return out, t.feed(ctx, twork)
+		return out, t.verifyDrafts(ctx, twork, steps, out)
 	}
 	ch, err := e.chainSubmit(ctx, dwork, n, false)
 	if err != nil {
@@ -155,6 +145,30 @@ func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep,
 		p.entry.Next, p.entry.Logprob, p.entry.Top = last.ID, last.Logprob, last.Top
 	}
 	return out, nil
+}
+
+// gathersDrafts reports whether the target's pass ps over work can take
+// a chain's drafts on the device (gatherDrafts): it holds the whole batch,
+// and nothing in it asks for what a chain cannot give (proposals, trees).
+func gathersDrafts(ps pass, work []pending) bool {
+	return ps.rows == pendingRows(work) && !ps.propose && ps.trees == 0
+}
+
+// verifyDrafts puts the drafts (out, read back) in their places in work —
+// the rows after each step's pending tokens, the proposals of its draws —
+// and runs the target's passes over work, as Verify does.
+func (e *Engine) verifyDrafts(ctx context.Context, work []pending, steps []engine.ChainStep, out [][]engine.Token) error {
+	for i, s := range steps {
+		for j := range s.Take {
+			work[i].tokens[len(work[i].tokens)-s.Take+j] = out[i][j].ID
+		}
+		if d := s.Verify.Draws; d != nil {
+			for j := range s.Take {
+				d[j].X = out[i][j].ID
+			}
+		}
+	}
+	return e.feed(ctx, work)
 }
 
 // gatherDrafts writes where each step's drafted tokens go in the pass ps

@@ -98,22 +98,12 @@ func (h *Head) draftVerify(ctx context.Context, steps []engine.ChainStep, drafts
 func (h *Head) fused(ctx context.Context, steps []engine.ChainStep, feeds []headFeed, drafts []*engine.Entry, twork []pending, n int) ([][]engine.Token, error) {
 	t := h.target
 	ps := t.plan(twork)
-	if n == 1 || !h.chains(feeds) || ps.rows != pendingRows(twork) || ps.propose || ps.trees > 0 {
+	if n == 1 || !h.chains(feeds) || !gathersDrafts(ps, twork) {
 		out, err := h.runChain(ctx, feeds, drafts, n)
 		if err != nil {
 			return nil, err
 		}
-		for i, s := range steps {
-			for j := range s.Take {
-				twork[i].tokens[len(twork[i].tokens)-s.Take+j] = out[i][j].ID
-			}
-			if d := s.Verify.Draws; d != nil {
-				for j := range s.Take {
-					d[j].X = out[i][j].ID
-				}
-			}
-		}
-		return out, t.feed(ctx, twork)
+		return out, t.verifyDrafts(ctx, twork, steps, out)
 	}
 	lay, submitted, err := h.chainSubmit(ctx, feeds, drafts, n, true)
 	if err != nil {

@@ -18,11 +18,11 @@ import (
 // (kernels.ArgmaxOf over headWeights.targetIDs; where entries ask for top
 // tokens, sample.wgsl's draft token mapped by two gathers), its hidden the
 // head's output at the row before, left in place by the step before. The
-// first step's passes
-// are submitted as Step's are, every later step recorded after them with
-// no host input of its own (the rows' places written ahead, a buffer a
-// step), and each step's argmax, log-probability and top tokens copied to
-// a results buffer that one read brings back at the end. The caches then
+// first step's passes are submitted as Step's are, every later step
+// recorded after them with no host input of its own (the rows' places
+// written ahead, a buffer a step), and each step's argmax, log-probability
+// and top tokens copied to a results buffer that one read brings back at
+// the end. The caches then
 // hold the entries' tokens and the first n−1 drafted; entry.Next is the
 // last; entries' Tokens are left as they were. A batch that Step refuses,
 // or that n−1 more tokens would take past the context or the cache, is
@@ -166,7 +166,8 @@ type chainLayout struct {
 func (l chainLayout) bytes() uint64 { return uint64(l.n) * l.stride }
 
 // targetWord is the u32 word of the results that holds entry i's draft of
-// step j in the target's vocabulary (tidAt > 0).
+// step j in the target's vocabulary: its id where mapped, else at tidAt
+// (a chain submitted with targets).
 func (l chainLayout) targetWord(i, j int) int {
 	if l.mapped {
 		return int(uint64(j)*l.stride/4) + i
@@ -177,7 +178,8 @@ func (l chainLayout) targetWord(i, j int) int {
 // chainSubmit submits the n steps of planned feeds (chains; the blocks
 // reserved) to the device, each step's read-out words copied into the
 // results and, with targets, each step's drafts in the target's
-// vocabulary too (chainLayout.tidAt), for a target's pass to gather.
+// vocabulary too where the ids are draft tokens (chainLayout.tidAt), for a
+// target's pass to gather (chainLayout.targetWord).
 // Nothing is read back or committed: chainDone does that with the
 // results. submitted reports whether any pass went to the device.
 func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int, targets bool) (_ chainLayout, submitted bool, err error) {

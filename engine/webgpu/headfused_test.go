@@ -24,21 +24,25 @@ type headFusedGen struct {
 }
 
 // TestHeadDraftVerify: a head's fused step — its chain and the target's
-// verification in one submission, the drafted tokens mapped to the
-// target's vocabulary and gathered on the device — drafts, verifies and
-// leaves both caches as StepN and Verify do: two generations, verifying
-// all or part of the chain; then two more steps from what acceptance
-// keeps (the head's next rows over the features the verification wrote,
-// all of a verified draft or one token of it); and with passes of one row, where the batch does
-// not chain and the call runs StepN's steps one by one.
+// verification in one submission, the drafted tokens in the target's
+// vocabulary gathered on the device — drafts, verifies and leaves both
+// caches as StepN and Verify do: two generations, verifying all or part
+// of the chain; then two more steps from what acceptance keeps (the head's
+// next rows over the features the verification wrote, all of a verified
+// draft or one token of it). Also a batch where an entry asks for top
+// tokens (its drafts chained as draft tokens and mapped to the target's
+// for the gather), and passes of one row, where the batch does not chain
+// and the call runs StepN's steps one by one.
 func TestHeadDraftVerify(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		opts    HeadOptions
 		chained bool
+		topN    int // the second generation's
 	}{
-		{"fused", HeadOptions{}, true},
-		{"a row a pass", HeadOptions{KVBytes: 1 << 20, MaxSequences: 8, MaxRows: 1, KV: "f32"}, false},
+		{"fused", HeadOptions{}, true, 0},
+		{"fused, top tokens", HeadOptions{}, true, 3},
+		{"a row a pass", HeadOptions{KVBytes: 1 << 20, MaxSequences: 8, MaxRows: 1, KV: "f32"}, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rig := newHeadRig(t, true, tc.opts)
@@ -73,13 +77,17 @@ func TestHeadDraftVerify(t *testing.T) {
 			}
 			for round := range 3 {
 				var fused, separate []engine.ChainStep
-				for _, g := range gens {
+				for i, g := range gens {
+					topN := 0
+					if i == 1 {
+						topN = tc.topN
+					}
 					for _, s := range []struct {
 						steps  *[]engine.ChainStep
 						tq, hq engine.Sequence
 					}{{&fused, g.tF, g.hF}, {&separate, g.tS, g.hS}} {
 						*s.steps = append(*s.steps, engine.ChainStep{
-							Draft:  &engine.Entry{Seq: s.hq, Target: s.tq, Tokens: slices.Clone(g.text[s.hq.Len():])},
+							Draft:  &engine.Entry{Seq: s.hq, Target: s.tq, Tokens: slices.Clone(g.text[s.hq.Len():]), TopN: topN},
 							Verify: &engine.VerifyEntry{Seq: s.tq, Tokens: slices.Clone(g.text[s.tq.Len():]), Out: g.take + 1},
 							Take:   g.take,
 						})

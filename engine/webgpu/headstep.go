@@ -610,8 +610,9 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 		}
 		steps = append(steps, func(b *gpu.Batch) error { return kernels.MatMul(b, a.hid, a.fcIn, w.fc, ps.nfc, false) })
 	}
-	// residual = hidden: fc's rows, or the row before's output (the store),
-	// or a node's parent's (the node store)
+	// residual = hidden: fc's rows, or the row before's output (the store;
+	// for a chained step, x as the step before left it: xHeld), or a
+	// node's parent's (the node store)
 	if !ps.xHeld {
 		steps = append(steps, h.gather(a.x, a.hid, a.regions.x, ps.nx, H))
 	}
@@ -655,8 +656,9 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 		func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.gateUp, a.x, w.postNorm, w.gateUp, R, eps) },
 		func(b *gpu.Batch) error { return kernels.MatMulSwiGLU(b, a.x, a.gateUp, w.down, R, true) },
 	)
-	// each line part's last output into its sequence's store row, each
-	// node's into its row of the node store
+	// each line part's last output into its sequence's store row (but a
+	// chained step's before the last: noSave), each node's into its row of
+	// the node store
 	if !ps.noSave {
 		steps = append(steps, h.gather(a.hid, a.x, a.regions.save, ps.nsave, H))
 	}

@@ -21,6 +21,7 @@
 #            LIVE_DRAFTER), greedy and at temperature 0.7
 #   eagle3:  the corpus and the distillation set unless OUT has them; an
 #            EAGLE-3 head for TARGET (train_eagle3.py; see eagle3() below)
+#   eagle3-live: the head live against the shipped drafter (eagle3_live())
 #
 #   WEBDRAFT=.gpu/webdraft GO_SRC=.gpu/gosrc.tar.xz OUT=/tmp/pair bash weights/train/pipeline.sh target
 #   WEBDRAFT=.gpu/webdraft OUT=/tmp/pair bash weights/train/pipeline.sh target-more   # as often as time allows
@@ -243,6 +244,25 @@ eagle3() {
   waitall
 }
 
+# eagle3-live: the head (HEAD, default OUT/head) live against the shipped
+# drafter (DRAFTER, weights/drafter) over TARGET, `webdraft bench spec
+# --live` on LIVE_PROMPTS (16) held-out prompts, greedy at LIVE_KS (3,4,6):
+# the head with --unfused too (its chain and the verification in one
+# submission, and as two calls), into OUT/bench/live-head.txt and
+# live-drafter.txt.
+eagle3_live() {
+  local W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary} T=${TARGET:?set TARGET to the int4 target folder}
+  local head=${HEAD:-$OUT/head} n=${LIVE_PROMPTS:-16}
+  [ "${SMOKE:-0}" = 1 ] && n=2
+  mkdir -p "$OUT/bench"
+  local args=(bench spec --live --target "$T" --prompts weights/heldout_prompts.jsonl
+    --max-prompts "$n" --new-tokens 128 --batch 1 --backend webgpu --ks "${LIVE_KS:-3,4,6}")
+  "$W" "${args[@]}" --unfused --drafter "$head" >"$OUT/bench/live-head.txt" 2>"$L/live-head.log"
+  cat "$OUT/bench/live-head.txt"
+  "$W" "${args[@]}" --drafter "${DRAFTER:-weights/drafter}" >"$OUT/bench/live-drafter.txt" 2>"$L/live-drafter.log"
+  cat "$OUT/bench/live-drafter.txt"
+}
+
 case "${1:-}" in
 target) target ;;
 target-more) target_more ;;
@@ -251,7 +271,8 @@ live) live ;;
 drafter) drafter ;;
 bench) bench ;;
 eagle3) eagle3 ;;
+eagle3-live) eagle3_live ;;
 export-target) export_target "${2:-}" ;;
 export-drafter) export_drafter "${2:-}" ;;
-*) echo "usage: pipeline.sh target|target-more|target-ul|drafter|bench|live|eagle3|export-target DEST|export-drafter DEST" >&2; exit 2 ;;
+*) echo "usage: pipeline.sh target|target-more|target-ul|drafter|bench|live|eagle3|eagle3-live|export-target DEST|export-drafter DEST" >&2; exit 2 ;;
 esac

@@ -35,20 +35,7 @@ func (h *Head) DraftVerify(ctx context.Context, target engine.Engine, steps []en
 		return nil, fmt.Errorf("webgpu head: draft and verify: n = %d, want > 0", n)
 	}
 	drafts, verify, pending := draftPlaces(steps)
-	lens := make([]int, len(drafts))
-	for i, d := range drafts {
-		if d.Seq != nil {
-			lens[i] = d.Seq.Len()
-		}
-	}
 	out, err := h.draftVerify(ctx, steps, drafts, verify, n)
-	if err != nil {
-		for i, d := range drafts {
-			if d.Seq != nil {
-				d.Seq.Truncate(min(lens[i], d.Seq.Len()))
-			}
-		}
-	}
 	settleDrafts(steps, pending, out, err)
 	return out, err
 }
@@ -82,6 +69,10 @@ func (h *Head) draftVerify(ctx context.Context, steps []engine.ChainStep, drafts
 	if err != nil {
 		for i, p := range twork {
 			p.seq.Truncate(tlens[i])
+		}
+		for _, f := range feeds { // the steps the head committed, and its blocks reserved
+			f.seq.Truncate(f.L)
+			f.seq.kv.Truncate(f.seq.rows())
 		}
 		return nil, err
 	}

@@ -169,3 +169,51 @@ func entries(steps []engine.ChainStep) []*engine.Entry {
 	}
 	return out
 }
+
+// TestHeadDraftVerifyRefused: a step the target refuses (a token past the
+// vocabulary), a head entry with no Target sequence, or one past the
+// context fails the call and leaves every cache as it was; the group
+// still works after.
+func TestHeadDraftVerifyRefused(t *testing.T) {
+	rig := newHeadRig(t, true, HeadOptions{})
+	h, target := rig.head, rig.target
+	ctx := context.Background()
+	text := []int{3, 17, 5, 9, 30, 200}
+	tseq, _ := target.NewSequence()
+	defer tseq.Release()
+	text = append(text, enginetest.TargetStep(t, target, tseq, text...))
+	hseq, _ := h.NewSequence()
+	defer hseq.Release()
+	fresh := func() []engine.ChainStep {
+		return []engine.ChainStep{{
+			Draft:  &engine.Entry{Seq: hseq, Target: tseq, Tokens: slices.Clone(text[hseq.Len():])},
+			Verify: &engine.VerifyEntry{Seq: tseq, Tokens: slices.Clone(text[tseq.Len():]), Out: 4},
+			Take:   3,
+		}}
+	}
+	for _, bad := range []struct {
+		name  string
+		n     int
+		spoil func(s []engine.ChainStep)
+	}{
+		{"a token past the vocabulary", 3, func(s []engine.ChainStep) { s[0].Verify.Tokens[0] = target.cfg.VocabSize }},
+		{"no Target sequence", 3, func(s []engine.ChainStep) { s[0].Draft.Target = nil }},
+		{"past the context", h.Config().MaxPositionEmbeddings, func(s []engine.ChainStep) {}},
+	} {
+		steps := fresh()
+		bad.spoil(steps)
+		hl, tl := hseq.Len(), tseq.Len()
+		if out, err := engine.DraftVerify(ctx, h, target, steps, bad.n); err == nil || out != nil {
+			t.Errorf("%s: accepted", bad.name)
+		}
+		if hseq.Len() != hl || tseq.Len() != tl || len(steps[0].Verify.Tokens) != 1 {
+			t.Errorf("%s: the head holds %d tokens, the target %d, the verify entry %v; want %d, %d and one", bad.name, hseq.Len(), tseq.Len(), steps[0].Verify.Tokens, hl, tl)
+		}
+	}
+	if err := h.Fault(); err != nil {
+		t.Fatalf("a refused step broke the group: %v", err)
+	}
+	if _, err := engine.DraftVerify(ctx, h, target, fresh(), 3); err != nil {
+		t.Fatalf("after the refusals: %v", err)
+	}
+}

@@ -61,6 +61,12 @@ func PutTreeShape(dst []uint32, b, levels, n, out0, pos0 int) {
 	dst[5], dst[6], dst[7] = 0, 0, 0
 }
 
+// PutTreeParentRows sets a shape's row base for its feed's parent rows
+// (tree_expand.wgsl): a frontier node's feed row names its parent's row
+// as base + the parent's dslot, where a drafter that reads its own output
+// at a node's parent keeps the fed nodes' outputs (PutTreeShape sets 0).
+func PutTreeParentRows(dst []uint32, base int) { dst[5] = uint32(base) }
+
 // TreeNode is a node of a tree drafted on the device, as the kernels
 // leave it.
 type TreeNode struct {

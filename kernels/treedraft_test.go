@@ -16,6 +16,7 @@ import (
 // and tree_select.wgsl do.
 type treeTwin struct {
 	b, levels, n, pos0 int
+	parentRows         int // the shape's row base for the feed's parent rows
 	nodes              []TreeNode
 	frontier           []int
 	feed               [][TreeFeedWords]uint32 // the last feed written
@@ -64,7 +65,11 @@ func (t *treeTwin) expand(level int, rows []topRow) {
 			n.DMask = t.nodes[n.Parent].DMask
 		}
 		n.DMask |= 1 << n.DSlot
-		t.feed[j] = [TreeFeedWords]uint32{uint32(n.Token), 0, uint32(n.DMask), uint32(n.DMask >> 32)}
+		parent := uint32(treeNone)
+		if n.Parent >= 0 {
+			parent = uint32(t.parentRows + t.nodes[n.Parent].DSlot)
+		}
+		t.feed[j] = [TreeFeedWords]uint32{uint32(n.Token), parent, uint32(n.DMask), uint32(n.DMask >> 32)}
 	}
 }
 
@@ -124,12 +129,13 @@ func randomTop(r *rand.Rand, b int) topRow {
 // TestTreeDraft: sequences of several widths, depths and budgets drafted
 // level by level on the device — random read-out rows, poisoned tables
 // and feeds — against their plain-Go twins: every node, every frontier's
-// feed, the verified rows' choice and feed.
+// feed (its parents' rows past a base where the shape sets one), the
+// verified rows' choice and feed.
 func TestTreeDraft(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	twins := []*treeTwin{{b: 2, levels: 3, n: 5, pos0: 17}, {b: 4, levels: 2, n: 64, pos0: 3}, {b: 3, levels: 5, n: 11, pos0: 40},
-		{b: 16, levels: 4, n: 64, pos0: 9}, {b: 1, levels: 6, n: 4, pos0: 0}}
+	twins := []*treeTwin{{b: 2, levels: 3, n: 5, pos0: 17}, {b: 4, levels: 2, n: 64, pos0: 3, parentRows: 128},
+		{b: 3, levels: 5, n: 11, pos0: 40, parentRows: 7 * 64}, {b: 16, levels: 4, n: 64, pos0: 9}, {b: 1, levels: 6, n: 4, pos0: 0, parentRows: 64}}
 	seqs, C, topN, levels := len(twins), 0, 0, 0
 	for _, tw := range twins {
 		C, topN, levels = max(C, TreeTable(tw.b, tw.levels)), max(topN, tw.b), max(levels, tw.levels)
@@ -192,6 +198,7 @@ func TestTreeDraft(t *testing.T) {
 				row += F
 			}
 			PutTreeShape(words[s*TreeShapeWords:], tw.b, tw.levels, tw.n, out0, tw.pos0)
+			PutTreeParentRows(words[s*TreeShapeWords:], tw.parentRows)
 		}
 		if err := shape.WriteU32(0, words); err != nil {
 			t.Fatal(err)

@@ -12,8 +12,9 @@
 //   shape  (seqs, TreeShapeWords) u32: b (children a node, ≤ MAXB), the
 //          levels d, the nodes verified N, out0 — the pass's read-out row
 //          of the sequence's first frontier row, NONE where the sequence
-//          has no frontier in this pass —, and the target's line end
-//          (tree_select.wgsl)
+//          has no frontier in this pass —, the target's line end
+//          (tree_select.wgsl), and a row base for feed's parent rows
+//          (0 where the caller has no use for them)
 //   top    (rows, topN, 2) u32: each read-out row's most likely tokens,
 //          (token, log-probability bits), best first (sample.wgsl's top)
 //   state  (seqs, TreeStateWords) u32: the node count, then the frontier's
@@ -23,8 +24,11 @@
 //          index among the drafter's tree slots, NONE: not fed), the
 //          drafter mask's two words (bit i: tree slot i, its ancestors and
 //          itself), trow (tree_select.wgsl), 0
-//   feed   (seqs, FEEDROWS, 4) u32: the next frontier's rows: token, 0,
-//          mask low and high words
+//   feed   (seqs, FEEDROWS, 4) u32: the next frontier's rows: token, the
+//          parent's row — the row base plus the parent's dslot, NONE for a
+//          child of the root: where a drafter that reads its own output
+//          at the parent's row (an EAGLE-3 head) keeps the fed nodes'
+//          outputs by dslot —, mask low and high words
 //
 // Thread c of a sequence's workgroup owns candidate c = f·b + r: the r-th
 // token of frontier row f. A child's score is its parent's plus its
@@ -54,7 +58,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> feed: array<u32>;
 
 var<workgroup> cand: array<f32, WG>;
-var<workgroup> head: array<u32, 4>; // b, levels, out0, the node count
+var<workgroup> head: array<u32, 5>; // b, levels, out0, the node count, the parents' row base
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) c: u32) {
@@ -66,6 +70,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) c
         head[1] = shape[sh + 1u];
         head[2] = shape[sh + 3u];
         head[3] = state[st];
+        head[4] = shape[sh + 5u];
     }
     // Loaded uniformly, so that a skipped sequence's threads all leave.
     let b = workgroupUniformLoad(&head[0]);
@@ -127,10 +132,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) c
             let dslot = p.level * b + rank;
             var mlo = 0u;
             var mhi = 0u;
+            var prow = NONE;
             if parent != NONE {
                 let ap = tree_node(s, parent);
                 mlo = nodes[ap + 6u];
                 mhi = nodes[ap + 7u];
+                prow = head[4] + nodes[ap + 5u];
             }
             if dslot < 32u {
                 mlo |= 1u << dslot;
@@ -144,7 +151,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) c
             state[st + 1u + rank] = k;
             let fr = (s * TREE_FEED_ROWS + rank) * 4u;
             feed[fr] = tok;
-            feed[fr + 1u] = 0u;
+            feed[fr + 1u] = prow;
             feed[fr + 2u] = mlo;
             feed[fr + 3u] = mhi;
         }

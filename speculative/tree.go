@@ -448,8 +448,9 @@ func (t *draftTree) chainOf(path []int) []engine.Token {
 // device and verified in one submission (engine.TreeFuser), or nil where
 // the step does not fuse: a prompt chunk being fed, a generation that
 // drafts no greedy tree of its own (a chain, a remote draft, a sampled
-// tree) or cuts it by p_min, a tree past either model's context, or
-// shapes the drafter does not fuse.
+// tree) or cuts it by p_min, an EAGLE-3 head's over a target that holds
+// no position yet, a tree past either model's context, or shapes the
+// drafter does not fuse.
 func (r *runner) treeSteps(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) []engine.TreeStep {
 	g := r.g
 	f, ok := g.drafter.(engine.TreeFuser)
@@ -460,7 +461,7 @@ func (r *runner) treeSteps(ready []*gen, draftFill []*engine.Entry, targetFill [
 	for i, gn := range ready {
 		k, b, n := gn.draftLen(g), gn.treeWidth(), gn.treeNodes(g)
 		switch {
-		case gn.remote != nil || gn.sampled || b < 2 || k == 0 || n == 0 || gn.req.PMin > 0:
+		case gn.remote != nil || gn.sampled || b < 2 || k == 0 || n == 0 || gn.req.PMin > 0 || gn.head && gn.target.Len() == 0:
 			return nil
 		case len(gn.context)+(k-1)*b > g.drafter.Config().MaxPositionEmbeddings:
 			return nil
@@ -469,6 +470,9 @@ func (r *runner) treeSteps(ready []*gen, draftFill []*engine.Entry, targetFill [
 			Draft:  &engine.Entry{Seq: gn.draft, Tokens: gn.pendingDraft()},
 			Verify: &engine.VerifyEntry{Seq: gn.target, Tokens: slices.Clone(gn.pendingTarget()), TopN: gn.req.TopN},
 			Width:  b, Depth: k, Nodes: n,
+		}
+		if gn.head {
+			steps[i].Draft.Target = gn.target
 		}
 	}
 	if !f.FusesTree(g.target, steps) {

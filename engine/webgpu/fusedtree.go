@@ -9,22 +9,24 @@ import (
 	"webdraft/engine"
 	"webdraft/gpu"
 	"webdraft/kernels"
+	"webdraft/sampling"
 	"webdraft/treemask"
 )
 
 // treeBuffers are a drafter's buffers for trees drafted on the device
 // (kernels.TreeExpand, kernels.TreeSelect), grown as calls need: shape,
 // state, nodes and feed for seqs sequences of node tables of c rows, and
-// the gathers' pairs: a pass's token ids and its rows' words.
+// the gathers' pairs: a pass's token ids, its rows' words and (a head's)
+// its rows' parents.
 type treeBuffers struct {
-	seqs, c                   int
-	shape, state, nodes, feed *gpu.Buffer
-	idPairs, rowPairs         *gpu.Buffer
-	rows                      int // pairs' capacity in rows
+	seqs, c                        int
+	shape, state, nodes, feed      *gpu.Buffer
+	idPairs, rowPairs, parentPairs *gpu.Buffer
+	rows                           int // pairs' capacity in rows
 }
 
 func (tb *treeBuffers) release() {
-	for _, b := range []*gpu.Buffer{tb.shape, tb.state, tb.nodes, tb.feed, tb.idPairs, tb.rowPairs} {
+	for _, b := range []*gpu.Buffer{tb.shape, tb.state, tb.nodes, tb.feed, tb.idPairs, tb.rowPairs, tb.parentPairs} {
 		if b != nil {
 			b.Release()
 		}
@@ -49,6 +51,7 @@ func (tb *treeBuffers) ensure(d *gpu.Device, seqs, c, rows int) error {
 		{&tb.shape, "tree_shape", seqs * kernels.TreeShapeWords}, {&tb.state, "tree_state", seqs * kernels.TreeStateWords},
 		{&tb.nodes, "tree_nodes", seqs * c * kernels.TreeNodeWords}, {&tb.feed, "tree_feed", seqs * kernels.TreeFeedRows * kernels.TreeFeedWords},
 		{&tb.idPairs, "tree_id_pairs", rows * kernels.GatherPairWords}, {&tb.rowPairs, "tree_row_pairs", 3 * rows * kernels.GatherPairWords},
+		{&tb.parentPairs, "tree_parent_pairs", rows * kernels.GatherPairWords},
 	} {
 		var err error
 		if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {
@@ -225,6 +228,17 @@ func (e *Engine) fusedTree(ctx context.Context, t *Engine, steps []engine.TreeSt
 			return fmt.Errorf("drafter level %d: %w", level, err)
 		}
 	}
+	return t.verifyTree(tb, steps, twork, C, func(i int, nodes []kernels.TreeNode) error {
+		return e.commitTree(&steps[i], &dwork[i], &twork[i], nodes, base[i])
+	})
+}
+
+// verifyTree runs the target's pass over the trees drafted into tb —
+// tree_select.wgsl choosing each step's verified nodes, gathered into the
+// pass after its pending tokens —, reads the node tables and the
+// verification's rows back in one read, hands each step's nodes to commit
+// and sets its rows.
+func (t *Engine) verifyTree(tb *treeBuffers, steps []engine.TreeStep, twork []pending, C int, commit func(i int, nodes []kernels.TreeNode) error) error {
 	ps := t.plan(twork)
 	if ps.rows != pendingRows(twork) {
 		return fmt.Errorf("verification: %d rows do not fit one pass of %d", pendingRows(twork), t.opts.MaxRows)
@@ -252,8 +266,7 @@ func (e *Engine) fusedTree(ctx context.Context, t *Engine, steps []engine.TreeSt
 		if count != treeTable(steps[i]) {
 			return fmt.Errorf("batch entry %d: the device drafted %d nodes, want %d", i, count, treeTable(steps[i]))
 		}
-		nodes := kernels.ReadTreeNodes(nodeWords[i*C*kernels.TreeNodeWords:], count)
-		if err := e.commitTree(&steps[i], &dwork[i], &twork[i], nodes, base[i]); err != nil {
+		if err := commit(i, kernels.ReadTreeNodes(nodeWords[i*C*kernels.TreeNodeWords:], count)); err != nil {
 			return fmt.Errorf("batch entry %d: %w", i, err)
 		}
 	}
@@ -374,9 +387,28 @@ func (tb *treeBuffers) gatherTree(a *activations, ps pass, work []pending, steps
 // (t) — and sets the step's Tree and its target entry's Tokens, Parents
 // and Out. base is the drafter's first tree slot.
 func (e *Engine) commitTree(s *engine.TreeStep, d, t *pending, nodes []kernels.TreeNode, base int) error {
-	n := verified(*s)
-	rows := make([]int, n)                  // verified node by row
-	fed := make([]int, (s.Depth-1)*s.Width) // fed node by drafter tree index
+	rows, fed, err := treeOrder(*s, nodes, e.cfg.VocabSize)
+	if err != nil {
+		return err
+	}
+	// The drafter: its pending tokens, then the fed nodes, each under its
+	// parent's slot (the context's last for a child of the root).
+	dslot := func(n kernels.TreeNode) int { return n.DSlot }
+	if err := commitPlaced(d.seq, treeParents(len(s.Draft.Tokens), nodes, fed, base, dslot)); err != nil {
+		return fmt.Errorf("drafter: %w", err)
+	}
+	return commitVerified(s, t, nodes, rows, base)
+}
+
+// treeOrder checks the nodes the device left for step s — each under a
+// parent before it, one level deeper, a token of the vocabulary (of vocab
+// tokens), the verified and the fed nodes closed under their parents and
+// as many as the step's shape makes — and returns them in order: the
+// verified by target row, the fed by drafter slot.
+func treeOrder(s engine.TreeStep, nodes []kernels.TreeNode, vocab int) (rows, fed []int, err error) {
+	n := verified(s)
+	rows = make([]int, n)                  // verified node by row
+	fed = make([]int, (s.Depth-1)*s.Width) // fed node by drafter tree index
 	for _, idx := range [][]int{rows, fed} {
 		for i := range idx {
 			idx[i] = -1
@@ -386,17 +418,19 @@ func (e *Engine) commitTree(s *engine.TreeStep, d, t *pending, nodes []kernels.T
 		var parent *kernels.TreeNode
 		if nd.Parent >= 0 {
 			if nd.Parent >= k {
-				return fmt.Errorf("tree node %d: parent %d not before it", k, nd.Parent)
+				return nil, nil, fmt.Errorf("tree node %d: parent %d not before it", k, nd.Parent)
 			}
 			parent = &nodes[nd.Parent]
 		}
 		switch {
+		case nd.Token < 0 || nd.Token >= vocab:
+			return nil, nil, fmt.Errorf("tree node %d: token %d: %w", k, nd.Token, sampling.ErrNaN)
 		case parent == nil && nd.Depth != 1 || parent != nil && nd.Depth != parent.Depth+1:
-			return fmt.Errorf("tree node %d: depth %d under its parent's", k, nd.Depth)
+			return nil, nil, fmt.Errorf("tree node %d: depth %d under its parent's", k, nd.Depth)
 		case nd.Row >= n || nd.Row >= 0 && (rows[nd.Row] >= 0 || parent != nil && parent.Row < 0):
-			return fmt.Errorf("tree node %d: target row %d of %d, or its parent's unverified", k, nd.Row, n)
+			return nil, nil, fmt.Errorf("tree node %d: target row %d of %d, or its parent's unverified", k, nd.Row, n)
 		case nd.DSlot >= len(fed) || nd.DSlot >= 0 && (fed[nd.DSlot] >= 0 || parent != nil && parent.DSlot < 0):
-			return fmt.Errorf("tree node %d: drafter slot %d of %d, or its parent's unfed", k, nd.DSlot, len(fed))
+			return nil, nil, fmt.Errorf("tree node %d: drafter slot %d of %d, or its parent's unfed", k, nd.DSlot, len(fed))
 		}
 		if nd.Row >= 0 {
 			rows[nd.Row] = k
@@ -406,15 +440,16 @@ func (e *Engine) commitTree(s *engine.TreeStep, d, t *pending, nodes []kernels.T
 		}
 	}
 	if slices.Contains(rows, -1) || slices.Contains(fed, -1) {
-		return fmt.Errorf("the device verified or fed fewer nodes than %d and %d", n, len(fed))
+		return nil, nil, fmt.Errorf("the device verified or fed fewer nodes than %d and %d", n, len(fed))
 	}
-	// The drafter: its pending tokens, then the fed nodes, each under its
-	// parent's slot (the context's last for a child of the root).
-	dslot := func(n kernels.TreeNode) int { return n.DSlot }
-	if err := commitPlaced(d.seq, treeParents(len(s.Draft.Tokens), nodes, fed, base, dslot)); err != nil {
-		return fmt.Errorf("drafter: %w", err)
-	}
-	// The target: its pending tokens, then the verified nodes by row.
+	return rows, fed, nil
+}
+
+// commitVerified commits the target's part of step s (t): its pending
+// tokens, then the verified nodes by row (rows, treeOrder's) — and sets
+// the step's Tree, each fed node's DraftSlot dbase past its drafter slot,
+// and its target entry's Tokens, Parents and Out.
+func commitVerified(s *engine.TreeStep, t *pending, nodes []kernels.TreeNode, rows []int, dbase int) error {
 	pendT := s.Verify.Tokens
 	line := t.seq.Len() + len(pendT) // the target's first tree slot
 	tparents := treeParents(len(pendT), nodes, rows, line, func(n kernels.TreeNode) int { return n.Row })
@@ -425,12 +460,12 @@ func (e *Engine) commitTree(s *engine.TreeStep, d, t *pending, nodes []kernels.T
 	if err := commitPlaced(t.seq, tparents); err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
-	s.Verify.Tokens, s.Verify.Parents, s.Verify.Out = tokens, tparents, n+1
+	s.Verify.Tokens, s.Verify.Parents, s.Verify.Out = tokens, tparents, len(rows)+1
 	s.Tree = make([]engine.TreeNode, len(nodes))
 	for k, nd := range nodes {
 		slot := -1
 		if nd.DSlot >= 0 {
-			slot = base + nd.DSlot
+			slot = dbase + nd.DSlot
 		}
 		s.Tree[k] = engine.TreeNode{Token: engine.Token{ID: nd.Token, Logprob: nd.Logprob}, Parent: nd.Parent, Depth: nd.Depth,
 			Score: float64(nd.Score), DraftSlot: slot, Row: nd.Row}

@@ -2,6 +2,7 @@ package webgpu
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -75,15 +76,13 @@ func TestDraftVerifyTree(t *testing.T) {
 	for i, s := range steps {
 		c := cases[i]
 		tree := s.Tree
-		if want := c.width + (c.depth-1)*c.width*c.width; len(tree) != want {
-			t.Fatalf("step %d: %d nodes, want %d", i, len(tree), want)
-		}
 		n := min(c.nodes, len(tree))
+		chosen := checkDeviceTree(t, fmt.Sprintf("step %d", i), s, len(c.ctx), c.tPend)
 		if got, want := s.Draft.Seq.Len(), lens[i][0]+c.dPend+(c.depth-1)*c.width; got != want {
 			t.Errorf("step %d: drafter Len %d, want %d", i, got, want)
 		}
-		if got, want := s.Verify.Seq.Len(), lens[i][1]+c.tPend+n; got != want || len(s.Verify.Rows) != n+1 || len(s.Verify.Tokens) != c.tPend+n {
-			t.Errorf("step %d: target Len %d (want %d), %d rows, %d tokens", i, got, want, len(s.Verify.Rows), len(s.Verify.Tokens))
+		if got, want := s.Verify.Seq.Len(), lens[i][1]+c.tPend+n; got != want {
+			t.Errorf("step %d: target Len %d, want %d", i, got, want)
 		}
 		// Children: the drafter's most likely tokens after each explored
 		// node's path (the root's: after the context).
@@ -120,54 +119,6 @@ func TestDraftVerifyTree(t *testing.T) {
 				if !ok || math.Abs(float64(lp-kid.Logprob)) > 2e-3 || j > 0 && kid.Logprob > kids[j-1].Logprob {
 					t.Errorf("step %d node %d: child %d token %d log-probability %v; the drafter's top %v", i, k, j, kid.ID, kid.Logprob, en.Top)
 				}
-			}
-		}
-		// The frontiers: at each depth d < depth, the fed nodes are the
-		// width best-scored of that depth's nodes (ties to the lower index).
-		for d := 1; d < c.depth; d++ {
-			var level []int
-			for k, nd := range tree {
-				if nd.Depth == d {
-					level = append(level, k)
-				}
-			}
-			sort.SliceStable(level, func(a, b int) bool { return tree[level[a]].Score > tree[level[b]].Score })
-			for j, k := range level {
-				if fed := tree[k].DraftSlot >= 0; fed != (j < c.width) {
-					t.Errorf("step %d depth %d: node %d (rank %d, score %v) fed %v", i, d, k, j, tree[k].Score, fed)
-				}
-			}
-		}
-		// The verified nodes: the n best by score, then depth; rows parents
-		// first, by depth then index.
-		order := make([]int, len(tree))
-		for k := range order {
-			order[k] = k
-		}
-		sort.SliceStable(order, func(a, b int) bool {
-			x, y := tree[order[a]], tree[order[b]]
-			if x.Score != y.Score {
-				return x.Score > y.Score
-			}
-			return x.Depth < y.Depth
-		})
-		chosen := slices.Clone(order[:n])
-		sort.SliceStable(chosen, func(a, b int) bool {
-			if x, y := tree[chosen[a]], tree[chosen[b]]; x.Depth != y.Depth {
-				return x.Depth < y.Depth
-			}
-			return chosen[a] < chosen[b]
-		})
-		for r, k := range chosen {
-			if tree[k].Row != r {
-				t.Fatalf("step %d: node %d verified as row %d, want %d", i, k, tree[k].Row, r)
-			}
-			parent := len(c.ctx) - 1
-			if q := tree[k].Parent; q >= 0 {
-				parent = len(c.ctx) + tree[q].Row
-			}
-			if s.Verify.Tokens[c.tPend+r] != tree[k].ID || s.Verify.Parents[c.tPend+r] != parent || s.Verify.Parents[0] != treemask.Line {
-				t.Errorf("step %d row %d: token %d parent %d, want %d under %d", i, r, s.Verify.Tokens[c.tPend+r], s.Verify.Parents[c.tPend+r], tree[k].ID, parent)
 			}
 		}
 		// The target's rows: its read-out after each verified path.
@@ -221,6 +172,71 @@ func TestDraftVerifyTree(t *testing.T) {
 			t.Errorf("step %d: drafter Len %d after keeping %d nodes, want %d", i, got, len(dslots), want)
 		}
 	}
+}
+
+// checkDeviceTree checks a step's tree drafted on the device (its Tree and
+// its target entry as DraftVerifyTree leaves them; ctxLen the context's
+// tokens, tPend the target's pending ones) for what the host's drafting
+// would choose — Width + (Depth−1)·Width² nodes; at each depth below
+// Depth the Width best-scored nodes fed (ties to the lower index); the
+// Nodes best-scored verified (by score, then depth), rows parents first
+// (by depth, then index), each row's token and parent in the target's
+// entry — and returns the verified nodes by row.
+func checkDeviceTree(t *testing.T, what string, s engine.TreeStep, ctxLen, tPend int) []int {
+	t.Helper()
+	tree := s.Tree
+	if want := s.Width + (s.Depth-1)*s.Width*s.Width; len(tree) != want {
+		t.Fatalf("%s: %d nodes, want %d", what, len(tree), want)
+	}
+	n := min(s.Nodes, len(tree))
+	if len(s.Verify.Rows) != n+1 || len(s.Verify.Tokens) != tPend+n {
+		t.Fatalf("%s: %d rows and %d tokens verified, want %d and %d", what, len(s.Verify.Rows), len(s.Verify.Tokens), n+1, tPend+n)
+	}
+	for d := 1; d < s.Depth; d++ {
+		var level []int
+		for k, nd := range tree {
+			if nd.Depth == d {
+				level = append(level, k)
+			}
+		}
+		sort.SliceStable(level, func(a, b int) bool { return tree[level[a]].Score > tree[level[b]].Score })
+		for j, k := range level {
+			if fed := tree[k].DraftSlot >= 0; fed != (j < s.Width) {
+				t.Errorf("%s depth %d: node %d (rank %d, score %v) fed %v", what, d, k, j, tree[k].Score, fed)
+			}
+		}
+	}
+	order := make([]int, len(tree))
+	for k := range order {
+		order[k] = k
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		x, y := tree[order[a]], tree[order[b]]
+		if x.Score != y.Score {
+			return x.Score > y.Score
+		}
+		return x.Depth < y.Depth
+	})
+	chosen := slices.Clone(order[:n])
+	sort.SliceStable(chosen, func(a, b int) bool {
+		if x, y := tree[chosen[a]], tree[chosen[b]]; x.Depth != y.Depth {
+			return x.Depth < y.Depth
+		}
+		return chosen[a] < chosen[b]
+	})
+	for r, k := range chosen {
+		if tree[k].Row != r {
+			t.Fatalf("%s: node %d verified as row %d, want %d", what, k, tree[k].Row, r)
+		}
+		parent := ctxLen - 1
+		if q := tree[k].Parent; q >= 0 {
+			parent = ctxLen + tree[q].Row
+		}
+		if s.Verify.Tokens[tPend+r] != tree[k].ID || s.Verify.Parents[tPend+r] != parent || s.Verify.Parents[0] != treemask.Line {
+			t.Errorf("%s row %d: token %d parent %d, want %d under %d", what, r, s.Verify.Tokens[tPend+r], s.Verify.Parents[tPend+r], tree[k].ID, parent)
+		}
+	}
+	return chosen
 }
 
 // TestFusesTree: what DraftVerifyTree refuses, before changing anything.

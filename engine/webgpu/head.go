@@ -56,7 +56,8 @@ type Head struct {
 	w      *headWeights
 	kv     *kernels.KVCache
 	act    *headActivations
-	tokens []int32 // the target token of each draft token, ascending
+	tree   headTree // trees drafted on the device (DraftVerifyTree), made by the first
+	tokens []int32  // the target token of each draft token, ascending
 	// What Info, KVCapacity and KVBlockSize report, kept past Close.
 	kvType              string
 	capacity, blockSize int
@@ -64,9 +65,11 @@ type Head struct {
 }
 
 var (
-	_ engine.Engine  = (*Head)(nil)
-	_ engine.Head    = (*Head)(nil)
-	_ engine.Chainer = (*Head)(nil)
+	_ engine.Engine    = (*Head)(nil)
+	_ engine.Head      = (*Head)(nil)
+	_ engine.Chainer   = (*Head)(nil)
+	_ engine.Fuser     = (*Head)(nil)
+	_ engine.TreeFuser = (*Head)(nil)
 )
 
 // HeadOptions size a Head; zero values take the defaults.
@@ -206,6 +209,7 @@ func (h *Head) release() {
 	if h.act != nil {
 		h.act.release()
 	}
+	h.tree.release()
 	h.w, h.kv, h.act = nil, nil, nil
 }
 

@@ -296,6 +296,9 @@ type headPass struct {
 	// its output stays in x for the next (noSave: no copy into the store
 	// but for the last step) and is read out from there (readX).
 	mapped, fromNext, xHeld, noSave, readX bool
+	// treeLevel: a level of a tree drafted on the device (DraftVerifyTree),
+	// every row read out, in order, after the pass.
+	treeLevel bool
 }
 
 // verifyLayout is where a Verify's results buffer holds each pass's
@@ -677,6 +680,8 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 				return kernels.CopyTo(b, a.results, ps.resultsAt+l.topAt, a.top, topBytes(k, l.topN))
 			})
 		}
+	case ps.treeLevel:
+		steps = append(steps, h.readSteps(a.x, ps.rows, topN, true, ps)...)
 	case ps.out == nil && ps.last:
 		steps = append(steps, h.readSteps(a.hid, n, topN, topN > 0, ps)...)
 	}

@@ -211,6 +211,26 @@ func (l *locked) DraftVerify(ctx context.Context, target engine.Engine, steps []
 	return l.Engine.(engine.Fuser).DraftVerify(ctx, target.(*locked).Engine, steps, n)
 }
 
+// FusesTree reports whether the drafter's engine drafts trees on the device
+// and has the target verify them in one submission (engine.TreeFuser):
+// both in the page's group, as they are.
+func (l *locked) FusesTree(target engine.Engine, steps []engine.TreeStep) bool {
+	f, ok := l.Engine.(engine.TreeFuser)
+	t, same := target.(*locked)
+	return ok && same && t.d == l.d && f.FusesTree(t.Engine, steps)
+}
+
+// DraftVerifyTree is the engine's (engine.TreeFuser), under the page's
+// lock.
+func (l *locked) DraftVerifyTree(ctx context.Context, target engine.Engine, steps []engine.TreeStep) error {
+	if !l.FusesTree(target, steps) {
+		return errors.New("draft and verify a tree: the target or the steps do not fuse with the drafter")
+	}
+	l.d.mu.Lock()
+	defer l.d.mu.Unlock()
+	return l.Engine.(engine.TreeFuser).DraftVerifyTree(ctx, target.(*locked).Engine, steps)
+}
+
 // SamplesDrafts is the engine's (engine.SamplesDrafts).
 func (l *locked) SamplesDrafts() bool { return engine.SamplesDrafts(l.Engine) }
 

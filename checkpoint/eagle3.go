@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io/fs"
+	"path"
 	"path/filepath"
 
 	"webdraft/eagle3"
@@ -32,7 +34,6 @@ type Eagle3 struct {
 // for a model folder: Quant and GroupSize report the format used. d2t is
 // checked either way.
 func LoadEagle3(dir string, opts LoadOptions) (*Eagle3, error) {
-	opts.defaults()
 	cfg, err := eagle3.LoadConfig(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return nil, err
@@ -41,7 +42,33 @@ func LoadEagle3(dir string, opts LoadOptions) (*Eagle3, error) {
 	if err != nil {
 		return nil, err
 	}
+	return loadEagle3(dir, cfg, folder, opts)
+}
+
+// LoadEagle3FS is LoadEagle3 of the folder dir of fsys (files a browser
+// fetched).
+func LoadEagle3FS(fsys fs.FS, dir string, opts LoadOptions) (*Eagle3, error) {
+	cfgPath := path.Join(dir, "config.json")
+	data, err := fs.ReadFile(fsys, cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := eagle3.ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cfgPath, err)
+	}
+	folder, err := safetensors.OpenFolderFS(fsys, dir)
+	if err != nil {
+		return nil, err
+	}
+	return loadEagle3(dir, cfg, folder, opts)
+}
+
+// loadEagle3 reads the head of cfg from its open folder, which it owns.
+func loadEagle3(dir string, cfg eagle3.Config, folder *safetensors.Folder, opts LoadOptions) (*Eagle3, error) {
+	opts.defaults()
 	h := &Eagle3{Dir: dir, Config: cfg, Weights: &eagle3.Weights{}}
+	var err error
 	if folder.Metadata()[metaFormat] == formatName {
 		h.folder = folder // the weights alias it until Close
 		err = h.loadConverted()

@@ -409,3 +409,27 @@ func listDir(t *testing.T, dir string) []string {
 	}
 	return names
 }
+
+// TestLoadEagle3FS: a head read from a file system (the browser's fetched
+// files) is the head read from its folder on disk, in the public layout
+// and converted; a folder the file system lacks is an error.
+func TestLoadEagle3FS(t *testing.T) {
+	conv := filepath.Join(t.TempDir(), "conv")
+	if _, err := ConvertEagle3(context.Background(), eagle3Tiny, conv, ConvertOptions{Quant: Int4, GroupSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{eagle3Tiny, conv} {
+		disk := loadHead(t, dir, LoadOptions{GroupSize: 16})
+		fsHead, err := LoadEagle3FS(os.DirFS(filepath.Dir(dir)), filepath.Base(dir), LoadOptions{GroupSize: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { fsHead.Close() })
+		if d := sameHead(disk, fsHead); d != "" || disk.Converted != fsHead.Converted || disk.Quant != fsHead.Quant || !reflect.DeepEqual(disk.Config, fsHead.Config) {
+			t.Errorf("%s: from a file system %s (converted %v/%v)", dir, d, disk.Converted, fsHead.Converted)
+		}
+	}
+	if _, err := LoadEagle3FS(os.DirFS(t.TempDir()), "head", LoadOptions{}); err == nil {
+		t.Error("a missing folder loaded")
+	}
+}

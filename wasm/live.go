@@ -32,13 +32,22 @@ type liveSession struct {
 }
 
 func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession, error) {
-	if target.tok == nil {
+	switch {
+	case target.tok == nil:
 		return nil, errors.New("the target has no tokenizer: the live view takes text")
+	case drafter.target != nil && drafter.target != target:
+		return nil, fmt.Errorf("the %s drafts for %s, not for %s", drafter.name, drafter.target.name, target.name)
+	case drafter.e == nil || target.e == nil:
+		return nil, errors.New("a model is closed")
 	}
 	// Both engines are in the page's group (one device): a sampled run's
 	// drafter proposes from its distribution, kept on the device, where
 	// the target verifies the proposals by the multi-draft rule.
-	de, te := &locked{d: d, Engine: drafter.e}, &locked{d: d, Engine: target.e}
+	te := &locked{d: d, Engine: target.e}
+	de := &locked{d: d, Engine: drafter.e}
+	if drafter.target != nil {
+		de.target = te // an EAGLE-3 head reads te's features
+	}
 	gen, err := speculative.New(de, te, speculative.Options{MaxBatch: 2})
 	if err != nil {
 		return nil, err
@@ -171,7 +180,17 @@ func strictJSON(data []byte, v any) error {
 type locked struct {
 	d *drafter
 	engine.Engine
+	// target is, for an EAGLE-3 head, its target's locked engine
+	// (engine.Head); nil for a drafter that reads text alone.
+	target engine.Engine
 }
+
+// Target is the locked engine whose features an EAGLE-3 head reads
+// (engine.ReadsTarget), nil for a drafter.
+func (l *locked) Target() engine.Engine { return l.target }
+
+// DraftsTrees is the engine's (engine.DraftsTrees).
+func (l *locked) DraftsTrees() bool { return engine.DraftsTrees(l.Engine) }
 
 func (l *locked) Step(ctx context.Context, batch []*engine.Entry) error {
 	l.d.mu.Lock()

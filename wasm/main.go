@@ -9,7 +9,7 @@
 //
 //	webdraft.adapter()                      → Promise<{name, backend, features, f16}>
 //	webdraft.load(url, options)             → Promise<Model>
-//	webdraft.loadFiles(files, dir, options) → Promise<Model>
+//	webdraft.loadFiles(files, dir, options) → Promise<Model>  (options.head: an EAGLE-3 head over it, Model.head)
 //	model.draft(ids, n)                     → Promise<number[]>
 //	model.session()                         → Session (a drafting sequence kept between calls)
 //	session.draft(tokens, reset, k)         → Promise<{tokens, ms}>
@@ -95,7 +95,15 @@ func (d *drafter) object() js.Value {
 			if err != nil {
 				return nil, fmt.Errorf("webdraft.load %s: %w", base.String(), err)
 			}
-			m, err := d.load(fsys, dir, opts)
+			var head *headSource
+			if opts.head != "" {
+				hfs, hdir, err := fetchModel(opts.head)
+				if err != nil {
+					return nil, fmt.Errorf("webdraft.load %s: head %s: %w", base.String(), opts.head, err)
+				}
+				head = &headSource{fsys: hfs, dir: hdir}
+			}
+			m, err := d.load(fsys, dir, opts, head)
 			if err != nil {
 				return nil, fmt.Errorf("webdraft.load %s: %w", base.String(), err)
 			}
@@ -115,7 +123,11 @@ func (d *drafter) object() js.Value {
 			case err != nil:
 				return nil, fmt.Errorf("webdraft.loadFiles: %w", err)
 			}
-			m, err := d.load(fsys, dir.String(), opts)
+			var head *headSource
+			if opts.head != "" {
+				head = &headSource{fsys: fsys, dir: opts.head}
+			}
+			m, err := d.load(fsys, dir.String(), opts, head)
 			if err != nil {
 				return nil, fmt.Errorf("webdraft.loadFiles %s: %w", dir.String(), err)
 			}
@@ -207,6 +219,10 @@ type loadOptions struct {
 	quant        checkpoint.Quant // how an HF checkpoint is held: int4 (default), f16, f32
 	kvBytes      int64
 	maxSequences int
+	// head is an EAGLE-3 head's folder (loadFiles: among the files; load:
+	// its URL) to load over the model, which then keeps the features the
+	// head reads.
+	head string
 }
 
 func parseLoadOptions(v js.Value) (loadOptions, error) {
@@ -230,6 +246,12 @@ func parseLoadOptions(v js.Value) (loadOptions, error) {
 		return o, err
 	} else if ok {
 		o.kvBytes = int64(kv) << 20
+	}
+	if h := v.Get("head"); !h.IsUndefined() {
+		if h.Type() != js.TypeString || h.String() == "" {
+			return o, errors.New("options.head must be an EAGLE-3 head's folder (a non-empty string)")
+		}
+		o.head = h.String()
 	}
 	if n, ok, err := intOption(v, "maxSequences"); err != nil {
 		return o, err
@@ -255,19 +277,32 @@ func intOption(v js.Value, name string) (n int, ok bool, err error) {
 	return n, true, nil
 }
 
-// model is one loaded model: its engine on the shared device.
+// model is one loaded model: its engine on the shared device — a Qwen3
+// model's, or an EAGLE-3 head's over a model loaded with it (head and
+// target link the two).
 type model struct {
 	d    *drafter
 	id   int
 	name string
-	e    *webgpu.Engine // nil once closed
+	e    engine.Engine // nil once closed
 	tok  *tokenizer.Tokenizer
 	stop []int // the tokens that end a generation
 	info map[string]any
+	head *model // the EAGLE-3 head loaded over this model (options.head)
+	// target is the model a head drafts for, whose features it reads.
+	target *model
 }
 
-// load converts the model folder dir of fsys per opts and uploads it.
-func (d *drafter) load(fsys fs.FS, dir string, opts loadOptions) (*model, error) {
+// headSource is where an EAGLE-3 head's folder lies.
+type headSource struct {
+	fsys fs.FS
+	dir  string
+}
+
+// load converts the model folder dir of fsys per opts and uploads it;
+// with head, an EAGLE-3 head over it too (model.head), the model keeping
+// the features the head reads.
+func (d *drafter) load(fsys fs.FS, dir string, opts loadOptions, head *headSource) (*model, error) {
 	// Quantizing an HF checkpoint is CPU work on the page's thread; a
 	// folder written by `webdraft convert` skips it.
 	ckpt, err := checkpoint.LoadFS(fsys, dir, checkpoint.LoadOptions{Quant: opts.quant})
@@ -287,6 +322,18 @@ func (d *drafter) load(fsys fs.FS, dir string, opts loadOptions) (*model, error)
 	// The engine keeps nothing of the CPU weights: drop the fetched bytes
 	// once they are on the GPU.
 	defer ckpt.Close()
+	var h *checkpoint.Eagle3
+	var features []int
+	if head != nil {
+		if h, err = checkpoint.LoadEagle3FS(head.fsys, head.dir, checkpoint.LoadOptions{Quant: opts.quant}); err != nil {
+			return nil, fmt.Errorf("head %s: %w", head.dir, err)
+		}
+		defer h.Close()
+		if err := h.Config.Check(ckpt.Config); err != nil {
+			return nil, fmt.Errorf("head %s does not fit %s: %w", head.dir, dir, err)
+		}
+		features = h.Config.Aux(ckpt.Config.NumHiddenLayers)
+	}
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -294,9 +341,20 @@ func (d *drafter) load(fsys fs.FS, dir string, opts loadOptions) (*model, error)
 	if err != nil {
 		return nil, err
 	}
-	e, err := d.group.New(ckpt.Config, ckpt.Weights, webgpu.Options{KVBytes: opts.kvBytes, MaxSequences: opts.maxSequences})
+	e, err := d.group.New(ckpt.Config, ckpt.Weights, webgpu.Options{KVBytes: opts.kvBytes, MaxSequences: opts.maxSequences, FeatureLayers: features})
 	if err != nil {
 		return nil, err
+	}
+	var he *webgpu.Head
+	if h != nil {
+		// The head's cache holds as many positions as the model's: its one
+		// layer's share of the model's bytes a position.
+		layer := h.Config.Layer()
+		kv := opts.kvBytes * int64(engine.KVBytesPerToken(&layer, 4)) / int64(engine.KVBytesPerToken(&ckpt.Config, 4))
+		if he, err = webgpu.NewHead(e, h.Config, h.Weights, webgpu.HeadOptions{KVBytes: max(kv, 1<<20), MaxSequences: opts.maxSequences}); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("head %s: %w", head.dir, err)
+		}
 	}
 	c := ckpt.Config
 	info := adapterJS(dev)
@@ -318,6 +376,24 @@ func (d *drafter) load(fsys fs.FS, dir string, opts loadOptions) (*model, error)
 	}
 	info["id"] = m.id
 	d.models[m.id] = m
+	if he != nil {
+		d.nextID++
+		hinfo := adapterJS(dev)
+		hinfo["quant"] = string(h.Quant)
+		hinfo["converted"] = h.Converted
+		hinfo["config"] = map[string]any{
+			"vocabSize":      h.Config.VocabSize,
+			"draftVocabSize": h.Config.DraftVocabSize,
+			"hiddenSize":     h.Config.HiddenSize,
+			"targetLayers":   intsJS(features),
+			"eagle3":         true,
+		}
+		hinfo["kvCapacity"] = he.KVCapacity()
+		hinfo["tokenizer"] = false
+		m.head = &model{d: d, id: d.nextID, name: "EAGLE-3 head " + head.dir, e: he, info: hinfo, target: m}
+		hinfo["id"] = m.head.id
+		d.models[m.head.id] = m.head
+	}
 	return m, nil
 }
 
@@ -352,6 +428,9 @@ func (m *model) object() js.Value {
 	obj.Set("draft", draft)
 	obj.Set("session", session)
 	obj.Set("close", closeFn)
+	if m.head != nil {
+		obj.Set("head", m.head.object())
+	}
 	return obj
 }
 
@@ -371,10 +450,20 @@ func (m *model) draft(ids []int, n int) ([]int, error) {
 	return engine.IDs(draft), err
 }
 
-// close frees the model's GPU memory; the device stays open for others.
+// close frees the model's GPU memory — a model's with the head over it,
+// which cannot draft without it —; the device stays open for others.
 func (m *model) close() error {
 	m.d.mu.Lock()
 	defer m.d.mu.Unlock()
+	var err error
+	if m.head != nil {
+		err = m.head.closeLocked()
+	}
+	return errors.Join(err, m.closeLocked())
+}
+
+// closeLocked closes the model's engine, the drafter's lock held.
+func (m *model) closeLocked() error {
 	if m.e == nil {
 		return nil
 	}

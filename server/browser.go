@@ -39,11 +39,14 @@ type modelFile struct {
 }
 
 // modelManifest is GET /models/index.json: the files of the drafter and
-// the target (each folder at its Dir), with their sizes and content
+// the target (each folder at its Dir) and, where the server drafts with
+// an EAGLE-3 head, the head's (the page's in-browser mode runs it over the
+// target; edge drafting keeps the drafter), with their sizes and content
 // hashes, which name the files in the browser's cache.
 type modelManifest struct {
 	Drafter string      `json:"drafter"` // its folder among Files
 	Target  string      `json:"target"`
+	Head    string      `json:"head,omitempty"`
 	Files   []modelFile `json:"files"`
 	// Program and Loader are the engine's build, "" when this binary has
 	// none (the page then runs on the server only).
@@ -57,12 +60,19 @@ type browserFiles struct {
 	manifest []byte
 	files    map[string]ModelFiles // path -> its folder (path's first element is the folder)
 	reason   string                // why the browser cannot run the pair, or ""
+	// headReason is why the page's in-browser mode drafts with the
+	// drafter though the server has a head, or "".
+	headReason string
 }
 
 // newBrowserFiles hashes the pair's files once (tens of milliseconds for
-// the embedded pair). A pair without files, whose folders collide or are
-// of another shape gets a reason instead, which the manifest carries.
-func newBrowserFiles(drafter, target *ModelFiles) (*browserFiles, error) {
+// the embedded pair), and head's where it is set (an EAGLE-3 head's
+// folder: config.json and one model.safetensors). A pair without files,
+// whose folders collide or are of another shape gets a reason instead,
+// which the manifest carries; so does a head of another shape, or whose
+// folder's name is the drafter's or the target's, in headUnavailable (the
+// page then drafts with the drafter).
+func newBrowserFiles(drafter, target, head *ModelFiles) (*browserFiles, error) {
 	b := &browserFiles{files: map[string]ModelFiles{}}
 	m := modelManifest{Files: []modelFile{}}
 	if dist.Built() {
@@ -99,14 +109,44 @@ func newBrowserFiles(drafter, target *ModelFiles) (*browserFiles, error) {
 			}
 		}
 	}
+	if b.reason == "" && head != nil {
+		m.Head, m.Files, b.headReason = b.addHead(head, m.Drafter, m.Target, m.Files)
+	}
 	var err error
 	if b.manifest, err = json.Marshal(struct {
 		modelManifest
-		Unavailable string `json:"unavailable,omitempty"`
-	}{m, b.reason}); err != nil {
+		Unavailable     string `json:"unavailable,omitempty"`
+		HeadUnavailable string `json:"headUnavailable,omitempty"`
+	}{m, b.reason, b.headReason}); err != nil {
 		return nil, err
 	}
 	return b, nil
+}
+
+// addHead adds an EAGLE-3 head's files to the manifest's files: it
+// returns the head's folder among them and the files, or "", the files as
+// they were and why the head is left out.
+func (b *browserFiles) addHead(head *ModelFiles, drafter, target string, files []modelFile) (string, []modelFile, string) {
+	dir := path.Base(head.Dir)
+	switch dir {
+	case drafter:
+		return "", files, fmt.Sprintf("the EAGLE-3 head's folder has the drafter's name (%s)", dir)
+	case target:
+		return "", files, fmt.Sprintf("the EAGLE-3 head's folder has the target's name (%s)", dir)
+	}
+	var add []modelFile
+	for _, name := range []string{"config.json", "model.safetensors"} {
+		f, err := hashFile(head.FS, path.Join(head.Dir, name))
+		if err != nil {
+			return "", files, fmt.Sprintf("the browser takes an EAGLE-3 head's folder with one model.safetensors: %v", err)
+		}
+		f.Path = path.Join(dir, name)
+		add = append(add, f)
+	}
+	for _, f := range add {
+		b.files[f.Path] = *head
+	}
+	return dir, append(files, add...), ""
 }
 
 func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

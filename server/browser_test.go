@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,9 +19,14 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"webdraft/checkpoint"
 	"webdraft/engine"
+	"webdraft/engine/cpu"
 	"webdraft/internal/browsertest"
+	"webdraft/internal/synth"
+	"webdraft/speculative"
 	"webdraft/wasm/dist"
+	"webdraft/weights"
 )
 
 // TestBrowserEngine drives the page's in-browser mode in headless Chromium
@@ -401,5 +408,160 @@ func TestBrowserEdge(t *testing.T) {
 	run(prompts[1])
 	if d := f.modelDownloads.Load() - downloads; d != 0 {
 		t.Errorf("the restart downloaded %d model files", d)
+	}
+}
+
+// newHeadFixture serves the embedded pair as `serve --model HEAD` does: the
+// target on the CPU engine keeping the features a random EAGLE-3 head
+// reads, the head (written into a folder named dir, 4,096 draft tokens)
+// drafting the generations and listed for the page's in-browser mode, the
+// drafter serving /draft and edge drafting.
+func newHeadFixture(t *testing.T, dir string) *pairFixture {
+	t.Helper()
+	base := newPairFixtureOptions(t, Options{}) // loads the pair; its server goes unused
+	root := t.TempDir()
+	if err := synth.WriteEagle3(filepath.Join(root, dir), pairTarget.Config, synth.Eagle3Options{Seed: 5, DraftVocabSize: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := checkpoint.LoadEagle3(filepath.Join(root, dir), checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	tg, err := cpu.New(pairTarget.Config, pairTarget.Weights, cpu.Options{KVBytes: 64 << 20, FeatureLayers: h.Config.Aux(pairTarget.Config.NumHiddenLayers)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tg.Close() })
+	head, err := cpu.NewHead(tg, h.Config, h.Weights, cpu.HeadOptions{KVBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { head.Close() })
+	srv := NewWithOptions(slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
+	f := &pairFixture{drafter: base.drafter, target: tg, tok: base.tok, srv: srv}
+	ts := httptest.NewServer(f.countModelFiles(srv.Handler()))
+	f.url = ts.URL
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		srv.Run(ctx, Config{
+			Drafter:     Model{Name: "drafter", Engine: base.drafter, Tokenizer: base.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir}},
+			Target:      &Model{Name: "target", Engine: tg, Tokenizer: base.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.TargetDir}},
+			Head:        &Model{Name: "EAGLE-3 head " + dir, Engine: head, Files: &ModelFiles{FS: os.DirFS(root), Dir: dir}},
+			Speculative: speculative.Options{K: 4},
+		})
+		close(done)
+	}()
+	t.Cleanup(func() { ts.Close(); cancel(); <-done })
+	waitReady(t, ts.URL)
+	return f
+}
+
+// TestModelFilesHead: a server drafting with an EAGLE-3 head lists the
+// head's folder and files in the manifest, served with the hashes listed;
+// a head whose folder has the drafter's name is left out, with the reason.
+func TestModelFilesHead(t *testing.T) {
+	f := newHeadFixture(t, "head")
+	resp, err := http.Get(f.url + "/models/index.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var man struct {
+		modelManifest
+		HeadUnavailable string `json:"headUnavailable"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&man)
+	resp.Body.Close()
+	if err != nil || man.Head != "head" || len(man.Files) != 6 || man.HeadUnavailable != "" {
+		t.Fatalf("manifest %+v (%v)", man, err)
+	}
+	for _, mf := range man.Files[4:] {
+		resp, err := http.Get(f.url + "/models/" + mf.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		sum := sha256.Sum256(data)
+		if !strings.HasPrefix(mf.Path, "head/") || resp.StatusCode != 200 || hex.EncodeToString(sum[:]) != mf.SHA256 {
+			t.Errorf("%s: %d, hash %x (manifest %s)", mf.Path, resp.StatusCode, sum[:4], mf.SHA256[:8])
+		}
+	}
+
+	b, err := newBrowserFiles(&ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir}, &ModelFiles{FS: weights.FS(), Dir: weights.TargetDir},
+		&ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left struct {
+		modelManifest
+		HeadUnavailable string `json:"headUnavailable"`
+	}
+	if err := json.Unmarshal(b.manifest, &left); err != nil || left.Head != "" || len(left.Files) != 4 || !strings.Contains(left.HeadUnavailable, "drafter's name") {
+		t.Errorf("a head named as the drafter: %+v", left)
+	}
+}
+
+// TestBrowserEngineHead: where the server drafts with an EAGLE-3 head, the
+// page's in-browser mode runs that head over the target in headless
+// Chromium (WebGPU on SwiftShader): the note says the head drafts, the
+// live view's hello names it, and the output is the target's greedy
+// continuation.
+func TestBrowserEngineHead(t *testing.T) {
+	browsertest.Require(t, "the in-browser engine test with an EAGLE-3 head")
+	if !dist.Built() {
+		t.Skip("no browser build in wasm/dist/files: run `go tool task wasm` first")
+	}
+	f := newHeadFixture(t, "head")
+	ctx := browsertest.NewStrict(t, 20*time.Minute)
+	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	do("opening the page", chromedp.Navigate(f.url+"/"), chromedp.Click("#where-browser"))
+	state, err := chromedp.Run(ctx, chromedp.Poll[string](`document.body.dataset.engine || false`, chromedp.WithPollingTimeout(8*time.Minute)))
+	note, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("engine-note").textContent`))
+	if err != nil || state != "ready" || !strings.Contains(note, "the EAGLE-3 head head drafts") {
+		t.Fatalf("the engine (%q, %v): %s", state, err, note)
+	}
+	t.Logf("engine: %s", note)
+	const n = 3
+	prompt := "def add(a, b):\n    "
+	do("starting a run",
+		chromedp.SetValue("#prompt", prompt), chromedp.SetValue("#k", "3"), chromedp.SetValue("#max_tokens", strconv.Itoa(n)),
+		chromedp.SetValue("#temperature", "0"),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("race").checked = false`),
+		chromedp.Click("#start"))
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent.startsWith("done")`,
+		chromedp.WithPollingTimeout(10*time.Minute))); err != nil {
+		last, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify(window.webdraftEngineLog.slice(-3))`))
+		t.Fatalf("the run never finished: %v; the last events: %.2000s", err, last)
+	}
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify(window.webdraftEngineLog)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []map[string]any
+	if err := json.Unmarshal([]byte(raw), &events); err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	hello, steps, drafted := "", 0, 0
+	for _, ev := range events {
+		switch {
+		case ev["type"] == "hello":
+			hello, _ = ev["drafter"].(string)
+		case ev["type"] == "step" && ev["run"] == "speculative":
+			steps++
+			drafted += len(eventIDs(ev["draft"]))
+			out = append(out, eventIDs(ev["tokens"])...)
+		}
+	}
+	want, _ := f.greedy(t, f.tok.Encode(prompt), n)
+	if hello != "EAGLE-3 head head" || steps == 0 || drafted == 0 || !slices.Equal(out, want) {
+		t.Errorf("hello's drafter %q; %d steps, %d tokens drafted, gave %v; the target's greedy continuation is %v", hello, steps, drafted, out, want)
 	}
 }

@@ -64,8 +64,9 @@ type Config struct {
 	// Head, when set with Target, drafts the generations in Drafter's
 	// place: an EAGLE-3 head over Target's engine (engine.Head), which
 	// reads its features. Drafter still serves /draft (an outside
-	// verifier sends no features) and the page's browser modes. A head
-	// has no Reopen: after a fault it is rebuilt by no one, and Run ends.
+	// verifier sends no features) and edge drafting; the page's in-browser
+	// mode runs the head over the target where Head has Files. A head has
+	// no Reopen: after a fault it is rebuilt by no one, and Run ends.
 	Head        *Model
 	Scheduler   scheduler.Options
 	Speculative speculative.Options
@@ -245,11 +246,14 @@ func (s *Server) newState(c Config) (*state, error) {
 		s.metrics.watchGenerator(st.gen)
 		st.targetText = textBound(st.target.Tokenizer, st.maxContext())
 	}
-	var target *ModelFiles
+	var target, head *ModelFiles
 	if c.Target != nil {
 		target = c.Target.Files
 	}
-	browser, err := newBrowserFiles(c.Drafter.Files, target)
+	if c.Head != nil {
+		head = c.Head.Files
+	}
+	browser, err := newBrowserFiles(c.Drafter.Files, target, head)
 	if err != nil {
 		return nil, err
 	}

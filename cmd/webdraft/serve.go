@@ -132,7 +132,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	defer drafter.close()
 	cfg := server.Config{Drafter: drafter.model}
 	if hp != nil {
-		cfg.Head = &server.Model{Name: "EAGLE-3 head " + *modelDir, Engine: hp.head}
+		cfg.Head = &server.Model{Name: "EAGLE-3 head " + *modelDir, Engine: hp.head, Files: modelFiles(*modelDir, "")}
 	}
 	if withTarget {
 		defer target.close()

@@ -114,7 +114,8 @@
           bar.value = bar.max;
           document.body.dataset.engine = "ready";
           note.textContent = (m.mode === "edge" ? "drafter ready on " : "ready on ") + m.adapter + " in " + m.seconds.toFixed(1) + " s (" +
-            (m.downloaded ? (m.downloaded / 1048576).toFixed(1) + " MiB downloaded" : "models from this browser's cache") + ")";
+            (m.downloaded ? (m.downloaded / 1048576).toFixed(1) + " MiB downloaded" : "models from this browser's cache") + ")" +
+            (m.head ? "; the EAGLE-3 head " + m.head + " drafts, reading the target's hidden states" : "");
           startBtn.disabled = false;
           showMode();
           break;

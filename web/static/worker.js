@@ -4,7 +4,8 @@
 // server's /models/index.json), fetches both models with progress, keeps
 // them in Cache Storage under their SHA-256 (a reload reads them from there)
 // and runs, on the user's GPU, either the live view (mode "browser": both
-// models here) or the drafter alone for edge drafting (mode "edge": the
+// models here — the target and the drafter, or the server's EAGLE-3 head
+// over the target) or the drafter alone for edge drafting (mode "edge": the
 // server's target verifies; the page relays the websocket's draft
 // requests here and the drafts back). Messages:
 //
@@ -13,7 +14,8 @@
 //                   {op: "draft", request}      edge: a draft_request from the websocket
 //                   {op: "lose-device"}         a fault drill: the GPU device is lost
 //   to the page:    {op: "progress", done, total, file, cached}
-//                   {op: "ready", mode, adapter, features, f16, seconds, downloaded, cached}
+//                   {op: "ready", mode, adapter, features, f16, head, seconds, downloaded, cached}
+//                                               head: the EAGLE-3 head's folder where it drafts (mode "browser")
 //                   {op: "event", event}        the live view's events (web/README.md)
 //                   {op: "draft", message}      edge: the draft to send up the websocket
 //                   {op: "fault", message}      the GPU failed: the engine restarts
@@ -72,8 +74,10 @@ async function init(mode) {
     got = await fetchModels(man.files);
   }
   if (got) await start(got.files, mode);
+  const on = drafter || target;
   self.postMessage({
-    op: "ready", mode, adapter: drafter.adapter, features: drafter.features, f16: drafter.f16,
+    op: "ready", mode, adapter: on.adapter, features: on.features, f16: on.f16,
+    head: mode === "browser" && man.head ? man.head : "",
     seconds: (performance.now() - t0) / 1000, downloaded: got ? got.downloaded : 0, cached: got ? got.cached : 0,
   });
 }
@@ -103,12 +107,15 @@ async function boot() {
 }
 
 // start loads onto the GPU (opening a device) what mode needs and is not
-// loaded: the drafter, and for the live view the target.
+// loaded: for the live view the target and what drafts for it — the
+// server's EAGLE-3 head over the target where the manifest lists one, else
+// the drafter —, for edge drafting the drafter.
 async function start(files, mode) {
-  if (!drafter) drafter = await self.webdraft.loadFiles(files, man.drafter, { kvMiB: 64, maxSequences: 4 });
+  const head = mode === "browser" && man.head;
+  if (!drafter && !head) drafter = await self.webdraft.loadFiles(files, man.drafter, { kvMiB: 64, maxSequences: 4 });
   if (mode === "browser" && !live) {
-    if (!target) target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4 });
-    live = await self.webdraft.live(drafter, target, onEvent);
+    if (!target) target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4, head: man.head || undefined });
+    live = await self.webdraft.live(target.head || drafter, target, onEvent);
   }
   if (mode === "edge" && !session) {
     const s = drafter.session();

@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,7 +22,6 @@ import (
 	"webdraft/engine/cpu"
 	"webdraft/internal/browsertest"
 	"webdraft/internal/synth"
-	"webdraft/speculative"
 	"webdraft/wasm/dist"
 	"webdraft/weights"
 )
@@ -418,7 +415,7 @@ func TestBrowserEdge(t *testing.T) {
 // drafter serving /draft and edge drafting.
 func newHeadFixture(t *testing.T, dir string) *pairFixture {
 	t.Helper()
-	base := newPairFixtureOptions(t, Options{}) // loads the pair; its server goes unused
+	loadPair(t)
 	root := t.TempDir()
 	if err := synth.WriteEagle3(filepath.Join(root, dir), pairTarget.Config, synth.Eagle3Options{Seed: 5, DraftVocabSize: 4096}); err != nil {
 		t.Fatal(err)
@@ -428,33 +425,13 @@ func newHeadFixture(t *testing.T, dir string) *pairFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.Close() })
-	tg, err := cpu.New(pairTarget.Config, pairTarget.Weights, cpu.Options{KVBytes: 64 << 20, FeatureLayers: h.Config.Aux(pairTarget.Config.NumHiddenLayers)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tg.Close() })
-	head, err := cpu.NewHead(tg, h.Config, h.Weights, cpu.HeadOptions{KVBytes: 8 << 20})
+	f := newPairEngines(t, h.Config.Aux(pairTarget.Config.NumHiddenLayers))
+	head, err := cpu.NewHead(f.target.(*cpu.Engine), h.Config, h.Weights, cpu.HeadOptions{KVBytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { head.Close() })
-	srv := NewWithOptions(slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
-	f := &pairFixture{drafter: base.drafter, target: tg, tok: base.tok, srv: srv}
-	ts := httptest.NewServer(f.countModelFiles(srv.Handler()))
-	f.url = ts.URL
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		srv.Run(ctx, Config{
-			Drafter:     Model{Name: "drafter", Engine: base.drafter, Tokenizer: base.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir}},
-			Target:      &Model{Name: "target", Engine: tg, Tokenizer: base.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.TargetDir}},
-			Head:        &Model{Name: "EAGLE-3 head " + dir, Engine: head, Files: &ModelFiles{FS: os.DirFS(root), Dir: dir}},
-			Speculative: speculative.Options{K: 4},
-		})
-		close(done)
-	}()
-	t.Cleanup(func() { ts.Close(); cancel(); <-done })
-	waitReady(t, ts.URL)
+	f.serve(t, Options{}, &Model{Name: "EAGLE-3 head " + dir, Engine: head, Files: &ModelFiles{FS: os.DirFS(root), Dir: dir}})
 	return f
 }
 

@@ -55,6 +55,14 @@ func newPairFixture(t *testing.T, apiKey string) *pairFixture {
 // newPairFixtureOptions is newPairFixture with the server's options.
 func newPairFixtureOptions(t *testing.T, opts Options) *pairFixture {
 	t.Helper()
+	f := newPairEngines(t, nil)
+	f.serve(t, opts, nil)
+	return f
+}
+
+// loadPair loads the embedded pair once for every test.
+func loadPair(t *testing.T) {
+	t.Helper()
 	if !weights.Embedded() {
 		t.Skip("built without the embedded pair")
 	}
@@ -66,31 +74,47 @@ func newPairFixtureOptions(t *testing.T, opts Options) *pairFixture {
 	if pairErr != nil {
 		t.Fatal(pairErr)
 	}
+}
+
+// newPairEngines is a fixture of the embedded pair on the fast CPU
+// engine, as `serve` runs it without a GPU, the target keeping the
+// features of the layers features lists (an EAGLE-3 head's); not served
+// yet (serve).
+func newPairEngines(t *testing.T, features []int) *pairFixture {
+	t.Helper()
+	loadPair(t)
 	tok, err := tokenizer.Default()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The pair on the fast CPU engine, as `serve` runs it without a GPU.
 	d, err := cpu.New(pairDrafter.Config, pairDrafter.Weights, cpu.Options{KVBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	tg, err := cpu.New(pairTarget.Config, pairTarget.Weights, cpu.Options{KVBytes: 64 << 20})
+	tg, err := cpu.New(pairTarget.Config, pairTarget.Weights, cpu.Options{KVBytes: 64 << 20, FeatureLayers: features})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tg.Close() })
-	srv := NewWithOptions(slog.New(slog.NewTextHandler(io.Discard, nil)), opts)
-	f := &pairFixture{drafter: d, target: tg, tok: tok, srv: srv}
-	ts := httptest.NewServer(f.countModelFiles(srv.Handler()))
+	return &pairFixture{drafter: d, target: tg, tok: tok}
+}
+
+// serve starts a server with opts running the fixture's pair (the
+// embedded pair's files for the page) and, where head is set, drafting
+// the generations with it; it returns once the server is ready.
+func (f *pairFixture) serve(t *testing.T, opts Options, head *Model) {
+	t.Helper()
+	f.srv = NewWithOptions(slog.New(slog.NewTextHandler(io.Discard, nil)), opts)
+	ts := httptest.NewServer(f.countModelFiles(f.srv.Handler()))
 	f.url = ts.URL
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		srv.Run(ctx, Config{
-			Drafter:     Model{Name: "drafter", Engine: d, Tokenizer: tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir}},
-			Target:      &Model{Name: "target", Engine: tg, Tokenizer: tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.TargetDir}},
+		f.srv.Run(ctx, Config{
+			Drafter:     Model{Name: "drafter", Engine: f.drafter, Tokenizer: f.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir}},
+			Target:      &Model{Name: "target", Engine: f.target, Tokenizer: f.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.TargetDir}},
+			Head:        head,
 			Scheduler:   scheduler.Options{},
 			Speculative: speculative.Options{K: 4},
 		})
@@ -98,7 +122,6 @@ func newPairFixtureOptions(t *testing.T, opts Options) *pairFixture {
 	}()
 	t.Cleanup(func() { ts.Close(); cancel(); <-done })
 	waitReady(t, ts.URL)
-	return f
 }
 
 // greedyText is the target's own greedy continuation of prompt: its ids

@@ -80,14 +80,7 @@ func (e *Engine) FusesTree(target engine.Engine, steps []engine.TreeStep) bool {
 	t := target.(*Engine)
 	var dRows, dLasts, tRows, tLasts int
 	for _, s := range steps {
-		switch v := s.Verify; {
-		case s.Draft == nil || v == nil || s.Width < 1 || s.Width > kernels.MaxTreeWidth || s.Depth < 1 || s.Nodes < 1:
-			return false
-		case treeTable(s) > kernels.MaxTreeTable || (s.Depth-1)*s.Width > treemask.MaxNodes || verified(s) > treemask.MaxNodes:
-			return false
-		case s.Draft.Parents != nil || v.Parents != nil || v.Propose != nil || v.Tree != nil || v.Draws != nil || !v.Sampling.Greedy():
-			return false
-		case len(s.Draft.Tokens) == 0 || len(s.Draft.Tokens) > decodeEntryRows || len(v.Tokens) == 0:
+		if !treeShapeFuses(s, kernels.MaxTreeWidth) || len(s.Draft.Tokens) > decodeEntryRows {
 			return false
 		}
 		dRows += max(len(s.Draft.Tokens), s.Width)
@@ -96,6 +89,22 @@ func (e *Engine) FusesTree(target engine.Engine, steps []engine.TreeStep) bool {
 		tLasts += verified(s) + 1
 	}
 	return dRows <= e.opts.MaxRows && dLasts <= e.act.maxLasts && tRows <= t.opts.MaxRows && tLasts <= t.act.maxLasts
+}
+
+// treeShapeFuses reports whether a step's tree drafts on the device: 1 to
+// maxWidth children a node, a node table within kernels.MaxTreeTable
+// rows, its fed and verified nodes within treemask.MaxNodes slots; lines
+// of pending tokens for both models, and a greedy target.
+func treeShapeFuses(s engine.TreeStep, maxWidth int) bool {
+	switch v := s.Verify; {
+	case s.Draft == nil || v == nil || s.Width < 1 || s.Width > maxWidth || s.Depth < 1 || s.Nodes < 1:
+		return false
+	case treeTable(s) > kernels.MaxTreeTable || (s.Depth-1)*s.Width > treemask.MaxNodes || verified(s) > treemask.MaxNodes:
+		return false
+	case s.Draft.Parents != nil || v.Parents != nil || v.Propose != nil || v.Tree != nil || v.Draws != nil || !v.Sampling.Greedy():
+		return false
+	}
+	return len(s.Draft.Tokens) > 0 && len(s.Verify.Tokens) > 0
 }
 
 // DraftVerifyTree drafts a token tree for each step and verifies it with
@@ -114,19 +123,11 @@ func (e *Engine) DraftVerifyTree(ctx context.Context, target engine.Engine, step
 	}
 	t := target.(*Engine)
 	drafts := make([]*engine.Entry, len(steps))
-	verify := make([]*engine.VerifyEntry, len(steps))
 	for i, s := range steps {
 		// The drafter's entry reads out the root's Width most likely tokens.
 		drafts[i] = &engine.Entry{Seq: s.Draft.Seq, Tokens: s.Draft.Tokens, TopN: s.Width}
-		// The target's: its pending tokens, and the verified nodes' places,
-		// held by token 0 in line until the device writes their tokens and
-		// rows (gatherTree); commitTree places them as the device did.
-		v := *s.Verify
-		n := verified(s)
-		v.Tokens = append(slices.Clip(v.Tokens), make([]int, n)...)
-		v.Out = n + 1
-		verify[i] = &v
 	}
+	verify := treeVerifyEntries(steps)
 	if err := engine.CheckBatch(&e.cfg, drafts); err != nil {
 		return err
 	}
@@ -162,6 +163,23 @@ func (e *Engine) DraftVerifyTree(ctx context.Context, target engine.Engine, step
 		return e.broken(err)
 	}
 	return nil
+}
+
+// treeVerifyEntries are the target's entries of a tree call: each step's
+// pending tokens, then the verified nodes' places, held by token 0 in line
+// until the device writes their tokens and rows (gatherTree) — the
+// commit places them as the device did —, each of them and the last
+// pending token read out.
+func treeVerifyEntries(steps []engine.TreeStep) []*engine.VerifyEntry {
+	verify := make([]*engine.VerifyEntry, len(steps))
+	for i, s := range steps {
+		v := *s.Verify
+		n := verified(s)
+		v.Tokens = append(slices.Clip(v.Tokens), make([]int, n)...)
+		v.Out = n + 1
+		verify[i] = &v
+	}
+	return verify
 }
 
 // prepareTree readies the drafter's part (checked, the group's lock held):

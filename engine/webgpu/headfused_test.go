@@ -11,14 +11,44 @@ import (
 	"webdraft/engine/enginetest"
 )
 
-// headFusedGen is one generation of TestHeadDraftVerify, twice over: a
-// target and a head sequence for DraftVerify and the same for StepN then
-// Verify. text is the context so far; the target's cache holds all of it
-// but the last token and each head sequence what it holds.
+// headTwins are a generation's sequences twice over: the target's and the
+// head's for a fused call (F) and the same for the calls it stands for
+// (S). text is the context so far; the targets' caches hold all of it but
+// the last token, each head sequence what it holds.
+type headTwins struct {
+	text           []int
+	tF, tS, hF, hS engine.Sequence
+}
+
+// newHeadTwins opens a generation's twin sequences, feeds prompt to both
+// targets and appends the target's greedy token after it to the text.
+func newHeadTwins(t *testing.T, h *Head, target *Engine, prompt []int) headTwins {
+	t.Helper()
+	g := headTwins{text: slices.Clone(prompt)}
+	for _, s := range []*engine.Sequence{&g.tF, &g.tS, &g.hF, &g.hS} {
+		var err error
+		if s == &g.hF || s == &g.hS {
+			*s, err = h.NewSequence()
+		} else {
+			*s, err = target.NewSequence()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup((*s).Release)
+	}
+	next := enginetest.TargetStep(t, target, g.tF, g.text...)
+	if again := enginetest.TargetStep(t, target, g.tS, g.text...); again != next {
+		t.Fatalf("the target's token after the prompt: %d, then %d", next, again)
+	}
+	g.text = append(g.text, next)
+	return g
+}
+
+// headFusedGen is one generation of TestHeadDraftVerify: DraftVerify on
+// the F sequences, StepN then Verify on the S ones.
 type headFusedGen struct {
-	text       []int
-	tF, tS     engine.Sequence // the target's: fused, separate
-	hF, hS     engine.Sequence // the head's
+	headTwins
 	take       int
 	fusedDraft []engine.Token
 }
@@ -53,27 +83,8 @@ func TestHeadDraftVerify(t *testing.T) {
 			ctx := context.Background()
 			const n = 4
 			gens := []*headFusedGen{
-				{text: []int{3, 17, 5, 9, 30, 200}, take: n},
-				{text: []int{8, 1, 250, 4}, take: n - 2},
-			}
-			for _, g := range gens {
-				for _, s := range []*engine.Sequence{&g.tF, &g.tS, &g.hF, &g.hS} {
-					var err error
-					if s == &g.hF || s == &g.hS {
-						*s, err = h.NewSequence()
-					} else {
-						*s, err = target.NewSequence()
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup((*s).Release)
-				}
-				next := enginetest.TargetStep(t, target, g.tF, g.text...)
-				if again := enginetest.TargetStep(t, target, g.tS, g.text...); again != next {
-					t.Fatalf("the target's token after the prompt: %d, then %d", next, again)
-				}
-				g.text = append(g.text, next)
+				{headTwins: newHeadTwins(t, h, target, []int{3, 17, 5, 9, 30, 200}), take: n},
+				{headTwins: newHeadTwins(t, h, target, []int{8, 1, 250, 4}), take: n - 2},
 			}
 			for round := range 3 {
 				var fused, separate []engine.ChainStep

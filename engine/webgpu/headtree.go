@@ -66,12 +66,9 @@ func (ht *headTree) ensure(d *gpu.Device, seqs, c, rows, maps int) error {
 // FusesTree reports whether DraftVerifyTree takes target and steps: the
 // head's own target; each step's head entry over the target's sequence it
 // verifies, with no token tree of its own (the last one kept or dropped);
-// trees of 1 to kernels.MaxTreeWidth children a node (and no more than
-// the draft vocabulary has tokens) whose node tables fit
-// kernels.MaxTreeTable rows and whose fed and verified nodes fit
-// treemask.MaxNodes slots; lines of pending tokens, a greedy target; a
-// level's rows within one head pass and its read-out, and the target's
-// within one pass.
+// trees the device drafts (treeShapeFuses), no wider than the draft
+// vocabulary; a level's rows within one head pass and its read-out, and
+// the target's within one pass.
 func (h *Head) FusesTree(target engine.Engine, steps []engine.TreeStep) bool {
 	if !h.Fuses(target) || len(steps) == 0 || len(steps) > h.act.S {
 		return false
@@ -79,16 +76,7 @@ func (h *Head) FusesTree(target engine.Engine, steps []engine.TreeStep) bool {
 	t := h.target
 	var level, tRows, tLasts int
 	for _, s := range steps {
-		switch v := s.Verify; {
-		case s.Draft == nil || v == nil || s.Width < 1 || s.Width > min(kernels.MaxTreeWidth, h.cfg.DraftVocabSize) || s.Depth < 1 || s.Nodes < 1:
-			return false
-		case s.Draft.Target == nil || s.Draft.Target != v.Seq:
-			return false
-		case treeTable(s) > kernels.MaxTreeTable || (s.Depth-1)*s.Width > treemask.MaxNodes || verified(s) > treemask.MaxNodes:
-			return false
-		case s.Draft.Parents != nil || v.Parents != nil || v.Propose != nil || v.Tree != nil || v.Draws != nil || !v.Sampling.Greedy():
-			return false
-		case len(s.Draft.Tokens) == 0 || len(v.Tokens) == 0:
+		if !treeShapeFuses(s, min(kernels.MaxTreeWidth, h.cfg.DraftVocabSize)) || s.Draft.Target == nil || s.Draft.Target != s.Verify.Seq {
 			return false
 		}
 		if hs, ok := s.Draft.Seq.(*headSequence); !ok || hs.tree.Len() > 0 {
@@ -121,15 +109,10 @@ func (h *Head) DraftVerifyTree(ctx context.Context, target engine.Engine, steps 
 	}
 	t := h.target
 	drafts := make([]*engine.Entry, len(steps))
-	verify := make([]*engine.VerifyEntry, len(steps))
 	for i, s := range steps {
 		drafts[i] = &engine.Entry{Seq: s.Draft.Seq, Target: s.Draft.Target, Tokens: s.Draft.Tokens, TopN: s.Width}
-		v := *s.Verify
-		n := verified(s)
-		v.Tokens = append(slices.Clip(v.Tokens), make([]int, n)...)
-		v.Out = n + 1
-		verify[i] = &v
 	}
+	verify := treeVerifyEntries(steps)
 	if err := engine.CheckBatch(&h.engCfg, drafts); err != nil {
 		return fmt.Errorf("webgpu head: %w", err)
 	}

@@ -46,14 +46,11 @@ func TestHeadTreeRefusals(t *testing.T) {
 	enginetest.HeadTreeRefusals(t, rig.head, rig.target, other)
 }
 
-// headTreeGen is one generation of TestHeadDraftVerifyTree, twice over:
-// target and head sequences for DraftVerifyTree (F) and the same for the
-// host's way (S): the head's Verify a level at a time, the target's
-// Verify of the tree. text is the context so far; the target's caches
-// hold all of it but the last token, the head's what they hold.
+// headTreeGen is one generation of TestHeadDraftVerifyTree: DraftVerifyTree
+// on the F sequences, the host's way on the S ones (the head's Verify a
+// level at a time, the target's Verify of the tree).
 type headTreeGen struct {
-	text                []int
-	tF, tS, hF, hS      engine.Sequence
+	headTwins
 	width, depth, nodes int
 }
 
@@ -72,25 +69,8 @@ func TestHeadDraftVerifyTree(t *testing.T) {
 	h, target := rig.head, rig.target
 	ctx := context.Background()
 	gens := []*headTreeGen{
-		{text: []int{3, 17, 5, 9, 30, 200}, width: 2, depth: 3, nodes: 6},
-		{text: []int{8, 1, 250, 4}, width: 4, depth: 3, nodes: 12},
-	}
-	for _, g := range gens {
-		for _, s := range []*engine.Sequence{&g.tF, &g.tS, &g.hF, &g.hS} {
-			var err error
-			if s == &g.hF || s == &g.hS {
-				*s, err = h.NewSequence()
-			} else {
-				*s, err = target.NewSequence()
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup((*s).Release)
-		}
-		next := enginetest.TargetStep(t, target, g.tF, g.text...)
-		enginetest.TargetStep(t, target, g.tS, g.text...)
-		g.text = append(g.text, next)
+		{headTwins: newHeadTwins(t, h, target, []int{3, 17, 5, 9, 30, 200}), width: 2, depth: 3, nodes: 6},
+		{headTwins: newHeadTwins(t, h, target, []int{8, 1, 250, 4}), width: 4, depth: 3, nodes: 12},
 	}
 	for round := range 3 {
 		steps := make([]engine.TreeStep, len(gens))

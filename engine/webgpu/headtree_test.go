@@ -10,6 +10,7 @@ import (
 
 	"webdraft/engine"
 	"webdraft/engine/enginetest"
+	"webdraft/sampling"
 )
 
 // TestHeadTree: enginetest.HeadTree, token trees drafted through Verify
@@ -210,5 +211,54 @@ func TestHeadDraftVerifyTree(t *testing.T) {
 				t.Errorf("round %d, generation %d: the head's next draft %d (%v), the host's %d (%v)", round, i, next[0].Next, next[0].Logprob, next[1].Next, next[1].Logprob)
 			}
 		}
+	}
+}
+
+// TestHeadFusesTree: what a head's DraftVerifyTree refuses — a head entry
+// without the target's sequence it verifies, a tree wider than the draft
+// vocabulary, a sampling target, a token past the vocabulary — refused
+// before anything changes; the same step, mended, runs.
+func TestHeadFusesTree(t *testing.T) {
+	rig := newHeadRig(t, true, HeadOptions{})
+	h, target := rig.head, rig.target
+	g := newHeadTwins(t, h, target, []int{3, 17, 5, 9, 30, 200})
+	step := func() engine.TreeStep {
+		return engine.TreeStep{
+			Draft:  &engine.Entry{Seq: g.hF, Target: g.tF, Tokens: slices.Clone(g.text[g.hF.Len():])},
+			Verify: &engine.VerifyEntry{Seq: g.tF, Tokens: slices.Clone(g.text[g.tF.Len():])},
+			Width:  2, Depth: 3, Nodes: 6,
+		}
+	}
+	for _, bad := range []struct {
+		name  string
+		spoil func(s *engine.TreeStep)
+		fuses bool // FusesTree takes it: the call refuses it later
+	}{
+		{"no Target sequence", func(s *engine.TreeStep) { s.Draft.Target = nil }, false},
+		{"another Target sequence", func(s *engine.TreeStep) { s.Draft.Target = g.tS }, false},
+		{"wider than the draft vocabulary", func(s *engine.TreeStep) { s.Width = rig.cfg.DraftVocabSize + 1 }, false},
+		{"a sampling target", func(s *engine.TreeStep) { s.Verify.Sampling = sampling.Params{Temperature: 0.7} }, false},
+		{"a token past the vocabulary", func(s *engine.TreeStep) { s.Verify.Tokens[0] = target.cfg.VocabSize }, true},
+	} {
+		s := step()
+		bad.spoil(&s)
+		steps := []engine.TreeStep{s}
+		if got := h.FusesTree(target, steps); got != bad.fuses {
+			t.Errorf("%s: FusesTree %v", bad.name, got)
+		}
+		hl, tl := g.hF.Len(), g.tF.Len()
+		if err := h.DraftVerifyTree(context.Background(), target, steps); err == nil || g.hF.Len() != hl || g.tF.Len() != tl {
+			t.Errorf("%s: err %v, head Len %d → %d, target Len %d → %d", bad.name, err, hl, g.hF.Len(), tl, g.tF.Len())
+		}
+	}
+	if err := h.Fault(); err != nil {
+		t.Fatalf("a refused tree broke the group: %v", err)
+	}
+	steps := []engine.TreeStep{step()}
+	if !h.FusesTree(target, steps) || h.FusesTree(h, steps) {
+		t.Fatal("FusesTree: want the head's own target only")
+	}
+	if err := h.DraftVerifyTree(context.Background(), target, steps); err != nil {
+		t.Fatalf("after the refusals: %v", err)
 	}
 }

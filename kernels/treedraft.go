@@ -19,7 +19,7 @@ const (
 	TreeStateWords = 32 // a sequence's node count and frontier
 	TreeNodeWords  = 10 // a node (TreeNode)
 	TreeFeedRows   = 64 // a sequence's feed rows (treemask.MaxNodes)
-	TreeFeedWords  = 4  // a feed row: token, position, mask low, mask high
+	TreeFeedWords  = 4  // a feed row: token, position (tree_select) or parent row (tree_expand), mask low, mask high
 	// MaxTreeWidth bounds b, a node's children (tree_expand.wgsl's MAXB).
 	MaxTreeWidth = 16
 	// MaxTreeTable bounds a sequence's node table (tree_select.wgsl's

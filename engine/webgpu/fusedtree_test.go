@@ -101,25 +101,7 @@ func TestDraftVerifyTree(t *testing.T) {
 			if err := p.drafter.Step(ctx, []*engine.Entry{en}); err != nil {
 				t.Fatal(err)
 			}
-			want := map[int]float32{}
-			for _, tl := range en.Top {
-				want[tl.Token] = tl.Logprob
-			}
-			var kids []engine.TreeNode
-			for _, nd := range tree {
-				if nd.Parent == k {
-					kids = append(kids, nd)
-				}
-			}
-			if len(kids) != c.width {
-				t.Fatalf("step %d node %d: %d children, want %d", i, k, len(kids), c.width)
-			}
-			for j, kid := range kids {
-				lp, ok := want[kid.ID]
-				if !ok || math.Abs(float64(lp-kid.Logprob)) > 2e-3 || j > 0 && kid.Logprob > kids[j-1].Logprob {
-					t.Errorf("step %d node %d: child %d token %d log-probability %v; the drafter's top %v", i, k, j, kid.ID, kid.Logprob, en.Top)
-				}
-			}
+			checkChildren(t, fmt.Sprintf("step %d", i), tree, k, en.Top, c.width, 2e-3)
 		}
 		// The target's rows: its read-out after each verified path.
 		for r := -1; r < n; r++ {
@@ -170,6 +152,33 @@ func TestDraftVerifyTree(t *testing.T) {
 		}
 		if got, want := s.Draft.Seq.Len(), len(c.ctx)+len(dslots); got != want {
 			t.Errorf("step %d: drafter Len %d after keeping %d nodes, want %d", i, got, len(dslots), want)
+		}
+	}
+}
+
+// checkChildren checks node k's children in a tree drafted on the device
+// (k = −1: the root's) against the top tokens the drafter reads out after
+// its path when asked alone: width of them, each among top with its
+// log-probability within tol, in descending order.
+func checkChildren(t *testing.T, what string, tree []engine.TreeNode, k int, top []sampling.TokenLogprob, width int, tol float64) {
+	t.Helper()
+	want := map[int]float32{}
+	for _, tl := range top {
+		want[tl.Token] = tl.Logprob
+	}
+	var kids []engine.TreeNode
+	for _, nd := range tree {
+		if nd.Parent == k {
+			kids = append(kids, nd)
+		}
+	}
+	if len(kids) != width {
+		t.Fatalf("%s node %d: %d children, want %d", what, k, len(kids), width)
+	}
+	for j, kid := range kids {
+		lp, ok := want[kid.ID]
+		if !ok || math.Abs(float64(lp-kid.Logprob)) > tol || j > 0 && kid.Logprob > kids[j-1].Logprob {
+			t.Errorf("%s node %d: child %d token %d log-probability %v; the drafter's top %v", what, k, j, kid.ID, kid.Logprob, top)
 		}
 	}
 }

@@ -137,25 +137,7 @@ func TestHeadDraftVerifyTree(t *testing.T) {
 				t.Errorf("%s: head Len %d, the host's %d", what, g.hF.Len(), g.hS.Len())
 			}
 			for k, row := range explored {
-				want := map[int]float32{}
-				for _, tl := range row.Top {
-					want[tl.Token] = tl.Logprob
-				}
-				var kids []engine.TreeNode
-				for _, nd := range tree {
-					if nd.Parent == k {
-						kids = append(kids, nd)
-					}
-				}
-				if len(kids) != g.width {
-					t.Fatalf("%s node %d: %d children, want %d", what, k, len(kids), g.width)
-				}
-				for j, kid := range kids {
-					lp, ok := want[kid.ID]
-					if !ok || math.Abs(float64(lp-kid.Logprob)) > headLogprobTol || j > 0 && kid.Logprob > kids[j-1].Logprob {
-						t.Errorf("%s node %d: child %d token %d log-probability %v; the host's top %v", what, k, j, kid.ID, kid.Logprob, row.Top)
-					}
-				}
+				checkChildren(t, what, tree, k, row.Top, g.width, headLogprobTol)
 			}
 			// The target's rows: its Verify of the same tree on S.
 			v := &engine.VerifyEntry{Seq: g.tS, Tokens: slices.Clone(s.Verify.Tokens), Parents: slices.Clone(s.Verify.Parents), Out: len(s.Verify.Rows), TopN: 2}

@@ -176,7 +176,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			}
 			if T >= 2 && T <= 64 || T >= 256 {
 				for _, l := range skinnyLayouts {
-					if (T >= 256 || l.tt <= 2*T) && l.chunk(limits.MaxComputeWorkgroupStorageSize) > 0 {
+					if (T >= 256 || l.tt <= 2*T && 4*l.tt >= T) && l.chunk(limits.MaxComputeWorkgroupStorageSize) > 0 {
 						add(kernelSkinny, func(c *matMulChoice) { c.skinny = l })
 					}
 				}
@@ -337,12 +337,16 @@ func benchRowList(b *testing.B) []int {
 var benchTs = []int{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}
 
 // benchSkinnyLayouts are the skinny_int4.wgsl layouts
-// BenchmarkMatMulKernels tries besides pickSkinnyLayout's.
+// BenchmarkMatMulKernels tries besides pickSkinnyLayout's, each at the
+// rows T of a quarter to twice its tile.
 var benchSkinnyLayouts = []skinnyLayout{
 	{4, 2, 64}, {4, 2, 128}, {4, 2, 256}, {8, 2, 128}, {8, 2, 256}, {8, 4, 64}, {16, 2, 64}, {16, 2, 128}, {16, 4, 64},
 	{32, 1, 128}, {32, 2, 64}, {32, 2, 128}, {32, 4, 64}, {32, 2, 256},
 	// Row counts between the powers of two: a verification's k + 1 rows.
 	{12, 2, 96}, {12, 2, 192}, {20, 2, 160}, {20, 2, 240}, {24, 2, 192}, {24, 2, 240},
+	// Tiles of exactly those rows.
+	{8, 2, 64}, {3, 2, 96}, {3, 4, 96}, {3, 2, 192}, {5, 2, 80}, {5, 2, 160}, {5, 4, 80}, {5, 4, 160}, {5, 2, 240},
+	{9, 2, 72}, {9, 2, 144}, {9, 4, 72}, {9, 2, 252}, {17, 2, 136}, {17, 2, 255}, {17, 4, 68}, {17, 4, 136}, {17, 1, 255},
 }
 
 // benchSkinnyPrefillLayouts are the skinny_int4.wgsl layouts

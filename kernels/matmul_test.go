@@ -197,7 +197,8 @@ func TestMatMulEachKernel(t *testing.T) {
 func TestSkinnyLayouts(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, l := range []skinnyLayout{{4, 1, 64}, {4, 2, 256}, {8, 2, 256}, {8, 4, 64}, {12, 2, 192}, {16, 1, 128}, {20, 2, 160}, {24, 2, 240}, {32, 4, 64}, {32, 2, 128}, {64, 2, 128}, {64, 1, 64}} {
+	for _, l := range []skinnyLayout{{4, 1, 64}, {4, 2, 256}, {8, 2, 256}, {8, 4, 64}, {12, 2, 192}, {16, 1, 128}, {20, 2, 160}, {24, 2, 240}, {32, 4, 64}, {32, 2, 128}, {64, 2, 128}, {64, 1, 64},
+		{1, 2, 64}, {3, 4, 96}, {5, 2, 160}, {6, 2, 192}, {9, 4, 72}, {17, 2, 255}} { // rows that are no multiple of 4
 		for _, groups := range []int{1, 64} {
 			T := 1 + r.IntN(2*l.tt)
 			s := matMulShape{T: T, N: 16 + r.IntN(300), K: 32 * (1 + r.IntN(40)), G: 32}
@@ -378,5 +379,29 @@ func TestMatMulRejectsBadShapes(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 		b.Discard()
+	}
+}
+
+// TestPlanSkinnyLayout: the H200's plan takes 5–20 rows that are no
+// multiple of 4 in tiles of exactly those rows, each a layout the kernel
+// takes; SwiftShader's keeps the padded tiles.
+func TestPlanSkinnyLayout(t *testing.T) {
+	for T := 1; T <= 24; T++ {
+		l := measuredH200.skinnyLayout(4096, T)
+		exact := T >= 5 && T <= 20 && T%4 != 0
+		if !l.valid() || exact != (l.tt == T && l.tt%4 != 0) {
+			t.Errorf("H200, %d rows: %v (valid %v), want a tile of exactly %d rows: %v", T, l, l.valid(), T, exact)
+		}
+		if s := measuredSwiftShader.skinnyLayout(4096, T); s != pickSkinnyLayout(4096, T) || s.tt%4 != 0 {
+			t.Errorf("SwiftShader, %d rows: %v, want pickSkinnyLayout's %v", T, s, pickSkinnyLayout(4096, T))
+		}
+	}
+	for _, c := range []struct {
+		T    int
+		want skinnyLayout
+	}{{5, skinnyLayout{5, 2, 125}}, {9, skinnyLayout{9, 2, 144}}, {17, skinnyLayout{17, 2, 238}}} {
+		if got := measuredH200.skinnyLayout(151936, c.T); got != c.want {
+			t.Errorf("H200, the head at %d rows: %v, want %v", c.T, got, c.want)
+		}
 	}
 }

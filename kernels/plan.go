@@ -28,13 +28,16 @@ type plan struct {
 	matVec            matVecLayout
 	skinnyMaxT        int
 	skinnyMinPrefillT int
-	gemmMinT          int
-	gemm4MinT         int
+	// exactSkinnyTiles: skinny_int4.wgsl takes 5–20 rows that are no
+	// multiple of 4 in tiles of exactly those rows (plan.skinnyLayout).
+	exactSkinnyTiles bool
+	gemmMinT         int
+	gemm4MinT        int
 
 	// The workgroups a matmul should have at least (split-K below that):
 	// the GEMM at 2 × n and 4 × 4 outputs a thread, skinny_int4.wgsl at up
-	// to 16 and at 32 activation rows a workgroup, matvec_batch_int4.wgsl
-	// (0: never split).
+	// to 16 and at more activation rows a workgroup (a vocabulary-sized
+	// head at any), matvec_batch_int4.wgsl (0: never split).
 	gemm2Groups, gemm4Groups       int
 	skinnyGroups, skinnyGroupsWide int
 	matVecBatchGroups              int
@@ -110,6 +113,7 @@ var measuredH200 = plan{
 	skinnyFewMinWeights: 48 << 20,
 	skinnyMaxT:          40,
 	skinnyMinPrefillT:   128,
+	exactSkinnyTiles:    true,
 	gemmMinT:            17,
 	gemm4MinT:           41,
 	gemm2Groups:         512,
@@ -140,7 +144,13 @@ var measuredH200 = plan{
 //     2.9–17.5 ms against 7–27 ms split to 512 workgroups; the GEMM
 //     130–820 ms at its best tile, so skinny_int4.wgsl takes every row
 //     count (larger ones, the prompt's 64, not measured; 2–4 rows keep
-//     matvec_batch_int4.wgsl, unmeasured here);
+//     matvec_batch_int4.wgsl, unmeasured here); in tiles of 8 rows, not
+//     of exactly five at 125 threads (the H200's exactSkinnyTiles):
+//     through Dawn on SwiftShader (the kernels' test binary as wasm,
+//     `-test.bench 'MatMulKernels/…/T5/skinny' -benchshape embedded
+//     -benchts 5`, two runs, 2026-12-03) q|k|v, o, gate|up and down took
+//     6.3–7.1 / 1.3–3.2 / 21–29 / 12–13 ms a matmul at 8 × 2 rows, 64
+//     threads, against 8.3–8.5 / 6.5–8.7 / 26–29 / 20–21 at 5 × 2, 125;
 //   - decode attention: one split of up to 1,024 positions (no merge),
 //     64 threads, eight values a load: at five rows 11–18 ms against
 //     29–38 ms at the H200's 1,024 workgroups; 128 and 256 threads slower;
@@ -329,9 +339,11 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 		c.matVecBatch = matVecBatchDefault
 		c.groups = p.matVecBatchGroups
 	case k == kernelSkinny:
-		c.skinny = pickSkinnyLayout(w.N, T)
+		c.skinny = p.skinnyLayout(w.N, T)
 		c.groups = p.skinnyGroups
-		if c.skinny.tt > 16 {
+		// Wide tiles split to fewer workgroups, but a head's many
+		// tiles of 17–20 rows still split in two (pickSkinnyLayout).
+		if c.skinny.tt > 16 && w.N < 65536 {
 			c.groups = p.skinnyGroupsWide
 		}
 	case k.isGEMM():

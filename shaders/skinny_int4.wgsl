@@ -40,7 +40,8 @@
 //      their scales into registers — they do not depend on x', so their
 //      latency hides behind step 2;
 //   2. the workgroup stages x' (SwiGLU, and the norm's weight and sums of
-//      squares, computed here) transposed, as xs[k][t] in vec4s over t;
+//      squares, computed here) transposed, as xs[k][t] in vec4s over t
+//      (the last vec4 partly unused when TT is not a multiple of 4);
 //      thread lid stages row t0 + lid % TT throughout (WG is a multiple of
 //      TT), so a warp's stores of one k fall in consecutive banks;
 //   3. 32 inputs at a time, the next 32's codes loading meanwhile, each
@@ -48,7 +49,9 @@
 //      bitcast(0x4B000000 | code) − (2²³ + 8) is code − 8 exactly, each
 //      code in place in its half word, as (code − 8)·16^e against x'
 //      staged times 16^−e (codes_in_place) — and multiplies each into the
-//      TT/4 vec4s of x'[k] it reads from xs.
+//      TV vec4s of x'[k] it reads from xs — in the last of them only its
+//      TT % 4 rows, so that a tile of exactly a verification's k + 1 rows
+//      spends no multiply-adds on padding.
 // Registers are indexed only by loops over RT and TV, short enough for the
 // compiler to unroll (an array indexed by a rolled loop lives in local
 // memory, several times slower).
@@ -56,22 +59,24 @@
 // row N − 1 and are never written.
 //
 // Sizes (set by the Go side, kernels/skinny.go): TT, RT, WG by the
-// rows of the batch; KC so that KC·TT floats fit the workgroup memory.
-// Registers: RT·TT accumulators plus 2·RT vec4s of codes a thread.
+// rows of the batch; KC so that KC·TV vec4s fit the workgroup memory.
+// Registers: RT·TV vec4 accumulators plus 2·RT vec4s of codes a thread.
 // The input (plain, SwiGLU, normalized) and accumulate are params, not
 // constants: one pipeline serves every projection of a layout, since on the
 // H200 a dependent dispatch of another pipeline's long unrolled code costs
 // more than the flags' branches (kernels.inputInParams).
 
-const TT: u32 = 32u;       // activation rows a workgroup: a multiple of 4 dividing WG
+const TT: u32 = 32u;       // activation rows a workgroup, dividing WG
 const RT: u32 = 2u;        // weight rows a thread
 const WG: u32 = 64u;       // threads a workgroup
 const KC: u32 = 128u;      // inputs staged a chunk, a multiple of 32
 const ROWS: u32 = WG * RT; // weight rows a workgroup
-const TV: u32 = TT / 4u;   // vec4s of activation rows
+const TV: u32 = (TT + 3u) / 4u; // vec4s of activation rows
+const TAIL: u32 = TT % 4u; // activation rows in the last vec4 when it is partial (else 0)
 const ACC: u32 = RT * TV;  // accumulator vec4s a thread holds
 const KC8: u32 = KC / 8u;  // octets of inputs staged a chunk
 const SPT: u32 = (TT * KC / 4u + WG - 1u) / WG; // x' vec4s a thread stages a chunk, at most
+const TV_FULL: u32 = TT / 4u; // the vec4s of activation rows with four rows each
 
 @group(0) @binding(0) var<uniform> p: SplitParams;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
@@ -95,6 +100,63 @@ var<workgroup> inv_rms: array<f32, TT>;  // norm, splits = 1: each activation ro
 // the compiler keeps rolled indexes no register array.
 fn component(v: vec4<u32>, c: u32) -> u32 {
     return select(select(v.x, v.y, c == 1u), select(v.z, v.w, c == 3u), c >= 2u);
+}
+
+// madd8 returns a + Σ_i w_i · x_i for the eight weights lo, hi of one
+// weight row and the eight inputs' vec4s of four activation rows.
+fn madd8(a: vec4<f32>, lo: vec4<f32>, hi: vec4<f32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
+    x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> vec4<f32> {
+    var s = a;
+    s += lo.x * x0;
+    s += lo.y * x1;
+    s += lo.z * x2;
+    s += lo.w * x3;
+    s += hi.x * x4;
+    s += hi.y * x5;
+    s += hi.z * x6;
+    s += hi.w * x7;
+    return s;
+}
+
+// madd8_tail is madd8 for the last vec4 of activation rows when it holds
+// only TAIL rows: the multiply-adds of its other components are left out
+// (they stay 0), which with TAIL a constant the compiler sees.
+fn madd8_tail(a: vec4<f32>, lo: vec4<f32>, hi: vec4<f32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
+    x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> vec4<f32> {
+    if TAIL == 1u {
+        var s = a.x;
+        s += lo.x * x0.x;
+        s += lo.y * x1.x;
+        s += lo.z * x2.x;
+        s += lo.w * x3.x;
+        s += hi.x * x4.x;
+        s += hi.y * x5.x;
+        s += hi.z * x6.x;
+        s += hi.w * x7.x;
+        return vec4<f32>(s, 0.0, 0.0, 0.0);
+    }
+    if TAIL == 2u {
+        var s = a.xy;
+        s += lo.x * x0.xy;
+        s += lo.y * x1.xy;
+        s += lo.z * x2.xy;
+        s += lo.w * x3.xy;
+        s += hi.x * x4.xy;
+        s += hi.y * x5.xy;
+        s += hi.z * x6.xy;
+        s += hi.w * x7.xy;
+        return vec4<f32>(s, 0.0, 0.0);
+    }
+    var s = a.xyz;
+    s += lo.x * x0.xyz;
+    s += lo.y * x1.xyz;
+    s += lo.z * x2.xyz;
+    s += lo.w * x3.xyz;
+    s += hi.x * x4.xyz;
+    s += hi.y * x5.xyz;
+    s += hi.z * x6.xyz;
+    s += hi.w * x7.xyz;
+    return vec4<f32>(s, 0.0);
 }
 
 // load_codes loads the code vec4 gv (inputs 32gv … 32gv + 31) of this
@@ -196,16 +258,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     let x6 = xs[o][6][v];
                     let x7 = xs[o][7][v];
                     for (var r = 0u; r < RT; r++) {
-                        var a = acc[r * TV + v];
-                        a += lo[r].x * x0;
-                        a += lo[r].y * x1;
-                        a += lo[r].z * x2;
-                        a += lo[r].w * x3;
-                        a += hi[r].x * x4;
-                        a += hi[r].y * x5;
-                        a += hi[r].z * x6;
-                        a += hi[r].w * x7;
-                        acc[r * TV + v] = a;
+                        let a = acc[r * TV + v];
+                        if v < TV_FULL {
+                            acc[r * TV + v] = madd8(a, lo[r], hi[r], x0, x1, x2, x3, x4, x5, x6, x7);
+                        } else {
+                            acc[r * TV + v] = madd8_tail(a, lo[r], hi[r], x0, x1, x2, x3, x4, x5, x6, x7);
+                        }
                     }
                 }
             }
@@ -227,7 +285,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var v = 0u; v < TV; v++) {
                 for (var e = 0u; e < 4u; e++) {
                     let t = t0 + 4u * v + e;
-                    if t < p.T && n < p.N {
+                    if 4u * v + e < TT && t < p.T && n < p.N {
                         out[base + t * p.N + n] = acc[r * TV + v][e];
                     }
                 }
@@ -250,7 +308,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var v = 0u; v < TV; v++) {
             for (var e = 0u; e < 4u; e++) {
                 let t = t0 + 4u * v + e;
-                if t < p.T && n < p.N {
+                if 4u * v + e < TT && t < p.T && n < p.N {
                     let o = t * p.ldo + n;
                     var s = acc[r * TV + v][e];
                     if p.norm != 0u {

@@ -217,3 +217,54 @@ func Verify(ctx context.Context, e engine.Engine, rows, context, reps int) (time
 	slices.Sort(times)
 	return times[len(times)/2], nil
 }
+
+// HeadDrafts times an EAGLE-3 head drafting as the server drafts with one:
+// a target sequence of context random tokens, the head's over its
+// features, then rounds of draft tokens chained on the device
+// (engine.StepN), each after a token the target would have added and from
+// the same context (the head truncated back after it). It returns the time
+// per draft token.
+func HeadDrafts(ctx context.Context, target, head engine.Engine, context, steps, draft int) (time.Duration, error) {
+	rng := rand.New(rand.NewPCG(5, uint64(context)))
+	p := make([]int, context)
+	for j := range p {
+		p[j] = rng.IntN(target.Config().VocabSize)
+	}
+	ts, err := target.NewSequence()
+	if err != nil {
+		return 0, err
+	}
+	defer ts.Release()
+	t := &engine.Entry{Seq: ts, Tokens: p}
+	if err := target.Step(ctx, []*engine.Entry{t}); err != nil {
+		return 0, fmt.Errorf("target prefill: %w", err)
+	}
+	hs, err := head.NewSequence()
+	if err != nil {
+		return 0, err
+	}
+	defer hs.Release()
+	h := &engine.Entry{Seq: hs, Target: ts, Tokens: p}
+	if err := head.Step(ctx, []*engine.Entry{h}); err != nil {
+		return 0, fmt.Errorf("head prefill: %w", err)
+	}
+	// The target holds the context and, after its prefill, knows the
+	// token after it: each round drafts past that one.
+	round := func() error {
+		h.Tokens = []int{t.Next}
+		_, err := engine.StepN(ctx, head, []*engine.Entry{h}, draft)
+		hs.Truncate(context)
+		return err
+	}
+	if err := round(); err != nil { // warm up
+		return 0, err
+	}
+	rounds := max(1, steps/draft)
+	start := time.Now()
+	for range rounds {
+		if err := round(); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start) / time.Duration(rounds*draft), nil
+}

@@ -12,15 +12,17 @@ import (
 	"time"
 
 	"webdraft/bench"
+	"webdraft/eagle3"
 	"webdraft/engine"
 	"webdraft/engine/webgpu"
+	"webdraft/gpu"
 	"webdraft/internal/svgplot"
 	"webdraft/internal/synth"
 	"webdraft/qwen3"
 )
 
 func benchEngine(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--backend webgpu|cpu|reference] [--context 1024] [--batches 1,32] [--prefill 512] [--rows 1,5,7,9,17] [--baseline reference|none] [--svg FILE]")
+	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--backend webgpu|cpu|reference] [--context 1024] [--batches 1,32] [--prefill 512] [--rows 1,5,7,9,17] [--baseline reference|none] [--head] [--svg FILE]")
 	shape := fs.String("shape", "qwen3-1.7b", "published shape, with random int4 weights: "+strings.Join(shapeNames(), ", "))
 	modelDir := fs.String("model", "", "measure this model folder (or embedded:target, embedded:drafter) instead of random weights")
 	context := fs.Int("context", 1024, "context length of each sequence before the timed decode steps")
@@ -34,6 +36,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	backendFlag := fs.String("backend", "webgpu", "webgpu, or an engine on the CPU: cpu (the fast CPU engine) or reference (the plain-Go oracle)")
 	rowsFlag := fs.String("rows", "1,5,7,9,17", "the verification passes to time, in rows (a verification of k drafted tokens reads k+1)")
 	baseline := fs.String("baseline", "reference", "with --backend cpu: the engine measured beside it in the same run, for the ratios: reference, or none")
+	head := fs.Bool("head", false, "with --backend webgpu: also time an EAGLE-3 head for the model (random int4: one layer of its shape, a draft vocabulary of at most 32,768 tokens) drafting 16 tokens chained, against the model's chained step")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -67,6 +70,9 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	if *baseline != "reference" && *baseline != "none" {
 		return usagef("--baseline %q: want reference or none", *baseline)
 	}
+	if *head && backend != "webgpu" {
+		return usagef("--head times the head on WebGPU: --backend webgpu, not %s", backend)
+	}
 
 	var cfg qwen3.Config
 	var w *qwen3.Weights
@@ -84,6 +90,12 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			return usagef("--shape %q: want one of %s", *shape, strings.Join(shapeNames(), ", "))
 		}
 		w = synth.Int4Weights(cfg, 1, 0.02)
+	}
+	var hc eagle3.Config
+	if *head {
+		if hc, err = benchHeadConfig(cfg); err != nil {
+			return usagef("--head: %v", err)
+		}
 	}
 	if need := *context + max(*steps, slices.Max(rows)) + 4; need > cfg.MaxPositionEmbeddings || *prefill > cfg.MaxPositionEmbeddings {
 		return usagef("--context %d / --prefill %d exceed the model's %d positions", *context, *prefill, cfg.MaxPositionEmbeddings)
@@ -191,6 +203,19 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			fmt.Sprintf("%.3f ms", ms64(v)), fmt.Sprintf("%.3f ms (a single batch-1 step)", ms64(singleOne)),
 			strconv.FormatFloat(v.Seconds()/singleOne.Seconds(), 'f', 2, 64)+"× it")
 	}
+	if *head {
+		d, err := headDrafts(ctx, cfg, w, hc, *context, *steps)
+		if err != nil {
+			return fmt.Errorf("EAGLE-3 head: %w", err)
+		}
+		limit, ratio := "", ""
+		if chainedOne > 0 {
+			limit = fmt.Sprintf("%.3f ms (a chained batch-1 step)", ms64(chainedOne))
+			ratio = strconv.FormatFloat(d.Seconds()/chainedOne.Seconds(), 'f', 3, 64) + "× it"
+		}
+		row(fmt.Sprintf("EAGLE-3 head (random int4, draft vocabulary %d), chained 16 a draft, batch 1", hc.DraftVocabSize),
+			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(d), 1/d.Seconds()), limit, ratio)
+	}
 	// The floor of a batch-1 step made of dispatches: its dependent phases
 	// reduced to passes that read their bytes once.
 	floor, err := bench.StepFloor(dev, &cfg, *context, eng.KVElemBytes(), 10)
@@ -296,3 +321,39 @@ func gbps(bytesPerSecond float64) string {
 func pct(r float64) string         { return strconv.FormatFloat(100*r, 'f', 0, 64) + " %" }
 func ms64(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 func us(d time.Duration) float64   { return float64(d.Nanoseconds()) / 1e3 }
+
+// benchHeadConfig is the EAGLE-3 head `bench engine --head` times for the
+// model cfg: one layer of its shape reading the engines' default layers,
+// or, in a model too shallow for those, its first, middle and last.
+func benchHeadConfig(cfg qwen3.Config) (eagle3.Config, error) {
+	hc := synth.Eagle3Config(cfg, synth.Eagle3Options{})
+	if hc.Check(cfg) != nil && cfg.NumHiddenLayers >= 3 {
+		L := cfg.NumHiddenLayers
+		hc.AuxLayers = []int{0, L / 2, L - 1}
+	}
+	return hc, hc.Check(cfg)
+}
+
+// headDrafts times a random int4 EAGLE-3 head of config hc drafting for
+// the model cfg, w (bench.HeadDrafts): the target engine keeps the
+// features of the layers the head reads, on a device of its own.
+func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagle3.Config, context, steps int) (time.Duration, error) {
+	kvBytes := int64(context+steps+64) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
+	g, err := webgpu.OpenGroup(gpu.Options{})
+	if err != nil {
+		return 0, err
+	}
+	target, err := g.New(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: 2, MaxRows: context, FeatureLayers: hc.Aux(cfg.NumHiddenLayers)})
+	if err != nil {
+		g.Close()
+		return 0, err
+	}
+	defer target.Close()
+	head, err := webgpu.NewHead(target, hc, synth.Eagle3Int4Weights(hc, 2, 0.02), webgpu.HeadOptions{MaxRows: context})
+	g.Close() // the device closes with the last engine
+	if err != nil {
+		return 0, err
+	}
+	defer head.Close()
+	return bench.HeadDrafts(ctx, target, head, context, steps, 16)
+}

@@ -293,3 +293,27 @@ func TestBenchEngineWebGPU(t *testing.T) {
 		t.Errorf("--rows 0: exit %d: %s", code, stderr)
 	}
 }
+
+// TestBenchEngineHead: bench engine --head adds a row for a random EAGLE-3
+// head drafting for the model, against its chained step; a model too
+// shallow for a head (tiny: two layers) is refused before anything runs.
+func TestBenchEngineHead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a small model's bench on lavapipe takes a quarter of a minute")
+	}
+	code, stdout, stderr := webdraft(t, "bench", "engine", "--model", filepath.Join("..", "..", "testdata", "golden", "untied"),
+		"--context", "24", "--batches", "1", "--steps", "2", "--prefill", "16", "--rows", "1", "--copy-mb", "4", "--head")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !regexp.MustCompile(`EAGLE-3 head \(random int4, draft vocabulary 1024\), chained 16 a draft, batch 1 +[0-9.]+ ms, [0-9]+ tok/s +[0-9.]+ ms \(a chained batch-1 step\) +[0-9.]+× it`).MatchString(stdout) {
+		t.Errorf("no head row in:\n%s", stdout)
+	}
+	code, stdout, stderr = webdraft(t, "bench", "engine", "--shape", "tiny", "--head")
+	if code != 2 || !strings.Contains(stderr, "--head: eagle3: the head reads the inputs of target layers") || strings.Contains(stdout, "adapter") {
+		t.Errorf("tiny --head: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if code, _, stderr := webdraft(t, "bench", "engine", "--shape", "tiny", "--head", "--backend", "cpu"); code != 2 || !strings.Contains(stderr, "--backend webgpu") {
+		t.Errorf("--head --backend cpu: exit %d: %s", code, stderr)
+	}
+}

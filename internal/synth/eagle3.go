@@ -58,25 +58,7 @@ func WriteEagle3(dir string, target qwen3.Config, opts Eagle3Options) error {
 	default:
 		return fmt.Errorf("synth: dtype %s: want BF16, F16 or F32", opts.DType)
 	}
-	or := func(v, def int) int {
-		if v != 0 {
-			return v
-		}
-		return def
-	}
-	cfg := eagle3.Config{
-		HiddenSize:            or(opts.HiddenSize, target.HiddenSize),
-		IntermediateSize:      or(opts.IntermediateSize, target.IntermediateSize),
-		NumAttentionHeads:     or(opts.NumAttentionHeads, target.NumAttentionHeads),
-		NumKeyValueHeads:      or(opts.NumKeyValueHeads, target.NumKeyValueHeads),
-		HeadDim:               or(opts.HeadDim, target.HeadDim),
-		RMSNormEps:            target.RMSNormEps,
-		RopeTheta:             target.RopeTheta,
-		MaxPositionEmbeddings: target.MaxPositionEmbeddings,
-		VocabSize:             target.VocabSize,
-		DraftVocabSize:        or(opts.DraftVocabSize, min(target.VocabSize, DefaultDraftVocab)),
-		TargetHiddenSize:      target.HiddenSize,
-	}
+	cfg := Eagle3Config(target, opts)
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("synth: EAGLE-3 head: %w", err)
 	}
@@ -108,6 +90,31 @@ func WriteEagle3(dir string, target qwen3.Config, opts Eagle3Options) error {
 	tail := []raw{{safetensors.Spec{Name: eagle3.T2DName, DType: safetensors.BOOL, Shape: []int{cfg.VocabSize}}, t2d}}
 	rng := rand.New(rand.NewPCG(opts.Seed, 0xea9e3))
 	return writeShard(filepath.Join(dir, safetensors.SingleFile), head, slots, tail, Options{Std: opts.Std, DType: opts.DType}, rng)
+}
+
+// Eagle3Config is the config of the head WriteEagle3 writes for target
+// with opts: each size opts leaves zero the target's (its layer's, for the
+// attention and MLP), the draft vocabulary at most DefaultDraftVocab.
+func Eagle3Config(target qwen3.Config, opts Eagle3Options) eagle3.Config {
+	or := func(v, def int) int {
+		if v != 0 {
+			return v
+		}
+		return def
+	}
+	return eagle3.Config{
+		HiddenSize:            or(opts.HiddenSize, target.HiddenSize),
+		IntermediateSize:      or(opts.IntermediateSize, target.IntermediateSize),
+		NumAttentionHeads:     or(opts.NumAttentionHeads, target.NumAttentionHeads),
+		NumKeyValueHeads:      or(opts.NumKeyValueHeads, target.NumKeyValueHeads),
+		HeadDim:               or(opts.HeadDim, target.HeadDim),
+		RMSNormEps:            target.RMSNormEps,
+		RopeTheta:             target.RopeTheta,
+		MaxPositionEmbeddings: target.MaxPositionEmbeddings,
+		VocabSize:             target.VocabSize,
+		DraftVocabSize:        or(opts.DraftVocabSize, min(target.VocabSize, DefaultDraftVocab)),
+		TargetHiddenSize:      target.HiddenSize,
+	}
 }
 
 func writeEagle3Config(dir string, c eagle3.Config, opts Eagle3Options) error {

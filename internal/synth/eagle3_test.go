@@ -160,3 +160,17 @@ func TestWriteEagle3Defaults(t *testing.T) {
 		}
 	}
 }
+
+// TestEagle3Int4Weights: the in-memory int4 head is whole for its config.
+func TestEagle3Int4Weights(t *testing.T) {
+	for _, shape := range []string{"tiny", "qwen3-0.6b"} {
+		cfg := synth.Eagle3Config(synth.Shapes[shape], synth.Eagle3Options{})
+		w := synth.Eagle3Int4Weights(cfg, 1, 0.02)
+		if err := w.Validate(&cfg); err != nil {
+			t.Errorf("%s: %v", shape, err)
+		}
+		if w.EmbedTokens != nil {
+			t.Errorf("%s: an embedding of the head's own; want the target's", shape)
+		}
+	}
+}

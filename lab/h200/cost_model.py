@@ -17,6 +17,10 @@ webdraft and on the CUDA int4 peer, a Markdown table of:
     the usual model of independent acceptances, τ(k) = (1 − a^(k+1)) / (1 − a),
     a solved from τ(16).
 
+With the target's `bench engine --head` figure, the same table for an
+EAGLE-3 head of the target's shape (its draft token's cost in place of a
+drafter step; the same τ, so that the tables compare costs).
+
 A tree of n nodes verifies at the cost of n + 1 rows, so the break-even
 column holds for trees too, with the tree's drafting cost in place of
 k · t_draft.
@@ -31,7 +35,8 @@ import sys
 
 
 def engine_figures(path):
-    """chained and single batch-1 steps and verifications by rows, ms."""
+    """chained and single batch-1 steps, verifications by rows and, where
+    `bench engine --head` ran, an EAGLE-3 head's draft token, ms."""
     f = {"verify": {}}
     with open(path) as fh:
         for line in fh:
@@ -44,6 +49,9 @@ def engine_figures(path):
             m = re.match(r"verification, (\d+) rows .*?\s([\d.]+) ms", line)
             if m:
                 f["verify"][int(m.group(1))] = float(m.group(2))
+            m = re.match(r"EAGLE-3 head .*?, chained \d+ a draft, batch 1\s+([\d.]+) ms", line)
+            if m:
+                f["head"] = float(m.group(1))
     if "chained" not in f:
         raise ValueError(f"{path}: no chained batch-1 step")
     return f
@@ -134,6 +142,9 @@ def main():
             print(f"cost_model: drafter {d} left out: {e}", file=sys.stderr)
             continue
         table(f"webdraft, {args.target} with {d}", tgt["chained"], draft["chained"], tgt["verify"], taus)
+    if "head" in tgt:
+        table(f"webdraft, {args.target} with an EAGLE-3 head (random int4, one layer of its shape)",
+              tgt["chained"], tgt["head"], tgt["verify"], taus)
     peer_path = os.path.join(args.results, "peer.txt")
     if os.path.exists(peer_path):
         peer = peer_figures(peer_path)

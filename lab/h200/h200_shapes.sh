@@ -19,7 +19,7 @@
 # Everything lands in one folder, packed into $OUT/results.tgz; the main
 # figures are printed, and lab/h200/cost_model.py turns the folder into
 # the cost model's tables (with SHAPES and PEER_SHAPES holding the target
-# and its drafters). PEER=0 leaves the peer out. The peer runs first (PEER_TIMEOUT seconds at most;
+# and its drafters; ENGINE_ARGS=--head adds an EAGLE-3 head's). PEER=0 leaves the peer out. The peer runs first (PEER_TIMEOUT seconds at most;
 # each torch.compile'd figure takes about a minute to compile).
 set -u
 W=${WEBDRAFT:?set WEBDRAFT to a webdraft binary}
@@ -44,9 +44,10 @@ for s in ${SHAPES//,/ }; do
     name=engine-$s.txt
     [ "$b" = "$W" ] || name=engine-base-$(basename "$b")-$s.txt
     echo "== $b $s"
+    # shellcheck disable=SC2086 # profile and ENGINE_ARGS are lists of flags
     timeout 300 "$b" bench engine --shape "$s" --context 1024 --batches 1,16 --rows "1,${ROWS:-2,3,5,9,17}" --steps 16 \
-      --prefill 256 --copy-mb 256 $profile 2>&1 | grep -v '^time=' > "$R/$name"
-    grep -E 'decode step|chained|verification|floor' "$R/$name"
+      --prefill 256 --copy-mb 256 $profile ${ENGINE_ARGS:-} 2>&1 | grep -v '^time=' > "$R/$name"
+    grep -E 'decode step|chained|verification|floor|EAGLE' "$R/$name"
   done
   if [ -n "$profile" ]; then sed -n '/GPU time/,$p' "$R/engine-$s.txt"; fi
   if [ -n "${KERNELS:-}" ] && [[ ",${KSHAPES:-$SHAPES}," == *",$s,"* ]]; then

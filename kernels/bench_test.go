@@ -177,9 +177,11 @@ func BenchmarkMatMulKernels(b *testing.B) {
 			if T >= 2 && T <= 64 || T >= 256 {
 				for _, l := range skinnyLayouts {
 					if (T >= 256 || l.tt <= 2*T && 4*l.tt >= T) && l.chunk(limits.MaxComputeWorkgroupStorageSize) > 0 {
-						add(kernelSkinny, func(c *matMulChoice) { c.skinny = l })
+						add(kernelSkinny, func(c *matMulChoice) { c.skinny, c.groupScale = l, false })
 					}
 				}
+				// The plan's layout with its sums scaled the other way (GS).
+				add(kernelSkinny, func(c *matMulChoice) { c.groupScale = !c.groupScale })
 			}
 			groups := []int{128, 512, 1024}
 			if d.Info().Software() { // a CPU's few threads: no split, or a few

@@ -193,7 +193,8 @@ func TestMatMulEachKernel(t *testing.T) {
 }
 
 // TestSkinnyLayouts runs skinny_int4.wgsl at layouts pickSkinnyLayout
-// does not choose (the benchmark's), each exact, split along K or not.
+// does not choose (the benchmark's), each exact, split along K or not
+// (split, with the sums scaled a group at a time: GS).
 func TestSkinnyLayouts(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -207,7 +208,7 @@ func TestSkinnyLayouts(t *testing.T) {
 				if l.chunk(d.Limits().MaxComputeWorkgroupStorageSize) == 0 {
 					t.Skipf("this device does not take %v", l)
 				}
-				testMatMulHow(t, d, r, Int4, s, in != "norm", in, &matMulChoice{kernel: kernelSkinny, skinny: l, groups: groups}, 0)
+				testMatMulHow(t, d, r, Int4, s, in != "norm", in, &matMulChoice{kernel: kernelSkinny, skinny: l, groupScale: groups == 64, groups: groups}, 0)
 			})
 		}
 	}

@@ -31,8 +31,16 @@ type plan struct {
 	// exactSkinnyTiles: skinny_int4.wgsl takes 5–20 rows that are no
 	// multiple of 4 in tiles of exactly those rows (plan.skinnyLayout).
 	exactSkinnyTiles bool
-	gemmMinT         int
-	gemm4MinT        int
+	// skinny_int4.wgsl's tiles of up to groupScaleMaxTT rows scale each
+	// weight row's sums once per 32 inputs (its GS; 0: none). On the H200
+	// (`-benchshape qwen3-8b -benchts 3,5 -cold`, 2026-12-03) five rows'
+	// q|k|v, gate|up, down and head took 32.2 / 80.2 / 47.9 / 390 µs
+	// against 33.1 / 82.5 / 49.2 / 407 scaling each weight (o_proj 26.6
+	// against 27.0), and a verification of 5 rows of Qwen3-8B 8.31 ms
+	// against 8.50 (3 rows: 7.02 against 7.03).
+	groupScaleMaxTT int
+	gemmMinT        int
+	gemm4MinT       int
 
 	// The workgroups a matmul should have at least (split-K below that):
 	// the GEMM at 2 × n and 4 × 4 outputs a thread, skinny_int4.wgsl at up
@@ -114,6 +122,7 @@ var measuredH200 = plan{
 	skinnyMaxT:          40,
 	skinnyMinPrefillT:   128,
 	exactSkinnyTiles:    true,
+	groupScaleMaxTT:     8,
 	gemmMinT:            17,
 	gemm4MinT:           41,
 	gemm2Groups:         512,
@@ -259,6 +268,7 @@ type matMulChoice struct {
 	matVec      matVecPlan        // kernelMatVec
 	matVecBatch matVecBatchLayout // kernelMatVecBatch
 	skinny      skinnyLayout      // kernelSkinny
+	groupScale  bool              // kernelSkinny: each weight row's sums scaled once per 32 inputs (GS)
 	groups      int               // kernelSkinny, kernelMatVecBatch and the GEMMs: the split-K target
 	// fusedQKV: a stacked q|k|v projection goes to qkv_fused_int4.wgsl,
 	// which does qkv_rope_kv.wgsl's work too (QKVProjRopeKV; the plan's
@@ -276,6 +286,9 @@ func (c matMulChoice) String() string {
 		}
 		return c.matVecBatch.String()
 	case kernelSkinny:
+		if c.groupScale {
+			return fmt.Sprintf("%v/gs/groups=%d", c.skinny, c.groups)
+		}
 		return fmt.Sprintf("%v/groups=%d", c.skinny, c.groups)
 	}
 	if c.kernel.isGEMM() {
@@ -340,6 +353,7 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 		c.groups = p.matVecBatchGroups
 	case k == kernelSkinny:
 		c.skinny = p.skinnyLayout(w.N, T)
+		c.groupScale = c.skinny.tt <= p.groupScaleMaxTT
 		c.groups = p.skinnyGroups
 		// Wide tiles split to fewer workgroups, but a head's many
 		// tiles of 17–20 rows still split in two (pickSkinnyLayout).

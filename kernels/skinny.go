@@ -16,7 +16,7 @@ var skinnyInt4 = gpu.Kernel{
 }
 
 // The constants skinny_int4.wgsl is specialized by.
-var skinnyConsts = []string{"TT", "RT", "WG", "KC"}
+var skinnyConsts = []string{"TT", "RT", "WG", "KC", "GS"}
 
 // skinnyLayout is skinny_int4.wgsl's tiling (see its header): tt
 // activation rows a workgroup, rt weight rows a thread, wg threads.
@@ -129,7 +129,7 @@ func (c *matMulCall) skinny(blk rowBlock, out gpu.Binding) error {
 	if !l.valid() || kc == 0 {
 		return fmt.Errorf("%v does not fit this device", l)
 	}
-	consts := specialization{skinnyConsts, [6]uint32{uint32(l.tt), uint32(l.rt), uint32(l.wg), uint32(kc)}}
+	consts := specialization{skinnyConsts, [6]uint32{uint32(l.tt), uint32(l.rt), uint32(l.wg), uint32(kc), wgslBool(c.choice.groupScale)}}
 	p, err := c.pipeline(skinnyInt4, consts)
 	if err != nil {
 		return err

@@ -60,7 +60,11 @@
 //
 // Sizes (set by the Go side, kernels/skinny.go): TT, RT, WG by the
 // rows of the batch; KC so that KC·TV vec4s fit the workgroup memory.
-// Registers: RT·TV vec4 accumulators plus 2·RT vec4s of codes a thread.
+// Registers: RT·TV vec4 accumulators (twice that with GS) plus 2·RT vec4s
+// of codes a thread. GS (group scale) multiplies each weight row's sums by
+// its scale once per 32 inputs rather than each weight by it: one multiply
+// a weight fewer, RT·TV vec4 multiply-adds a 32 inputs more — a trade for
+// small tiles, where the multiply is a large share of a weight's work.
 // The input (plain, SwiGLU, normalized) and accumulate are params, not
 // constants: one pipeline serves every projection of a layout, since on the
 // H200 a dependent dispatch of another pipeline's long unrolled code costs
@@ -70,6 +74,7 @@ const TT: u32 = 32u;       // activation rows a workgroup, dividing WG
 const RT: u32 = 2u;        // weight rows a thread
 const WG: u32 = 64u;       // threads a workgroup
 const KC: u32 = 128u;      // inputs staged a chunk, a multiple of 32
+const GS: u32 = 0u;        // 1: products summed unscaled over each 32 inputs, then scaled once (group scale)
 const ROWS: u32 = WG * RT; // weight rows a workgroup
 const TV: u32 = (TT + 3u) / 4u; // vec4s of activation rows
 const TAIL: u32 = TT % 4u; // activation rows in the last vec4 when it is partial (else 0)
@@ -238,14 +243,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if j + 1u < words {
                 load_codes(&next, &next_scale, n0, c0 / 32u + j + 1u);
             }
+            // With GS, the 32 inputs' products unscaled, scaled once below.
+            var part = array<vec4<f32>, ACC>();
             for (var c = 0u; c < 4u; c++) { // word c of the vec4: inputs k … k+7
                 let k = 32u * j + 8u * c;
                 var lo: array<vec4<f32>, RT>;
                 var hi: array<vec4<f32>, RT>;
                 for (var r = 0u; r < RT; r++) {
                     let w = component(cur[r], c);
-                    lo[r] = codes_in_place(w, magic) * cur_scale[r];
-                    hi[r] = codes_in_place(w >> 16u, magic) * cur_scale[r];
+                    lo[r] = codes_in_place(w, magic);
+                    hi[r] = codes_in_place(w >> 16u, magic);
+                    if GS == 0u {
+                        lo[r] *= cur_scale[r];
+                        hi[r] *= cur_scale[r];
+                    }
                 }
                 let o = k / 8u; // the octet k … k+7
                 for (var v = 0u; v < TV; v++) {
@@ -258,12 +269,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     let x6 = xs[o][6][v];
                     let x7 = xs[o][7][v];
                     for (var r = 0u; r < RT; r++) {
-                        let a = acc[r * TV + v];
-                        if v < TV_FULL {
-                            acc[r * TV + v] = madd8(a, lo[r], hi[r], x0, x1, x2, x3, x4, x5, x6, x7);
-                        } else {
-                            acc[r * TV + v] = madd8_tail(a, lo[r], hi[r], x0, x1, x2, x3, x4, x5, x6, x7);
+                        var a = acc[r * TV + v];
+                        if GS == 1u {
+                            a = part[r * TV + v];
                         }
+                        if v < TV_FULL {
+                            a = madd8(a, lo[r], hi[r], x0, x1, x2, x3, x4, x5, x6, x7);
+                        } else {
+                            a = madd8_tail(a, lo[r], hi[r], x0, x1, x2, x3, x4, x5, x6, x7);
+                        }
+                        if GS == 1u {
+                            part[r * TV + v] = a;
+                        } else {
+                            acc[r * TV + v] = a;
+                        }
+                    }
+                }
+            }
+            if GS == 1u {
+                for (var r = 0u; r < RT; r++) {
+                    for (var v = 0u; v < TV; v++) {
+                        acc[r * TV + v] += cur_scale[r] * part[r * TV + v];
                     }
                 }
             }

@@ -9,6 +9,7 @@ import (
 	"webdraft/engine"
 	"webdraft/gpu"
 	"webdraft/kernels"
+	"webdraft/qwen3"
 	"webdraft/sampling"
 	"webdraft/treemask"
 )
@@ -122,16 +123,8 @@ func (e *Engine) DraftVerifyTree(ctx context.Context, target engine.Engine, step
 		return errors.New("webgpu engine: draft and verify a tree: the target or the steps do not fuse (FusesTree)")
 	}
 	t := target.(*Engine)
-	drafts := make([]*engine.Entry, len(steps))
-	for i, s := range steps {
-		// The drafter's entry reads out the root's Width most likely tokens.
-		drafts[i] = &engine.Entry{Seq: s.Draft.Seq, Tokens: s.Draft.Tokens, TopN: s.Width}
-	}
-	verify := treeVerifyEntries(steps)
-	if err := engine.CheckBatch(&e.cfg, drafts); err != nil {
-		return err
-	}
-	if err := engine.CheckVerify(&t.cfg, verify); err != nil {
+	drafts, verify, err := treeEntries(&e.cfg, &t.cfg, steps)
+	if err != nil {
 		return err
 	}
 	e.g.mu.Lock()
@@ -163,6 +156,25 @@ func (e *Engine) DraftVerifyTree(ctx context.Context, target engine.Engine, step
 		return e.broken(err)
 	}
 	return nil
+}
+
+// treeEntries are a tree call's entries, checked: the drafter's, each
+// step's pending tokens reading out the root's Width most likely tokens
+// (over the Target's features, for a head), against draftCfg, and the
+// target's (treeVerifyEntries) against targetCfg.
+func treeEntries(draftCfg, targetCfg *qwen3.Config, steps []engine.TreeStep) ([]*engine.Entry, []*engine.VerifyEntry, error) {
+	drafts := make([]*engine.Entry, len(steps))
+	for i, s := range steps {
+		drafts[i] = &engine.Entry{Seq: s.Draft.Seq, Target: s.Draft.Target, Tokens: s.Draft.Tokens, TopN: s.Width}
+	}
+	if err := engine.CheckBatch(draftCfg, drafts); err != nil {
+		return nil, nil, err
+	}
+	verify := treeVerifyEntries(steps)
+	if err := engine.CheckVerify(targetCfg, verify); err != nil {
+		return nil, nil, err
+	}
+	return drafts, verify, nil
 }
 
 // treeVerifyEntries are the target's entries of a tree call: each step's

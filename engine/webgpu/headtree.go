@@ -108,16 +108,9 @@ func (h *Head) DraftVerifyTree(ctx context.Context, target engine.Engine, steps 
 		return errors.New("webgpu head: draft and verify a tree: the target or the steps do not fuse (FusesTree)")
 	}
 	t := h.target
-	drafts := make([]*engine.Entry, len(steps))
-	for i, s := range steps {
-		drafts[i] = &engine.Entry{Seq: s.Draft.Seq, Target: s.Draft.Target, Tokens: s.Draft.Tokens, TopN: s.Width}
-	}
-	verify := treeVerifyEntries(steps)
-	if err := engine.CheckBatch(&h.engCfg, drafts); err != nil {
+	drafts, verify, err := treeEntries(&h.engCfg, &t.cfg, steps)
+	if err != nil {
 		return fmt.Errorf("webgpu head: %w", err)
-	}
-	if err := engine.CheckVerify(&t.cfg, verify); err != nil {
-		return err
 	}
 	h.g.mu.Lock()
 	defer h.g.mu.Unlock()

@@ -212,7 +212,7 @@ func BenchmarkMatMulKernels(b *testing.B) {
 				}
 				// Split along K where its workgroups are fewer than a target.
 				for _, g := range []int{512, 768, 1024, 2048} {
-					for _, l := range []matVecBatchLayout{matVecBatchDefault, {16, 8, 0}, {32, 8, 0}} {
+					for _, l := range []matVecBatchLayout{matVecBatchDefault, matVecBatchNarrow, matVecBatchWide} {
 						if l.fits(w, T, limits) {
 							add(kernelMatVecBatch, func(c *matMulChoice) { c.matVecBatch, c.groups = l, g })
 						}
@@ -361,12 +361,16 @@ var benchSkinnyPrefillLayouts = []skinnyLayout{
 }
 
 // benchMatVecBatchLayouts are the matvec_batch_int4.wgsl layouts
-// BenchmarkMatMulKernels tries (and TestMatVecBatchLayouts checks): the
-// plan's, fewer rows a workgroup (more workgroups for Qwen3-8B's
-// 4,096-row down_proj and o_proj), 8 and 32 lanes a row, and 1,024 to
-// 8,192 staged values (the chunk, over the activation rows).
+// BenchmarkMatMulKernels tries (and TestMatVecBatchLayouts checks): one
+// weight row a thread at 16 lanes × 16 rows (the default), fewer rows a
+// workgroup, 8 and 32 lanes a row, 1,024 and 4,096 staged values (the
+// chunk, over the activation rows); two and four weight rows a thread
+// (the H200's plan takes two: matVecBatchNarrow, matVecBatchWide).
 var benchMatVecBatchLayouts = []matVecBatchLayout{
-	{16, 16, 0}, {16, 8, 0}, {32, 8, 0}, {8, 32, 0}, {16, 16, 1024}, {16, 16, 4096}, {16, 8, 4096}, {16, 16, 8192},
+	{lanes: 16, rows: 16}, {lanes: 16, rows: 8}, {lanes: 32, rows: 8}, {lanes: 8, rows: 32},
+	{lanes: 16, rows: 16, staged: 1024}, {lanes: 16, rows: 16, staged: 4096},
+	{lanes: 16, rows: 32, rt: 2}, {lanes: 16, rows: 16, rt: 2}, {lanes: 16, rows: 64, rt: 4}, {lanes: 16, rows: 32, rt: 4},
+	{lanes: 32, rows: 16, rt: 2}, {lanes: 8, rows: 64, rt: 2},
 }
 
 // benchMatVecLayouts are the matrix-vector layouts BenchmarkMatMulKernels

@@ -406,3 +406,38 @@ func TestPlanSkinnyLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanMatVecBatch checks which one-to-four-row matmuls the H200's plan
+// gives matvec_batch_int4.wgsl, at which layout, and that a plan not
+// choosing by shape keeps the default layout.
+func TestPlanMatVecBatch(t *testing.T) {
+	lim := gpu.Limits{MaxComputeWorkgroupsPerDimension: 65535, MaxComputeWorkgroupStorageSize: 48 << 10}
+	small := lim
+	small.MaxComputeWorkgroupStorageSize = 16 << 10
+	for _, c := range []struct {
+		N, K, T int
+		lim     gpu.Limits
+		kernel  matMulKernel
+		layout  matVecBatchLayout
+	}{
+		{4096, 4096, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // Qwen3-8B's o_proj
+		{4096, 12288, 2, lim, kernelMatVecBatch, matVecBatchNarrow},   // its down_proj, two rows
+		{6144, 4096, 1, lim, kernelMatVecBatch, matVecBatchWide},      // its q|k|v
+		{24576, 4096, 2, lim, kernelMatVecBatch, matVecBatchWide},     // its gate|up
+		{2048, 2048, 4, lim, kernelMatVecBatch, matVecBatchWide},      // Qwen3-1.7B's o_proj, four rows
+		{151936, 2048, 1, lim, kernelMatVecBatch, matVecBatchWide},    // its head: many rows of 2,048 inputs
+		{12288, 2048, 1, lim, kernelMatVecBatch, matVecBatchWide},     // its gate|up
+		{4096, 2048, 1, lim, kernelMatVec, matVecBatchLayout{}},       // its q|k|v: few rows of 2,048 inputs
+		{151936, 256, 1, lim, kernelMatVec, matVecBatchLayout{}},      // the shipped target's head: short rows
+		{2048, 6144, 4, small, kernelMatVecBatch, matVecBatchDefault}, // the wide layout's 4 rows do not fit 16 KiB
+	} {
+		w := &Matrix{Format: Int4, N: c.N, K: c.K, G: 32}
+		got := measuredH200.pick(w, c.T, c.lim)
+		if got.kernel != c.kernel || got.matVecBatch != c.layout {
+			t.Errorf("H200, %d × %d at %d rows: %v (%v), want %v (%v)", c.N, c.K, c.T, got.kernel, got.matVecBatch, c.kernel, c.layout)
+		}
+	}
+	if got := measuredSwiftShader.pick(&Matrix{Format: Int4, N: 4096, K: 4096, G: 32}, 2, lim); got.kernel != kernelMatVecBatch || got.matVecBatch != matVecBatchDefault {
+		t.Errorf("SwiftShader, 4096 × 4096 at 2 rows: %v (%v), want the default matvec_batch_int4.wgsl layout", got.kernel, got.matVecBatch)
+	}
+}

@@ -16,49 +16,73 @@ var matVecBatchInt4 = gpu.Kernel{
 }
 
 // The constants matvec_batch_int4.wgsl is specialized by.
-var matVecBatchConsts = []string{"LANES", "ROWS", "WG", "TT", "KC"}
+var matVecBatchConsts = []string{"LANES", "ROWS", "RT", "WG", "TT", "KC"}
 
 // matVecBatchStaged is how many input values matvec_batch_int4.wgsl stages
 // at a time (KC · TT), at most.
 const matVecBatchStaged = 2048
 
 // matVecBatchLayout is matvec_batch_int4.wgsl's tiling (see its header):
-// lanes threads a weight row, rows weight rows a workgroup, and staged
-// input values at a time over its activation rows (KC · TT; 0:
-// matVecBatchStaged).
+// lanes threads a weight row, rows weight rows a workgroup, rt of them a
+// thread (0: 1), and staged input values at a time over its activation
+// rows (KC · TT; 0: matVecBatchStaged).
 type matVecBatchLayout struct {
-	lanes, rows, staged int
+	lanes, rows, rt, staged int
 }
 
 func (l matVecBatchLayout) String() string {
 	s := fmt.Sprintf("matvec-batch-%dx%d", l.lanes, l.rows)
+	if l.rt > 1 {
+		s += fmt.Sprintf("x%d", l.rt)
+	}
 	if l.staged > 0 {
 		s += fmt.Sprintf("/staged=%d", l.staged)
 	}
 	return s
 }
 
+// rowsAThread is the layout's weight rows a thread.
+func (l matVecBatchLayout) rowsAThread() int { return max(l.rt, 1) }
+
 // wg is the layout's threads a workgroup.
-func (l matVecBatchLayout) wg() int { return l.lanes * l.rows }
+func (l matVecBatchLayout) wg() int { return l.lanes * l.rows / l.rowsAThread() }
 
 // valid reports whether the kernel takes the layout.
 func (l matVecBatchLayout) valid() bool {
-	return l.lanes >= 1 && l.lanes&(l.lanes-1) == 0 && l.lanes <= 64 && l.rows >= 1 && l.wg() <= 256
+	return l.lanes >= 1 && l.lanes&(l.lanes-1) == 0 && l.lanes <= 64 && l.rows >= 1 &&
+		l.rows%l.rowsAThread() == 0 && l.wg() <= 256
 }
 
-// matVecBatchDefault is the layout every shape takes: 16 lanes and 16 rows,
-// the fastest measured on the H200 at Qwen3-1.7B's two to four rows and at
-// Qwen3-8B's and 4B's one (kernels/plan.go).
+// sharedBytes is the workgroup memory the layout takes for tt activation
+// rows staged kc columns at a time: the staged input, the partial sums
+// (one a weight row, lane and activation row) and the norm's sums of squares.
+func (l matVecBatchLayout) sharedBytes(tt, kc uint32) uint32 {
+	groups := uint32(l.wg() / l.lanes)
+	return 4 * (tt*kc + tt*uint32(l.rows*l.lanes) + tt*groups + tt)
+}
+
+// matVecBatchDefault is the layout every shape takes where a plan does not
+// choose by shape (plan.matVecBatchLayout): 16 lanes and 16 rows, one a
+// thread.
 var matVecBatchDefault = matVecBatchLayout{lanes: 16, rows: 16}
+
+// matVecBatchNarrow and matVecBatchWide are the H200's layouts (two weight
+// rows a thread): for one or two rows of a matrix of few rows (Qwen3's
+// o_proj and down_proj), 32 lanes a row and 16 rows a workgroup; for the
+// rest, 16 lanes and 32 rows (kernels/plan.go).
+var (
+	matVecBatchNarrow = matVecBatchLayout{lanes: 32, rows: 16, rt: 2}
+	matVecBatchWide   = matVecBatchLayout{lanes: 16, rows: 32, rt: 2}
+)
 
 // fits reports whether the layout takes T ≤ matVecMaxT rows of w on a
 // device with limits l: its workgroups fit the grid and at least one
 // vec4 a lane of staged input fits the workgroup memory.
 func (l matVecBatchLayout) fits(w *Matrix, T int, lim gpu.Limits) bool {
 	tt := matVecTT(T)
-	kc, wg, rows := l.chunk(tt, lim.MaxComputeWorkgroupStorageSize), uint32(l.wg()), uint32(l.rows)
+	kc := l.chunk(tt, lim.MaxComputeWorkgroupStorageSize)
 	return l.valid() && divCeil(w.N, l.rows) <= lim.MaxComputeWorkgroupsPerDimension &&
-		4*(tt*kc+tt*wg+tt*rows+tt) <= lim.MaxComputeWorkgroupStorageSize
+		l.sharedBytes(tt, kc) <= lim.MaxComputeWorkgroupStorageSize
 }
 
 // chunk returns how many input columns the layout stages at a time for tt
@@ -74,8 +98,7 @@ func (l matVecBatchLayout) chunk(tt, limit uint32) uint32 {
 		staged = uint32(l.staged)
 	}
 	kc := max(step, staged/tt/step*step)
-	wg, rows := uint32(l.wg()), uint32(l.rows)
-	for kc > step && 4*(tt*kc+tt*wg+tt*rows+tt) > limit {
+	for kc > step && l.sharedBytes(tt, kc) > limit {
 		kc = max(step, kc/2/step*step)
 	}
 	return kc
@@ -94,7 +117,7 @@ func (c *matMulCall) matVecBatch(blk rowBlock, out gpu.Binding) error {
 	// KC / 32 / LANES weight vec4s a chunk, and one past the row would only
 	// be skipped.
 	kc := min(l.chunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), uint64(32*l.lanes))))
-	consts := specialization{matVecBatchConsts, [6]uint32{uint32(l.lanes), uint32(l.rows), uint32(l.wg()), tt, kc}}
+	consts := specialization{matVecBatchConsts, [6]uint32{uint32(l.lanes), uint32(l.rows), uint32(l.rowsAThread()), uint32(l.wg()), tt, kc}}
 	p, err := c.pipeline(matVecBatchInt4, consts)
 	if err != nil {
 		return err

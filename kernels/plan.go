@@ -14,11 +14,18 @@ import (
 type plan struct {
 	// The int4 matmul kernel by activation rows T: the matrix-vector
 	// kernels up to matVecMaxT rows (matvec_batch_int4.wgsl also for one
-	// row of matVecBatchMinK inputs or more); skinny_int4.wgsl up to
+	// row of matVecBatchMinK inputs or more, and for one row of a matrix of
+	// matVecBatchMinN rows or more and at least 1,024 inputs where
+	// matVecBatchMinN > 0); skinny_int4.wgsl up to
 	// skinnyMaxT rows and for prompt chunks of skinnyMinPrefillT rows or more; the GEMM in
 	// between, at 4 × 4 outputs a thread from gemm4MinT rows, else at 2 × 8
 	// or 2 × 4 from gemmMinT rows.
 	matVecBatchMinK int
+	matVecBatchMinN int
+	// matVecBatchByShape: matvec_batch_int4.wgsl's layout by the matrix's
+	// rows and the activation rows (plan.matVecBatchLayout); else
+	// matVecBatchDefault everywhere.
+	matVecBatchByShape bool
 	// From skinnyFewMinT rows up to matVecMaxT, matrices of
 	// skinnyFewMinWeights weights or more take skinny_int4.wgsl rather than
 	// matvec_batch_int4.wgsl.
@@ -65,18 +72,25 @@ type plan struct {
 // and the engine's decode steps (`webdraft bench engine`), at Qwen3-1.7B's
 // shapes:
 //   - one row of more than 2,048 inputs (down_proj from Qwen3-0.6B on,
-//     every projection of Qwen3-4B and 8B) takes matvec_batch_int4.wgsl at
-//     16 lanes × 16 rows: at Qwen3-8B's shapes (`-benchshape qwen3-8b
-//     -benchts 1 -cold`) 13–193 µs a projection against 17–214 on the
-//     row-tile kernel and 17–311 on matvec_int4.wgsl staging whole rows,
-//     and a chained decode step of Qwen3-8B 4.48 ms against 6.86 (one
-//     run); at Qwen3-4B's, 13–26 µs against 15–32 on matvec_int4.wgsl (the
-//     head alike). At 2,048 inputs (Qwen3-1.7B) matvec_int4.wgsl stays
-//     ahead (7.7–91 µs against 8.5–104). matvec_int4.wgsl staging 1,024 or
-//     2,048 columns at a time was faster alone at 8B (12–181 µs) but slower
-//     in the step (4.96 ms against 4.71); 8 rows a workgroup, 32 or 8 lanes
-//     a row, and loading the next chunk's weights during this chunk's
-//     products were no faster;
+//     every projection of Qwen3-4B and 8B), and one row of a matrix of
+//     6,144 rows or more (gate|up, the heads) whatever its inputs from
+//     1,024 on, take matvec_batch_int4.wgsl (matVecBatchMinK,
+//     matVecBatchMinN), two weight rows a thread: 32 lanes × 16 rows for
+//     one or two rows of fewer than 6,144 (o_proj, down_proj), else 16 ×
+//     32 (plan.matVecBatchLayout). At Qwen3-8B's shapes (`-benchshape
+//     qwen3-8b -benchts 1 -cold`, 2026-12-03, against the kernel's earlier
+//     loop — one multiply-add, a dot product's share, and a swizzled read a
+//     weight, one row a thread) q|k|v / o / gate|up / down / head took
+//     14.8 / 12.8 / 33.3 / 24.7 / 131.6 µs against 16.0 / 14.1 / 37.5 /
+//     29.5 / 161, and a chained step 3.69 ms against 4.09; at 1.7B's the
+//     head 74.7 µs against matvec_int4.wgsl's 88.6 and gate|up 14.2
+//     against 16.0 (q|k|v and o_proj alike: 10.1 / 8.4–9.2), and a
+//     chained step 1.81 ms against 2.02. Two and four rows: 16 × 32 at
+//     8B's gate|up 40.0 / 61.9 µs against 50.0 / 85.0, 32 × 16 at two rows
+//     of o_proj and down_proj 14.1 / 30.6 against 16.3 / 38.5. Four
+//     weight rows a thread were no faster (the heads by 1–2 µs) and slower
+//     elsewhere; staging 1,024 or 4,096 columns, loading the next chunk's
+//     weights during this chunk's products, and split-K were no faster;
 //   - 3–4 rows of a matrix of 48M weights or more (Qwen3-8B's down_proj,
 //     gate|up and head, every head) take skinny_int4.wgsl in tiles of 4
 //     rows (`-benchshape qwen3-8b -benchts 2,3,4 -cold`): 40 / 67 / 330 µs
@@ -117,6 +131,8 @@ type plan struct {
 //     workgroup reading its rows' inputs again.
 var measuredH200 = plan{
 	matVecBatchMinK:     2049,
+	matVecBatchMinN:     6144,
+	matVecBatchByShape:  true,
 	skinnyFewMinT:       3,
 	skinnyFewMinWeights: 48 << 20,
 	skinnyMaxT:          40,
@@ -311,7 +327,8 @@ func (p *plan) pick(w *Matrix, T int, l gpu.Limits) matMulChoice {
 // kernelFor is pick's kernel.
 func (p *plan) kernelFor(w *Matrix, T int, l gpu.Limits) matMulKernel {
 	switch {
-	case T == 1 && w.K >= p.matVecBatchMinK && kernelMatVecBatch.fits(w, T, l):
+	case T == 1 && (w.K >= p.matVecBatchMinK || p.matVecBatchMinN > 0 && w.N >= p.matVecBatchMinN && w.K >= 1024) &&
+		kernelMatVecBatch.fits(w, T, l):
 		return kernelMatVecBatch
 	case T == 1 && kernelMatVec.fits(w, T, l):
 		return kernelMatVec
@@ -349,7 +366,7 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 			}
 		}
 	case k == kernelMatVecBatch:
-		c.matVecBatch = matVecBatchDefault
+		c.matVecBatch = p.matVecBatchLayout(w, T, l)
 		c.groups = p.matVecBatchGroups
 	case k == kernelSkinny:
 		c.skinny = p.skinnyLayout(w.N, T)
@@ -367,6 +384,25 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 		}
 	}
 	return c, true
+}
+
+// matVecBatchLayout returns matvec_batch_int4.wgsl's layout for T rows
+// of w: with matVecBatchByShape two weight rows a thread, 32 lanes a row
+// and 16 rows a workgroup for one or two rows of a matrix of fewer than
+// 6,144 rows (more workgroups, a shorter loop a thread), else 16 lanes and
+// 32 rows; matVecBatchDefault where those do not fit the device.
+func (p *plan) matVecBatchLayout(w *Matrix, T int, l gpu.Limits) matVecBatchLayout {
+	if !p.matVecBatchByShape {
+		return matVecBatchDefault
+	}
+	m := matVecBatchWide
+	if T <= 2 && w.N < 6144 {
+		m = matVecBatchNarrow
+	}
+	if !m.fits(w, T, l) {
+		return matVecBatchDefault
+	}
+	return m
 }
 
 // fits reports whether kernel k computes T rows of w on a device with

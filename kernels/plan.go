@@ -91,13 +91,17 @@ type plan struct {
 //     weight rows a thread were no faster (the heads by 1–2 µs) and slower
 //     elsewhere; staging 1,024 or 4,096 columns, loading the next chunk's
 //     weights during this chunk's products, and split-K were no faster;
+//     8B's q|k|v (6,144 rows) on 32 × 16 was faster alone (14.8 µs against
+//     16.6) but the chained step slower (3.96 ms against 3.68);
 //   - 3–4 rows of a matrix of 48M weights or more (Qwen3-8B's down_proj,
 //     gate|up and head, every head) take skinny_int4.wgsl in tiles of 4
 //     rows (`-benchshape qwen3-8b -benchts 2,3,4 -cold`): 40 / 67 / 330 µs
 //     against matvec_batch_int4.wgsl's 55 / 85 / 429 at 3 rows, the 1.7B
 //     head 170 against 220; smaller matrices are as fast or faster on
 //     matvec_batch_int4.wgsl (8B's q|k|v 25.5 against 28.4), and two rows
-//     stay there everywhere;
+//     stay there everywhere; on its loop of one multiply-add a weight,
+//     three and four rows of 8B's gate|up, down_proj and head took 60–61 /
+//     49–50 / 298–304 µs against skinny_int4.wgsl's 64 / 38–42 / 303;
 //   - 5–40 rows are fastest on skinny_int4.wgsl, well ahead of the 8-row
 //     tile and of the GEMM;
 //   - at 64 rows the kernel benchmark favours skinny_int4.wgsl too, but a

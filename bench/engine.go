@@ -29,11 +29,7 @@ func decoding(ctx context.Context, e engine.Engine, batch, context int) (step fu
 			release()
 			return nil, nil, err
 		}
-		p := make([]int, context)
-		for j := range p {
-			p[j] = rng.IntN(cfg.VocabSize)
-		}
-		en := &engine.Entry{Seq: s, Tokens: p}
+		en := &engine.Entry{Seq: s, Tokens: randomTokens(rng, context, cfg.VocabSize)}
 		entries = append(entries, en)
 		if err := e.Step(ctx, []*engine.Entry{en}); err != nil {
 			release()
@@ -110,14 +106,20 @@ func Prefill(ctx context.Context, e engine.Engine, n, reps int) (time.Duration, 
 	return total / time.Duration(reps), nil
 }
 
+// randomTokens returns n token ids drawn uniformly from a vocabulary of
+// vocab tokens by rng.
+func randomTokens(rng *rand.Rand, n, vocab int) []int {
+	p := make([]int, n)
+	for j := range p {
+		p[j] = rng.IntN(vocab)
+	}
+	return p
+}
+
 // prefillOnce feeds a fresh sequence n random tokens (the same ones for the
 // same n) in one Step and releases it.
 func prefillOnce(ctx context.Context, e engine.Engine, n int) (time.Duration, error) {
-	rng := rand.New(rand.NewPCG(4, uint64(n)))
-	p := make([]int, n)
-	for j := range p {
-		p[j] = rng.IntN(e.Config().VocabSize)
-	}
+	p := randomTokens(rand.New(rand.NewPCG(4, uint64(n))), n, e.Config().VocabSize)
 	s, err := e.NewSequence()
 	if err != nil {
 		return 0, err
@@ -187,13 +189,7 @@ func Verify(ctx context.Context, e engine.Engine, rows, context, reps int) (time
 	}
 	cfg := e.Config()
 	rng := rand.New(rand.NewPCG(5, uint64(rows)))
-	random := func(n int) []int {
-		p := make([]int, n)
-		for j := range p {
-			p[j] = rng.IntN(cfg.VocabSize)
-		}
-		return p
-	}
+	random := func(n int) []int { return randomTokens(rng, n, cfg.VocabSize) }
 	s, err := e.NewSequence()
 	if err != nil {
 		return 0, err
@@ -225,11 +221,7 @@ func Verify(ctx context.Context, e engine.Engine, rows, context, reps int) (time
 // the same context (the head truncated back after it). It returns the time
 // per draft token.
 func HeadDrafts(ctx context.Context, target, head engine.Engine, context, steps, draft int) (time.Duration, error) {
-	rng := rand.New(rand.NewPCG(5, uint64(context)))
-	p := make([]int, context)
-	for j := range p {
-		p[j] = rng.IntN(target.Config().VocabSize)
-	}
+	p := randomTokens(rand.New(rand.NewPCG(5, uint64(context))), context, target.Config().VocabSize)
 	ts, err := target.NewSequence()
 	if err != nil {
 		return 0, err

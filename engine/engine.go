@@ -285,6 +285,10 @@ var (
 	// engine's sequences can be trusted, and every later call fails with
 	// it. Its sequences may still be released; the way on is a new engine.
 	ErrFault = errors.New("engine fault")
+	// ErrFeaturesOnly refuses a model's pass over a sequence that
+	// FeatureWriter.AppendFeatures extended: the model computed none of
+	// those positions' keys and values.
+	ErrFeaturesOnly = errors.New("a sequence of features only (AppendFeatures): the model computed none of its keys and values")
 )
 
 // DeviceBytes is the GPU memory eng's buffers hold, for engines on a GPU
@@ -504,6 +508,31 @@ type Head interface {
 	// Target is the engine whose sequences' features the head reads; its
 	// sequences keep them (for the layers the head was trained on).
 	Target() Engine
+}
+
+// FeatureReader is a target engine whose sequences keep the features an
+// EAGLE-3 head reads (its FeatureLayers' inputs, concatenated) and reads
+// them back to the host: edge drafting sends them to a head elsewhere.
+type FeatureReader interface {
+	// FeatureWidth is the floats of one position's features (0: the
+	// engine keeps none).
+	FeatureWidth() int
+	// Features returns positions from … to−1 of seq's features, row
+	// after row, (to − from)·FeatureWidth floats. seq holds no tree.
+	Features(seq Sequence, from, to int) ([]float32, error)
+}
+
+// FeatureWriter is a target engine whose sequences take features computed
+// elsewhere: the engine a head drafts over where its target runs on
+// another machine (edge drafting's page). AppendFeatures extends seq by
+// len(rows)/FeatureWidth positions holding those rows and computes
+// nothing: their keys and values are never set, so from then until it is
+// truncated to no positions the sequence only serves a head
+// (Entry.Target), and the model's own passes refuse it
+// (ErrFeaturesOnly).
+type FeatureWriter interface {
+	FeatureWidth() int
+	AppendFeatures(seq Sequence, rows []float32) error
 }
 
 // DraftsTrees reports whether a head drafts token trees (through Verify;

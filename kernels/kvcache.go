@@ -95,6 +95,9 @@ type KVSeq struct {
 	// made, those they read (the last one's From + 1); until a Truncate,
 	// those Reserve mapped for a call's passes.
 	hold, reserved int
+	// featuresOnly: positions whose keys and values nobody computed, only
+	// their features written (MarkFeaturesOnly), until truncated to none.
+	featuresOnly bool
 }
 
 // NewKVCache allocates a zeroed cache and an all-zero block table, every
@@ -344,6 +347,7 @@ func (s *KVSeq) Truncate(n int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s.len = min(s.len, n)
+	s.featuresOnly = s.featuresOnly && s.len > 0
 	s.tree.Truncate(s.len)
 	// Moves write increasing positions (treemask.Tree.KeepPath): those
 	// kept are a prefix, which the ones dropped do not change.
@@ -401,6 +405,15 @@ func (s *KVSeq) KeepPath(path []int) error {
 	return nil
 }
 
+// MarkFeaturesOnly records that the sequence holds positions whose keys
+// and values were never computed (their features written from elsewhere):
+// FeaturesOnly until the sequence is truncated to no positions.
+func (s *KVSeq) MarkFeaturesOnly() { s.featuresOnly = true }
+
+// FeaturesOnly reports whether the sequence holds positions of features
+// only (MarkFeaturesOnly).
+func (s *KVSeq) FeaturesOnly() bool { return s.featuresOnly }
+
 // Release returns the sequence's blocks and slot, and drops its pending
 // moves; it must not be used afterwards (a second Release does nothing).
 func (s *KVSeq) Release() {
@@ -415,7 +428,7 @@ func (s *KVSeq) Release() {
 	if len(s.moves) > 0 {
 		c.moving = slices.DeleteFunc(c.moving, func(m *KVSeq) bool { return m == s })
 	}
-	s.blocks, s.c, s.moves, s.hold = nil, nil, nil, 0
+	s.blocks, s.c, s.moves, s.hold, s.featuresOnly = nil, nil, nil, 0, false
 	s.tree = treemask.Tree{}
 }
 

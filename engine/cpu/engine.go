@@ -224,6 +224,10 @@ type sequence struct {
 	k, v  [][]float32
 	feat  []float32
 	tree  treemask.Tree
+	// featuresOnly: AppendFeatures gave the sequence positions whose keys
+	// and values the model never computed; it serves a head (Entry.Target)
+	// until truncated to none.
+	featuresOnly bool
 }
 
 func (s *sequence) Len() int { return s.len }
@@ -232,6 +236,9 @@ func (s *sequence) Truncate(n int) {
 	if n >= 0 && n < s.len {
 		s.len = n
 		s.tree.Truncate(n)
+	}
+	if s.len == 0 {
+		s.featuresOnly = false
 	}
 }
 
@@ -274,6 +281,66 @@ func (s *sequence) reserve(n, kvDim int) {
 	}
 }
 
+// FeatureWidth is the floats of one position's features
+// (engine.FeatureReader): len(FeatureLayers)·hidden, 0 when none are kept.
+func (e *Engine) FeatureWidth() int { return e.featureWidth() }
+
+// Features returns positions from … to−1 of seq's features
+// (engine.FeatureReader).
+func (e *Engine) Features(seq engine.Sequence, from, to int) ([]float32, error) {
+	s, err := e.featureSequence(seq)
+	if err != nil {
+		return nil, err
+	}
+	if from < 0 || to < from || to > s.len {
+		return nil, fmt.Errorf("cpu engine: features of positions %d … %d: the sequence holds %d", from, to-1, s.len)
+	}
+	F := e.featureWidth()
+	return slices.Clone(s.feat[from*F : to*F]), nil
+}
+
+// AppendFeatures extends seq by the positions whose features rows holds
+// (engine.FeatureWriter), computing nothing.
+func (e *Engine) AppendFeatures(seq engine.Sequence, rows []float32) error {
+	s, err := e.featureSequence(seq)
+	if err != nil {
+		return err
+	}
+	F := e.featureWidth()
+	if len(rows)%F != 0 {
+		return fmt.Errorf("cpu engine: %d feature values: want rows of %d", len(rows), F)
+	}
+	n := len(rows) / F
+	if s.len+n > e.cfg.MaxPositionEmbeddings {
+		return fmt.Errorf("cpu engine: %d positions and %d more of features exceed the model's %d", s.len, n, e.cfg.MaxPositionEmbeddings)
+	}
+	if n == 0 {
+		return nil
+	}
+	s.reserve(n, e.cfg.KVDim())
+	copy(s.feat[s.len*F:], rows)
+	s.len += n
+	s.featuresOnly = true
+	return nil
+}
+
+// featureSequence checks that seq is a live sequence of e and that e keeps
+// features.
+func (e *Engine) featureSequence(seq engine.Sequence) (*sequence, error) {
+	s, ok := seq.(*sequence)
+	switch {
+	case len(e.features) == 0:
+		return nil, errors.New("cpu engine: the engine keeps no features (Options.FeatureLayers)")
+	case !ok || s.owner != e:
+		return nil, fmt.Errorf("cpu engine: features: a sequence of another engine (%T)", seq)
+	case s.k == nil:
+		return nil, errors.New("cpu engine: features: a released sequence")
+	case s.tree.Len() > 0:
+		return nil, errors.New("cpu engine: features: the sequence holds a token tree")
+	}
+	return s, nil
+}
+
 // features is the features the sequence keeps at slot i.
 func (s *sequence) features(i int) []float32 {
 	F := s.owner.featureWidth()
@@ -292,6 +359,8 @@ func (e *Engine) sequences(feeds []feed) ([]*sequence, error) {
 			return nil, fmt.Errorf("cpu engine: batch entry %d: a sequence of another engine (%T)", i, s)
 		case q.k == nil:
 			return nil, fmt.Errorf("cpu engine: batch entry %d: a released sequence", i)
+		case q.featuresOnly:
+			return nil, fmt.Errorf("cpu engine: batch entry %d: %w", i, engine.ErrFeaturesOnly)
 		}
 		for _, p := range out[:i] {
 			if p == q {

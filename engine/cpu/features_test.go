@@ -135,3 +135,22 @@ func TestNoFeatures(t *testing.T) {
 		t.Errorf("%d floats of features kept without FeatureLayers", len(s.feat))
 	}
 }
+
+// TestFeatureTransfer: Features and AppendFeatures carry a sequence's
+// features to another, over which the head drafts the same
+// (enginetest.FeatureTransfer); an engine that keeps none refuses both.
+func TestFeatureTransfer(t *testing.T) {
+	rig := newHeadRig(t, true)
+	enginetest.FeatureTransfer(t, rig.target, rig.head)
+	plain, _, _, _ := tinyTarget(t, 2, nil)
+	seq, err := plain.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Features(seq, 0, 0); err == nil {
+		t.Error("Features of an engine that keeps none: accepted")
+	}
+	if err := plain.AppendFeatures(seq, nil); err == nil {
+		t.Error("AppendFeatures to an engine that keeps none: accepted")
+	}
+}

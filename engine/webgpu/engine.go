@@ -336,6 +336,9 @@ func (e *Engine) sequences(n int, seq func(i int) engine.Sequence) ([]*kernels.K
 		if seen[s] {
 			return nil, fmt.Errorf("webgpu engine: batch entry %d repeats a sequence", i)
 		}
+		if s.FeaturesOnly() {
+			return nil, fmt.Errorf("webgpu engine: batch entry %d: %w", i, engine.ErrFeaturesOnly)
+		}
 		seen[s] = true
 		seqs[i] = s
 	}

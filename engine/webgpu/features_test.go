@@ -2,7 +2,6 @@ package webgpu
 
 import (
 	"context"
-	"math"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -10,10 +9,8 @@ import (
 	"webdraft/checkpoint"
 	"webdraft/engine"
 	"webdraft/engine/enginetest"
-	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
-	"webdraft/kernels"
 	"webdraft/reference"
 	"webdraft/safetensors"
 	"webdraft/sampling"
@@ -48,46 +45,6 @@ func tinyTarget(t *testing.T, g *Group, layers int, features []int) (*Engine, *r
 	return e, ref, m
 }
 
-// readFeatures reads back the features e keeps at position pos of seq —
-// each feature layer's H values, in FeatureLayers' order — once the moves
-// of paths kept since its last pass are made (tests only: the engine
-// never reads them back).
-func (e *Engine) readFeatures(seq engine.Sequence, pos int) ([]float32, error) {
-	e.g.mu.Lock()
-	defer e.g.mu.Unlock()
-	b, err := e.dev.NewBatch("feature moves")
-	if err != nil {
-		return nil, err
-	}
-	if err := e.kv.RecordMoves(b); err != nil {
-		b.Discard()
-		return nil, err
-	}
-	if err := b.Submit(); err != nil {
-		return nil, err
-	}
-	row, err := seq.(*kernels.KVSeq).PoolRow(pos)
-	if err != nil {
-		return nil, err
-	}
-	H := uint64(e.cfg.HiddenSize)
-	var ranges []gpu.Binding
-	for i := range e.features {
-		ranges = append(ranges, e.kv.Feature(i).Slice(uint64(row)*H*4, H*4))
-	}
-	raw, err := gpu.ReadRanges(ranges...)
-	if err != nil {
-		return nil, err
-	}
-	var out []float32
-	for _, r := range raw {
-		for _, w := range u32s(r) {
-			out = append(out, math.Float32frombits(w))
-		}
-	}
-	return out, nil
-}
-
 // featureTol is how far the device's f32 features may be from the
 // reference's: f32 math (docs/reference.md, "Tolerances"), its sums in
 // another order over a few layers.
@@ -101,11 +58,13 @@ func checkFeatures(t *testing.T, what string, e *Engine, seq engine.Sequence, re
 		t.Fatalf("%s: the sequence holds %d positions, want %d", what, seq.Len(), len(text))
 	}
 	worst := 0.0
+	all, err := e.Features(seq, 0, len(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	F := e.FeatureWidth()
 	for i, want := range enginetest.Features(t, ref, text, e.features) {
-		got, err := e.readFeatures(seq, i)
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := all[i*F : (i+1)*F]
 		if len(got) != len(want) {
 			t.Fatalf("%s: position %d: %d floats of features, want %d", what, i, len(got), len(want))
 		}
@@ -277,5 +236,24 @@ func TestNoFeatures(t *testing.T) {
 	}
 	if got, want := plain.kv.Blocks, (16<<20)/(perToken(0)*16); got != want {
 		t.Errorf("%d blocks without features, want %d", got, want)
+	}
+}
+
+// TestFeatureTransfer: Features and AppendFeatures carry a sequence's
+// features to another, over which the head drafts the same
+// (enginetest.FeatureTransfer); an engine that keeps none refuses both.
+func TestFeatureTransfer(t *testing.T) {
+	rig := newHeadRig(t, true, HeadOptions{})
+	enginetest.FeatureTransfer(t, rig.target, rig.head)
+	plain, _, _ := tinyTarget(t, NewGroup(gputest.Device(t)), 2, nil)
+	seq, err := plain.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Features(seq, 0, 0); err == nil {
+		t.Error("Features of an engine that keeps none: accepted")
+	}
+	if err := plain.AppendFeatures(seq, nil); err == nil {
+		t.Error("AppendFeatures to an engine that keeps none: accepted")
 	}
 }

@@ -41,6 +41,10 @@ type Start struct {
 	// Edge drafts in the page (edge drafting): the server's target
 	// verifies what the page's drafter proposes (Runner.Remote).
 	Edge bool `json:"edge"`
+	// EdgeHead: the page drafts with the server's EAGLE-3 head, and each
+	// draft request carries the target's features it reads
+	// (speculative.NewHeadRemote). Only with Edge.
+	EdgeHead bool `json:"edge_head"`
 	// TopK above 1 drafts a token tree (speculative.Request.TopK; the
 	// API's speculative.topk and draft_tokens, SGLang's names): each
 	// node's TopK children, K levels deep, DraftTokens nodes verified (0:
@@ -70,9 +74,10 @@ type Runner struct {
 	Timeout      time.Duration
 	TimeoutError error
 	// Remote, when set, makes the remote drafter of an edge run (Start.Edge:
-	// the page drafts, over the transport); without it edge runs are
+	// the page drafts, over the transport; head: with an EAGLE-3 head over
+	// the target's features, Start.EdgeHead); without it edge runs are
 	// refused.
-	Remote func() *speculative.Remote
+	Remote func(head bool) *speculative.Remote
 	// SampledDrafts: both of Gen's engines sample their drafts
 	// (engine.SamplesDrafts), so a sampled run may draft a tree; without
 	// it a sampled run drafts chains and a sampled tree is refused.
@@ -107,6 +112,8 @@ func (r *Runner) Request(m Start) (speculative.Request, error) {
 		return speculative.Request{}, fmt.Errorf("a sampled token tree (topk %d, temperature %v) needs engines that sample their drafts, which these do not (they propose greedy chains): set temperature 0, or topk 1 for a chain", m.TopK, m.Temperature)
 	case m.TopK > 1 && m.Edge:
 		return speculative.Request{}, fmt.Errorf("edge drafting drafts chains (the page sends one draft a step): set topk 1, not %d", m.TopK)
+	case m.EdgeHead && !m.Edge:
+		return speculative.Request{}, errors.New("edge_head without edge: the page's head drafts only in edge drafting")
 	case m.Edge && r.Remote == nil:
 		return speculative.Request{}, errors.New("edge drafting (the page drafts, the server verifies) needs the server's target: here both models run in this browser")
 	}
@@ -140,7 +147,10 @@ func (r *Runner) Request(m Start) (speculative.Request, error) {
 		if err := r.Gen.Check(req); err != nil {
 			return speculative.Request{}, err
 		}
-		req.Remote = r.Remote()
+		if m.EdgeHead && !r.Gen.ServesRemoteHeads() {
+			return speculative.Request{}, errors.New("edge_head: the server's target keeps no features for an EAGLE-3 head (the server serves none)")
+		}
+		req.Remote = r.Remote(m.EdgeHead)
 	}
 	return req, r.Gen.Check(req)
 }
@@ -218,6 +228,9 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 	ev := map[string]any{"type": "start", "run": run, "prompt_tokens": len(req.Prompt), "k": max(req.K, 0)}
 	if req.Remote != nil {
 		ev["edge"] = true
+		if req.Remote.ReadsFeatures() {
+			ev["edge_head"] = true
+		}
 	}
 	if req.K > 0 && req.TopK > 1 {
 		ev["topk"], ev["draft_tokens"] = req.TopK, req.TreeNodes

@@ -40,8 +40,9 @@ type modelFile struct {
 
 // modelManifest is GET /models/index.json: the files of the drafter and
 // the target (each folder at its Dir) and, where the server drafts with
-// an EAGLE-3 head, the head's (the page's in-browser mode runs it over the
-// target; edge drafting keeps the drafter), with their sizes and content
+// an EAGLE-3 head, the head's (the page runs it over the target in its
+// in-browser mode, and over the features the server sends in edge
+// drafting), with their sizes and content
 // hashes, which name the files in the browser's cache.
 type modelManifest struct {
 	Drafter string      `json:"drafter"` // its folder among Files

@@ -411,8 +411,8 @@ func TestBrowserEdge(t *testing.T) {
 // newHeadFixture serves the embedded pair as `serve --model HEAD` does: the
 // target on the CPU engine keeping the features a random EAGLE-3 head
 // reads, the head (written into a folder named dir, 4,096 draft tokens)
-// drafting the generations and listed for the page's in-browser mode, the
-// drafter serving /draft and edge drafting.
+// drafting the generations and listed for the page's in-browser mode and
+// edge drafting, the drafter serving /draft.
 func newHeadFixture(t *testing.T, dir string) *pairFixture {
 	t.Helper()
 	loadPair(t)
@@ -431,6 +431,7 @@ func newHeadFixture(t *testing.T, dir string) *pairFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { head.Close() })
+	f.head = h
 	f.serve(t, Options{}, &Model{Name: "EAGLE-3 head " + dir, Engine: head, Files: &ModelFiles{FS: os.DirFS(root), Dir: dir}})
 	return f
 }
@@ -484,7 +485,10 @@ func TestModelFilesHead(t *testing.T) {
 // page's in-browser mode runs that head over the target in headless
 // Chromium (WebGPU on SwiftShader): the note says the head drafts, the
 // live view's hello names it, and the output is the target's greedy
-// continuation.
+// continuation. Then edge drafting: the worker's head drafts over the
+// features the server sends with each draft request (its target loaded
+// but computing nothing), the note says so, and the output is again the
+// target's greedy continuation.
 func TestBrowserEngineHead(t *testing.T) {
 	browsertest.Require(t, "the in-browser engine test with an EAGLE-3 head")
 	if !dist.Built() {
@@ -541,4 +545,65 @@ func TestBrowserEngineHead(t *testing.T) {
 	if hello != "EAGLE-3 head head" || steps == 0 || drafted == 0 || !slices.Equal(out, want) {
 		t.Errorf("hello's drafter %q; %d steps, %d tokens drafted, gave %v; the target's greedy continuation is %v", hello, steps, drafted, out, want)
 	}
+
+	// Edge drafting with the head: the worker keeps the target it loaded,
+	// which now computes nothing, and the head drafts over the features
+	// the server sends with each draft request.
+	do("choosing edge drafting", chromedp.Click("#where-edge"))
+	note, err = chromedp.Run(ctx, chromedp.Poll[string](`(t => t.startsWith("drafter ready") ? t : false)(document.getElementById("engine-note").textContent)`,
+		chromedp.WithPollingTimeout(5*time.Minute)))
+	if err != nil || !strings.Contains(note, "the EAGLE-3 head head drafts") || !strings.Contains(note, "the server sends them with each draft request") {
+		t.Fatalf("edge drafting with the head (%v): %s", err, note)
+	}
+	t.Logf("edge: %s", note)
+	session, err := chromedp.Run(ctx, chromedp.Poll[string](`document.body.dataset.session || false`, chromedp.WithPollingTimeout(20*time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(f.events(t, session))
+	do("starting an edge run", chromedp.Click("#start"))
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent.startsWith("done")`,
+		chromedp.WithPollingTimeout(10*time.Minute))); err != nil {
+		t.Fatalf("the edge run never finished (status %q): %v", text(ctx, `document.getElementById("status").textContent`), err)
+	}
+	out, steps, drafted = nil, 0, 0
+	asks, featured := 0, 0
+	for _, ev := range f.events(t, session)[before:] {
+		switch ev["type"] {
+		case "start":
+			if ev["edge_head"] != true {
+				t.Errorf("the edge run's start: %v", ev)
+			}
+		case "draft_request":
+			asks++
+			if feat, ok := ev["features"].(map[string]any); ok && feat["width"] == float64(3*pairTarget.Config.HiddenSize) {
+				featured++
+			}
+		case "step":
+			steps++
+			drafted += len(eventIDs(ev["draft"]))
+			out = append(out, eventIDs(ev["tokens"])...)
+		case "error":
+			t.Errorf("error event: %v", ev["message"])
+		}
+	}
+	if dir := os.Getenv("WEBDRAFT_SCREENSHOTS"); dir != "" { // the edge run as the page shows it
+		png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "page-edge-head.png"), png, 0o644)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if steps == 0 || asks == 0 || featured != asks || drafted == 0 || !slices.Equal(out, want) {
+		t.Errorf("edge with the head: %d steps, %d draft requests (%d with the features), %d tokens drafted, gave %v; the target's greedy continuation is %v",
+			steps, asks, featured, drafted, out, want)
+	}
+}
+
+// text evaluates a JavaScript expression to a string ("" on failure).
+func text(ctx context.Context, js string) string {
+	s, _ := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+	return s
 }

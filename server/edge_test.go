@@ -2,54 +2,55 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"webdraft/engine"
+	"webdraft/engine/cpu"
+	"webdraft/speculative"
 )
 
-// edgeClient plays the browser in edge drafting: one drafter sequence kept
-// across a run's draft requests, truncated to what it shares with the new
-// context (its accepted draft tokens) and fed the rest, as the page's
-// worker does (wasm's session).
+// edgeClient plays the browser in edge drafting: a speculative.Session of
+// its drafter — a model, or an EAGLE-3 head over a target engine that
+// takes the features the requests carry — answering each draft request,
+// as the page's worker does (wasm's session).
 type edgeClient struct {
-	e       engine.Engine
-	seq     engine.Sequence
-	held    []int // the tokens in seq's cache
-	context []int
+	s *speculative.Session
+}
+
+func newEdgeClient(t *testing.T, drafter engine.Engine) *edgeClient {
+	t.Helper()
+	s, err := speculative.NewSession(drafter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return &edgeClient{s: s}
 }
 
 func (c *edgeClient) draft(t *testing.T, m map[string]any) []int {
 	t.Helper()
-	tokens := []int{}
+	a := speculative.DraftAsk{Reset: m["reset"] == true, K: int(m["k"].(float64)), Tokens: []int{}}
 	for _, v := range m["tokens"].([]any) {
-		tokens = append(tokens, int(v.(float64)))
+		a.Tokens = append(a.Tokens, int(v.(float64)))
 	}
-	if m["reset"] == true {
-		c.context, c.held = nil, nil
-		if c.seq != nil {
-			c.seq.Release()
+	if f, ok := m["features"]; ok {
+		raw, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
 		}
-		var err error
-		if c.seq, err = c.e.NewSequence(); err != nil {
+		a.Features = new(speculative.FeatureRows)
+		if err := json.Unmarshal(raw, a.Features); err != nil {
 			t.Fatal(err)
 		}
 	}
-	c.context = append(c.context, tokens...)
-	keep := 0
-	for keep < min(len(c.held), len(c.context)-1) && c.held[keep] == c.context[keep] {
-		keep++
-	}
-	c.seq.Truncate(keep)
-	k := int(m["k"].(float64))
-	out, err := engine.Draft(context.Background(), c.e, c.seq, c.context[keep:], k)
+	ids, err := c.s.Draft(context.Background(), a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := engine.IDs(out)
-	c.held = append(slices.Clip(c.context), ids...)[:c.seq.Len()]
 	return ids
 }
 
@@ -86,7 +87,7 @@ func TestEdgeDrafting(t *testing.T) {
 			"temperature": temperature, "seed": 7}); err != nil {
 			t.Fatal(err)
 		}
-		c := &edgeClient{e: d}
+		c := newEdgeClient(t, d)
 		var out []int
 		var steps []map[string]any
 		for {
@@ -198,4 +199,100 @@ func TestEdgeDrafting(t *testing.T) {
 	if g := f.srv.ready.Load().gen.Gauges(); g.Running != 0 {
 		t.Errorf("after the closed socket: %d generations running", g.Running)
 	}
+}
+
+// TestEdgeDraftingHead: a page drafting with the server's EAGLE-3 head
+// (edge_head) — the head over a target engine of its own that computes
+// nothing, taking the features each draft request carries — gives the
+// target's greedy continuation and drafts as the server's own head does:
+// the same draft tokens in the same steps. The first request carries
+// the prompt's features but its last token's, each later one those of the
+// tokens the target fed since. A server without a head refuses edge_head,
+// as does edge_head without edge.
+func TestEdgeDraftingHead(t *testing.T) {
+	f := newHeadFixture(t, "head")
+	aux := f.head.Config.Aux(pairTarget.Config.NumHiddenLayers)
+	tg, err := cpu.New(pairTarget.Config, pairTarget.Weights, cpu.Options{KVBytes: 64 << 20, FeatureLayers: aux})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tg.Close() })
+	h, err := cpu.NewHead(tg, f.head.Config, f.head.Weights, cpu.HeadOptions{KVBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newEdgeClient(t, h)
+	p := dialPage(t, f.url)
+	prompt, n := "def fibonacci(n):\n    ", 24
+	promptLen := len(f.tok.Encode(prompt))
+
+	// run makes a run and returns its tokens and each step's draft; an
+	// edge run answers its requests on c.
+	run := func(edge bool) (out []int, drafts [][]int) {
+		t.Helper()
+		if err := p.c.WriteJSON(map[string]any{"type": "start", "prompt": prompt, "k": 3, "max_tokens": n,
+			"edge": edge, "edge_head": edge}); err != nil {
+			t.Fatal(err)
+		}
+		held := 0 // the positions of features the page holds
+		for {
+			m := p.next(t)
+			switch m["type"] {
+			case "start":
+				if edge && m["edge_head"] != true {
+					t.Errorf("an edge head run's start: %v", m)
+				}
+			case "draft_request":
+				feat, ok := m["features"].(map[string]any)
+				if !ok {
+					t.Fatalf("a draft request without features: %v", m)
+				}
+				from, width := int(feat["from"].(float64)), int(feat["width"].(float64))
+				if m["reset"] == true {
+					held = 0
+					if rows := len(feat["rows"].(string)) * 3 / 4 / 4 / width; rows != promptLen-1 {
+						t.Errorf("the first request carries %d rows of features for a prompt of %d tokens", rows, promptLen)
+					}
+				}
+				if width != len(aux)*pairTarget.Config.HiddenSize || from != held {
+					t.Errorf("features from %d, %d wide: want from %d, %d wide", from, width, held, len(aux)*pairTarget.Config.HiddenSize)
+				}
+				ids := c.draft(t, m)
+				held = from + len(feat["rows"].(string))*3/4/4/width
+				if err := p.c.WriteJSON(map[string]any{"type": "draft", "id": m["id"], "tokens": ids, "draft_ms": 0.1}); err != nil {
+					t.Fatal(err)
+				}
+			case "step":
+				out = append(out, eventIDs(m["tokens"])...)
+				drafts = append(drafts, eventIDs(m["draft"]))
+			case "error":
+				t.Fatalf("run (edge %v): %v", edge, m["message"])
+			case "finished":
+				return out, drafts
+			}
+		}
+	}
+	own, ownDrafts := run(false)
+	got, gotDrafts := run(true)
+	want, _ := f.greedy(t, f.tok.Encode(prompt), n)
+	if !slices.Equal(got, want) || !slices.Equal(own, want) {
+		t.Errorf("edge head drafting gave %v, the server's head %v; the target's greedy continuation is %v", got, own, want)
+	}
+	if !slices.EqualFunc(gotDrafts, ownDrafts, slices.Equal) {
+		t.Errorf("drafts: %v in the page, %v on the server", gotDrafts, ownDrafts)
+	}
+	t.Logf("edge head: %d tokens in %d steps, drafts %v", len(got), len(gotDrafts), gotDrafts)
+
+	expectError := func(p *pageConn, msg any, want string) {
+		t.Helper()
+		if err := p.c.WriteJSON(msg); err != nil {
+			t.Fatal(err)
+		}
+		if m := p.next(t); m["type"] != "error" || !strings.Contains(m["message"].(string), want) {
+			t.Errorf("after %v: %v, want an error saying %q", msg, m, want)
+		}
+	}
+	expectError(p, map[string]any{"type": "start", "prompt": prompt, "k": 3, "max_tokens": 4, "edge_head": true}, "edge_head without edge")
+	plain := dialPage(t, newPairFixture(t, "").url)
+	expectError(plain, map[string]any{"type": "start", "prompt": prompt, "k": 3, "max_tokens": 4, "edge": true, "edge_head": true}, "keeps no features")
 }

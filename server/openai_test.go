@@ -34,6 +34,7 @@ import (
 type pairFixture struct {
 	url             string
 	drafter, target engine.Engine
+	head            *checkpoint.Eagle3 // newHeadFixture's head
 	tok             *tokenizer.Tokenizer
 	srv             *Server
 	modelDownloads  atomic.Int64 // model files sent (countModelFiles)

@@ -174,10 +174,18 @@ func (ps *pageSession) newRunner() *live.Runner {
 		Timeout:      ps.s.limits.GenerationTimeout,
 		TimeoutError: &timeoutError{"the run", ps.s.limits.GenerationTimeout, "--generation-timeout"},
 		// Edge drafting: the page drafts each step (draft_request, draft).
-		Remote: func() *speculative.Remote {
-			rm := speculative.NewRemote(func(a speculative.DraftAsk) {
-				ps.emit(map[string]any{"type": "draft_request", "id": a.ID, "tokens": a.Tokens, "reset": a.Reset, "k": a.K})
-			}, edgeDraftTimeout)
+		Remote: func(head bool) *speculative.Remote {
+			ask := func(a speculative.DraftAsk) {
+				m := map[string]any{"type": "draft_request", "id": a.ID, "tokens": a.Tokens, "reset": a.Reset, "k": a.K}
+				if a.Features != nil {
+					m["features"] = a.Features
+				}
+				ps.emit(m)
+			}
+			rm := speculative.NewRemote(ask, edgeDraftTimeout)
+			if head {
+				rm = speculative.NewHeadRemote(ask, edgeDraftTimeout)
+			}
 			ps.mu.Lock()
 			ps.remote = rm // the run before ends with the start (Begin): its late drafts are stale here
 			ps.mu.Unlock()

@@ -64,8 +64,9 @@ type Config struct {
 	// Head, when set with Target, drafts the generations in Drafter's
 	// place: an EAGLE-3 head over Target's engine (engine.Head), which
 	// reads its features. Drafter still serves /draft (an outside
-	// verifier sends no features) and edge drafting; the page's in-browser
-	// mode runs the head over the target where Head has Files. A head has
+	// verifier sends no features); where Head has Files the page runs the
+	// head over the target in its in-browser mode, and over the features
+	// each draft request carries in edge drafting. A head has
 	// no Reopen: after a fault it is rebuilt by no one, and Run ends.
 	Head        *Model
 	Scheduler   scheduler.Options

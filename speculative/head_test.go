@@ -2,8 +2,13 @@ package speculative_test
 
 import (
 	"cmp"
+	"context"
+	"encoding/json"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"webdraft/checkpoint"
 	"webdraft/eagle3"
@@ -97,5 +102,163 @@ func TestHeadOfAnotherTarget(t *testing.T) {
 	}
 	if engine.ReadsTarget(p.drafter) != p.target {
 		t.Fatal("the head does not name its target")
+	}
+}
+
+// TestRemoteHead: a generation drafted by an EAGLE-3 head elsewhere — a
+// Session of the same head over a second target engine that computes
+// nothing and takes the features each ask carries, as the page's worker
+// runs it — gives the target's greedy output and drafts as the
+// generator's own head: the same tokens drafted and accepted in the same
+// steps. Each ask's features start where the remote's positions end and
+// reach the context's last token but one; the features survive their
+// JSON round trip bit for bit. A generator whose target keeps no features
+// refuses a remote head, and a session refuses asks that do not fit it.
+func TestRemoteHead(t *testing.T) {
+	ps, n := prompts(23, 3), 24
+	m := load(t, "untied", checkpoint.F32)
+	aux := eagle3.DefaultAux(m.Config.NumHiddenLayers)
+	target, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 32 << 20, FeatureLayers: aux})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Close() })
+	h := randomHead(t, m, target, ps, n)
+	head, err := enginecpu.NewHead(target, h.Config, h.Weights, enginecpu.HeadOptions{KVBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The page's side: its own target engine (features only) and head.
+	edgeTarget, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 32 << 20, FeatureLayers: aux})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { edgeTarget.Close() })
+	edgeHead, err := enginecpu.NewHead(edgeTarget, h.Config, h.Weights, enginecpu.HeadOptions{KVBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := start(t, pair{"eagle3-head", target, head}, speculative.Options{K: 3})
+
+	for i, pr := range ps {
+		want := greedy(t, target, pr, n)
+		var localDrafts, remoteDrafts [][]int
+		local, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n,
+			OnStep: func(st speculative.Step) bool { localDrafts = append(localDrafts, engine.IDs(st.Draft)); return true }})
+		if err != nil || !slices.Equal(ids(local.Tokens), want) {
+			t.Fatalf("prompt %d, the generator's head: %v %v, want %v", i, ids(local.Tokens), err, want)
+		}
+
+		s, err := speculative.NewSession(edgeHead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var remote *speculative.Remote
+		var mu sync.Mutex
+		var asks []speculative.DraftAsk
+		held := 0 // the positions of features the page holds
+		remote = speculative.NewHeadRemote(func(a speculative.DraftAsk) {
+			mu.Lock()
+			defer mu.Unlock()
+			asks = append(asks, a)
+			// Over the wire and back, as the page gets it.
+			raw, err := json.Marshal(a.Features)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			var f speculative.FeatureRows
+			if err := json.Unmarshal(raw, &f); err != nil {
+				t.Error(err)
+				return
+			}
+			if !slices.Equal(f.Rows, a.Features.Rows) || f.From != a.Features.From || f.Width != a.Features.Width {
+				t.Errorf("ask %d: the features changed on the wire", a.ID)
+			}
+			if a.Reset {
+				held = 0
+			}
+			if f.From > held {
+				t.Errorf("ask %d: features from position %d, the page holds %d", a.ID, f.From, held)
+			}
+			held = f.From + len(f.Rows)/f.Width
+			a.Features = &f
+			go func() {
+				mu.Lock()
+				defer mu.Unlock()
+				tokens, err := s.Draft(context.Background(), a)
+				ans := speculative.DraftAnswer{ID: a.ID, Tokens: tokens, DraftTime: time.Millisecond}
+				if err != nil {
+					ans.Err = err
+				}
+				if err := remote.Answer(ans); err != nil {
+					t.Errorf("answer %d: %v", a.ID, err)
+				}
+			}()
+		}, 10*time.Second)
+		res, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n, Remote: remote,
+			OnStep: func(st speculative.Step) bool { remoteDrafts = append(remoteDrafts, engine.IDs(st.Draft)); return true }})
+		if err != nil || !slices.Equal(ids(res.Tokens), want) {
+			t.Fatalf("prompt %d, the remote head: %v %v, want %v", i, ids(res.Tokens), err, want)
+		}
+		if !slices.EqualFunc(localDrafts, remoteDrafts, slices.Equal) {
+			t.Errorf("prompt %d: the remote head drafted %v, the generator's %v", i, remoteDrafts, localDrafts)
+		}
+		if l, r := local.Stats, res.Stats; r.Accepted != l.Accepted || r.Drafted != l.Drafted || r.Steps != l.Steps {
+			t.Errorf("prompt %d: %d of %d accepted in %d steps drafting remotely, %d of %d in %d locally", i,
+				r.Accepted, r.Drafted, r.Steps, l.Accepted, l.Drafted, l.Steps)
+		}
+		mu.Lock()
+		if len(asks) == 0 || !asks[0].Reset || asks[0].Features.From != 0 || len(asks[0].Features.Rows) != (len(pr)-1)*asks[0].Features.Width {
+			t.Errorf("prompt %d: the first ask carries features %+v for a prompt of %d", i, asks[0].Features, len(pr))
+		}
+		t.Logf("prompt %d: %d asks, %d of %d drafted tokens accepted", i, len(asks), res.Stats.Accepted, res.Stats.Drafted)
+		mu.Unlock()
+		s.Close()
+	}
+
+	// A target that keeps no features cannot serve a remote head.
+	plain := start(t, pair{"int4-self", cpu(t, m), cpu(t, load(t, "untied", checkpoint.Int4))}, speculative.Options{K: 3})
+	_, err = plain.Submit(context.Background(), speculative.Request{Prompt: ps[0], MaxTokens: 4,
+		Remote: speculative.NewHeadRemote(func(speculative.DraftAsk) {}, time.Second)})
+	if err == nil || !strings.Contains(err.Error(), "keeps no features") {
+		t.Errorf("a remote head over a target without features: %v", err)
+	}
+
+	// Asks a head's session refuses, each leaving it able to start again.
+	s, err := speculative.NewSession(edgeHead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	W := edgeTarget.FeatureWidth()
+	rows := func(n int) []float32 { return make([]float32, n*W) }
+	for _, c := range []struct {
+		name string
+		ask  speculative.DraftAsk
+	}{
+		{"no features", speculative.DraftAsk{Tokens: []int{1, 2, 3}, Reset: true, K: 2}},
+		{"no reset first", speculative.DraftAsk{Tokens: []int{1, 2, 3}, K: 2, Features: &speculative.FeatureRows{Width: W, Rows: rows(2)}}},
+		{"width", speculative.DraftAsk{Tokens: []int{1, 2, 3}, Reset: true, K: 2, Features: &speculative.FeatureRows{Width: W + 1, Rows: make([]float32, 2*(W+1))}}},
+		{"ragged rows", speculative.DraftAsk{Tokens: []int{1, 2, 3}, Reset: true, K: 2, Features: &speculative.FeatureRows{Width: W, Rows: rows(2)[1:]}}},
+		{"past the context", speculative.DraftAsk{Tokens: []int{1, 2, 3}, Reset: true, K: 2, Features: &speculative.FeatureRows{Width: W, Rows: rows(3)}}},
+		{"a gap", speculative.DraftAsk{Tokens: []int{1, 2, 3}, Reset: true, K: 2, Features: &speculative.FeatureRows{From: 1, Width: W, Rows: rows(1)}}},
+		{"k", speculative.DraftAsk{Tokens: []int{1, 2, 3}, Reset: true, K: speculative.MaxK + 1, Features: &speculative.FeatureRows{Width: W, Rows: rows(2)}}},
+		{"vocabulary", speculative.DraftAsk{Tokens: []int{1, 2, 1 << 20}, Reset: true, K: 2, Features: &speculative.FeatureRows{Width: W, Rows: rows(2)}}},
+	} {
+		if _, err := s.Draft(context.Background(), c.ask); err == nil {
+			t.Errorf("%s: accepted", c.name)
+		}
+	}
+	if got, err := s.Draft(context.Background(), speculative.DraftAsk{Tokens: []int{1, 2, 3}, Reset: true, K: 2,
+		Features: &speculative.FeatureRows{Width: W, Rows: rows(1)}}); err != nil || len(got) != 0 {
+		t.Errorf("features short of the context's last token but one: %v %v, want an empty draft", got, err)
+	}
+	if got, err := s.Draft(context.Background(), speculative.DraftAsk{Tokens: []int{1, 2, 3}, Reset: true, K: 2,
+		Features: &speculative.FeatureRows{Width: W, Rows: rows(2)}}); err != nil || len(got) != 2 {
+		t.Errorf("after the refusals: %v %v, want a draft of 2", got, err)
+	}
+	if _, err := speculative.NewSession(head); err != nil {
+		t.Errorf("a session of a head over a CPU target: %v", err)
 	}
 }

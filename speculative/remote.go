@@ -24,6 +24,10 @@ import (
 type Remote struct {
 	ask     func(DraftAsk)
 	timeout time.Duration
+	// features: the remote drafts with an EAGLE-3 head, and each ask
+	// carries the target's features of the positions it fed since the
+	// ask before (NewHeadRemote).
+	features bool
 
 	mu       sync.Mutex
 	last     int       // the id of the last ask (at first, the last id of any Remote before)
@@ -51,6 +55,22 @@ type DraftAsk struct {
 	Tokens []int
 	Reset  bool
 	K      int
+	// Features are, for a remote that drafts with an EAGLE-3 head
+	// (NewHeadRemote), the target's features of the positions it has
+	// fed since the last ask; nil for a remote that reads text alone.
+	Features *FeatureRows
+}
+
+// FeatureRows are the target's features of positions From … From+n−1
+// (engine.FeatureReader): Rows holds n rows of Width floats. A remote
+// holding positions from From on drops them first: what the target fed
+// past the context the remote was sent (a rejected draft's) it never
+// keeps. The target has fed every token of the context but the last by
+// the time a head drafts, so the rows reach the context's last token but
+// one.
+type FeatureRows struct {
+	From, Width int
+	Rows        []float32
 }
 
 // DraftAnswer is a remote's draft for the ask of the same ID. DraftTime is
@@ -85,6 +105,22 @@ func NewRemote(ask func(DraftAsk), timeout time.Duration) *Remote {
 	}
 	return &Remote{ask: ask, timeout: timeout, last: int(askIDs.Load())}
 }
+
+// NewHeadRemote is NewRemote for a remote that drafts with an EAGLE-3
+// head over the target's features: each ask carries the rows the target
+// computed since the one before (DraftAsk.Features), and none is made
+// before the target has fed the context but its last token. The
+// generator's target must keep the head's features
+// (engine.FeatureReader).
+func NewHeadRemote(ask func(DraftAsk), timeout time.Duration) *Remote {
+	r := NewRemote(ask, timeout)
+	r.features = true
+	return r
+}
+
+// ReadsFeatures reports whether the remote drafts with an EAGLE-3 head
+// over the target's features (NewHeadRemote).
+func (r *Remote) ReadsFeatures() bool { return r.features }
 
 // Pending is the ask waiting for its answer, if any.
 func (r *Remote) Pending() (DraftAsk, bool) {
@@ -145,14 +181,16 @@ func (r *Remote) Close(err error) {
 // remoteDraft is a generation's remote drafting state, the loop's alone.
 type remoteDraft struct {
 	*Remote
-	sent int // context tokens the remote has been sent
+	sent     int // context tokens the remote has been sent
+	featSent int // positions of the target's features the remote has been sent
 }
 
 // poll is the loop's turn at a remote generation that needs a draft of
 // k tokens: the draft when it has come, else asks for one if none is
-// asked; err ends the generation (closed, timed out, failed). deadline is
-// when the wait ends.
-func (rd *remoteDraft) poll(context []int, k int, vocab int, now time.Time) (draft []engine.Token, ok bool, deadline time.Time, rtt, own time.Duration, err error) {
+// asked — with the target's features of positions from … held−1 where the
+// remote reads them (features reads them) —; err ends the generation
+// (closed, timed out, failed). deadline is when the wait ends.
+func (rd *remoteDraft) poll(context []int, k int, vocab int, now time.Time, held int, features func(from, to int) ([]float32, int, error)) (draft []engine.Token, ok bool, deadline time.Time, rtt, own time.Duration, err error) {
 	rd.mu.Lock()
 	defer rd.mu.Unlock()
 	if rd.closed != nil {
@@ -160,6 +198,19 @@ func (rd *remoteDraft) poll(context []int, k int, vocab int, now time.Time) (dra
 	}
 	if rd.asked == nil {
 		a := DraftAsk{ID: int(askIDs.Add(1)), Tokens: append(make([]int, 0, len(context)-rd.sent), context[rd.sent:]...), Reset: rd.sent == 0, K: k}
+		if rd.features {
+			if a.Reset {
+				rd.featSent = 0
+			}
+			from := min(rd.featSent, held)
+			rows, width, err := features(from, held)
+			if err != nil {
+				rd.closed = fmt.Errorf("the target's features for the remote head: %w", err)
+				return nil, false, time.Time{}, 0, 0, rd.closed
+			}
+			a.Features = &FeatureRows{From: from, Width: width, Rows: rows}
+			rd.featSent = held
+		}
 		rd.last = a.ID
 		rd.sent = len(context)
 		rd.asked, rd.askedAt = &a, now

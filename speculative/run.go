@@ -120,6 +120,13 @@ type gen struct {
 	retired              bool
 }
 
+// readsFeatures reports whether gn's drafter reads the target's features:
+// an EAGLE-3 head, the generator's or a remote one. The target then feeds
+// the prompt, all but its last token, before the first draft.
+func (gn *gen) readsFeatures() bool {
+	return gn.head && gn.draft != nil || gn.remote != nil && gn.remote.features
+}
+
 // chains reports whether e runs chained greedy steps on its device
 // (engine.Chainer).
 func chains(e engine.Engine) bool {
@@ -236,7 +243,7 @@ func (r *runner) step(ctx context.Context) error {
 			continue
 		}
 		tp, dp := gn.pendingTarget(), gn.pendingDraft()
-		if gn.head && gn.draft != nil {
+		if gn.readsFeatures() {
 			// A head drafts from the target's features of the context: the
 			// target feeds the prompt, all but its last token, first; the
 			// head then reads it all in its first draft.
@@ -441,7 +448,17 @@ func (r *runner) remoteDrafts(ready []*gen) []*gen {
 			kept = append(kept, gn)
 			continue
 		}
-		draft, ok, deadline, rtt, own, err := gn.remote.poll(gn.context, k, vocab, now)
+		held := gn.target.Len()
+		if gn.remote.features && (held == 0 || held < len(gn.context)-1) {
+			// A head drafts once the target has fed the context but its
+			// last token (a one-token prompt: none): this step is the
+			// target's alone.
+			kept = append(kept, gn)
+			continue
+		}
+		draft, ok, deadline, rtt, own, err := gn.remote.poll(gn.context, k, vocab, now, held, func(from, to int) ([]float32, int, error) {
+			return r.g.targetFeatures(gn.target, from, to)
+		})
 		switch {
 		case err != nil:
 			gn.target = release(gn.target)

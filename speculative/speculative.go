@@ -348,6 +348,9 @@ func (g *Generator) Check(r Request) error {
 	if r.Remote != nil && r.K == NoDraft {
 		return errors.New("a remote drafter with the target alone (k = NoDraft): nothing to draft")
 	}
+	if r.Remote != nil && r.Remote.features && g.featureWidth() == 0 {
+		return errors.New("a remote EAGLE-3 head: the target keeps no features for it (serve an EAGLE-3 head over the target)")
+	}
 	if err := r.Sampling.Validate(); err != nil {
 		return err
 	}
@@ -363,6 +366,31 @@ func (g *Generator) Check(r Request) error {
 		return fmt.Errorf("%w: %d positions exceed the KV caches (%d target, %d drafter)", ErrTooLarge, need, g.targetBudget, g.draftBudget)
 	}
 	return nil
+}
+
+// ServesRemoteHeads reports whether a remote EAGLE-3 head may draft for
+// the generator (NewHeadRemote): its target keeps the features heads read
+// and reads them back.
+func (g *Generator) ServesRemoteHeads() bool { return g.featureWidth() > 0 }
+
+// featureWidth is the floats of a position's features the target keeps
+// and reads back (engine.FeatureReader), 0 when none.
+func (g *Generator) featureWidth() int {
+	if f, ok := g.target.(engine.FeatureReader); ok {
+		return f.FeatureWidth()
+	}
+	return 0
+}
+
+// targetFeatures reads positions from … to−1 of a target sequence's
+// features back, and their width.
+func (g *Generator) targetFeatures(seq engine.Sequence, from, to int) ([]float32, int, error) {
+	f, ok := g.target.(engine.FeatureReader)
+	if !ok || f.FeatureWidth() == 0 {
+		return nil, 0, errors.New("the target keeps no features")
+	}
+	rows, err := f.Features(seq, from, to)
+	return rows, f.FeatureWidth(), err
 }
 
 // need is the KV positions a generation may hold in each engine: its

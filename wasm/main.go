@@ -11,8 +11,9 @@
 //	webdraft.load(url, options)             → Promise<Model>
 //	webdraft.loadFiles(files, dir, options) → Promise<Model>  (options.head: an EAGLE-3 head over it, Model.head)
 //	model.draft(ids, n)                     → Promise<number[]>
-//	model.session()                         → Session (a drafting sequence kept between calls)
-//	session.draft(tokens, reset, k)         → Promise<{tokens, ms}>
+//	model.session()                         → Session (edge drafting's sequences kept between calls; null for a closed model)
+//	session.draft(tokens, reset, k, features) → Promise<{tokens, ms}>  (features: a head's, as the server's draft_request has them)
+//	session.warm()                          → Promise<void>
 //	session.close()                         → Promise<void>
 //	model.close()                           → Promise<void>
 //	webdraft.live(drafter, target, onEvent) → Promise<Live>
@@ -421,7 +422,14 @@ func (m *model) object() js.Value {
 	closeFn := js.FuncOf(func(js.Value, []js.Value) any {
 		return promise(func() (any, error) { return nil, m.close() })
 	})
-	session := js.FuncOf(func(js.Value, []js.Value) any { return (&draftSession{m: m}).object() })
+	session := js.FuncOf(func(js.Value, []js.Value) any {
+		s, err := newDraftSession(m)
+		if err != nil {
+			js.Global().Get("console").Call("error", "webdraft: session: "+err.Error())
+			return js.Null()
+		}
+		return s.object()
+	})
 	// draft, session and close are never released: calling a released
 	// js.Func ends the Go program, and a closed model answers with an error
 	// instead.

@@ -4,126 +4,119 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"syscall/js"
 	"time"
 
-	"webdraft/engine"
 	"webdraft/speculative"
 )
 
-// draftSession is a drafting sequence kept between calls: edge drafting,
-// where the page's drafter proposes each step of a generation the server's
-// target verifies. Each draft extends the context (or, with reset, starts
-// a new one); the sequence's KV cache keeps the longest prefix of what it
-// holds that the new context shares — the draft tokens the target
-// accepted — and feeds only the rest.
+// draftSession is edge drafting's side in the page: a speculative.Session
+// of a model — the drafter, or an EAGLE-3 head whose target model holds
+// the features each request brings — answering the draft requests of the
+// server's generation, one at a time, under the drafter's lock.
 type draftSession struct {
-	m       *model
-	seq     engine.Sequence // of m.e, which a model never replaces (only closes)
-	held    []int           // the tokens in seq's cache
-	context []int
-	closed  bool
+	m *model
+	s *speculative.Session // nil once closed
+}
+
+// newDraftSession is a session of m.
+func newDraftSession(m *model) (*draftSession, error) {
+	m.d.mu.Lock()
+	defer m.d.mu.Unlock()
+	if m.e == nil {
+		return nil, errors.New("the model is closed")
+	}
+	s, err := speculative.NewSession(m.e)
+	if err != nil {
+		return nil, err
+	}
+	return &draftSession{m: m, s: s}, nil
 }
 
 // object is the Session a model's session() returns.
 func (s *draftSession) object() js.Value {
 	obj := js.Global().Get("Object").New()
+	obj.Set("readsFeatures", s.s.ReadsFeatures())
 	obj.Set("draft", js.FuncOf(func(_ js.Value, args []js.Value) any {
 		tokens, tokErr := jsInts(arg(args, 0))
 		reset := arg(args, 1).Truthy()
 		k, kErr := jsInt(arg(args, 2))
+		features, fErr := jsFeatures(arg(args, 3))
 		return promise(func() (any, error) {
 			switch {
 			case tokErr != nil:
 				return nil, fmt.Errorf("session.draft: tokens: %w", tokErr)
 			case kErr != nil:
 				return nil, fmt.Errorf("session.draft: k: %w", kErr)
-			case k < 1 || k > speculative.MaxK:
-				return nil, fmt.Errorf("session.draft: k %d: want 1…%d", k, speculative.MaxK)
+			case fErr != nil:
+				return nil, fmt.Errorf("session.draft: features: %w", fErr)
 			}
 			start := time.Now()
-			out, err := s.draft(tokens, reset, k)
+			out, err := s.draft(speculative.DraftAsk{Tokens: tokens, Reset: reset, K: k, Features: features})
 			if err != nil {
 				return nil, fmt.Errorf("session.draft: %w", err)
 			}
 			return map[string]any{"tokens": intsJS(out), "ms": float64(time.Since(start).Microseconds()) / 1000}, nil
 		})
 	}))
+	obj.Set("warm", js.FuncOf(func(js.Value, []js.Value) any {
+		return promise(func() (any, error) {
+			return nil, s.locked(func(ss *speculative.Session) error { return ss.Warm(context.Background()) })
+		})
+	}))
 	obj.Set("close", js.FuncOf(func(js.Value, []js.Value) any {
 		return promise(func() (any, error) {
 			s.m.d.mu.Lock()
 			defer s.m.d.mu.Unlock()
-			s.release()
-			s.closed = true
+			if s.s != nil && s.m.e != nil { // a closed model's sequences went with it
+				s.s.Close()
+			}
+			s.s = nil
 			return nil, nil
 		})
 	}))
 	return obj
 }
 
-// draft extends the context by tokens (reset: replaces it) and drafts k
-// greedy tokens after it.
-func (s *draftSession) draft(tokens []int, reset bool, k int) ([]int, error) {
-	d := s.m.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	e := s.m.e
-	switch {
-	case s.closed:
-		return nil, errors.New("the session is closed")
-	case e == nil:
-		return nil, errors.New("the model is closed")
-	case !reset && s.seq == nil:
-		return nil, errors.New("the first draft of a session must reset it (reset true, the whole context)")
-	}
-	c := e.Config()
-	for i, t := range tokens {
-		if t < 0 || t >= c.VocabSize {
-			return nil, fmt.Errorf("token %d at index %d is outside the vocabulary [0, %d)", t, i, c.VocabSize)
-		}
-	}
-	if reset {
-		s.release()
-		s.context, s.held = nil, nil
-	}
-	all := append(s.context, tokens...)
-	switch {
-	case len(all) == 0:
-		return nil, errors.New("an empty context")
-	case len(all)+k > c.MaxPositionEmbeddings:
-		return nil, fmt.Errorf("a context of %d tokens and %d more exceed the model's %d positions", len(all), k, c.MaxPositionEmbeddings)
-	}
-	if s.seq == nil {
-		seq, err := e.NewSequence()
-		if err != nil {
-			return nil, err
-		}
-		s.seq, s.held = seq, nil
-	}
-	keep := 0
-	for keep < min(len(s.held), len(all)-1) && s.held[keep] == all[keep] {
-		keep++
-	}
-	s.seq.Truncate(keep)
-	out, err := engine.Draft(context.Background(), e, s.seq, all[keep:], k)
-	if err != nil {
-		// The cache may be anywhere: start over at the next draft.
-		s.release()
-		s.context, s.held = nil, nil
-		return nil, err
-	}
-	ids := engine.IDs(out)
-	s.context = all
-	s.held = append(append(make([]int, 0, len(all)+k), all...), ids...)[:s.seq.Len()]
-	return ids, nil
+// draft answers one draft request.
+func (s *draftSession) draft(a speculative.DraftAsk) (out []int, err error) {
+	err = s.locked(func(ss *speculative.Session) error {
+		out, err = ss.Draft(context.Background(), a)
+		return err
+	})
+	return out, err
 }
 
-// release frees the sequence. d.mu must be held.
-func (s *draftSession) release() {
-	if s.seq != nil && s.m.e != nil { // a closed model's sequences went with it
-		s.seq.Release()
+// locked runs f on the session under the drafter's lock, refusing a
+// closed session or model.
+func (s *draftSession) locked(f func(*speculative.Session) error) error {
+	s.m.d.mu.Lock()
+	defer s.m.d.mu.Unlock()
+	switch {
+	case s.s == nil:
+		return errors.New("the session is closed")
+	case s.m.e == nil:
+		return errors.New("the model is closed")
 	}
-	s.seq = nil
+	return f(s.s)
+}
+
+// jsFeatures reads a draft request's features ({from, width, rows}: rows
+// base64 of little-endian f32, as the server sends them); undefined or
+// null is none.
+func jsFeatures(v js.Value) (*speculative.FeatureRows, error) {
+	if v.IsUndefined() || v.IsNull() {
+		return nil, nil
+	}
+	if v.Type() != js.TypeObject {
+		return nil, errors.New("want an object {from, width, rows}")
+	}
+	var f speculative.FeatureRows
+	if err := json.Unmarshal([]byte(js.Global().Get("JSON").Call("stringify", v).String()), &f); err != nil {
+		return nil, err
+	}
+	return &f, nil
 }

@@ -52,6 +52,7 @@
         return;
       }
       msg.edge = true; // the server verifies, this browser drafts (draft_request ↔ draft)
+      if (engine.edgeHead) msg.edge_head = true; // … with the server's EAGLE-3 head: the requests carry the target's features
     }
     if (!ws || ws.readyState !== WebSocket.OPEN) {
       connect();
@@ -111,11 +112,13 @@
         case "ready":
           engine.ready[m.mode] = true;
           engine.info = m;
+          if (m.mode === "edge") engine.edgeHead = !!m.head;
           bar.value = bar.max;
           document.body.dataset.engine = "ready";
           note.textContent = (m.mode === "edge" ? "drafter ready on " : "ready on ") + m.adapter + " in " + m.seconds.toFixed(1) + " s (" +
             (m.downloaded ? (m.downloaded / 1048576).toFixed(1) + " MiB downloaded" : "models from this browser's cache") + ")" +
-            (m.head ? "; the EAGLE-3 head " + m.head + " drafts, reading the target's hidden states" : "");
+            (m.head ? "; the EAGLE-3 head " + m.head + " drafts, reading the target's hidden states" +
+              (m.mode === "edge" ? " (the server sends them with each draft request)" : "") : "");
           startBtn.disabled = false;
           showMode();
           break;

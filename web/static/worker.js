@@ -5,9 +5,10 @@
 // them in Cache Storage under their SHA-256 (a reload reads them from there)
 // and runs, on the user's GPU, either the live view (mode "browser": both
 // models here — the target and the drafter, or the server's EAGLE-3 head
-// over the target) or the drafter alone for edge drafting (mode "edge": the
-// server's target verifies; the page relays the websocket's draft
-// requests here and the drafts back). Messages:
+// over the target) or what drafts alone for edge drafting (mode "edge":
+// the server's target verifies; the page relays the websocket's draft
+// requests — with a head, the target's features it reads — here and the
+// drafts back). Messages:
 //
 //   from the page:  {op: "init", key, mode}     key: the API key, if the server wants one; mode: "browser" or "edge"
 //                   {op: "send", message}       a start or stop, as on the websocket
@@ -15,7 +16,7 @@
 //                   {op: "lose-device"}         a fault drill: the GPU device is lost
 //   to the page:    {op: "progress", done, total, file, cached}
 //                   {op: "ready", mode, adapter, features, f16, head, seconds, downloaded, cached}
-//                                               head: the EAGLE-3 head's folder where it drafts (mode "browser")
+//                                               head: the EAGLE-3 head's folder where it drafts (either mode)
 //                   {op: "event", event}        the live view's events (web/README.md)
 //                   {op: "draft", message}      edge: the draft to send up the websocket
 //                   {op: "fault", message}      the GPU failed: the engine restarts
@@ -26,7 +27,7 @@
 const CACHE = "webdraft-models-v1";
 let live = null; // mode "browser": the live view on both models
 let drafter = null, target = null; // the models loaded
-let session = null; // mode "edge": the drafter's sequence kept between drafts
+let session = null; // mode "edge": the drafting sequences kept between drafts
 let modes = {}; // the modes asked for (and started once ready)
 let man = null; // the server's /models/index.json
 let booted = false; // the engine's program runs
@@ -77,7 +78,7 @@ async function init(mode) {
   const on = drafter || target;
   self.postMessage({
     op: "ready", mode, adapter: on.adapter, features: on.features, f16: on.f16,
-    head: mode === "browser" && man.head ? man.head : "",
+    head: man.head || "",
     seconds: (performance.now() - t0) / 1000, downloaded: got ? got.downloaded : 0, cached: got ? got.cached : 0,
   });
 }
@@ -107,21 +108,24 @@ async function boot() {
 }
 
 // start loads onto the GPU (opening a device) what mode needs and is not
-// loaded: for the live view the target and what drafts for it — the
-// server's EAGLE-3 head over the target where the manifest lists one, else
-// the drafter —, for edge drafting the drafter.
+// loaded: what drafts — the server's EAGLE-3 head where the manifest
+// lists one, over the target, else the drafter — and, for the live view,
+// the target. In edge drafting a head's target computes nothing: it holds
+// the features the server sends with each draft request (and the
+// embedding the head reads).
 async function start(files, mode) {
-  const head = mode === "browser" && man.head;
+  const head = man.head;
   if (!drafter && !head) drafter = await self.webdraft.loadFiles(files, man.drafter, { kvMiB: 64, maxSequences: 4 });
-  if (mode === "browser" && !live) {
-    if (!target) target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4, head: man.head || undefined });
-    live = await self.webdraft.live(target.head || drafter, target, onEvent);
+  if ((mode === "browser" || head) && !target) {
+    target = await self.webdraft.loadFiles(files, man.target, { kvMiB: 128, maxSequences: 4, head: head || undefined });
   }
+  if (mode === "browser" && !live) live = await self.webdraft.live(target.head || drafter, target, onEvent);
   if (mode === "edge" && !session) {
-    const s = drafter.session();
-    // A first draft compiles the drafter's pipelines (slow on a
-    // CPU-rendered adapter), before the page says ready.
-    await s.draft(new Array(16).fill(0), true, 4);
+    const s = (head ? target.head : drafter).session();
+    if (!s) throw new Error("the drafter here is closed");
+    // A first draft compiles the pipelines (slow on a CPU-rendered
+    // adapter), before the page says ready.
+    await s.warm();
     session = s;
   }
 }
@@ -133,7 +137,7 @@ async function draft(req) {
   let msg;
   try {
     if (!session) throw new Error("the drafter in this browser is not ready (restarting after a GPU fault?)");
-    const r = await session.draft(req.tokens, req.reset, req.k);
+    const r = await session.draft(req.tokens, req.reset, req.k, req.features);
     msg = { type: "draft", id: req.id, tokens: r.tokens, draft_ms: r.ms };
   } catch (err) {
     msg = { type: "draft", id: req.id, error: String(err && err.message ? err.message : err) };

@@ -120,7 +120,9 @@ type plan struct {
 //     (17.3 µs against 19.0 with the merge dispatch, 2026-12-03), but
 //     Qwen3-8B's and 4B's chained steps were slower (4.67 ms against 4.49
 //     with the rest of that build's changes, 4.37 without it), as in
-//     earlier rounds;
+//     earlier rounds, and for the models whose q heads share a kv head
+//     two ways (Qwen3-0.6B, 1.7B, the shipped pair) alone: 1.7B 1.86 ms
+//     against 1.82, the pair's drafter 0.18 against 0.15;
 //   - split-K for matvec_batch_int4.wgsl's one row (Qwen3-8B's o_proj
 //     and down_proj: 256 workgroups) does not pay: 13.6–21 µs against
 //     14.5 for o_proj, 27.5–36 against 30.3 for down_proj, the best

@@ -41,6 +41,51 @@ func BenchmarkVerify(b *testing.B) {
 	}
 }
 
+// BenchmarkVerifyTop is a verification of the embedded target at context
+// 40 reading out its rows' top 5, as the live page asks, beside the same
+// pass reading out the argmax alone: what the top tokens cost a pass.
+func BenchmarkVerifyTop(b *testing.B) {
+	if !weights.Embedded() {
+		b.Skip("no embedded weights")
+	}
+	m, err := checkpoint.LoadFS(weights.FS(), "target", checkpoint.LoadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	e, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: 64 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	for _, rows := range []int{1, 3} {
+		for _, top := range []int{0, 5} {
+			b.Run(fmt.Sprintf("rows%d/top%d", rows, top), func(b *testing.B) {
+				seq, err := e.NewSequence()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer seq.Release()
+				prefix := make([]int, 40)
+				for i := range prefix {
+					prefix[i] = 7 * i
+				}
+				if err := e.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Tokens: prefix, Out: 1}}); err != nil {
+					b.Fatal(err)
+				}
+				tokens := make([]int, rows)
+				for b.Loop() {
+					if err := e.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Tokens: tokens, Out: rows, TopN: top}}); err != nil {
+						b.Fatal(err)
+					}
+					seq.Truncate(len(prefix))
+				}
+			})
+		}
+	}
+}
+
 // BenchmarkSampledRead is one pass of the embedded target at context 128
 // reading out one row, greedy and sampled at temperature 0.7 (top_p 1
 // and 0.9): a Step; a Verify's draw (the target alone, sampled); a

@@ -515,6 +515,7 @@ type headPass struct {
 	logits  []float32  // (n, Vd)
 	parts   []partial  // (workers, n)
 	sums    []float32  // (workers, n)
+	tops    topTokens  // the rows' most likely tokens, by worker
 	workers []scratch
 	scale   float32
 }
@@ -746,6 +747,12 @@ func (p *headPass) readOut(feeds []headFeed) ([][]engine.VerifyRow, error) {
 	p.headIn.Resize(n, h.layer.HiddenSize)
 	p.logits = grow(p.logits, n*Vd)
 	p.parts, p.sums = grow(p.parts, len(p.workers)*n), grow(p.sums, len(p.workers)*n)
+	p.tops.size(n, len(p.workers))
+	for _, f := range feeds {
+		for j := range f.read {
+			p.tops.want[f.read0+j] = f.topN
+		}
+	}
 	h.target.pool.Run(p.score)
 	out := make([][]engine.VerifyRow, len(feeds))
 	for i, f := range feeds {
@@ -759,7 +766,7 @@ func (p *headPass) readOut(feeds []headFeed) ([][]engine.VerifyRow, error) {
 			r := &out[i][j]
 			r.Row = sampling.Row{Argmax: int(h.tokens[at]), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
 			if f.topN > 0 {
-				r.Top = topOf(p.logits[k*Vd:(k+1)*Vd], f.topN, lse, h.tokens)
+				r.Top = p.tops.merge(k, len(p.workers), lse)
 			}
 		}
 	}
@@ -782,4 +789,5 @@ func (p *headPass) score(w int) {
 	lo, hi = splitRows(pool, Vd, w)
 	h.lmHead.MulRows(p.logits, Vd, p.headIn, lo, hi, false, ws.mm)
 	reduceChunk(pool, w, n, Vd, lo, hi, p.logits, p.parts, p.sums)
+	p.tops.scan(w, Vd, lo, hi, p.logits, h.tokens)
 }

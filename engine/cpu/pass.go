@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"webdraft/engine"
 	"webdraft/engine/cpu/ops"
@@ -69,6 +70,7 @@ type pass struct {
 	logits    []float32  // (n, head rows)
 	partials  []partial  // (workers, n) each worker's share of a row's read-out
 	sums      []float32  // (workers, n) each worker's Σ exp(logit − the row's max)
+	tops      topTokens  // the rows' most likely tokens, by worker
 	workers   []scratch
 	attnScale float32
 	headRows  int
@@ -165,6 +167,7 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 	p.headIn.Resize(n, H)
 	p.logits = grow(p.logits, n*p.headRows)
 	p.partials, p.sums = grow(p.partials, len(p.workers)*n), grow(p.sums, len(p.workers)*n)
+	p.tops.size(n, len(p.workers))
 	longest := 0
 	for i, sg := range p.segs {
 		for t := range sg.T {
@@ -176,6 +179,7 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 			ops.RopeAngles(p.cos[r*half:(r+1)*half], p.sin[r*half:(r+1)*half], row.Pos, e.invFreq)
 		}
 		for r := sg.r0 + sg.T - feeds[i].read.rows; r < sg.r0+sg.T; r++ {
+			p.tops.want[len(p.read)] = feeds[i].read.topN
 			p.read = append(p.read, int32(r))
 		}
 		sg.seq.reserve(sg.T, kvDim)
@@ -214,7 +218,7 @@ func (p *pass) trim() {
 		p.mlp.Trim(keepRows)
 	}
 	if cap(p.logits) > keepReads*p.headRows {
-		p.logits, p.read, p.partials, p.sums = nil, nil, nil, nil
+		p.logits, p.read, p.partials, p.sums, p.tops = nil, nil, nil, nil, topTokens{}
 		p.headIn.Trim(keepReads)
 	}
 	p.sampler.trim()
@@ -312,6 +316,7 @@ func (p *pass) run(w int) {
 	// Each row's largest logit and Σ exp(logit − max), over every worker's
 	// chunk of the head's rows: the argmax and the log-sum-exp.
 	reduceChunk(pool, w, n, p.headRows, lo, hi, p.logits, p.partials, p.sums)
+	p.tops.scan(w, p.headRows, lo, hi, p.logits, e.tokens)
 }
 
 // reduceChunk is worker w's part of a read-out's reductions, over its
@@ -480,7 +485,7 @@ func (p *pass) readOut(feeds []feed) ([][]engine.VerifyRow, error) {
 			}
 			out[en][j].Row = sampling.Row{Argmax: e.token(at), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
 			if rd.topN > 0 {
-				out[en][j].Top = e.top(p.logitRow(i), rd.topN, lse)
+				out[en][j].Top = p.tops.merge(i, len(p.workers), lse)
 			}
 			i++
 		}
@@ -556,49 +561,92 @@ func tokenOf(tokens []int32, i int) int {
 	return i
 }
 
-// top returns the n most likely tokens of a head row (topOf).
-func (e *Engine) top(logits []float32, n int, lse float32) []sampling.TokenLogprob {
-	return topOf(logits, n, lse, e.tokens)
+// topTokens is a read-out's most likely tokens, found by the workers each
+// over its chunk of every row that asks for them (scan) and merged by the
+// read-out (merge): the read-out's serial part stays microseconds long,
+// so that the pool's helpers do not park between passes.
+type topTokens struct {
+	want  []int       // (n) how many row i asks for; 0: none
+	cands [][]topCand // (workers, n) worker w's best of its chunk of row i, best first
 }
 
-// topOf returns the n most likely tokens of a row of logits over a head's
-// tokens (tokenOf), most likely first, the lower token first on ties
-// (sampling.Top's order), without sorting the row: a short list kept in
-// order, which a chunk of 64 logits enters only when its largest (a
-// vector reduction) could.
-func topOf(logits []float32, n int, lse float32, tokens []int32) []sampling.TokenLogprob {
-	type cand struct {
-		v   float32
-		tok int
-	}
-	better := func(a, b cand) bool { return a.v > b.v || a.v == b.v && a.tok < b.tok }
-	best := make([]cand, 0, n+1)
-	const chunk = 64
-	for c0 := 0; c0 < len(logits); c0 += chunk {
-		part := logits[c0:min(c0+chunk, len(logits))]
-		if len(best) == n {
-			if m, _, _ := ops.Max(part); m < best[n-1].v {
-				continue
-			}
-		}
-		for j, v := range part {
-			c := cand{v, tokenOf(tokens, c0+j)}
-			if len(best) == n && !better(c, best[n-1]) {
-				continue
-			}
-			k := len(best)
-			best = append(best, c)
-			for k > 0 && better(c, best[k-1]) {
-				best[k] = best[k-1]
-				k--
-			}
-			best[k] = c
-			best = best[:min(len(best), n)]
+// topCand is a logit and its token.
+type topCand struct {
+	v   float32
+	tok int
+}
+
+// better orders candidates: the larger logit, the lower token on ties
+// (sampling.Top's order).
+func (a topCand) better(b topCand) bool { return a.v > b.v || a.v == b.v && a.tok < b.tok }
+
+// size readies t for n rows read out by workers, none asking yet.
+func (t *topTokens) size(n, workers int) {
+	t.want = grow(t.want, n)
+	clear(t.want)
+	t.cands = grow(t.cands, workers*n)
+}
+
+// scan is worker w's part: the best of its chunk [lo, hi) of each row of
+// the width-wide logits that asks for top tokens, over a head's tokens
+// (tokenOf).
+func (t *topTokens) scan(w, width, lo, hi int, logits []float32, tokens []int32) {
+	n := len(t.want)
+	for i, k := range t.want {
+		if k > 0 {
+			t.cands[w*n+i] = bestOf(logits[i*width+lo:i*width+hi], lo, k, tokens, t.cands[w*n+i][:0])
 		}
 	}
-	out := make([]sampling.TokenLogprob, len(best))
-	for k, c := range best {
-		out[k] = sampling.TokenLogprob{Token: c.tok, Logprob: c.v - lse}
+}
+
+// merge returns row i's top tokens over every worker's chunk, most likely
+// first, as log-probabilities (lse the row's log-sum-exp).
+func (t *topTokens) merge(i, workers int, lse float32) []sampling.TokenLogprob {
+	n, k := len(t.want), t.want[i]
+	var all []topCand
+	for w := range workers {
+		all = append(all, t.cands[w*n+i]...)
+	}
+	slices.SortFunc(all, func(a, b topCand) int {
+		if a.better(b) {
+			return -1
+		}
+		if b.better(a) {
+			return 1
+		}
+		return 0
+	})
+	out := make([]sampling.TokenLogprob, min(k, len(all)))
+	for j := range out {
+		out[j] = sampling.TokenLogprob{Token: all[j].tok, Logprob: all[j].v - lse}
 	}
 	return out
+}
+
+// bestOf appends to best (empty) the n most likely of a chunk of logits
+// whose first is head row from, best first, without sorting the chunk: a
+// short list kept in order, which the scan (ops.FirstAtLeast) stops for
+// only at a logit at least the list's last once the list is full. NaNs
+// never enter it.
+func bestOf(logits []float32, from, n int, tokens []int32, best []topCand) []topCand {
+	for i := 0; i < len(logits); i++ {
+		if len(best) == n {
+			if i += ops.FirstAtLeast(logits[i:], best[n-1].v); i == len(logits) {
+				break
+			}
+		}
+		c := topCand{logits[i], tokenOf(tokens, from+i)}
+		if c.v != c.v || len(best) == n && !c.better(best[n-1]) {
+			continue
+		}
+		k := len(best)
+		best = append(best, c)
+		for k > 0 && c.better(best[k-1]) {
+			best[k] = best[k-1]
+			k--
+		}
+		best[k] = c
+		best = best[:min(len(best), n)]
+	}
+	return best
 }

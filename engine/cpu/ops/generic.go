@@ -238,6 +238,16 @@ func atLeastGo(e, x []float32, v float32) (sum float32, n int) {
 	return float32(s), n
 }
 
+// firstAtLeastGo is the index of the first x[i] ≥ v, len(x) if none.
+func firstAtLeastGo(x []float32, v float32) int {
+	for i, l := range x {
+		if l >= v {
+			return i
+		}
+	}
+	return len(x)
+}
+
 // keepAtLeastGo sets e[i] = 0 where x[i] < v and returns Σ e.
 func keepAtLeastGo(e, x []float32, v float32) (sum float32) {
 	e = e[:len(x)]

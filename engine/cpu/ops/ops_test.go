@@ -513,6 +513,41 @@ func TestQuantize(t *testing.T) {
 	}
 }
 
+// TestFirstAtLeast holds FirstAtLeast to a plain loop on fresh random rows
+// of lengths around its 64- and 16-value steps: thresholds at a value
+// (the first of a tie), between values, above them all (none), NaNs
+// (never at least anything) before the first hit, and from every offset
+// of a row.
+func TestFirstAtLeast(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 9))
+	for _, n := range []int{0, 1, 15, 16, 17, 63, 64, 65, 130, 1000 + rng.IntN(1000)} {
+		x := randRow(rng, n)
+		for i := range x {
+			x[i] = float32(math.Round(float64(x[i])*4)) / 2 // ties
+		}
+		if n > 3 {
+			x[rng.IntN(n/2)] = float32(math.NaN())
+		}
+		for _, v := range []float32{float32(math.Inf(-1)), -0.25, 0.3, 1, 2.75, float32(math.Inf(1))} {
+			if n > 0 && rng.IntN(2) == 0 {
+				v = x[rng.IntN(n)]
+			}
+			for _, from := range []int{0, min(n, 1), n / 3, n} {
+				want := len(x[from:])
+				for i, l := range x[from:] {
+					if l >= v {
+						want = i
+						break
+					}
+				}
+				if got := FirstAtLeast(x[from:], v); got != want {
+					t.Errorf("n %d: FirstAtLeast(x[%d:], %v) = %d, want %d", n, from, v, got, want)
+				}
+			}
+		}
+	}
+}
+
 // TestSampleOps holds the sampled read-out's kernels (ExpScaled, AtLeast,
 // KeepAtLeast, Between, Residual, Scale, SumMin, RangeInt32) to plain loops on fresh
 // random rows of random lengths, −Inf logits, ties at the threshold and

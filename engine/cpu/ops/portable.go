@@ -66,6 +66,10 @@ func ExpScaled(e, x []float32, m, t float32) (sum, top float32) { return expScal
 // AtLeast is Σ e[i] over the i where x[i] ≥ v, and how many there are.
 func AtLeast(e, x []float32, v float32) (sum float32, n int) { return atLeastGo(e, x, v) }
 
+// FirstAtLeast is the index of the first x[i] ≥ v, len(x) if there is
+// none (a NaN is never ≥ v).
+func FirstAtLeast(x []float32, v float32) int { return firstAtLeastGo(x, v) }
+
 // KeepAtLeast sets e[i] = 0 where x[i] < v and returns Σ e.
 func KeepAtLeast(e, x []float32, v float32) float32 { return keepAtLeastGo(e, x, v) }
 

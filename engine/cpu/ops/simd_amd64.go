@@ -597,6 +597,30 @@ func ExpScaled(e, x []float32, m, t float32) (sum, top float32) {
 	return sum, top
 }
 
+// FirstAtLeast is the index of the first x[i] ≥ v, len(x) if there is
+// none (a NaN is never ≥ v): 64 values a step, one test of the four
+// comparisons' masks together.
+func FirstAtLeast(x []float32, v float32) int {
+	if !useAVX512 {
+		return firstAtLeastGo(x, v)
+	}
+	vv := archsimd.BroadcastFloat32x16(v)
+	i := 0
+	for ; i+64 <= len(x); i += 64 {
+		a, b := load16(x[i:]).GreaterEqual(vv), load16(x[i+16:]).GreaterEqual(vv)
+		c, d := load16(x[i+32:]).GreaterEqual(vv), load16(x[i+48:]).GreaterEqual(vv)
+		if a.Or(b).Or(c.Or(d)).ToBits() != 0 {
+			break
+		}
+	}
+	for ; i+16 <= len(x); i += 16 {
+		if hit := load16(x[i:]).GreaterEqual(vv).ToBits(); hit != 0 {
+			return i + bits.TrailingZeros16(hit)
+		}
+	}
+	return i + firstAtLeastGo(x[i:], v)
+}
+
 // AtLeast is Σ e[i] over the i where x[i] ≥ v, and how many there are.
 func AtLeast(e, x []float32, v float32) (sum float32, n int) {
 	if !useAVX512 {

@@ -13,10 +13,9 @@ import (
 	"webdraft/weights"
 )
 
-// BenchmarkVerify is a verification pass of the embedded target at
-// context 128, by rows read out (bench engine's figure, alone for
-// profiling: go test -bench Verify -cpuprofile).
-func BenchmarkVerify(b *testing.B) {
+// embeddedTarget is the embedded target on the CPU engine, closed after b.
+func embeddedTarget(b *testing.B) *cpu.Engine {
+	b.Helper()
 	if !weights.Embedded() {
 		b.Skip("no embedded weights")
 	}
@@ -24,12 +23,20 @@ func BenchmarkVerify(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer m.Close()
+	b.Cleanup(func() { m.Close() })
 	e, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: 64 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer e.Close()
+	b.Cleanup(func() { e.Close() })
+	return e
+}
+
+// BenchmarkVerify is a verification pass of the embedded target at
+// context 128, by rows read out (bench engine's figure, alone for
+// profiling: go test -bench Verify -cpuprofile).
+func BenchmarkVerify(b *testing.B) {
+	e := embeddedTarget(b)
 	for _, rows := range []int{1, 2, 4, 7} {
 		b.Run(fmt.Sprintf("rows%d", rows), func(b *testing.B) {
 			d, err := bench.Verify(context.Background(), e, rows, 128, b.N)
@@ -45,19 +52,7 @@ func BenchmarkVerify(b *testing.B) {
 // 40 reading out its rows' top 5, as the live page asks, beside the same
 // pass reading out the argmax alone: what the top tokens cost a pass.
 func BenchmarkVerifyTop(b *testing.B) {
-	if !weights.Embedded() {
-		b.Skip("no embedded weights")
-	}
-	m, err := checkpoint.LoadFS(weights.FS(), "target", checkpoint.LoadOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	e, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: 64 << 20})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
+	e := embeddedTarget(b)
 	ctx := context.Background()
 	for _, rows := range []int{1, 3} {
 		for _, top := range []int{0, 5} {
@@ -92,19 +87,7 @@ func BenchmarkVerifyTop(b *testing.B) {
 // drafter's 4 proposals; and a chain of 3 sampled drafts verified as a
 // tree (its 4 rows) — each pass's cost beside the greedy step's.
 func BenchmarkSampledRead(b *testing.B) {
-	if !weights.Embedded() {
-		b.Skip("no embedded weights")
-	}
-	m, err := checkpoint.LoadFS(weights.FS(), "target", checkpoint.LoadOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	e, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: 64 << 20})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
+	e := embeddedTarget(b)
 	ctx := context.Background()
 	seq, err := e.NewSequence()
 	if err != nil {

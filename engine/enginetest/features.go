@@ -131,3 +131,23 @@ func FeatureTransfer(t *testing.T, target FeatureTarget, h engine.Engine) {
 		t.Errorf("the sequence truncated to none and fed the text again: next %d, want %d", next, wantNext)
 	}
 }
+
+// NoFeatures checks that an engine that keeps no features refuses to read
+// or take them.
+func NoFeatures(t *testing.T, e FeatureTarget) {
+	t.Helper()
+	seq, err := e.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Release()
+	if e.FeatureWidth() != 0 {
+		t.Errorf("FeatureWidth %d, want 0", e.FeatureWidth())
+	}
+	if _, err := e.Features(seq, 0, 0); err == nil {
+		t.Error("Features of an engine that keeps none: accepted")
+	}
+	if err := e.AppendFeatures(seq, nil); err == nil {
+		t.Error("AppendFeatures to an engine that keeps none: accepted")
+	}
+}

@@ -246,14 +246,5 @@ func TestFeatureTransfer(t *testing.T) {
 	rig := newHeadRig(t, true, HeadOptions{})
 	enginetest.FeatureTransfer(t, rig.target, rig.head)
 	plain, _, _ := tinyTarget(t, NewGroup(gputest.Device(t)), 2, nil)
-	seq, err := plain.NewSequence()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := plain.Features(seq, 0, 0); err == nil {
-		t.Error("Features of an engine that keeps none: accepted")
-	}
-	if err := plain.AppendFeatures(seq, nil); err == nil {
-		t.Error("AppendFeatures to an engine that keeps none: accepted")
-	}
+	enginetest.NoFeatures(t, plain)
 }

@@ -27,17 +27,31 @@ import (
 func headPair(t *testing.T, prompts [][]int, n int) pair {
 	t.Helper()
 	m := load(t, "untied", checkpoint.F32)
+	target := featureTarget(t, m)
+	h := randomHead(t, m, target, prompts, n)
+	return pair{"eagle3-head", target, cpuHead(t, target, h)}
+}
+
+// featureTarget is m on the CPU engine, keeping the features of the
+// layers an EAGLE-3 head reads.
+func featureTarget(t *testing.T, m *checkpoint.Model) *enginecpu.Engine {
+	t.Helper()
 	target, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 32 << 20, FeatureLayers: eagle3.DefaultAux(m.Config.NumHiddenLayers)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { target.Close() })
-	h := randomHead(t, m, target, prompts, n)
+	return target
+}
+
+// cpuHead is the head h over target on the CPU engine.
+func cpuHead(t *testing.T, target *enginecpu.Engine, h *checkpoint.Eagle3) *enginecpu.Head {
+	t.Helper()
 	head, err := enginecpu.NewHead(target, h.Config, h.Weights, enginecpu.HeadOptions{KVBytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pair{"eagle3-head", target, head}
+	return head
 }
 
 // webgpuHeadPair is headPair on the WebGPU engine: the target keeping the
@@ -117,27 +131,12 @@ func TestHeadOfAnotherTarget(t *testing.T) {
 func TestRemoteHead(t *testing.T) {
 	ps, n := prompts(23, 3), 24
 	m := load(t, "untied", checkpoint.F32)
-	aux := eagle3.DefaultAux(m.Config.NumHiddenLayers)
-	target, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 32 << 20, FeatureLayers: aux})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { target.Close() })
+	target := featureTarget(t, m)
 	h := randomHead(t, m, target, ps, n)
-	head, err := enginecpu.NewHead(target, h.Config, h.Weights, enginecpu.HeadOptions{KVBytes: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
+	head := cpuHead(t, target, h)
 	// The page's side: its own target engine (features only) and head.
-	edgeTarget, err := enginecpu.New(m.Config, m.Weights, enginecpu.Options{KVBytes: 32 << 20, FeatureLayers: aux})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { edgeTarget.Close() })
-	edgeHead, err := enginecpu.NewHead(edgeTarget, h.Config, h.Weights, enginecpu.HeadOptions{KVBytes: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
+	edgeTarget := featureTarget(t, m)
+	edgeHead := cpuHead(t, edgeTarget, h)
 	g := start(t, pair{"eagle3-head", target, head}, speculative.Options{K: 3})
 
 	for i, pr := range ps {
@@ -219,7 +218,7 @@ func TestRemoteHead(t *testing.T) {
 
 	// A target that keeps no features cannot serve a remote head.
 	plain := start(t, pair{"int4-self", cpu(t, m), cpu(t, load(t, "untied", checkpoint.Int4))}, speculative.Options{K: 3})
-	_, err = plain.Submit(context.Background(), speculative.Request{Prompt: ps[0], MaxTokens: 4,
+	_, err := plain.Submit(context.Background(), speculative.Request{Prompt: ps[0], MaxTokens: 4,
 		Remote: speculative.NewHeadRemote(func(speculative.DraftAsk) {}, time.Second)})
 	if err == nil || !strings.Contains(err.Error(), "keeps no features") {
 		t.Errorf("a remote head over a target without features: %v", err)

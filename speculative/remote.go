@@ -203,9 +203,13 @@ func (rd *remoteDraft) poll(context []int, k int, vocab int, now time.Time, held
 				rd.featSent = 0
 			}
 			from := min(rd.featSent, held)
+			rd.mu.Unlock() // a read from the GPU: Answer and Close need not wait for it (only the loop asks)
 			rows, width, err := features(from, held)
-			if err != nil {
+			rd.mu.Lock()
+			if err != nil && rd.closed == nil {
 				rd.closed = fmt.Errorf("the target's features for the remote head: %w", err)
+			}
+			if rd.closed != nil {
 				return nil, false, time.Time{}, 0, 0, rd.closed
 			}
 			a.Features = &FeatureRows{From: from, Width: width, Rows: rows}

@@ -24,11 +24,18 @@ import (
 // on. A Session is used by one goroutine at a time.
 type Session struct {
 	drafter engine.Engine
-	target  engine.FeatureWriter // a head's target; nil for a drafter that reads text alone
-	seq     engine.Sequence      // the drafter's
-	tseq    engine.Sequence      // the head's target's: features only
-	held    []int                // the tokens in seq's cache
+	target  featureTarget   // a head's target; nil for a drafter that reads text alone
+	seq     engine.Sequence // the drafter's
+	tseq    engine.Sequence // the head's target's: features only
+	held    []int           // the tokens in seq's cache
 	context []int
+}
+
+// featureTarget is a head's target engine that takes features computed
+// elsewhere.
+type featureTarget interface {
+	engine.Engine
+	engine.FeatureWriter
 }
 
 // NewSession is a session of drafter. A head's target engine
@@ -36,7 +43,7 @@ type Session struct {
 func NewSession(drafter engine.Engine) (*Session, error) {
 	s := &Session{drafter: drafter}
 	if t := engine.ReadsTarget(drafter); t != nil {
-		w, ok := t.(engine.FeatureWriter)
+		w, ok := t.(featureTarget)
 		if !ok || w.FeatureWidth() == 0 {
 			return nil, errors.New("edge session: the head's target engine takes no features from elsewhere")
 		}
@@ -156,7 +163,7 @@ func (s *Session) open() error {
 		s.seq, s.held = seq, nil
 	}
 	if s.target != nil && s.tseq == nil {
-		tseq, err := s.target.(engine.Engine).NewSequence()
+		tseq, err := s.target.NewSequence()
 		if err != nil {
 			s.release()
 			return fmt.Errorf("edge session: the head's target: %w", err)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"regexp"
 	"strconv"
 	"sync/atomic"
 
@@ -107,7 +108,7 @@ func newMetrics() *metrics {
 		m.batchSeqs, m.batchTokens, m.stepSeconds, m.phaseSeconds,
 		m.numDrafts, m.numDraftTokens, m.numAccepted, m.acceptedPerPos, m.generationTokens, m.promptTokens, m.generations, m.specSeconds,
 		m.refusedConns, m.faults,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(liveHeap), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -321,3 +322,9 @@ func (c *schedGauges) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d.desc, prometheus.GaugeValue, float64(d.read(g)))
 	}
 }
+
+// liveHeap adds go_gc_heap_live_bytes to the Go collector's metrics: the
+// heap the last collection marked live. Unlike the heap in use, it holds
+// no garbage waiting for the next collection, so its growth is the signal
+// of a leak.
+var liveHeap = collectors.WithGoCollectorRuntimeMetrics(collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})

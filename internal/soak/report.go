@@ -11,7 +11,8 @@ import (
 
 // Limits of a healthy soak, checked by Problems.
 const (
-	// MaxGrowth bounds how much the Go heap in use (a leak in Go), the
+	// MaxGrowth bounds how much the live Go heap (a leak in Go: the heap
+	// the last collection marked, not the garbage awaiting the next), the
 	// resident memory outside the Go heap (a leak in the engines' host
 	// memory, cgo or the driver) and the GPU buffers may grow from early
 	// in the soak (the median of the samples between 20 % and 40 % of it,
@@ -49,6 +50,7 @@ func (r *Report) Late(field func(Sample) int64) int64  { return r.window(0.8, 1,
 
 func rss(s Sample) int64  { return s.RSSAnon }
 func heap(s Sample) int64 { return s.HeapInuse }
+func live(s Sample) int64 { return s.HeapLive }
 func gpu(s Sample) int64  { return s.GPUBytes }
 
 // outside is the resident memory the Go heap does not account for.
@@ -72,7 +74,7 @@ func (r *Report) Problems() []string {
 	for _, m := range []struct {
 		name  string
 		field func(Sample) int64
-	}{{"Go heap in use", heap}, {"resident memory outside the Go heap", outside}, {"GPU buffers", gpu}} {
+	}{{"live Go heap", live}, {"resident memory outside the Go heap", outside}, {"GPU buffers", gpu}} {
 		if g := r.Late(m.field) - r.Early(m.field); g > MaxGrowth {
 			p = append(p, fmt.Sprintf("%s grew by %s (from %s to %s), more than %s", m.name, mib(g), mib(r.Early(m.field)), mib(r.Late(m.field)), mib(MaxGrowth)))
 		}
@@ -111,7 +113,7 @@ func (r *Report) Markdown() string {
 	for _, m := range []struct {
 		name  string
 		field func(Sample) int64
-	}{{"resident memory (anonymous)", rss}, {"Go heap in use", heap}, {"resident outside the Go heap", outside}, {"GPU buffers", gpu}} {
+	}{{"resident memory (anonymous)", rss}, {"Go heap in use", heap}, {"live Go heap", live}, {"resident outside the Go heap", outside}, {"GPU buffers", gpu}} {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", m.name, mib(m.field(first)), mib(r.Early(m.field)), mib(r.Late(m.field)), mib(m.field(last)))
 	}
 	peak := int64(0)
@@ -126,9 +128,9 @@ func (r *Report) Markdown() string {
 // CSV is the samples, one a line, for plotting elsewhere.
 func (r *Report) CSV() []byte {
 	var b strings.Builder
-	b.WriteString("seconds,rss_anon_bytes,heap_inuse_bytes,heap_retained_bytes,gpu_buffer_bytes,cache_tokens,reserved_tokens,cache_budget_tokens,running,connections,page_sessions,goroutines,open_fds\n")
+	b.WriteString("seconds,rss_anon_bytes,heap_inuse_bytes,heap_live_bytes,heap_retained_bytes,gpu_buffer_bytes,cache_tokens,reserved_tokens,cache_budget_tokens,running,connections,page_sessions,goroutines,open_fds\n")
 	for _, s := range append(slices.Clone(r.Samples), r.Final) {
-		fmt.Fprintf(&b, "%.1f,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d\n", s.At.Seconds(), s.RSSAnon, s.HeapInuse, s.HeapRetained, s.GPUBytes, s.CacheTokens, s.Reserved, s.CacheBudget,
+		fmt.Fprintf(&b, "%.1f,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d\n", s.At.Seconds(), s.RSSAnon, s.HeapInuse, s.HeapLive, s.HeapRetained, s.GPUBytes, s.CacheTokens, s.Reserved, s.CacheBudget,
 			s.Running, s.Connections, s.PageSessions, s.Goroutines, s.OpenFDs)
 	}
 	return []byte(b.String())
@@ -144,7 +146,7 @@ func (r *Report) Plot() []byte {
 		}
 		return s
 	}
-	lines := []svgplot.Series{series("resident (anonymous)", "", rss), series("Go heap in use", "6 3", heap)}
+	lines := []svgplot.Series{series("resident (anonymous)", "", rss), series("Go heap in use", "6 3", heap), series("live Go heap", "1 3", live)}
 	if r.Final.GPUBytes > 0 {
 		lines = append(lines, series("GPU buffers", "2 2", gpu))
 	}

@@ -92,7 +92,8 @@ type Report struct {
 type Sample struct {
 	At            time.Duration
 	RSSAnon       int64 // the server's anonymous resident memory (its heap and the engines' host memory)
-	HeapInuse     int64 // go_memstats_heap_inuse_bytes
+	HeapInuse     int64 // go_memstats_heap_inuse_bytes: the live heap and the garbage not yet collected
+	HeapLive      int64 // go_gc_heap_live_bytes: the heap the last collection marked live
 	HeapRetained  int64 // go_memstats_heap_sys_bytes − go_memstats_heap_released_bytes: the heap's pages Go holds from the OS
 	GPUBytes      int64 // webdraft_gpu_buffer_bytes, both models
 	CacheTokens   int64 // webdraft_cache_tokens
@@ -816,8 +817,13 @@ func (s *soak) sample(ctx context.Context) (Sample, error) {
 	if err != nil {
 		return Sample{}, err
 	}
+	for _, name := range []string{"go_memstats_heap_inuse_bytes", "go_gc_heap_live_bytes", "webdraft_cache_budget_tokens"} {
+		if _, ok := m[name]; !ok {
+			return Sample{}, fmt.Errorf("the server's /metrics has no %s", name)
+		}
+	}
 	smp := Sample{
-		At: time.Since(s.start), HeapInuse: m["go_memstats_heap_inuse_bytes"],
+		At: time.Since(s.start), HeapInuse: m["go_memstats_heap_inuse_bytes"], HeapLive: m["go_gc_heap_live_bytes"],
 		HeapRetained: m["go_memstats_heap_sys_bytes"] - m["go_memstats_heap_released_bytes"], GPUBytes: m["webdraft_gpu_buffer_bytes"],
 		CacheTokens: m["webdraft_cache_tokens"], Reserved: m["webdraft_reserved_tokens"], CacheBudget: m["webdraft_cache_budget_tokens"],
 		Running: m["webdraft_running_requests"] + m["webdraft_generations_running"], Connections: m["webdraft_open_connections"],

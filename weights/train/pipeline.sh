@@ -226,7 +226,8 @@ export_drafter() {
 # EAGLE3_INIT goes on training a head folder (a later cycle: give it
 # DISTILL_SHARD 1, 2 … for continuations of other prompts);
 # EAGLE3_MAX_FILES caps the corpus's files (only prompts are drawn from it
-# here); EAGLE3_DATA_ONLY=1 stops after the data.
+# here); EAGLE3_DATA_ONLY=1 stops after the data; EAGLE3_ARGS are more of
+# train_eagle3.py's flags (e.g. "--intermediate 4096 --aux 2,8,15").
 eagle3() {
   local T=${TARGET:?set TARGET to the int4 target folder} n=1048576 es=()
   [ "${SMOKE:-0}" = 1 ] && { n=4096; es=(--max-steps 30 --batch 8); }
@@ -240,7 +241,7 @@ eagle3() {
   fi
   [ "${EAGLE3_DATA_ONLY:-0}" = 1 ] && return
   on 0 eagle3 py train_eagle3.py --target "$T" --drafter "${DRAFTER:-weights/drafter}" --data "$D" \
-    --out "$OUT/head" --minutes "${EAGLE3_MINUTES:-5}" "${es[@]}"
+    --out "$OUT/head" --minutes "${EAGLE3_MINUTES:-5}" "${es[@]}" ${EAGLE3_ARGS:-}
   waitall
 }
 

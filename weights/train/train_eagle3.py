@@ -138,16 +138,17 @@ class Head(nn.Module):
         return out
 
 
-def head_config(target_cfg, aux, vd):
-    """The head's config.json: the target's layer shape, its RoPE and
-    context; eagle_aux_hidden_state_layer_ids as SGLang reads them (the
-    layer before each one whose input is a feature)."""
+def head_config(target_cfg, aux, vd, intermediate=0):
+    """The head's config.json: the target's layer shape (its MLP
+    `intermediate` wide when given), its RoPE and context;
+    eagle_aux_hidden_state_layer_ids as SGLang reads them (the layer before
+    each one whose input is a feature)."""
     t = target_cfg
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_size": t.hidden_size,
-        "intermediate_size": t.intermediate_size,
+        "intermediate_size": intermediate or t.intermediate_size,
         "num_hidden_layers": 1,
         "num_attention_heads": t.num_attention_heads,
         "num_key_value_heads": t.num_key_value_heads,
@@ -273,7 +274,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--qat-frac", type=float, default=0.2, help="the last fraction of the steps trains with int4 fake quantization")
-    ap.add_argument("--init", help="a head folder this script wrote (webdraft int4): go on training it, dequantized")
+    ap.add_argument("--intermediate", type=int, default=0, help="the head's MLP width (default: the target's)")
+    ap.add_argument("--aux", help="the three target layers whose inputs are the features, e.g. 2,8,15 (default: 2, L/2 and L-3, the engines')")
+    ap.add_argument("--init", help="a head folder this script wrote (webdraft int4): go on training it, dequantized (its width and features as its config.json says)")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -286,8 +289,17 @@ def main():
     tc = target.config
     L = tc.num_hidden_layers
     aux = sorted({2, L // 2, L - 3})  # the residual stream entering these layers
+    if args.init:  # the head's own shape and features
+        with open(os.path.join(args.init, "config.json")) as f:
+            init_cfg = json.load(f)
+        args.intermediate = init_cfg["intermediate_size"]
+        args.aux = ",".join(str(i + 1) for i in init_cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    if args.aux:
+        aux = sorted({int(x) for x in args.aux.split(",")})
+        if len(aux) != 3 or aux[0] < 1 or aux[2] >= L:
+            raise SystemExit(f"--aux {args.aux}: want three distinct layers in 1 … {L - 1}")
     tokens = draft_tokens(args.drafter).to(dev)
-    cfg = head_config(tc, aux, len(tokens))
+    cfg = head_config(tc, aux, len(tokens), args.intermediate)
     head = Head(cfg).to(dev)
     embed = target.model.embed_tokens.weight  # int4 values, frozen
     with torch.no_grad():  # start the head's output where the target's ends
@@ -307,19 +319,29 @@ def main():
     K = args.ttt
     n_rows = T - 1 - K  # rows whose every step has a label
 
+    draft_head = target.lm_head.weight[tokens]  # the target's read-out rows of the draft vocabulary
+
     def batch_of(idx):
+        """A batch's inputs: the head's embeddings, the target's features,
+        its log-distribution over the draft vocabulary after each position
+        (its read-out of those tokens only, renormalized), and its greedy
+        token after each position — which, from the prompt's last position
+        on, is the continuation's next token (the continuations are the
+        target's greedy ones), so the target's full read-out is never
+        computed."""
         w = torch.from_numpy(seqs[idx].astype(np.int64)).to(dev)
         with torch.no_grad(), autocast:
-            out = target(input_ids=w, output_hidden_states=True)
+            out = target.model(input_ids=w, output_hidden_states=True)
             assert len(out.hidden_states) == L + 1, len(out.hidden_states)
             feats = torch.cat([out.hidden_states[i] for i in aux], dim=-1)[:, :n_rows].float()
-            logits = out.logits  # bf16 under autocast: argmax and the draft tokens' columns before any f32 copy
-            greedy = logits.argmax(-1)  # (B, T): the target's token after each position
-            soft = logits[..., tokens].float().log_softmax(-1)  # over the draft vocabulary
+            soft = F.linear(out.last_hidden_state, draft_head).float().log_softmax(-1)
             emb = embed[w[:, 1:1 + n_rows + K]].float()
-        return emb, feats, soft, greedy
+        return emb, feats, soft, w[:, 1:]
 
     def losses(emb, feats, soft, greedy):
+        """The training-time test's loss, and each step's agreement with the
+        target's greedy token for the rows that draft inside the
+        continuation (B, n_rows − prompt_len + 1)."""
         with autocast:
             outs = head.ttt(emb, feats, K)
         loss, agree = 0.0, []
@@ -328,7 +350,7 @@ def main():
             p = soft[:, 1 + j:1 + j + n_rows].exp()
             lp = lg.float().log_softmax(-1)
             loss = loss + 0.8 ** j * -(p * lp).sum(-1).mean()
-            agree.append(tokens[lg.argmax(-1)] == greedy[:, 1 + j:1 + j + n_rows])
+            agree.append((tokens[lg.argmax(-1)] == greedy[:, 1 + j:1 + j + n_rows])[:, prompt_len - 1:])
         return loss, agree
 
     def evaluate():
@@ -339,7 +361,7 @@ def main():
                 idx = np.arange(s, min(s + args.batch, len(seqs)))
                 _, agree = losses(*batch_of(idx))
                 # rows that start drafting inside the continuation
-                hits.append(torch.stack(agree, dim=-1)[:, prompt_len - 1:].reshape(-1, K).cpu())
+                hits.append(torch.stack(agree, dim=-1).reshape(-1, K).cpu())
         head.train()
         h = torch.cat(hits).float()
         run = torch.cumprod(h, dim=-1)  # 1 while every step so far agreed

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"webdraft/checkpoint"
 	"webdraft/engine"
 	"webdraft/engine/webgpu"
+	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/scheduler"
 	"webdraft/speculative"
@@ -29,17 +31,22 @@ import (
 // faultFixture serves the embedded pair on WebGPU engines (lavapipe in
 // CI), each on a device of its own, with a Reopen that opens a new one —
 // after the test lets it (gate), so that the test sees the server
-// recovering.
+// recovering. With a head, the embedded EAGLE-3 head drafts the
+// generations over the target, on the target's device; the target's
+// Reopen opens the two, the head's hands out the head opened with it.
 type faultFixture struct {
 	url  string
 	gate chan struct{} // a Reopen waits for a value
 
-	mu      sync.Mutex
-	current map[string]*webgpu.Engine // by model name: the engine in use
-	opened  int                       // engines Reopen opened
+	mu        sync.Mutex
+	current   map[string]*webgpu.Engine // by model name: the engine in use
+	opened    int                       // engines Reopen opened
+	spareHead *webgpu.Head              // opened with the target, not handed out yet
 }
 
-func newFaultFixture(t *testing.T) *faultFixture {
+func newFaultFixture(t *testing.T) *faultFixture { return newFaultFixtureOf(t, false) }
+
+func newFaultFixtureOf(t *testing.T, withHead bool) *faultFixture {
 	t.Helper()
 	if !weights.Embedded() {
 		t.Skip("built without the embedded pair")
@@ -90,13 +97,17 @@ func newFaultFixture(t *testing.T) *faultFixture {
 		}}
 	}
 	drafter, target := model("drafter", d), model("target", tg)
+	var head *Model
+	if withHead {
+		head = f.headOver(t, &target, tg)
+	}
 	srv := New(slog.New(slog.NewTextHandler(io.Discard, nil)), "")
 	ts := httptest.NewServer(srv.Handler())
 	f.url = ts.URL
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- srv.Run(ctx, Config{Drafter: drafter, Target: &target, Speculative: speculative.Options{K: 4}, Scheduler: scheduler.Options{}})
+		done <- srv.Run(ctx, Config{Drafter: drafter, Target: &target, Head: head, Speculative: speculative.Options{K: 4}, Scheduler: scheduler.Options{}})
 	}()
 	t.Cleanup(func() {
 		ts.Close()
@@ -109,6 +120,71 @@ func newFaultFixture(t *testing.T) *faultFixture {
 	})
 	waitReady(t, ts.URL)
 	return f
+}
+
+// headOver makes target's engine one that keeps the features of the
+// embedded EAGLE-3 head, and returns the head over it: its Reopen, and
+// the target's, replaced by ones that open the two together.
+func (f *faultFixture) headOver(t *testing.T, target *Model, tg *checkpoint.Model) *Model {
+	t.Helper()
+	hm, err := checkpoint.LoadEagle3FS(weights.FS(), weights.HeadDir, checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hm.Close() })
+	open := func() (*webgpu.Engine, *webgpu.Head, error) {
+		g, err := webgpu.OpenGroup(gpu.Options{})
+		if err != nil {
+			return nil, nil, err
+		}
+		defer g.Close() // the device closes with the last engine
+		te, err := g.New(tg.Config, tg.Weights, webgpu.Options{KVBytes: 16 << 20, FeatureLayers: hm.Config.Aux(tg.Config.NumHiddenLayers)})
+		if err != nil {
+			return nil, nil, err
+		}
+		he, err := webgpu.NewHead(te, hm.Config, hm.Weights, webgpu.HeadOptions{KVBytes: 16 << 20})
+		if err != nil {
+			te.Close()
+			return nil, nil, err
+		}
+		f.mu.Lock()
+		f.current[target.Name] = te
+		f.mu.Unlock()
+		return te, he, nil
+	}
+	te, he, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { he.Close(); te.Close() })
+	target.Engine.Close()
+	target.Engine = te
+	target.Reopen = func(ctx context.Context) (engine.Engine, error) {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		te, he, err := open()
+		if err != nil {
+			return nil, err
+		}
+		f.mu.Lock()
+		f.opened++
+		f.spareHead = he
+		f.mu.Unlock()
+		return te, nil
+	}
+	return &Model{Name: "head", Engine: he, Reopen: func(context.Context) (engine.Engine, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.spareHead == nil {
+			return nil, errors.New("the head reopened before its target")
+		}
+		he := f.spareHead
+		f.spareHead = nil
+		return he, nil
+	}}
 }
 
 // lose loses the device of the model's engine in use.
@@ -151,7 +227,11 @@ func (f *faultFixture) recoverNow(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	f.gate <- struct{}{}
+	select {
+	case f.gate <- struct{}{}:
+	case <-time.After(time.Minute):
+		t.Fatal("no engine waited to be reopened within a minute")
+	}
 	waitReady(t, f.url)
 }
 
@@ -260,6 +340,43 @@ func TestEngineFault(t *testing.T) {
 		if !strings.Contains(metrics, want+"\n") {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// TestEngineFaultHead: where an EAGLE-3 head drafts the generations, a
+// fault of the target's device (which the head shares) takes both down;
+// the server reopens the two together — the target first, the head over
+// it — and serves the same greedy text again, a page session included.
+func TestEngineFaultHead(t *testing.T) {
+	f := newFaultFixtureOf(t, true)
+	const prompt = "def add(a, b):\n    "
+	code, before := f.complete(t, prompt)
+	if code != http.StatusOK || completionText(before) == "" {
+		t.Fatalf("before the fault: %d %v", code, before)
+	}
+	ws := dialPage(t, f.url)
+	text := ws.run(t, prompt)
+	if text == "" {
+		t.Fatal("the page's run before the fault gave no text")
+	}
+	f.lose("target")
+	code, during := f.complete(t, prompt)
+	if code != http.StatusServiceUnavailable || (errorCode(during) != "recovering" && errorCode(during) != "engine_fault") {
+		t.Errorf("a completion during recovery: %d %v, want 503 recovering", code, during)
+	}
+	f.recoverNow(t)
+	code, after := f.complete(t, prompt)
+	if code != http.StatusOK || completionText(after) != completionText(before) {
+		t.Errorf("after recovering: %d %q, want %q", code, completionText(after), completionText(before))
+	}
+	if got := ws.run(t, prompt); got != text {
+		t.Errorf("the page session after recovering: %q, want %q", got, text)
+	}
+	if f.opened != 1 || f.spareHead != nil {
+		t.Errorf("%d target engines reopened (want 1), a head left unused: %v", f.opened, f.spareHead != nil)
+	}
+	if _, h := f.health(t); h["status"] != "ok" || h["head"] != "head" {
+		t.Errorf("/health at the end: %v", h)
 	}
 }
 

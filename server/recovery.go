@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"webdraft/engine"
@@ -54,17 +55,22 @@ const (
 
 // recover closes the broken engines of c — those that report a fault
 // (engine.Fault), or all when none does — and reopens each through its
-// model's Reopen, retrying with backoff until ctx ends. It returns c with
-// the new engines.
+// model's Reopen, retrying with backoff until ctx ends. A head runs over
+// the target's engine, so where either breaks both are closed (the head
+// first) and reopened (the target first: Head's Reopen hands out the head
+// opened over the target Target's Reopen opened). It returns c with the
+// new engines.
 func (r *recovery) recover(ctx context.Context, c Config, fault error) (Config, error) {
-	if c.Head != nil {
-		return c, fmt.Errorf("%w (with an EAGLE-3 head the engines are not reopened)", fault)
-	}
 	models := []*Model{&c.Drafter}
 	if c.Target != nil {
 		t := *c.Target
 		c.Target = &t
 		models = append(models, c.Target)
+	}
+	if c.Head != nil && c.Target != nil {
+		h := *c.Head
+		c.Head = &h
+		models = append(models, c.Head)
 	}
 	var broken []*Model
 	for _, m := range models {
@@ -75,16 +81,23 @@ func (r *recovery) recover(ctx context.Context, c Config, fault error) (Config, 
 	if len(broken) == 0 {
 		broken = models
 	}
+	if c.Head != nil && (slices.Contains(broken, c.Target) || slices.Contains(broken, c.Head)) {
+		broken = slices.DeleteFunc(broken, func(m *Model) bool { return m == c.Target || m == c.Head })
+		broken = append(broken, c.Target, c.Head)
+	}
 	for _, m := range broken {
 		if m.Reopen == nil {
 			return c, fmt.Errorf("%s: %w (no Reopen to recover through)", m.Name, fault)
 		}
 	}
 	r.s.metrics.recovering()
-	for _, m := range broken {
+	for i := len(broken) - 1; i >= 0; i-- {
+		m := broken[i]
 		if err := m.Engine.Close(); err != nil {
 			r.s.log.Warn("closing the broken engine", "model", m.Name, "err", err)
 		}
+	}
+	for _, m := range broken {
 		wait := reopenFirstWait
 		for attempt := 1; ; attempt++ {
 			start := time.Now()

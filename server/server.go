@@ -66,8 +66,10 @@ type Config struct {
 	// reads its features. Drafter still serves /draft (an outside
 	// verifier sends no features); where Head has Files the page runs the
 	// head over the target in its in-browser mode, and over the features
-	// each draft request carries in edge drafting. A head has
-	// no Reopen: after a fault it is rebuilt by no one, and Run ends.
+	// each draft request carries in edge drafting. After a fault of
+	// either, the target and the head are reopened together, the target
+	// first: Head's Reopen opens (or hands out) a head over the engine
+	// Target's Reopen returned last.
 	Head        *Model
 	Scheduler   scheduler.Options
 	Speculative speculative.Options

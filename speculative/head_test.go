@@ -265,13 +265,13 @@ func TestRemoteHead(t *testing.T) {
 	}
 }
 
-// TestTrainedHead: the EAGLE-3 head trained for the embedded target
-// (weights/eagle3, MLP 4,096 wide over target layers 2, 8 and 15) drafts
-// for it on the CPU engine: greedy output equals the target alone on
-// held-out prompts, and the head agrees with the target as it did when
-// trained: τ 3.49 at k = 6 on these prompts (3.36 over all 256); the same
-// head reading target layers 2, 8 and 13 drafts at 3.15, reading 1, 2
-// and 3 at 2.04.
+// TestTrainedHead: the embedded EAGLE-3 head trained for the embedded
+// target (weights/eagle3, MLP 4,096 wide over target layers 2, 8 and 15)
+// drafts for it on the CPU engine: greedy output equals the target alone
+// on held-out prompts, and the head agrees with the target as it did when
+// trained: τ 3.76 at k = 6 on these prompts (3.59 over all 256); the same
+// head reading target layers 1, 2 and 3 drafts at 2.11 (layers 2, 8 and
+// 13, whose residual streams are close to 15's, at 3.69).
 func TestTrainedHead(t *testing.T) {
 	if !weights.Embedded() {
 		t.Skip("no embedded weights")
@@ -281,7 +281,7 @@ func TestTrainedHead(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	h, err := checkpoint.LoadEagle3(filepath.Join("..", "weights", "eagle3"), checkpoint.LoadOptions{})
+	h, err := checkpoint.LoadEagle3FS(weights.FS(), weights.HeadDir, checkpoint.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,7 @@ func TestTrainedHead(t *testing.T) {
 	}
 	tau := float64(tokens) / float64(steps)
 	t.Logf("τ %.2f at k = 6 over 4 held-out prompts", tau)
-	if tau < 3.2 {
-		t.Errorf("τ %.2f over 4 held-out prompts at k = 6: the trained head agrees with its target far less than it did when trained (3.4)", tau)
+	if tau < 3.5 {
+		t.Errorf("τ %.2f over 4 held-out prompts at k = 6: the trained head agrees with its target far less than it did when trained (3.76)", tau)
 	}
 }

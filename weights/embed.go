@@ -13,7 +13,7 @@ import (
 	"unsafe"
 )
 
-//go:embed drafter/config.json target/config.json
+//go:embed drafter/config.json target/config.json eagle3/config.json
 var configs embed.FS
 
 // The weights themselves, as strings: in the binary's read-only data,
@@ -23,11 +23,14 @@ var (
 	drafterWeights string
 	//go:embed target/model.safetensors
 	targetWeights string
+	//go:embed eagle3/model.safetensors
+	headWeights string
 )
 
 var files fs.FS = inPlace{configs, map[string]string{
 	DrafterDir + "/model.safetensors": drafterWeights,
 	TargetDir + "/model.safetensors":  targetWeights,
+	HeadDir + "/model.safetensors":    headWeights,
 }}
 
 const embedded = true

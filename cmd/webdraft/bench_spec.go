@@ -22,7 +22,7 @@ import (
 func benchSpec(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--batch 1] [--temperature 0] [--top-p 1]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
-	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter)"+headNote)
+	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter; embedded:eagle3 the embedded EAGLE-3 head)"+headNote)
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
 	k := fs.Int("k", 16, "draft length per verification step")
 	newTokens := fs.Int("new-tokens", 128, "tokens per prompt: the target's greedy continuation (with --live, each generation's length); the report gives their loop rate (the share in which a run of 12 tokens occurs 3 times without overlap) and distinct-4 (distinct 4-grams over 4-grams, the mean)")
@@ -106,7 +106,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	}
 	var te, de engine.Engine
 	var drafterName string
-	if isHead(*drafterDir) {
+	if draftsWithHead(*drafterDir) {
 		hp, err := openHeadPair(e, target, targetName, *drafterDir, backend, kvFor(target))
 		if err != nil {
 			return err

@@ -276,18 +276,27 @@ func loadModelOr(dir, embedded string) (*checkpoint.Model, string, error) {
 	if dir == "" {
 		return loadEmbedded(embedded)
 	}
-	if name, ok := strings.CutPrefix(dir, "embedded:"); ok && (name == weights.DrafterDir || name == weights.TargetDir) {
-		return loadEmbedded(name)
+	if name, ok := strings.CutPrefix(dir, "embedded:"); ok {
+		switch name {
+		case weights.DrafterDir, weights.TargetDir:
+			return loadEmbedded(name)
+		case weights.HeadDir:
+			return nil, "", usagef("%s is an EAGLE-3 head: it drafts only beside the target whose hidden states it reads (serve, generate, bench spec)", dir)
+		}
 	}
 	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{})
 	return m, dir, err
 }
 
+// errNoEmbedded is the error of a binary built without the embedded
+// models asked for one.
+var errNoEmbedded = errors.New("this webdraft was built without the embedded models (tag webdraft_noembed): name a model folder")
+
 // loadEmbedded loads a model of the embedded pair (weights.DrafterDir or
 // weights.TargetDir).
 func loadEmbedded(name string) (*checkpoint.Model, string, error) {
 	if !weights.Embedded() {
-		return nil, "", fmt.Errorf("this webdraft was built without the embedded models (tag webdraft_noembed): name a model folder")
+		return nil, "", errNoEmbedded
 	}
 	m, err := checkpoint.LoadFS(weights.FS(), name, checkpoint.LoadOptions{})
 	if err != nil {

@@ -20,7 +20,7 @@ const generateCacheMB = 64
 
 func runGenerate(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
-	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded drafter"+headNote)
+	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded EAGLE-3 head (embedded:eagle3) over the embedded target, with --target or --backend reference the embedded drafter (embedded:drafter)"+headNote)
 	targetDir := fs.String("target", "", "the target's folder; default: the embedded target")
 	text := fs.String("text", "", "the prompt as text")
 	idsFlag := fs.String("ids", "", "the prompt as token ids, comma-separated")
@@ -59,7 +59,8 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	var d, t engine.Engine
 	var drafterName, targetName string
 	var tok *tokenizer.Tokenizer
-	if isHead(*modelDir) {
+	*modelDir = defaultDrafter(*modelDir, *targetDir, backend)
+	if draftsWithHead(*modelDir) {
 		tl, err := loadServed(e, *targetDir, weights.TargetDir)
 		if err != nil {
 			return err

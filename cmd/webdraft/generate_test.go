@@ -7,10 +7,10 @@ import (
 	"testing"
 )
 
-// TestGenerate: the embedded pair generates greedily, the same tokens as
-// the target alone, with a chain or a token tree, and the summary gives
-// τ, the histogram and both rates; a golden pair (no tokenizer) prints
-// ids.
+// TestGenerate: the embedded target generates greedily with its EAGLE-3
+// head (the default) or the embedded drafter, the same tokens as the
+// target alone, with a chain or a token tree, and the summary gives τ, the
+// histogram and both rates; a golden pair (no tokenizer) prints ids.
 func TestGenerate(t *testing.T) {
 	// A prompt the pair continues past 24 tokens (no end of text).
 	code, stdout, stderr := webdraft(t, "generate", "--text", "import os\n\n\ndef read_config(path):\n    \"\"\"", "--k", "4", "--max-tokens", "24", "--backend", "cpu")
@@ -18,7 +18,7 @@ func TestGenerate(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{
-		"── embedded:drafter drafting for embedded:target, k 4, greedy, cpu engine",
+		"── EAGLE-3 head embedded:eagle3 drafting for embedded:target, k 4, greedy, cpu engine",
 		"draft tokens accepted per step:",
 		"the same tokens as the target alone: yes",
 	} {
@@ -31,6 +31,13 @@ func TestGenerate(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(stdout) {
 			t.Errorf("no match for %s in\n%s", re, stdout)
 		}
+	}
+	// The standalone drafter, named.
+	code, stdout, stderr = webdraft(t, "generate", "--model", "embedded:drafter", "--target", "embedded:target", "--text", "import os\n",
+		"--k", "2", "--max-tokens", "12", "--backend", "cpu")
+	if code != 0 || !strings.Contains(stdout, "── embedded:drafter drafting for embedded:target, k 2, greedy, cpu engine") ||
+		!strings.Contains(stdout, "the same tokens as the target alone: yes") {
+		t.Errorf("the embedded drafter: exit %d: %s%s", code, stdout, stderr)
 	}
 	// A token tree: the same tokens as the target alone, the shape in the
 	// summary, a histogram to the tree's depth.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,10 +14,30 @@ import (
 	"webdraft/engine/cpu"
 	"webdraft/engine/webgpu"
 	"webdraft/gpu"
+	"webdraft/weights"
 )
 
 // headNote ends the help of a flag that names the drafter.
 const headNote = "; or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which reads the target's hidden states (WebGPU or the CPU engine)"
+
+// embeddedHead names the embedded EAGLE-3 head where a flag takes a
+// drafter (serve's and generate's --model, bench spec's --drafter).
+const embeddedHead = "embedded:" + weights.HeadDir
+
+// defaultDrafter is serve's and generate's --model when left out: the
+// embedded EAGLE-3 head where the embedded target verifies (no --target)
+// on an engine that runs heads (not --backend reference) and the binary
+// carries it; else "", the embedded drafter.
+func defaultDrafter(modelDir, targetDir string, b backendChoice) string {
+	if modelDir == "" && targetDir == "" && b != "reference" && weights.Embedded() {
+		return embeddedHead
+	}
+	return modelDir
+}
+
+// draftsWithHead reports whether the drafter dir names is an EAGLE-3 head:
+// the embedded one, or a head's folder (isHead).
+func draftsWithHead(dir string) bool { return dir == embeddedHead || isHead(dir) }
 
 // isHead reports whether dir is an EAGLE-3 head's folder (its config.json
 // names LlamaForCausalLMEagle3); a folder whose config.json cannot be read
@@ -35,6 +56,20 @@ type headPair struct {
 	target engine.Engine
 	head   engine.Head
 	model  *checkpoint.Eagle3
+	reopen *enginePair // serve's: the pair reopened after a fault (reopener)
+}
+
+// reopener opens the pair again over the same models (target and p's
+// head), on the engine b picks, each with kvBytes of KV cache: the
+// server's Reopen after a fault, the target's (0) and the head's (1).
+func (p *headPair) reopener(target *checkpoint.Model, b backendChoice, kvBytes int64) *enginePair {
+	return &enginePair{open: func(context.Context) ([]engine.Engine, error) {
+		n, _, err := startHeadPair(target, p.model, b, kvBytes)
+		if err != nil {
+			return nil, err
+		}
+		return []engine.Engine{n.target, n.head}, nil
+	}}
 }
 
 func (p *headPair) close() {
@@ -43,7 +78,19 @@ func (p *headPair) close() {
 	p.model.Close()
 }
 
-// openHeadPair loads the head in dir and starts the target keeping the
+// loadHead loads the EAGLE-3 head in dir, or the embedded one
+// (embeddedHead).
+func loadHead(dir string) (*checkpoint.Eagle3, error) {
+	if dir != embeddedHead {
+		return checkpoint.LoadEagle3(dir, checkpoint.LoadOptions{})
+	}
+	if !weights.Embedded() {
+		return nil, errNoEmbedded
+	}
+	return checkpoint.LoadEagle3FS(weights.FS(), weights.HeadDir, checkpoint.LoadOptions{})
+}
+
+// openHeadPair loads the head in dir (or the embedded one) and starts the target keeping the
 // features the head reads, and the head over it, each with kvBytes of KV
 // cache, on the engine --backend picks as openEngines does: WebGPU (the
 // head in the target's group) or the CPU engine. The reference engine
@@ -52,9 +99,9 @@ func openHeadPair(e *env, target *checkpoint.Model, targetName, dir string, b ba
 	if b == "reference" {
 		return nil, usagef("an EAGLE-3 head runs on WebGPU or the CPU engine: --backend reference is not supported with one")
 	}
-	m, err := checkpoint.LoadEagle3(dir, checkpoint.LoadOptions{})
+	m, err := loadHead(dir)
 	if err != nil {
-		return nil, fmt.Errorf("head: %w", err)
+		return nil, fmt.Errorf("head %s: %w", dir, err)
 	}
 	tc := target.Config
 	if err := m.Config.Check(tc); err != nil {

@@ -167,6 +167,8 @@ func TestErrors(t *testing.T) {
 		{[]string{"draft", "--ids", "1,999999"}, 1, "vocabulary"},
 		{[]string{"draft", "--ids", "1", "--backend", "tpu"}, 2, "--backend"},
 		{[]string{"draft", "--ids", "1", "stray"}, 2, "stray"},
+		{[]string{"draft", "--model", "embedded:eagle3", "--ids", "1"}, 2, "EAGLE-3 head"},
+		{[]string{"generate", "--model", "embedded:eagle3", "--ids", "1", "--backend", "reference"}, 2, "--backend reference"},
 		{[]string{"bench", "nope"}, 2, "unknown benchmark"},
 	}
 	for _, c := range cases {

@@ -32,7 +32,7 @@ const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
-	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load); default: the embedded drafter; or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which then drafts the generations from the target's hidden states (and in the page: in-browser, and in edge drafting over the hidden states the server sends), the embedded drafter serving /draft")
+	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load), or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which then drafts the generations from the target's hidden states (and in the page: in-browser, and in edge drafting over the hidden states the server sends), the embedded drafter serving /draft; default: the embedded EAGLE-3 head (embedded:eagle3) over the embedded target, with --target or --backend reference the embedded drafter (embedded:drafter)")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given, else none")
 	k := fs.Int("k", 0, kUsage+" (a request's speculative.k overrides it)")
 	tree := treeFlagsVar(fs, true)
@@ -122,7 +122,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 
 	// Load while /health answers "loading".
 	start := time.Now()
-	head := isHead(*modelDir)
+	*modelDir = defaultDrafter(*modelDir, *targetDir, backend)
+	head := draftsWithHead(*modelDir)
 	withTarget := *targetDir != "" || *modelDir == "" || head
 	drafter, target, hp, err := openServedModels(ctx, e, *modelDir, *targetDir, withTarget, head, backend, *cacheMB)
 	if err != nil {
@@ -132,7 +133,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	defer drafter.close()
 	cfg := server.Config{Drafter: drafter.model}
 	if hp != nil {
-		cfg.Head = &server.Model{Name: "EAGLE-3 head " + *modelDir, Engine: hp.head, Files: modelFiles(*modelDir, "")}
+		cfg.Head = &server.Model{Name: "EAGLE-3 head " + *modelDir, Engine: hp.head, Files: headFiles(*modelDir), Reopen: hp.reopen.reopen(1)}
 	}
 	if withTarget {
 		defer target.close()
@@ -301,8 +302,8 @@ func openServedModels(ctx context.Context, e *env, drafterDir, targetDir string,
 	return drafter, nil, nil, err
 }
 
-// openServedHead opens what serve runs for an EAGLE-3 head in headDir: the
-// target on the CPU engine keeping the features the head reads, the head
+// openServedHead opens what serve runs for an EAGLE-3 head in headDir (or
+// the embedded one): the target keeping the features the head reads, the head
 // over it, and the embedded drafter for /draft (an outside verifier sends
 // no features) and the page's browser modes.
 func openServedHead(ctx context.Context, e *env, headDir, targetDir string, backend backendChoice, cacheMB int) (drafter, target *served, hp *headPair, err error) {
@@ -314,7 +315,8 @@ func openServedHead(ctx context.Context, e *env, headDir, targetDir string, back
 		t.m.Close()
 		return nil, nil, nil, err
 	}
-	target = t.served(e, hp.target, nil, hp.close)
+	hp.reopen = hp.reopener(t.m, backend, int64(cacheMB)<<20)
+	target = t.served(e, hp.target, hp.reopen.reopen(0), func() { hp.reopen.close(); hp.close() })
 	if drafter, err = openServed(ctx, e, "", weights.DrafterDir, backend, cacheMB); err != nil {
 		target.close()
 		return nil, nil, nil, err
@@ -463,6 +465,15 @@ func modelFiles(dir, embedded string) *server.ModelFiles {
 		return nil // the page then runs on the server only
 	}
 	return &server.ModelFiles{FS: os.DirFS(filepath.Dir(abs)), Dir: filepath.Base(abs)}
+}
+
+// headFiles is where the page's in-browser engine fetches an EAGLE-3
+// head from: the embedded folder, or dir's (modelFiles).
+func headFiles(dir string) *server.ModelFiles {
+	if dir == embeddedHead {
+		return modelFiles("", weights.HeadDir)
+	}
+	return modelFiles(dir, "")
 }
 
 // checkPair refuses a drafter and a target whose token ids do not mean

@@ -424,6 +424,26 @@ func newHeadFixture(t *testing.T, dir string) *pairFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveHead(t, h, "EAGLE-3 head "+dir, &ModelFiles{FS: os.DirFS(root), Dir: dir})
+}
+
+// newEmbeddedHeadFixture serves what `serve` runs by default without a
+// GPU: the embedded EAGLE-3 head drafting over the embedded target on the
+// CPU engine, the embedded drafter serving /draft.
+func newEmbeddedHeadFixture(t *testing.T) *pairFixture {
+	t.Helper()
+	loadPair(t)
+	h, err := checkpoint.LoadEagle3FS(weights.FS(), weights.HeadDir, checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveHead(t, h, "EAGLE-3 head embedded:"+weights.HeadDir, &ModelFiles{FS: weights.FS(), Dir: weights.HeadDir})
+}
+
+// serveHead serves the embedded pair with the head h (closed when the
+// test ends) drafting the generations on the CPU engine.
+func serveHead(t *testing.T, h *checkpoint.Eagle3, name string, files *ModelFiles) *pairFixture {
+	t.Helper()
 	t.Cleanup(func() { h.Close() })
 	f := newPairEngines(t, h.Config.Aux(pairTarget.Config.NumHiddenLayers))
 	head, err := cpu.NewHead(f.target.(*cpu.Engine), h.Config, h.Weights, cpu.HeadOptions{KVBytes: 8 << 20})
@@ -432,7 +452,7 @@ func newHeadFixture(t *testing.T, dir string) *pairFixture {
 	}
 	t.Cleanup(func() { head.Close() })
 	f.head = h
-	f.serve(t, Options{}, &Model{Name: "EAGLE-3 head " + dir, Engine: head, Files: &ModelFiles{FS: os.DirFS(root), Dir: dir}})
+	f.serve(t, Options{}, &Model{Name: name, Engine: head, Files: files})
 	return f
 }
 

@@ -125,7 +125,8 @@ func (f *pairFixture) metric(t *testing.T, name string) float64 {
 }
 
 // TestPage drives the live page in headless Chromium: a prompt runs on the
-// embedded pair, the page's marks and τ equal the server's event log of
+// embedded models as `serve` runs them by default (the EAGLE-3 head
+// drafting over the target, CPU engine), the page's marks and τ equal the server's event log of
 // the session, the race reports both rates, a token's tip shows both
 // models' top 5 from the keyboard, a second tab runs a session of its own,
 // and closing a tab mid-run frees its generation. It saves screenshots
@@ -133,7 +134,7 @@ func (f *pairFixture) metric(t *testing.T, name string) float64 {
 // temporary folder.
 func TestPage(t *testing.T) {
 	browsertest.Require(t, "the page test")
-	f := newPairFixture(t, "")
+	f := newEmbeddedHeadFixture(t)
 	ctx := browsertest.NewStrict(t, 5*time.Minute)
 	shots := os.Getenv("WEBDRAFT_SCREENSHOTS")
 	if shots == "" {

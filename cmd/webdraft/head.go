@@ -90,9 +90,9 @@ func loadHead(dir string) (*checkpoint.Eagle3, error) {
 	return checkpoint.LoadEagle3FS(weights.FS(), weights.HeadDir, checkpoint.LoadOptions{})
 }
 
-// openHeadPair loads the head in dir (or the embedded one) and starts the target keeping the
-// features the head reads, and the head over it, each with kvBytes of KV
-// cache, on the engine --backend picks as openEngines does: WebGPU (the
+// openHeadPair loads the head in dir (or the embedded one) and starts the
+// target keeping the features the head reads, and the head over it, each
+// with kvBytes of KV cache, on the engine --backend picks as openEngines does: WebGPU (the
 // head in the target's group) or the CPU engine. The reference engine
 // runs no head.
 func openHeadPair(e *env, target *checkpoint.Model, targetName, dir string, b backendChoice, kvBytes int64) (*headPair, error) {

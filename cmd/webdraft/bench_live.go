@@ -80,6 +80,27 @@ type liveRun struct {
 	draft, verify  []time.Duration // per step
 	fused          int             // steps drafted and verified in one call (verify holds their time)
 	outputs        [][]int         // the timed pass's tokens, per prompt
+
+	// passes that fed prompts only (a head's target is fed the prompt
+	// before the first draft; prompts longer than a chunk), counted with
+	// the next step, as a prompt fed with the first draft is
+	fillDraft, fillVerify time.Duration
+}
+
+// record counts a step of the loop: its drafter's and target's times,
+// with those of the passes before it that fed prompts only.
+func (r *liveRun) record(st speculative.StepStats) {
+	if st.Sequences == 0 {
+		r.fillDraft += st.Draft
+		r.fillVerify += st.Verify
+		return
+	}
+	r.draft = append(r.draft, st.Draft+r.fillDraft)
+	r.verify = append(r.verify, st.Verify+r.fillVerify)
+	r.fillDraft, r.fillVerify = 0, 0
+	if st.Fused {
+		r.fused++
+	}
 }
 
 // add sums another round of the same configuration into r.
@@ -232,13 +253,7 @@ func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, Unfused: sh.unfused, OnStep: func(st speculative.StepStats) {
 		mu.Lock()
 		defer mu.Unlock()
-		if st.Sequences > 0 {
-			r.draft = append(r.draft, st.Draft)
-			r.verify = append(r.verify, st.Verify)
-			if st.Fused {
-				r.fused++
-			}
-		}
+		r.record(st)
 	}})
 	if err != nil {
 		return nil, err
@@ -251,7 +266,7 @@ func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 		return nil, err
 	}
 	mu.Lock()
-	r.draft, r.verify, r.fused = nil, nil, 0
+	r.draft, r.verify, r.fused, r.fillDraft, r.fillVerify = nil, nil, 0, 0, 0
 	mu.Unlock()
 	start := time.Now()
 	st, outputs, err := b.generateAll(ctx, g, sh)

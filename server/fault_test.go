@@ -235,6 +235,26 @@ func (f *faultFixture) recoverNow(t *testing.T) {
 	waitReady(t, f.url)
 }
 
+// recoverAfter checks the server through a fault of the target's device:
+// a completion during it fails with 503, the server recovers
+// (recoverNow), and then a completion of prompt gives want again and the
+// page session ws, open across it, gives its text again.
+func (f *faultFixture) recoverAfter(t *testing.T, prompt, want string, ws *pageConn, text string) {
+	t.Helper()
+	code, during := f.complete(t, prompt)
+	if code != http.StatusServiceUnavailable || (errorCode(during) != "recovering" && errorCode(during) != "engine_fault") {
+		t.Errorf("a completion during recovery: %d %v, want 503 recovering", code, during)
+	}
+	f.recoverNow(t)
+	code, after := f.complete(t, prompt)
+	if code != http.StatusOK || completionText(after) != want {
+		t.Errorf("after recovering: %d %q, want %q", code, completionText(after), want)
+	}
+	if got := ws.run(t, prompt); got != text {
+		t.Errorf("the page session after recovering: %q, want %q", got, text)
+	}
+}
+
 func (f *faultFixture) complete(t *testing.T, prompt string) (int, map[string]any) {
 	t.Helper()
 	b, _ := json.Marshal(map[string]any{"model": "target", "prompt": prompt, "max_tokens": 12, "temperature": 0})
@@ -302,18 +322,7 @@ func TestEngineFault(t *testing.T) {
 	if ev := stream.rest(t); !strings.Contains(ev, `"engine_fault"`) {
 		t.Errorf("the stream after the fault ended with %q, want an engine_fault error event", ev)
 	}
-	code, during := f.complete(t, prompt)
-	if code != http.StatusServiceUnavailable || (errorCode(during) != "recovering" && errorCode(during) != "engine_fault") {
-		t.Errorf("a completion during recovery: %d %v, want 503 recovering", code, during)
-	}
-	f.recoverNow(t)
-	code, after := f.complete(t, prompt)
-	if code != http.StatusOK || completionText(after) != completionText(before) {
-		t.Errorf("after recovering: %d %q, want %q", code, completionText(after), completionText(before))
-	}
-	if got := ws.run(t, prompt); got != text {
-		t.Errorf("the page session after recovering: %q, want %q", got, text)
-	}
+	f.recoverAfter(t, prompt, completionText(before), ws, text)
 
 	// The drafter's device, lost before a draft: /draft fails with 503.
 	f.lose("drafter")
@@ -360,18 +369,7 @@ func TestEngineFaultHead(t *testing.T) {
 		t.Fatal("the page's run before the fault gave no text")
 	}
 	f.lose("target")
-	code, during := f.complete(t, prompt)
-	if code != http.StatusServiceUnavailable || (errorCode(during) != "recovering" && errorCode(during) != "engine_fault") {
-		t.Errorf("a completion during recovery: %d %v, want 503 recovering", code, during)
-	}
-	f.recoverNow(t)
-	code, after := f.complete(t, prompt)
-	if code != http.StatusOK || completionText(after) != completionText(before) {
-		t.Errorf("after recovering: %d %q, want %q", code, completionText(after), completionText(before))
-	}
-	if got := ws.run(t, prompt); got != text {
-		t.Errorf("the page session after recovering: %q, want %q", got, text)
-	}
+	f.recoverAfter(t, prompt, completionText(before), ws, text)
 	if f.opened != 1 || f.spareHead != nil {
 		t.Errorf("%d target engines reopened (want 1), a head left unused: %v", f.opened, f.spareHead != nil)
 	}

@@ -269,9 +269,10 @@ func TestRemoteHead(t *testing.T) {
 // target (weights/eagle3, MLP 4,096 wide over target layers 2, 8 and 15)
 // drafts for it on the CPU engine: greedy output equals the target alone
 // on held-out prompts, and the head agrees with the target as it did when
-// trained: τ 3.76 at k = 6 on these prompts (3.59 over all 256); the same
-// head reading target layers 1, 2 and 3 drafts at 2.11 (layers 2, 8 and
-// 13, whose residual streams are close to 15's, at 3.69).
+// trained: τ 3.56 at k = 6 on these prompts (3.67 over all 256; its
+// third cycle drafted 3.76 here and 3.59 over all: four prompts are a
+// small sample); the same head reading target layers 1, 2 and 3 drafts at
+// 2.07.
 func TestTrainedHead(t *testing.T) {
 	if !weights.Embedded() {
 		t.Skip("no embedded weights")
@@ -314,7 +315,7 @@ func TestTrainedHead(t *testing.T) {
 	}
 	tau := float64(tokens) / float64(steps)
 	t.Logf("τ %.2f at k = 6 over 4 held-out prompts", tau)
-	if tau < 3.5 {
-		t.Errorf("τ %.2f over 4 held-out prompts at k = 6: the trained head agrees with its target far less than it did when trained (3.76)", tau)
+	if tau < 3.3 {
+		t.Errorf("τ %.2f over 4 held-out prompts at k = 6: the trained head agrees with its target far less than it did when trained (3.56)", tau)
 	}
 }

@@ -139,22 +139,26 @@ type headActivations struct {
 	// hid (R + S, H) f32: fc's output, a row each row over the target's
 	// features, then the store: row R + s holds the output before norm of
 	// the last row computed of the sequence in slot s.
-	hid      *gpu.Buffer
-	x, emb   *gpu.Buffer // (R, H): the hidden, then the residual stream; the tokens' embeddings
-	in       *gpu.Buffer // (R, 2H): [input_layernorm(emb); hidden_norm(x)]
-	qkv      *gpu.Buffer // (R, (heads + 2·kv_heads)·D)
-	q, attn  *gpu.Buffer // (R, heads·D)
-	gateUp   *gpu.Buffer // (R, 2I)
-	pairs    *gpu.Buffer // the gathers' pairs, a region each (pairsAt)
-	regions  pairRegions
-	hLast    *gpu.Buffer // (S, H): the read-out rows' outputs before norm
-	hNorm    *gpu.Buffer // (S, H): normalized
-	logits   *gpu.Buffer // (S, Vd)
-	next, lp *gpu.Buffer // argmax.wgsl's (or sample.wgsl's) draft ids (S) u32, log-probabilities (lseAt(S) + S) f32
-	draws    *gpu.Buffer // (S, kernels.SampleDrawWords) u32: greedy rows
-	temps    *gpu.Buffer // (S, kernels.SampleTempWords) f32
-	sampled  *gpu.Buffer // (S, kernels.SampleWords) u32
-	top      *gpu.Buffer // (S, MaxTopN, 2) u32
+	hid     *gpu.Buffer
+	x, emb  *gpu.Buffer // (R, H): the hidden, then the residual stream; the tokens' embeddings
+	in      *gpu.Buffer // (R, 2H): [input_layernorm(emb); hidden_norm(x)]
+	qkv     *gpu.Buffer // (R, (heads + 2·kv_heads)·D)
+	q, attn *gpu.Buffer // (R, heads·D)
+	gateUp  *gpu.Buffer // (R, 2I)
+	pairs   *gpu.Buffer // the gathers' pairs, a region each (pairsAt)
+	regions pairRegions
+	hLast   *gpu.Buffer // (S, H): the read-out rows' outputs before norm
+	logits  *gpu.Buffer // (S, Vd)
+	// next holds argmax.wgsl's (or sample.wgsl's) draft ids (S) u32, and
+	// from nextLP (a binding's offset) their log-probabilities and
+	// log-sum-exps (lseAt(S) + S) f32 (lp): a chained step's results take
+	// both in one copy.
+	next    *gpu.Buffer
+	nextLP  uint64
+	draws   *gpu.Buffer // (S, kernels.SampleDrawWords) u32: greedy rows
+	temps   *gpu.Buffer // (S, kernels.SampleTempWords) f32
+	sampled *gpu.Buffer // (S, kernels.SampleWords) u32
+	top     *gpu.Buffer // (S, MaxTopN, 2) u32
 	// nodes (S·treemask.MaxNodes, H) f32 is the node store: row
 	// s·MaxNodes + i holds the output before norm of node i of the tree of
 	// the sequence in slot s (nil until a Verify feeds tree nodes:
@@ -206,6 +210,7 @@ func newHeadActivations(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, R,
 	a.regions.x, a.regions.nodeX, a.regions.save = region(&at, R), region(&at, R), region(&at, R)
 	a.regions.nodeSave, a.regions.read = region(&at, R), region(&at, S)
 	a.regions.words = int(at / 4)
+	a.nextLP = (uint64(lseAt(S))*4 + align - 1) / align * align
 	limit := d.Limits().MaxStorageBufferBindingSize
 	for _, b := range []struct {
 		dst   **gpu.Buffer
@@ -217,8 +222,8 @@ func newHeadActivations(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, R,
 		{&a.x, "head.hidden", R * H}, {&a.emb, "head.embeds", R * H}, {&a.in, "head.normed", R * 2 * H},
 		{&a.qkv, "head.qkv", R * (qDim + 2*kvDim)}, {&a.q, "head.q", R * qDim}, {&a.attn, "head.attn", R * qDim},
 		{&a.gateUp, "head.gate_up", R * 2 * I}, {&a.pairs, "head.pairs", a.regions.words},
-		{&a.hLast, "head.hidden_last", S * H}, {&a.hNorm, "head.hidden_last_normed", S * H}, {&a.logits, "head.logits", S * Vd},
-		{&a.next, "head.next", (S + 3) &^ 3}, {&a.lp, "head.lp", lseAt(S) + S},
+		{&a.hLast, "head.hidden_last", S * H}, {&a.logits, "head.logits", S * Vd},
+		{&a.next, "head.next", int(a.nextLP/4) + lseAt(S) + S},
 		{&a.draws, "head.draws", S * kernels.SampleDrawWords}, {&a.temps, "head.temps", S * kernels.SampleTempWords},
 		{&a.sampled, "head.sampled", S * kernels.SampleWords}, {&a.top, "head.top", (S*engine.MaxTopN*2 + 3) &^ 3},
 		{&a.mapSrc, "head.map_src", S * kernels.GatherPairWords}, {&a.mapPairs, "head.map_pairs", S * kernels.GatherPairWords},
@@ -299,6 +304,10 @@ func (a *headActivations) ensureChain(d *gpu.Device, m int, bytes uint64) error 
 	a.results = b
 	return nil
 }
+
+// lp is the read-out's log-probabilities and log-sum-exps: next from
+// nextLP on.
+func (a *headActivations) lp() gpu.Binding { return a.next.Slice(a.nextLP, a.next.Size()-a.nextLP) }
 
 func (a *headActivations) release() {
 	for _, b := range a.all {

@@ -195,7 +195,7 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 	lay := chainLayout{topN: topN, B: B, n: n, mapped: topN == 0}
 	lay.idBytes = uint64(B*4+15) &^ 15
 	lay.topBytes = uint64(B*topN*2*4+15) &^ 15
-	lay.lpAt = up(lay.idBytes)
+	lay.lpAt = a.nextLP // as in next: one copy takes the ids and their log-probabilities
 	lay.topAt = lay.lpAt + up(lay.idBytes)
 	if targets && !lay.mapped {
 		lay.tidAt = lay.topAt
@@ -217,8 +217,7 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 	tail := func(j int) []step {
 		at := uint64(j) * lay.stride
 		steps := []step{
-			func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at, a.next, lay.idBytes) },
-			func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at+lay.lpAt, a.lp, lay.idBytes) },
+			func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at, a.next, lay.lpAt+lay.idBytes) },
 		}
 		if topN > 0 {
 			steps = append(steps, func(b *gpu.Batch) error {

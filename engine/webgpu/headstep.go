@@ -715,16 +715,15 @@ func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool, ps *headPass
 		steps = append(steps, h.gather(a.hLast, src, a.regions.read, n, H))
 	}
 	return append(steps,
-		func(b *gpu.Batch) error { return kernels.RMSNorm(b, a.hNorm, rows, w.norm, n, H, eps) },
-		func(b *gpu.Batch) error { return kernels.MatMul(b, a.logits, a.hNorm, w.lmHead, n, false) },
+		func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.logits, rows, w.norm, w.lmHead, n, eps) },
 		func(b *gpu.Batch) error {
 			switch {
 			case sample:
-				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp.All(), a.logits, a.draws, a.temps, n, Vd, topN)
+				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, n, Vd, topN)
 			case ps.mapped:
-				return kernels.ArgmaxOf(b, a.next, a.lp.All(), a.logits, w.targetIDs, n, Vd, lseAt(n))
+				return kernels.ArgmaxOf(b, a.next, a.lp(), a.logits, w.targetIDs, n, Vd, lseAt(n))
 			}
-			return kernels.Argmax(b, a.next, a.lp.All(), a.logits, n, Vd, lseAt(n))
+			return kernels.Argmax(b, a.next, a.lp(), a.logits, n, Vd, lseAt(n))
 		},
 	)
 }
@@ -737,7 +736,7 @@ func (h *Head) readOut(feeds []headFeed, topN int) ([][]engine.VerifyRow, error)
 	a, n := h.act, len(feeds)
 	out := make([][]engine.VerifyRow, n)
 	if topN == 0 {
-		raw, err := gpu.ReadRanges(a.next.Slice(0, uint64(n)*4), a.lp.Slice(0, uint64(n)*4))
+		raw, err := gpu.ReadRanges(a.next.Slice(0, uint64(n)*4), a.next.Slice(a.nextLP, uint64(n)*4))
 		if err != nil {
 			return nil, fmt.Errorf("read back: %w", err)
 		}

@@ -58,10 +58,17 @@ const (
 // uses them (vb), and the fewest rows whose splits the last split merges
 // (where the device orders storage device-wide) instead of a merge
 // dispatch; mergeDispatch merges in a dispatch of its own always.
+// directMaxGrid > 0: fewer rows than mergeMinRows whose context one split
+// of maxChunk covers take that one split, no merge dispatch, where their
+// splits at the shortest length would make at most directMaxGrid
+// workgroups — a grid too small to fill the GPU whichever way it is cut
+// (a small model's few kv heads), where the merge dispatch costs more than
+// the longer split.
 type decodeTuning struct {
 	wg, workgroups, maxChunk, minChunk, vb int
 	mergeMinRows                           int
 	mergeDispatch                          bool
+	directMaxGrid                          int
 }
 
 // attentionScale is 1/sqrt(D) as reference.Attention computes it.
@@ -95,9 +102,16 @@ func (tune decodeTuning) leastChunk() int {
 // (tune.leastChunk() … tune.maxChunk) that still gives about tune.workgroups
 // workgroups — a workgroup per kv head, split and row — so that a single
 // sequence's decode spreads over the whole GPU while a large batch keeps
-// merges few, and whose workgroup memory the device has.
+// merges few, and whose workgroup memory the device has; or, for a grid
+// too small to fill the GPU, the one split that saves the merge dispatch
+// (tune.directMaxGrid).
 func (c *KVCache) decodeChunk(T, heads, maxLen int, tune decodeTuning) int {
 	chunk := tune.maxChunk
+	least := tune.leastChunk()
+	if tune.directMaxGrid > 0 && maxLen <= chunk && T < tune.mergeMinRows &&
+		c.KVHeads*T*((maxLen+least-1)/least) <= tune.directMaxGrid && c.decodeMemory(heads, chunk, false, tune) <= c.wgMemory {
+		return chunk
+	}
 	for chunk > tune.leastChunk() && (c.KVHeads*T*((maxLen+chunk-1)/chunk) < tune.workgroups ||
 		c.decodeMemory(heads, chunk, false, tune) > c.wgMemory) {
 		chunk /= 2

@@ -445,3 +445,22 @@ func TestAttentionDecodeShortMaxLen(t *testing.T) {
 		checkCountsZero(t, d, counts)
 	}
 }
+
+// TestDecodeChunkDirect: with the H200's tuning a single row of a small
+// model (two kv heads) whose context one split covers takes that split
+// (no merge dispatch); two rows (merged by the last split), a longer
+// context and a model with more kv heads split as before.
+func TestDecodeChunkDirect(t *testing.T) {
+	tune := measuredH200.decode
+	for _, tc := range []struct {
+		kvHeads, T, maxLen, splits int
+	}{
+		{2, 1, 200, 1}, {2, 1, 256, 1}, {2, 1, 64, 1},
+		{2, 2, 200, 4}, {2, 1, 300, 5}, {8, 1, 200, 4}, {8, 1, 1024, 16},
+	} {
+		c := &KVCache{KVShape: KVShape{KVHeads: tc.kvHeads, D: 64}, wgMemory: 48 << 10}
+		if got := c.decodeSplits(tc.T, 2*tc.kvHeads, tc.maxLen, tune); got != tc.splits {
+			t.Errorf("%d kv heads, %d rows, %d positions: %d splits, want %d", tc.kvHeads, tc.T, tc.maxLen, got, tc.splits)
+		}
+	}
+}

@@ -151,7 +151,7 @@ var measuredH200 = plan{
 	gemm4Groups:         256,
 	skinnyGroups:        512,
 	skinnyGroupsWide:    256,
-	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2},
+	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2, directMaxGrid: 16},
 	qkvFusedMaxK:        256,
 	qkvFusedMaxT:        8,
 }

@@ -123,6 +123,13 @@ type plan struct {
 //     earlier rounds, and for the models whose q heads share a kv head
 //     two ways (Qwen3-0.6B, 1.7B, the shipped pair) alone: 1.7B 1.86 ms
 //     against 1.82, the pair's drafter 0.18 against 0.15;
+//     one row of a model whose splits at 64 positions would make at most
+//     16 workgroups (the shipped pair's two kv heads) takes, at up to 256
+//     positions, one split and no merge dispatch: the
+//     shipped target alone 1,075–1,143 tok/s against 1,044–1,090 with
+//     64-position splits and the merge (`bench spec --live`, four runs
+//     each, alternated, 2026-12-04), its single step 0.88–0.93 ms
+//     against 1.00 (`bench engine --context 192`);
 //   - split-K for matvec_batch_int4.wgsl's one row (Qwen3-8B's o_proj
 //     and down_proj: 256 workgroups) does not pay: 13.6–21 µs against
 //     14.5 for o_proj, 27.5–36 against 30.3 for down_proj, the best

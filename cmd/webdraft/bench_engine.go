@@ -22,7 +22,7 @@ import (
 )
 
 func benchEngine(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--backend webgpu|cpu|reference] [--context 1024] [--batches 1,32] [--prefill 512] [--rows 1,5,7,9,17] [--baseline reference|none] [--head] [--svg FILE]")
+	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--backend webgpu|cpu|reference] [--context 1024] [--batches 1,32] [--prefill 512] [--rows 1,5,7,9,17] [--baseline reference|none] [--head | --head-model DIR] [--svg FILE]")
 	shape := fs.String("shape", "qwen3-1.7b", "published shape, with random int4 weights: "+strings.Join(shapeNames(), ", "))
 	modelDir := fs.String("model", "", "measure this model folder (or embedded:target, embedded:drafter) instead of random weights")
 	context := fs.Int("context", 1024, "context length of each sequence before the timed decode steps")
@@ -37,6 +37,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	rowsFlag := fs.String("rows", "1,5,7,9,17", "the verification passes to time, in rows (a verification of k drafted tokens reads k+1)")
 	baseline := fs.String("baseline", "reference", "with --backend cpu: the engine measured beside it in the same run, for the ratios: reference, or none")
 	head := fs.Bool("head", false, "with --backend webgpu: also time an EAGLE-3 head for the model (random int4: one layer of its shape, a draft vocabulary of at most 32,768 tokens) drafting 16 tokens chained, against the model's chained step")
+	headModel := fs.String("head-model", "", "as --head, timing this EAGLE-3 head (a head's folder, or embedded:eagle3) drafting for the model in place of a random one")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -70,6 +71,9 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	if *baseline != "reference" && *baseline != "none" {
 		return usagef("--baseline %q: want reference or none", *baseline)
 	}
+	if *headModel != "" {
+		*head = true
+	}
 	if *head && backend != "webgpu" {
 		return usagef("--head times the head on WebGPU: --backend webgpu, not %s", backend)
 	}
@@ -92,7 +96,20 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		w = synth.Int4Weights(cfg, 1, 0.02)
 	}
 	var hc eagle3.Config
-	if *head {
+	var hw *eagle3.Weights // nil: random weights
+	headLabel := "random int4"
+	switch {
+	case *headModel != "":
+		m, err := loadHead(*headModel)
+		if err != nil {
+			return fmt.Errorf("--head-model %s: %w", *headModel, err)
+		}
+		defer m.Close()
+		if err := m.Config.Check(cfg); err != nil {
+			return usagef("--head-model %s does not fit the model %s: %v", *headModel, label, err)
+		}
+		hc, hw, headLabel = m.Config, m.Weights, *headModel
+	case *head:
 		if hc, err = benchHeadConfig(cfg); err != nil {
 			return usagef("--head: %v", err)
 		}
@@ -204,7 +221,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			strconv.FormatFloat(v.Seconds()/singleOne.Seconds(), 'f', 2, 64)+"× it")
 	}
 	if *head {
-		d, err := headDrafts(ctx, cfg, w, hc, *context, *steps)
+		d, err := headDrafts(ctx, cfg, w, hc, hw, *context, *steps)
 		if err != nil {
 			return fmt.Errorf("EAGLE-3 head: %w", err)
 		}
@@ -213,7 +230,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			limit = fmt.Sprintf("%.3f ms (a chained batch-1 step)", ms64(chainedOne))
 			ratio = strconv.FormatFloat(d.Seconds()/chainedOne.Seconds(), 'f', 3, 64) + "× it"
 		}
-		row(fmt.Sprintf("EAGLE-3 head (random int4, draft vocabulary %d), chained 16 a draft, batch 1", hc.DraftVocabSize),
+		row(fmt.Sprintf("EAGLE-3 head (%s, draft vocabulary %d), chained 16 a draft, batch 1", headLabel, hc.DraftVocabSize),
 			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(d), 1/d.Seconds()), limit, ratio)
 	}
 	// The floor of a batch-1 step made of dispatches: its dependent phases
@@ -334,10 +351,11 @@ func benchHeadConfig(cfg qwen3.Config) (eagle3.Config, error) {
 	return hc, hc.Check(cfg)
 }
 
-// headDrafts times a random int4 EAGLE-3 head of config hc drafting for
-// the model cfg, w (bench.HeadDrafts): the target engine keeps the
-// features of the layers the head reads, on a device of its own.
-func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagle3.Config, context, steps int) (time.Duration, error) {
+// headDrafts times the EAGLE-3 head of config hc and weights hw (nil:
+// random int4) drafting for the model cfg, w (bench.HeadDrafts): the
+// target engine keeps the features of the layers the head reads, on a
+// device of its own.
+func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagle3.Config, hw *eagle3.Weights, context, steps int) (time.Duration, error) {
 	kvBytes := int64(context+steps+64) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
 	g, err := webgpu.OpenGroup(gpu.Options{})
 	if err != nil {
@@ -349,7 +367,10 @@ func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagl
 		return 0, err
 	}
 	defer target.Close()
-	head, err := webgpu.NewHead(target, hc, synth.Eagle3Int4Weights(hc, 2, 0.02), webgpu.HeadOptions{MaxRows: context})
+	if hw == nil {
+		hw = synth.Eagle3Int4Weights(hc, 2, 0.02)
+	}
+	head, err := webgpu.NewHead(target, hc, hw, webgpu.HeadOptions{MaxRows: context})
 	g.Close() // the device closes with the last engine
 	if err != nil {
 		return 0, err

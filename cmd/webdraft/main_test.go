@@ -11,6 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"webdraft/checkpoint"
+	"webdraft/internal/synth"
+	"webdraft/safetensors"
 )
 
 // webdraft runs one command line in-process and returns its exit code,
@@ -310,6 +314,30 @@ func TestBenchEngineHead(t *testing.T) {
 	}
 	if !regexp.MustCompile(`EAGLE-3 head \(random int4, draft vocabulary 1024\), chained 16 a draft, batch 1 +[0-9.]+ ms, [0-9]+ tok/s +[0-9.]+ ms \(a chained batch-1 step\) +[0-9.]+× it`).MatchString(stdout) {
 		t.Errorf("no head row in:\n%s", stdout)
+	}
+	// A head's folder in the public layout, drafting for the model it
+	// was made for; a head of another model's shape refused in one line.
+	golden := filepath.Join("..", "..", "testdata", "golden")
+	untied, err := checkpoint.Load(filepath.Join(golden, "untied"), checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer untied.Close()
+	head := t.TempDir()
+	if err := synth.WriteEagle3(head, untied.Config, synth.Eagle3Options{Seed: 3, Std: 0.1, DType: safetensors.F32, DraftVocabSize: 256}); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr = webdraft(t, "bench", "engine", "--model", filepath.Join(golden, "untied"),
+		"--context", "24", "--batches", "1", "--steps", "2", "--prefill", "16", "--rows", "1", "--copy-mb", "4", "--head-model", head)
+	if code != 0 {
+		t.Fatalf("--head-model: exit %d: %s", code, stderr)
+	}
+	if !regexp.MustCompile(`EAGLE-3 head \(` + regexp.QuoteMeta(head) + `, draft vocabulary 256\), chained 16 a draft, batch 1 +[0-9.]+ ms`).MatchString(stdout) {
+		t.Errorf("no row for the head's folder in:\n%s", stdout)
+	}
+	code, stdout, stderr = webdraft(t, "bench", "engine", "--model", filepath.Join(golden, "tied"), "--head-model", head)
+	if code != 2 || !strings.Contains(stderr, "--head-model "+head+" does not fit the model") || strings.Contains(stdout, "adapter") {
+		t.Errorf("a head of another model: exit %d\n%s%s", code, stdout, stderr)
 	}
 	code, stdout, stderr = webdraft(t, "bench", "engine", "--shape", "tiny", "--head")
 	if code != 2 || !strings.Contains(stderr, "--head: eagle3: the head reads the inputs of target layers") || strings.Contains(stdout, "adapter") {

@@ -23,15 +23,7 @@ import (
 // in one line.
 func TestHead(t *testing.T) {
 	golden := filepath.Join("..", "..", "testdata", "golden")
-	target, err := checkpoint.Load(filepath.Join(golden, "untied"), checkpoint.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
-	head := t.TempDir()
-	if err := synth.WriteEagle3(head, target.Config, synth.Eagle3Options{Seed: 3, Std: 0.1, DType: safetensors.F32, DraftVocabSize: 256}); err != nil {
-		t.Fatal(err)
-	}
+	head := goldenHead(t)
 	code, stdout, stderr := webdraft(t, "generate", "--model", head, "--target", filepath.Join(golden, "untied"), "--ids", "1,2,3",
 		"--max-tokens", "12", "--k", "3", "--backend", "cpu")
 	if code != 0 {
@@ -139,4 +131,21 @@ func TestServeHead(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || h["head"] != "EAGLE-3 head "+head || h["model"] != "embedded:"+weights.DrafterDir {
 		t.Errorf("/health: %v (%v)", h, err)
 	}
+}
+
+// goldenHead writes a random EAGLE-3 head in the public layout (F32, 256
+// draft tokens) for the golden untied target into a temporary folder and
+// returns the folder.
+func goldenHead(t *testing.T) string {
+	t.Helper()
+	target, err := checkpoint.Load(filepath.Join("..", "..", "testdata", "golden", "untied"), checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	head := t.TempDir()
+	if err := synth.WriteEagle3(head, target.Config, synth.Eagle3Options{Seed: 3, Std: 0.1, DType: safetensors.F32, DraftVocabSize: 256}); err != nil {
+		t.Fatal(err)
+	}
+	return head
 }

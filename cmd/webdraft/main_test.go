@@ -11,10 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"webdraft/checkpoint"
-	"webdraft/internal/synth"
-	"webdraft/safetensors"
 )
 
 // webdraft runs one command line in-process and returns its exit code,
@@ -318,15 +314,7 @@ func TestBenchEngineHead(t *testing.T) {
 	// A head's folder in the public layout, drafting for the model it
 	// was made for; a head of another model's shape refused in one line.
 	golden := filepath.Join("..", "..", "testdata", "golden")
-	untied, err := checkpoint.Load(filepath.Join(golden, "untied"), checkpoint.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer untied.Close()
-	head := t.TempDir()
-	if err := synth.WriteEagle3(head, untied.Config, synth.Eagle3Options{Seed: 3, Std: 0.1, DType: safetensors.F32, DraftVocabSize: 256}); err != nil {
-		t.Fatal(err)
-	}
+	head := goldenHead(t)
 	code, stdout, stderr = webdraft(t, "bench", "engine", "--model", filepath.Join(golden, "untied"),
 		"--context", "24", "--batches", "1", "--steps", "2", "--prefill", "16", "--rows", "1", "--copy-mb", "4", "--head-model", head)
 	if code != 0 {

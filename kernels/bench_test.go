@@ -3,7 +3,9 @@ package kernels
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -742,23 +744,30 @@ func BenchmarkDecodeLayer(b *testing.B) {
 				b.ReportMetric(sec*1e6, "µs/layer")
 			})
 		}
-		// The attention input alone, in one dispatch (qkv_fused_int4.wgsl)
-		// and in two (the plan's matmul, then qkv_rope_kv.wgsl), where the
-		// device takes the fused kernel.
-		if fusesQKV(d, layers[0].qkv, D) {
-			for _, fused := range []bool{true, false} {
-				b.Run(fmt.Sprintf("T%d/qkv-rope-kv/fused=%v", T, fused), func(b *testing.B) {
-					sec := benchMatMuls(b, d, x, reps, func(bt *gpu.Batch) error {
-						i++
-						w := layers[i%len(layers)].qkv
-						choice := planFor(d).pick(w, T, d.Limits())
-						choice.fusedQKV = fused
-						_, err := qkvProjRopeKV(bt, q, qkv, x, w, qkNormRope, c, 0, rb, T, heads, matMulInput{norm: norm, eps: eps}, choice, limit)
-						return err
-					})
-					b.ReportMetric(sec*1e6, "µs/layer")
-				})
+		// The attention input alone: in two dispatches (the plan's matmul,
+		// then qkv_rope_kv.wgsl), and in one (qkv_fused_int4.wgsl) at the
+		// shape's default layout and at others, each where the device
+		// takes it.
+		variants := map[string]qkvFusedLayout{}
+		for _, l := range []qkvFusedLayout{{}, {lanes: 4, rt: 2}, {lanes: 8, rt: 2}, {lanes: 8, rt: 4}, {lanes: 16, rt: 2}, {lanes: 16, rt: 4}} {
+			if resolved, ok := l.of(D, H, d.Limits()); ok && fusesQKV(d, layers[0].qkv, D, T, l) {
+				variants["fused=true/"+resolved.String()] = l
 			}
+		}
+		names := append([]string{"fused=false"}, slices.Sorted(maps.Keys(variants))...)
+		for _, name := range names {
+			layout, fused := variants[name]
+			b.Run(fmt.Sprintf("T%d/qkv-rope-kv/%s", T, name), func(b *testing.B) {
+				sec := benchMatMuls(b, d, x, reps, func(bt *gpu.Batch) error {
+					i++
+					w := layers[i%len(layers)].qkv
+					choice := planFor(d).pick(w, T, d.Limits())
+					choice.fusedQKV, choice.qkvFused = fused, layout
+					_, err := qkvProjRopeKV(bt, q, qkv, x, w, qkNormRope, c, 0, rb, T, heads, matMulInput{norm: norm, eps: eps}, choice, limit)
+					return err
+				})
+				b.ReportMetric(sec*1e6, "µs/layer")
+			})
 		}
 		rb.Release()
 		c.Release()

@@ -60,11 +60,11 @@ type plan struct {
 	// attention_decode.wgsl's tuning.
 	decode decodeTuning
 
-	// A stacked q|k|v projection of up to qkvFusedMaxK inputs over up to
-	// qkvFusedMaxT rows takes qkv_fused_int4.wgsl (the projection, the
-	// norms, RoPE and the cache append in one dispatch) where the device
-	// allows it (fusesQKV); 0: never.
-	qkvFusedMaxK, qkvFusedMaxT int
+	// The stacked q|k|v projections that take qkv_fused_int4.wgsl (the
+	// projection, the norms, RoPE and the cache append in one dispatch)
+	// where the device allows it (fusesQKV): of K inputs over T rows, by
+	// the first bound whose maxK takes K; none past the last.
+	qkvFused []qkvFusedBound
 }
 
 // measuredH200 is the plan measured on the NVIDIA H200 (Vulkan), with
@@ -134,14 +134,28 @@ type plan struct {
 //     and down_proj: 256 workgroups) does not pay: 13.6–21 µs against
 //     14.5 for o_proj, 27.5–36 against 30.3 for down_proj, the best
 //     only with the last split merging (same run);
-//   - a small layer's attention input in one dispatch
-//     (qkv_fused_int4.wgsl) at up to 256 inputs and 8 rows: at the
-//     shipped pair's shapes 12.1 / 13.1 / 12.6 µs a layer at 1 / 4 / 8
-//     rows against 16.5 / 16.9 / 17.6 for the matmul and qkv_rope_kv.wgsl
-//     (`-bench 'DecodeLayer/T[0-9]+/qkv-rope-kv' -benchshape embedded
-//     -benchts 1,4,8`, 2026-12-03); at Qwen3-0.6B's 1,024 inputs and head
-//     vectors of 128 it is twice as slow (34–51 µs against 17–22), each
-//     workgroup reading its rows' inputs again.
+//   - the attention input in one dispatch (qkv_fused_int4.wgsl: a head
+//     vector a workgroup, up to four rows at once, on
+//     matvec_batch_int4.wgsl's loop) where its 32 row groups a head
+//     vector and K/128 lanes a row beat the matmul and qkv_rope_kv.wgsl
+//     (`-bench 'DecodeLayer/T[0-9]+/qkv-rope-kv' -benchts 1,2,4`,
+//     2026-12-04, µs a layer at 1 / 2 / 4 rows, fused against two
+//     dispatches): the shipped pair's 256 inputs 6.9 / 8.8 / 12.1
+//     against 12.9 / 13.1 / 13.3 (the kernel before, a workgroup a head
+//     vector and row: 12.1 / 13.1 at 1 / 4 rows); Qwen3-0.6B's 1,024
+//     10.8 / 13.0 / 19.6 against 16.4 / 14.6 / 16.7; Qwen3-1.7B's 2,048
+//     14.3 / 18.1 / 27.4 against 17.9 / 17.5 / 20.9; Qwen3-8B's 4,096
+//     23.5 / 27.9 / 43.6 at its best layout against 21.8 / 26.0 / 31.8
+//     (48 workgroups, a third of the SMs, run out of instruction issue
+//     there). So 8 rows up to 256 inputs, 2 up to 1,024, one up to 2,048,
+//     none beyond; chained steps against the build before (two
+//     alternations, one call, `bench engine`): Qwen3-1.7B 1.757 / 1.756
+//     ms against 1.825 / 1.809, 0.6B 1.344 / 1.359 against 1.390 /
+//     1.391, the shipped target 0.569 / 0.557 against 0.601 / 0.620
+//     (context 192), Qwen3-8B unchanged (not fused); the pair live
+//     (`bench spec --live`, k = 3, 4, 6 and the 4×16 tree) within the
+//     runs' spread, the target alone 1,107–1,257 tok/s against
+//     1,056–1,111.
 var measuredH200 = plan{
 	matVecBatchMinK:     2049,
 	matVecBatchMinN:     6144,
@@ -159,8 +173,7 @@ var measuredH200 = plan{
 	skinnyGroups:        512,
 	skinnyGroupsWide:    256,
 	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2, directMaxGrid: 16},
-	qkvFusedMaxK:        256,
-	qkvFusedMaxT:        8,
+	qkvFused:            []qkvFusedBound{{maxK: 256, maxT: 8}, {maxK: 1024, maxT: 2}, {maxK: 2048, maxT: 1}},
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the
@@ -234,7 +247,9 @@ var measuredSwiftShader = plan{
 //     (a) at k = 3 / 4, 939 and 817 / 742 and 935 tok/s in two races
 //     against 812 / 700 for the two dispatches, in one call (`h200.sh
 //     run` with the build before as its base, BENCHMARKS.md "Browser";
-//     the engine's own steps within the runs' spread).
+//     the engine's own steps within the runs' spread; the kernel before
+//     the present one, at up to 256 inputs — the bounds are now the
+//     H200's, measured natively).
 var measuredBrowserGPU = func() plan {
 	p := measuredH200
 	p.decode = decodeTuning{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16, mergeMinRows: 2}
@@ -250,6 +265,21 @@ var plans = [gpu.NumClasses]plan{
 	gpu.ClassLavapipe:    measuredH200,
 	gpu.ClassSwiftShader: measuredSwiftShader,
 	gpu.ClassBrowserGPU:  measuredBrowserGPU,
+}
+
+// qkvFusedBound is where qkv_fused_int4.wgsl takes a q|k|v projection:
+// up to maxT rows of up to maxK inputs.
+type qkvFusedBound struct{ maxK, maxT int }
+
+// fusesQKV reports whether the plan takes a q|k|v projection of K inputs
+// over T rows in one dispatch (qkv_fused_int4.wgsl).
+func (p *plan) fusesQKV(K, T int) bool {
+	for _, b := range p.qkvFused {
+		if K <= b.maxK {
+			return T <= b.maxT
+		}
+	}
+	return false
 }
 
 // planFor returns the plan of d's adapter class.
@@ -301,8 +331,9 @@ type matMulChoice struct {
 	groups      int               // kernelSkinny, kernelMatVecBatch and the GEMMs: the split-K target
 	// fusedQKV: a stacked q|k|v projection goes to qkv_fused_int4.wgsl,
 	// which does qkv_rope_kv.wgsl's work too (QKVProjRopeKV; the plan's
-	// qkvFusedMaxK and qkvFusedMaxT), the rest of the choice unused.
+	// qkvFused bounds), the rest of the choice unused.
 	fusedQKV bool
+	qkvFused qkvFusedLayout // fusedQKV's layout (zero: the shape's default)
 }
 
 func (c matMulChoice) String() string {

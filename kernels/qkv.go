@@ -22,16 +22,99 @@ var qkvFused = gpu.Kernel{
 
 // qkvFusedParams are qkv_fused_int4.wgsl's params.
 type qkvFusedParams struct {
-	T, Heads, KVHeads, D     uint32
-	K, Groups, BS, MaxBlocks uint32
-	Eps                      float32
-	QKNorm                   uint32
-	_, _                     uint32
+	T, N, K, G        uint32
+	Kps, Magic        uint32
+	Heads, KVHeads, D uint32
+	BS, MaxBlocks     uint32
+	Eps               float32
+	QKNorm            uint32
+	_, _, _           uint32
 }
 
-// qkvFusedMaxK is KMAX in qkv_fused_int4.wgsl: the longest input row it
-// stages.
-const qkvFusedMaxK = 2048
+// The constants qkv_fused_int4.wgsl is specialized by.
+var qkvFusedConsts = []string{"LANES", "ROWS", "RT", "WG", "TT", "KC"}
+
+// qkvFusedLayout is qkv_fused_int4.wgsl's tiling of a head vector's D
+// weight rows (one workgroup): lanes threads share rt neighbouring rows;
+// staged input values at a time over its activation rows (0:
+// matVecBatchStaged); wg bounds the threads (0: the device's limit). The
+// zero layout is the default for the shape (qkvFusedLayout.of).
+type qkvFusedLayout struct {
+	lanes, rt, staged, wg int
+}
+
+func (l qkvFusedLayout) String() string {
+	return fmt.Sprintf("qkv-fused-%dx%d/staged=%d/wg=%d", l.lanes, l.rt, l.staged, l.wg)
+}
+
+// of returns the layout for head vectors of D rows of K inputs on a device
+// with limits lim: l's lanes and rt where set, else rt = D/32 rows a
+// thread (1 to 4: 32 row groups a head vector) and K/128 lanes a row (4
+// to 16, no more than the row's vec4s of codes) — on the H200 the fastest
+// at the shapes measured (kernels/plan.go) —, lanes halved, then rows a
+// thread doubled, until the workgroup has at most l.wg threads (unset:
+// the device's most); ok is false where no layout fits.
+func (l qkvFusedLayout) of(D, K int, lim gpu.Limits) (qkvFusedLayout, bool) {
+	maxWG := min(int(lim.MaxComputeInvocationsPerWorkgroup), int(lim.MaxComputeWorkgroupSizeX))
+	if l.wg > 0 {
+		maxWG = min(maxWG, l.wg)
+	}
+	if l.lanes == 0 {
+		l.rt = min(max(D/32, 1), 4)
+		for D%l.rt != 0 {
+			l.rt /= 2
+		}
+		l.lanes = 16
+		for l.lanes > 4 && l.lanes > K/128 || l.lanes > 1 && l.lanes > K/32 {
+			l.lanes /= 2
+		}
+		for D/l.rt*l.lanes > maxWG {
+			if l.lanes > 1 {
+				l.lanes /= 2
+			} else if l.rt < 4 && D%(2*l.rt) == 0 {
+				l.rt *= 2
+			} else {
+				return l, false
+			}
+		}
+	}
+	l.rt = max(l.rt, 1)
+	if l.staged == 0 {
+		l.staged = matVecBatchStaged
+	}
+	l.wg = D / l.rt * l.lanes
+	ok := l.lanes >= 1 && l.lanes&(l.lanes-1) == 0 && D%l.rt == 0 && l.wg <= maxWG && l.wg >= D/2 && D <= 1024
+	return l, ok
+}
+
+// chunk returns the input columns the layout stages at a time for tt rows
+// of K inputs, D rows a head vector: its staged values over the rows, no
+// more than 8 vec4s of codes a thread nor a row (rounded to a vec4 of
+// codes a lane), fewer where the
+// device's workgroup memory would not hold the kernel's arrays — 0 where
+// even one vec4 a lane does not fit.
+func (l qkvFusedLayout) chunk(D, K int, tt uint32, limit uint32) uint32 {
+	step := uint32(32 * l.lanes)
+	kc := max(step, uint32(l.staged)/tt/step*step)
+	// At most 8 vec4s of weights a thread a chunk (as matvec_batch_int4.wgsl's
+	// layouts hold), and no more than the row.
+	kc = min(kc, max(step, step*8/uint32(l.rt)), uint32(alignUp(uint64(K), uint64(step))))
+	shared := func(kc uint32) uint32 {
+		wg, d := uint32(l.wg), uint32(D)
+		return 4 * (tt*kc + tt*d*uint32(l.lanes) + tt*wg/uint32(l.lanes) + tt + wg + d)
+	}
+	for kc > step && shared(kc) > limit {
+		kc = max(step, kc/2/step*step)
+	}
+	if shared(kc) > limit {
+		return 0
+	}
+	return kc
+}
+
+// qkvFusedMaxTT is the most activation rows a workgroup of
+// qkv_fused_int4.wgsl holds (TT): more rows take more row blocks.
+const qkvFusedMaxTT = 4
 
 // qkvRopeKVParams are qkv_rope_kv.wgsl's params.
 type qkvRopeKVParams struct {
@@ -97,7 +180,7 @@ func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, co
 	d := b.Device()
 	l := d.Limits()
 	choice := w.planned(d, T)
-	if p := planFor(d); T <= p.qkvFusedMaxT && w.K <= p.qkvFusedMaxK && c != nil && fusesQKV(d, w, c.D) &&
+	if planFor(d).fusesQKV(w.K, T) && c != nil && fusesQKV(d, w, c.D, T, qkvFusedLayout{}) &&
 		consts != nil && consts.Size() >= uint64(2*c.D+c.D/2+w.K)*4 {
 		choice.fusedQKV = true
 	}
@@ -125,7 +208,7 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 		return 0, fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
 	}
 	if choice.fusedQKV {
-		return 1, recordQKVFused(b, op, q, x, w, consts, c, layer, rows, T, heads, in.eps)
+		return 1, recordQKVFused(b, op, q, x, w, consts, c, layer, rows, T, heads, in.eps, choice.qkvFused)
 	}
 	split, err := matMulSplitK(b, qkv, x, w, T, in, choice, maxBinding, true)
 	if err != nil {
@@ -138,22 +221,27 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 }
 
 // fusesQKV reports whether qkv_fused_int4.wgsl can take the q|k|v
-// projection of w over T rows (K inputs) on d: an int4 weight in groups of
-// a multiple of 32, inputs it can stage, head vectors it can hold, and
-// nine storage buffers; consts (UploadQKNormRope's) must hold the input
-// norm too, which the caller checks.
-func fusesQKV(d *gpu.Device, w *Matrix, D int) bool {
+// projection of w over T rows on d at layout l (its zero: the shape's
+// default): an int4 weight in groups of a multiple of 32, head vectors of
+// an even size its workgroups hold, the staged input within the
+// workgroup memory, and nine storage buffers; consts (UploadQKNormRope's)
+// must hold the input norm too, which the caller checks.
+func fusesQKV(d *gpu.Device, w *Matrix, D, T int, l qkvFusedLayout) bool {
 	wb, _ := w.rowBytes()
-	l := d.Limits()
-	return w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0 && w.K <= qkvFusedMaxK && D <= 256 && D%2 == 0 &&
-		uint64(w.N)*wb <= l.MaxStorageBufferBindingSize && l.MaxStorageBuffersPerShaderStage >= uint32(len(qkvFused.Storage))
+	lim := d.Limits()
+	l, ok := l.of(D, w.K, lim)
+	return ok && w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0 && D%2 == 0 && T >= 1 &&
+		l.chunk(D, w.K, matVecTT(min(T, qkvFusedMaxTT)), lim.MaxComputeWorkgroupStorageSize) > 0 &&
+		uint64(w.N)*wb <= lim.MaxStorageBufferBindingSize && lim.MaxStorageBuffersPerShaderStage >= uint32(len(qkvFused.Storage))
 }
 
-// recordQKVFused records qkv_fused_int4.wgsl: QKVProjRopeKV in one
-// dispatch, the input norm's weight read from consts after the rest.
-func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rowBuf *gpu.Buffer, T, heads int, eps float64) error {
+// recordQKVFused records qkv_fused_int4.wgsl at layout l (its zero: the
+// shape's default): QKVProjRopeKV in one dispatch, the input norm's weight
+// read from consts after the rest.
+func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rowBuf *gpu.Buffer, T, heads int, eps float64, l qkvFusedLayout) error {
 	D, K := c.D, w.K
-	if !fusesQKV(b.Device(), w, D) {
+	d := b.Device()
+	if !fusesQKV(d, w, D, T, l) {
 		return fmt.Errorf("kernels: %s: qkv_fused_int4.wgsl cannot take %s (%d×%d, group %d) at head_dim %d on this device", op, w.Name, w.N, K, w.G, D)
 	}
 	n := 2*D + D/2 + K
@@ -166,18 +254,29 @@ func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts
 			return err
 		}
 	}
-	p, err := c.pipeline(b.Device(), qkvFused, kernelShape{}, true, func() gpu.Consts { return nil })
+	l, _ = l.of(D, K, d.Limits())
+	tt := matVecTT(min(T, qkvFusedMaxTT))
+	kc := l.chunk(D, K, tt, d.Limits().MaxComputeWorkgroupStorageSize)
+	vals := [6]uint32{uint32(l.lanes), uint32(D), uint32(l.rt), uint32(l.wg), tt, kc}
+	p, err := c.pipeline(d, qkvFused, kernelShape{fused: vals}, true, func() gpu.Consts {
+		consts := gpu.Consts{}
+		for i, name := range qkvFusedConsts {
+			consts[name] = vals[i]
+		}
+		return consts
+	})
 	if err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	f := func(buf *gpu.Buffer, n int) gpu.Binding { return buf.Slice(0, uint64(n)*4) }
-	kc, vc := c.layer(layer)
+	kc4, vc := c.layer(layer)
 	weights, scales := w.bindRows(rowBlock{0, w.N})
 	binds := []gpu.Binding{f(x, T*K), weights, scales, f(consts, n),
-		f(rowBuf, T*RowWords), c.table.All(), f(q, T*heads*D), kc, vc}
-	params := &qkvFusedParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), D: uint32(D),
-		K: uint32(K), Groups: uint32(K / w.G), BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Eps: float32(eps), QKNorm: 1}
-	if err := gpu.Dispatch(b, p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {
+		f(rowBuf, T*RowWords), c.table.All(), f(q, T*heads*D), kc4, vc}
+	params := &qkvFusedParams{T: uint32(T), N: uint32(w.N), K: uint32(K), G: uint32(w.G), Kps: uint32(K), Magic: codesMagic,
+		Heads: uint32(heads), KVHeads: uint32(c.KVHeads), D: uint32(D),
+		BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Eps: float32(eps), QKNorm: 1}
+	if err := gpu.Dispatch(b, p, params, binds, uint32(heads+2*c.KVHeads), uint32(divCeil(T, int(tt))), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

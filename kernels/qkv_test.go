@@ -282,11 +282,18 @@ func TestQKVProjRopeKV(t *testing.T) {
 func TestQKVFused(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for i := range 6 {
+	// The shape's default layout, and layouts that stage a few columns at
+	// a time (several chunks a row), give a weight row one lane or a
+	// thread four rows.
+	layouts := []qkvFusedLayout{{}, {}, {}, {staged: 256}, {lanes: 1, rt: 1}, {lanes: 4, rt: 4, staged: 512}}
+	for i, layout := range layouts {
 		kvHeads, group, D := []int{1, 2}[r.IntN(2)], []int{1, 2, 4}[r.IntN(3)], []int{64, 128, 256}[i%3]
 		heads, K, G, T, half := kvHeads*group, 32*(1+r.IntN(64)), []int{32, 64}[r.IntN(2)], 1+r.IntN(8), i%2 == 1
 		K = (K + G - 1) / G * G
-		t.Run(fmt.Sprintf("T%d_heads%d_kv%d_D%d_K%d_G%d_f16=%v", T, heads, kvHeads, D, K, G, half), func(t *testing.T) {
+		if layout.lanes == 1 {
+			D = 64 // a thread a row: 64 threads
+		}
+		t.Run(fmt.Sprintf("T%d_heads%d_kv%d_D%d_K%d_G%d_f16=%v_%v", T, heads, kvHeads, D, K, G, half, layout), func(t *testing.T) {
 			rows := newQKVRows(t, d, r, heads, kvHeads, D, []int{16, 32}[r.IntN(2)], T, half, true)
 			N := rows.width()
 			m := randMatrix(t, r, Int4, N, K, G)
@@ -295,7 +302,7 @@ func TestQKVFused(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer w.Release()
-			if !fusesQKV(d, w, D) {
+			if !fusesQKV(d, w, D, T, layout) {
 				t.Skipf("this device does not take qkv_fused_int4.wgsl")
 			}
 			x, g := randVec(r, T*K, 3), randVec(r, K, 1)
@@ -312,7 +319,7 @@ func TestQKVFused(t *testing.T) {
 			xb, qb, qkvb := upload(t, d, "x", x), poisoned(t, d, "q", T*heads*D), poisoned(t, d, "qkv", T*N)
 			how := matMulInput{norm: upload(t, d, "input_layernorm", g), eps: rows.eps}
 			run(t, d, "qkv_fused", func(b *gpu.Batch) error {
-				_, err := qkvProjRopeKV(b, qb, qkvb, xb, w, consts, rows.c, rows.layer, rows.rowBuf, T, heads, how, matMulChoice{fusedQKV: true}, d.Limits().MaxStorageBufferBindingSize)
+				_, err := qkvProjRopeKV(b, qb, qkvb, xb, w, consts, rows.c, rows.layer, rows.rowBuf, T, heads, how, matMulChoice{fusedQKV: true, qkvFused: layout}, d.Limits().MaxStorageBufferBindingSize)
 				return err
 			})
 			rows.check(t, qb, qkv, true)

@@ -34,7 +34,8 @@
 // (kernels/plan.go), so a plan splits only where measured faster.
 //
 // Dispatch: (ceil(N / ROWS), 1, splits) workgroups of WG = ROWS / RT ·
-// LANES threads. Per chunk of KC input columns, each thread first loads its
+// LANES threads. The loop is slice_sums (prelude.wgsl; qkv_fused_int4.wgsl
+// runs it too). Per chunk of KC input columns, each thread first loads its
 // weights of the chunk (KC / 32 / LANES vec4s of each of its RT rows: they
 // do not depend on x', so their latency overlaps what follows), the
 // workgroup stages x' for its TT rows in workgroup memory (computing
@@ -92,143 +93,11 @@ var<workgroup> partial: array<f32, PARTIAL>;
 var<workgroup> sumsq: array<f32, SUMSQ>;
 var<workgroup> ssq: array<f32, TT>;       // NORM: each activation row's sum of squares over the slice
 
-
-// slice_sums sums workgroup wid's weight rows over its slice of K: after
-// it, partial[(t·ROWS + rr)·LANES + lane] holds the sum of lane `lane` of
-// the workgroup's weight row rr for activation row t and, with NORM, ssq[t]
-// the slice's sum of squares of row t (both published by a barrier). All
-// threads call it.
-fn slice_sums(wid: vec3<u32>, lid: u32) {
-    let lane = lid % LANES;
-    let g = lid / LANES;                 // this thread's row group: weight rows g·RT … g·RT + RT − 1 of the workgroup's
-    let kbeg = wid.z * p.kps;            // this workgroup's slice of K
-    let kend = min(p.K, kbeg + p.kps);
-    let row_vec4s = p.K / 32u;
-    let groups = p.K / p.G;
-    let vec4s_per_group = p.G / 32u;
-
-    // MAGIC, from the params, passed through workgroup memory (partial's
-    // first word, unused until the end) so that the driver keeps it in a
-    // register: then each code's mask and OR can be one three-input LOP3
-    // (an immediate mask and two registers), where with MAGIC in the
-    // constant bank they took two.
-    if lid == 0u {
-        partial[0] = bitcast<f32>(p.magic);
-    }
-    var acc = array<f32, RTT>();  // acc[r·TT + t]: weight row g·RT + r, activation row t
-    var ss = vec4<f32>(); // NORM: row t's sum of squares of what this thread staged, in ss[t]
-    var wq: array<vec4<u32>, WR>; // this thread's weights of a chunk: [j·RT + r]
-    var wscale: array<f32, WR>;   // and their scales
-    for (var c0 = kbeg; c0 < kend; c0 += KC) {
-        let kc4 = min(KC, kend - c0) / 4u; // vec4s of x' per row in this chunk
-        // This thread's weights of the chunk, loaded first: they do not
-        // depend on x', so their latency hides behind its staging. Rows
-        // past N repeat row N − 1 (never written).
-        for (var j = 0u; j < WPT; j++) {
-            let v = lane + j * LANES;
-            if v < kc4 / 8u {
-                let gv = c0 / 32u + v; // the vec4's index within the row
-                for (var r = 0u; r < RT; r++) {
-                    let n = min(wid.x * ROWS + g * RT + r, p.N - 1u);
-                    wq[j * RT + r] = qweight[n * row_vec4s + gv];
-                    wscale[j * RT + r] = scale(n * groups + gv / vec4s_per_group);
-                }
-            }
-        }
-        // Stage x'[t][c0 … c0+kc) for t < TT; rows past T repeat row T-1.
-        // One loop of a fixed count over the (t, q) slots, so that the
-        // driver unrolls it and issues all of a thread's loads at once (a
-        // loop over t around one over q to kc4 waits for each load in
-        // turn).
-        for (var i = 0u; i < SPT; i++) {
-            let e = lid + i * WG;
-            let t = e / (KC / 4u);
-            let q = e % (KC / 4u); // the chunk's vec4 q = 8v + m
-            if t < TT && q < kc4 {
-                var v = input4(min(t, p.T - 1u), c0 / 4u + q);
-                if NORM == 1u {
-                    // By select: ss indexed by t, a lane's value, would go
-                    // to local memory.
-                    ss += select(vec4<f32>(), vec4<f32>(dot(v, v)), vec4<u32>(0u, 1u, 2u, 3u) == vec4<u32>(t));
-                    v *= norm[c0 / 4u + q];
-                }
-                xs[8u * t + q % 8u][q / 8u] = v * PLACE;
-            }
-        }
-        workgroupBarrier();
-        let magic = bitcast<u32>(partial[0]);
-        for (var j = 0u; j < WPT; j++) {
-            let v = lane + j * LANES;
-            if v < kc4 / 8u {
-                // Each (weight row, activation row)'s products of the 32
-                // columns in a vec4, one multiply-add a weight, added up
-                // and scaled once after.
-                var dots = array<vec4<f32>, RTT>();
-                for (var m = 0u; m < 8u; m++) { // columns 32v + 4m … 32v + 4m + 3
-                    var xv: array<vec4<f32>, TT>;
-                    for (var t = 0u; t < TT; t++) {
-                        xv[t] = xs[8u * t + m][v];
-                    }
-                    for (var r = 0u; r < RT; r++) {
-                        let w = codes_in_place(wq[j * RT + r][m >> 1u] >> ((m & 1u) * 16u), magic);
-                        for (var t = 0u; t < TT; t++) {
-                            dots[r * TT + t] = fma(w, xv[t], dots[r * TT + t]);
-                        }
-                    }
-                }
-                for (var r = 0u; r < RT; r++) {
-                    for (var t = 0u; t < TT; t++) {
-                        let d = dots[r * TT + t];
-                        acc[r * TT + t] += wscale[j * RT + r] * ((d.x + d.y) + (d.z + d.w));
-                    }
-                }
-            }
-        }
-        workgroupBarrier();
-    }
-
-    if NORM == 1u {
-        // The threads' sums of squares: GROUPS threads add LANES each, then
-        // one thread adds those (two barriers, not a tree's eight).
-        for (var t = 0u; t < TT; t++) {
-            partial[t * WG + lid] = ss[t];
-        }
-        workgroupBarrier();
-        if lid < TT * GROUPS {
-            var v = 0.0;
-            for (var l = 0u; l < LANES; l++) {
-                v += partial[(lid / GROUPS) * WG + (lid % GROUPS) * LANES + l];
-            }
-            sumsq[lid] = v;
-        }
-        workgroupBarrier();
-        if lid < TT {
-            var v = 0.0;
-            for (var i = 0u; i < GROUPS; i++) {
-                v += sumsq[lid * GROUPS + i];
-            }
-            ssq[lid] = v;
-        }
-        workgroupBarrier();
-    }
-
-    for (var r = 0u; r < RT; r++) {
-        for (var t = 0u; t < TT; t++) {
-            partial[(t * ROWS + g * RT + r) * LANES + lane] = acc[r * TT + t];
-        }
-    }
-    workgroupBarrier();
+// input_norm4 is vec4 i of the RMSNorm weight g (NORM; slice_sums).
+fn input_norm4(i: u32) -> vec4<f32> {
+    return norm[i];
 }
 
-// row_sum adds up the LANES partial sums of activation row t and weight
-// row rr of the workgroup (after slice_sums).
-fn row_sum(t: u32, rr: u32, lid: u32) -> f32 {
-    var v = 0.0;
-    for (var l = 0u; l < LANES; l++) {
-        v += partial[(t * ROWS + rr) * LANES + ((l + lid) % LANES)];
-    }
-    return v;
-}
 
 // finish writes out[t][nn] from the sum v over all of K and row t's sum of
 // squares (NORM).
@@ -248,7 +117,7 @@ fn finish(t: u32, nn: u32, sum: f32, sumsq_t: f32) {
 // matmul_reduce.wgsl (or qkv_rope_kv.wgsl).
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    slice_sums(wid, lid);
+    slice_sums(wid, lid, 0u);
     if p.splits > 1u && NORM == 1u && wid.x == 0u && lid < min(TT, p.T) {
         out[p.splits * p.T * p.N + wid.z * p.T + lid] = ssq[lid];
     }

@@ -1,13 +1,12 @@
 // qkv_fused_int4.wgsl: a decoder layer's attention input in one pass from
-// its hidden rows, for small layers — input_layernorm, the stacked q|k|v
-// projection of an int4 weight, then what qkv_rope_kv.wgsl does with the
-// projected rows (q_norm/k_norm, RoPE, the append of keys and values to the
-// paged KV cache) — so that a decode step spends one dispatch on it, not
-// two (a matmul kernel, then qkv_rope_kv.wgsl). Each workgroup computes one
-// head vector of one row, its D weight rows, and reads the whole input row:
-// fine while K is small and the rows few (kernels/plan.go picks it), as a
-// small model's decode and verification in a browser, where a dispatch
-// costs the host more than such a kernel costs the GPU.
+// its hidden rows — input_layernorm, the stacked q|k|v projection of an
+// int4 weight, then what qkv_rope_kv.wgsl does with the projected rows
+// (q_norm/k_norm, RoPE, the append of keys and values to the paged KV
+// cache) — so that a decode step spends one dispatch on it, not two (a
+// matmul kernel, then qkv_rope_kv.wgsl). Each workgroup computes one head
+// vector (its D weight rows) of up to TT activation rows with
+// matvec_batch_int4.wgsl's loop (slice_sums: the input staged a chunk at a
+// time, one multiply-add a weight), then normalizes, rotates and stores it.
 //
 // For row t < T and head vector h (query heads, then key heads, then value
 // heads; width W = (heads + 2·kv_heads)·D):
@@ -18,7 +17,9 @@
 //   vcache[t][h] ← y                            value heads
 // with qk_norm = 0 the heads are rotated as they come. RoPE, the angle's
 // reduction and the cache layout are qkv_rope_kv.wgsl's (read its header);
-// the normalized head is rounded to f32 before the rotation, as there.
+// the normalized head is rounded to f32 before the rotation, as there. The
+// input norm's factor multiplies each sum over K, as matvec_batch_int4.wgsl
+// applies it.
 //
 // Buffers:
 //   x       (T, K) f32 hidden rows, read as vec4s
@@ -34,32 +35,49 @@
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32, or f16 packed
 //           in pairs (KV_F16)
 //
-// Dispatch: (heads + 2·kv_heads, T, 1) workgroups of WG threads. The
-// workgroup stages xn in workgroup memory (K ≤ KMAX), then LANES threads
-// share each weight row (16, or the row's vec4s where fewer: a power of
-// two), WG / LANES rows at a time, lane l reading vec4s l, l + LANES, … —
-// neighbouring lanes, neighbouring 16-byte words; the lanes' sums meet in
-// workgroup memory as the head vector, and the rest is qkv_rope_kv.wgsl's,
-// thread i holding the pairs (i, i + D/2) for i < D/2 (D/2 ≤ WG).
+// Dispatch: (heads + 2·kv_heads, ceil(T / TT), 1) workgroups of WG = ROWS /
+// RT · LANES threads, ROWS = D (kernels/qkv.go's layout: LANES threads
+// share RT neighbouring weight rows, KC input columns staged at a time).
+// After the sums, for each of its rows in turn the workgroup gathers the
+// head vector in workgroup memory and thread i < D/2 finishes the pair
+// (i, i + D/2).
 
-const WG: u32 = 128u;
-const KMAX: u32 = 2048u; // the longest input row staged (8 KB: within WebGPU's 16 KB default)
-const XS: u32 = KMAX / 4u;
-const KV_F16: u32 = 0u;  // 1: the KV cache holds f16 pairs (specialized by the host)
+const LANES: u32 = 16u;             // threads per weight row
+const ROWS: u32 = 64u;              // weight rows per workgroup: D, one head vector
+const RT: u32 = 1u;                 // weight rows a thread (neighbouring rows)
+const WG: u32 = 1024u;              // ROWS / RT · LANES
+const TT: u32 = 1u;                 // activation rows the workgroup holds (≤ 4)
+const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
+const KV_F16: u32 = 0u;             // 1: the KV cache holds f16 pairs (specialized by the host)
+const SWIGLU: u32 = 0u;             // (input4) the input is x itself
+const NORM: u32 = 1u;               // the input is rmsnorm(x) · g
+const GROUPS: u32 = WG / LANES;     // row groups: LANES threads sharing RT weight rows
+const KC32: u32 = KC / 32u;         // 32-column blocks a chunk
+const XS: u32 = 8u * TT;            // staged vec4 places over the activation rows
+const RTT: u32 = RT * TT;           // a thread's (weight row, activation row) sums
+const SPT: u32 = (TT * KC / 4u + WG - 1u) / WG; // vec4s of x' a thread stages per chunk, at most
+const WPT: u32 = KC32 / LANES;      // weight vec4s a thread reads per chunk and row
+const WR: u32 = WPT * RT;           // weight vec4s a thread holds
+const PARTIAL: u32 = TT * ROWS * LANES; // one partial sum per (activation row, weight row, lane)
+const SUMSQ: u32 = TT * GROUPS;     // the norm's sums of squares, LANES threads' each
 
 struct Params {
-    T: u32,
+    T: u32,          // activation rows
+    N: u32,          // W: rows of the stacked weight
+    K: u32,          // inputs, a multiple of 32
+    G: u32,          // group size, a multiple of 32
+    kps: u32,        // inputs per split: K (one split)
+    magic: u32,      // MAGIC, for codes_in_place
     heads: u32,
     kv_heads: u32,
-    D: u32,
-    K: u32,
-    groups: u32,     // scale groups a weight row: K / G
+    D: u32,          // head_dim = ROWS
     BS: u32,         // slots per cache block
     max_blocks: u32, // row stride of table
     eps: f32,        // input_layernorm's, q_norm's and k_norm's epsilon
     qk_norm: u32,    // 1: q_norm and k_norm before RoPE; 0: RoPE alone
     _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -73,97 +91,63 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> kcache: array<u32>;
 @group(0) @binding(9) var<storage, read_write> vcache: array<u32>;
 
-var<workgroup> xs: array<vec4<f32>, XS>; // xn
-var<workgroup> red_f: array<f32, WG>; // sum_all's, and the lanes' sums
-var<workgroup> head: array<f32, 256>; // the head vector (D ≤ 256)
+var<workgroup> xs: array<array<vec4<f32>, KC32>, XS>; // slice_sums' staged input
+var<workgroup> partial: array<f32, PARTIAL>;
+var<workgroup> sumsq: array<f32, SUMSQ>;
+var<workgroup> ssq: array<f32, TT>;
+var<workgroup> red_f: array<f32, WG>;   // sum_all's
+var<workgroup> head: array<f32, ROWS>;  // a row's head vector
 
-// dot4 is Σ (code − 8) · xn over the 32 codes of one vec4 of weights,
-// against staged columns 32·c … 32·c + 31.
-fn dot4(w: vec4<u32>, c: u32) -> f32 {
-    var acc = 0.0;
-    for (var j = 0u; j < 4u; j++) {
-        acc += dot(codes(w[j], 0u), xs[8u * c + 2u * j]) + dot(codes(w[j], 16u), xs[8u * c + 2u * j + 1u]);
-    }
-    return acc;
+// input_norm4 is vec4 i of input_layernorm's weight, after the rest of
+// consts.
+fn input_norm4(i: u32) -> vec4<f32> {
+    let g = 2u * p.D + p.D / 2u + 4u * i;
+    return vec4<f32>(consts[g], consts[g + 1u], consts[g + 2u], consts[g + 3u]);
 }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = wid.y;
     let h = wid.x;
+    let t0 = wid.y * TT;
     let D = p.D;
-    let K4 = p.K / 4u;
     let half = D / 2u;
     let is_q = h < p.heads;
     let is_v = h >= p.heads + p.kv_heads;
-    let g0 = 2u * D + half; // input_layernorm's weight in consts
 
-    // 1. xn = input_layernorm(x[t]), staged.
-    var ss = 0.0;
-    for (var i = lid; i < K4; i += WG) {
-        let v = x[t * K4 + i];
-        xs[i] = v;
-        ss += dot(v, v);
-    }
-    let inv_in = 1.0 / sqrt(sum_all(lid, ss) / f32(p.K) + p.eps);
-    for (var i = lid; i < K4; i += WG) {
-        let g = vec4<f32>(consts[g0 + 4u * i], consts[g0 + 4u * i + 1u], consts[g0 + 4u * i + 2u], consts[g0 + 4u * i + 3u]);
-        xs[i] = g * (xs[i] * inv_in);
-    }
-    workgroupBarrier();
+    slice_sums(wid, lid, t0);
 
-    // 2. The head vector: D weight rows, LANES threads a row, neighbouring
-    // lanes reading neighbouring vec4s of it (coalesced).
-    let vecs = p.K / 32u; // weight vec4s a row
-    var lanes = 16u;
-    while lanes > vecs {
-        lanes >>= 1u;
-    }
-    let per = WG / lanes; // rows at a time
-    let lane = lid % lanes;
-    let per_group = vecs / p.groups;
-    for (var i0 = 0u; i0 < D; i0 += per) {
-        let i = i0 + lid / lanes;
-        var acc = 0.0;
-        if i < D {
-            let n = h * D + i;
-            for (var c = lane; c < vecs; c += lanes) {
-                acc += dot4(qweight[n * vecs + c], c) * scale(n * p.groups + c / per_group);
-            }
+    for (var tt = 0u; tt < TT; tt++) {
+        let t = t0 + tt;
+        if t >= p.T {
+            break; // uniform: every thread of the workgroup alike
         }
-        red_f[lid] = acc;
-        workgroupBarrier();
-        if lane == 0u && i < D {
-            var y = 0.0;
-            for (var l = 0u; l < lanes; l++) {
-                y += red_f[lid + l];
-            }
-            head[i] = y;
+        // The row's head vector: each weight row's lanes added up and
+        // scaled by the input norm's factor.
+        let r = 1.0 / sqrt(ssq[tt] / f32(p.K) + p.eps);
+        for (var i = lid; i < ROWS; i += WG) {
+            head[i] = r * row_sum(tt, i, i);
         }
         workgroupBarrier();
+        if is_v {
+            store_head(lid, t, h - p.heads - p.kv_heads, true, D);
+        } else {
+            var x1 = 0.0;
+            var x2 = 0.0;
+            var s = 0.0;
+            if lid < half {
+                x1 = head[lid];
+                x2 = head[lid + half];
+                s = x1 * x1 + x2 * x2;
+            }
+            let inv = 1.0 / sqrt(sum_all(lid, s) / f32(D) + p.eps);
+            if lid < half {
+                rope_store(x1, x2, inv, lid, t, h, is_q, D);
+            }
+            if !is_q {
+                workgroupBarrier();
+                store_head(lid, t, h - p.heads, false, D);
+            }
+        }
+        workgroupBarrier(); // head and red_f free for the next row
     }
-
-    // 3. qkv_rope_kv.wgsl's part: norms and RoPE, or the value as it is.
-    if !is_v {
-        var x1 = 0.0;
-        var x2 = 0.0;
-        var s = 0.0;
-        if lid < half {
-            x1 = head[lid];
-            x2 = head[lid + half];
-            s = x1 * x1 + x2 * x2;
-        }
-        let inv = 1.0 / sqrt(sum_all(lid, s) / f32(D) + p.eps);
-        if lid < half {
-            rope_store(x1, x2, inv, lid, t, h, is_q, D);
-        }
-        if is_q {
-            return; // uniform per workgroup
-        }
-    }
-    workgroupBarrier();
-
-    // 4. The key or value head into the row's cache slot.
-    let kvh = select(h - p.heads, h - p.heads - p.kv_heads, is_v);
-    store_head(lid, t, kvh, is_v, D);
 }

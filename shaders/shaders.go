@@ -120,7 +120,8 @@ var (
 	QKVRopeKV = mustModule("qkv_rope_kv.wgsl")
 	// QKVFusedInt4 is qkv_fused_int4.wgsl: input_layernorm, the stacked
 	// q/k/v projection of an int4 weight and qkv_rope_kv.wgsl's work, in
-	// one dispatch, a head vector a workgroup (small layers).
+	// one dispatch, a head vector of up to four rows a workgroup (layers
+	// of up to 2,048 inputs, by the plan).
 	QKVFusedInt4 = mustModule("qkv_fused_int4.wgsl")
 	// TreeExpand is tree_expand.wgsl: one level of a token tree drafted on
 	// the device — the frontier's children scored, the next frontier

@@ -214,6 +214,22 @@ func Verify(ctx context.Context, e engine.Engine, rows, context, reps int) (time
 	return times[len(times)/2], nil
 }
 
+// ProfileHeadDraft times, kernel by kernel on the GPU, one round of draft
+// chained draft tokens of an EAGLE-3 head over target's features, as
+// HeadDrafts drafts (after a warm-up round): the head's passes go through
+// the target's submissions, so the target's profile holds them.
+func ProfileHeadDraft(ctx context.Context, target *webgpu.Engine, head engine.Engine, context, draft int, period float64) ([]Kernel, error) {
+	round, release, err := headRounds(ctx, target, head, context, draft)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if err := round(); err != nil {
+		return nil, err
+	}
+	return profile(target, round, period)
+}
+
 // HeadDrafts times an EAGLE-3 head drafting as the server drafts with one:
 // a target sequence of context random tokens, the head's over its
 // features, then rounds of draft tokens chained on the device
@@ -221,33 +237,11 @@ func Verify(ctx context.Context, e engine.Engine, rows, context, reps int) (time
 // the same context (the head truncated back after it). It returns the time
 // per draft token.
 func HeadDrafts(ctx context.Context, target, head engine.Engine, context, steps, draft int) (time.Duration, error) {
-	p := randomTokens(rand.New(rand.NewPCG(5, uint64(context))), context, target.Config().VocabSize)
-	ts, err := target.NewSequence()
+	round, release, err := headRounds(ctx, target, head, context, draft)
 	if err != nil {
 		return 0, err
 	}
-	defer ts.Release()
-	t := &engine.Entry{Seq: ts, Tokens: p}
-	if err := target.Step(ctx, []*engine.Entry{t}); err != nil {
-		return 0, fmt.Errorf("target prefill: %w", err)
-	}
-	hs, err := head.NewSequence()
-	if err != nil {
-		return 0, err
-	}
-	defer hs.Release()
-	h := &engine.Entry{Seq: hs, Target: ts, Tokens: p}
-	if err := head.Step(ctx, []*engine.Entry{h}); err != nil {
-		return 0, fmt.Errorf("head prefill: %w", err)
-	}
-	// The target holds the context and, after its prefill, knows the
-	// token after it: each round drafts past that one.
-	round := func() error {
-		h.Tokens = []int{t.Next}
-		_, err := engine.StepN(ctx, head, []*engine.Entry{h}, draft)
-		hs.Truncate(context)
-		return err
-	}
+	defer release()
 	if err := round(); err != nil { // warm up
 		return 0, err
 	}
@@ -259,4 +253,42 @@ func HeadDrafts(ctx context.Context, target, head engine.Engine, context, steps,
 		}
 	}
 	return time.Since(start) / time.Duration(rounds*draft), nil
+}
+
+// headRounds prefills a target sequence of context random tokens and the
+// head's over its features, and returns a round of draft tokens chained on
+// the device (engine.StepN) after the token the target would add, the
+// head cut back to the context after it, and what releases both
+// sequences.
+func headRounds(ctx context.Context, target, head engine.Engine, context, draft int) (round func() error, release func(), err error) {
+	p := randomTokens(rand.New(rand.NewPCG(5, uint64(context))), context, target.Config().VocabSize)
+	ts, err := target.NewSequence()
+	if err != nil {
+		return nil, nil, err
+	}
+	t := &engine.Entry{Seq: ts, Tokens: p}
+	if err := target.Step(ctx, []*engine.Entry{t}); err != nil {
+		ts.Release()
+		return nil, nil, fmt.Errorf("target prefill: %w", err)
+	}
+	hs, err := head.NewSequence()
+	if err != nil {
+		ts.Release()
+		return nil, nil, err
+	}
+	release = func() { hs.Release(); ts.Release() }
+	h := &engine.Entry{Seq: hs, Target: ts, Tokens: p}
+	if err := head.Step(ctx, []*engine.Entry{h}); err != nil {
+		release()
+		return nil, nil, fmt.Errorf("head prefill: %w", err)
+	}
+	// The target holds the context and, after its prefill, knows the
+	// token after it: each round drafts past that one.
+	round = func() error {
+		h.Tokens = []int{t.Next}
+		_, err := engine.StepN(ctx, head, []*engine.Entry{h}, draft)
+		hs.Truncate(context)
+		return err
+	}
+	return round, release, nil
 }

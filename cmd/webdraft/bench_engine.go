@@ -31,7 +31,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	prefill := fs.Int("prefill", 512, "prompt length of the prefill measurement")
 	copyMB := fs.Int("copy-mb", 1024, "buffer size of the copy-bandwidth measurement (capped by the device)")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measurements to this file")
-	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size and the prefill kernel by kernel on the GPU (timestamp queries)")
+	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size, the prefill and, with --head or --head-model, the head's 16 chained draft tokens kernel by kernel on the GPU (timestamp queries)")
 	svg := fs.String("svg", "", "also plot milliseconds per decode step against batch size, as SVG, to this file")
 	backendFlag := fs.String("backend", "webgpu", "webgpu, or an engine on the CPU: cpu (the fast CPU engine) or reference (the plain-Go oracle)")
 	rowsFlag := fs.String("rows", "1,5,7,9,17", "the verification passes to time, in rows (a verification of k drafted tokens reads k+1)")
@@ -220,11 +220,13 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			fmt.Sprintf("%.3f ms", ms64(v)), fmt.Sprintf("%.3f ms (a single batch-1 step)", ms64(singleOne)),
 			strconv.FormatFloat(v.Seconds()/singleOne.Seconds(), 'f', 2, 64)+"× it")
 	}
+	var headProfile func(*env) error // the head's kernels, with --profile
 	if *head {
-		d, err := headDrafts(ctx, cfg, w, hc, hw, *context, *steps)
+		d, prof, err := headDrafts(ctx, cfg, w, hc, hw, *context, *steps, *gpuProfile)
 		if err != nil {
 			return fmt.Errorf("EAGLE-3 head: %w", err)
 		}
+		headProfile = prof
 		limit, ratio := "", ""
 		if chainedOne > 0 {
 			limit = fmt.Sprintf("%.3f ms (a chained batch-1 step)", ms64(chainedOne))
@@ -270,6 +272,11 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	if *gpuProfile {
 		if err := profileKernels(ctx, e, eng, batches, *context, *prefill); err != nil {
 			return err
+		}
+		if headProfile != nil {
+			if err := headProfile(e); err != nil {
+				return err
+			}
 		}
 	}
 	fmt.Fprintf(e.stdout, "\nreproduce: webdraft bench engine %s\n", strings.Join(args, " "))
@@ -355,16 +362,16 @@ func benchHeadConfig(cfg qwen3.Config) (eagle3.Config, error) {
 // random int4) drafting for the model cfg, w (bench.HeadDrafts): the
 // target engine keeps the features of the layers the head reads, on a
 // device of its own.
-func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagle3.Config, hw *eagle3.Weights, context, steps int) (time.Duration, error) {
+func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagle3.Config, hw *eagle3.Weights, context, steps int, profiled bool) (time.Duration, func(*env) error, error) {
 	kvBytes := int64(context+steps+64) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
 	g, err := webgpu.OpenGroup(gpu.Options{})
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	target, err := g.New(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: 2, MaxRows: context, FeatureLayers: hc.Aux(cfg.NumHiddenLayers)})
 	if err != nil {
 		g.Close()
-		return 0, err
+		return 0, nil, err
 	}
 	defer target.Close()
 	if hw == nil {
@@ -373,8 +380,25 @@ func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagl
 	head, err := webgpu.NewHead(target, hc, hw, webgpu.HeadOptions{MaxRows: context})
 	g.Close() // the device closes with the last engine
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer head.Close()
-	return bench.HeadDrafts(ctx, target, head, context, steps, 16)
+	const draft = 16
+	d, err := bench.HeadDrafts(ctx, target, head, context, steps, draft)
+	if err != nil || !profiled {
+		return d, nil, err
+	}
+	// The profile is taken now, while the engines are open, and printed
+	// with the model's.
+	period, err := bench.TickPeriod(target.Device())
+	if err != nil {
+		return 0, nil, fmt.Errorf("profile: %w", err)
+	}
+	kernels, err := bench.ProfileHeadDraft(ctx, target, head, context, draft, period)
+	if err != nil {
+		return 0, nil, fmt.Errorf("profile: %w", err)
+	}
+	return d, func(e *env) error {
+		return printProfile(e, fmt.Sprintf("%d draft tokens of the EAGLE-3 head chained, context %d", draft, context), kernels, period)
+	}, nil
 }

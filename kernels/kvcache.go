@@ -469,7 +469,7 @@ type cachePipelineKey struct {
 type kernelShape struct {
 	chunk, group, wg, vb, sb int
 	direct, merge            bool
-	fused                    [6]uint32 // qkv_fused_int4.wgsl's constants (qkvFusedConsts)
+	fused                    [7]uint32 // qkv_fused_int4.wgsl's constants (qkvFusedConsts)
 }
 
 // pipeline returns kernel k specialized by consts() — and by the cache's

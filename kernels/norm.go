@@ -18,6 +18,11 @@ var rmsNormGathered = gpu.Kernel{
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly}, // x, weight, out, rows
 }
 
+var rmsNormPair = gpu.Kernel{
+	Module: "rmsnorm.wgsl", Source: shaders.RMSNorm, Entry: "pair", Params: reflect.TypeFor[rmsNormParams](),
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly}, // x, weight, out, x2, weight2
+}
+
 // rmsNormParams are rmsnorm.wgsl's params.
 type rmsNormParams struct {
 	R, N      uint32
@@ -73,6 +78,37 @@ func RMSNormCols(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, x, weight *gpu.Bu
 	return recordRMSNorm(b, op, rmsNorm, binds, R, n, eps, ldo, col0)
 }
 
+// RMSNormPair records both halves of an EAGLE-3 head's 2n-wide input in
+// one dispatch — RMSNormCols of x by weight into columns col0 … col0+n−1
+// and of x2 by weight2 into columns col0+n … col0+2n−1 of out's rows of
+// ldo values:
+//
+//	x, x2           (R, n) f32, each a different buffer from out
+//	weight, weight2 (n) f32
+//	out             (R, ldo) f32
+func RMSNormPair(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, x, weight, x2, weight2 *gpu.Buffer, R, n int, eps float64) error {
+	op := "rmsnorm_pair"
+	if R <= 0 || n <= 0 || col0 < 0 || ldo < col0+2*n {
+		return fmt.Errorf("kernels: %s: two shapes (%d, %d) into columns %d… of rows of %d", op, R, n, col0, ldo)
+	}
+	outLen := (R-1)*ldo + col0 + 2*n
+	for _, c := range []struct {
+		name string
+		buf  *gpu.Buffer
+		n    int
+	}{{"x", x, R * n}, {"weight", weight, n}, {"x2", x2, R * n}, {"weight2", weight2, n}, {"out", out, outLen}} {
+		if err := need(op, c.name, c.buf, c.n); err != nil {
+			return err
+		}
+	}
+	if x == out || x2 == out {
+		return fmt.Errorf("kernels: %s: out is an input (%q)", op, out.Label())
+	}
+	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(outLen)*4),
+		x2.Slice(0, uint64(R*n)*4), weight2.Slice(0, uint64(n)*4)}
+	return recordRMSNormGrid(b, op, rmsNormPair, binds, R, 2, n, eps, ldo, col0)
+}
+
 // RMSNormRows records out[r] = rmsnorm(x[rows[r]]) · weight for R rows
 // picked out of x's xRows rows of n values, by index on the device (a
 // pass's read-out rows):
@@ -106,6 +142,11 @@ func RMSNormRows(b *gpu.Batch, out, x, rows, weight *gpu.Buffer, R, xRows, n int
 // recordRMSNorm dispatches one of rmsnorm.wgsl's entries over R rows of n
 // values, the arguments checked.
 func recordRMSNorm(b *gpu.Batch, op string, k gpu.Kernel, binds []gpu.Binding, R, n int, eps float64, ldo, col0 int) error {
+	return recordRMSNormGrid(b, op, k, binds, R, 1, n, eps, ldo, col0)
+}
+
+// recordRMSNormGrid is recordRMSNorm over a grid of (R, y) workgroups.
+func recordRMSNormGrid(b *gpu.Batch, op string, k gpu.Kernel, binds []gpu.Binding, R, y, n int, eps float64, ldo, col0 int) error {
 	wg := uint32(256) // hidden rows; a head row (D = 128) keeps 64 threads busy
 	if n <= 256 {
 		wg = 64
@@ -115,7 +156,7 @@ func recordRMSNorm(b *gpu.Batch, op string, k gpu.Kernel, binds []gpu.Binding, R
 		return err
 	}
 	params := &rmsNormParams{R: uint32(R), N: uint32(n), Eps: float32(eps), Ldo: uint32(ldo), Col0: uint32(col0)}
-	if err := gpu.Dispatch(b, p, params, binds, uint32(R), 1, 1); err != nil {
+	if err := gpu.Dispatch(b, p, params, binds, uint32(R), uint32(y), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

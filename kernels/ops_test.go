@@ -187,9 +187,10 @@ func TestRMSNormRows(t *testing.T) {
 
 // TestRMSNormCols: two calls write the halves of 2n-wide rows — each
 // half the reference's RMSNorm of its own input with its own weight, as
-// an EAGLE-3 head's [input_layernorm(e); hidden_norm(h)] — and a third
-// writes columns in the middle of wider rows, leaving the rest of each row
-// poisoned; a bad layout is refused.
+// an EAGLE-3 head's [input_layernorm(e); hidden_norm(h)] — and RMSNormPair
+// writes both in one dispatch; a third writes columns in the middle of
+// wider rows, leaving the rest of each row poisoned; bad layouts are
+// refused.
 func TestRMSNormCols(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -217,6 +218,9 @@ func TestRMSNormCols(t *testing.T) {
 				return RMSNormCols(b, out, 2*n, n, hb, whb, R, n, eps)
 			})
 			checkClose(t, "both halves", readF32(t, out, R*2*n), want, tolF32)
+			pair := poisoned(t, d, "pair", R*2*n)
+			run(t, d, "rmsnorm pair", func(b *gpu.Batch) error { return RMSNormPair(b, pair, 2*n, 0, ab, wab, hb, whb, R, n, eps) })
+			checkClose(t, "both halves in one dispatch", readF32(t, pair, R*2*n), want, tolF32)
 
 			// Columns 8 … 8+n−1 of rows of n+24: the rest stays NaN.
 			ldo := n + 24
@@ -240,6 +244,8 @@ func TestRMSNormCols(t *testing.T) {
 				"columns past the row": func() error { return RMSNormCols(b, out, 2*n, n+1, hb, whb, R, n, eps) },
 				"a short out":          func() error { return RMSNormCols(b, mid, 2*n, n, hb, whb, R, n, eps) }, // n ≥ 32: 2n > n+24
 				"out is x":             func() error { return RMSNormCols(b, ab, n, 0, ab, wab, R, n, eps) },
+				"a pair past the row":  func() error { return RMSNormPair(b, out, 2*n, 1, ab, wab, hb, whb, R, n, eps) },
+				"a pair into x2":       func() error { return RMSNormPair(b, hb, n, 0, ab, wab, hb, whb, R, n/2, eps) },
 			} {
 				if err := call(); err == nil {
 					t.Errorf("%s: accepted", name)

@@ -32,7 +32,7 @@ type qkvFusedParams struct {
 }
 
 // The constants qkv_fused_int4.wgsl is specialized by.
-var qkvFusedConsts = []string{"LANES", "ROWS", "RT", "WG", "TT", "KC"}
+var qkvFusedConsts = []string{"LANES", "ROWS", "RT", "WG", "TT", "KC", "NORM"}
 
 // qkvFusedLayout is qkv_fused_int4.wgsl's tiling of a head vector's D
 // weight rows (one workgroup): lanes threads share rt neighbouring rows;
@@ -208,7 +208,7 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 		return 0, fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
 	}
 	if choice.fusedQKV {
-		return 1, recordQKVFused(b, op, q, x, w, consts, c, layer, rows, T, heads, in.eps, choice.qkvFused)
+		return 1, recordQKVFused(b, op, q, x, w, consts, c, layer, rows, T, heads, in.eps, choice.qkvFused, true, true)
 	}
 	split, err := matMulSplitK(b, qkv, x, w, T, in, choice, maxBinding, true)
 	if err != nil {
@@ -237,19 +237,24 @@ func fusesQKV(d *gpu.Device, w *Matrix, D, T int, l qkvFusedLayout) bool {
 
 // recordQKVFused records qkv_fused_int4.wgsl at layout l (its zero: the
 // shape's default): QKVProjRopeKV in one dispatch, the input norm's weight
-// read from consts after the rest.
-func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rowBuf *gpu.Buffer, T, heads int, eps float64, l qkvFusedLayout) error {
+// read from consts after the rest — or, without norm, QKVProjRopeKVNormed's
+// rows as they come, consts ending at the inverse frequencies; q_norm and
+// k_norm where qkNorm.
+func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rowBuf *gpu.Buffer, T, heads int, eps float64, l qkvFusedLayout, norm, qkNorm bool) error {
 	D, K := c.D, w.K
 	d := b.Device()
 	if !fusesQKV(d, w, D, T, l) {
 		return fmt.Errorf("kernels: %s: qkv_fused_int4.wgsl cannot take %s (%d×%d, group %d) at head_dim %d on this device", op, w.Name, w.N, K, w.G, D)
 	}
-	n := 2*D + D/2 + K
+	n, what := 2*D+D/2+K, "consts (with input_layernorm's weight)"
+	if !norm {
+		n, what = 2*D+D/2, "consts"
+	}
 	for _, c := range []struct {
 		name string
 		buf  *gpu.Buffer
 		n    int
-	}{{"x", x, T * K}, {"consts (with input_layernorm's weight)", consts, n}} {
+	}{{"x", x, T * K}, {what, consts, n}} {
 		if err := need(op, c.name, c.buf, c.n); err != nil {
 			return err
 		}
@@ -257,7 +262,7 @@ func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts
 	l, _ = l.of(D, K, d.Limits())
 	tt := matVecTT(min(T, qkvFusedMaxTT))
 	kc := l.chunk(D, K, tt, d.Limits().MaxComputeWorkgroupStorageSize)
-	vals := [6]uint32{uint32(l.lanes), uint32(D), uint32(l.rt), uint32(l.wg), tt, kc}
+	vals := [7]uint32{uint32(l.lanes), uint32(D), uint32(l.rt), uint32(l.wg), tt, kc, wgslBool(norm)}
 	p, err := c.pipeline(d, qkvFused, kernelShape{fused: vals}, true, func() gpu.Consts {
 		consts := gpu.Consts{}
 		for i, name := range qkvFusedConsts {
@@ -275,11 +280,39 @@ func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts
 		f(rowBuf, T*RowWords), c.table.All(), f(q, T*heads*D), kc4, vc}
 	params := &qkvFusedParams{T: uint32(T), N: uint32(w.N), K: uint32(K), G: uint32(w.G), Kps: uint32(K), Magic: codesMagic,
 		Heads: uint32(heads), KVHeads: uint32(c.KVHeads), D: uint32(D),
-		BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Eps: float32(eps), QKNorm: 1}
+		BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Eps: float32(eps), QKNorm: wgslBool(qkNorm)}
 	if err := gpu.Dispatch(b, p, params, binds, uint32(heads+2*c.KVHeads), uint32(divCeil(T, int(tt))), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil
+}
+
+// QKVProjRopeKVNormed records the attention input of a Llama-style layer
+// over rows x already normalized (an EAGLE-3 head's midlayer, whose two
+// halves have norms of their own): qkv = x · wᵀ, then QKVRopeKV's work,
+// with q_norm and k_norm where qkNorm — in one dispatch
+// (qkv_fused_int4.wgsl) where the plan fuses a projection of that shape,
+// else the matmul into the scratch rows qkv, then qkv_rope_kv.wgsl. consts
+// is UploadQKNormRope's, without an input norm.
+func QKVProjRopeKVNormed(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads int, eps float64, qkNorm bool) error {
+	op := "qkv_proj_rope_kv"
+	if w == nil {
+		return fmt.Errorf("kernels: %s: nil matrix", op)
+	}
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
+		return err
+	}
+	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
+		return fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
+	}
+	d := b.Device()
+	if planFor(d).fusesQKV(w.K, T) && fusesQKV(d, w, c.D, T, qkvFusedLayout{}) {
+		return recordQKVFused(b, op, q, x, w, consts, c, layer, rows, T, heads, eps, qkvFusedLayout{}, false, qkNorm)
+	}
+	if err := MatMul(b, qkv, x, w, T, false); err != nil {
+		return err
+	}
+	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, rows, T, heads, 0, eps, qkNorm)
 }
 
 // QKVRopeKV records qkv_rope_kv.wgsl alone over q|k|v rows already

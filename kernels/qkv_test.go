@@ -350,6 +350,49 @@ func TestQKVFused(t *testing.T) {
 	}
 }
 
+// TestQKVProjRopeKVNormed: the attention input over rows already
+// normalized (an EAGLE-3 head's), with and without q/k norms, against the
+// reference's int4 matmul, RMSNorm and Rope — in one dispatch where the
+// plan fuses the shape (qkv_fused_int4.wgsl without its input norm), in
+// two where it does not.
+func TestQKVProjRopeKVNormed(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for i, c := range []struct{ K, T int }{{512, 1}, {512, 2}, {256, 5}, {512, 4}, {4096, 1}} {
+		qkNorm := i%2 == 1
+		kvHeads, group, D := []int{1, 2}[r.IntN(2)], []int{1, 2}[r.IntN(2)], []int{64, 128}[r.IntN(2)]
+		heads, half := kvHeads*group, r.IntN(2) == 1
+		t.Run(fmt.Sprintf("K%d_T%d_heads%d_kv%d_D%d_qknorm=%v", c.K, c.T, heads, kvHeads, D, qkNorm), func(t *testing.T) {
+			K, T := c.K, c.T
+			rows := newQKVRows(t, d, r, heads, kvHeads, D, 16, T, half, true)
+			N := rows.width()
+			m := randMatrix(t, r, Int4, N, K, 32)
+			w, err := UploadMatrix(d, "qkv_proj", m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Release()
+			x, qkv := randVec(r, T*K, 1), make([]float32, T*N)
+			reference.MatMul(qkv, x, m, T)
+			xb, qb, qkvb := upload(t, d, "x", x), poisoned(t, d, "q", T*heads*D), poisoned(t, d, "qkv", T*N)
+			dispatches := 0
+			run(t, d, "qkv_proj_rope_kv_normed", func(b *gpu.Batch) error {
+				err := QKVProjRopeKVNormed(b, qb, qkvb, xb, w, rows.consts, rows.c, rows.layer, rows.rowBuf, T, heads, rows.eps, qkNorm)
+				dispatches = b.Len()
+				return err
+			})
+			rows.check(t, qb, qkv, qkNorm)
+			want := 2
+			if planFor(d).fusesQKV(K, T) && fusesQKV(d, w, D, T, qkvFusedLayout{}) {
+				want = 1
+			}
+			if dispatches != want {
+				t.Errorf("%d dispatches, want %d", dispatches, want)
+			}
+		})
+	}
+}
+
 // TestQKVProjRopeKVRejectsBadInput: wrong sizes and counts are errors,
 // found before anything is recorded.
 func TestQKVProjRopeKVRejectsBadInput(t *testing.T) {

@@ -10,12 +10,14 @@
 //
 // For row t < T and head vector h (query heads, then key heads, then value
 // heads; width W = (heads + 2·kv_heads)·D):
-//   xn[k]        = x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps)   (input_layernorm)
+//   xn[k]        = x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps)   (input_layernorm;
+//                  with NORM = 0 the rows as they come: xn = x)
 //   y[i]         = Σ_k xn[k] · W[h·D + i][k],  i < D               (W int4: docs/reference.md)
 //   q[t][h]      ← rope(rmsnorm(y) · q_norm)    query heads
 //   kcache[t][h] ← rope(rmsnorm(y) · k_norm)    key heads
 //   vcache[t][h] ← y                            value heads
-// with qk_norm = 0 the heads are rotated as they come. RoPE, the angle's
+// with qk_norm = 0 the heads are rotated as they come (an EAGLE-3 head's
+// midlayer, whose input the host normalizes in halves). RoPE, the angle's
 // reduction and the cache layout are qkv_rope_kv.wgsl's (read its header);
 // the normalized head is rounded to f32 before the rotation, as there. The
 // input norm's factor multiplies each sum over K, as matvec_batch_int4.wgsl
@@ -28,7 +30,7 @@
 //   scales  (W, K/G) f16, read as u32 pairs (G a multiple of 32: a vec4 of
 //           codes lies in one scale group)
 //   consts  (2·D + D/2 + K) f32: q_norm (D), k_norm (D), inv_freq (D/2),
-//           input_layernorm's weight g (K)
+//           input_layernorm's weight g (K; none with NORM = 0)
 //   rows    (T) Row: each row's sequence, slot and position
 //   table   (seqs, max_blocks) u32 block tables
 //   q       (T, heads, D) f32, written
@@ -50,7 +52,7 @@ const TT: u32 = 1u;                 // activation rows the workgroup holds (≤ 
 const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
 const KV_F16: u32 = 0u;             // 1: the KV cache holds f16 pairs (specialized by the host)
 const SWIGLU: u32 = 0u;             // (input4) the input is x itself
-const NORM: u32 = 1u;               // the input is rmsnorm(x) · g
+const NORM: u32 = 1u;               // 1: the input is rmsnorm(x) · g; 0: x (specialized by the host)
 const GROUPS: u32 = WG / LANES;     // row groups: LANES threads sharing RT weight rows
 const KC32: u32 = KC / 32u;         // 32-column blocks a chunk
 const XS: u32 = 8u * TT;            // staged vec4 places over the activation rows
@@ -122,8 +124,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             break; // uniform: every thread of the workgroup alike
         }
         // The row's head vector: each weight row's lanes added up and
-        // scaled by the input norm's factor.
-        let r = 1.0 / sqrt(ssq[tt] / f32(p.K) + p.eps);
+        // scaled by the input norm's factor (NORM).
+        var r = 1.0;
+        if NORM == 1u {
+            r = 1.0 / sqrt(ssq[tt] / f32(p.K) + p.eps);
+        }
         for (var i = lid; i < ROWS; i += WG) {
             head[i] = r * row_sum(tt, i, i);
         }

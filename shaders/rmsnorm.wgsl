@@ -6,9 +6,11 @@
 // the halves of an EAGLE-3 head's 2H-wide input, [input_layernorm(e);
 // hidden_norm(h)] (ldo = 2H, col0 = 0 or H).
 //
-// Two entry points: main normalizes x's rows 0 … R−1; gathered normalizes
-// x's rows rows[0], …, rows[R−1] (a pass's read-out rows, before its
-// head), so that no copy of them comes first.
+// Three entry points: main normalizes x's rows 0 … R−1; gathered
+// normalizes x's rows rows[0], …, rows[R−1] (a pass's read-out rows,
+// before its head), so that no copy of them comes first; pair normalizes
+// x's rows 0 … R−1 by weight into columns col0 … and x2's by weight2 into
+// columns col0 + n … (an EAGLE-3 head's two halves in one dispatch).
 //
 // Buffers:
 //   x      (R, n) f32; gathered: (rows of x, n) f32
@@ -17,8 +19,11 @@
 //          not alias x: WebGPU forbids a writable binding overlapping
 //          another)
 //   rows   (R) u32, gathered only: the rows of x normalized, each < x's rows
+//   x2, weight2  pair only: the second half's rows and weight, as x and
+//          weight (x2 at rows' binding, which pair does not use)
 //
-// Dispatch: (R, 1, 1) workgroups of WG threads, one row each: threads sum
+// Dispatch: (R, 1, 1) workgroups of WG threads (pair: (R, 2, 1), grid y
+// the half), one row each: threads sum
 // strided squares, a tree in workgroup memory adds the WG sums, then all
 // threads scale the row. WG = 256 for hidden rows (2048–4096 values: 8–16
 // per thread); package kernels specializes WG = 64 for head rows (128).
@@ -41,16 +46,14 @@ struct Params {
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> rows: array<u32>;
+@group(0) @binding(4) var<storage, read> x2: array<f32>;
+@group(0) @binding(5) var<storage, read> weight2: array<f32>;
 
 var<workgroup> sums: array<f32, WG>;
 
-// norm_row writes row r of out from the row of x at base.
-fn norm_row(base: u32, r: u32, lid: u32) {
-    var ss = 0.0;
-    for (var i = lid; i < p.n; i += WG) {
-        let v = x[base + i];
-        ss += v * v;
-    }
+// inv_rms returns 1/sqrt(mean of squares + eps) of a row whose threads'
+// sums of squares are ss.
+fn inv_rms(ss: f32, lid: u32) -> f32 {
     sums[lid] = ss;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
@@ -59,7 +62,17 @@ fn norm_row(base: u32, r: u32, lid: u32) {
         }
         workgroupBarrier();
     }
-    let inv = 1.0 / sqrt(sums[0] / f32(p.n) + p.eps);
+    return 1.0 / sqrt(sums[0] / f32(p.n) + p.eps);
+}
+
+// norm_row writes row r of out from the row of x at base.
+fn norm_row(base: u32, r: u32, lid: u32) {
+    var ss = 0.0;
+    for (var i = lid; i < p.n; i += WG) {
+        let v = x[base + i];
+        ss += v * v;
+    }
+    let inv = inv_rms(ss, lid);
     let dst = r * p.ldo + p.col0;
     for (var i = lid; i < p.n; i += WG) {
         out[dst + i] = weight[i] * (x[base + i] * inv);
@@ -74,4 +87,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 @compute @workgroup_size(WG)
 fn gathered(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     norm_row(rows[wid.x] * p.n, wid.x, lid);
+}
+
+@compute @workgroup_size(WG)
+fn pair(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    if wid.y == 0u {
+        norm_row(wid.x * p.n, wid.x, lid);
+        return;
+    }
+    let base = wid.x * p.n;
+    var ss = 0.0;
+    for (var i = lid; i < p.n; i += WG) {
+        let v = x2[base + i];
+        ss += v * v;
+    }
+    let inv = inv_rms(ss, lid);
+    let dst = wid.x * p.ldo + p.col0 + p.n;
+    for (var i = lid; i < p.n; i += WG) {
+        out[dst + i] = weight2[i] * (x2[base + i] * inv);
+    }
 }

@@ -627,13 +627,13 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	steps = append(steps,
 		// in = cat(input_layernorm(embed_tokens(ids)), hidden_norm(hidden)): (R, 2H)
 		func(b *gpu.Batch) error { return kernels.Embed(b, a.emb, ids, w.embed, R) },
-		func(b *gpu.Batch) error { return kernels.RMSNormCols(b, a.in, 2*H, 0, a.emb, w.inputNorm, R, H, eps) },
-		func(b *gpu.Batch) error { return kernels.RMSNormCols(b, a.in, 2*H, H, a.x, w.hiddenNorm, R, H, eps) },
+		func(b *gpu.Batch) error {
+			return kernels.RMSNormPair(b, a.in, 2*H, 0, a.emb, w.inputNorm, a.x, w.hiddenNorm, R, H, eps)
+		},
 		// q | k | v = qkv_proj(in); RoPE at each row's position, no q/k norm
 		// (a Llama layer); the keys and values into the head's cache
-		func(b *gpu.Batch) error { return kernels.MatMul(b, a.qkv, a.in, w.qkv, R, false) },
 		func(b *gpu.Batch) error {
-			return kernels.QKVRopeKV(b, a.q, a.qkv, w.rope, h.kv, 0, rowBuf, R, heads, eps, false)
+			return kernels.QKVProjRopeKVNormed(b, a.q, a.qkv, a.in, w.qkv, w.rope, h.kv, 0, rowBuf, R, heads, eps, false)
 		},
 		// attn = softmax(q·kᵀ/√D + mask)·v over the head's cache, GQA: the
 		// mask causal for a line row, a node's the line and its ancestors

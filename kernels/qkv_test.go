@@ -10,6 +10,7 @@ import (
 	"webdraft/gpu/gputest"
 	"webdraft/qwen3"
 	"webdraft/reference"
+	"webdraft/tensor"
 	"webdraft/treemask"
 )
 
@@ -88,6 +89,19 @@ func newQKVRows(t *testing.T, d *gpu.Device, r *rand.Rand, heads, kvHeads, D, bs
 		}
 	}
 	return q
+}
+
+// qkvWeight returns a random int4 q|k|v weight of N rows of K inputs in
+// groups of G, and its upload, released with the test.
+func qkvWeight(t *testing.T, d *gpu.Device, r *rand.Rand, N, K, G int) (tensor.Matrix, *Matrix) {
+	t.Helper()
+	m := randMatrix(t, r, Int4, N, K, G)
+	w, err := UploadMatrix(d, "qkv_proj", m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Release)
+	return m, w
 }
 
 // width is a q|k|v row's length.
@@ -214,12 +228,7 @@ func TestQKVProjRopeKV(t *testing.T) {
 				T := c.T
 				rows := newQKVRows(t, d, r, heads, kvHeads, D, []int{16, 32}[r.IntN(2)], T, half, true)
 				N := rows.width()
-				m := randMatrix(t, r, Int4, N, K, 32)
-				w, err := UploadMatrix(d, "qkv_proj", m)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer w.Release()
+				m, w := qkvWeight(t, d, r, N, K, 32)
 				choice, ok := choiceFor(d, c.kernel, w, T)
 				if !ok {
 					t.Skipf("this device does not take %v", c.kernel)
@@ -296,12 +305,7 @@ func TestQKVFused(t *testing.T) {
 		t.Run(fmt.Sprintf("T%d_heads%d_kv%d_D%d_K%d_G%d_f16=%v_%v", T, heads, kvHeads, D, K, G, half, layout), func(t *testing.T) {
 			rows := newQKVRows(t, d, r, heads, kvHeads, D, []int{16, 32}[r.IntN(2)], T, half, true)
 			N := rows.width()
-			m := randMatrix(t, r, Int4, N, K, G)
-			w, err := UploadMatrix(d, "qkv_proj", m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Release()
+			m, w := qkvWeight(t, d, r, N, K, G)
 			if !fusesQKV(d, w, D, T, layout) {
 				t.Skipf("this device does not take qkv_fused_int4.wgsl")
 			}
@@ -366,12 +370,7 @@ func TestQKVProjRopeKVNormed(t *testing.T) {
 			K, T := c.K, c.T
 			rows := newQKVRows(t, d, r, heads, kvHeads, D, 16, T, half, true)
 			N := rows.width()
-			m := randMatrix(t, r, Int4, N, K, 32)
-			w, err := UploadMatrix(d, "qkv_proj", m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Release()
+			m, w := qkvWeight(t, d, r, N, K, 32)
 			x, qkv := randVec(r, T*K, 1), make([]float32, T*N)
 			reference.MatMul(qkv, x, m, T)
 			xb, qb, qkvb := upload(t, d, "x", x), poisoned(t, d, "q", T*heads*D), poisoned(t, d, "qkv", T*N)

@@ -90,14 +90,13 @@ func (l qkvFusedLayout) of(D, K int, lim gpu.Limits) (qkvFusedLayout, bool) {
 // chunk returns the input columns the layout stages at a time for tt rows
 // of K inputs, D rows a head vector: its staged values over the rows, no
 // more than 8 vec4s of codes a thread nor a row (rounded to a vec4 of
-// codes a lane), fewer where the
-// device's workgroup memory would not hold the kernel's arrays — 0 where
-// even one vec4 a lane does not fit.
+// codes a lane), fewer where the device's workgroup memory would not hold
+// the kernel's arrays — 0 where even one vec4 a lane does not fit.
 func (l qkvFusedLayout) chunk(D, K int, tt uint32, limit uint32) uint32 {
 	step := uint32(32 * l.lanes)
 	kc := max(step, uint32(l.staged)/tt/step*step)
-	// At most 8 vec4s of weights a thread a chunk (as matvec_batch_int4.wgsl's
-	// layouts hold), and no more than the row.
+	// At most 8 vec4s of weights a thread a chunk (as
+	// matvec_batch_int4.wgsl's layouts hold), and no more than the row.
 	kc = min(kc, max(step, step*8/uint32(l.rt)), uint32(alignUp(uint64(K), uint64(step))))
 	shared := func(kc uint32) uint32 {
 		wg, d := uint32(l.wg), uint32(D)

@@ -144,7 +144,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 x2 = head[lid + half];
                 s = x1 * x1 + x2 * x2;
             }
-            let inv = 1.0 / sqrt(sum_all(lid, s) / f32(D) + p.eps);
+            var inv = 1.0;
+            if p.qk_norm != 0u { // uniform: the reduction's barriers only where its sum is used
+                inv = 1.0 / sqrt(sum_all(lid, s) / f32(D) + p.eps);
+            }
             if lid < half {
                 rope_store(x1, x2, inv, lid, t, h, is_q, D);
             }

@@ -75,7 +75,7 @@ func RMSNormCols(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, x, weight *gpu.Bu
 		return fmt.Errorf("kernels: %s: out is x (%q)", op, x.Label())
 	}
 	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(outLen)*4)}
-	return recordRMSNorm(b, op, rmsNorm, binds, R, n, eps, ldo, col0)
+	return recordRMSNorm(b, op, rmsNorm, binds, R, 1, n, eps, ldo, col0)
 }
 
 // RMSNormPair records both halves of an EAGLE-3 head's 2n-wide input in
@@ -106,7 +106,7 @@ func RMSNormPair(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, x, weight, x2, we
 	}
 	binds := []gpu.Binding{x.Slice(0, uint64(R*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(outLen)*4),
 		x2.Slice(0, uint64(R*n)*4), weight2.Slice(0, uint64(n)*4)}
-	return recordRMSNormGrid(b, op, rmsNormPair, binds, R, 2, n, eps, ldo, col0)
+	return recordRMSNorm(b, op, rmsNormPair, binds, R, 2, n, eps, ldo, col0)
 }
 
 // RMSNormRows records out[r] = rmsnorm(x[rows[r]]) · weight for R rows
@@ -136,17 +136,13 @@ func RMSNormRows(b *gpu.Batch, out, x, rows, weight *gpu.Buffer, R, xRows, n int
 		return fmt.Errorf("kernels: %s: out is x (%q)", op, x.Label())
 	}
 	binds := []gpu.Binding{x.Slice(0, uint64(xRows*n)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(R*n)*4), rows.Slice(0, uint64(R)*4)}
-	return recordRMSNorm(b, op, rmsNormGathered, binds, R, n, eps, n, 0)
+	return recordRMSNorm(b, op, rmsNormGathered, binds, R, 1, n, eps, n, 0)
 }
 
-// recordRMSNorm dispatches one of rmsnorm.wgsl's entries over R rows of n
-// values, the arguments checked.
-func recordRMSNorm(b *gpu.Batch, op string, k gpu.Kernel, binds []gpu.Binding, R, n int, eps float64, ldo, col0 int) error {
-	return recordRMSNormGrid(b, op, k, binds, R, 1, n, eps, ldo, col0)
-}
-
-// recordRMSNormGrid is recordRMSNorm over a grid of (R, y) workgroups.
-func recordRMSNormGrid(b *gpu.Batch, op string, k gpu.Kernel, binds []gpu.Binding, R, y, n int, eps float64, ldo, col0 int) error {
+// recordRMSNorm dispatches one of rmsnorm.wgsl's entries over (R, y)
+// workgroups — R rows of n values, y = 2 for pair's halves — the
+// arguments checked.
+func recordRMSNorm(b *gpu.Batch, op string, k gpu.Kernel, binds []gpu.Binding, R, y, n int, eps float64, ldo, col0 int) error {
 	wg := uint32(256) // hidden rows; a head row (D = 128) keeps 64 threads busy
 	if n <= 256 {
 		wg = 64

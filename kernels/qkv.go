@@ -179,8 +179,7 @@ func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, co
 	d := b.Device()
 	l := d.Limits()
 	choice := w.planned(d, T)
-	if planFor(d).fusesQKV(w.K, T) && c != nil && fusesQKV(d, w, c.D, T, qkvFusedLayout{}) &&
-		consts != nil && consts.Size() >= uint64(2*c.D+c.D/2+w.K)*4 {
+	if c != nil && plannedFusedQKV(d, w, c.D, T) && consts != nil && consts.Size() >= uint64(2*c.D+c.D/2+w.K)*4 {
 		choice.fusedQKV = true
 	}
 	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, rows, T, heads, matMulInput{norm: inputNorm, eps: eps}, choice, l.MaxStorageBufferBindingSize)
@@ -232,6 +231,13 @@ func fusesQKV(d *gpu.Device, w *Matrix, D, T int, l qkvFusedLayout) bool {
 	return ok && w.Format == Int4 && w.K%32 == 0 && w.G%32 == 0 && D%2 == 0 && T >= 1 &&
 		l.chunk(D, w.K, matVecTT(min(T, qkvFusedMaxTT)), lim.MaxComputeWorkgroupStorageSize) > 0 &&
 		uint64(w.N)*wb <= lim.MaxStorageBufferBindingSize && lim.MaxStorageBuffersPerShaderStage >= uint32(len(qkvFused.Storage))
+}
+
+// plannedFusedQKV reports whether the q|k|v projection of w over T rows,
+// head vectors of D, takes qkv_fused_int4.wgsl on d: the plan's bounds
+// take the shape and the kernel fits it at the shape's default layout.
+func plannedFusedQKV(d *gpu.Device, w *Matrix, D, T int) bool {
+	return planFor(d).fusesQKV(w.K, T) && fusesQKV(d, w, D, T, qkvFusedLayout{})
 }
 
 // recordQKVFused records qkv_fused_int4.wgsl at layout l (its zero: the
@@ -305,7 +311,7 @@ func QKVProjRopeKVNormed(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts 
 		return fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
 	}
 	d := b.Device()
-	if planFor(d).fusesQKV(w.K, T) && fusesQKV(d, w, c.D, T, qkvFusedLayout{}) {
+	if plannedFusedQKV(d, w, c.D, T) {
 		return recordQKVFused(b, op, q, x, w, consts, c, layer, rows, T, heads, eps, qkvFusedLayout{}, false, qkNorm)
 	}
 	if err := MatMul(b, qkv, x, w, T, false); err != nil {

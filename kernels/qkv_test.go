@@ -382,7 +382,7 @@ func TestQKVProjRopeKVNormed(t *testing.T) {
 			})
 			rows.check(t, qb, qkv, qkNorm)
 			want := 2
-			if planFor(d).fusesQKV(K, T) && fusesQKV(d, w, D, T, qkvFusedLayout{}) {
+			if plannedFusedQKV(d, w, D, T) {
 				want = 1
 			}
 			if dispatches != want {

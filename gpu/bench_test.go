@@ -4,6 +4,7 @@ package gpu_test
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 
 	"webdraft/gpu"
@@ -49,5 +50,99 @@ func BenchmarkRoundTrip(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// chain6 is a benchmark kernel shaped like an engine's: five storage
+// buffers read, one written, 16 bytes of params.
+var chain6 = gpu.Kernel{
+	Module: "chain6_test.wgsl",
+	Entry:  "main",
+	Source: `
+struct Params { n: u32, a: f32, b: f32, c: u32 }
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x0: array<f32>;
+@group(0) @binding(2) var<storage, read> x1: array<f32>;
+@group(0) @binding(3) var<storage, read> x2: array<f32>;
+@group(0) @binding(4) var<storage, read> x3: array<f32>;
+@group(0) @binding(5) var<storage, read> x4: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+	let i = gid.x;
+	if i < p.n { y[i] = x0[i] * p.a + x1[i] + x2[i] + x3[i] + x4[i] * p.b; }
+}`,
+	Params:  reflect.TypeFor[chain6Args](),
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
+}
+
+type chain6Args struct {
+	N    uint32
+	A, B float32
+	C    uint32
+}
+
+// BenchmarkHostCosts times what the host pays for the pieces of a step
+// on this device, the GPU's own time kept out as far as it can be (the
+// queue is drained untimed every 32 operations): a submission of an
+// empty batch, a batch of 48 dispatches of a kernel bound like an
+// engine's (each writing the buffer the next reads), and queued writes
+// of 64 bytes before an empty submission.
+func BenchmarkHostCosts(b *testing.B) {
+	d := gputest.Device(b)
+	p, err := d.Pipeline(chain6, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n, nbuf = 1024, 8
+	bufs := make([]*gpu.Buffer, nbuf)
+	for i := range bufs {
+		if bufs[i], err = d.UploadF32(fmt.Sprintf("x%d", i), make([]float32, n)); err != nil {
+			b.Fatal(err)
+		}
+		defer bufs[i].Release()
+	}
+	drain := func(b *testing.B) {
+		b.StopTimer()
+		if _, err := bufs[0].Read(0, 4); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	run := func(b *testing.B, dispatches, writes int) {
+		word := make([]byte, 64)
+		ops := 0
+		for b.Loop() {
+			for w := range writes {
+				if err := bufs[w%nbuf].Write(0, word); err != nil {
+					b.Fatal(err)
+				}
+			}
+			bt, err := d.NewBatch("host costs")
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range dispatches {
+				binds := make([]gpu.Binding, 6)
+				for j := range binds {
+					binds[j] = bufs[(i+j)%nbuf].All()
+				}
+				if err := gpu.Dispatch(bt, p, &chain6Args{N: n, A: 0.5, B: 0.25}, binds, n/64, 1, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := bt.Submit(); err != nil {
+				b.Fatal(err)
+			}
+			if ops++; ops%32 == 0 {
+				drain(b)
+			}
+		}
+		if dispatches > 0 {
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*dispatches), "ns/dispatch")
+		}
+	}
+	for _, c := range []struct{ dispatches, writes int }{{0, 0}, {8, 0}, {48, 0}, {96, 0}, {0, 1}, {0, 8}, {48, 8}} {
+		b.Run(fmt.Sprintf("dispatches=%d/writes=%d", c.dispatches, c.writes), func(b *testing.B) { run(b, c.dispatches, c.writes) })
 	}
 }

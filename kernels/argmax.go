@@ -38,10 +38,10 @@ const ArgmaxNaN = 0xffffffff
 // (log softmax at temperature 1), and lp[lse0 + t], the row's log-sum-exp:
 //
 //	logits (T, V) f32
-//	ids    (T) u32; ArgmaxNaN for a row with a NaN
+//	ids    (T) u32 at a range of a buffer; ArgmaxNaN for a row with a NaN
 //	lp     (lse0 + T) f32, lse0 ≥ T: a range of its own buffer, or of ids'
-//	       past its first T words (one buffer then holds the read-out)
-func Argmax(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits *gpu.Buffer, T, V, lse0 int) error {
+//	       past ids' T words (one buffer then holds the read-out)
+func Argmax(b *gpu.Batch, ids, lp gpu.Binding, logits *gpu.Buffer, T, V, lse0 int) error {
 	return argmax(b, ids, lp, logits, nil, T, V, lse0)
 }
 
@@ -52,14 +52,14 @@ func Argmax(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits *gpu.Buffer, T
 // one first), and lp the same.
 //
 //	tokens (V) u32
-func ArgmaxOf(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits, tokens *gpu.Buffer, T, V, lse0 int) error {
+func ArgmaxOf(b *gpu.Batch, ids, lp gpu.Binding, logits, tokens *gpu.Buffer, T, V, lse0 int) error {
 	if err := need("argmax", "tokens", tokens, V); err != nil {
 		return err
 	}
 	return argmax(b, ids, lp, logits, tokens, T, V, lse0)
 }
 
-func argmax(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits, tokens *gpu.Buffer, T, V, lse0 int) error {
+func argmax(b *gpu.Batch, ids, lp gpu.Binding, logits, tokens *gpu.Buffer, T, V, lse0 int) error {
 	op := "argmax"
 	if T <= 0 || V <= 0 || lse0 < T {
 		return fmt.Errorf("kernels: %s: shape (%d, %d), log-sum-exps at word %d", op, T, V, lse0)
@@ -67,11 +67,14 @@ func argmax(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits, tokens *gpu.B
 	if err := need(op, "logits", logits, T*V); err != nil {
 		return err
 	}
-	if err := need(op, "ids", ids, T); err != nil {
+	if err := needRange(op, "ids", ids, T, nil, 0); err != nil {
 		return err
 	}
-	if err := needRange(op, "lp", lp, lse0+T, ids, T); err != nil {
+	if err := needRange(op, "lp", lp, lse0+T, nil, 0); err != nil {
 		return err
+	}
+	if lp.Buf == ids.Buf && lp.Offset < ids.Offset+uint64(T)*4 && ids.Offset < lp.Offset+uint64(lse0+T)*4 {
+		return fmt.Errorf("kernels: %s: lp (at byte %d of %q) overlaps ids (at byte %d), written too", op, lp.Offset, ids.Buf.Label(), ids.Offset)
 	}
 	d := b.Device()
 	chunks := (V + argmaxChunk - 1) / argmaxChunk
@@ -84,6 +87,6 @@ func argmax(b *gpu.Batch, ids *gpu.Buffer, lp gpu.Binding, logits, tokens *gpu.B
 	if tokens != nil {
 		params.Mapped, mapping = 1, tokens.Slice(0, uint64(V)*4)
 	}
-	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*16), ids.Slice(0, uint64(T)*4), lp.Buf.Slice(lp.Offset, uint64(lse0+T)*4), mapping}
+	binds := []gpu.Binding{logits.Slice(0, uint64(T*V)*4), scratch.Slice(0, uint64(T*chunks)*16), ids.Buf.Slice(ids.Offset, uint64(T)*4), lp.Buf.Slice(lp.Offset, uint64(lse0+T)*4), mapping}
 	return dispatchPasses(b, op, params, binds, pass{argmaxPartial, chunks, T}, pass{argmaxMerge, T, 1})
 }

@@ -41,13 +41,13 @@ const embedWG = 64
 // A table larger than one storage binding (Qwen3's 151,936-row table on an
 // adapter with WebGPU's default 128 MiB) is bound in blocks of rows, a
 // dispatch each, like MatMul's.
-func Embed(b *gpu.Batch, out, ids *gpu.Buffer, e *Matrix, T int) error {
+func Embed(b *gpu.Batch, out *gpu.Buffer, ids gpu.Binding, e *Matrix, T int) error {
 	return embed(b, out, ids, e, T, b.Device().Limits().MaxStorageBufferBindingSize)
 }
 
 // embed is Embed with the binding limit as a parameter, so that tests can
 // exercise the row-block split on small tables.
-func embed(b *gpu.Batch, out, ids *gpu.Buffer, e *Matrix, T int, maxBinding uint64) error {
+func embed(b *gpu.Batch, out *gpu.Buffer, ids gpu.Binding, e *Matrix, T int, maxBinding uint64) error {
 	if e == nil {
 		return fmt.Errorf("kernels: embed: nil matrix")
 	}
@@ -55,7 +55,7 @@ func embed(b *gpu.Batch, out, ids *gpu.Buffer, e *Matrix, T int, maxBinding uint
 	if T <= 0 {
 		return fmt.Errorf("kernels: %s: T = %d", op, T)
 	}
-	if err := need(op, "ids", ids, T); err != nil {
+	if err := needRange(op, "ids", ids, T, nil, 0); err != nil {
 		return err
 	}
 	if err := need(op, "out", out, T*e.K); err != nil {
@@ -82,7 +82,7 @@ func embed(b *gpu.Batch, out, ids *gpu.Buffer, e *Matrix, T int, maxBinding uint
 	}
 	for _, blk := range blocks {
 		table, scales := e.bindRows(blk)
-		binds := []gpu.Binding{ids.Slice(0, uint64(T)*4), table, out.Slice(0, uint64(T*e.K)*4)}
+		binds := []gpu.Binding{ids.Buf.Slice(ids.Offset, uint64(T)*4), table, out.Slice(0, uint64(T*e.K)*4)}
 		if e.Format == Int4 {
 			binds = append(binds, scales)
 		}

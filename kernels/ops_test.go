@@ -36,7 +36,7 @@ func TestEmbed(t *testing.T) {
 				defer e.Release()
 				idb := uploadU32(t, d, "ids", ids)
 				out := poisoned(t, d, "out", T*H)
-				run(t, d, "embed", func(b *gpu.Batch) error { return Embed(b, out, idb, e, T) })
+				run(t, d, "embed", func(b *gpu.Batch) error { return Embed(b, out, idb.All(), e, T) })
 				if got := readF32(t, out, T*H); relErr(got, want) != 0 {
 					t.Errorf("gather differs from the table rows (relative error %g)", relErr(got, want))
 				}
@@ -77,7 +77,7 @@ func TestEmbedRowBlocks(t *testing.T) {
 		if err := out.Fill(0); err != nil { // zeros, so the NaN row must be written
 			t.Fatal(err)
 		}
-		run(t, d, "embed", func(b *gpu.Batch) error { return embed(b, out, idb, e, T, maxBinding) })
+		run(t, d, "embed", func(b *gpu.Batch) error { return embed(b, out, idb.All(), e, T, maxBinding) })
 		got := readF32(t, out, T*H)
 		if e := relErr(got[:(T-1)*H], want[:(T-1)*H]); e != 0 {
 			t.Errorf("%v, %d blocks: gather differs from the table rows (relative error %g)", f, len(blocks), e)
@@ -105,7 +105,7 @@ func TestEmbedBadIDIsNaN(t *testing.T) {
 		if err := out.Fill(0); err != nil {
 			t.Fatal(err)
 		}
-		run(t, d, "embed", func(b *gpu.Batch) error { return Embed(b, out, ids, e, 2) })
+		run(t, d, "embed", func(b *gpu.Batch) error { return Embed(b, out, ids.All(), e, 2) })
 		got := readF32(t, out, 64)
 		for i, v := range got {
 			if isNaN := math.IsNaN(float64(v)); isNaN != (i >= 32) {
@@ -258,6 +258,115 @@ func TestRMSNormCols(t *testing.T) {
 	}
 }
 
+// TestEmbedRMSNormPair: an EAGLE-3 head's whole input — the embedding
+// table's rows by id and the hidden rows, each half normalized by its own
+// weight — equals the reference's, in one dispatch over an int4 table
+// (read in place) and in two over a dense one (gathered into the scratch
+// first); the ids a range of a buffer past its start; a bad id gives its
+// row's first half NaN and the second half its value; bad calls are
+// refused.
+func TestEmbedRMSNormPair(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, f := range []Format{Int4, F16} {
+		for range 2 {
+			V, R, n := 1+r.IntN(300), []int{1, 3, 17}[r.IntN(3)], 32*(1+r.IntN(40))
+			t.Run(fmt.Sprintf("%v/V%d_R%d_n%d", f, V, R, n), func(t *testing.T) {
+				const eps = 1e-6
+				m := randMatrix(t, r, f, V, n, 32)
+				e, err := UploadMatrix(d, "embed", m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Release()
+				h := randVec(r, R*n, 0.5)
+				wa, wh := randVec(r, n, 0.2), randVec(r, n, 0.2)
+				for i := range wa {
+					wa[i]++
+					wh[i]++
+				}
+				ids := make([]uint32, R)
+				want := make([]float32, R*2*n)
+				row := make([]float32, n)
+				for i := range ids {
+					ids[i] = uint32(r.IntN(V))
+					if i == R-1 && R > 1 {
+						ids[i] = uint32(V + r.IntN(3)) // a bad id
+					}
+					if int(ids[i]) < V {
+						m.Row(int(ids[i]), row)
+						reference.RMSNorm(want[i*2*n:i*2*n+n], row, wa, eps)
+					} else {
+						for j := range n {
+							want[i*2*n+j] = float32(math.NaN())
+						}
+					}
+					reference.RMSNorm(want[i*2*n+n:(i+1)*2*n], h[i*n:(i+1)*n], wh, eps)
+				}
+				align := int(d.Limits().MinStorageBufferOffsetAlignment) / 4
+				idb := uploadU32(t, d, "ids", append(make([]uint32, align), ids...))
+				hb, wab, whb := upload(t, d, "h", h), upload(t, d, "wa", wa), upload(t, d, "wh", wh)
+				emb, out := poisoned(t, d, "emb", R*n), poisoned(t, d, "in", R*2*n)
+				b, err := d.NewBatch("embed rmsnorm pair")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := EmbedRMSNormPair(b, out, 2*n, 0, idb.Slice(uint64(align)*4, uint64(R)*4), e, wab, hb, whb, emb, R, n, eps); err != nil {
+					b.Discard()
+					t.Fatal(err)
+				}
+				if want := map[Format]int{Int4: 1, F16: 2}[f]; b.Len() != want {
+					t.Errorf("%d dispatches, want %d", b.Len(), want)
+				}
+				if err := b.Submit(); err != nil {
+					t.Fatal(err)
+				}
+				got := readF32(t, out, R*2*n)
+				for i, id := range ids {
+					g, w := got[i*2*n:(i+1)*2*n], want[i*2*n:(i+1)*2*n]
+					if int(id) >= V {
+						for j, v := range g[:n] {
+							if !math.IsNaN(float64(v)) {
+								t.Fatalf("row %d (bad id %d): column %d is %v, want NaN", i, id, j, v)
+							}
+						}
+						g, w = g[n:], w[n:]
+					}
+					checkClose(t, fmt.Sprintf("row %d", i), g, w, tolF32)
+				}
+
+				refused, err := d.NewBatch("refused")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer refused.Discard()
+				for name, call := range map[string]func() error{
+					"out is x2": func() error { return EmbedRMSNormPair(refused, hb, n, 0, idb.All(), e, wab, hb, whb, emb, R, n/2, eps) },
+					"a narrower table": func() error {
+						return EmbedRMSNormPair(refused, out, 2*n, 0, idb.All(), e, wab, hb, whb, emb, R, n-8, eps)
+					},
+					"too few ids": func() error {
+						return EmbedRMSNormPair(refused, out, 2*n, 0, idb.Slice(0, 4), e, wab, hb, whb, emb, 2, n, eps)
+					},
+					"no emb to gather": func() error {
+						if f == Int4 {
+							return errors.New("int4: emb unused")
+						}
+						return EmbedRMSNormPair(refused, out, 2*n, 0, idb.All(), e, wab, hb, whb, nil, R, n, eps)
+					},
+				} {
+					if err := call(); err == nil {
+						t.Errorf("%s: accepted", name)
+					}
+				}
+				if refused.Len() != 0 {
+					t.Errorf("%d dispatches recorded by refused calls", refused.Len())
+				}
+			})
+		}
+	}
+}
+
 func TestArgmax(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -286,21 +395,26 @@ func TestArgmax(t *testing.T) {
 			lb := upload(t, d, "logits", logits)
 			lse0 := T + r.IntN(3) // the log-sum-exps after the log-probabilities, maybe further
 			// The log-probabilities in a buffer of their own, or in ids'
-			// after the ids (the engine's read-out: one buffer, one read).
-			ids, lpBuf, lpAt := poisoned(t, d, "ids", T), poisoned(t, d, "lp", lse0+T), 0
+			// after the ids (the engine's read-out: one buffer, one read),
+			// the ids then a range past its start (a chain's step).
+			ids, lpBuf, idsAt, lpAt := poisoned(t, d, "ids", T), poisoned(t, d, "lp", lse0+T), 0, 0
 			if shared := tc%2 == 1; shared {
 				align := int(d.Limits().MinStorageBufferOffsetAlignment) / 4
-				lpAt = (T + align - 1) / align * align
+				idsAt = align
+				lpAt = idsAt + (T+align-1)/align*align
 				ids = poisoned(t, d, "ids_lp", lpAt+lse0+T)
 				lpBuf = ids
 			}
 			lp := lpBuf.Slice(uint64(lpAt)*4, uint64(lse0+T)*4)
 			poisonScratch(t, d, T*64)
-			run(t, d, "argmax", func(b *gpu.Batch) error { return Argmax(b, ids, lp, lb, T, V, lse0) })
+			run(t, d, "argmax", func(b *gpu.Batch) error {
+				return Argmax(b, ids.Slice(uint64(idsAt)*4, uint64(T)*4), lp, lb, T, V, lse0)
+			})
 			got, err := ids.ReadU32()
 			if err != nil {
 				t.Fatal(err)
 			}
+			got = got[idsAt:]
 			gotLP := readF32(t, lpBuf, lpAt+lse0+T)[lpAt:]
 			for row := range T {
 				checkArgmaxRow(t, row, logits[row*V:(row+1)*V], got[row], gotLP[row], gotLP[lse0+row])
@@ -365,7 +479,7 @@ func TestArgmaxOf(t *testing.T) {
 			lse0 := T + r.IntN(3)
 			ids, lp := poisoned(t, d, "ids", T), poisoned(t, d, "lp", lse0+T)
 			poisonScratch(t, d, T*64)
-			run(t, d, "argmax of", func(b *gpu.Batch) error { return ArgmaxOf(b, ids, lp.All(), lb, tb, T, V, lse0) })
+			run(t, d, "argmax of", func(b *gpu.Batch) error { return ArgmaxOf(b, ids.All(), lp.All(), lb, tb, T, V, lse0) })
 			got, err := ids.ReadU32()
 			if err != nil {
 				t.Fatal(err)

@@ -60,7 +60,7 @@ func BenchmarkReadout(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/rows%d", c.name, rows), func(b *testing.B) {
 				sec := benchMatMuls(b, d, bufs["ids"], 16, func(bt *gpu.Batch) error {
 					if c.name == "argmax" {
-						return Argmax(bt, bufs["ids"], bufs["lp"].All(), lg, rows, V, rows)
+						return Argmax(bt, bufs["ids"].All(), bufs["lp"].All(), lg, rows, V, rows)
 					}
 					return Sample(bt, bufs["out"], bufs["top"], bufs["ids"], bufs["lp"].All(), lg, dw, tw, rows, V, c.topN)
 				})

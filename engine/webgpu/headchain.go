@@ -150,8 +150,10 @@ func (h *Head) chains(feeds []headFeed) bool {
 
 // chainLayout is where a chain's results buffer holds each step's words:
 // at step j's offset j·stride, the argmax ids (B u32) — the target's tokens
-// where mapped (a chain without top tokens: kernels.ArgmaxOf), else draft
-// tokens —, from lpAt their log-probabilities (B f32), from tidAt (where
+// where mapped (a chain without top tokens: kernels.ArgmaxOf, which
+// writes them there itself, and the step after embeds them from there),
+// else draft tokens —, from lpAt their log-probabilities (B f32, then
+// where mapped their log-sum-exps), from tidAt (where
 // the chain keeps them for a target's pass and they are draft tokens:
 // tidAt > 0) the target's tokens (B u32), from topAt the top tokens
 // (B, topN, 2) u32 where topN > 0; each part at an offset a binding takes.
@@ -195,8 +197,8 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 	lay := chainLayout{topN: topN, B: B, n: n, mapped: topN == 0}
 	lay.idBytes = uint64(B*4+15) &^ 15
 	lay.topBytes = uint64(B*topN*2*4+15) &^ 15
-	lay.lpAt = a.nextLP // as in next: one copy takes the ids and their log-probabilities
-	lay.topAt = lay.lpAt + up(lay.idBytes)
+	lay.lpAt = a.nextLP                             // as in next: one copy takes the ids and their log-probabilities
+	lay.topAt = lay.lpAt + up(uint64(lseAt(B)+B)*4) // the log-probabilities, the log-sum-exps
 	if targets && !lay.mapped {
 		lay.tidAt = lay.topAt
 		lay.topAt += up(lay.idBytes)
@@ -211,13 +213,29 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 	if err := h.kv.SyncTables(seqs); err != nil {
 		return lay, false, err
 	}
-	// Each step's tail: its read-out words into the results and, where
-	// its argmax is a draft token, but after the last (unless the results
-	// keep them), that mapped to target tokens into ids.
+	// direct points a mapped chain's step j at its words in the results,
+	// where its read-out writes them, and at the step before's ids, which
+	// it embeds.
+	direct := func(ps *headPass, j int) {
+		if !lay.mapped {
+			return
+		}
+		at := uint64(j) * lay.stride
+		ps.readIDs = a.results.Slice(at, lay.idBytes)
+		ps.readLP = a.results.Slice(at+lay.lpAt, lay.topAt-lay.lpAt)
+		if j > 0 {
+			ps.fromIDs = a.results.Slice(at-lay.stride, lay.idBytes)
+		}
+	}
+	// Each step's tail: its read-out words into the results (but where
+	// mapped: written there) and, where its argmax is a draft token, but
+	// after the last (unless the results keep them), that mapped to target
+	// tokens into ids.
 	tail := func(j int) []step {
 		at := uint64(j) * lay.stride
-		steps := []step{
-			func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at, a.next, lay.lpAt+lay.idBytes) },
+		var steps []step
+		if !lay.mapped {
+			steps = append(steps, func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at, a.next, lay.lpAt+lay.idBytes) })
 		}
 		if topN > 0 {
 			steps = append(steps, func(b *gpu.Batch) error {
@@ -245,6 +263,9 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 		}
 		ps := &passes[k]
 		ps.mapped = lay.mapped
+		if ps.last {
+			direct(ps, 0)
+		}
 		if err := h.writePass(feeds, ps); err != nil {
 			return lay, submitted, err
 		}
@@ -284,6 +305,7 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 		rows := make([]uint32, B*kernels.RowWords)
 		ps := headPass{parts: parts, rows: B, decode: B, nx: B, nsave: B, last: true, rowBuf: a.chainRows[j-1],
 			mapped: lay.mapped, fromNext: lay.mapped, xHeld: j > 1, noSave: j < n-1, readX: true}
+		direct(&ps, j)
 		for i, f := range feeds {
 			r := f.L + len(f.tokens) - 1 + j - 1 // the row of the step's token
 			kernels.PutRow(rows[i*kernels.RowWords:], f.seq.kv.Slot(), r, treemask.LineRow(r))

@@ -296,6 +296,11 @@ type headPass struct {
 	// its output stays in x for the next (noSave: no copy into the store
 	// but for the last step) and is read out from there (readX).
 	mapped, fromNext, xHeld, noSave, readX bool
+	// A mapped chain's step reads out straight into the chain's results:
+	// its ids to readIDs, their log-probabilities (and log-sum-exps) to
+	// readLP; where fromNext, its ids are the step before's there
+	// (fromIDs). Zero Bindings: next, as for every other pass.
+	readIDs, readLP, fromIDs gpu.Binding
 	// treeLevel: a level of a tree drafted on the device (DraftVerifyTree),
 	// every row read out, in order, after the pass.
 	treeLevel bool
@@ -620,15 +625,17 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 		steps = append(steps, h.gather(a.x, a.hid, a.regions.x, ps.nx, H))
 	}
 	steps = append(steps, h.gather(a.x, a.nodes, a.regions.nodeX, ps.nnx, H))
-	ids := a.ids
-	if ps.fromNext {
-		ids = a.next
+	ids := a.ids.All()
+	switch {
+	case ps.fromIDs.Buf != nil:
+		ids = ps.fromIDs
+	case ps.fromNext:
+		ids = a.next.All()
 	}
 	steps = append(steps,
 		// in = cat(input_layernorm(embed_tokens(ids)), hidden_norm(hidden)): (R, 2H)
-		func(b *gpu.Batch) error { return kernels.Embed(b, a.emb, ids, w.embed, R) },
 		func(b *gpu.Batch) error {
-			return kernels.RMSNormPair(b, a.in, 2*H, 0, a.emb, w.inputNorm, a.x, w.hiddenNorm, R, H, eps)
+			return kernels.EmbedRMSNormPair(b, a.in, 2*H, 0, ids, w.embed, w.inputNorm, a.x, w.hiddenNorm, a.emb, R, H, eps)
 		},
 		// q | k | v = qkv_proj(in); RoPE at each row's position, no q/k norm
 		// (a Llama layer); the keys and values into the head's cache
@@ -720,10 +727,12 @@ func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool, ps *headPass
 			switch {
 			case sample:
 				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, n, Vd, topN)
+			case ps.mapped && ps.readIDs.Buf != nil:
+				return kernels.ArgmaxOf(b, ps.readIDs, ps.readLP, a.logits, w.targetIDs, n, Vd, lseAt(n))
 			case ps.mapped:
-				return kernels.ArgmaxOf(b, a.next, a.lp(), a.logits, w.targetIDs, n, Vd, lseAt(n))
+				return kernels.ArgmaxOf(b, a.next.All(), a.lp(), a.logits, w.targetIDs, n, Vd, lseAt(n))
 			}
-			return kernels.Argmax(b, a.next, a.lp(), a.logits, n, Vd, lseAt(n))
+			return kernels.Argmax(b, a.next.All(), a.lp(), a.logits, n, Vd, lseAt(n))
 		},
 	)
 }

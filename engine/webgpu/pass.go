@@ -525,9 +525,9 @@ func (e *Engine) kernels(ps pass) []step {
 		// hidden = embed_tokens(input_ids): (R, H)
 		func(b *gpu.Batch) error {
 			if ps.fromNext {
-				return kernels.Embed(b, a.x, a.next, w.embed, R)
+				return kernels.Embed(b, a.x, a.next.All(), w.embed, R)
 			}
-			return kernels.Embed(b, a.x, a.ids, w.embed, R)
+			return kernels.Embed(b, a.x, a.ids.All(), w.embed, R)
 		},
 	}
 	for l := range w.layers {
@@ -599,9 +599,9 @@ func (e *Engine) kernels(ps pass) []step {
 				case ps.sample:
 					return kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
 				case w.headTokens != nil:
-					return kernels.ArgmaxOf(b, a.next, a.lp(), a.headLogits, w.headTokens, ps.lasts, w.headRows, lseAt(ps.lasts))
+					return kernels.ArgmaxOf(b, a.next.All(), a.lp(), a.headLogits, w.headTokens, ps.lasts, w.headRows, lseAt(ps.lasts))
 				}
-				return kernels.Argmax(b, a.next, a.lp(), a.logits, ps.lasts, c.VocabSize, lseAt(ps.lasts))
+				return kernels.Argmax(b, a.next.All(), a.lp(), a.logits, ps.lasts, c.VocabSize, lseAt(ps.lasts))
 			},
 		)
 		if ps.sample && !ps.chained {

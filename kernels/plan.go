@@ -111,7 +111,15 @@ type plan struct {
 //     projection;
 //   - split-K targets: 512 workgroups at two rows a thread (GEMM) and up to
 //     16 rows a workgroup (skinny), 256 at 4 × 4 and at 32 rows, the best
-//     of targets from 128 to 1,024;
+//     of targets from 128 to 1,024; small matrices too: the shipped
+//     target's projections at 5–17 rows, each split with a
+//     matmul_reduce.wgsl dispatch after it (a fifth of its 7-row
+//     verification, measured by leaving them out), took 1.01–1.15 ms at 7
+//     rows against 1.61–1.68 unsplit below 2 M weights and 1.55–1.63
+//     with each tile's last split adding the splits up through atomics
+//     (as attention_decode.wgsl's MERGE; Qwen3-8B's 17 rows 20.1 ms
+//     against 15.2), `bench engine --rows 5,7,9,17`, 2026-12-04,
+//     BENCHMARKS.md "What a step costs the host and the GPU";
 //   - decode attention: 1,024 workgroups a layer fill the GPU, 64 threads a
 //     workgroup, eight values a load, splits of at least 64 positions
 //     (at Qwen3-8B's 8 kv heads and 1,024 positions, one row: 19.0 µs,

@@ -216,12 +216,16 @@ func TestSkinnyLayouts(t *testing.T) {
 
 // TestMatVecBatchLayouts runs matvec_batch_int4.wgsl at the layouts the
 // benchmark tries, each exact, on rows of up to 5,120 inputs (several
-// staged chunks, so that prefetching crosses chunks).
+// staged chunks, so that prefetching crosses chunks), over up to
+// matVecBatchMaxT activation rows (past four, in blocks of four).
 func TestMatVecBatchLayouts(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	for i, l := range append(benchMatVecBatchLayouts, benchMatVecBatchLayouts...) {
-		T := 1 + r.IntN(matVecMaxT)
+		T := 1 + r.IntN(matVecBatchMaxT)
+		if i%3 == 2 {
+			T = matVecMaxT + 1 + r.IntN(matVecBatchMaxT-matVecMaxT) // row blocks
+		}
 		s := matMulShape{T: T, N: 16 + r.IntN(150), K: 32 * (1 + r.IntN(160)), G: 32}
 		in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
 		// Every other layout split along K: a target of 64 workgroups

@@ -8,8 +8,9 @@ import (
 	"webdraft/shaders"
 )
 
-// matvec_batch_int4.wgsl: int4 W times one (long rows) to four activation rows, one
-// weight row a thread (see its header).
+// matvec_batch_int4.wgsl: int4 W times one (long rows) to four activation
+// rows a workgroup, in blocks of four up to matVecBatchMaxT (see its
+// header).
 var matVecBatchInt4 = gpu.Kernel{
 	Module: "matvec_batch_int4.wgsl", Source: shaders.MatVecBatchInt4, Entry: "main", Params: reflect.TypeFor[splitParams](),
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly}, // x, qweight, out, norm, scales
@@ -21,6 +22,15 @@ var matVecBatchConsts = []string{"LANES", "ROWS", "RT", "WG", "TT", "KC"}
 // matVecBatchStaged is how many input values matvec_batch_int4.wgsl stages
 // at a time (KC · TT), at most.
 const matVecBatchStaged = 2048
+
+// matVecBatchMaxT is the most activation rows matvec_batch_int4.wgsl takes
+// in one dispatch: blocks of up to matVecMaxT a workgroup (grid y).
+const matVecBatchMaxT = 2 * matVecMaxT
+
+// matVecBatchTT is the activation rows a workgroup of
+// matvec_batch_int4.wgsl holds for T rows: a power of two, at most
+// matVecMaxT (more rows take several blocks).
+func matVecBatchTT(T int) uint32 { return min(matVecTT(T), matVecMaxT) }
 
 // matVecBatchLayout is matvec_batch_int4.wgsl's tiling (see its header):
 // lanes threads a weight row, rows weight rows a workgroup, rt of them a
@@ -75,11 +85,11 @@ var (
 	matVecBatchWide   = matVecBatchLayout{lanes: 16, rows: 32, rt: 2}
 )
 
-// fits reports whether the layout takes T ≤ matVecMaxT rows of w on a
-// device with limits l: its workgroups fit the grid and at least one
+// fits reports whether the layout takes T ≤ matVecBatchMaxT rows of w on
+// a device with limits l: its workgroups fit the grid and at least one
 // vec4 a lane of staged input fits the workgroup memory.
 func (l matVecBatchLayout) fits(w *Matrix, T int, lim gpu.Limits) bool {
-	tt := matVecTT(T)
+	tt := matVecBatchTT(T)
 	kc := l.chunk(tt, lim.MaxComputeWorkgroupStorageSize)
 	return l.valid() && divCeil(w.N, l.rows) <= lim.MaxComputeWorkgroupsPerDimension &&
 		l.sharedBytes(tt, kc) <= lim.MaxComputeWorkgroupStorageSize
@@ -112,7 +122,7 @@ func (c *matMulCall) matVecBatch(blk rowBlock, out gpu.Binding) error {
 	if !l.fits(w, c.T, d.Limits()) {
 		return fmt.Errorf("%v does not take %d rows of %d × %d on this device", l, c.T, w.N, w.K)
 	}
-	tt := matVecTT(c.T)
+	tt := matVecBatchTT(c.T)
 	// No longer than the row (rounded to a vec4 a lane): each thread loads
 	// KC / 32 / LANES weight vec4s a chunk, and one past the row would only
 	// be skipped.

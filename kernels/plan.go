@@ -30,6 +30,10 @@ type plan struct {
 	// skinnyFewMinWeights weights or more take skinny_int4.wgsl rather than
 	// matvec_batch_int4.wgsl.
 	skinnyFewMinT, skinnyFewMinWeights int
+	// Past matVecMaxT rows, up to batchBlocksMaxT (≤ matVecBatchMaxT),
+	// matrices of fewer than batchBlocksMaxWeights weights take
+	// matvec_batch_int4.wgsl in blocks of four rows, unsplit (0: none).
+	batchBlocksMaxT, batchBlocksMaxWeights int
 	// matVec, where set, is matvec_int4.wgsl's layout at every shape
 	// (else pickMatVecLayout's, the H200's by shape).
 	matVec            matVecLayout
@@ -165,23 +169,25 @@ type plan struct {
 //     runs' spread, the target alone 1,107–1,257 tok/s against
 //     1,056–1,111.
 var measuredH200 = plan{
-	matVecBatchMinK:     2049,
-	matVecBatchMinN:     6144,
-	matVecBatchByShape:  true,
-	skinnyFewMinT:       3,
-	skinnyFewMinWeights: 48 << 20,
-	skinnyMaxT:          40,
-	skinnyMinPrefillT:   128,
-	exactSkinnyTiles:    true,
-	groupScaleMaxTT:     8,
-	gemmMinT:            17,
-	gemm4MinT:           41,
-	gemm2Groups:         512,
-	gemm4Groups:         256,
-	skinnyGroups:        512,
-	skinnyGroupsWide:    256,
-	decode:              decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2, directMaxGrid: 16},
-	qkvFused:            []qkvFusedBound{{maxK: 256, maxT: 8}, {maxK: 1024, maxT: 2}, {maxK: 2048, maxT: 1}},
+	matVecBatchMinK:       2049,
+	matVecBatchMinN:       6144,
+	matVecBatchByShape:    true,
+	skinnyFewMinT:         3,
+	skinnyFewMinWeights:   48 << 20,
+	batchBlocksMaxT:       8,
+	batchBlocksMaxWeights: 2 << 20,
+	skinnyMaxT:            40,
+	skinnyMinPrefillT:     128,
+	exactSkinnyTiles:      true,
+	groupScaleMaxTT:       8,
+	gemmMinT:              17,
+	gemm4MinT:             41,
+	gemm2Groups:           512,
+	gemm4Groups:           256,
+	skinnyGroups:          512,
+	skinnyGroupsWide:      256,
+	decode:                decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2, directMaxGrid: 16},
+	qkvFused:              []qkvFusedBound{{maxK: 256, maxT: 8}, {maxK: 1024, maxT: 2}, {maxK: 2048, maxT: 1}},
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the
@@ -388,6 +394,8 @@ func (p *plan) kernelFor(w *Matrix, T int, l gpu.Limits) matMulKernel {
 		return kernelSkinny
 	case T <= matVecMaxT && kernelMatVecBatch.fits(w, T, l):
 		return kernelMatVecBatch
+	case T <= p.batchBlocksMaxT && w.N*w.K < p.batchBlocksMaxWeights && kernelMatVecBatch.fits(w, T, l):
+		return kernelMatVecBatch
 	case (T <= p.skinnyMaxT || T >= p.skinnyMinPrefillT) && kernelSkinny.fits(w, T, l):
 		return kernelSkinny
 	case T >= p.gemm4MinT && kernelGEMM4.fits(w, T, l):
@@ -466,7 +474,7 @@ func (k matMulKernel) fits(w *Matrix, T int, l gpu.Limits) bool {
 	case kernelRowTile:
 		return true
 	case kernelMatVecBatch:
-		return int4 && T <= matVecMaxT && matVecBatchDefault.fits(w, T, l)
+		return int4 && T <= matVecBatchMaxT && matVecBatchDefault.fits(w, T, l)
 	case kernelMatVec:
 		if !int4 || T > matVecMaxT {
 			return false

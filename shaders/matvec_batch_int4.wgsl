@@ -1,6 +1,7 @@
 // matvec_batch_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and 1–4
-// activation rows (T ≤ TT ≤ 4: decode of a small batch, or of one sequence
-// over rows of more than 2,048 inputs) — the sibling of matvec_int4.wgsl
+// activation rows a workgroup (TT ≤ 4: decode of a small batch, or of one
+// sequence over rows of more than 2,048 inputs; more rows in blocks of TT,
+// grid y: a small model's verification) — the sibling of matvec_int4.wgsl
 // that stages its input a chunk at a time (2,048 values over the
 // activation rows), leaving room for more workgroups an SM than
 // matvec_int4.wgsl's whole rows (Qwen3-4B's and 8B's shapes), and that
@@ -33,8 +34,8 @@
 // fewer chunks one after another — which on the H200 does not pay
 // (kernels/plan.go), so a plan splits only where measured faster.
 //
-// Dispatch: (ceil(N / ROWS), 1, splits) workgroups of WG = ROWS / RT ·
-// LANES threads. The loop is slice_sums (prelude.wgsl; qkv_fused_int4.wgsl
+// Dispatch: (ceil(N / ROWS), ceil(T / TT), splits) workgroups of WG = ROWS
+// / RT · LANES threads, grid y the block of TT activation rows. The loop is slice_sums (prelude.wgsl; qkv_fused_int4.wgsl
 // runs it too). Per chunk of KC input columns, each thread first loads its
 // weights of the chunk (KC / 32 / LANES vec4s of each of its RT rows: they
 // do not depend on x', so their latency overlaps what follows), the
@@ -61,7 +62,7 @@ const LANES: u32 = 16u;             // threads per weight row
 const ROWS: u32 = 16u;              // weight rows per workgroup
 const RT: u32 = 1u;                 // weight rows a thread (neighbouring rows)
 const WG: u32 = 256u;               // ROWS / RT · LANES
-const TT: u32 = 1u;                 // activation rows the workgroup holds (T ≤ TT ≤ 4)
+const TT: u32 = 1u;                 // activation rows the workgroup holds (TT ≤ 4; rows t0 … t0 + TT − 1)
 const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
 const SWIGLU: u32 = 0u;             // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;               // 1: the input is rmsnorm(x) · g
@@ -117,20 +118,21 @@ fn finish(t: u32, nn: u32, sum: f32, sumsq_t: f32) {
 // matmul_reduce.wgsl (or qkv_rope_kv.wgsl).
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    slice_sums(wid, lid, 0u);
-    if p.splits > 1u && NORM == 1u && wid.x == 0u && lid < min(TT, p.T) {
-        out[p.splits * p.T * p.N + wid.z * p.T + lid] = ssq[lid];
+    let t0 = wid.y * TT; // the workgroup's first activation row
+    slice_sums(wid, lid, t0);
+    if p.splits > 1u && NORM == 1u && wid.x == 0u && lid < TT && t0 + lid < p.T {
+        out[p.splits * p.T * p.N + wid.z * p.T + t0 + lid] = ssq[lid];
     }
     for (var i = lid; i < TT * ROWS; i += WG) {
-        let t = i / ROWS;
+        let t = i / ROWS; // t0 + t is the activation row
         let rr = i % ROWS;
         let nn = wid.x * ROWS + rr;
-        if t < p.T && nn < p.N {
+        if t0 + t < p.T && nn < p.N {
             let v = row_sum(t, rr, i);
             if p.splits > 1u {
-                out[(wid.z * p.T + t) * p.N + nn] = v;
+                out[(wid.z * p.T + t0 + t) * p.N + nn] = v;
             } else {
-                finish(t, nn, v, ssq[t]);
+                finish(t0 + t, nn, v, ssq[t]);
             }
         }
     }

@@ -94,18 +94,9 @@ func RMSNormCols(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, x, weight *gpu.Bu
 //	out             (R, ldo) f32
 func RMSNormPair(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, x, weight, x2, weight2 *gpu.Buffer, R, n int, eps float64) error {
 	op := "rmsnorm_pair"
-	if R <= 0 || n <= 0 || col0 < 0 || ldo < col0+2*n {
-		return fmt.Errorf("kernels: %s: two shapes (%d, %d) into columns %d… of rows of %d", op, R, n, col0, ldo)
-	}
-	outLen := (R-1)*ldo + col0 + 2*n
-	for _, c := range []struct {
-		name string
-		buf  *gpu.Buffer
-		n    int
-	}{{"x", x, R * n}, {"weight", weight, n}, {"x2", x2, R * n}, {"weight2", weight2, n}, {"out", out, outLen}} {
-		if err := need(op, c.name, c.buf, c.n); err != nil {
-			return err
-		}
+	outLen, err := checkPair(op, out, ldo, col0, R, n, sized{"x", x, R * n}, sized{"weight", weight, n}, sized{"x2", x2, R * n}, sized{"weight2", weight2, n})
+	if err != nil {
+		return err
 	}
 	if x == out || x2 == out {
 		return fmt.Errorf("kernels: %s: out is an input (%q)", op, out.Label())
@@ -146,18 +137,9 @@ func EmbedRMSNormPair(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, ids gpu.Bind
 		}
 		return RMSNormPair(b, out, ldo, col0, emb, weight, x2, weight2, R, n, eps)
 	}
-	if R <= 0 || col0 < 0 || ldo < col0+2*n {
-		return fmt.Errorf("kernels: %s: two shapes (%d, %d) into columns %d… of rows of %d", op, R, n, col0, ldo)
-	}
-	outLen := (R-1)*ldo + col0 + 2*n
-	for _, c := range []struct {
-		name string
-		buf  *gpu.Buffer
-		n    int
-	}{{"weight", weight, n}, {"x2", x2, R * n}, {"weight2", weight2, n}, {"out", out, outLen}} {
-		if err := need(op, c.name, c.buf, c.n); err != nil {
-			return err
-		}
+	outLen, err := checkPair(op, out, ldo, col0, R, n, sized{"weight", weight, n}, sized{"x2", x2, R * n}, sized{"weight2", weight2, n})
+	if err != nil {
+		return err
 	}
 	if err := needRange(op, "ids", ids, R, nil, 0); err != nil {
 		return err
@@ -169,6 +151,29 @@ func EmbedRMSNormPair(b *gpu.Batch, out *gpu.Buffer, ldo, col0 int, ids gpu.Bind
 	binds := []gpu.Binding{ids.Buf.Slice(ids.Offset, uint64(R)*4), weight.Slice(0, uint64(n)*4), out.Slice(0, uint64(outLen)*4),
 		x2.Slice(0, uint64(R*n)*4), weight2.Slice(0, uint64(n)*4), table, scales}
 	return recordRMSNorm(b, op, rmsNormPairEmbed, binds, R, 2, n, eps, ldo, col0, e)
+}
+
+// sized is a buffer of a call and the values it must hold, by name.
+type sized struct {
+	name string
+	buf  *gpu.Buffer
+	n    int
+}
+
+// checkPair checks a call shaped as RMSNormPair — R rows of two n-wide
+// halves into columns col0 … col0+2n−1 of out's rows of ldo values — and
+// that each of in and out holds its values; it returns out's length.
+func checkPair(op string, out *gpu.Buffer, ldo, col0, R, n int, in ...sized) (int, error) {
+	if R <= 0 || n <= 0 || col0 < 0 || ldo < col0+2*n {
+		return 0, fmt.Errorf("kernels: %s: two shapes (%d, %d) into columns %d… of rows of %d", op, R, n, col0, ldo)
+	}
+	outLen := (R-1)*ldo + col0 + 2*n
+	for _, c := range append(in, sized{"out", out, outLen}) {
+		if err := need(op, c.name, c.buf, c.n); err != nil {
+			return 0, err
+		}
+	}
+	return outLen, nil
 }
 
 // embedsInPlace reports whether rmsnorm.wgsl's pair_embed reads table e

@@ -25,7 +25,7 @@ const matVecBatchStaged = 2048
 
 // matVecBatchMaxT is the most activation rows matvec_batch_int4.wgsl takes
 // in one dispatch: blocks of up to matVecMaxT a workgroup (grid y).
-const matVecBatchMaxT = 2 * matVecMaxT
+const matVecBatchMaxT = 5 * matVecMaxT
 
 // matVecBatchTT is the activation rows a workgroup of
 // matvec_batch_int4.wgsl holds for T rows: a power of two, at most

@@ -113,13 +113,17 @@ type plan struct {
 //     keeps 41 rows on, up to the prompt chunks of 128 rows and more, where
 //     arithmetic bounds both and skinny_int4.wgsl is the faster at every
 //     projection;
-//   - 5–8 rows of a matrix under 2 M weights (the shipped pair's, a small
+//   - 5–20 rows of a matrix under 2 M weights (the shipped pair's, a small
 //     head's) take matvec_batch_int4.wgsl in blocks of four rows, unsplit
 //     (batchBlocksMaxT, batchBlocksMaxWeights): the shipped target's 5-
 //     and 7-row verifications 0.81–0.89 / 0.88–0.99 ms against 1.00–1.06
 //     / 1.01–1.06 on skinny_int4.wgsl split with matmul_reduce.wgsl after
 //     it, the head live at k = 6 1.92–2.06× against 1.86–1.88× (`bench
 //     engine --rows`, `bench spec --live`, three alternations, 2026-12-04);
+//     9 / 13 / 17 rows 0.94 / 0.93 / 1.10 ms against 1.06 / 1.18 / 1.39
+//     (blocks up to 8 rows), the head's 2×8 / 4×16 trees 1.60–1.67× /
+//     1.55–1.84× against 1.39–1.47× / 1.41–1.44× (two alternations, a
+//     noisy call);
 //   - split-K targets: 512 workgroups at two rows a thread (GEMM) and up to
 //     16 rows a workgroup (skinny), 256 at 4 × 4 and at 32 rows, the best
 //     of targets from 128 to 1,024; small matrices too: the shipped
@@ -181,7 +185,7 @@ var measuredH200 = plan{
 	matVecBatchByShape:    true,
 	skinnyFewMinT:         3,
 	skinnyFewMinWeights:   48 << 20,
-	batchBlocksMaxT:       8,
+	batchBlocksMaxT:       20,
 	batchBlocksMaxWeights: 2 << 20,
 	skinnyMaxT:            40,
 	skinnyMinPrefillT:     128,

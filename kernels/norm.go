@@ -183,8 +183,8 @@ func embedsInPlace(d *gpu.Device, e *Matrix) bool {
 	if e.Format != Int4 || e.G%8 != 0 || e.K%e.G != 0 {
 		return false
 	}
-	blocks, err := e.rowBlocks(d.Limits().MaxStorageBufferBindingSize, d.Limits().MinStorageBufferOffsetAlignment)
-	return err == nil && len(blocks) == 1
+	wb, _ := e.rowBytes()
+	return uint64(e.N)*wb <= d.Limits().MaxStorageBufferBindingSize
 }
 
 // RMSNormRows records out[r] = rmsnorm(x[rows[r]]) · weight for R rows

@@ -82,6 +82,9 @@ type runner struct {
 	// draft); until: the first of those waits' ends.
 	idle  bool
 	until time.Time
+	// aloneToken is what a token of the target alone took in the last
+	// chained step (runner.alone): the next takes as many as fit aloneSpan.
+	aloneToken time.Duration
 }
 
 // gen is a running generation. Each of its sequences holds a prefix of
@@ -288,6 +291,9 @@ func (r *runner) step(ctx context.Context) error {
 	}
 	st := StepStats{Sequences: len(ready)}
 
+	if r.chainsAlone(ready, draftFill, targetFill) {
+		return r.alone(ctx, ready, st)
+	}
 	if steps := r.treeSteps(ready, draftFill, targetFill); steps != nil {
 		start := time.Now()
 		trees, verify, err := r.fusedTrees(ctx, steps)
@@ -372,6 +378,86 @@ func (r *runner) settleStep(ready []*gen, drafts [][]engine.Token, trees []*draf
 	}
 	if g.opts.OnStep != nil {
 		g.opts.OnStep(st)
+	}
+	r.retireCanceled()
+	return nil
+}
+
+// A chained step of the target alone (runner.alone) generates as many
+// tokens as the last one's rate fits in aloneSpan, at least one and at most
+// aloneChunk: one read-back for them all, where a step a token waits for
+// the round trip each time (on the H200 a third of the shipped target's
+// step), while the tokens still stream every aloneSpan or so and a new
+// request waits no longer than that to join the batch. A slow device (a
+// software renderer) steps a token at a time, as before.
+const aloneChunk = 16
+
+var aloneSpan = 20 * time.Millisecond // a variable for tests
+
+// chainsAlone reports whether the ready generations run the target alone
+// chained on its device (runner.alone): every one greedy with nothing to
+// draft and no prompt left to feed apart, over a target that chains
+// (engine.Chainer).
+func (r *runner) chainsAlone(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) bool {
+	if !chains(r.g.target) || len(draftFill) > 0 || len(targetFill) > 0 || len(ready) == 0 {
+		return false
+	}
+	for _, gn := range ready {
+		if gn.remote != nil || gn.draftLen(r.g) > 0 || !gn.req.Sampling.Greedy() {
+			return false
+		}
+	}
+	return true
+}
+
+// alone generates the ready generations' next tokens with the target
+// alone, chained on its device (engine.StepN): as many as the closest to
+// its end may still emit, up to what aloneSpan takes, read back once. Each token is
+// a step of its own to the stats and OnStep, the chain's time shared out
+// among them; a generation that stops early (a stop token, OnStep) drops
+// the rest, its cache cut back to its context.
+func (r *runner) alone(ctx context.Context, ready []*gen, st StepStats) error {
+	g := r.g
+	n := aloneChunk
+	if r.aloneToken > 0 {
+		n = max(1, min(n, int(aloneSpan/r.aloneToken)))
+	} else {
+		n = 1 // a first step measures the rate
+	}
+	batch := make([]*engine.Entry, len(ready))
+	for i, gn := range ready {
+		n = min(n, gn.req.MaxTokens-len(gn.out), gn.room())
+		batch[i] = &engine.Entry{Seq: gn.target, Tokens: gn.pendingTarget(), TopN: gn.req.TopN}
+	}
+	start := time.Now()
+	out, err := engine.StepN(ctx, g.target, batch, n)
+	if err != nil {
+		r.fail(ctx, ready, fmt.Errorf("target: %w", err))
+		return err
+	}
+	now := time.Now()
+	st.Verify = now.Sub(start) / time.Duration(n)
+	r.aloneToken = st.Verify
+	for j := range n {
+		st.Sequences, st.Emitted = 0, 0
+		for i, gn := range ready {
+			if gn.finishedWhy != "" {
+				continue
+			}
+			t := out[i][j]
+			step := Step{Tokens: []Token{{ID: t.ID, Logprob: t.Logprob, Top: t.Top}}, VerifyTime: st.Verify}
+			st.Sequences++
+			st.Emitted += gn.count(&step, 0, now)
+		}
+		if g.opts.OnStep != nil {
+			g.opts.OnStep(st)
+		}
+	}
+	for _, gn := range ready {
+		gn.target.Truncate(min(gn.target.Len(), len(gn.context)))
+		if gn.finishedWhy != "" {
+			r.retire(gn, nil)
+		}
 	}
 	r.retireCanceled()
 	return nil
@@ -652,13 +738,21 @@ func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Ti
 // context where a stop cut the step short, and counts the step; it returns
 // how many tokens were emitted.
 func (gn *gen) settle(step *Step, drafted int, now time.Time) int {
-	a := step.Accepted
-	emitted := gn.emit(step)
+	emitted := gn.count(step, drafted, now)
 	for _, s := range []engine.Sequence{gn.target, gn.draft} {
 		if s != nil {
 			s.Truncate(min(s.Len(), len(gn.context)))
 		}
 	}
+	return emitted
+}
+
+// count emits a step's tokens (cut at a stop or the end), counts the step
+// in gn's stats and hands it to the request's OnStep; it returns how many
+// tokens were emitted.
+func (gn *gen) count(step *Step, drafted int, now time.Time) int {
+	a := step.Accepted
+	emitted := gn.emit(step)
 	gn.stats.Steps++
 	gn.stats.Tokens += emitted
 	gn.stats.Drafted += drafted

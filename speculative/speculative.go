@@ -76,8 +76,10 @@ func (o *Options) defaults() {
 // MaxK bounds a request's draft length.
 const MaxK = 64
 
-// NoDraft as Request.K runs the target alone, one token a pass: the
-// baseline speculation is measured against.
+// NoDraft as Request.K runs the target alone, one token a pass — greedy
+// generations over a target that chains its steps on its device
+// (engine.Chainer) several tokens a read-back: the baseline speculation
+// is measured against.
 const NoDraft = -1
 
 // Request asks for up to MaxTokens tokens after Prompt.

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"webdraft/checkpoint"
 	"webdraft/engine"
@@ -714,5 +715,95 @@ func TestTreesEqualTarget(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// chainer is an engine that chains its greedy steps (engine.Chainer), as
+// the WebGPU engine does on its device, each call's n recorded.
+type chainer struct {
+	engine.Engine
+	mu    sync.Mutex
+	calls []int
+}
+
+func (c *chainer) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]engine.Token, error) {
+	c.mu.Lock()
+	c.calls = append(c.calls, n)
+	c.mu.Unlock()
+	return engine.StepN(ctx, c.Engine, batch, n) // the inner engine steps n times
+}
+
+// TestAloneChained: the target alone over a target that chains generates
+// several tokens a call (engine.StepN), each still a step of its own, to
+// the target's greedy tokens — batched, cut by MaxTokens, a stop token
+// inside a chain or OnStep, each token with its TopN —, and a stop inside
+// a chain leaves the cache as long as the context: the next turn, from the
+// cache, still equals the target alone.
+func TestAloneChained(t *testing.T) {
+	defer speculative.SetAloneSpan(time.Hour)() // every chain as long as it may be
+	base := pairs(t, cpu)[0]
+	target := &chainer{Engine: base.target}
+	g := start(t, pair{target: target, drafter: base.drafter}, speculative.Options{})
+	ctx := context.Background()
+	ps := prompts(7, 4)
+	const n = 37 // two chains of 16 and one of 5
+	var wg sync.WaitGroup
+	for i, pr := range ps {
+		wg.Go(func() {
+			var steps int
+			res, err := g.Submit(ctx, speculative.Request{Prompt: pr, MaxTokens: n, K: speculative.NoDraft, TopN: 2,
+				OnStep: func(s speculative.Step) bool { steps++; return len(s.Tokens) == 1 && s.VerifyTime > 0 }})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if got, want := ids(res.Tokens), greedy(t, base.target, pr, n); !slices.Equal(got, want) {
+				t.Errorf("prompt %d: %v, target alone %v", i, got, want)
+			}
+			if st := res.Stats; st.Steps != n || steps != n || st.Drafted != 0 || res.Finish != speculative.FinishLength {
+				t.Errorf("prompt %d: %d steps streamed, stats %+v, finish %q; want %d steps", i, steps, st, res.Finish, n)
+			}
+			for j, tok := range res.Tokens {
+				if len(tok.Top) != 2 || tok.Top[0].Token != tok.ID {
+					t.Errorf("prompt %d token %d: %+v", i, j, tok)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if !slices.ContainsFunc(target.calls, func(k int) bool { return k == 16 }) {
+		t.Errorf("the target's chains: %v, want some of 16 tokens", target.calls)
+	}
+
+	prompt := ps[0]
+	want := greedy(t, base.target, prompt, 30)
+	stop := want[20] // inside the second chain
+	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: speculative.NoDraft, Stop: []int{stop}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := slices.Index(want, stop)
+	if got := ids(res.Tokens); !slices.Equal(got, want[:cut]) || res.Finish != speculative.FinishStop {
+		t.Errorf("stop token %d: %v (%s), want %v", stop, got, res.Finish, want[:cut])
+	}
+	next := append(slices.Clone(prompt), want[:cut]...)
+	res, err = g.Submit(ctx, speculative.Request{Prompt: next, MaxTokens: 12, K: speculative.NoDraft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(res.Tokens), greedy(t, base.target, next, 12); !slices.Equal(got, want) || res.Stats.CachedTokens < len(prompt) {
+		t.Errorf("the next turn: %v from %d cached positions, target alone %v", got, res.Stats.CachedTokens, want)
+	}
+
+	var streamed []int
+	res, err = g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: speculative.NoDraft, OnStep: func(s speculative.Step) bool {
+		streamed = append(streamed, ids(s.Tokens)...)
+		return len(streamed) < 3
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(res.Tokens); !slices.Equal(got, want[:3]) || !slices.Equal(streamed, got) || res.Finish != speculative.FinishStop {
+		t.Errorf("OnStep stopping after 3 tokens: %v streamed, result %v (%s), want %v", streamed, got, res.Finish, want[:3])
 	}
 }

@@ -1,0 +1,11 @@
+package speculative
+
+import "time"
+
+// SetAloneSpan sets the time a chained step of the target alone aims for
+// (aloneSpan) until the returned function restores it.
+func SetAloneSpan(d time.Duration) (restore func()) {
+	old := aloneSpan
+	aloneSpan = d
+	return func() { aloneSpan = old }
+}

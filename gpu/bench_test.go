@@ -60,6 +60,7 @@ var chain6 = gpu.Kernel{
 	Entry:  "main",
 	Source: `
 struct Params { n: u32, a: f32, b: f32, c: u32 }
+const VARIANT: u32 = 0u; // distinct values make distinct pipelines (BenchmarkDispatchCosts)
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x0: array<f32>;
 @group(0) @binding(2) var<storage, read> x1: array<f32>;
@@ -70,7 +71,7 @@ struct Params { n: u32, a: f32, b: f32, c: u32 }
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 	let i = gid.x;
-	if i < p.n { y[i] = x0[i] * p.a + x1[i] + x2[i] + x3[i] + x4[i] * p.b; }
+	if i < p.n { y[i] = x0[i] * p.a + x1[i] + x2[i] + x3[i] + x4[i] * p.b + f32(VARIANT); }
 }`,
 	Params:  reflect.TypeFor[chain6Args](),
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite},
@@ -144,5 +145,81 @@ func BenchmarkHostCosts(b *testing.B) {
 	}
 	for _, c := range []struct{ dispatches, writes int }{{0, 0}, {8, 0}, {48, 0}, {96, 0}, {0, 1}, {0, 8}, {48, 8}} {
 		b.Run(fmt.Sprintf("dispatches=%d/writes=%d", c.dispatches, c.writes), func(b *testing.B) { run(b, c.dispatches, c.writes) })
+	}
+}
+
+// BenchmarkDispatchCosts times a dispatch's host cost, as BenchmarkHostCosts
+// does at 48 a batch, by what an engine's dispatches differ in from that
+// benchmark's: a pipeline change each dispatch (pipes: kernels in turn),
+// and the buffers a step reads — a few, a step's worth of distinct ones
+// (192), or as many ranges of one buffer — each dispatch writing one of
+// eight others.
+func BenchmarkDispatchCosts(b *testing.B) {
+	d := gputest.Device(b)
+	const n, perBatch = 1024, 48
+	pipes := make([]*gpu.Pipeline, 6)
+	for i := range pipes {
+		var err error
+		if pipes[i], err = d.Pipeline(chain6, gpu.Consts{"VARIANT": uint32(i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	upload := func(name string, words int) *gpu.Buffer {
+		buf, err := d.UploadF32(name, make([]float32, words))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(buf.Release)
+		return buf
+	}
+	align := uint64(d.Limits().MinStorageBufferOffsetAlignment)
+	stride := (n*4 + align - 1) / align * align
+	big := upload("big", 192*int(stride)/4)
+	outs := make([]gpu.Binding, 8)
+	for i := range outs {
+		outs[i] = upload(fmt.Sprintf("y%d", i), n).All()
+	}
+	many, ranges := make([]gpu.Binding, 192), make([]gpu.Binding, 192)
+	for i := range many {
+		many[i] = upload(fmt.Sprintf("x%d", i), n).All()
+		ranges[i] = big.Slice(uint64(i)*stride, n*4)
+	}
+	for _, np := range []int{1, 6} {
+		for _, in := range []struct {
+			name  string
+			binds []gpu.Binding
+		}{{"buffers=8", many[:8]}, {"buffers=192", many}, {"ranges=192", ranges}} {
+			b.Run(fmt.Sprintf("pipes=%d/%s", np, in.name), func(b *testing.B) {
+				ops, next := 0, 0
+				binds := make([]gpu.Binding, 6)
+				for b.Loop() {
+					bt, err := d.NewBatch("dispatch costs")
+					if err != nil {
+						b.Fatal(err)
+					}
+					for i := range perBatch {
+						for j := range 5 {
+							binds[j] = in.binds[(next+j)%len(in.binds)]
+						}
+						binds[5] = outs[i%len(outs)]
+						next += 5
+						if err := gpu.Dispatch(bt, pipes[i%np], &chain6Args{N: n, A: 0.5, B: 0.25}, binds, n/64, 1, 1); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := bt.Submit(); err != nil {
+						b.Fatal(err)
+					}
+					if ops++; ops%32 == 0 {
+						b.StopTimer()
+						if _, err := big.Read(0, 4); err != nil {
+							b.Fatal(err)
+						}
+						b.StartTimer()
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perBatch), "ns/dispatch")
+			})
+		}
 	}
 }

@@ -412,10 +412,10 @@ func (r *runner) chainsAlone(ready []*gen, draftFill []*engine.Entry, targetFill
 
 // alone generates the ready generations' next tokens with the target
 // alone, chained on its device (engine.StepN): as many as the closest to
-// its end may still emit, up to what aloneSpan takes, read back once. Each token is
-// a step of its own to the stats and OnStep, the chain's time shared out
-// among them; a generation that stops early (a stop token, OnStep) drops
-// the rest, its cache cut back to its context.
+// its end may still emit, up to what aloneSpan takes, read back once.
+// Each token is a step of its own to the stats and OnStep, the chain's
+// time shared out among them; a generation that stops early (a stop
+// token, OnStep) drops the rest, its cache cut back to its context.
 func (r *runner) alone(ctx context.Context, ready []*gen, st StepStats) error {
 	g := r.g
 	n := aloneChunk

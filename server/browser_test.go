@@ -129,6 +129,11 @@ func TestBrowserEngine(t *testing.T) {
 				t.Errorf("the race: %q", speedup)
 			}
 			t.Logf("in the browser: %s (%d steps)", speedup, steps)
+			// The race's note is the GPU's: the target alone chains there.
+			notes, _ := chromedp.Run(ctx, chromedp.Evaluate[[]bool](`["gpu-note", "cpu-note"].map(id => document.getElementById(id).hidden)`))
+			if len(notes) != 2 || notes[0] || !notes[1] {
+				t.Errorf("in the browser the race's GPU note should show and the CPU note not: hidden %v", notes)
+			}
 		}
 	}
 	prompts := []string{"import os\n\n\ndef read_config(path):\n    \"\"\"", "class Stack:\n    def __init__(self):\n        "}

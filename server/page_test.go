@@ -202,6 +202,12 @@ func TestPage(t *testing.T) {
 	if len(race) != 3 || !strings.HasSuffix(race[0], "tok/s") || !strings.HasSuffix(race[1], "tok/s") || !strings.HasSuffix(race[2], "× speedup") {
 		t.Errorf("race panel %q", race)
 	}
+	// The server's target runs on a CPU engine here: its note shows, the
+	// GPU's does not.
+	notes, _ := chromedp.Run(ctx, chromedp.Evaluate[[]bool](`["cpu-note", "gpu-note"].map(id => document.getElementById(id).hidden)`))
+	if len(notes) != 2 || notes[0] || !notes[1] {
+		t.Errorf("on the CPU engine the race's CPU note should show and the GPU note not: hidden %v", notes)
+	}
 	alone, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#alone .tok").length`))
 	if out := len(drawn) - kinds["rej"]; alone != out {
 		t.Errorf("the target alone drew %d tokens, the speculative output has %d", alone, out)

@@ -233,11 +233,14 @@
   stopBtn.addEventListener("click", () => send({ type: "stop" }));
 
   // The note on the CPU engine stands under a run whose target runs on the
-  // server's CPU engine (the server's mode and edge drafting), not under
-  // a run in this browser.
+  // server's CPU engine (the server's mode and edge drafting); the note on
+  // the GPU under one whose target runs on WebGPU: the server's, or this
+  // browser's.
   let serverBackend = "";
   function cpuNote() {
-    $("cpu-note").hidden = where() === "browser" || (serverBackend !== "cpu" && serverBackend !== "reference");
+    const browser = where() === "browser";
+    $("cpu-note").hidden = browser || (serverBackend !== "cpu" && serverBackend !== "reference");
+    $("gpu-note").hidden = !browser && serverBackend !== "webgpu";
   }
 
   function reset() {

@@ -131,6 +131,23 @@ func TestServeHead(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || h["head"] != "EAGLE-3 head "+head || h["model"] != "embedded:"+weights.DrafterDir {
 		t.Errorf("/health: %v (%v)", h, err)
 	}
+
+	// --draft-model: another drafter serves /draft beside the head.
+	drafter := filepath.Join("..", "..", "weights", weights.DrafterDir)
+	addr, _ = startServe(t, "--model", head, "--draft-model", drafter, "--backend", "cpu", "--k", "3", "--cache-mb", "64")
+	post("/draft", `{"text":"def quicksort(xs):","n":4}`, &draft)
+	if len(draft.Draft) != 4 {
+		t.Errorf("/draft from --draft-model: %+v", draft)
+	}
+	resp, err = http.Get("http://" + addr + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	h = nil
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || h["head"] != "EAGLE-3 head "+head || h["model"] != drafter {
+		t.Errorf("/health with --draft-model %s: %v (%v)", drafter, h, err)
+	}
 }
 
 // goldenHead writes a random EAGLE-3 head in the public layout (F32, 256

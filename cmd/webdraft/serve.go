@@ -32,7 +32,8 @@ const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
-	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load), or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which then drafts the generations from the target's hidden states (and in the page: in-browser, and in edge drafting over the hidden states the server sends), the embedded drafter serving /draft; default: the embedded EAGLE-3 head (embedded:eagle3) over the embedded target, with --target or --backend reference the embedded drafter (embedded:drafter)")
+	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load), or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which then drafts the generations from the target's hidden states (and in the page: in-browser, and in edge drafting over the hidden states the server sends), the embedded drafter (or --draft-model) serving /draft; default: the embedded EAGLE-3 head (embedded:eagle3) over the embedded target, with --target or --backend reference the embedded drafter (embedded:drafter)")
+	draftModelDir := fs.String("draft-model", "", "with an EAGLE-3 head drafting the generations: the drafter that serves /draft beside it (and the page's browser modes), a drafter's folder as --model takes; default: the embedded drafter (embedded:drafter)")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given or names an EAGLE-3 head, else none")
 	k := fs.Int("k", 0, kUsage+" (a request's speculative.k overrides it)")
 	tree := treeFlagsVar(fs, true)
@@ -102,6 +103,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *draftModelDir != "" && !draftsWithHead(defaultDrafter(*modelDir, *targetDir, backend)) {
+		return usagef("--draft-model %q names the drafter /draft serves beside an EAGLE-3 head, and --model %q is a drafter, which serves /draft itself", *draftModelDir, *modelDir)
+	}
 	if err := stopWithParent(); err != nil {
 		return fmt.Errorf("asking to stop with the parent process: %w", err)
 	}
@@ -125,7 +129,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	*modelDir = defaultDrafter(*modelDir, *targetDir, backend)
 	head := draftsWithHead(*modelDir)
 	withTarget := *targetDir != "" || *modelDir == "" || head
-	drafter, target, hp, err := openServedModels(ctx, e, *modelDir, *targetDir, withTarget, head, backend, *cacheMB)
+	drafter, target, hp, err := openServedModels(ctx, e, *modelDir, *draftModelDir, *targetDir, withTarget, head, backend, *cacheMB)
 	if err != nil {
 		httpSrv.Close()
 		return stoppedLoading(ctx, e, err)
@@ -288,12 +292,12 @@ func openServed(ctx context.Context, e *env, dir, embedded string, backend backe
 }
 
 // openServedModels opens serve's drafter, and its target withTarget
-// (nil without); with head, drafterDir is an EAGLE-3 head's folder
-// (openServedHead).
-func openServedModels(ctx context.Context, e *env, drafterDir, targetDir string, withTarget, head bool, backend backendChoice, cacheMB int) (drafter, target *served, hp *headPair, err error) {
+// (nil without); with head, drafterDir is an EAGLE-3 head's folder and
+// draftDir the drafter for /draft beside it (openServedHead).
+func openServedModels(ctx context.Context, e *env, drafterDir, draftDir, targetDir string, withTarget, head bool, backend backendChoice, cacheMB int) (drafter, target *served, hp *headPair, err error) {
 	switch {
 	case head:
-		return openServedHead(ctx, e, drafterDir, targetDir, backend, cacheMB)
+		return openServedHead(ctx, e, drafterDir, draftDir, targetDir, backend, cacheMB)
 	case withTarget:
 		drafter, target, err = openServedPair(ctx, e, drafterDir, targetDir, backend, cacheMB)
 		return drafter, target, nil, err
@@ -304,9 +308,9 @@ func openServedModels(ctx context.Context, e *env, drafterDir, targetDir string,
 
 // openServedHead opens what serve runs for an EAGLE-3 head in headDir (or
 // the embedded one): the target keeping the features the head reads, the head
-// over it, and the embedded drafter for /draft (an outside verifier sends
-// no features) and the page's browser modes.
-func openServedHead(ctx context.Context, e *env, headDir, targetDir string, backend backendChoice, cacheMB int) (drafter, target *served, hp *headPair, err error) {
+// over it, and the drafter in draftDir (or the embedded one) for /draft (an
+// outside verifier sends no features) and the page's browser modes.
+func openServedHead(ctx context.Context, e *env, headDir, draftDir, targetDir string, backend backendChoice, cacheMB int) (drafter, target *served, hp *headPair, err error) {
 	t, err := loadServed(e, targetDir, weights.TargetDir)
 	if err != nil {
 		return nil, nil, nil, err
@@ -317,7 +321,7 @@ func openServedHead(ctx context.Context, e *env, headDir, targetDir string, back
 	}
 	hp.reopen = hp.reopener(t.m, backend, int64(cacheMB)<<20)
 	target = t.served(e, hp.target, hp.reopen.reopen(0), func() { hp.reopen.close(); hp.close() })
-	if drafter, err = openServed(ctx, e, "", weights.DrafterDir, backend, cacheMB); err != nil {
+	if drafter, err = openServed(ctx, e, draftDir, weights.DrafterDir, backend, cacheMB); err != nil {
 		target.close()
 		return nil, nil, nil, err
 	}

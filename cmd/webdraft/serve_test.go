@@ -112,6 +112,7 @@ func TestServeUsage(t *testing.T) {
 		{"serve", "--spec-topk", "two"},
 		{"serve", "--spec-draft-tokens", "0"},
 		{"serve", "--spec-draft-tokens", "65"},
+		{"serve", "--model", filepath.Join("..", "..", "weights", "drafter"), "--draft-model", filepath.Join("..", "..", "weights", "drafter")}, // a drafter serves /draft itself
 	} {
 		if code, _, _ := webdraft(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)

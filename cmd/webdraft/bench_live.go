@@ -186,7 +186,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		b.targetName, b.drafterName, len(b.prompts), b.newTokens, mode, b.batch, max(b.rounds, 1))
 	how := "each token read back"
 	if _, ok := b.target.(engine.Chainer); ok && b.sampling.Greedy() {
-		how = "its tokens chained on the device, several a read-back"
+		how = "its tokens chained on the device, as many a read-back as 20 ms take"
 	}
 	fmt.Fprintf(e.stdout, "the target alone (%s): %.1f tokens/s, t_target %.3f ms a token (%.3f ms with the loop's own time)\n", how, alone.rate(), ms(tTarget), ms(alone.step()))
 	fmt.Fprintf(e.stdout, "the target alone's outputs: %s\n\n", textSummary(textstats.Summarize(alone.outputs)))

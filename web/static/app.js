@@ -237,14 +237,14 @@
   // the GPU under one whose target runs on WebGPU: the server's, or this
   // browser's.
   let serverBackend = "";
-  function cpuNote() {
+  function backendNotes() {
     const browser = where() === "browser";
     $("cpu-note").hidden = browser || (serverBackend !== "cpu" && serverBackend !== "reference");
     $("gpu-note").hidden = !browser && serverBackend !== "webgpu";
   }
 
   function reset() {
-    cpuNote();
+    backendNotes();
     out.textContent = "";
     alone.textContent = "";
     hideTip();
@@ -278,7 +278,7 @@
         document.body.dataset.session = m.session;
         setStatus("connected · session " + m.session);
         serverBackend = m.backend;
-        cpuNote();
+        backendNotes();
         break;
       case "start":
         if (m.run === "speculative") showTreeRun(m.topk > 1);

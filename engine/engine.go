@@ -617,6 +617,39 @@ type Fuser interface {
 	DraftVerify(ctx context.Context, target Engine, steps []ChainStep, n int) ([][]Token, error)
 }
 
+// SpecChainer is a Fuser that chains greedy speculative steps on its
+// device: each step's verdict — how many drafts the target's greedy tokens
+// agree with, and the target's own token after them — is computed there
+// and the next step drafts and verifies from it, so that the host records
+// step j + 1 while the device runs step j and reads every step back once.
+type SpecChainer interface {
+	Fuser
+	// DraftVerifyN runs up to m steps: the first is DraftVerify's over
+	// steps (greedy chains, every step taking all n drafts, each Verify
+	// entry feeding one pending token: the last one emitted), each after
+	// it drafting n tokens after the accepted drafts and the target's
+	// token of the step before, and verifying them. Where the batch does
+	// not chain on the device (its shape, sampling, top tokens, room in a
+	// pass or in the caches) it runs one step. It returns each step's
+	// drafts and rows; on return both caches hold what they would after
+	// the last step's DraftVerify alone: the context through that step's
+	// first verified token, then its drafts (the target all n, the
+	// drafter the first n − 1) — accepting the last step cuts them back
+	// as after DraftVerify. The Verify entries are left as they were. On
+	// an error every sequence is as it was before the call.
+	DraftVerifyN(ctx context.Context, target Engine, steps []ChainStep, n, m int) ([]ChainedStep, error)
+}
+
+// ChainedStep is one step of a SpecChainer's chain: for each entry of the
+// batch, the n drafted tokens and the target's n + 1 rows over them (the
+// greedy token, its log-probability and the log-sum-exp), and how many of
+// the drafts the device accepted.
+type ChainedStep struct {
+	Drafts   [][]Token
+	Rows     [][]VerifyRow
+	Accepted []int
+}
+
 // A TreeStep is one generation's part of a speculative step drafted as a
 // token tree and verified in one submission (TreeFuser): EAGLE-2's dynamic
 // tree, Width children a node (its most likely tokens), Depth drafter

@@ -88,6 +88,12 @@ var (
 	// AdvanceRows is advance_rows.wgsl: line rows of a rows buffer moved
 	// one position on (a chain's next pass, on the device).
 	AdvanceRows = mustModule("advance_rows.wgsl")
+	// SpecAccept is spec_accept.wgsl: a greedy speculative step accepted
+	// on the device (a chain of steps, engine/webgpu's Head.DraftVerifyN).
+	SpecAccept = mustModule("spec_accept.wgsl")
+	// SpecRows is spec_rows.wgsl: the places of a chained speculative
+	// step's rows, target's and head's, from the accepted state.
+	SpecRows = mustModule("spec_rows.wgsl")
 	// Gather is gather.wgsl: rows of words (single words, or hidden
 	// states) copied between given rows of two buffers (a fused
 	// speculative step's drafted tokens into the target's inputs; a

@@ -85,6 +85,9 @@ type runner struct {
 	// aloneToken is what a token of the target alone took in the last
 	// chained step (runner.alone): the next takes as many as fit aloneSpan.
 	aloneToken time.Duration
+	// specStep is what a fused speculative step took last (runner.fused,
+	// runner.chained): a chain of them takes as many as fit aloneSpan.
+	specStep time.Duration
 }
 
 // gen is a running generation. Each of its sequences holds a prefix of
@@ -305,9 +308,13 @@ func (r *runner) step(ctx context.Context) error {
 		return r.settleStep(ready, make([][]engine.Token, len(ready)), trees, verify, st)
 	}
 	if r.fuses(ready, draftFill, targetFill) {
+		if sc, n, m := r.specChain(ready); m > 1 {
+			return r.chained(ctx, sc, ready, n, m)
+		}
 		start := time.Now()
 		drafts, verify, err := r.fused(ctx, ready)
 		st.Verify, st.Fused = time.Since(start), true
+		r.specStep = st.Verify
 		if err != nil {
 			r.fail(ctx, ready, err)
 			return err
@@ -360,24 +367,109 @@ func (r *runner) settleStep(ready []*gen, drafts [][]engine.Token, trees []*draf
 			a, emitted = gn.accept(drafts[i], verify[i].Rows, now, &st)
 			drafted = len(drafts[i])
 		}
-		if drafted > 0 {
-			st.Drafts++
-			st.DraftTokens += drafted
-			st.Accepted += a
-			for len(st.AcceptedAt) < a {
-				st.AcceptedAt = append(st.AcceptedAt, 0)
-			}
-			for p := range a {
-				st.AcceptedAt[p]++
-			}
-		}
-		st.Emitted += emitted
+		st.add(drafted, a, emitted)
 		if gn.finishedWhy != "" {
 			r.retire(gn, nil)
 		}
 	}
 	if g.opts.OnStep != nil {
 		g.opts.OnStep(st)
+	}
+	r.retireCanceled()
+	return nil
+}
+
+// add counts a generation's part of a step: drafted tokens, a of them
+// accepted, emitted tokens.
+func (st *StepStats) add(drafted, a, emitted int) {
+	if drafted > 0 {
+		st.Drafts++
+		st.DraftTokens += drafted
+		st.Accepted += a
+		for len(st.AcceptedAt) < a {
+			st.AcceptedAt = append(st.AcceptedAt, 0)
+		}
+		for p := range a {
+			st.AcceptedAt[p]++
+		}
+	}
+	st.Emitted += emitted
+}
+
+// specChain returns the drafter as an engine.SpecChainer, the draft
+// length and how many fused steps to chain on the device in one call
+// (runner.chained) — as many as the last step's time fits in aloneSpan, up
+// to aloneChunk, within what every generation may still emit at n + 1
+// tokens a step — where the ready generations chain (m > 1): greedy
+// chains of one length without top tokens (the device accepts greedily
+// and reads no top tokens back), each holding all its context but the
+// last token in the target, over a drafter that chains them (an EAGLE-3
+// head on the target's device). Fused steps the runner already chose
+// (runner.fuses).
+func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
+	sc, ok := r.g.drafter.(engine.SpecChainer)
+	if !ok || r.specStep <= 0 {
+		return nil, 0, 1
+	}
+	m = max(1, min(aloneChunk, int(aloneSpan/r.specStep)))
+	n = ready[0].draftLen(r.g)
+	for _, gn := range ready {
+		if !gn.head || !gn.req.Sampling.Greedy() || gn.req.TopN > 0 || gn.req.DraftTopN > 0 || gn.draftLen(r.g) != n || len(gn.pendingTarget()) != 1 {
+			return nil, 0, 1
+		}
+		m = min(m, min(gn.req.MaxTokens-len(gn.out), gn.room())/(n+1))
+	}
+	return sc, n, m
+}
+
+// chained runs m fused speculative steps of the ready generations in one
+// call, each accepted and the next planned on the device
+// (engine.SpecChainer), and reads them back once: each step is then
+// accepted as a fused step is — its tokens emitted, counted and handed to
+// OnStep, the call's time shared out among its steps —, a generation that
+// stops inside the chain dropping the steps after, and both caches cut
+// back to the context.
+func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*gen, n, m int) error {
+	g := r.g
+	steps := make([]engine.ChainStep, len(ready))
+	for i, gn := range ready {
+		steps[i] = engine.ChainStep{
+			Draft:  &engine.Entry{Seq: gn.draft, Target: gn.target, Tokens: gn.pendingDraft()},
+			Verify: &engine.VerifyEntry{Seq: gn.target, Tokens: gn.pendingTarget(), Out: n + 1},
+			Take:   n,
+		}
+	}
+	start := time.Now()
+	out, err := sc.DraftVerifyN(ctx, g.target, steps, n, m)
+	if err != nil {
+		err = fmt.Errorf("drafter and target: %w", err)
+		r.fail(ctx, ready, err)
+		return err
+	}
+	now := time.Now()
+	per := now.Sub(start) / time.Duration(len(out))
+	r.specStep = per
+	for _, cs := range out {
+		st := StepStats{Verify: per, Fused: true}
+		for i, gn := range ready {
+			if gn.finishedWhy != "" {
+				continue
+			}
+			step, a := gn.verdict(cs.Drafts[i], cs.Rows[i], &st)
+			st.Sequences++
+			st.add(n, a, gn.count(&step, n, now))
+		}
+		if g.opts.OnStep != nil {
+			g.opts.OnStep(st)
+		}
+	}
+	for _, gn := range ready {
+		for _, s := range []engine.Sequence{gn.target, gn.draft} {
+			s.Truncate(min(s.Len(), len(gn.context)-1))
+		}
+		if gn.finishedWhy != "" {
+			r.retire(gn, nil)
+		}
 	}
 	r.retireCanceled()
 	return nil
@@ -702,6 +794,23 @@ func (gn *gen) verifyEntry(draft []engine.Token) *engine.VerifyEntry {
 // counted. It returns how many draft tokens were accepted and how many
 // tokens were emitted.
 func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Time, st *StepStats) (int, int) {
+	step, a := gn.verdict(draft, rows, st)
+	// The target's cache holds the context and the draft: keep what was
+	// accepted. The drafter's holds the context and all but the draft's
+	// last token (or more, drafting for a longer draft): the same.
+	kept := len(gn.context) + a
+	for _, s := range []engine.Sequence{gn.target, gn.draft} {
+		if s != nil {
+			s.Truncate(min(s.Len(), kept))
+		}
+	}
+	return a, gn.settle(&step, len(draft), now)
+}
+
+// verdict is the step the target's verdict on a draft makes: the draft
+// tokens kept and the target's own after them, and how many draft tokens
+// were accepted.
+func (gn *gen) verdict(draft []engine.Token, rows []engine.VerifyRow, st *StepStats) (Step, int) {
 	greedy := gn.req.Sampling.Greedy()
 	a := 0
 	for a < len(draft) && (greedy && rows[a].Argmax == draft[a].ID || !greedy && rows[a].Accept) {
@@ -722,16 +831,7 @@ func (gn *gen) accept(draft []engine.Token, rows []engine.VerifyRow, now time.Ti
 		}
 		step.Tokens = append(step.Tokens, t)
 	}
-	// The target's cache holds the context and the draft: keep what was
-	// accepted. The drafter's holds the context and all but the draft's
-	// last token (or more, drafting for a longer draft): the same.
-	kept := len(gn.context) + a
-	for _, s := range []engine.Sequence{gn.target, gn.draft} {
-		if s != nil {
-			s.Truncate(min(s.Len(), kept))
-		}
-	}
-	return a, gn.settle(&step, len(draft), now)
+	return step, a
 }
 
 // settle emits a verified step's tokens, cuts both caches back to the

@@ -56,8 +56,9 @@ type Head struct {
 	w      *headWeights
 	kv     *kernels.KVCache
 	act    *headActivations
-	tree   headTree // trees drafted on the device (DraftVerifyTree), made by the first
-	tokens []int32  // the target token of each draft token, ascending
+	tree   headTree    // trees drafted on the device (DraftVerifyTree), made by the first
+	spec   specBuffers // chains of speculative steps (DraftVerifyN), made by the first
+	tokens []int32     // the target token of each draft token, ascending
 	// What Info, KVCapacity and KVBlockSize report, kept past Close.
 	kvType              string
 	capacity, blockSize int
@@ -210,6 +211,7 @@ func (h *Head) release() {
 		h.act.release()
 	}
 	h.tree.release()
+	h.spec.release()
 	h.w, h.kv, h.act = nil, nil, nil
 }
 

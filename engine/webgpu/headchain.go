@@ -177,6 +177,28 @@ func (l chainLayout) targetWord(i, j int) int {
 	return int((uint64(j)*l.stride+l.tidAt)/4) + i
 }
 
+// chainLayout lays out the results of a chain of n steps over B entries
+// whose rows list topN most likely tokens, keeping the drafts in the
+// target's vocabulary too where targets asks and they are draft tokens.
+func (h *Head) chainLayout(B, topN, n int, targets bool) chainLayout {
+	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
+	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
+	lay := chainLayout{topN: topN, B: B, n: n, mapped: topN == 0}
+	lay.idBytes = uint64(B*4+15) &^ 15
+	lay.topBytes = uint64(B*topN*2*4+15) &^ 15
+	lay.lpAt = h.act.nextLP                         // as in next: one copy takes the ids and their log-probabilities
+	lay.topAt = lay.lpAt + up(uint64(lseAt(B)+B)*4) // the log-probabilities, the log-sum-exps
+	if targets && !lay.mapped {
+		lay.tidAt = lay.topAt
+		lay.topAt += up(lay.idBytes)
+	}
+	lay.stride = lay.topAt
+	if topN > 0 {
+		lay.stride += up(lay.topBytes)
+	}
+	return lay
+}
+
 // chainSubmit submits the n steps of planned feeds (chains; the blocks
 // reserved) to the device, each step's read-out words copied into the
 // results and, with targets, each step's drafts in the target's
@@ -192,21 +214,7 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 		seqs[i] = f.seq.kv
 		topN = max(topN, min(batch[i].TopN, h.cfg.DraftVocabSize))
 	}
-	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
-	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
-	lay := chainLayout{topN: topN, B: B, n: n, mapped: topN == 0}
-	lay.idBytes = uint64(B*4+15) &^ 15
-	lay.topBytes = uint64(B*topN*2*4+15) &^ 15
-	lay.lpAt = a.nextLP                             // as in next: one copy takes the ids and their log-probabilities
-	lay.topAt = lay.lpAt + up(uint64(lseAt(B)+B)*4) // the log-probabilities, the log-sum-exps
-	if targets && !lay.mapped {
-		lay.tidAt = lay.topAt
-		lay.topAt += up(lay.idBytes)
-	}
-	lay.stride = lay.topAt
-	if topN > 0 {
-		lay.stride += up(lay.topBytes)
-	}
+	lay := h.chainLayout(B, topN, n, targets)
 	if err := a.ensureChain(h.dev, n-1, lay.bytes()); err != nil {
 		return lay, false, err
 	}

@@ -304,6 +304,12 @@ type headPass struct {
 	// treeLevel: a level of a tree drafted on the device (DraftVerifyTree),
 	// every row read out, in order, after the pass.
 	treeLevel bool
+	// A chained speculative step's first pass (DraftVerifyN): its gathers'
+	// pairs are pairs' (nil: the activations'), and with featsIn its nfc
+	// rows' features are in fcIn already (the target's verification put
+	// them there), and fc writes its rows' hidden straight into x.
+	pairs   *gpu.Buffer
+	featsIn bool
 }
 
 // verifyLayout is where a Verify's results buffer holds each pass's
@@ -605,16 +611,24 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	if ps.rowBuf != nil {
 		rowBuf = ps.rowBuf
 	}
+	gather := func(dst, src *gpu.Buffer, region uint64, n, words int) step {
+		return h.gatherFrom(ps.pairs, dst, src, region, n, words)
+	}
 	var steps []step
 	if ps.first {
 		// The target's sequences' kept paths, moved: the features read
 		// below are where its line has them.
 		steps = append(steps, func(b *gpu.Batch) error { return t.kv.RecordMoves(b) })
 	}
-	if ps.nfc > 0 {
+	switch {
+	case ps.featsIn:
+		// hidden_states = fc(the features the target's pass left in fcIn),
+		// the residual from the start
+		steps = append(steps, func(b *gpu.Batch) error { return kernels.MatMul(b, a.x, a.fcIn, w.fc, ps.nfc, false) })
+	case ps.nfc > 0:
 		// hidden_states = fc(cat(the target's features)): (nfc, 3·Ht) → (nfc, H)
 		for i, region := range a.regions.features {
-			steps = append(steps, h.gather(a.fcIn, t.kv.Feature(i), region, ps.nfc, c.TargetHiddenSize))
+			steps = append(steps, gather(a.fcIn, t.kv.Feature(i), region, ps.nfc, c.TargetHiddenSize))
 		}
 		steps = append(steps, func(b *gpu.Batch) error { return kernels.MatMul(b, a.hid, a.fcIn, w.fc, ps.nfc, false) })
 	}
@@ -622,9 +636,9 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	// for a chained step, x as the step before left it: xHeld), or a
 	// node's parent's (the node store)
 	if !ps.xHeld {
-		steps = append(steps, h.gather(a.x, a.hid, a.regions.x, ps.nx, H))
+		steps = append(steps, gather(a.x, a.hid, a.regions.x, ps.nx, H))
 	}
-	steps = append(steps, h.gather(a.x, a.nodes, a.regions.nodeX, ps.nnx, H))
+	steps = append(steps, gather(a.x, a.nodes, a.regions.nodeX, ps.nnx, H))
 	ids := a.ids.All()
 	switch {
 	case ps.fromIDs.Buf != nil:
@@ -670,9 +684,9 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 	// chained step's before the last: noSave), each node's into its row of
 	// the node store
 	if !ps.noSave {
-		steps = append(steps, h.gather(a.hid, a.x, a.regions.save, ps.nsave, H))
+		steps = append(steps, gather(a.hid, a.x, a.regions.save, ps.nsave, H))
 	}
-	steps = append(steps, h.gather(a.nodes, a.x, a.regions.nodeSave, ps.nnsave, H))
+	steps = append(steps, gather(a.nodes, a.x, a.regions.nodeSave, ps.nnsave, H))
 	switch {
 	case ps.out != nil && len(ps.reads) > 0:
 		// A Verify's rows of this pass read out, their words into the
@@ -698,11 +712,20 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 // gather is a step of GatherRows: n rows of words words from src into dst
 // by the pairs of region (nothing for n = 0).
 func (h *Head) gather(dst, src *gpu.Buffer, region uint64, n, words int) step {
+	return h.gatherFrom(nil, dst, src, region, n, words)
+}
+
+// gatherFrom is gather by the pairs of region of pairs (nil: the
+// activations').
+func (h *Head) gatherFrom(pairs, dst, src *gpu.Buffer, region uint64, n, words int) step {
+	if pairs == nil {
+		pairs = h.act.pairs
+	}
 	return func(b *gpu.Batch) error {
 		if n == 0 {
 			return nil
 		}
-		return kernels.GatherRows(b, dst, src, h.act.pairs.Slice(region, uint64(n*kernels.GatherPairWords)*4), n, words)
+		return kernels.GatherRows(b, dst, src, pairs.Slice(region, uint64(n*kernels.GatherPairWords)*4), n, words)
 	}
 }
 
@@ -719,7 +742,7 @@ func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool, ps *headPass
 	rows := a.x
 	if !ps.readX {
 		rows = a.hLast
-		steps = append(steps, h.gather(a.hLast, src, a.regions.read, n, H))
+		steps = append(steps, h.gatherFrom(ps.pairs, a.hLast, src, a.regions.read, n, H))
 	}
 	return append(steps,
 		func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.logits, rows, w.norm, w.lmHead, n, eps) },

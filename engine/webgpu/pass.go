@@ -97,6 +97,18 @@ type pass struct {
 	// it read out, in next (a chain's passes after the first: one row an
 	// entry, in the order of their read-out rows).
 	fromNext bool
+	// keep, where set, also copies each feature layer's rows to where an
+	// EAGLE-3 head's next pass reads them (a chained speculative step:
+	// Head.DraftVerifyN).
+	keep *featureKeep
+}
+
+// featureKeep is where a pass's rows' features go beside the cache: row
+// r's feature f to row pairs[f]'s destination for r of buf (gather.wgsl's
+// pairs, one binding a feature layer).
+type featureKeep struct {
+	buf   *gpu.Buffer
+	pairs []gpu.Binding
 }
 
 // decodeEntryRows is the most tokens an entry may feed through decode
@@ -539,6 +551,11 @@ func (e *Engine) kernels(ps pass) []step {
 				pairs := a.featPairs.Slice(0, uint64(R*kernels.GatherPairWords)*4)
 				return kernels.GatherRows(b, e.kv.Feature(f), a.x, pairs, R, c.HiddenSize)
 			})
+			if ps.keep != nil {
+				steps = append(steps, func(b *gpu.Batch) error {
+					return kernels.GatherRows(b, ps.keep.buf, a.x, ps.keep.pairs[f], R, c.HiddenSize)
+				})
+			}
 		}
 		steps = append(steps,
 			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);

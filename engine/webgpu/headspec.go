@@ -1,0 +1,505 @@
+package webgpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"webdraft/engine"
+	"webdraft/gpu"
+	"webdraft/kernels"
+)
+
+var _ engine.SpecChainer = (*Head)(nil)
+
+// DraftVerifyN runs up to m greedy speculative steps in one call
+// (engine.SpecChainer), each after the first planned on the device from
+// the step before's verdict, so that the host records the whole chain
+// without waiting for the device and reads it back once.
+//
+// Step 0 is DraftVerify's: the head's chain, then the target's
+// verification of the n drafts after each entry's pending token, with the
+// verification's rows copied into a results buffer and its feature
+// layers' rows also copied to where the head's next pass reads them
+// (pass.keep). Each step j ≥ 1 then runs with no input from the host:
+//   - spec_accept.wgsl takes the step before's verdict — the drafts the
+//     target's greedy tokens agree with, n — moves each sequence's state
+//     on (L, its next verification's first position) and writes the
+//     target's token after the accepted drafts, the bonus, as the first of
+//     its next verification's ids;
+//   - spec_rows.wgsl places the step's rows from that state: the target's
+//     n + 1 rows from L and their features' pool rows, the head's first
+//     pass's rows, the store pair that keeps that pass's output at the
+//     bonus token's row and the head's first chained row;
+//   - the head's first pass runs over all n + 1 rows the step before
+//     verified, their tokens the target's greedy tokens there (which equal
+//     the accepted drafts and, after them, the bonus), their features those
+//     the verification kept: its row at the bonus token drafts the first
+//     token, and the rows past it, whose tokens were never accepted, sit at
+//     positions the later passes overwrite before anything reads them;
+//   - its chained passes draft the n − 1 others, as StepN's do;
+//   - the drafts are gathered into the target's ids, and the target
+//     verifies the n + 1 rows, its rows copied into the results.
+//
+// Where the batch does not chain (engine.SpecChainer: its shape, or room
+// in a pass, in the caches or the context for m steps) it runs one step,
+// DraftVerify's. On an error every sequence is as it was before the call.
+func (h *Head) DraftVerifyN(ctx context.Context, target engine.Engine, steps []engine.ChainStep, n, m int) ([]engine.ChainedStep, error) {
+	if !h.Fuses(target) {
+		return nil, errors.New("webgpu head: draft and verify n: the target is not the head's")
+	}
+	if n <= 0 || m <= 0 {
+		return nil, fmt.Errorf("webgpu head: draft and verify n: %d drafts, %d steps, want both > 0", n, m)
+	}
+	if m > 1 && h.specShape(steps, n) {
+		drafts, verify, pending := draftPlaces(steps)
+		out, chained, err := h.draftVerifyN(ctx, steps, drafts, verify, n, m)
+		for i, s := range steps {
+			s.Verify.Tokens = s.Verify.Tokens[:pending[i]]
+		}
+		if chained || err != nil {
+			return out, err
+		}
+	}
+	return h.oneStep(ctx, steps, n)
+}
+
+// oneStep is DraftVerifyN's single step: DraftVerify, the Verify entries
+// then restored.
+func (h *Head) oneStep(ctx context.Context, steps []engine.ChainStep, n int) ([]engine.ChainedStep, error) {
+	pending := make([]int, len(steps))
+	for i, s := range steps {
+		pending[i] = len(s.Verify.Tokens)
+	}
+	out, err := h.DraftVerify(ctx, h.target, steps, n)
+	if err != nil {
+		return nil, err
+	}
+	cs := engine.ChainedStep{Drafts: make([][]engine.Token, len(steps)), Rows: make([][]engine.VerifyRow, len(steps)), Accepted: make([]int, len(steps))}
+	for i, s := range steps {
+		cs.Drafts[i], cs.Rows[i] = out[i][:s.Take], s.Verify.Rows
+		cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
+		s.Verify.Tokens, s.Verify.Rows = s.Verify.Tokens[:pending[i]], nil
+	}
+	return []engine.ChainedStep{cs}, nil
+}
+
+// agreed is how many of a greedy step's drafts its verified rows accept:
+// the drafts up to the first that is not the target's greedy token.
+func agreed(drafts []engine.Token, rows []engine.VerifyRow) int {
+	a := 0
+	for a < len(drafts) && a < len(rows) && drafts[a].ID == rows[a].Argmax {
+		a++
+	}
+	return a
+}
+
+// specShape reports whether steps have a chain's shape: greedy chains
+// without top tokens over the head's own target's sequences, each taking
+// all n drafts after one pending token, whose n + 1 rows an entry fit one
+// pass of each model and its read-out, through decode attention.
+func (h *Head) specShape(steps []engine.ChainStep, n int) bool {
+	t, B := h.target, len(steps)
+	rows := B * (n + 1)
+	if B == 0 || B > h.act.S || rows > h.act.R || rows > t.opts.MaxRows || rows > t.act.maxLasts || n+1 > decodeEntryRows || len(t.features) == 0 {
+		return false
+	}
+	for _, s := range steps {
+		d, v := s.Draft, s.Verify
+		if d == nil || v == nil || s.Take != n || len(v.Tokens) != 1 || v.Out != n+1 || !v.Sampling.Greedy() || v.TopN != 0 ||
+			v.Draws != nil || v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil || d.TopN != 0 || d.Target != v.Seq {
+			return false
+		}
+	}
+	return true
+}
+
+// specBuffers are DraftVerifyN's own buffers, made by its first call and
+// grown as calls need:
+//
+//	state   (S, kernels.SpecStateWords) u32: each entry's state
+//	rows    (R, kernels.RowWords) u32: the head's first pass's rows
+//	chain   (S, kernels.RowWords) u32: its chained passes' rows, moved on
+//	        pass by pass (kernels.AdvanceRows)
+//	pairs   the head's first pass's gathers, laid out as the activations'
+//	        pairs (pairRegions): its store pairs the device's, its read-out
+//	        pairs the host's
+//	keep    the target's feature copies' pairs, (row·features + f, row),
+//	        a region of R pairs a feature f at keepAt[f]
+//	ids     the drafts' gathers into the target's ids, a region a step
+//	results the target's read-out words (its next buffer), a region a step
+type specBuffers struct {
+	state, rows, chain, pairs, keep *gpu.Buffer
+	keepAt                          []uint64
+	ids, results                    *gpu.Buffer
+}
+
+func (s *specBuffers) release() {
+	for _, b := range []*gpu.Buffer{s.state, s.rows, s.chain, s.pairs, s.keep, s.ids, s.results} {
+		if b != nil {
+			b.Release()
+		}
+	}
+	*s = specBuffers{}
+}
+
+// ensureSpec makes the chain's fixed buffers on first use.
+func (h *Head) ensureSpec() (*specBuffers, error) {
+	if h.spec.state != nil {
+		return &h.spec, nil
+	}
+	a, s := h.act, &h.spec
+	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
+	var keepBytes uint64
+	for range a.regions.features {
+		s.keepAt = append(s.keepAt, keepBytes)
+		keepBytes += (uint64(a.R*kernels.GatherPairWords)*4 + align - 1) / align * align
+	}
+	for _, b := range []struct {
+		dst   **gpu.Buffer
+		name  string
+		bytes uint64
+	}{
+		{&s.state, "head.spec_state", uint64(a.S*kernels.SpecStateWords) * 4},
+		{&s.rows, "head.spec_rows", uint64(a.R*kernels.RowWords) * 4},
+		{&s.chain, "head.spec_chain_rows", uint64(a.S*kernels.RowWords) * 4},
+		{&s.pairs, "head.spec_pairs", uint64(a.regions.words) * 4},
+		{&s.keep, "head.spec_keep_pairs", keepBytes},
+	} {
+		var err error
+		if *b.dst, err = h.dev.NewBuffer(b.name, b.bytes); err != nil {
+			s.release()
+			return nil, fmt.Errorf("webgpu head: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// grow returns *b, made anew where it holds fewer than bytes.
+func grow(d *gpu.Device, b **gpu.Buffer, name string, bytes uint64) error {
+	if *b != nil && (*b).Size() >= bytes {
+		return nil
+	}
+	nb, err := d.NewBuffer(name, bytes)
+	if err != nil {
+		return err
+	}
+	if *b != nil {
+		(*b).Release()
+	}
+	*b = nb
+	return nil
+}
+
+// draftVerifyN runs DraftVerifyN's chain of m steps over checked steps
+// (specShape; draftPlaces done). chained false, with no error: the batch
+// did not chain after all (room in the caches or the context), and
+// nothing changed.
+func (h *Head) draftVerifyN(ctx context.Context, steps []engine.ChainStep, drafts []*engine.Entry, verify []*engine.VerifyEntry, n, m int) (_ []engine.ChainedStep, chained bool, err error) {
+	t := h.target
+	if err := engine.CheckBatch(&h.engCfg, drafts); err != nil {
+		return nil, false, fmt.Errorf("webgpu head: %w", err)
+	}
+	if err := engine.CheckVerify(&t.cfg, verify); err != nil {
+		return nil, false, err
+	}
+	h.g.mu.Lock()
+	defer h.g.mu.Unlock()
+	if err := h.usable(); err != nil {
+		return nil, false, err
+	}
+	if err := t.usable(); err != nil {
+		return nil, false, err
+	}
+	B := len(steps)
+	// The positions the chain may reach: m verifications of n + 1 rows
+	// from each entry's pending token on.
+	L0 := make([]int, B)
+	need := make([]int, B)
+	tseqs, hseqs := make([]*kernels.KVSeq, B), make([]*kernels.KVSeq, B)
+	for i, v := range verify {
+		tq, ok := v.Seq.(*kernels.KVSeq)
+		if !ok {
+			return nil, false, nil // Verify refuses it below, one step
+		}
+		L0[i] = tq.Len()
+		m = min(m, (min(t.cfg.MaxPositionEmbeddings, h.engCfg.MaxPositionEmbeddings)-L0[i])/(n+1))
+	}
+	if m < 2 {
+		return nil, false, nil
+	}
+	feeds, err := h.prepareChain(ctx, drafts, n)
+	if err != nil {
+		return nil, false, err
+	}
+	twork, tlens, err := t.prepareVerify(verify)
+	if err != nil {
+		h.unchain(feeds, false)
+		return nil, false, err
+	}
+	undo := func(submitted bool) {
+		for i, p := range twork {
+			p.seq.Truncate(tlens[i])
+		}
+		for _, f := range feeds {
+			f.seq.Truncate(f.L)
+			f.seq.kv.Truncate(f.seq.rows())
+			if submitted {
+				f.seq.outRow = -1
+			}
+		}
+	}
+	ps := t.plan(twork)
+	if !h.chains(feeds) || !gathersDrafts(ps, twork) || ps.rows != B*(n+1) || ps.decode != ps.rows || ps.lasts != ps.rows || ps.sample {
+		undo(false)
+		return nil, false, nil
+	}
+	for i := range B {
+		tseqs[i], hseqs[i] = twork[i].seq, feeds[i].seq.kv
+		need[i] = L0[i] + m*(n+1)
+	}
+	if err := t.kv.Reserve(tseqs, need); err != nil {
+		undo(false)
+		return nil, false, nil
+	}
+	if err := h.kv.Reserve(hseqs, need); err != nil {
+		undo(false)
+		return nil, false, nil
+	}
+	out, err := h.specRun(ctx, steps, feeds, drafts, twork, ps, L0, n, m)
+	if err != nil {
+		undo(true)
+		return nil, true, t.broken(err)
+	}
+	return out, true, nil
+}
+
+// specRun writes the chain's inputs, submits its m steps and reads them
+// back (DraftVerifyN), then commits both models' sequences.
+func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []headFeed, drafts []*engine.Entry, twork []pending, ps pass, L0 []int, n, m int) ([]engine.ChainedStep, error) {
+	t, a := h.target, h.act
+	B, rows := len(feeds), len(feeds)*(n+1)
+	sb, err := h.ensureSpec()
+	if err != nil {
+		return nil, err
+	}
+	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
+	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
+	lay := h.chainLayout(B, 0, n, true)
+	if err := a.ensureChain(h.dev, n-1, uint64(m)*lay.bytes()); err != nil {
+		return nil, err
+	}
+	tstride := up(t.act.next.Size())
+	idStride := up(uint64(B*n*kernels.GatherPairWords) * 4)
+	if err := grow(h.dev, &sb.results, "head.spec_results", uint64(m)*tstride); err != nil {
+		return nil, err
+	}
+	if err := grow(h.dev, &sb.ids, "head.spec_id_pairs", uint64(m)*idStride); err != nil {
+		return nil, err
+	}
+
+	// The host's inputs, written before the submissions that read them:
+	// the states, the first pass's read-out pairs, the feature copies'
+	// pairs, each step's drafts' places in the target's ids.
+	state := make([]uint32, B*kernels.SpecStateWords)
+	pairs := make([]uint32, a.regions.words)
+	for i, f := range feeds {
+		kernels.PutSpecState(state[i*kernels.SpecStateWords:], L0[i], 0, twork[i].seq.Slot(), f.seq.kv.Slot())
+		w := a.regions.read/4 + uint64(i*kernels.GatherPairWords)
+		pairs[w], pairs[w+1] = uint32(i), uint32(a.R+f.seq.kv.Slot())
+	}
+	nf := len(sb.keepAt)
+	keep := make([]uint32, sb.keep.Size()/4)
+	keepFor := &featureKeep{buf: a.fcIn}
+	for f, at := range sb.keepAt {
+		for r := range rows {
+			w := at/4 + uint64(r*kernels.GatherPairWords)
+			keep[w], keep[w+1] = uint32(r*nf+f), uint32(r)
+		}
+		keepFor.pairs = append(keepFor.pairs, sb.keep.Slice(at, uint64(rows*kernels.GatherPairWords)*4))
+	}
+	ids := make([]uint32, uint64(m)*idStride/4)
+	for j := 1; j < m; j++ {
+		at := uint64(j) * idStride / 4
+		for i := range B {
+			for c := range n {
+				w := at + uint64((i*n+c)*kernels.GatherPairWords)
+				ids[w], ids[w+1] = uint32(i*(n+1)+1+c), uint32(lay.targetWord(i, j*n+c))
+			}
+		}
+	}
+	for _, w := range []struct {
+		buf *gpu.Buffer
+		v   []uint32
+	}{{sb.state, state}, {sb.pairs, pairs}, {sb.keep, keep}, {sb.ids, ids}} {
+		if err := w.buf.WriteU32(0, w.v); err != nil {
+			return nil, err
+		}
+	}
+
+	// Step 0: DraftVerify's submissions, the verification's features kept
+	// for the head and its rows copied into the results.
+	copyRows := func(j int) step {
+		return func(b *gpu.Batch) error {
+			return kernels.CopyTo(b, sb.results, uint64(j)*tstride, t.act.next, t.act.next.Size())
+		}
+	}
+	lay0, _, err := h.chainSubmit(ctx, feeds, drafts, n, true)
+	if err != nil {
+		return nil, err
+	}
+	pre, err := t.gatherDrafts(ps, twork, steps, lay0.targetWord, a.results)
+	if err != nil {
+		return nil, err
+	}
+	ps.keep = keepFor
+	if _, err := t.forwardRead(ps, false, pre, []step{copyRows(0)}, submitEvery, nil); err != nil {
+		return nil, fmt.Errorf("chained speculative step 1: %w", err)
+	}
+
+	// Steps 1 … m−1, planned on the device.
+	maxLen := 0
+	for i := range B {
+		maxLen = max(maxLen, L0[i]+m*(n+1))
+	}
+	accept := func(j int) step { // step j's verdict
+		return func(b *gpu.Batch) error {
+			return kernels.SpecAccept(b, sb.state, a.results, t.act.next, t.act.ids, B, n, int(uint64(j*n)*lay.stride/4), int(lay.stride/4))
+		}
+	}
+	first := make([]headPart, B)
+	chain := make([]headPart, B)
+	for i, f := range feeds {
+		first[i] = headPart{feed: i, slot: f.seq.kv.Slot(), T: n + 1, row0: i * (n + 1)}
+		chain[i] = headPart{feed: i, slot: f.seq.kv.Slot(), T: 1, row0: i}
+	}
+	results := func(ps *headPass, k int) { // chain step k's read-out into the results; the step before's ids embedded
+		at := uint64(k) * lay.stride
+		ps.readIDs = a.results.Slice(at, lay.idBytes)
+		ps.readLP = a.results.Slice(at+lay.lpAt, lay.topAt-lay.lpAt)
+		if ps.fromNext {
+			ps.fromIDs = a.results.Slice(at-lay.stride, lay.idBytes)
+		}
+	}
+	var raw [][]byte
+	for j := 1; j < m; j++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		steps := []step{accept(j - 1), func(b *gpu.Batch) error {
+			return kernels.SpecRows(b, sb.state, t.kv, kernels.SpecRowsOut{
+				TargetRows: t.act.rows, TargetFeatures: t.act.featPairs, HeadRows: sb.rows,
+				HeadSave: sb.pairs.Slice(a.regions.save, uint64(B*kernels.GatherPairWords)*4), HeadChain: sb.chain,
+			}, B, n, a.R)
+		}}
+		hp := headPass{parts: first, rows: rows, decode: rows, maxLen: maxLen, nfc: rows, featsIn: true, nsave: B, last: true,
+			mapped: true, rowBuf: sb.rows, pairs: sb.pairs, fromIDs: t.act.next.Slice(0, uint64((rows+3)&^3)*4)}
+		results(&hp, j*n)
+		steps = append(steps, h.passSteps(&hp, B, 0)...)
+		for c := 1; c < n; c++ {
+			if c > 1 {
+				steps = append(steps, func(b *gpu.Batch) error { return kernels.AdvanceRows(b, sb.chain, B) })
+			}
+			cp := headPass{parts: chain, rows: B, decode: B, maxLen: maxLen, nx: B, nsave: B, last: true, rowBuf: sb.chain,
+				mapped: true, fromNext: true, xHeld: c > 1, noSave: c < n-1, readX: true}
+			results(&cp, j*n+c)
+			steps = append(steps, h.passSteps(&cp, B, 0)...)
+		}
+		steps = append(steps, func(b *gpu.Batch) error {
+			return kernels.GatherRows(b, t.act.ids, a.results, sb.ids.Slice(uint64(j)*idStride, uint64(B*n*kernels.GatherPairWords)*4), B*n, 1)
+		})
+		tp := pass{rows: rows, decode: rows, lasts: rows, maxLen: maxLen, chained: true, sameLasts: true, keep: keepFor}
+		kernelSteps, kept := t.passKernels(tp)
+		steps = append(append(steps, kernelSteps...), copyRows(j))
+		var ranges []gpu.Binding
+		if j == m-1 {
+			steps = append(steps, accept(m-1))
+			ranges = []gpu.Binding{a.results.Slice(0, uint64(m)*lay.bytes()), sb.results.Slice(0, uint64(m)*tstride), sb.state.Slice(0, uint64(B*kernels.SpecStateWords)*4)}
+		}
+		if raw, err = t.submitRead(steps, chainedSubmitEvery, ranges...); err != nil {
+			return nil, fmt.Errorf("chained speculative step %d: %w", j+1, err)
+		}
+		kept()
+	}
+	out, last, err := h.specRead(raw, lay, tstride, L0, n, m)
+	if err != nil {
+		return nil, err
+	}
+	return out, h.specCommit(feeds, twork, last, n)
+}
+
+// specRead decodes a chain's results read back (raw: the head's drafts,
+// the target's rows, the final states) into its steps, each step's
+// acceptance the host's own rule, and checks that the device accepted as
+// much; it returns the steps and each entry's last verification's first
+// position.
+func (h *Head) specRead(raw [][]byte, lay chainLayout, tstride uint64, L0 []int, n, m int) ([]engine.ChainedStep, []int, error) {
+	t := h.target
+	B, rows := len(L0), len(L0)*(n+1)
+	words, twords, states := u32s(raw[0]), u32s(raw[1]), u32s(raw[2])
+	f32 := func(w uint32) float32 { return math.Float32frombits(w) }
+	out := make([]engine.ChainedStep, m)
+	L := append([]int(nil), L0...)
+	last := make([]int, B)
+	for j := range out {
+		cs := &out[j]
+		cs.Drafts, cs.Rows, cs.Accepted = make([][]engine.Token, B), make([][]engine.VerifyRow, B), make([]int, B)
+		at := uint64(j) * tstride / 4
+		lp, lse := at+t.act.nextLP/4, at+(t.act.nextLP/4)+uint64(lseAt(rows))
+		for i := range B {
+			cs.Drafts[i] = make([]engine.Token, n)
+			for c := range n {
+				k := uint64(j*n+c) * lay.stride / 4
+				id, err := t.token(words[k+uint64(i)])
+				if err != nil {
+					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, draft %d: %w", j+1, i, c+1, err)
+				}
+				cs.Drafts[i][c] = engine.Token{ID: id, Logprob: f32(words[k+lay.lpAt/4+uint64(i)])}
+			}
+			cs.Rows[i] = make([]engine.VerifyRow, n+1)
+			for r := range n + 1 {
+				w := uint64(i*(n+1) + r)
+				id, err := t.token(twords[at+w])
+				if err != nil {
+					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
+				}
+				row := &cs.Rows[i][r]
+				row.Argmax, row.ArgmaxLogprob, row.LogSumExp = id, f32(twords[lp+w]), f32(twords[lse+w])
+			}
+			cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
+			last[i] = L[i]
+			L[i] += cs.Accepted[i] + 1
+		}
+	}
+	for i := range B {
+		if got := int(states[i*kernels.SpecStateWords]); got != L[i] {
+			return nil, nil, fmt.Errorf("chained speculative steps, batch entry %d: the device accepted up to position %d, the host %d", i, got, L[i])
+		}
+	}
+	return out, last, nil
+}
+
+// specCommit records what a chain left in the sequences, as after its
+// last step's DraftVerify alone: the target holds its last verification's
+// n + 1 rows from last[i] on; the head its rows through the last step's
+// chain, those up to last[i] over the target's features, its store
+// holding its last chained row.
+func (h *Head) specCommit(feeds []headFeed, twork []pending, last []int, n int) error {
+	if err := h.commit(feeds, n-1); err != nil { // step 0's, then moved on
+		return err
+	}
+	for i, f := range feeds {
+		s := f.seq
+		s.len = last[i] + n
+		if err := s.kv.Commit(s.len-1, nil); err != nil {
+			return err
+		}
+		s.targetRows = last[i]
+		s.outRow = s.len - 2
+		if err := twork[i].seq.Commit(last[i]+n+1, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,219 @@
+package webgpu
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"webdraft/checkpoint"
+	"webdraft/eagle3"
+	"webdraft/engine"
+	"webdraft/engine/enginetest"
+	"webdraft/gpu/gputest"
+	"webdraft/internal/synth"
+	"webdraft/safetensors"
+	"webdraft/tensor"
+)
+
+// agreeablePair is a tiny target and an EAGLE-3 head over it that agree
+// about half the time, so that chains of speculative steps accept drafts
+// of every length: the target's final norm keeps one coordinate of its
+// hidden state, so its greedy token is one of two (the tokens its lm_head
+// scores highest and lowest by that coordinate), by the coordinate's
+// sign; the head's lm_head scores the same two by a random direction of
+// its own output, and every other draft token 0, so it drafts one of the
+// two by that direction's sign — each side's choice its own, from what
+// each reads at the position.
+func agreeablePair(t *testing.T) (*Head, *Engine) {
+	t.Helper()
+	cfg := synth.Shapes["tiny"]
+	cfg.NumHiddenLayers = enginetest.HeadLayers
+	dir := filepath.Join(t.TempDir(), "target")
+	if err := synth.Write(dir, cfg, synth.Options{Seed: 7, Std: 0.2, DType: safetensors.F32}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.F32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	norm := make([]float32, len(m.Weights.Norm))
+	norm[0] = 1
+	m.Weights.Norm = norm
+	tlm := m.Weights.LMHead.(*tensor.F32)
+	hi, lo := 0, 0
+	for v := range tlm.Rows {
+		if x := tlm.Data[v*tlm.Cols]; x > tlm.Data[hi*tlm.Cols] {
+			hi = v
+		} else if x < tlm.Data[lo*tlm.Cols] {
+			lo = v
+		}
+	}
+	target, err := NewGroup(gputest.Device(t)).New(m.Config, m.Weights, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32",
+		FeatureLayers: eagle3.DefaultAux(enginetest.HeadLayers)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Close() })
+	c := enginetest.TinyHeadConfig()
+	w := enginetest.RandomHead(c, 11, false)
+	ids := []int32{int32(hi), int32(lo)}
+	for _, id := range w.TargetIDs {
+		if len(ids) < c.DraftVocabSize && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	w.TargetIDs = ids
+	lm := w.LMHead.(*tensor.F32)
+	u := slices.Clone(lm.Data[:lm.Cols])
+	clear(lm.Data)
+	for d, id := range ids {
+		sign := float32(0)
+		switch int(id) {
+		case hi:
+			sign = 1
+		case lo:
+			sign = -1
+		}
+		for k, x := range u {
+			lm.Data[d*lm.Cols+k] = sign * x
+		}
+	}
+	h, err := NewHead(target, c, w, HeadOptions{KVBytes: 1 << 20, MaxSequences: 8, KV: "f32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h, target
+}
+
+// specGen is one generation of TestHeadDraftVerifyN: its text, and its
+// sequences for the chained calls (F) and for the step-by-step ones (S).
+type specGen struct{ headTwins }
+
+// TestHeadDraftVerifyN: a chain of m speculative steps in one call — each
+// step after the first accepted and planned on the device — drafts,
+// verifies and accepts what m DraftVerify calls do, each followed by
+// greedy acceptance on the host: the same drafts and verified rows step
+// by step, the same acceptance, and both caches then holding the same
+// (the next call, chained or not, goes on from them alike). Over a pair
+// that accepts drafts of every length (agreeablePair) and a random one
+// (drafts seldom accepted, the target's rows its own), two generations a
+// batch, n = 1, 3 and 5 drafts a step.
+func TestHeadDraftVerifyN(t *testing.T) {
+	for _, pair := range []string{"agreeable", "random"} {
+		t.Run(pair, func(t *testing.T) {
+			var h *Head
+			var target *Engine
+			if pair == "agreeable" {
+				h, target = agreeablePair(t)
+			} else {
+				rig := newHeadRig(t, true, HeadOptions{})
+				h, target = rig.head, rig.target
+			}
+			for _, n := range []int{1, 3, 5} {
+				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, pair == "agreeable") })
+			}
+		})
+	}
+}
+
+func testDraftVerifyN(t *testing.T, h *Head, target *Engine, n int, agreeable bool) {
+	ctx := context.Background()
+	const m = 4
+	gens := []*specGen{
+		{newHeadTwins(t, h, target, []int{3, 17, 5, 9, 30, 200})},
+		{newHeadTwins(t, h, target, []int{8, 1, 250, 4})},
+	}
+	// The head first drafts after the whole text fed at once.
+	chainSteps := func(seq func(g *specGen) (tq, hq engine.Sequence)) []engine.ChainStep {
+		var steps []engine.ChainStep
+		for _, g := range gens {
+			tq, hq := seq(g)
+			steps = append(steps, engine.ChainStep{
+				Draft:  &engine.Entry{Seq: hq, Target: tq, Tokens: slices.Clone(g.text[hq.Len():])},
+				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(g.text[tq.Len():]), Out: n + 1},
+				Take:   n,
+			})
+		}
+		return steps
+	}
+	accepted := map[int]int{}
+	for round := range 3 {
+		fused := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tF, g.hF })
+		got, err := h.DraftVerifyN(ctx, target, fused, n, m)
+		if err != nil {
+			t.Fatalf("round %d: DraftVerifyN: %v", round, err)
+		}
+		if len(got) != m {
+			t.Fatalf("round %d: %d steps, want %d", round, len(got), m)
+		}
+		for i, s := range fused {
+			if len(s.Verify.Tokens) != 1 || s.Verify.Rows != nil {
+				t.Fatalf("round %d, generation %d: the Verify entry changed: %v, %d rows", round, i, s.Verify.Tokens, len(s.Verify.Rows))
+			}
+		}
+		texts := make([][]int, len(gens))
+		for i, g := range gens {
+			texts[i] = slices.Clone(g.text)
+		}
+		if round == 0 && n == 3 {
+			t.Logf("DEBUG drafts %v rows %v", got[0].Drafts, got[0].Rows)
+		}
+		for j, cs := range got {
+			sep := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tS, g.hS })
+			want, err := engine.DraftVerify(ctx, h, target, sep, n)
+			if err != nil {
+				t.Fatalf("round %d, step %d: DraftVerify: %v", round, j, err)
+			}
+			what := fmt.Sprintf("round %d, step %d", round, j)
+			sameTokens(t, what, cs.Drafts, want)
+			for i, g := range gens {
+				rows := sep[i].Verify.Rows
+				for r, w := range rows {
+					gr := cs.Rows[i][r]
+					if gr.Argmax != w.Argmax || math.Abs(float64(gr.ArgmaxLogprob-w.ArgmaxLogprob)) > 1e-4 || math.Abs(float64(gr.LogSumExp-w.LogSumExp)) > 1e-4 {
+						t.Errorf("%s, generation %d, row %d: %+v, step by step %+v", what, i, r, gr.Row, w.Row)
+					}
+				}
+				a := 0
+				for a < n && want[i][a].ID == rows[a].Argmax {
+					a++
+				}
+				if cs.Accepted[i] != a {
+					t.Errorf("%s, generation %d: accepted %d, step by step %d", what, i, cs.Accepted[i], a)
+				}
+				accepted[a]++
+				for _, d := range want[i][:a] {
+					g.text = append(g.text, d.ID)
+				}
+				g.text = append(g.text, rows[a].Argmax)
+				for _, s := range []engine.Sequence{g.tS, g.hS} {
+					s.Truncate(min(s.Len(), len(g.text)-1))
+				}
+			}
+			if t.Failed() {
+				t.FailNow()
+			}
+		}
+		// The chained sequences, cut back as after accepting the last step,
+		// hold what the step-by-step ones do.
+		for i, g := range gens {
+			for _, s := range []engine.Sequence{g.tF, g.hF} {
+				s.Truncate(min(s.Len(), len(g.text)-1))
+			}
+			if g.tF.Len() != g.tS.Len() || g.hF.Len() != g.hS.Len() {
+				t.Fatalf("round %d, generation %d: the chain leaves the target %d tokens and the head %d; step by step %d and %d (text %d, from %d)",
+					round, i, g.tF.Len(), g.hF.Len(), g.tS.Len(), g.hS.Len(), len(g.text), len(texts[i]))
+			}
+		}
+	}
+	t.Logf("drafts accepted (count: generations × steps): %v", accepted)
+	if agreeable && len(accepted) < min(3, n+1) {
+		t.Errorf("the agreeable pair accepted %v drafts: want several lengths", accepted)
+	}
+}

@@ -1,0 +1,115 @@
+package kernels
+
+import (
+	"fmt"
+	"reflect"
+
+	"webdraft/gpu"
+	"webdraft/shaders"
+)
+
+var specAcceptKernel = gpu.Kernel{
+	Module: "spec_accept.wgsl", Source: shaders.SpecAccept, Entry: "main", Params: reflect.TypeFor[specAcceptParams](),
+	Storage: []gpu.Access{gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // state, drafts, verify, ids
+}
+
+var specRowsKernel = gpu.Kernel{
+	Module: "spec_rows.wgsl", Source: shaders.SpecRows, Entry: "main", Params: reflect.TypeFor[specRowsParams](),
+	// state, table, trows, tfeat, hrows, hsave, hchain
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
+}
+
+type specAcceptParams struct{ B, K, DraftsAt, DraftStride uint32 }
+
+type specRowsParams struct {
+	B, K, MaxBlocks, BlockSize, StoreRow uint32
+	_, _, _                              uint32
+}
+
+const specWG = 64
+
+// SpecStateWords is the u32 words of a sequence's state in a chain of
+// speculative steps (spec_accept.wgsl): L, the position its next
+// verification starts at; n, the drafts accepted at its last step; its
+// table rows in the target's cache and in the head's.
+const SpecStateWords = 4
+
+// PutSpecState writes a sequence's state (SpecStateWords words) into dst.
+func PutSpecState(dst []uint32, L, n, targetSlot, headSlot int) {
+	dst[0], dst[1], dst[2], dst[3] = uint32(L), uint32(n), uint32(targetSlot), uint32(headSlot)
+}
+
+// SpecAccept records the acceptance of a greedy speculative step of B
+// sequences of K drafts each on the device (spec_accept.wgsl): n, the
+// drafts the target's greedy tokens agree with (sequence i's draft c at
+// word draftsAt + c·draftStride + i of drafts, its verified rows'
+// tokens at words i·(K+1) … of verify), moves each state on (L += n + 1,
+// n) and writes the target's token at the last accepted row, the bonus,
+// at word i·(K+1) of ids, where the next verification feeds it.
+func SpecAccept(b *gpu.Batch, state, drafts, verify, ids *gpu.Buffer, B, K, draftsAt, draftStride int) error {
+	op := "spec_accept"
+	rows := uint64(B * (K + 1))
+	switch {
+	case B <= 0 || K <= 0 || draftsAt < 0 || draftStride < B:
+		return fmt.Errorf("kernels: %s: %d sequences of %d drafts, drafts from word %d every %d", op, B, K, draftsAt, draftStride)
+	case uint64(B*SpecStateWords)*4 > state.Size():
+		return fmt.Errorf("kernels: %s: %d states in a %d-byte buffer", op, B, state.Size())
+	case uint64(draftsAt+(K-1)*draftStride+B)*4 > drafts.Size():
+		return fmt.Errorf("kernels: %s: drafts up to word %d of a %d-byte buffer", op, draftsAt+(K-1)*draftStride+B, drafts.Size())
+	case rows*4 > verify.Size() || rows*4 > ids.Size():
+		return fmt.Errorf("kernels: %s: %d rows of verified tokens (%d bytes) and ids (%d bytes)", op, rows, verify.Size(), ids.Size())
+	}
+	p, err := b.Device().Pipeline(specAcceptKernel, nil)
+	if err != nil {
+		return err
+	}
+	params := &specAcceptParams{B: uint32(B), K: uint32(K), DraftsAt: uint32(draftsAt), DraftStride: uint32(draftStride)}
+	binds := []gpu.Binding{state.All(), drafts.All(), verify.All(), ids.All()}
+	if err := gpu.Dispatch(b, p, params, binds, uint32((B+specWG-1)/specWG), 1, 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}
+
+// SpecRowsOut is where SpecRows writes: the target's rows and their
+// features' pairs, the head's first pass's rows, its store pair and its
+// first chained row.
+type SpecRowsOut struct {
+	TargetRows, TargetFeatures, HeadRows *gpu.Buffer
+	HeadSave                             gpu.Binding
+	HeadChain                            *gpu.Buffer
+}
+
+// SpecRows records the places of the next chained speculative step's rows
+// from each of B sequences' state (spec_rows.wgsl): the target's K+1 rows
+// from L on (PutRow's line rows, its cache c's table row in the state)
+// and the pairs (pool row, row) that keep their features; an EAGLE-3
+// head's K+1 rows from the step before's first position, L − n − 1; the
+// pair (storeRow + head slot, the row of the bonus token) that keeps that
+// row's output in the head's store; the head's first chained row, at L.
+func SpecRows(b *gpu.Batch, state *gpu.Buffer, c *KVCache, out SpecRowsOut, B, K, storeRow int) error {
+	op := "spec_rows"
+	rows := B * (K + 1)
+	switch {
+	case B <= 0 || K <= 0 || storeRow < 0:
+		return fmt.Errorf("kernels: %s: %d sequences of %d drafts, store from row %d", op, B, K, storeRow)
+	case uint64(B*SpecStateWords)*4 > state.Size():
+		return fmt.Errorf("kernels: %s: %d states in a %d-byte buffer", op, B, state.Size())
+	case uint64(rows*RowWords)*4 > min(out.TargetRows.Size(), out.HeadRows.Size()):
+		return fmt.Errorf("kernels: %s: %d rows in buffers of %d and %d bytes", op, rows, out.TargetRows.Size(), out.HeadRows.Size())
+	case uint64(rows*GatherPairWords)*4 > out.TargetFeatures.Size():
+		return fmt.Errorf("kernels: %s: %d feature pairs in a %d-byte buffer", op, rows, out.TargetFeatures.Size())
+	case uint64(B*GatherPairWords)*4 > out.HeadSave.Size || uint64(B*RowWords)*4 > out.HeadChain.Size():
+		return fmt.Errorf("kernels: %s: %d store pairs in %d bytes, chained rows in %d", op, B, out.HeadSave.Size, out.HeadChain.Size())
+	}
+	p, err := b.Device().Pipeline(specRowsKernel, nil)
+	if err != nil {
+		return err
+	}
+	params := &specRowsParams{B: uint32(B), K: uint32(K), MaxBlocks: uint32(c.MaxBlocks), BlockSize: uint32(c.BlockSize), StoreRow: uint32(storeRow)}
+	binds := []gpu.Binding{state.All(), c.table.All(), out.TargetRows.All(), out.TargetFeatures.All(), out.HeadRows.All(), out.HeadSave, out.HeadChain.All()}
+	if err := gpu.Dispatch(b, p, params, binds, uint32((rows+specWG-1)/specWG), 1, 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}

@@ -1,0 +1,201 @@
+package kernels
+
+import (
+	"slices"
+	"testing"
+
+	"webdraft/gpu"
+	"webdraft/gpu/gputest"
+	"webdraft/treemask"
+)
+
+// specAcceptRef is spec_accept.wgsl in plain Go: state, ids updated in
+// place.
+func specAcceptRef(state, drafts, verify, ids []uint32, B, K, draftsAt, draftStride int) {
+	for i := range B {
+		row0 := i * (K + 1)
+		n := 0
+		for n < K && drafts[draftsAt+n*draftStride+i] == verify[row0+n] {
+			n++
+		}
+		s := state[i*SpecStateWords:]
+		s[0] += uint32(n + 1)
+		s[1] = uint32(n)
+		ids[row0] = verify[row0+n]
+	}
+}
+
+// TestSpecAccept: random drafts that agree with the verified tokens for a
+// random run of each sequence (none, some, all K), against the plain-Go
+// rule; the words of ids it must not write keep their random values.
+// Bad calls are refused.
+func TestSpecAccept(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, tc := range []struct{ B, K int }{{1, 1}, {1, 4}, {3, 6}, {70, 2}} {
+		B, K := tc.B, tc.K
+		draftStride := B + r.IntN(5)
+		draftsAt := r.IntN(9)
+		verify := make([]uint32, B*(K+1))
+		for i := range verify {
+			verify[i] = uint32(r.IntN(50))
+		}
+		drafts := make([]uint32, draftsAt+K*draftStride)
+		for i := range drafts {
+			drafts[i] = uint32(r.IntN(50))
+		}
+		for i := range B {
+			agree := r.IntN(K + 1)
+			if i == 0 {
+				agree = K
+			}
+			for c := range agree {
+				drafts[draftsAt+c*draftStride+i] = verify[i*(K+1)+c]
+			}
+			if agree < K { // one disagreement, then random again
+				drafts[draftsAt+agree*draftStride+i] = verify[i*(K+1)+agree] + 1
+			}
+		}
+		state := make([]uint32, B*SpecStateWords)
+		for i := range state {
+			state[i] = uint32(r.IntN(1000))
+		}
+		ids := make([]uint32, B*(K+1)+4)
+		for i := range ids {
+			ids[i] = r.Uint32()
+		}
+		stateBuf, idsBuf := uploadU32(t, d, "state", state), uploadU32(t, d, "ids", ids)
+		draftsBuf, verifyBuf := uploadU32(t, d, "drafts", drafts), uploadU32(t, d, "verify", verify)
+		run(t, d, "spec accept", func(b *gpu.Batch) error {
+			return SpecAccept(b, stateBuf, draftsBuf, verifyBuf, idsBuf, B, K, draftsAt, draftStride)
+		})
+		specAcceptRef(state, drafts, verify, ids, B, K, draftsAt, draftStride)
+		for _, c := range []struct {
+			name string
+			buf  *gpu.Buffer
+			want []uint32
+		}{{"state", stateBuf, state}, {"ids", idsBuf, ids}} {
+			got, err := c.buf.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got[:len(c.want)], c.want) {
+				t.Fatalf("B %d K %d: %s = %v, want %v", B, K, c.name, got[:len(c.want)], c.want)
+			}
+		}
+	}
+	small := uploadU32(t, d, "small", make([]uint32, 4))
+	big := uploadU32(t, d, "big", make([]uint32, 64))
+	b, err := d.NewBatch("spec accept refused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Discard()
+	for name, call := range map[string]func() error{
+		"no sequences":       func() error { return SpecAccept(b, big, big, big, big, 0, 2, 0, 1) },
+		"no drafts":          func() error { return SpecAccept(b, big, big, big, big, 1, 0, 0, 1) },
+		"stride under B":     func() error { return SpecAccept(b, big, big, big, big, 2, 2, 0, 1) },
+		"states past buffer": func() error { return SpecAccept(b, small, big, big, big, 2, 2, 0, 2) },
+		"drafts past buffer": func() error { return SpecAccept(b, big, small, big, big, 1, 3, 2, 1) },
+		"rows past ids":      func() error { return SpecAccept(b, big, big, big, small, 2, 2, 0, 2) },
+	} {
+		if err := call(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestSpecRows: the rows and pairs of the next chained step from random
+// states of sequences in a paged cache (their blocks scattered over the
+// pool), against PutRow's line rows and KVSeq.PoolRow; every output
+// poisoned first, the words past B's left so.
+func TestSpecRows(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	const blockSize, maxBlocks = 4, 32
+	for _, tc := range []struct{ B, K int }{{1, 1}, {1, 4}, {3, 6}, {5, 15}} {
+		B, K := tc.B, tc.K
+		c, err := NewKVCache(d, KVShape{Layers: 1, KVHeads: 1, D: 4, BlockSize: blockSize, Blocks: (B+2)*(maxBlocks+1), Seqs: B + 2, MaxBlocks: maxBlocks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Release)
+		var seqs []*KVSeq
+		for range B + 2 { // two sequences not in the batch, their blocks among the batch's
+			s, err := c.NewSeq()
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs = append(seqs, s)
+		}
+		r.Shuffle(len(seqs), func(i, j int) { seqs[i], seqs[j] = seqs[j], seqs[i] })
+		for round := range 3 { // grow in turns: blocks interleave
+			for _, s := range seqs {
+				need := len(s.blocks)*blockSize + 1 + r.IntN(blockSize*4)
+				if round == 2 {
+					need += 2*K + 2 // room for L − n − 1 ≥ 0 and L + K
+				}
+				if err := c.Reserve([]*KVSeq{s}, []int{need}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := c.SyncTables(seqs); err != nil {
+			t.Fatal(err)
+		}
+		batch := seqs[:B]
+		state := make([]uint32, B*SpecStateWords)
+		headSlots := make([]int, B)
+		for i, s := range batch {
+			n := r.IntN(K + 1)
+			L := n + 1 + r.IntN(len(s.blocks)*blockSize-K-n-1) // L − n − 1 ≥ 0, L + K mapped
+			headSlots[i] = r.IntN(8)
+			PutSpecState(state[i*SpecStateWords:], L, n, s.Slot(), headSlots[i])
+		}
+		const storeRow = 37
+		rows := B * (K + 1)
+		stateBuf := uploadU32(t, d, "state", state)
+		out := SpecRowsOut{
+			TargetRows: poisoned(t, d, "trows", (rows+1)*RowWords), TargetFeatures: poisoned(t, d, "tfeat", (rows+1)*GatherPairWords),
+			HeadRows: poisoned(t, d, "hrows", (rows+1)*RowWords), HeadChain: poisoned(t, d, "hchain", (B+1)*RowWords),
+		}
+		save := poisoned(t, d, "hsave", (B+1)*GatherPairWords)
+		out.HeadSave = save.All()
+		run(t, d, "spec rows", func(b *gpu.Batch) error { return SpecRows(b, stateBuf, c, out, B, K, storeRow) })
+		want := map[string][]uint32{
+			"trows": make([]uint32, rows*RowWords), "tfeat": make([]uint32, rows*GatherPairWords),
+			"hrows": make([]uint32, rows*RowWords), "hsave": make([]uint32, B*GatherPairWords), "hchain": make([]uint32, B*RowWords),
+		}
+		line := func(dst []uint32, seq, pos int) { PutRow(dst, seq, pos, treemask.LineRow(pos)) }
+		for i, s := range batch {
+			L, n := int(state[i*SpecStateWords]), int(state[i*SpecStateWords+1])
+			for t0 := range K + 1 {
+				row := i*(K+1) + t0
+				line(want["trows"][row*RowWords:], s.Slot(), L+t0)
+				pool, err := s.PoolRow(L + t0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want["tfeat"][2*row], want["tfeat"][2*row+1] = uint32(pool), uint32(row)
+				line(want["hrows"][row*RowWords:], headSlots[i], L-n-1+t0)
+			}
+			want["hsave"][2*i], want["hsave"][2*i+1] = uint32(storeRow+headSlots[i]), uint32(i*(K+1)+n)
+			line(want["hchain"][i*RowWords:], headSlots[i], L)
+		}
+		for name, buf := range map[string]*gpu.Buffer{"trows": out.TargetRows, "tfeat": out.TargetFeatures, "hrows": out.HeadRows, "hsave": save, "hchain": out.HeadChain} {
+			got, err := buf.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := want[name]
+			if !slices.Equal(got[:len(w)], w) {
+				t.Fatalf("B %d K %d: %s = %v, want %v", B, K, name, got[:len(w)], w)
+			}
+			for j, v := range got[len(w):] {
+				if v != gpu.NaN32 {
+					t.Fatalf("B %d K %d: %s word %d past the rows written: %#x", B, K, name, len(w)+j, v)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,178 @@
+package speculative_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"webdraft/engine"
+	"webdraft/speculative"
+)
+
+// specChainer chains an EAGLE-3 head's fused steps the plain way, as
+// engine.SpecChainer's contract has a device do it: DraftVerifyN runs
+// engine.DraftVerify m times, each step accepted greedily on the host
+// (both caches cut back to the accepted drafts and the target's token
+// after them, which the next step feeds first), the last step's caches
+// left as DraftVerify leaves them.
+type specChainer struct {
+	engine.Head
+	mu    sync.Mutex
+	calls []int // m of each call
+}
+
+func (c *specChainer) Fuses(target engine.Engine) bool { return target == c.Head.Target() }
+
+func (c *specChainer) DraftVerify(ctx context.Context, target engine.Engine, steps []engine.ChainStep, n int) ([][]engine.Token, error) {
+	return engine.DraftVerify(ctx, c.Head, target, steps, n) // two calls: the head does not fuse
+}
+
+func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, steps []engine.ChainStep, n, m int) ([]engine.ChainedStep, error) {
+	c.mu.Lock()
+	c.calls = append(c.calls, m)
+	c.mu.Unlock()
+	// Each entry's text from base on: the tokens either model has yet to
+	// feed, then what each step emits.
+	base := make([]int, len(steps))
+	tail := make([][]int, len(steps))
+	for i, s := range steps {
+		hl, tl := s.Draft.Seq.Len(), s.Verify.Seq.Len()
+		base[i], tail[i] = min(hl, tl), slices.Clone(s.Draft.Tokens)
+		if tl < hl {
+			tail[i] = slices.Clone(s.Verify.Tokens)
+		}
+	}
+	var out []engine.ChainedStep
+	for j := range m {
+		step := make([]engine.ChainStep, len(steps))
+		for i, s := range steps {
+			hq, tq := s.Draft.Seq, s.Verify.Seq
+			step[i] = engine.ChainStep{
+				Draft:  &engine.Entry{Seq: hq, Target: tq, Tokens: slices.Clone(tail[i][hq.Len()-base[i]:])},
+				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(tail[i][tq.Len()-base[i]:]), Out: n + 1},
+				Take:   n,
+			}
+		}
+		drafts, err := engine.DraftVerify(ctx, c.Head, target, step, n)
+		if err != nil {
+			return nil, err
+		}
+		cs := engine.ChainedStep{Drafts: make([][]engine.Token, len(steps)), Rows: make([][]engine.VerifyRow, len(steps)), Accepted: make([]int, len(steps))}
+		for i, s := range step {
+			rows := s.Verify.Rows
+			a := 0
+			for a < n && drafts[i][a].ID == rows[a].Argmax {
+				a++
+			}
+			cs.Drafts[i], cs.Rows[i], cs.Accepted[i] = drafts[i][:n], rows, a
+			if j == m-1 {
+				continue
+			}
+			for _, d := range drafts[i][:a] {
+				tail[i] = append(tail[i], d.ID)
+			}
+			tail[i] = append(tail[i], rows[a].Argmax)
+			for _, q := range []engine.Sequence{s.Draft.Seq, s.Verify.Seq} {
+				q.Truncate(min(q.Len(), base[i]+len(tail[i])-1))
+			}
+		}
+		out = append(out, cs)
+	}
+	return out, nil
+}
+
+// TestSpecChained: where the drafter chains fused speculative steps
+// (engine.SpecChainer), the runner runs several a call — as many as fit
+// the span, within what each generation may still emit — and accepts each
+// as a step of its own: batched generations equal the target alone, each
+// step streamed and counted (τ the steps' own), a stop token inside a
+// chain ends the generation there and leaves the caches as long as the
+// context (the next turn, from the cache, still equals the target alone),
+// and OnStep stopping inside a chain drops the steps after it.
+func TestSpecChained(t *testing.T) {
+	defer speculative.SetAloneSpan(time.Hour)() // every chain as long as it may be
+	ps := prompts(9, 4)
+	const n, k = 37, 3
+	base := headPair(t, ps, n)
+	drafter := &specChainer{Head: base.drafter.(engine.Head)}
+	var mu sync.Mutex
+	var emitted, stepped int
+	g := start(t, pair{target: base.target, drafter: drafter}, speculative.Options{OnStep: func(st speculative.StepStats) {
+		mu.Lock()
+		emitted += st.Emitted
+		stepped += st.Sequences
+		mu.Unlock()
+	}})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	accepted := 0
+	for i, pr := range ps {
+		wg.Go(func() {
+			var streamed []int
+			steps := 0
+			res, err := g.Submit(ctx, speculative.Request{Prompt: pr, MaxTokens: n, K: k,
+				OnStep: func(s speculative.Step) bool {
+					steps++
+					streamed = append(streamed, ids(s.Tokens)...)
+					return len(s.Tokens) == s.Accepted+1 || len(streamed) == n
+				}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if got, want := ids(res.Tokens), greedy(t, base.target, pr, n); !slices.Equal(got, want) || !slices.Equal(streamed, got) {
+				t.Errorf("prompt %d: %v (streamed %v), target alone %v", i, got, streamed, want)
+			}
+			if st := res.Stats; st.Steps != steps || st.Tokens != n || st.Accepted+st.Steps != n || res.Finish != speculative.FinishLength {
+				t.Errorf("prompt %d: %d steps streamed, stats %+v, finish %q", i, steps, st, res.Finish)
+			}
+			mu.Lock()
+			accepted += res.Stats.Accepted
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if !slices.ContainsFunc(drafter.calls, func(m int) bool { return m > 1 }) || accepted == 0 {
+		t.Errorf("chains of %v steps, %d drafts accepted: want chains of several steps that accept drafts", drafter.calls, accepted)
+	}
+	mu.Lock()
+	if emitted != len(ps)*n {
+		t.Errorf("OnStep's stats: %d tokens emitted over %d generations' steps, want %d", emitted, stepped, len(ps)*n)
+	}
+	mu.Unlock()
+
+	prompt := ps[0]
+	want := greedy(t, base.target, prompt, 30)
+	drafter.calls = nil
+	stop := want[17] // past the first chained call's first step
+	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: k, Stop: []int{stop}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := slices.Index(want, stop)
+	if got := ids(res.Tokens); !slices.Equal(got, want[:cut]) || res.Finish != speculative.FinishStop {
+		t.Errorf("stop token %d: %v (%s), want %v", stop, got, res.Finish, want[:cut])
+	}
+	next := append(slices.Clone(prompt), want[:cut]...)
+	res, err = g.Submit(ctx, speculative.Request{Prompt: next, MaxTokens: 12, K: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(res.Tokens), greedy(t, base.target, next, 12); !slices.Equal(got, want) || res.Stats.CachedTokens < len(prompt) {
+		t.Errorf("the next turn: %v from %d cached positions, target alone %v", got, res.Stats.CachedTokens, want)
+	}
+
+	var streamed []int
+	res, err = g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: k, OnStep: func(s speculative.Step) bool {
+		streamed = append(streamed, ids(s.Tokens)...)
+		return len(streamed) < 8
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(res.Tokens); !slices.Equal(got, want[:len(got)]) || !slices.Equal(streamed, got) || len(got) < 8 || res.Finish != speculative.FinishStop {
+		t.Errorf("OnStep stopping after 8 tokens: %v streamed, result %v (%s), want a prefix of %v of 8 tokens or more", streamed, got, res.Finish, want)
+	}
+}

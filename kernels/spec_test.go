@@ -115,7 +115,7 @@ func TestSpecRows(t *testing.T) {
 	const blockSize, maxBlocks = 4, 32
 	for _, tc := range []struct{ B, K int }{{1, 1}, {1, 4}, {3, 6}, {5, 15}} {
 		B, K := tc.B, tc.K
-		c, err := NewKVCache(d, KVShape{Layers: 1, KVHeads: 1, D: 4, BlockSize: blockSize, Blocks: (B+2)*(maxBlocks+1), Seqs: B + 2, MaxBlocks: maxBlocks})
+		c, err := NewKVCache(d, KVShape{Layers: 1, KVHeads: 1, D: 4, BlockSize: blockSize, Blocks: (B + 2) * (maxBlocks + 1), Seqs: B + 2, MaxBlocks: maxBlocks})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -408,7 +408,7 @@ func (st *StepStats) add(drafted, a, emitted int) {
 // (runner.fuses).
 func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	sc, ok := r.g.drafter.(engine.SpecChainer)
-	if !ok || r.specStep <= 0 {
+	if !ok || r.specStep <= 0 || r.g.opts.Unchained {
 		return nil, 0, 1
 	}
 	m = max(1, min(aloneChunk, int(aloneSpan/r.specStep)))
@@ -450,7 +450,7 @@ func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*ge
 	per := now.Sub(start) / time.Duration(len(out))
 	r.specStep = per
 	for _, cs := range out {
-		st := StepStats{Verify: per, Fused: true}
+		st := StepStats{Verify: per, Fused: true, Chained: true}
 		for i, gn := range ready {
 			if gn.finishedWhy != "" {
 				continue

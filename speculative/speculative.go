@@ -54,6 +54,10 @@ type Options struct {
 	// calls even where the drafter fuses the target (engine.Fuser): the
 	// round trips fusion saves, for measuring it.
 	Unfused bool
+	// Unchained runs every fused step as a call of its own even where the
+	// drafter chains them on the device (engine.SpecChainer): the round
+	// trips a chain saves, for measuring it.
+	Unchained bool
 	// OnStep, when set, is called after every step (for metrics).
 	OnStep func(StepStats)
 }
@@ -201,6 +205,10 @@ type StepStats struct {
 	// Fused: the drafter's passes and the target's ran as one submission
 	// (engine.DraftVerify); Verify is their time, and Draft zero.
 	Fused bool
+	// Chained: the step ran in a chain of fused steps, each accepted and
+	// the next planned on the device, read back once (engine.SpecChainer);
+	// Verify is its share of the chain's time.
+	Chained bool
 }
 
 var (

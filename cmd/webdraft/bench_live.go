@@ -26,7 +26,10 @@ type liveBench struct {
 	treeDepth int
 	// unfused measures each k a second time with drafting and
 	// verification in separate calls (speculative.Options.Unfused).
-	unfused          bool
+	unfused bool
+	// unchained measures each k a second time with every fused step a
+	// call of its own (speculative.Options.Unchained).
+	unchained        bool
 	newTokens, batch int
 	// rounds repeats the whole sequence (the target alone, each k, each tree),
 	// so that a machine whose speed drifts weighs on every figure alike.
@@ -66,9 +69,10 @@ func parseTrees(s string) ([]treeShape, error) {
 // liveShape is what a run drafts: k tokens a step (0: the target alone),
 // as a chain or, with tree.b above 1, as a tree k levels deep.
 type liveShape struct {
-	k       int
-	tree    treeShape
-	unfused bool // speculative.Options.Unfused
+	k         int
+	tree      treeShape
+	unfused   bool // speculative.Options.Unfused
+	unchained bool // speculative.Options.Unchained
 }
 
 // liveRun is one configuration's measurement over every prompt.
@@ -79,6 +83,7 @@ type liveRun struct {
 	wall           time.Duration
 	draft, verify  []time.Duration // per step
 	fused          int             // steps drafted and verified in one call (verify holds their time)
+	chained        int             // of them, steps chained on the device (verify holds their share)
 	outputs        [][]int         // the timed pass's tokens, per prompt
 
 	// passes that fed prompts only (a head's target is fed the prompt
@@ -101,6 +106,9 @@ func (r *liveRun) record(st speculative.StepStats) {
 	if st.Fused {
 		r.fused++
 	}
+	if st.Chained {
+		r.chained++
+	}
 }
 
 // add sums another round of the same configuration into r.
@@ -111,17 +119,21 @@ func (r *liveRun) add(o *liveRun) {
 	r.accep += o.accep
 	r.wall += o.wall
 	r.fused += o.fused
+	r.chained += o.chained
 	r.draft = append(r.draft, o.draft...)
 	r.verify = append(r.verify, o.verify...)
 }
 
 // how says how r's steps ran — "separate", "fused" or "fused n%" (the
-// share of steps fused) — and, for fused steps, what the t_draft columns
-// hold: "–", their drafter time being inside t_verify.
+// share of steps fused), "chained n%" where some ran in chains on the
+// device (the share chained) — and, for fused steps, what the t_draft
+// columns hold: "–", their drafter time being inside t_verify.
 func (r *liveRun) how() (how, draftMS, draftCost string) {
 	switch {
 	case r.fused == 0:
 		return "separate", "", ""
+	case r.chained > 0:
+		return fmt.Sprintf("chained %d%%", 100*r.chained/len(r.verify)), "–", "–"
 	case r.fused < len(r.verify):
 		return fmt.Sprintf("fused %d%%", 100*r.fused/len(r.verify)), "–", "–"
 	}
@@ -150,6 +162,9 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		if b.unfused {
 			shapes = append(shapes, liveShape{k: k, unfused: true})
 		}
+		if b.unchained {
+			shapes = append(shapes, liveShape{k: k, unchained: true})
+		}
 	}
 	chainShapes := len(shapes) - 1
 	for _, t := range b.trees {
@@ -161,7 +176,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	runs := make([]*liveRun, len(shapes))
 	for round := range max(b.rounds, 1) {
 		for i, sh := range shapes {
-			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "unfused", sh.unfused, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
+			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "unfused", sh.unfused, "unchained", sh.unchained, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
 			r, err := b.run(ctx, sh)
 			if err != nil {
 				if sh.tree.b > 1 {
@@ -213,7 +228,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
 	if fusedSome {
-		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); separate: as two calls, each read back.")
+		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); chained n%: the share of steps run in chains of fused steps on the device, each accepted there and the next planned from it, read back once a chain (t_verify a step's share of its chain); separate: as two calls, each read back.")
 	}
 	if trees := runs[1+chainShapes:]; len(trees) > 0 {
 		fmt.Fprintf(e.stdout, "\ntoken trees %d levels deep (b×N: b children a node, N nodes verified a step):\n", b.treeDepth)
@@ -254,7 +269,7 @@ func (sh liveShape) treeName() string {
 func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 	r := &liveRun{liveShape: sh}
 	var mu sync.Mutex
-	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, Unfused: sh.unfused, OnStep: func(st speculative.StepStats) {
+	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, Unfused: sh.unfused, Unchained: sh.unchained, OnStep: func(st speculative.StepStats) {
 		mu.Lock()
 		defer mu.Unlock()
 		r.record(st)
@@ -270,7 +285,7 @@ func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 		return nil, err
 	}
 	mu.Lock()
-	r.draft, r.verify, r.fused, r.fillDraft, r.fillVerify = nil, nil, 0, 0, 0
+	r.draft, r.verify, r.fused, r.chained, r.fillDraft, r.fillVerify = nil, nil, 0, 0, 0, 0
 	mu.Unlock()
 	start := time.Now()
 	st, outputs, err := b.generateAll(ctx, g, sh)

@@ -20,7 +20,7 @@ import (
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--batch 1] [--temperature 0] [--top-p 1]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--unchained] [--batch 1] [--temperature 0] [--top-p 1]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter; embedded:eagle3 the embedded EAGLE-3 head)"+headNote)
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
@@ -35,6 +35,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	treesFlag := fs.String("trees", "", fmt.Sprintf("with --live: token trees to measure too, as b×N, comma-separated (2x8,4x16: b children a node, 2…%d; N nodes verified a step, 1…%d); default: none", speculative.MaxTopK, speculative.MaxTreeNodes))
 	treeDepth := fs.Int("tree-depth", 6, fmt.Sprintf("with --live and --trees: the trees' depth, the drafter's passes a step (1…%d)", speculative.MaxK))
 	unfused := fs.Bool("unfused", false, "with --live: measure each k of --ks and each tree of --trees also with the drafter's passes and the target's verification as separate calls, each read back, where the drafter and target share a device that runs a step as one submission (WebGPU)")
+	unchained := fs.Bool("unchained", false, "with --live: measure each k of --ks also with every fused step a call of its own, read back, where the drafter chains fused steps on the device, each accepted there and the next planned from it (an EAGLE-3 head on WebGPU, greedy)")
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
@@ -53,8 +54,8 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if !*live && (isSet(fs, "temperature") || isSet(fs, "top-p")) {
 		return usagef("--temperature and --top-p take --live (the offline measure is greedy)")
 	}
-	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused) {
-		return usagef("--trees, --tree-depth and --unfused take --live (the offline measure drafts chains)")
+	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused || *unchained) {
+		return usagef("--trees, --tree-depth, --unfused and --unchained take --live (the offline measure drafts chains)")
 	}
 	trees, err := parseTrees(*treesFlag)
 	if err != nil {
@@ -136,7 +137,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		}
 		return benchSpecLive(ctx, e, liveBench{
 			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
-			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
+			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, unchained: *unchained, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
 			sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		})
 	}

@@ -50,8 +50,8 @@ func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, st
 		for i, s := range steps {
 			hq, tq := s.Draft.Seq, s.Verify.Seq
 			step[i] = engine.ChainStep{
-				Draft:  &engine.Entry{Seq: hq, Target: tq, Tokens: slices.Clone(tail[i][hq.Len()-base[i]:])},
-				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(tail[i][tq.Len()-base[i]:]), Out: n + 1},
+				Draft:  &engine.Entry{Seq: hq, Target: tq, Tokens: slices.Clone(tail[i][hq.Len()-base[i]:]), TopN: s.Draft.TopN},
+				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(tail[i][tq.Len()-base[i]:]), Out: n + 1, TopN: s.Verify.TopN},
 				Take:   n,
 			}
 		}
@@ -86,8 +86,9 @@ func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, st
 // TestSpecChained: where the drafter chains fused speculative steps
 // (engine.SpecChainer), the runner runs several a call — as many as fit
 // the span, within what each generation may still emit — and accepts each
-// as a step of its own: batched generations equal the target alone, each
-// step streamed and counted (τ the steps' own), a stop token inside a
+// as a step of its own: batched generations equal the target alone (with
+// their top tokens where they ask), each step streamed and counted (τ the
+// steps' own), a stop token inside a
 // chain ends the generation there and leaves the caches as long as the
 // context (the next turn, from the cache, still equals the target alone),
 // and OnStep stopping inside a chain drops the steps after it.
@@ -112,7 +113,7 @@ func TestSpecChained(t *testing.T) {
 		wg.Go(func() {
 			var streamed []int
 			steps := 0
-			res, err := g.Submit(ctx, speculative.Request{Prompt: pr, MaxTokens: n, K: k,
+			res, err := g.Submit(ctx, speculative.Request{Prompt: pr, MaxTokens: n, K: k, TopN: i % 3, DraftTopN: i % 2,
 				OnStep: func(s speculative.Step) bool {
 					steps++
 					streamed = append(streamed, ids(s.Tokens)...)
@@ -124,6 +125,11 @@ func TestSpecChained(t *testing.T) {
 			}
 			if got, want := ids(res.Tokens), greedy(t, base.target, pr, n); !slices.Equal(got, want) || !slices.Equal(streamed, got) {
 				t.Errorf("prompt %d: %v (streamed %v), target alone %v", i, got, streamed, want)
+			}
+			for j, tok := range res.Tokens {
+				if len(tok.Top) != i%3 || len(tok.Top) > 0 && tok.Top[0].Token != tok.ID {
+					t.Errorf("prompt %d token %d: %+v, want its %d top tokens", i, j, tok, i%3)
+				}
 			}
 			if st := res.Stats; st.Steps != steps || st.Tokens != n || st.Accepted+st.Steps != n || res.Finish != speculative.FinishLength {
 				t.Errorf("prompt %d: %d steps streamed, stats %+v, finish %q", i, steps, st, res.Finish)

@@ -401,11 +401,10 @@ func (st *StepStats) add(drafted, a, emitted int) {
 // (runner.chained) — as many as the last step's time fits in aloneSpan, up
 // to aloneChunk, within what every generation may still emit at n + 1
 // tokens a step — where the ready generations chain (m > 1): greedy
-// chains of one length without top tokens (the device accepts greedily
-// and reads no top tokens back), each holding all its context but the
-// last token in the target, over a drafter that chains them (an EAGLE-3
-// head on the target's device). Fused steps the runner already chose
-// (runner.fuses).
+// chains of one length (the device accepts greedily), each holding all
+// its context but the last token in the target, over a drafter that
+// chains them (an EAGLE-3 head on the target's device). Fused steps the
+// runner already chose (runner.fuses).
 func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	sc, ok := r.g.drafter.(engine.SpecChainer)
 	if !ok || r.specStep <= 0 || r.g.opts.Unchained {
@@ -414,7 +413,7 @@ func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	m = max(1, min(aloneChunk, int(aloneSpan/r.specStep)))
 	n = ready[0].draftLen(r.g)
 	for _, gn := range ready {
-		if !gn.head || !gn.req.Sampling.Greedy() || gn.req.TopN > 0 || gn.req.DraftTopN > 0 || gn.draftLen(r.g) != n || len(gn.pendingTarget()) != 1 {
+		if !gn.head || !gn.req.Sampling.Greedy() || gn.draftLen(r.g) != n || len(gn.pendingTarget()) != 1 {
 			return nil, 0, 1
 		}
 		m = min(m, min(gn.req.MaxTokens-len(gn.out), gn.room())/(n+1))
@@ -434,8 +433,8 @@ func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*ge
 	steps := make([]engine.ChainStep, len(ready))
 	for i, gn := range ready {
 		steps[i] = engine.ChainStep{
-			Draft:  &engine.Entry{Seq: gn.draft, Target: gn.target, Tokens: gn.pendingDraft()},
-			Verify: &engine.VerifyEntry{Seq: gn.target, Tokens: gn.pendingTarget(), Out: n + 1},
+			Draft:  &engine.Entry{Seq: gn.draft, Target: gn.target, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN},
+			Verify: &engine.VerifyEntry{Seq: gn.target, Tokens: gn.pendingTarget(), Out: n + 1, TopN: gn.req.TopN},
 			Take:   n,
 		}
 	}

@@ -199,6 +199,36 @@ func (h *Head) chainLayout(B, topN, n int, targets bool) chainLayout {
 	return lay
 }
 
+// chainTail is the tail of a chain's step j: its read-out words into the
+// results (but where mapped: written there) and, where its argmax is a
+// draft token and mapIDs, that mapped to target tokens into ids — for the
+// step after, and into the results where they keep them (tidAt).
+func (h *Head) chainTail(lay chainLayout, j int, mapIDs bool) []step {
+	a, B := h.act, lay.B
+	at := uint64(j) * lay.stride
+	var steps []step
+	if !lay.mapped {
+		steps = append(steps, func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at, a.next, lay.lpAt+lay.idBytes) })
+	}
+	if lay.topN > 0 {
+		steps = append(steps, func(b *gpu.Batch) error {
+			return kernels.CopyTo(b, a.results, at+lay.topAt, a.top, lay.topBytes)
+		})
+	}
+	if !lay.mapped && mapIDs {
+		steps = append(steps,
+			func(b *gpu.Batch) error { return kernels.Gather(b, a.mapPairs, a.next, a.mapSrc, B) },
+			func(b *gpu.Batch) error { return kernels.Gather(b, a.ids, h.w.targetIDs, a.mapPairs, B) },
+		)
+	}
+	if lay.tidAt > 0 {
+		steps = append(steps, func(b *gpu.Batch) error {
+			return kernels.CopyTo(b, a.results, at+lay.tidAt, a.ids, lay.idBytes)
+		})
+	}
+	return steps
+}
+
 // chainSubmit submits the n steps of planned feeds (chains; the blocks
 // reserved) to the device, each step's read-out words copied into the
 // results and, with targets, each step's drafts in the target's
@@ -235,34 +265,7 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 			ps.fromIDs = a.results.Slice(at-lay.stride, lay.idBytes)
 		}
 	}
-	// Each step's tail: its read-out words into the results (but where
-	// mapped: written there) and, where its argmax is a draft token, but
-	// after the last (unless the results keep them), that mapped to target
-	// tokens into ids.
-	tail := func(j int) []step {
-		at := uint64(j) * lay.stride
-		var steps []step
-		if !lay.mapped {
-			steps = append(steps, func(b *gpu.Batch) error { return kernels.CopyTo(b, a.results, at, a.next, lay.lpAt+lay.idBytes) })
-		}
-		if topN > 0 {
-			steps = append(steps, func(b *gpu.Batch) error {
-				return kernels.CopyTo(b, a.results, at+lay.topAt, a.top, lay.topBytes)
-			})
-		}
-		if !lay.mapped && (j < n-1 || targets) {
-			steps = append(steps,
-				func(b *gpu.Batch) error { return kernels.Gather(b, a.mapPairs, a.next, a.mapSrc, B) },
-				func(b *gpu.Batch) error { return kernels.Gather(b, a.ids, h.w.targetIDs, a.mapPairs, B) },
-			)
-		}
-		if lay.tidAt > 0 {
-			steps = append(steps, func(b *gpu.Batch) error {
-				return kernels.CopyTo(b, a.results, at+lay.tidAt, a.ids, lay.idBytes)
-			})
-		}
-		return steps
-	}
+	tail := func(j int) []step { return h.chainTail(lay, j, j < n-1 || targets) }
 	// Step 1: Step's passes.
 	passes := h.passes(feeds)
 	for k := range passes {

@@ -96,9 +96,9 @@ func agreed(drafts []engine.Token, rows []engine.VerifyRow) int {
 }
 
 // specShape reports whether steps have a chain's shape: greedy chains
-// without top tokens over the head's own target's sequences, each taking
-// all n drafts after one pending token, whose n + 1 rows an entry fit one
-// pass of each model and its read-out, through decode attention.
+// over the head's own target's sequences, each taking all n drafts after
+// one pending token, whose n + 1 rows an entry fit one pass of each model
+// and its read-out, through decode attention.
 func (h *Head) specShape(steps []engine.ChainStep, n int) bool {
 	t, B := h.target, len(steps)
 	rows := B * (n + 1)
@@ -107,8 +107,8 @@ func (h *Head) specShape(steps []engine.ChainStep, n int) bool {
 	}
 	for _, s := range steps {
 		d, v := s.Draft, s.Verify
-		if d == nil || v == nil || s.Take != n || len(v.Tokens) != 1 || v.Out != n+1 || !v.Sampling.Greedy() || v.TopN != 0 ||
-			v.Draws != nil || v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil || d.TopN != 0 || d.Target != v.Seq {
+		if d == nil || v == nil || s.Take != n || len(v.Tokens) != 1 || v.Out != n+1 || !v.Sampling.Greedy() ||
+			v.Draws != nil || v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil || d.Target != v.Seq {
 			return false
 		}
 	}
@@ -128,7 +128,7 @@ func (h *Head) specShape(steps []engine.ChainStep, n int) bool {
 //	keep    the target's feature copies' pairs, (row·features + f, row),
 //	        a region of R pairs a feature f at keepAt[f]
 //	ids     the drafts' gathers into the target's ids, a region a step
-//	results the target's read-out words (its next buffer), a region a step
+//	results the target's read-out words, a region a step (specLayout)
 type specBuffers struct {
 	state, rows, chain, pairs, keep *gpu.Buffer
 	keepAt                          []uint64
@@ -174,6 +174,36 @@ func (h *Head) ensureSpec() (*specBuffers, error) {
 		}
 	}
 	return s, nil
+}
+
+// specLayout is where a chain's results hold each step's verification:
+// at step j's offset j·stride, a copy of the target's next buffer (its
+// greedy tokens, their log-probabilities and log-sum-exps); where its
+// rows list top tokens (topN > 0, sample.wgsl's read-out), from sampledAt
+// sample.wgsl's words and from topAt its top tokens (rows, topN, 2).
+type specLayout struct {
+	stride, sampledAt, topAt uint64
+	sampledBytes, topBytes   uint64
+	topN                     int
+}
+
+// specLayout lays out the results of verifications of rows rows read out
+// by pass ps's read-out.
+func (h *Head) specLayout(ps pass, rows int) specLayout {
+	t := h.target
+	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
+	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
+	l := specLayout{stride: up(t.act.next.Size())}
+	if ps.sample {
+		l.topN = ps.topN
+		l.sampledAt, l.sampledBytes = l.stride, uint64(rows*kernels.SampleWords)*4
+		l.stride += up(l.sampledBytes)
+		if l.topN > 0 {
+			l.topAt, l.topBytes = l.stride, min(uint64(rows*l.topN*2*4+15)&^15, t.act.top.Size())
+			l.stride += up(l.topBytes)
+		}
+	}
+	return l
 }
 
 // grow returns *b, made anew where it holds fewer than bytes.
@@ -251,7 +281,7 @@ func (h *Head) draftVerifyN(ctx context.Context, steps []engine.ChainStep, draft
 		}
 	}
 	ps := t.plan(twork)
-	if !h.chains(feeds) || !gathersDrafts(ps, twork) || ps.rows != B*(n+1) || ps.decode != ps.rows || ps.lasts != ps.rows || ps.sample {
+	if !h.chains(feeds) || !gathersDrafts(ps, twork) || ps.rows != B*(n+1) || ps.decode != ps.rows || ps.lasts != ps.rows || ps.propose || ps.trees > 0 {
 		undo(false)
 		return nil, false, nil
 	}
@@ -286,13 +316,17 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	}
 	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
-	lay := h.chainLayout(B, 0, n, true)
+	topN := 0 // as chainSubmit reckons it
+	for _, d := range drafts {
+		topN = max(topN, min(d.TopN, h.cfg.DraftVocabSize))
+	}
+	lay := h.chainLayout(B, topN, n, true)
 	if err := a.ensureChain(h.dev, n-1, uint64(m)*lay.bytes()); err != nil {
 		return nil, err
 	}
-	tstride := up(t.act.next.Size())
+	tl := h.specLayout(ps, rows)
 	idStride := up(uint64(B*n*kernels.GatherPairWords) * 4)
-	if err := grow(h.dev, &sb.results, "head.spec_results", uint64(m)*tstride); err != nil {
+	if err := grow(h.dev, &sb.results, "head.spec_results", uint64(m)*tl.stride); err != nil {
 		return nil, err
 	}
 	if err := grow(h.dev, &sb.ids, "head.spec_id_pairs", uint64(m)*idStride); err != nil {
@@ -340,10 +374,18 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 
 	// Step 0: DraftVerify's submissions, the verification's features kept
 	// for the head and its rows copied into the results.
-	copyRows := func(j int) step {
-		return func(b *gpu.Batch) error {
-			return kernels.CopyTo(b, sb.results, uint64(j)*tstride, t.act.next, t.act.next.Size())
+	copyRows := func(j int) []step {
+		at := uint64(j) * tl.stride
+		steps := []step{func(b *gpu.Batch) error { return kernels.CopyTo(b, sb.results, at, t.act.next, t.act.next.Size()) }}
+		if tl.sampledBytes > 0 {
+			steps = append(steps, func(b *gpu.Batch) error {
+				return kernels.CopyTo(b, sb.results, at+tl.sampledAt, t.act.sampled, tl.sampledBytes)
+			})
 		}
+		if tl.topBytes > 0 {
+			steps = append(steps, func(b *gpu.Batch) error { return kernels.CopyTo(b, sb.results, at+tl.topAt, t.act.top, tl.topBytes) })
+		}
+		return steps
 	}
 	lay0, _, err := h.chainSubmit(ctx, feeds, drafts, n, true)
 	if err != nil {
@@ -354,7 +396,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		return nil, err
 	}
 	ps.keep = keepFor
-	if _, err := t.forwardRead(ps, false, pre, []step{copyRows(0)}, submitEvery, nil); err != nil {
+	if _, err := t.forwardRead(ps, false, pre, copyRows(0), submitEvery, nil); err != nil {
 		return nil, fmt.Errorf("chained speculative step 1: %w", err)
 	}
 
@@ -365,7 +407,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	}
 	accept := func(j int) step { // step j's verdict
 		return func(b *gpu.Batch) error {
-			return kernels.SpecAccept(b, sb.state, a.results, t.act.next, t.act.ids, B, n, int(uint64(j*n)*lay.stride/4), int(lay.stride/4))
+			return kernels.SpecAccept(b, sb.state, a.results, t.act.next, t.act.ids, B, n, lay.targetWord(0, j*n), int(lay.stride/4))
 		}
 	}
 	first := make([]headPart, B)
@@ -374,13 +416,21 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		first[i] = headPart{feed: i, slot: f.seq.kv.Slot(), T: n + 1, row0: i * (n + 1)}
 		chain[i] = headPart{feed: i, slot: f.seq.kv.Slot(), T: 1, row0: i}
 	}
-	results := func(ps *headPass, k int) { // chain step k's read-out into the results; the step before's ids embedded
+	// A pass drafting chain step k: mapped, its read-out goes straight into
+	// the results and a chained pass embeds the step before's ids from
+	// there; else its tail copies the read-out and maps its drafts to the
+	// target's tokens, in ids, which the next pass embeds.
+	draftPass := func(ps *headPass, k int) []step {
+		if !lay.mapped {
+			return append(h.passSteps(ps, B, topN), h.chainTail(lay, k, true)...)
+		}
 		at := uint64(k) * lay.stride
 		ps.readIDs = a.results.Slice(at, lay.idBytes)
 		ps.readLP = a.results.Slice(at+lay.lpAt, lay.topAt-lay.lpAt)
 		if ps.fromNext {
 			ps.fromIDs = a.results.Slice(at-lay.stride, lay.idBytes)
 		}
+		return h.passSteps(ps, B, topN)
 	}
 	var raw [][]byte
 	for j := 1; j < m; j++ {
@@ -394,35 +444,33 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 			}, B, n, a.R)
 		}}
 		hp := headPass{parts: first, rows: rows, decode: rows, maxLen: maxLen, nfc: rows, featsIn: true, nsave: B, last: true,
-			mapped: true, rowBuf: sb.rows, pairs: sb.pairs, fromIDs: t.act.next.Slice(0, uint64((rows+3)&^3)*4)}
-		results(&hp, j*n)
-		steps = append(steps, h.passSteps(&hp, B, 0)...)
+			mapped: lay.mapped, rowBuf: sb.rows, pairs: sb.pairs, fromIDs: t.act.next.Slice(0, uint64((rows+3)&^3)*4)}
+		steps = append(steps, draftPass(&hp, j*n)...)
 		for c := 1; c < n; c++ {
 			if c > 1 {
 				steps = append(steps, func(b *gpu.Batch) error { return kernels.AdvanceRows(b, sb.chain, B) })
 			}
 			cp := headPass{parts: chain, rows: B, decode: B, maxLen: maxLen, nx: B, nsave: B, last: true, rowBuf: sb.chain,
-				mapped: true, fromNext: true, xHeld: c > 1, noSave: c < n-1, readX: true}
-			results(&cp, j*n+c)
-			steps = append(steps, h.passSteps(&cp, B, 0)...)
+				mapped: lay.mapped, fromNext: lay.mapped, xHeld: c > 1, noSave: c < n-1, readX: true}
+			steps = append(steps, draftPass(&cp, j*n+c)...)
 		}
 		steps = append(steps, func(b *gpu.Batch) error {
 			return kernels.GatherRows(b, t.act.ids, a.results, sb.ids.Slice(uint64(j)*idStride, uint64(B*n*kernels.GatherPairWords)*4), B*n, 1)
 		})
-		tp := pass{rows: rows, decode: rows, lasts: rows, maxLen: maxLen, chained: true, sameLasts: true, keep: keepFor}
+		tp := pass{rows: rows, decode: rows, lasts: rows, maxLen: maxLen, sample: ps.sample, topN: ps.topN, chained: true, sameLasts: true, keep: keepFor}
 		kernelSteps, kept := t.passKernels(tp)
-		steps = append(append(steps, kernelSteps...), copyRows(j))
+		steps = append(append(steps, kernelSteps...), copyRows(j)...)
 		var ranges []gpu.Binding
 		if j == m-1 {
 			steps = append(steps, accept(m-1))
-			ranges = []gpu.Binding{a.results.Slice(0, uint64(m)*lay.bytes()), sb.results.Slice(0, uint64(m)*tstride), sb.state.Slice(0, uint64(B*kernels.SpecStateWords)*4)}
+			ranges = []gpu.Binding{a.results.Slice(0, uint64(m)*lay.bytes()), sb.results.Slice(0, uint64(m)*tl.stride), sb.state.Slice(0, uint64(B*kernels.SpecStateWords)*4)}
 		}
 		if raw, err = t.submitRead(steps, chainedSubmitEvery, ranges...); err != nil {
 			return nil, fmt.Errorf("chained speculative step %d: %w", j+1, err)
 		}
 		kept()
 	}
-	out, last, err := h.specRead(raw, lay, tstride, L0, n, m)
+	out, last, err := h.specRead(raw, lay, tl, drafts, twork, L0, n, m)
 	if err != nil {
 		return nil, err
 	}
@@ -430,11 +478,11 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 }
 
 // specRead decodes a chain's results read back (raw: the head's drafts,
-// the target's rows, the final states) into its steps, each step's
-// acceptance the host's own rule, and checks that the device accepted as
-// much; it returns the steps and each entry's last verification's first
-// position.
-func (h *Head) specRead(raw [][]byte, lay chainLayout, tstride uint64, L0 []int, n, m int) ([]engine.ChainedStep, []int, error) {
+// the target's rows, the final states) into its steps, each entry's draft
+// and rows with the top tokens it asks for, each step's acceptance the
+// host's own rule, and checks that the device accepted as much; it returns
+// the steps and each entry's last verification's first position.
+func (h *Head) specRead(raw [][]byte, lay chainLayout, tl specLayout, drafts []*engine.Entry, twork []pending, L0 []int, n, m int) ([]engine.ChainedStep, []int, error) {
 	t := h.target
 	B, rows := len(L0), len(L0)*(n+1)
 	words, twords, states := u32s(raw[0]), u32s(raw[1]), u32s(raw[2])
@@ -445,27 +493,44 @@ func (h *Head) specRead(raw [][]byte, lay chainLayout, tstride uint64, L0 []int,
 	for j := range out {
 		cs := &out[j]
 		cs.Drafts, cs.Rows, cs.Accepted = make([][]engine.Token, B), make([][]engine.VerifyRow, B), make([]int, B)
-		at := uint64(j) * tstride / 4
-		lp, lse := at+t.act.nextLP/4, at+(t.act.nextLP/4)+uint64(lseAt(rows))
+		at := uint64(j) * tl.stride / 4
+		lp, lse := at+t.act.nextLP/4, at+t.act.nextLP/4+uint64(lseAt(rows))
 		for i := range B {
 			cs.Drafts[i] = make([]engine.Token, n)
 			for c := range n {
-				k := uint64(j*n+c) * lay.stride / 4
-				id, err := t.token(words[k+uint64(i)])
+				k := uint64(j*n + c)
+				id, err := t.token(words[lay.targetWord(i, int(k))])
 				if err != nil {
 					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, draft %d: %w", j+1, i, c+1, err)
 				}
-				cs.Drafts[i][c] = engine.Token{ID: id, Logprob: f32(words[k+lay.lpAt/4+uint64(i)])}
+				tk := engine.Token{ID: id, Logprob: f32(words[(k*lay.stride+lay.lpAt)/4+uint64(i)])}
+				if nt := min(drafts[i].TopN, lay.topN); nt > 0 {
+					tk.Top = kernels.SampleTop(words[(k*lay.stride+lay.topAt)/4+uint64(i*lay.topN*2):], nt)
+					for q := range tk.Top {
+						tk.Top[q].Token = int(h.tokens[tk.Top[q].Token])
+					}
+				}
+				cs.Drafts[i][c] = tk
 			}
 			cs.Rows[i] = make([]engine.VerifyRow, n+1)
 			for r := range n + 1 {
 				w := uint64(i*(n+1) + r)
-				id, err := t.token(twords[at+w])
-				if err != nil {
+				row := &cs.Rows[i][r]
+				if tl.sampledBytes > 0 {
+					var err error
+					if row.Row, err = kernels.SampleRow(twords[at+tl.sampledAt/4+w*kernels.SampleWords:]); err != nil {
+						return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
+					}
+					if nt := twork[i].topN(); nt > 0 {
+						row.Top = kernels.SampleTop(twords[at+tl.topAt/4+w*uint64(tl.topN*2):], min(nt, tl.topN))
+					}
+				} else {
+					row.ArgmaxLogprob, row.LogSumExp = f32(twords[lp+w]), f32(twords[lse+w])
+					row.Argmax = int(twords[at+w])
+				}
+				if _, err := t.token(uint32(row.Argmax)); err != nil {
 					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
 				}
-				row := &cs.Rows[i][r]
-				row.Argmax, row.ArgmaxLogprob, row.LogSumExp = id, f32(twords[lp+w]), f32(twords[lse+w])
 			}
 			cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
 			last[i] = L[i]

@@ -103,7 +103,9 @@ type specGen struct{ headTwins }
 // (the next call, chained or not, goes on from them alike). Over a pair
 // that accepts drafts of every length (agreeablePair) and a random one
 // (drafts seldom accepted, the target's rows its own), two generations a
-// batch, n = 1, 3 and 5 drafts a step.
+// batch, n = 1, 3 and 5 drafts a step; and where the second generation's
+// drafts and rows list their top tokens (3 and 2: the drafts then draft
+// tokens mapped on the device, the rows read out by sample.wgsl).
 func TestHeadDraftVerifyN(t *testing.T) {
 	for _, pair := range []string{"agreeable", "random"} {
 		t.Run(pair, func(t *testing.T) {
@@ -116,13 +118,14 @@ func TestHeadDraftVerifyN(t *testing.T) {
 				h, target = rig.head, rig.target
 			}
 			for _, n := range []int{1, 3, 5} {
-				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, pair == "agreeable") })
+				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, 0, pair == "agreeable") })
 			}
+			t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 3, pair == "agreeable") })
 		})
 	}
 }
 
-func testDraftVerifyN(t *testing.T, h *Head, target *Engine, n int, agreeable bool) {
+func testDraftVerifyN(t *testing.T, h *Head, target *Engine, n, topN int, agreeable bool) {
 	ctx := context.Background()
 	const m = 4
 	gens := []*specGen{
@@ -132,11 +135,15 @@ func testDraftVerifyN(t *testing.T, h *Head, target *Engine, n int, agreeable bo
 	// The head first drafts after the whole text fed at once.
 	chainSteps := func(seq func(g *specGen) (tq, hq engine.Sequence)) []engine.ChainStep {
 		var steps []engine.ChainStep
-		for _, g := range gens {
+		for i, g := range gens {
 			tq, hq := seq(g)
+			dTop, vTop := 0, 0
+			if i == 1 && topN > 0 {
+				dTop, vTop = topN, topN-1
+			}
 			steps = append(steps, engine.ChainStep{
-				Draft:  &engine.Entry{Seq: hq, Target: tq, Tokens: slices.Clone(g.text[hq.Len():])},
-				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(g.text[tq.Len():]), Out: n + 1},
+				Draft:  &engine.Entry{Seq: hq, Target: tq, Tokens: slices.Clone(g.text[hq.Len():]), TopN: dTop},
+				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(g.text[tq.Len():]), Out: n + 1, TopN: vTop},
 				Take:   n,
 			})
 		}
@@ -161,9 +168,6 @@ func testDraftVerifyN(t *testing.T, h *Head, target *Engine, n int, agreeable bo
 		for i, g := range gens {
 			texts[i] = slices.Clone(g.text)
 		}
-		if round == 0 && n == 3 {
-			t.Logf("DEBUG drafts %v rows %v", got[0].Drafts, got[0].Rows)
-		}
 		for j, cs := range got {
 			sep := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tS, g.hS })
 			want, err := engine.DraftVerify(ctx, h, target, sep, n)
@@ -176,8 +180,12 @@ func testDraftVerifyN(t *testing.T, h *Head, target *Engine, n int, agreeable bo
 				rows := sep[i].Verify.Rows
 				for r, w := range rows {
 					gr := cs.Rows[i][r]
-					if gr.Argmax != w.Argmax || math.Abs(float64(gr.ArgmaxLogprob-w.ArgmaxLogprob)) > 1e-4 || math.Abs(float64(gr.LogSumExp-w.LogSumExp)) > 1e-4 {
-						t.Errorf("%s, generation %d, row %d: %+v, step by step %+v", what, i, r, gr.Row, w.Row)
+					same := gr.Argmax == w.Argmax && math.Abs(float64(gr.ArgmaxLogprob-w.ArgmaxLogprob)) <= 1e-4 && math.Abs(float64(gr.LogSumExp-w.LogSumExp)) <= 1e-4 && len(gr.Top) == len(w.Top)
+					for q := range w.Top {
+						same = same && gr.Top[q].Token == w.Top[q].Token && math.Abs(float64(gr.Top[q].Logprob-w.Top[q].Logprob)) <= 1e-4
+					}
+					if !same {
+						t.Errorf("%s, generation %d, row %d: %+v %v, step by step %+v %v", what, i, r, gr.Row, gr.Top, w.Row, w.Top)
 					}
 				}
 				a := 0

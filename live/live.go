@@ -335,6 +335,9 @@ func StepEvent(run string, n int, s speculative.Step, tok *tokenizer.Tokenizer, 
 	if s.Fused {
 		ev["fused"] = true
 	}
+	if s.Chained {
+		ev["chained"] = true
+	}
 	if s.Tree != nil {
 		tree := make([]Node, len(s.Tree))
 		for i, n := range s.Tree {

@@ -175,3 +175,30 @@ func toJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// TestStepEventChained: a fused step's event says so, and a step run in a
+// chain on the device says that too (the page's note then explains its
+// times); a step of separate calls says neither.
+func TestStepEventChained(t *testing.T) {
+	tok, err := tokenizer.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		step          speculative.Step
+		fused, chaind bool
+	}{
+		{speculative.Step{}, false, false},
+		{speculative.Step{Fused: true}, true, false},
+		{speculative.Step{Fused: true, Chained: true}, true, true},
+	} {
+		tc.step.Tokens = []speculative.Token{{ID: tok.Encode(" a")[0]}}
+		ev := StepEvent("speculative", 1, tc.step, tok, tok.NewStreamDecoder())
+		if _, ok := ev["fused"]; ok != tc.fused {
+			t.Errorf("%+v: fused in the event %v, want %v", tc.step, ok, tc.fused)
+		}
+		if _, ok := ev["chained"]; ok != tc.chaind {
+			t.Errorf("%+v: chained in the event %v, want %v", tc.step, ok, tc.chaind)
+		}
+	}
+}

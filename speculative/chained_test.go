@@ -108,7 +108,7 @@ func TestSpecChained(t *testing.T) {
 	}})
 	ctx := context.Background()
 	var wg sync.WaitGroup
-	accepted := 0
+	accepted, chained := 0, 0
 	for i, pr := range ps {
 		wg.Go(func() {
 			var streamed []int
@@ -116,6 +116,11 @@ func TestSpecChained(t *testing.T) {
 			res, err := g.Submit(ctx, speculative.Request{Prompt: pr, MaxTokens: n, K: k, TopN: i % 3, DraftTopN: i % 2,
 				OnStep: func(s speculative.Step) bool {
 					steps++
+					if s.Chained {
+						mu.Lock()
+						chained++
+						mu.Unlock()
+					}
 					streamed = append(streamed, ids(s.Tokens)...)
 					return len(s.Tokens) == s.Accepted+1 || len(streamed) == n
 				}})
@@ -140,8 +145,8 @@ func TestSpecChained(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if !slices.ContainsFunc(drafter.calls, func(m int) bool { return m > 1 }) || accepted == 0 {
-		t.Errorf("chains of %v steps, %d drafts accepted: want chains of several steps that accept drafts", drafter.calls, accepted)
+	if !slices.ContainsFunc(drafter.calls, func(m int) bool { return m > 1 }) || accepted == 0 || chained == 0 {
+		t.Errorf("chains of %v steps, %d drafts accepted, %d steps streamed as chained: want chains of several steps that accept drafts", drafter.calls, accepted, chained)
 	}
 	mu.Lock()
 	if emitted != len(ps)*n {

@@ -815,7 +815,7 @@ func (gn *gen) verdict(draft []engine.Token, rows []engine.VerifyRow, st *StepSt
 	for a < len(draft) && (greedy && rows[a].Argmax == draft[a].ID || !greedy && rows[a].Accept) {
 		a++
 	}
-	step := Step{Draft: draft, Accepted: a, DraftTime: st.Draft, VerifyTime: st.Verify, Fused: st.Fused}
+	step := Step{Draft: draft, Accepted: a, DraftTime: st.Draft, VerifyTime: st.Verify, Fused: st.Fused, Chained: st.Chained}
 	if gn.remote != nil {
 		step.Remote, step.DraftTime, step.NetworkTime = true, gn.remoteOwn, gn.remoteRTT-gn.remoteOwn
 	}

@@ -150,7 +150,10 @@ type Step struct {
 	DraftTime, VerifyTime time.Duration
 	// Fused: the step drafted and verified in one submission (StepStats.
 	// Fused): VerifyTime is the whole of it, DraftTime zero.
-	Fused       bool
+	Fused bool
+	// Chained: the step ran in a chain of fused steps on the device, read
+	// back together (StepStats.Chained): VerifyTime is its share.
+	Chained     bool
 	Remote      bool // drafted by Request.Remote
 	NetworkTime time.Duration
 }

@@ -254,7 +254,7 @@
     $("trees").hidden = true;
     treeSteps.clear();
     showTreeRun(false);
-    run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [], networkMs: [], fused: 0 };
+    run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [], networkMs: [], fused: 0, chained: 0 };
     race.spec = race.alone = null;
     race.maxTokens = Number($("max_tokens").value);
     draw();
@@ -338,6 +338,7 @@
     }
     // A fused step's drafter time is inside its target time.
     if (m.fused) r.fused++;
+    if (m.chained) r.chained++;
     else r.draftMs.push(m.draft_ms);
     r.verifyMs.push(m.verify_ms);
     if (m.network_ms !== undefined) r.networkMs.push(m.network_ms);
@@ -637,6 +638,7 @@
     const mean = (xs) => (xs.length ? xs.reduce((s, x) => s + x, 0) / xs.length : NaN);
     $("draft_ms").textContent = r.draftMs.length ? mean(r.draftMs).toFixed(2) : "–";
     $("fused-note").hidden = r.fused === 0;
+    $("chained-note").hidden = r.chained === 0;
     $("verify_ms").textContent = r.steps ? mean(r.verifyMs).toFixed(2) : "–";
     $("network_ms").textContent = r.networkMs.length ? mean(r.networkMs).toFixed(2) : "–";
     const series = [r.draftMs.slice(-80), r.verifyMs.slice(-80)], classes = ["draft", "verify"];

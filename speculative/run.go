@@ -399,26 +399,29 @@ func (st *StepStats) add(drafted, a, emitted int) {
 // specChain returns the drafter as an engine.SpecChainer, the draft
 // length and how many fused steps to chain on the device in one call
 // (runner.chained) — as many as the last step's time fits in aloneSpan, up
-// to aloneChunk, within what every generation may still emit at n + 1
-// tokens a step — where the ready generations chain (m > 1): greedy
-// chains of one length (the device accepts greedily), each holding all
-// its context but the last token in the target, over a drafter that
-// chains them (an EAGLE-3 head on the target's device). Fused steps the
-// runner already chose (runner.fuses).
+// to aloneChunk, no more than the generation furthest from its end could
+// use at n + 1 tokens a step, and within every one's room in the context —
+// where the ready generations chain (m > 1): greedy chains of one k (the
+// device accepts greedily; each drafts all k, a generation near its end
+// too, which stops inside the chain), each holding all its context but
+// the last token in the target, over a drafter that chains them (an
+// EAGLE-3 head on the target's device). Fused steps the runner already
+// chose (runner.fuses).
 func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	sc, ok := r.g.drafter.(engine.SpecChainer)
 	if !ok || r.specStep <= 0 || r.g.opts.Unchained {
 		return nil, 0, 1
 	}
-	m = max(1, min(aloneChunk, int(aloneSpan/r.specStep)))
-	n = ready[0].draftLen(r.g)
+	n = ready[0].k
+	need, room := 0, aloneChunk
 	for _, gn := range ready {
-		if !gn.head || !gn.req.Sampling.Greedy() || gn.draftLen(r.g) != n || len(gn.pendingTarget()) != 1 {
+		if !gn.head || !gn.req.Sampling.Greedy() || gn.k != n || len(gn.pendingTarget()) != 1 {
 			return nil, 0, 1
 		}
-		m = min(m, min(gn.req.MaxTokens-len(gn.out), gn.room())/(n+1))
+		need = max(need, (gn.req.MaxTokens-len(gn.out)+n)/(n+1))
+		room = min(room, gn.room()/(n+1))
 	}
-	return sc, n, m
+	return sc, n, min(int(aloneSpan/r.specStep), aloneChunk, need, room)
 }
 
 // chained runs m fused speculative steps of the ready generations in one

@@ -85,9 +85,9 @@ func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, st
 
 // TestSpecChained: where the drafter chains fused speculative steps
 // (engine.SpecChainer), the runner runs several a call — as many as fit
-// the span and the generation furthest from its end may use — and accepts
-// each as a step of its own: batched generations of different lengths
-// (those nearer their end stopping inside a chain) equal the target alone (with
+// the span, about as many as the generation nearest its end is expected
+// to need — and accepts each as a step of its own: batched generations of
+// different lengths (one may stop inside a chain) equal the target alone (with
 // their top tokens where they ask), each step streamed and counted (τ the
 // steps' own), a stop token inside a
 // chain ends the generation there and leaves the caches as long as the

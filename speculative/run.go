@@ -399,29 +399,34 @@ func (st *StepStats) add(drafted, a, emitted int) {
 // specChain returns the drafter as an engine.SpecChainer, the draft
 // length and how many fused steps to chain on the device in one call
 // (runner.chained) — as many as the last step's time fits in aloneSpan, up
-// to aloneChunk, no more than the generation furthest from its end could
-// use at n + 1 tokens a step, and within every one's room in the context —
-// where the ready generations chain (m > 1): greedy chains of one k (the
-// device accepts greedily; each drafts all k, a generation near its end
-// too, which stops inside the chain), each holding all its context but
-// the last token in the target, over a drafter that chains them (an
-// EAGLE-3 head on the target's device). Fused steps the runner already
-// chose (runner.fuses).
+// to aloneChunk, no more than the generation nearest its end is expected
+// to need at the tokens a step it has had so far (a chain ends about when
+// the first of them does, so that its place in the batch is not held for
+// the chain's rest), and within every one's room in the context — where
+// the ready generations chain (m > 1): greedy chains of one k (the device
+// accepts greedily; each drafts all k, one near its end too, which may
+// stop inside the chain), each holding all its context but the last token
+// in the target, over a drafter that chains them (an EAGLE-3 head on the
+// target's device). Fused steps the runner already chose (runner.fuses).
 func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	sc, ok := r.g.drafter.(engine.SpecChainer)
 	if !ok || r.specStep <= 0 || r.g.opts.Unchained {
 		return nil, 0, 1
 	}
 	n = ready[0].k
-	need, room := 0, aloneChunk
+	m = min(int(aloneSpan/r.specStep), aloneChunk)
 	for _, gn := range ready {
 		if !gn.head || !gn.req.Sampling.Greedy() || gn.k != n || len(gn.pendingTarget()) != 1 {
 			return nil, 0, 1
 		}
-		need = max(need, (gn.req.MaxTokens-len(gn.out)+n)/(n+1))
-		room = min(room, gn.room()/(n+1))
+		tau := 1.0 // tokens a step so far
+		if gn.stats.Steps > 0 {
+			tau = max(tau, float64(gn.stats.Tokens)/float64(gn.stats.Steps))
+		}
+		left := min(gn.req.MaxTokens-len(gn.out), gn.room())
+		m = min(m, int(math.Ceil(float64(left)/tau)), gn.room()/(n+1))
 	}
-	return sc, n, min(int(aloneSpan/r.specStep), aloneChunk, need, room)
+	return sc, n, m
 }
 
 // chained runs m fused speculative steps of the ready generations in one

@@ -158,27 +158,10 @@ func TestSpecChained(t *testing.T) {
 
 	prompt := ps[0]
 	want := greedy(t, base.target, prompt, 30)
-	drafter.calls = nil
-	stop := want[17] // past the first chained call's first step
-	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: k, Stop: []int{stop}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cut := slices.Index(want, stop)
-	if got := ids(res.Tokens); !slices.Equal(got, want[:cut]) || res.Finish != speculative.FinishStop {
-		t.Errorf("stop token %d: %v (%s), want %v", stop, got, res.Finish, want[:cut])
-	}
-	next := append(slices.Clone(prompt), want[:cut]...)
-	res, err = g.Submit(ctx, speculative.Request{Prompt: next, MaxTokens: 12, K: k})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := ids(res.Tokens), greedy(t, base.target, next, 12); !slices.Equal(got, want) || res.Stats.CachedTokens < len(prompt) {
-		t.Errorf("the next turn: %v from %d cached positions, target alone %v", got, res.Stats.CachedTokens, want)
-	}
+	stopThenOn(t, g, base.target, prompt, want, 17, k) // past the first chained call's first step
 
 	var streamed []int
-	res, err = g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: k, OnStep: func(s speculative.Step) bool {
+	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: k, OnStep: func(s speculative.Step) bool {
 		streamed = append(streamed, ids(s.Tokens)...)
 		return len(streamed) < 8
 	}})

@@ -780,26 +780,10 @@ func TestAloneChained(t *testing.T) {
 
 	prompt := ps[0]
 	want := greedy(t, base.target, prompt, 30)
-	stop := want[20] // inside the second chain
-	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: speculative.NoDraft, Stop: []int{stop}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cut := slices.Index(want, stop)
-	if got := ids(res.Tokens); !slices.Equal(got, want[:cut]) || res.Finish != speculative.FinishStop {
-		t.Errorf("stop token %d: %v (%s), want %v", stop, got, res.Finish, want[:cut])
-	}
-	next := append(slices.Clone(prompt), want[:cut]...)
-	res, err = g.Submit(ctx, speculative.Request{Prompt: next, MaxTokens: 12, K: speculative.NoDraft})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := ids(res.Tokens), greedy(t, base.target, next, 12); !slices.Equal(got, want) || res.Stats.CachedTokens < len(prompt) {
-		t.Errorf("the next turn: %v from %d cached positions, target alone %v", got, res.Stats.CachedTokens, want)
-	}
+	stopThenOn(t, g, base.target, prompt, want, 20, speculative.NoDraft) // inside the second chain
 
 	var streamed []int
-	res, err = g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: speculative.NoDraft, OnStep: func(s speculative.Step) bool {
+	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: 30, K: speculative.NoDraft, OnStep: func(s speculative.Step) bool {
 		streamed = append(streamed, ids(s.Tokens)...)
 		return len(streamed) < 3
 	}})
@@ -808,5 +792,31 @@ func TestAloneChained(t *testing.T) {
 	}
 	if got := ids(res.Tokens); !slices.Equal(got, want[:3]) || !slices.Equal(streamed, got) || res.Finish != speculative.FinishStop {
 		t.Errorf("OnStep stopping after 3 tokens: %v streamed, result %v (%s), want %v", streamed, got, res.Finish, want[:3])
+	}
+}
+
+// stopThenOn checks a generation of prompt (drafting k) that stops at
+// want[at], the target alone's token there: its output is the target
+// alone's up to it, and the next turn, the prompt and that output, starts
+// from the cache and equals the target alone.
+func stopThenOn(t *testing.T, g *speculative.Generator, target engine.Engine, prompt, want []int, at, k int) {
+	t.Helper()
+	ctx := context.Background()
+	stop := want[at]
+	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: len(want), K: k, Stop: []int{stop}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := slices.Index(want, stop)
+	if got := ids(res.Tokens); !slices.Equal(got, want[:cut]) || res.Finish != speculative.FinishStop {
+		t.Errorf("stop token %d: %v (%s), want %v", stop, got, res.Finish, want[:cut])
+	}
+	next := append(slices.Clone(prompt), want[:cut]...)
+	res, err = g.Submit(ctx, speculative.Request{Prompt: next, MaxTokens: 12, K: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(res.Tokens), greedy(t, target, next, 12); !slices.Equal(got, want) || res.Stats.CachedTokens < len(prompt) {
+		t.Errorf("the next turn: %v from %d cached positions, target alone %v", got, res.Stats.CachedTokens, want)
 	}
 }

@@ -2,17 +2,13 @@ package cpu
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
-	"webdraft/checkpoint"
 	"webdraft/engine"
 	"webdraft/engine/enginetest"
-	"webdraft/internal/synth"
 	"webdraft/qwen3"
 	"webdraft/reference"
-	"webdraft/safetensors"
 )
 
 // tinyTarget writes a tiny random f32 target of the given layers and loads
@@ -20,17 +16,7 @@ import (
 // the reference model, the oracle.
 func tinyTarget(t *testing.T, layers int, features []int) (*Engine, *reference.Model, qwen3.Config, *qwen3.Weights) {
 	t.Helper()
-	cfg := synth.Shapes["tiny"]
-	cfg.NumHiddenLayers = layers
-	dir := filepath.Join(t.TempDir(), "target")
-	if err := synth.Write(dir, cfg, synth.Options{Seed: 7, Std: 0.2, DType: safetensors.F32}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.F32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := enginetest.TinyModel(t, layers)
 	e, err := New(m.Config, m.Weights, Options{KVBytes: 16 << 20, Threads: 3, FeatureLayers: features})
 	if err != nil {
 		t.Fatal(err)

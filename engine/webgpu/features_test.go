@@ -2,7 +2,6 @@ package webgpu
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -10,9 +9,7 @@ import (
 	"webdraft/engine"
 	"webdraft/engine/enginetest"
 	"webdraft/gpu/gputest"
-	"webdraft/internal/synth"
 	"webdraft/reference"
-	"webdraft/safetensors"
 	"webdraft/sampling"
 )
 
@@ -22,17 +19,7 @@ import (
 // oracle, and the checkpoint.
 func tinyTarget(t *testing.T, g *Group, layers int, features []int) (*Engine, *reference.Model, *checkpoint.Model) {
 	t.Helper()
-	cfg := synth.Shapes["tiny"]
-	cfg.NumHiddenLayers = layers
-	dir := filepath.Join(t.TempDir(), "target")
-	if err := synth.Write(dir, cfg, synth.Options{Seed: 7, Std: 0.2, DType: safetensors.F32}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.F32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := enginetest.TinyModel(t, layers)
 	e, err := g.New(m.Config, m.Weights, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32", FeatureLayers: features})
 	if err != nil {
 		t.Fatal(err)

@@ -4,17 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"path/filepath"
 	"slices"
 	"testing"
 
-	"webdraft/checkpoint"
 	"webdraft/eagle3"
 	"webdraft/engine"
 	"webdraft/engine/enginetest"
 	"webdraft/gpu/gputest"
-	"webdraft/internal/synth"
-	"webdraft/safetensors"
 	"webdraft/tensor"
 )
 
@@ -29,17 +25,7 @@ import (
 // each reads at the position.
 func agreeablePair(t *testing.T) (*Head, *Engine) {
 	t.Helper()
-	cfg := synth.Shapes["tiny"]
-	cfg.NumHiddenLayers = enginetest.HeadLayers
-	dir := filepath.Join(t.TempDir(), "target")
-	if err := synth.Write(dir, cfg, synth.Options{Seed: 7, Std: 0.2, DType: safetensors.F32}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.F32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := enginetest.TinyModel(t, enginetest.HeadLayers)
 	norm := make([]float32, len(m.Weights.Norm))
 	norm[0] = 1
 	m.Weights.Norm = norm

@@ -35,7 +35,8 @@ const (
 	// work), these about 1 — a test of each kind of kernel: every int4
 	// matmul kernel, attention with hidden keys, the KV cache's pool and
 	// moves, embedding, norm, argmax, the fused MLP, copies, scatter and
-	// gather, the params' layouts against the WGSL, proposals, tree drafts.
+	// gather, the params' layouts against the WGSL, proposals, tree drafts,
+	// chained speculative steps' acceptance and rows.
 	// Left out besides the slow ones (TestAttentionPrefill, TestMatMul,
 	// TestMatMulUnsplit, TestSample, TestTreeWalk…), as they fail on
 	// SwiftShader through Dawn: TestQKVRopeKV, TestQKVProjRopeKV and TestQKVFused (q off
@@ -46,7 +47,7 @@ const (
 	// alignment).
 	kernelsRun = "^(TestAttentionHiddenKeys|TestAttentionDecodeShortMaxLen|TestKVCachePool|TestKVMove|TestMatMulEachKernel|" +
 		"TestMatVecBatchChunk|TestEmbed|TestEmbedBadIDIsNaN|TestRMSNorm|TestRMSNormRows|TestArgmax|TestArgmaxOf|TestMLPFused|TestCopy|TestCopyTo|" +
-		"TestScatter|TestGather|TestParamsMatchWGSL|TestPropose|TestTreeDraft)$"
+		"TestScatter|TestGather|TestParamsMatchWGSL|TestPropose|TestTreeDraft|TestSpecAccept|TestSpecRows)$"
 )
 
 // TestDawnSwiftShader runs, through Dawn on SwiftShader: the harness's

@@ -10,8 +10,15 @@ import (
 
 var specAcceptKernel = gpu.Kernel{
 	Module: "spec_accept.wgsl", Source: shaders.SpecAccept, Entry: "main", Params: reflect.TypeFor[specAcceptParams](),
-	Storage: []gpu.Access{gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // state, drafts, verify, ids
+	Storage: []gpu.Access{gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // state, drafts, verify, ids, dids
 }
+
+var specDraftRowsKernel = gpu.Kernel{
+	Module: "spec_draft_rows.wgsl", Source: shaders.SpecDraftRows, Entry: "main", Params: reflect.TypeFor[specDraftRowsParams](),
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // state, rows, trows
+}
+
+type specDraftRowsParams struct{ B, K, _, _ uint32 }
 
 var specRowsKernel = gpu.Kernel{
 	Module: "spec_rows.wgsl", Source: shaders.SpecRows, Entry: "main", Params: reflect.TypeFor[specRowsParams](),
@@ -45,8 +52,12 @@ func PutSpecState(dst []uint32, L, n, targetSlot, headSlot int) {
 // word draftsAt + c·draftStride + i of drafts, its verified rows'
 // tokens at words i·(K+1) … of verify), moves each state on (L += n + 1,
 // n) and writes the target's token at the last accepted row, the bonus,
-// at word i·(K+1) of ids, where the next verification feeds it.
-func SpecAccept(b *gpu.Batch, state, drafts, verify, ids *gpu.Buffer, B, K, draftsAt, draftStride int) error {
+// at word i·(K+1) of ids, where the next verification feeds it. With
+// drafter (a standalone drafter's chain) it also writes the drafter's
+// next first pass's ids into dids: the bonus at word i, the token before
+// it (the last accepted draft, else the bonus the step began with) at
+// word B + i; else dids, a buffer of its own, stays as it is.
+func SpecAccept(b *gpu.Batch, state, drafts, verify, ids, dids *gpu.Buffer, drafter bool, B, K, draftsAt, draftStride int) error {
 	op := "spec_accept"
 	rows := uint64(B * (K + 1))
 	switch {
@@ -58,13 +69,15 @@ func SpecAccept(b *gpu.Batch, state, drafts, verify, ids *gpu.Buffer, B, K, draf
 		return fmt.Errorf("kernels: %s: drafts up to word %d of a %d-byte buffer", op, draftsAt+(K-1)*draftStride+B, drafts.Size())
 	case rows*4 > verify.Size() || rows*4 > ids.Size():
 		return fmt.Errorf("kernels: %s: %d rows of verified tokens (%d bytes) and ids (%d bytes)", op, rows, verify.Size(), ids.Size())
+	case dids == nil || drafter && uint64(2*B)*4 > dids.Size():
+		return fmt.Errorf("kernels: %s: %d drafter ids in a %d-byte buffer", op, 2*B, bufSize(dids))
 	}
-	p, err := b.Device().Pipeline(specAcceptKernel, nil)
+	p, err := b.Device().Pipeline(specAcceptKernel, gpu.Consts{"DRAFTER": wgslBool(drafter)})
 	if err != nil {
 		return err
 	}
 	params := &specAcceptParams{B: uint32(B), K: uint32(K), DraftsAt: uint32(draftsAt), DraftStride: uint32(draftStride)}
-	binds := []gpu.Binding{state.All(), drafts.All(), verify.All(), ids.All()}
+	binds := []gpu.Binding{state.All(), drafts.All(), verify.All(), ids.All(), dids.All()}
 	if err := gpu.Dispatch(b, p, params, binds, uint32((B+specWG-1)/specWG), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
@@ -109,6 +122,41 @@ func SpecRows(b *gpu.Batch, state *gpu.Buffer, c *KVCache, out SpecRowsOut, B, K
 	params := &specRowsParams{B: uint32(B), K: uint32(K), MaxBlocks: uint32(c.MaxBlocks), BlockSize: uint32(c.BlockSize), StoreRow: uint32(storeRow)}
 	binds := []gpu.Binding{state.All(), c.table.All(), out.TargetRows.All(), out.TargetFeatures.All(), out.HeadRows.All(), out.HeadSave, out.HeadChain.All()}
 	if err := gpu.Dispatch(b, p, params, binds, uint32((rows+specWG-1)/specWG), 1, 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}
+
+// SpecDraftRows records the rows of a chained speculative step drafted by
+// a standalone drafter, from each of B sequences' state
+// (spec_draft_rows.wgsl): with first, the drafter's first pass's rows —
+// the bonus at L (row i), the token before it at L − 1 (row B + i) — and
+// the target's K+1 verified rows from L (rows i·(K+1) … of trows); else
+// the drafter's first chained row at L + 1 (row i; trows unwritten, a
+// buffer of its own). PutRow's line rows, each model's table row in the
+// state.
+func SpecDraftRows(b *gpu.Batch, state, rows, trows *gpu.Buffer, B, K int, first bool) error {
+	op := "spec_draft_rows"
+	n := B
+	if first {
+		n = 2 * B
+	}
+	switch {
+	case B <= 0 || K <= 0:
+		return fmt.Errorf("kernels: %s: %d sequences of %d drafts", op, B, K)
+	case uint64(B*SpecStateWords)*4 > state.Size():
+		return fmt.Errorf("kernels: %s: %d states in a %d-byte buffer", op, B, state.Size())
+	case uint64(n*RowWords)*4 > rows.Size():
+		return fmt.Errorf("kernels: %s: %d rows in a %d-byte buffer", op, n, rows.Size())
+	case trows == nil || first && uint64(B*(K+1)*RowWords)*4 > trows.Size():
+		return fmt.Errorf("kernels: %s: %d target rows in a %d-byte buffer", op, B*(K+1), bufSize(trows))
+	}
+	p, err := b.Device().Pipeline(specDraftRowsKernel, gpu.Consts{"FIRST": wgslBool(first)})
+	if err != nil {
+		return err
+	}
+	binds := []gpu.Binding{state.All(), rows.All(), trows.All()}
+	if err := gpu.Dispatch(b, p, &specDraftRowsParams{B: uint32(B), K: uint32(K)}, binds, uint32((B+specWG-1)/specWG), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

@@ -9,9 +9,9 @@ import (
 	"webdraft/treemask"
 )
 
-// specAcceptRef is spec_accept.wgsl in plain Go: state, ids updated in
-// place.
-func specAcceptRef(state, drafts, verify, ids []uint32, B, K, draftsAt, draftStride int) {
+// specAcceptRef is spec_accept.wgsl in plain Go: state, ids and (where
+// not nil) dids updated in place.
+func specAcceptRef(state, drafts, verify, ids, dids []uint32, B, K, draftsAt, draftStride int) {
 	for i := range B {
 		row0 := i * (K + 1)
 		n := 0
@@ -21,18 +21,28 @@ func specAcceptRef(state, drafts, verify, ids []uint32, B, K, draftsAt, draftStr
 		s := state[i*SpecStateWords:]
 		s[0] += uint32(n + 1)
 		s[1] = uint32(n)
+		if dids != nil {
+			dids[i], dids[B+i] = verify[row0+n], ids[row0]
+			if n > 0 {
+				dids[B+i] = drafts[draftsAt+(n-1)*draftStride+i]
+			}
+		}
 		ids[row0] = verify[row0+n]
 	}
 }
 
 // TestSpecAccept: random drafts that agree with the verified tokens for a
 // random run of each sequence (none, some, all K), against the plain-Go
-// rule; the words of ids it must not write keep their random values.
-// Bad calls are refused.
+// rule, with and without a standalone drafter's ids; the words of ids it
+// must not write keep their random values, and dids, without the
+// drafter, all of its. Bad calls are refused.
 func TestSpecAccept(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
-	for _, tc := range []struct{ B, K int }{{1, 1}, {1, 4}, {3, 6}, {70, 2}} {
+	for _, tc := range []struct {
+		B, K    int
+		drafter bool
+	}{{1, 1, false}, {1, 4, false}, {3, 6, false}, {70, 2, false}, {1, 1, true}, {3, 6, true}, {70, 2, true}} {
 		B, K := tc.B, tc.K
 		draftStride := B + r.IntN(5)
 		draftsAt := r.IntN(9)
@@ -64,23 +74,31 @@ func TestSpecAccept(t *testing.T) {
 		for i := range ids {
 			ids[i] = r.Uint32()
 		}
-		stateBuf, idsBuf := uploadU32(t, d, "state", state), uploadU32(t, d, "ids", ids)
+		dids := make([]uint32, 2*B+4)
+		for i := range dids {
+			dids[i] = r.Uint32()
+		}
+		stateBuf, idsBuf, didsBuf := uploadU32(t, d, "state", state), uploadU32(t, d, "ids", ids), uploadU32(t, d, "dids", dids)
 		draftsBuf, verifyBuf := uploadU32(t, d, "drafts", drafts), uploadU32(t, d, "verify", verify)
 		run(t, d, "spec accept", func(b *gpu.Batch) error {
-			return SpecAccept(b, stateBuf, draftsBuf, verifyBuf, idsBuf, B, K, draftsAt, draftStride)
+			return SpecAccept(b, stateBuf, draftsBuf, verifyBuf, idsBuf, didsBuf, tc.drafter, B, K, draftsAt, draftStride)
 		})
-		specAcceptRef(state, drafts, verify, ids, B, K, draftsAt, draftStride)
+		var wantDids []uint32
+		if tc.drafter {
+			wantDids = dids
+		}
+		specAcceptRef(state, drafts, verify, ids, wantDids, B, K, draftsAt, draftStride)
 		for _, c := range []struct {
 			name string
 			buf  *gpu.Buffer
 			want []uint32
-		}{{"state", stateBuf, state}, {"ids", idsBuf, ids}} {
+		}{{"state", stateBuf, state}, {"ids", idsBuf, ids}, {"dids", didsBuf, dids}} {
 			got, err := c.buf.ReadU32()
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !slices.Equal(got[:len(c.want)], c.want) {
-				t.Fatalf("B %d K %d: %s = %v, want %v", B, K, c.name, got[:len(c.want)], c.want)
+				t.Fatalf("B %d K %d drafter %v: %s = %v, want %v", B, K, tc.drafter, c.name, got[:len(c.want)], c.want)
 			}
 		}
 	}
@@ -92,12 +110,16 @@ func TestSpecAccept(t *testing.T) {
 	}
 	defer b.Discard()
 	for name, call := range map[string]func() error{
-		"no sequences":       func() error { return SpecAccept(b, big, big, big, big, 0, 2, 0, 1) },
-		"no drafts":          func() error { return SpecAccept(b, big, big, big, big, 1, 0, 0, 1) },
-		"stride under B":     func() error { return SpecAccept(b, big, big, big, big, 2, 2, 0, 1) },
-		"states past buffer": func() error { return SpecAccept(b, small, big, big, big, 2, 2, 0, 2) },
-		"drafts past buffer": func() error { return SpecAccept(b, big, small, big, big, 1, 3, 2, 1) },
-		"rows past ids":      func() error { return SpecAccept(b, big, big, big, small, 2, 2, 0, 2) },
+		"no sequences":       func() error { return SpecAccept(b, big, big, big, big, big, false, 0, 2, 0, 1) },
+		"no drafts":          func() error { return SpecAccept(b, big, big, big, big, big, false, 1, 0, 0, 1) },
+		"stride under B":     func() error { return SpecAccept(b, big, big, big, big, big, false, 2, 2, 0, 1) },
+		"states past buffer": func() error { return SpecAccept(b, small, big, big, big, big, false, 2, 2, 0, 2) },
+		"drafts past buffer": func() error { return SpecAccept(b, big, small, big, big, big, false, 1, 3, 2, 1) },
+		"rows past ids":      func() error { return SpecAccept(b, big, big, big, small, big, false, 2, 2, 0, 2) },
+		"no drafter ids":     func() error { return SpecAccept(b, big, big, big, big, nil, false, 2, 2, 0, 2) },
+		"drafter ids past buffer": func() error {
+			return SpecAccept(b, big, big, big, big, uploadU32(t, d, "tiny", make([]uint32, 2)), true, 2, 2, 0, 2)
+		},
 	} {
 		if err := call(); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -196,6 +218,84 @@ func TestSpecRows(t *testing.T) {
 					t.Fatalf("B %d K %d: %s word %d past the rows written: %#x", B, K, name, len(w)+j, v)
 				}
 			}
+		}
+	}
+}
+
+// TestSpecDraftRows: a standalone drafter's first pass's rows (the bonus
+// at L, row i; the token before it at L − 1, row B + i) with the target's
+// K+1 rows from L, and its first chained row (L + 1), from random states,
+// against PutRow's line rows; the rows past them, poisoned, left so, and
+// the target's rows untouched for a chained row. Bad calls are refused.
+func TestSpecDraftRows(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, tc := range []struct{ B, K int }{{1, 1}, {3, 4}, {70, 6}} {
+		B, K := tc.B, tc.K
+		state := make([]uint32, B*SpecStateWords)
+		for i := range B {
+			PutSpecState(state[i*SpecStateWords:], 1+r.IntN(5000), r.IntN(7), r.IntN(9), r.IntN(9))
+		}
+		stateBuf := uploadU32(t, d, "state", state)
+		for _, first := range []bool{true, false} {
+			n, tn := B, 0
+			if first {
+				n, tn = 2*B, B*(K+1)
+			}
+			rows := poisoned(t, d, "rows", (n+1)*RowWords)
+			trows := poisoned(t, d, "trows", (B*(K+1)+1)*RowWords)
+			run(t, d, "spec draft rows", func(b *gpu.Batch) error { return SpecDraftRows(b, stateBuf, rows, trows, B, K, first) })
+			want, twant := make([]uint32, n*RowWords), make([]uint32, tn*RowWords)
+			line := func(dst []uint32, seq, pos int) { PutRow(dst, seq, pos, treemask.LineRow(pos)) }
+			for i := range B {
+				L, tslot, slot := int(state[i*SpecStateWords]), int(state[i*SpecStateWords+2]), int(state[i*SpecStateWords+3])
+				if first {
+					line(want[i*RowWords:], slot, L)
+					line(want[(B+i)*RowWords:], slot, L-1)
+					for t0 := range K + 1 {
+						line(twant[(i*(K+1)+t0)*RowWords:], tslot, L+t0)
+					}
+				} else {
+					line(want[i*RowWords:], slot, L+1)
+				}
+			}
+			for _, c := range []struct {
+				name string
+				buf  *gpu.Buffer
+				want []uint32
+			}{{"rows", rows, want}, {"target rows", trows, twant}} {
+				got, err := c.buf.ReadU32()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got[:len(c.want)], c.want) {
+					t.Fatalf("B %d K %d first %v: %s %v, want %v", B, K, first, c.name, got[:len(c.want)], c.want)
+				}
+				for j, v := range got[len(c.want):] {
+					if v != gpu.NaN32 {
+						t.Fatalf("B %d K %d first %v: %s word %d past the rows: %#x", B, K, first, c.name, len(c.want)+j, v)
+					}
+				}
+			}
+		}
+	}
+	small := uploadU32(t, d, "small", make([]uint32, 2*RowWords))
+	b, err := d.NewBatch("spec draft rows refused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Discard()
+	for name, call := range map[string]func() error{
+		"no sequences": func() error { return SpecDraftRows(b, small, small, small, 0, 1, true) },
+		"no drafts":    func() error { return SpecDraftRows(b, small, small, small, 1, 0, true) },
+		"states past buffer": func() error {
+			return SpecDraftRows(b, uploadU32(t, d, "s", make([]uint32, 4)), small, small, 2, 1, false)
+		},
+		"rows past buffer": func() error { return SpecDraftRows(b, small, small, small, 2, 1, true) },
+		"target rows past": func() error { return SpecDraftRows(b, small, small, small, 1, 4, true) },
+	} {
+		if err := call(); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
 	}
 }

@@ -94,6 +94,9 @@ var (
 	// SpecRows is spec_rows.wgsl: the places of a chained speculative
 	// step's rows, target's and head's, from the accepted state.
 	SpecRows = mustModule("spec_rows.wgsl")
+	// SpecDraftRows is spec_draft_rows.wgsl: a standalone drafter's rows
+	// in a chained speculative step, from the accepted state.
+	SpecDraftRows = mustModule("spec_draft_rows.wgsl")
 	// Gather is gather.wgsl: rows of words (single words, or hidden
 	// states) copied between given rows of two buffers (a fused
 	// speculative step's drafted tokens into the target's inputs; a

@@ -416,7 +416,7 @@ func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	n = ready[0].k
 	m = min(int(aloneSpan/r.specStep), aloneChunk)
 	for _, gn := range ready {
-		if !gn.head || !gn.req.Sampling.Greedy() || gn.k != n || len(gn.pendingTarget()) != 1 {
+		if gn.draft == nil || !gn.req.Sampling.Greedy() || gn.k != n || len(gn.pendingTarget()) != 1 {
 			return nil, 0, 1
 		}
 		tau := 1.0 // tokens a step so far

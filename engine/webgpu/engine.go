@@ -93,6 +93,9 @@ type Engine struct {
 	kv   *kernels.KVCache
 	act  *activations
 	tree treeBuffers // trees drafted on the device (DraftVerifyTree), made by the first
+	// spec is a drafter's chains of speculative steps (DraftVerifyN): its
+	// state, ids and results buffers, made by the first.
+	spec specBuffers
 	// features are the layers whose input every pass keeps in the cache's
 	// feature buffers (Options.FeatureLayers); featureAt[l] is layer l's
 	// buffer, −1 for a layer not kept.
@@ -303,6 +306,7 @@ func (e *Engine) release() {
 		e.act.release()
 	}
 	e.tree.release()
+	e.spec.release()
 	e.w, e.kv, e.act = nil, nil, nil
 }
 

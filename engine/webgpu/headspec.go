@@ -62,17 +62,17 @@ func (h *Head) DraftVerifyN(ctx context.Context, target engine.Engine, steps []e
 			return out, err
 		}
 	}
-	return h.oneStep(ctx, steps, n)
+	return oneStep(ctx, h, h.target, steps, n)
 }
 
-// oneStep is DraftVerifyN's single step: DraftVerify, the Verify entries
-// then restored.
-func (h *Head) oneStep(ctx context.Context, steps []engine.ChainStep, n int) ([]engine.ChainedStep, error) {
+// oneStep is DraftVerifyN's single step: f's DraftVerify, the Verify
+// entries then restored.
+func oneStep(ctx context.Context, f engine.Fuser, target *Engine, steps []engine.ChainStep, n int) ([]engine.ChainedStep, error) {
 	pending := make([]int, len(steps))
 	for i, s := range steps {
 		pending[i] = len(s.Verify.Tokens)
 	}
-	out, err := h.DraftVerify(ctx, h.target, steps, n)
+	out, err := f.DraftVerify(ctx, target, steps, n)
 	if err != nil {
 		return nil, err
 	}
@@ -129,14 +129,16 @@ func (h *Head) specShape(steps []engine.ChainStep, n int) bool {
 //	        a region of R pairs a feature f at keepAt[f]
 //	ids     the drafts' gathers into the target's ids, a region a step
 //	results the target's read-out words, a region a step (specLayout)
+//	unused  what spec_accept.wgsl binds for a standalone drafter's ids
+//	        and does not write (a head's chain)
 type specBuffers struct {
 	state, rows, chain, pairs, keep *gpu.Buffer
 	keepAt                          []uint64
-	ids, results                    *gpu.Buffer
+	ids, results, unused            *gpu.Buffer
 }
 
 func (s *specBuffers) release() {
-	for _, b := range []*gpu.Buffer{s.state, s.rows, s.chain, s.pairs, s.keep, s.ids, s.results} {
+	for _, b := range []*gpu.Buffer{s.state, s.rows, s.chain, s.pairs, s.keep, s.ids, s.results, s.unused} {
 		if b != nil {
 			b.Release()
 		}
@@ -166,6 +168,7 @@ func (h *Head) ensureSpec() (*specBuffers, error) {
 		{&s.chain, "head.spec_chain_rows", uint64(a.S*kernels.RowWords) * 4},
 		{&s.pairs, "head.spec_pairs", uint64(a.regions.words) * 4},
 		{&s.keep, "head.spec_keep_pairs", keepBytes},
+		{&s.unused, "head.spec_unused", 16},
 	} {
 		var err error
 		if *b.dst, err = h.dev.NewBuffer(b.name, b.bytes); err != nil {
@@ -187,11 +190,10 @@ type specLayout struct {
 	topN                     int
 }
 
-// specLayout lays out the results of verifications of rows rows read out
-// by pass ps's read-out.
-func (h *Head) specLayout(ps pass, rows int) specLayout {
-	t := h.target
-	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
+// specLayoutOf lays out the results of target t's verifications of rows
+// rows read out by pass ps's read-out.
+func specLayoutOf(t *Engine, ps pass, rows int) specLayout {
+	align := uint64(t.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
 	l := specLayout{stride: up(t.act.next.Size())}
 	if ps.sample {
@@ -324,7 +326,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	if err := a.ensureChain(h.dev, n-1, uint64(m)*lay.bytes()); err != nil {
 		return nil, err
 	}
-	tl := h.specLayout(ps, rows)
+	tl := specLayoutOf(t, ps, rows)
 	idStride := up(uint64(B*n*kernels.GatherPairWords) * 4)
 	if err := grow(h.dev, &sb.results, "head.spec_results", uint64(m)*tl.stride); err != nil {
 		return nil, err
@@ -407,7 +409,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	}
 	accept := func(j int) step { // step j's verdict
 		return func(b *gpu.Batch) error {
-			return kernels.SpecAccept(b, sb.state, a.results, t.act.next, t.act.ids, B, n, lay.targetWord(0, j*n), int(lay.stride/4))
+			return kernels.SpecAccept(b, sb.state, a.results, t.act.next, t.act.ids, sb.unused, false, B, n, lay.targetWord(0, j*n), int(lay.stride/4))
 		}
 	}
 	first := make([]headPart, B)

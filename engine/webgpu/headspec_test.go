@@ -111,12 +111,44 @@ func TestHeadDraftVerifyN(t *testing.T) {
 	}
 }
 
-func testDraftVerifyN(t *testing.T, h *Head, target *Engine, n, topN int, agreeable bool) {
+// specDrafter is a drafter that chains speculative steps on its target's
+// device: a Head, or an Engine.
+type specDrafter interface {
+	engine.Engine
+	engine.SpecChainer
+}
+
+// newSpecTwins is newHeadTwins for any drafter d: its sequences start
+// empty, and the first step feeds them the whole text.
+func newSpecTwins(t *testing.T, d specDrafter, target *Engine, prompt []int) headTwins {
+	t.Helper()
+	g := headTwins{text: slices.Clone(prompt)}
+	for _, s := range []*engine.Sequence{&g.tF, &g.tS, &g.hF, &g.hS} {
+		var err error
+		if s == &g.hF || s == &g.hS {
+			*s, err = d.NewSequence()
+		} else {
+			*s, err = target.NewSequence()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup((*s).Release)
+	}
+	next := enginetest.TargetStep(t, target, g.tF, g.text...)
+	if again := enginetest.TargetStep(t, target, g.tS, g.text...); again != next {
+		t.Fatalf("the target's token after the prompt: %d, then %d", next, again)
+	}
+	g.text = append(g.text, next)
+	return g
+}
+
+func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, agreeable bool) {
 	ctx := context.Background()
 	const m = 4
 	gens := []*specGen{
-		{newHeadTwins(t, h, target, []int{3, 17, 5, 9, 30, 200})},
-		{newHeadTwins(t, h, target, []int{8, 1, 250, 4})},
+		{newSpecTwins(t, h, target, []int{3, 17, 5, 9, 30, 200})},
+		{newSpecTwins(t, h, target, []int{8, 1, 250, 4})},
 	}
 	// The head first drafts after the whole text fed at once.
 	chainSteps := func(seq func(g *specGen) (tq, hq engine.Sequence)) []engine.ChainStep {
@@ -210,4 +242,16 @@ func testDraftVerifyN(t *testing.T, h *Head, target *Engine, n, topN int, agreea
 	if agreeable && len(accepted) < min(3, n+1) {
 		t.Errorf("the agreeable pair accepted %v drafts: want several lengths", accepted)
 	}
+}
+
+// TestDraftVerifyN: a standalone drafter's chains of speculative steps
+// (Engine.DraftVerifyN) hold to m DraftVerify calls as a head's do
+// (testDraftVerifyN): the golden model drafting in int4 for itself in f32,
+// which agree most of the time, n = 1, 3 and 5, and with top tokens.
+func TestDraftVerifyN(t *testing.T) {
+	p := newSampledPair(t, NewGroup(gputest.Device(t)), Options{})
+	for _, n := range []int{1, 3, 5} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, n, 0, true) })
+	}
+	t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 3, true) })
 }

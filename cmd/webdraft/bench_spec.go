@@ -35,7 +35,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	treesFlag := fs.String("trees", "", fmt.Sprintf("with --live: token trees to measure too, as b×N, comma-separated (2x8,4x16: b children a node, 2…%d; N nodes verified a step, 1…%d); default: none", speculative.MaxTopK, speculative.MaxTreeNodes))
 	treeDepth := fs.Int("tree-depth", 6, fmt.Sprintf("with --live and --trees: the trees' depth, the drafter's passes a step (1…%d)", speculative.MaxK))
 	unfused := fs.Bool("unfused", false, "with --live: measure each k of --ks and each tree of --trees also with the drafter's passes and the target's verification as separate calls, each read back, where the drafter and target share a device that runs a step as one submission (WebGPU)")
-	unchained := fs.Bool("unchained", false, "with --live: measure each k of --ks also with every fused step a call of its own, read back, where the drafter chains fused steps on the device, each accepted there and the next planned from it (an EAGLE-3 head on WebGPU, greedy)")
+	unchained := fs.Bool("unchained", false, "with --live: measure each k of --ks also with every fused step a call of its own, read back, where the drafter chains fused steps on the device, each accepted there and the next planned from it (an EAGLE-3 head or a drafter on the target's WebGPU device, greedy)")
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run to this file")

@@ -183,6 +183,13 @@ struct Row {
     mask_hi: u32,
 }
 
+// line_row is a line token's row at position pos of the sequence in table
+// row seq (kernels.PutRow with treemask.LineRow): its slot the position,
+// every slot before it visible.
+fn line_row(seq: u32, pos: u32) -> Row {
+    return Row(seq, pos, pos, pos + 1u, 0u, 0u);
+}
+
 // visible reports whether row r's attention reads slot j (j ≤ r.slot):
 // j < r.base, else bit j − r.base of its mask. A line row decides at the
 // first comparison, so the mask costs it nothing.

@@ -35,10 +35,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> rows: array<Row>;
 @group(0) @binding(3) var<storage, read_write> trows: array<Row>;
 
-fn line_row(seq: u32, pos: u32) -> Row {
-    return Row(seq, pos, pos, pos + 1u, 0u, 0u);
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;

@@ -52,10 +52,6 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> hsave: array<vec2<u32>>;
 @group(0) @binding(7) var<storage, read_write> hchain: array<Row>;
 
-fn line_row(seq: u32, pos: u32) -> Row {
-    return Row(seq, pos, pos, pos + 1u, 0u, 0u);
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let r = gid.x;

@@ -44,17 +44,9 @@ func (e *Engine) DraftVerifyN(ctx context.Context, target engine.Engine, steps [
 		return nil, fmt.Errorf("webgpu engine: draft and verify n: %d drafts, %d steps, want both > 0", n, m)
 	}
 	t := target.(*Engine)
-	if m > 1 && e.specShape(t, steps, n) {
-		drafts, verify, pending := draftPlaces(steps)
-		out, chained, err := e.draftVerifyN(ctx, t, steps, drafts, verify, n, m)
-		for i, s := range steps {
-			s.Verify.Tokens = s.Verify.Tokens[:pending[i]]
-		}
-		if chained || err != nil {
-			return out, err
-		}
-	}
-	return oneStep(ctx, e, t, steps, n)
+	return chainOrStep(ctx, e, t, steps, n, m > 1 && e.specShape(t, steps, n), func(drafts []*engine.Entry, verify []*engine.VerifyEntry) ([]engine.ChainedStep, bool, error) {
+		return e.draftVerifyN(ctx, t, steps, drafts, verify, n, m)
+	})
 }
 
 // specShape reports whether steps have a chain's shape for the drafter
@@ -67,14 +59,7 @@ func (e *Engine) specShape(t *Engine, steps []engine.ChainStep, n int) bool {
 	if B == 0 || 2*B > e.opts.MaxRows || B > e.act.maxLasts || rows > t.opts.MaxRows || rows > t.act.maxLasts || n+1 > decodeEntryRows || len(t.features) > 0 {
 		return false
 	}
-	for _, s := range steps {
-		d, v := s.Draft, s.Verify
-		if d == nil || v == nil || s.Take != n || len(v.Tokens) != 1 || v.Out != n+1 || !v.Sampling.Greedy() ||
-			v.Draws != nil || v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil {
-			return false
-		}
-	}
-	return true
+	return chainSteps(steps, n)
 }
 
 // draftVerifyN runs DraftVerifyN's chain of m steps over checked steps
@@ -96,15 +81,7 @@ func (e *Engine) draftVerifyN(ctx context.Context, t *Engine, steps []engine.Cha
 		return nil, false, err
 	}
 	B := len(steps)
-	L0 := make([]int, B)
-	for i, v := range verify {
-		tq, ok := v.Seq.(*kernels.KVSeq)
-		if !ok {
-			return nil, false, nil // Verify refuses it, one step
-		}
-		L0[i] = tq.Len()
-		m = min(m, (min(t.cfg.MaxPositionEmbeddings, e.cfg.MaxPositionEmbeddings)-L0[i])/(n+1))
-	}
+	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, e.cfg.MaxPositionEmbeddings), n, m)
 	if m < 2 {
 		return nil, false, nil
 	}
@@ -187,16 +164,7 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 	for i := range B {
 		kernels.PutSpecState(state[i*kernels.SpecStateWords:], L0[i], 0, twork[i].seq.Slot(), dwork[i].seq.Slot())
 	}
-	ids := make([]uint32, uint64(m)*idStride/4)
-	for j := 1; j < m; j++ {
-		at := uint64(j) * idStride / 4
-		for i := range B {
-			for c := range n {
-				w := at + uint64((i*n+c)*kernels.GatherPairWords)
-				ids[w], ids[w+1] = uint32(i*(n+1)+1+c), uint32(word(i, j*n+c))
-			}
-		}
-	}
+	ids := draftIDPairs(B, n, m, idStride, word)
 	for _, w := range []struct {
 		buf *gpu.Buffer
 		v   []uint32
@@ -208,19 +176,6 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 
 	// Step 0: DraftVerify's submissions, the verification's rows copied
 	// into the results.
-	copyRows := func(j int) []step {
-		at := uint64(j) * tl.stride
-		steps := []step{func(b *gpu.Batch) error { return kernels.CopyTo(b, sb.results, at, t.act.next, t.act.next.Size()) }}
-		if tl.sampledBytes > 0 {
-			steps = append(steps, func(b *gpu.Batch) error {
-				return kernels.CopyTo(b, sb.results, at+tl.sampledAt, t.act.sampled, tl.sampledBytes)
-			})
-		}
-		if tl.topBytes > 0 {
-			steps = append(steps, func(b *gpu.Batch) error { return kernels.CopyTo(b, sb.results, at+tl.topAt, t.act.top, tl.topBytes) })
-		}
-		return steps
-	}
 	ch, err := e.chainSubmit(ctx, dwork, n, false)
 	if err != nil {
 		return nil, err
@@ -232,7 +187,7 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 	if err != nil {
 		return nil, err
 	}
-	if _, err := t.forwardRead(ps, false, pre, copyRows(0), submitEvery, nil); err != nil {
+	if _, err := t.forwardRead(ps, false, pre, sb.verifyCopies(t, tl, 0), submitEvery, nil); err != nil {
 		return nil, fmt.Errorf("chained speculative step 1: %w", err)
 	}
 	// Every drafter pass from here reads out rows 0 … B−1: the bonus's, then
@@ -295,7 +250,7 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 		tp := pass{rows: rows, decode: rows, lasts: rows, maxLen: maxLen, sample: ps.sample, topN: ps.topN, chained: true, sameLasts: true}
 		kernelSteps, keep = t.passKernels(tp)
 		keeps = append(keeps, keep)
-		steps = append(append(steps, kernelSteps...), copyRows(j)...)
+		steps = append(append(steps, kernelSteps...), sb.verifyCopies(t, tl, j)...)
 		var ranges []gpu.Binding
 		if j == m-1 {
 			steps = append(steps, accept(m-1))
@@ -324,64 +279,25 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 }
 
 // specRead decodes a drafter's chain read back (raw: its drafts, the
-// target's rows, the final states) as Head.specRead does a head's.
+// target's rows, the final states; readChain), each draft with the top
+// tokens its entry asks for.
 func (e *Engine) specRead(t *Engine, raw [][]byte, stride uint64, topN int, tl specLayout, dwork, twork []pending, L0 []int, n, m int) ([]engine.ChainedStep, []int, error) {
-	B, rows := len(L0), len(L0)*(n+1)
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
 	topAt := (e.act.nextBytes + align - 1) / align * align
-	words, twords, states := u32s(raw[0]), u32s(raw[1]), u32s(raw[2])
-	f32 := func(w uint32) float32 { return math.Float32frombits(w) }
-	out := make([]engine.ChainedStep, m)
-	L := append([]int(nil), L0...)
-	last := make([]int, B)
-	for j := range out {
-		cs := &out[j]
-		cs.Drafts, cs.Rows, cs.Accepted = make([][]engine.Token, B), make([][]engine.VerifyRow, B), make([]int, B)
-		at := uint64(j) * tl.stride / 4
-		lp, lse := at+t.act.nextLP/4, at+t.act.nextLP/4+uint64(lseAt(rows))
-		for i := range B {
-			cs.Drafts[i] = make([]engine.Token, n)
-			for c := range n {
-				k := uint64(j*n+c) * stride / 4
-				id, err := e.token(words[k+uint64(i)])
-				if err != nil {
-					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, draft %d: %w", j+1, i, c+1, err)
-				}
-				tk := engine.Token{ID: id, Logprob: f32(words[k+e.act.nextLP/4+uint64(i)])}
-				if nt := dwork[i].topN(); nt > 0 {
-					tk.Top = kernels.SampleTop(words[k+topAt/4+uint64(i*topN*2):], nt)
-				}
-				cs.Drafts[i][c] = tk
+	words := u32s(raw[0])
+	return readChain(t, u32s(raw[1]), u32s(raw[2]), tl, twork, L0, n, m, func(j, i int) ([]engine.Token, error) {
+		out := make([]engine.Token, n)
+		for c := range out {
+			k := uint64(j*n+c) * stride / 4
+			id, err := e.token(words[k+uint64(i)])
+			if err != nil {
+				return nil, fmt.Errorf("draft %d: %w", c+1, err)
 			}
-			cs.Rows[i] = make([]engine.VerifyRow, n+1)
-			for r := range n + 1 {
-				w := uint64(i*(n+1) + r)
-				row := &cs.Rows[i][r]
-				if tl.sampledBytes > 0 {
-					var err error
-					if row.Row, err = kernels.SampleRow(twords[at+tl.sampledAt/4+w*kernels.SampleWords:]); err != nil {
-						return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
-					}
-					if nt := twork[i].topN(); nt > 0 {
-						row.Top = kernels.SampleTop(twords[at+tl.topAt/4+w*uint64(tl.topN*2):], min(nt, tl.topN))
-					}
-				} else {
-					row.ArgmaxLogprob, row.LogSumExp = f32(twords[lp+w]), f32(twords[lse+w])
-					row.Argmax = int(twords[at+w])
-				}
-				if _, err := t.token(uint32(row.Argmax)); err != nil {
-					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
-				}
+			out[c] = engine.Token{ID: id, Logprob: math.Float32frombits(words[k+e.act.nextLP/4+uint64(i)])}
+			if nt := dwork[i].topN(); nt > 0 {
+				out[c].Top = kernels.SampleTop(words[k+topAt/4+uint64(i*topN*2):], nt)
 			}
-			cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
-			last[i] = L[i]
-			L[i] += cs.Accepted[i] + 1
 		}
-	}
-	for i := range B {
-		if got := int(states[i*kernels.SpecStateWords]); got != L[i] {
-			return nil, nil, fmt.Errorf("chained speculative steps, batch entry %d: the device accepted up to position %d, the host %d", i, got, L[i])
-		}
-	}
-	return out, last, nil
+		return out, nil
+	})
 }

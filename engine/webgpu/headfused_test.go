@@ -20,9 +20,10 @@ type headTwins struct {
 	tF, tS, hF, hS engine.Sequence
 }
 
-// newHeadTwins opens a generation's twin sequences, feeds prompt to both
-// targets and appends the target's greedy token after it to the text.
-func newHeadTwins(t *testing.T, h *Head, target *Engine, prompt []int) headTwins {
+// newHeadTwins opens a generation's twin sequences — the drafter's, h a
+// head or any drafter, start empty —, feeds prompt to both targets and
+// appends the target's greedy token after it to the text.
+func newHeadTwins(t *testing.T, h engine.Engine, target *Engine, prompt []int) headTwins {
 	t.Helper()
 	g := headTwins{text: slices.Clone(prompt)}
 	for _, s := range []*engine.Sequence{&g.tF, &g.tS, &g.hF, &g.hS} {

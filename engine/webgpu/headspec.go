@@ -52,47 +52,9 @@ func (h *Head) DraftVerifyN(ctx context.Context, target engine.Engine, steps []e
 	if n <= 0 || m <= 0 {
 		return nil, fmt.Errorf("webgpu head: draft and verify n: %d drafts, %d steps, want both > 0", n, m)
 	}
-	if m > 1 && h.specShape(steps, n) {
-		drafts, verify, pending := draftPlaces(steps)
-		out, chained, err := h.draftVerifyN(ctx, steps, drafts, verify, n, m)
-		for i, s := range steps {
-			s.Verify.Tokens = s.Verify.Tokens[:pending[i]]
-		}
-		if chained || err != nil {
-			return out, err
-		}
-	}
-	return oneStep(ctx, h, h.target, steps, n)
-}
-
-// oneStep is DraftVerifyN's single step: f's DraftVerify, the Verify
-// entries then restored.
-func oneStep(ctx context.Context, f engine.Fuser, target *Engine, steps []engine.ChainStep, n int) ([]engine.ChainedStep, error) {
-	pending := make([]int, len(steps))
-	for i, s := range steps {
-		pending[i] = len(s.Verify.Tokens)
-	}
-	out, err := f.DraftVerify(ctx, target, steps, n)
-	if err != nil {
-		return nil, err
-	}
-	cs := engine.ChainedStep{Drafts: make([][]engine.Token, len(steps)), Rows: make([][]engine.VerifyRow, len(steps)), Accepted: make([]int, len(steps))}
-	for i, s := range steps {
-		cs.Drafts[i], cs.Rows[i] = out[i][:s.Take], s.Verify.Rows
-		cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
-		s.Verify.Tokens, s.Verify.Rows = s.Verify.Tokens[:pending[i]], nil
-	}
-	return []engine.ChainedStep{cs}, nil
-}
-
-// agreed is how many of a greedy step's drafts its verified rows accept:
-// the drafts up to the first that is not the target's greedy token.
-func agreed(drafts []engine.Token, rows []engine.VerifyRow) int {
-	a := 0
-	for a < len(drafts) && a < len(rows) && drafts[a].ID == rows[a].Argmax {
-		a++
-	}
-	return a
+	return chainOrStep(ctx, h, h.target, steps, n, m > 1 && h.specShape(steps, n), func(drafts []*engine.Entry, verify []*engine.VerifyEntry) ([]engine.ChainedStep, bool, error) {
+		return h.draftVerifyN(ctx, steps, drafts, verify, n, m)
+	})
 }
 
 // specShape reports whether steps have a chain's shape: greedy chains
@@ -106,44 +68,11 @@ func (h *Head) specShape(steps []engine.ChainStep, n int) bool {
 		return false
 	}
 	for _, s := range steps {
-		d, v := s.Draft, s.Verify
-		if d == nil || v == nil || s.Take != n || len(v.Tokens) != 1 || v.Out != n+1 || !v.Sampling.Greedy() ||
-			v.Draws != nil || v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil || d.Target != v.Seq {
+		if s.Draft != nil && s.Verify != nil && s.Draft.Target != s.Verify.Seq {
 			return false
 		}
 	}
-	return true
-}
-
-// specBuffers are DraftVerifyN's own buffers, made by its first call and
-// grown as calls need:
-//
-//	state   (S, kernels.SpecStateWords) u32: each entry's state
-//	rows    (R, kernels.RowWords) u32: the head's first pass's rows
-//	chain   (S, kernels.RowWords) u32: its chained passes' rows, moved on
-//	        pass by pass (kernels.AdvanceRows)
-//	pairs   the head's first pass's gathers, laid out as the activations'
-//	        pairs (pairRegions): its store pairs the device's, its read-out
-//	        pairs the host's
-//	keep    the target's feature copies' pairs, (row·features + f, row),
-//	        a region of R pairs a feature f at keepAt[f]
-//	ids     the drafts' gathers into the target's ids, a region a step
-//	results the target's read-out words, a region a step (specLayout)
-//	unused  what spec_accept.wgsl binds for a standalone drafter's ids
-//	        and does not write (a head's chain)
-type specBuffers struct {
-	state, rows, chain, pairs, keep *gpu.Buffer
-	keepAt                          []uint64
-	ids, results, unused            *gpu.Buffer
-}
-
-func (s *specBuffers) release() {
-	for _, b := range []*gpu.Buffer{s.state, s.rows, s.chain, s.pairs, s.keep, s.ids, s.results, s.unused} {
-		if b != nil {
-			b.Release()
-		}
-	}
-	*s = specBuffers{}
+	return chainSteps(steps, n)
 }
 
 // ensureSpec makes the chain's fixed buffers on first use.
@@ -179,51 +108,6 @@ func (h *Head) ensureSpec() (*specBuffers, error) {
 	return s, nil
 }
 
-// specLayout is where a chain's results hold each step's verification:
-// at step j's offset j·stride, a copy of the target's next buffer (its
-// greedy tokens, their log-probabilities and log-sum-exps); where its
-// rows list top tokens (topN > 0, sample.wgsl's read-out), from sampledAt
-// sample.wgsl's words and from topAt its top tokens (rows, topN, 2).
-type specLayout struct {
-	stride, sampledAt, topAt uint64
-	sampledBytes, topBytes   uint64
-	topN                     int
-}
-
-// specLayoutOf lays out the results of target t's verifications of rows
-// rows read out by pass ps's read-out.
-func specLayoutOf(t *Engine, ps pass, rows int) specLayout {
-	align := uint64(t.dev.Limits().MinStorageBufferOffsetAlignment)
-	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
-	l := specLayout{stride: up(t.act.next.Size())}
-	if ps.sample {
-		l.topN = ps.topN
-		l.sampledAt, l.sampledBytes = l.stride, uint64(rows*kernels.SampleWords)*4
-		l.stride += up(l.sampledBytes)
-		if l.topN > 0 {
-			l.topAt, l.topBytes = l.stride, min(uint64(rows*l.topN*2*4+15)&^15, t.act.top.Size())
-			l.stride += up(l.topBytes)
-		}
-	}
-	return l
-}
-
-// grow returns *b, made anew where it holds fewer than bytes.
-func grow(d *gpu.Device, b **gpu.Buffer, name string, bytes uint64) error {
-	if *b != nil && (*b).Size() >= bytes {
-		return nil
-	}
-	nb, err := d.NewBuffer(name, bytes)
-	if err != nil {
-		return err
-	}
-	if *b != nil {
-		(*b).Release()
-	}
-	*b = nb
-	return nil
-}
-
 // draftVerifyN runs DraftVerifyN's chain of m steps over checked steps
 // (specShape; draftPlaces done). chained false, with no error: the batch
 // did not chain after all (room in the caches or the context), and
@@ -247,20 +131,12 @@ func (h *Head) draftVerifyN(ctx context.Context, steps []engine.ChainStep, draft
 	B := len(steps)
 	// The positions the chain may reach: m verifications of n + 1 rows
 	// from each entry's pending token on.
-	L0 := make([]int, B)
-	need := make([]int, B)
-	tseqs, hseqs := make([]*kernels.KVSeq, B), make([]*kernels.KVSeq, B)
-	for i, v := range verify {
-		tq, ok := v.Seq.(*kernels.KVSeq)
-		if !ok {
-			return nil, false, nil // Verify refuses it below, one step
-		}
-		L0[i] = tq.Len()
-		m = min(m, (min(t.cfg.MaxPositionEmbeddings, h.engCfg.MaxPositionEmbeddings)-L0[i])/(n+1))
-	}
+	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, h.engCfg.MaxPositionEmbeddings), n, m)
 	if m < 2 {
 		return nil, false, nil
 	}
+	need := make([]int, B)
+	tseqs, hseqs := make([]*kernels.KVSeq, B), make([]*kernels.KVSeq, B)
 	feeds, err := h.prepareChain(ctx, drafts, n)
 	if err != nil {
 		return nil, false, err
@@ -355,16 +231,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		}
 		keepFor.pairs = append(keepFor.pairs, sb.keep.Slice(at, uint64(rows*kernels.GatherPairWords)*4))
 	}
-	ids := make([]uint32, uint64(m)*idStride/4)
-	for j := 1; j < m; j++ {
-		at := uint64(j) * idStride / 4
-		for i := range B {
-			for c := range n {
-				w := at + uint64((i*n+c)*kernels.GatherPairWords)
-				ids[w], ids[w+1] = uint32(i*(n+1)+1+c), uint32(lay.targetWord(i, j*n+c))
-			}
-		}
-	}
+	ids := draftIDPairs(B, n, m, idStride, lay.targetWord)
 	for _, w := range []struct {
 		buf *gpu.Buffer
 		v   []uint32
@@ -376,19 +243,6 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 
 	// Step 0: DraftVerify's submissions, the verification's features kept
 	// for the head and its rows copied into the results.
-	copyRows := func(j int) []step {
-		at := uint64(j) * tl.stride
-		steps := []step{func(b *gpu.Batch) error { return kernels.CopyTo(b, sb.results, at, t.act.next, t.act.next.Size()) }}
-		if tl.sampledBytes > 0 {
-			steps = append(steps, func(b *gpu.Batch) error {
-				return kernels.CopyTo(b, sb.results, at+tl.sampledAt, t.act.sampled, tl.sampledBytes)
-			})
-		}
-		if tl.topBytes > 0 {
-			steps = append(steps, func(b *gpu.Batch) error { return kernels.CopyTo(b, sb.results, at+tl.topAt, t.act.top, tl.topBytes) })
-		}
-		return steps
-	}
 	lay0, _, err := h.chainSubmit(ctx, feeds, drafts, n, true)
 	if err != nil {
 		return nil, err
@@ -398,7 +252,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		return nil, err
 	}
 	ps.keep = keepFor
-	if _, err := t.forwardRead(ps, false, pre, copyRows(0), submitEvery, nil); err != nil {
+	if _, err := t.forwardRead(ps, false, pre, sb.verifyCopies(t, tl, 0), submitEvery, nil); err != nil {
 		return nil, fmt.Errorf("chained speculative step 1: %w", err)
 	}
 
@@ -461,7 +315,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		})
 		tp := pass{rows: rows, decode: rows, lasts: rows, maxLen: maxLen, sample: ps.sample, topN: ps.topN, chained: true, sameLasts: true, keep: keepFor}
 		kernelSteps, kept := t.passKernels(tp)
-		steps = append(append(steps, kernelSteps...), copyRows(j)...)
+		steps = append(append(steps, kernelSteps...), sb.verifyCopies(t, tl, j)...)
 		var ranges []gpu.Binding
 		if j == m-1 {
 			steps = append(steps, accept(m-1))
@@ -479,72 +333,29 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	return out, h.specCommit(feeds, twork, last, n)
 }
 
-// specRead decodes a chain's results read back (raw: the head's drafts,
-// the target's rows, the final states) into its steps, each entry's draft
-// and rows with the top tokens it asks for, each step's acceptance the
-// host's own rule, and checks that the device accepted as much; it returns
-// the steps and each entry's last verification's first position.
+// specRead decodes a head's chain read back (raw: its drafts, the
+// target's rows, the final states; readChain), each draft with the top
+// tokens its entry asks for, in the target's vocabulary.
 func (h *Head) specRead(raw [][]byte, lay chainLayout, tl specLayout, drafts []*engine.Entry, twork []pending, L0 []int, n, m int) ([]engine.ChainedStep, []int, error) {
-	t := h.target
-	B, rows := len(L0), len(L0)*(n+1)
-	words, twords, states := u32s(raw[0]), u32s(raw[1]), u32s(raw[2])
-	f32 := func(w uint32) float32 { return math.Float32frombits(w) }
-	out := make([]engine.ChainedStep, m)
-	L := append([]int(nil), L0...)
-	last := make([]int, B)
-	for j := range out {
-		cs := &out[j]
-		cs.Drafts, cs.Rows, cs.Accepted = make([][]engine.Token, B), make([][]engine.VerifyRow, B), make([]int, B)
-		at := uint64(j) * tl.stride / 4
-		lp, lse := at+t.act.nextLP/4, at+t.act.nextLP/4+uint64(lseAt(rows))
-		for i := range B {
-			cs.Drafts[i] = make([]engine.Token, n)
-			for c := range n {
-				k := uint64(j*n + c)
-				id, err := t.token(words[lay.targetWord(i, int(k))])
-				if err != nil {
-					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, draft %d: %w", j+1, i, c+1, err)
-				}
-				tk := engine.Token{ID: id, Logprob: f32(words[(k*lay.stride+lay.lpAt)/4+uint64(i)])}
-				if nt := min(drafts[i].TopN, lay.topN); nt > 0 {
-					tk.Top = kernels.SampleTop(words[(k*lay.stride+lay.topAt)/4+uint64(i*lay.topN*2):], nt)
-					for q := range tk.Top {
-						tk.Top[q].Token = int(h.tokens[tk.Top[q].Token])
-					}
-				}
-				cs.Drafts[i][c] = tk
+	t, words := h.target, u32s(raw[0])
+	return readChain(t, u32s(raw[1]), u32s(raw[2]), tl, twork, L0, n, m, func(j, i int) ([]engine.Token, error) {
+		out := make([]engine.Token, n)
+		for c := range out {
+			k := uint64(j*n + c)
+			id, err := t.token(words[lay.targetWord(i, int(k))])
+			if err != nil {
+				return nil, fmt.Errorf("draft %d: %w", c+1, err)
 			}
-			cs.Rows[i] = make([]engine.VerifyRow, n+1)
-			for r := range n + 1 {
-				w := uint64(i*(n+1) + r)
-				row := &cs.Rows[i][r]
-				if tl.sampledBytes > 0 {
-					var err error
-					if row.Row, err = kernels.SampleRow(twords[at+tl.sampledAt/4+w*kernels.SampleWords:]); err != nil {
-						return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
-					}
-					if nt := twork[i].topN(); nt > 0 {
-						row.Top = kernels.SampleTop(twords[at+tl.topAt/4+w*uint64(tl.topN*2):], min(nt, tl.topN))
-					}
-				} else {
-					row.ArgmaxLogprob, row.LogSumExp = f32(twords[lp+w]), f32(twords[lse+w])
-					row.Argmax = int(twords[at+w])
-				}
-				if _, err := t.token(uint32(row.Argmax)); err != nil {
-					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
+			out[c] = engine.Token{ID: id, Logprob: math.Float32frombits(words[(k*lay.stride+lay.lpAt)/4+uint64(i)])}
+			if nt := min(drafts[i].TopN, lay.topN); nt > 0 {
+				out[c].Top = kernels.SampleTop(words[(k*lay.stride+lay.topAt)/4+uint64(i*lay.topN*2):], nt)
+				for q := range out[c].Top {
+					out[c].Top[q].Token = int(h.tokens[out[c].Top[q].Token])
 				}
 			}
-			cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
-			last[i] = L[i]
-			L[i] += cs.Accepted[i] + 1
 		}
-	}
-	for i := range B {
-		if got := int(states[i*kernels.SpecStateWords]); got != L[i] {
-			return nil, nil, fmt.Errorf("chained speculative steps, batch entry %d: the device accepted up to position %d, the host %d", i, got, L[i])
-		}
-	}
-	return out, last, nil
+		return out, nil
+	})
 }
 
 // specCommit records what a chain left in the sequences, as after its

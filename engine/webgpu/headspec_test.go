@@ -118,37 +118,12 @@ type specDrafter interface {
 	engine.SpecChainer
 }
 
-// newSpecTwins is newHeadTwins for any drafter d: its sequences start
-// empty, and the first step feeds them the whole text.
-func newSpecTwins(t *testing.T, d specDrafter, target *Engine, prompt []int) headTwins {
-	t.Helper()
-	g := headTwins{text: slices.Clone(prompt)}
-	for _, s := range []*engine.Sequence{&g.tF, &g.tS, &g.hF, &g.hS} {
-		var err error
-		if s == &g.hF || s == &g.hS {
-			*s, err = d.NewSequence()
-		} else {
-			*s, err = target.NewSequence()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup((*s).Release)
-	}
-	next := enginetest.TargetStep(t, target, g.tF, g.text...)
-	if again := enginetest.TargetStep(t, target, g.tS, g.text...); again != next {
-		t.Fatalf("the target's token after the prompt: %d, then %d", next, again)
-	}
-	g.text = append(g.text, next)
-	return g
-}
-
 func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, agreeable bool) {
 	ctx := context.Background()
 	const m = 4
 	gens := []*specGen{
-		{newSpecTwins(t, h, target, []int{3, 17, 5, 9, 30, 200})},
-		{newSpecTwins(t, h, target, []int{8, 1, 250, 4})},
+		{newHeadTwins(t, h, target, []int{3, 17, 5, 9, 30, 200})},
+		{newHeadTwins(t, h, target, []int{8, 1, 250, 4})},
 	}
 	// The head first drafts after the whole text fed at once.
 	chainSteps := func(seq func(g *specGen) (tq, hq engine.Sequence)) []engine.ChainStep {

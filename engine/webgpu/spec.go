@@ -1,0 +1,258 @@
+package webgpu
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"webdraft/engine"
+	"webdraft/gpu"
+	"webdraft/kernels"
+)
+
+// Chains of speculative steps (engine.SpecChainer): what a head's
+// (headspec.go) and a standalone drafter's (fusedspec.go) share — their
+// buffers, the target's side of each step, and the decoding of a chain
+// read back.
+
+// specBuffers are a chain's own buffers (DraftVerifyN), made by its first
+// call and grown as calls need; a drafter uses state, ids and results:
+//
+//	state   (S, kernels.SpecStateWords) u32: each entry's state
+//	rows    (R, kernels.RowWords) u32: the head's first pass's rows
+//	chain   (S, kernels.RowWords) u32: its chained passes' rows, moved on
+//	        pass by pass (kernels.AdvanceRows)
+//	pairs   the head's first pass's gathers, laid out as the activations'
+//	        pairs (pairRegions): its store pairs the device's, its read-out
+//	        pairs the host's
+//	keep    the target's feature copies' pairs, (row·features + f, row),
+//	        a region of R pairs a feature f at keepAt[f]
+//	ids     the drafts' gathers into the target's ids, a region a step
+//	results the target's read-out words, a region a step (specLayout)
+//	unused  what spec_accept.wgsl binds for a standalone drafter's ids
+//	        and does not write (a head's chain)
+type specBuffers struct {
+	state, rows, chain, pairs, keep *gpu.Buffer
+	keepAt                          []uint64
+	ids, results, unused            *gpu.Buffer
+}
+
+func (s *specBuffers) release() {
+	for _, b := range []*gpu.Buffer{s.state, s.rows, s.chain, s.pairs, s.keep, s.ids, s.results, s.unused} {
+		if b != nil {
+			b.Release()
+		}
+	}
+	*s = specBuffers{}
+}
+
+// specLayout is where a chain's results hold each step's verification:
+// at step j's offset j·stride, a copy of the target's next buffer (its
+// greedy tokens, their log-probabilities and log-sum-exps); where its
+// rows list top tokens (topN > 0, sample.wgsl's read-out), from sampledAt
+// sample.wgsl's words and from topAt its top tokens (rows, topN, 2).
+type specLayout struct {
+	stride, sampledAt, topAt uint64
+	sampledBytes, topBytes   uint64
+	topN                     int
+}
+
+// specLayoutOf lays out the results of target t's verifications of rows
+// rows read out by pass ps's read-out.
+func specLayoutOf(t *Engine, ps pass, rows int) specLayout {
+	align := uint64(t.dev.Limits().MinStorageBufferOffsetAlignment)
+	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
+	l := specLayout{stride: up(t.act.next.Size())}
+	if ps.sample {
+		l.topN = ps.topN
+		l.sampledAt, l.sampledBytes = l.stride, uint64(rows*kernels.SampleWords)*4
+		l.stride += up(l.sampledBytes)
+		if l.topN > 0 {
+			l.topAt, l.topBytes = l.stride, min(uint64(rows*l.topN*2*4+15)&^15, t.act.top.Size())
+			l.stride += up(l.topBytes)
+		}
+	}
+	return l
+}
+
+// grow returns *b, made anew where it holds fewer than bytes.
+func grow(d *gpu.Device, b **gpu.Buffer, name string, bytes uint64) error {
+	if *b != nil && (*b).Size() >= bytes {
+		return nil
+	}
+	nb, err := d.NewBuffer(name, bytes)
+	if err != nil {
+		return err
+	}
+	if *b != nil {
+		(*b).Release()
+	}
+	*b = nb
+	return nil
+}
+
+// chainOrStep is DraftVerifyN's frame: where chains (the batch's shape
+// allows), run — the chain over steps' drafter and Verify entries, the
+// drafts' places after each Verify entry's tokens (draftPlaces), taken off
+// again after —, else or where run did not chain after all, one step.
+func chainOrStep(ctx context.Context, f engine.Fuser, t *Engine, steps []engine.ChainStep, n int, chains bool,
+	run func(drafts []*engine.Entry, verify []*engine.VerifyEntry) ([]engine.ChainedStep, bool, error)) ([]engine.ChainedStep, error) {
+	if chains {
+		drafts, verify, pending := draftPlaces(steps)
+		out, chained, err := run(drafts, verify)
+		for i, s := range steps {
+			s.Verify.Tokens = s.Verify.Tokens[:pending[i]]
+		}
+		if chained || err != nil {
+			return out, err
+		}
+	}
+	return oneStep(ctx, f, t, steps, n)
+}
+
+// chainSteps reports whether every step is a greedy chain taking all n
+// drafts after one pending token (engine.SpecChainer).
+func chainSteps(steps []engine.ChainStep, n int) bool {
+	for _, s := range steps {
+		d, v := s.Draft, s.Verify
+		if d == nil || v == nil || s.Take != n || len(v.Tokens) != 1 || v.Out != n+1 || !v.Sampling.Greedy() ||
+			v.Draws != nil || v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// oneStep is DraftVerifyN's single step: f's DraftVerify, the Verify
+// entries then restored.
+func oneStep(ctx context.Context, f engine.Fuser, target *Engine, steps []engine.ChainStep, n int) ([]engine.ChainedStep, error) {
+	pending := make([]int, len(steps))
+	for i, s := range steps {
+		pending[i] = len(s.Verify.Tokens)
+	}
+	out, err := f.DraftVerify(ctx, target, steps, n)
+	if err != nil {
+		return nil, err
+	}
+	cs := engine.ChainedStep{Drafts: make([][]engine.Token, len(steps)), Rows: make([][]engine.VerifyRow, len(steps)), Accepted: make([]int, len(steps))}
+	for i, s := range steps {
+		cs.Drafts[i], cs.Rows[i] = out[i][:s.Take], s.Verify.Rows
+		cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
+		s.Verify.Tokens, s.Verify.Rows = s.Verify.Tokens[:pending[i]], nil
+	}
+	return []engine.ChainedStep{cs}, nil
+}
+
+// agreed is how many of a greedy step's drafts its verified rows accept:
+// the drafts up to the first that is not the target's greedy token.
+func agreed(drafts []engine.Token, rows []engine.VerifyRow) int {
+	a := 0
+	for a < len(drafts) && a < len(rows) && drafts[a].ID == rows[a].Argmax {
+		a++
+	}
+	return a
+}
+
+// verifyCopies copies step j's verification's read-out into the results
+// (specLayout).
+func (s *specBuffers) verifyCopies(t *Engine, tl specLayout, j int) []step {
+	at := uint64(j) * tl.stride
+	steps := []step{func(b *gpu.Batch) error { return kernels.CopyTo(b, s.results, at, t.act.next, t.act.next.Size()) }}
+	if tl.sampledBytes > 0 {
+		steps = append(steps, func(b *gpu.Batch) error {
+			return kernels.CopyTo(b, s.results, at+tl.sampledAt, t.act.sampled, tl.sampledBytes)
+		})
+	}
+	if tl.topBytes > 0 {
+		steps = append(steps, func(b *gpu.Batch) error { return kernels.CopyTo(b, s.results, at+tl.topAt, t.act.top, tl.topBytes) })
+	}
+	return steps
+}
+
+// draftIDPairs are the gathers of each step j ≥ 1's drafts into the
+// target's ids, a region of idStride bytes a step: entry i's draft c, at
+// word(i, j·n + c) of the drafter's results, to row i·(n+1) + 1 + c.
+func draftIDPairs(B, n, m int, idStride uint64, word func(i, k int) int) []uint32 {
+	ids := make([]uint32, uint64(m)*idStride/4)
+	for j := 1; j < m; j++ {
+		at := uint64(j) * idStride / 4
+		for i := range B {
+			for c := range n {
+				w := at + uint64((i*n+c)*kernels.GatherPairWords)
+				ids[w], ids[w+1] = uint32(i*(n+1)+1+c), uint32(word(i, j*n+c))
+			}
+		}
+	}
+	return ids
+}
+
+// chainRoom returns the steps of n drafts a chain of up to m may take
+// from the verify entries' sequences, within maxPos positions, and each
+// sequence's length, its first verification's first position; 0 where a
+// sequence is not a target's.
+func chainRoom(verify []*engine.VerifyEntry, maxPos, n, m int) ([]int, int) {
+	L0 := make([]int, len(verify))
+	for i, v := range verify {
+		tq, ok := v.Seq.(*kernels.KVSeq)
+		if !ok {
+			return nil, 0
+		}
+		L0[i] = tq.Len()
+		m = min(m, (maxPos-L0[i])/(n+1))
+	}
+	return L0, m
+}
+
+// readChain decodes a chain's results read back into its steps: each
+// entry's drafts (draft(j, i)), the target's rows from its results
+// (twords, laid out as tl) with the top tokens each entry asks for, each
+// step's acceptance the host's own rule; it checks that the device
+// accepted as much (states, its final states) and returns the steps and
+// each entry's last verification's first position.
+func readChain(t *Engine, twords, states []uint32, tl specLayout, twork []pending, L0 []int, n, m int, draft func(j, i int) ([]engine.Token, error)) ([]engine.ChainedStep, []int, error) {
+	B, rows := len(L0), len(L0)*(n+1)
+	f32 := func(w uint32) float32 { return math.Float32frombits(w) }
+	out := make([]engine.ChainedStep, m)
+	L := append([]int(nil), L0...)
+	last := make([]int, B)
+	for j := range out {
+		cs := &out[j]
+		cs.Drafts, cs.Rows, cs.Accepted = make([][]engine.Token, B), make([][]engine.VerifyRow, B), make([]int, B)
+		at := uint64(j) * tl.stride / 4
+		lp, lse := at+t.act.nextLP/4, at+t.act.nextLP/4+uint64(lseAt(rows))
+		for i := range B {
+			var err error
+			if cs.Drafts[i], err = draft(j, i); err != nil {
+				return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d: %w", j+1, i, err)
+			}
+			cs.Rows[i] = make([]engine.VerifyRow, n+1)
+			for r := range n + 1 {
+				w := uint64(i*(n+1) + r)
+				row := &cs.Rows[i][r]
+				if tl.sampledBytes > 0 {
+					if row.Row, err = kernels.SampleRow(twords[at+tl.sampledAt/4+w*kernels.SampleWords:]); err != nil {
+						return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
+					}
+					if nt := twork[i].topN(); nt > 0 {
+						row.Top = kernels.SampleTop(twords[at+tl.topAt/4+w*uint64(tl.topN*2):], min(nt, tl.topN))
+					}
+				} else {
+					row.ArgmaxLogprob, row.LogSumExp = f32(twords[lp+w]), f32(twords[lse+w])
+					row.Argmax = int(twords[at+w])
+				}
+				if _, err := t.token(uint32(row.Argmax)); err != nil {
+					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
+				}
+			}
+			cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
+			last[i] = L[i]
+			L[i] += cs.Accepted[i] + 1
+		}
+	}
+	for i := range B {
+		if got := int(states[i*kernels.SpecStateWords]); got != L[i] {
+			return nil, nil, fmt.Errorf("chained speculative steps, batch entry %d: the device accepted up to position %d, the host %d", i, got, L[i])
+		}
+	}
+	return out, last, nil
+}

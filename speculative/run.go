@@ -407,7 +407,8 @@ func (st *StepStats) add(drafted, a, emitted int) {
 // accepts greedily; each drafts all k, one near its end too, which may
 // stop inside the chain), each holding all its context but the last token
 // in the target, over a drafter that chains them (an EAGLE-3 head or a
-// drafter on the target's WebGPU device). Fused steps the runner already chose (runner.fuses).
+// drafter on the target's WebGPU device). Fused steps the runner already
+// chose (runner.fuses).
 func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	sc, ok := r.g.drafter.(engine.SpecChainer)
 	if !ok || r.specStep <= 0 || r.g.opts.Unchained {

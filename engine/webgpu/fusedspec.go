@@ -52,11 +52,12 @@ func (e *Engine) DraftVerifyN(ctx context.Context, target engine.Engine, steps [
 // specShape reports whether steps have a chain's shape for the drafter
 // and target t: greedy chains, each taking all n drafts after one pending
 // token, whose rows fit one pass of each model and its read-out, through
-// decode attention, over a target that keeps no features.
+// decode attention, neither model keeping features (for a head: its own
+// chains, Head.DraftVerifyN).
 func (e *Engine) specShape(t *Engine, steps []engine.ChainStep, n int) bool {
 	B := len(steps)
 	rows := B * (n + 1)
-	if B == 0 || 2*B > e.opts.MaxRows || B > e.act.maxLasts || rows > t.opts.MaxRows || rows > t.act.maxLasts || n+1 > decodeEntryRows || len(t.features) > 0 {
+	if B == 0 || 2*B > e.opts.MaxRows || B > e.act.maxLasts || rows > t.opts.MaxRows || rows > t.act.maxLasts || n+1 > decodeEntryRows || len(t.features) > 0 || len(e.features) > 0 {
 		return false
 	}
 	return chainSteps(steps, n)

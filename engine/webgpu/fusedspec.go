@@ -152,27 +152,14 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 		return nil, err
 	}
 	tl := specLayoutOf(t, ps, rows)
-	idStride := up(uint64(B*n*kernels.GatherPairWords) * 4)
-	if err := grow(e.dev, &sb.results, "spec_results", uint64(m)*tl.stride); err != nil {
-		return nil, err
-	}
-	if err := grow(e.dev, &sb.ids, "spec_id_pairs", uint64(m)*idStride); err != nil {
-		return nil, err
-	}
 	word := func(i, k int) int { return int(uint64(k)*stride/4) + i } // entry i's draft of the chain's pass k
-
-	state := make([]uint32, B*kernels.SpecStateWords)
+	tslots, dslots := make([]int, B), make([]int, B)
 	for i := range B {
-		kernels.PutSpecState(state[i*kernels.SpecStateWords:], L0[i], 0, twork[i].seq.Slot(), dwork[i].seq.Slot())
+		tslots[i], dslots[i] = twork[i].seq.Slot(), dwork[i].seq.Slot()
 	}
-	ids := draftIDPairs(B, n, m, idStride, word)
-	for _, w := range []struct {
-		buf *gpu.Buffer
-		v   []uint32
-	}{{sb.state, state}, {sb.ids, ids}} {
-		if err := w.buf.WriteU32(0, w.v); err != nil {
-			return nil, err
-		}
+	idStride, err := sb.start(e.dev, tl, B, n, m, word, L0, tslots, dslots)
+	if err != nil {
+		return nil, err
 	}
 
 	// Step 0: DraftVerify's submissions, the verification's rows copied

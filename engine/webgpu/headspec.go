@@ -192,8 +192,6 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	if err != nil {
 		return nil, err
 	}
-	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
-	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
 	topN := 0 // as chainSubmit reckons it
 	for _, d := range drafts {
 		topN = max(topN, min(d.TopN, h.cfg.DraftVocabSize))
@@ -203,21 +201,19 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		return nil, err
 	}
 	tl := specLayoutOf(t, ps, rows)
-	idStride := up(uint64(B*n*kernels.GatherPairWords) * 4)
-	if err := grow(h.dev, &sb.results, "head.spec_results", uint64(m)*tl.stride); err != nil {
-		return nil, err
+	tslots, hslots := make([]int, B), make([]int, B)
+	for i, f := range feeds {
+		tslots[i], hslots[i] = twork[i].seq.Slot(), f.seq.kv.Slot()
 	}
-	if err := grow(h.dev, &sb.ids, "head.spec_id_pairs", uint64(m)*idStride); err != nil {
+	idStride, err := sb.start(h.dev, tl, B, n, m, lay.targetWord, L0, tslots, hslots)
+	if err != nil {
 		return nil, err
 	}
 
-	// The host's inputs, written before the submissions that read them:
-	// the states, the first pass's read-out pairs, the feature copies'
-	// pairs, each step's drafts' places in the target's ids.
-	state := make([]uint32, B*kernels.SpecStateWords)
+	// The head's own inputs, written before the submissions that read
+	// them: the first pass's read-out pairs, the feature copies' pairs.
 	pairs := make([]uint32, a.regions.words)
 	for i, f := range feeds {
-		kernels.PutSpecState(state[i*kernels.SpecStateWords:], L0[i], 0, twork[i].seq.Slot(), f.seq.kv.Slot())
 		w := a.regions.read/4 + uint64(i*kernels.GatherPairWords)
 		pairs[w], pairs[w+1] = uint32(i), uint32(a.R+f.seq.kv.Slot())
 	}
@@ -231,11 +227,10 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		}
 		keepFor.pairs = append(keepFor.pairs, sb.keep.Slice(at, uint64(rows*kernels.GatherPairWords)*4))
 	}
-	ids := draftIDPairs(B, n, m, idStride, lay.targetWord)
 	for _, w := range []struct {
 		buf *gpu.Buffer
 		v   []uint32
-	}{{sb.state, state}, {sb.pairs, pairs}, {sb.keep, keep}, {sb.ids, ids}} {
+	}{{sb.pairs, pairs}, {sb.keep, keep}} {
 		if err := w.buf.WriteU32(0, w.v); err != nil {
 			return nil, err
 		}

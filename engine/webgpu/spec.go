@@ -169,10 +169,27 @@ func (s *specBuffers) verifyCopies(t *Engine, tl specLayout, j int) []step {
 	return steps
 }
 
-// draftIDPairs are the gathers of each step j ≥ 1's drafts into the
-// target's ids, a region of idStride bytes a step: entry i's draft c, at
-// word(i, j·n + c) of the drafter's results, to row i·(n+1) + 1 + c.
-func draftIDPairs(B, n, m int, idStride uint64, word func(i, k int) int) []uint32 {
+// start readies the buffers of a chain of m steps of n drafts over B
+// entries, the target's results laid out as tl: the results and the
+// drafts' gathers grown as they need, then written before the submissions
+// that read them — each entry's state (its first verification at L0[i],
+// its table rows in the target's cache and the drafter's) and each step
+// j ≥ 1's gathers of its drafts into the target's ids (entry i's draft c,
+// at word(i, j·n + c) of the drafter's results, to row i·(n+1) + 1 + c), a
+// region of the returned stride a step.
+func (s *specBuffers) start(d *gpu.Device, tl specLayout, B, n, m int, word func(i, k int) int, L0, tslots, dslots []int) (idStride uint64, err error) {
+	align := uint64(d.Limits().MinStorageBufferOffsetAlignment)
+	idStride = (uint64(B*n*kernels.GatherPairWords)*4 + align - 1) / align * align
+	if err := grow(d, &s.results, "spec_results", uint64(m)*tl.stride); err != nil {
+		return 0, err
+	}
+	if err := grow(d, &s.ids, "spec_id_pairs", uint64(m)*idStride); err != nil {
+		return 0, err
+	}
+	state := make([]uint32, B*kernels.SpecStateWords)
+	for i := range B {
+		kernels.PutSpecState(state[i*kernels.SpecStateWords:], L0[i], 0, tslots[i], dslots[i])
+	}
 	ids := make([]uint32, uint64(m)*idStride/4)
 	for j := 1; j < m; j++ {
 		at := uint64(j) * idStride / 4
@@ -183,7 +200,10 @@ func draftIDPairs(B, n, m int, idStride uint64, word func(i, k int) int) []uint3
 			}
 		}
 	}
-	return ids
+	if err := s.state.WriteU32(0, state); err != nil {
+		return 0, err
+	}
+	return idStride, s.ids.WriteU32(0, ids)
 }
 
 // chainRoom returns the steps of n drafts a chain of up to m may take

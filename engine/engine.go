@@ -590,6 +590,52 @@ func StepN(ctx context.Context, e Engine, batch []*Entry, n int) ([][]Token, err
 	return out, nil
 }
 
+// SampleChainer is an Engine that chains sampled steps on its device, as
+// Chainer does greedy ones: each step's token is drawn there and the next
+// step embeds it there, so that the host records a step while the device
+// runs the one before and reads the tokens back once.
+type SampleChainer interface {
+	// SampleN equals n Verify calls, each entry reading out one row (Out
+	// 1) sampled under its Sampling with the next of its n Draws (no
+	// proposals), each call after the first fed the token the one before
+	// drew. It returns each entry's n tokens: the token drawn, its
+	// log-probability at temperature 1 (VerifyRow.SampleLogprob) and the
+	// entry's TopN most likely tokens. The caches then hold the entries'
+	// tokens and the first n−1 drawn; the entries are left as they were.
+	// On an error every sequence is as it was before the call.
+	SampleN(ctx context.Context, batch []*VerifyEntry, n int) ([][]Token, error)
+}
+
+// CheckSampleN validates a SampleN batch: Verify entries (CheckVerify) at a
+// temperature, each reading out one row, with n draws without proposals.
+func CheckSampleN(c *qwen3.Config, batch []*VerifyEntry, n int) error {
+	if n <= 0 {
+		return fmt.Errorf("sample n: n = %d, want > 0", n)
+	}
+	for i, e := range batch {
+		if e.Sampling.Greedy() || e.Out != 1 || len(e.Draws) != n || e.Parents != nil || e.Propose != nil || e.Tree != nil {
+			return fmt.Errorf("sample n: batch entry %d: want a line sampled at a temperature, one row read out and %d draws (got temperature %v, %d rows, %d draws)",
+				i, n, e.Sampling.Temperature, e.Out, len(e.Draws))
+		}
+		for j, d := range e.Draws {
+			if d.X != sampling.NoProposal {
+				return fmt.Errorf("sample n: batch entry %d: draw %d proposes token %d: want none", i, j, d.X)
+			}
+		}
+		one := *e
+		one.Draws = e.Draws[:1]
+		if err := CheckVerify(c, []*VerifyEntry{&one}); err != nil {
+			return fmt.Errorf("sample n: %w", err)
+		}
+		for j, d := range e.Draws {
+			if !(d.U >= 0 && d.U < 1) || !(d.V >= 0 && d.V < 1) {
+				return fmt.Errorf("sample n: batch entry %d: draw %d %+v: want uniforms in [0, 1)", i, j, d)
+			}
+		}
+	}
+	return nil
+}
+
 // A ChainStep is one generation's part of a speculative step drafted as a
 // chain and verified (DraftVerify).
 type ChainStep struct {
@@ -603,6 +649,11 @@ type ChainStep struct {
 	// one after it.
 	Verify *VerifyEntry
 	Take   int
+	// ChainDraws are, for DraftVerifyN at a temperature (SpecChainer), the
+	// draws of the steps after the first — Take + 1 a step, their X
+	// ignored: the drafts take their place —, the first step's being
+	// Verify.Draws. The chain runs no more steps than they cover.
+	ChainDraws []sampling.Draw
 }
 
 // Fuser is a drafter that drafts chains and has a target verify them in
@@ -617,20 +668,22 @@ type Fuser interface {
 	DraftVerify(ctx context.Context, target Engine, steps []ChainStep, n int) ([][]Token, error)
 }
 
-// SpecChainer is a Fuser that chains greedy speculative steps on its
-// device: each step's verdict — how many drafts the target's greedy tokens
-// agree with, and the target's own token after them — is computed there
+// SpecChainer is a Fuser that chains speculative steps on its device:
+// each step's verdict — how many drafts the target accepts (greedy: its
+// greedy tokens agree with; sampled: speculative sampling's rule with the
+// step's draws) and the target's own token after them — is computed there
 // and the next step drafts and verifies from it, so that the host records
 // step j + 1 while the device runs step j and reads every step back once.
 type SpecChainer interface {
 	Fuser
 	// DraftVerifyN runs up to m steps: the first is DraftVerify's over
-	// steps (greedy chains, every step taking all n drafts, each Verify
-	// entry feeding one pending token: the last one emitted), each after
-	// it drafting n tokens after the accepted drafts and the target's
-	// token of the step before, and verifying them. Where the batch does
-	// not chain on the device (its shape, sampling, top tokens, room in a
-	// pass or in the caches) it runs one step. It returns each step's
+	// steps (chains, every step taking all n drafts, each Verify entry
+	// feeding one pending token: the last one emitted; greedy, or sampled
+	// with ChainDraws for the steps after the first), each after it
+	// drafting n tokens after the accepted drafts and the target's token
+	// of the step before, and verifying them. Where the batch does not
+	// chain on the device (its shape, top tokens, room in a pass or in the
+	// caches) it runs one step. It returns each step's
 	// drafts and rows; on return both caches hold what they would after
 	// the last step's DraftVerify alone: the context through that step's
 	// first verified token, then its drafts (the target all n, the
@@ -642,8 +695,9 @@ type SpecChainer interface {
 
 // ChainedStep is one step of a SpecChainer's chain: for each entry of the
 // batch, the n drafted tokens and the target's n + 1 rows over them (the
-// greedy token, its log-probability and the log-sum-exp), and how many of
-// the drafts the device accepted.
+// greedy token, its log-probability and the log-sum-exp; a sampled row's
+// acceptance and draw too), and how many of the drafts the device
+// accepted.
 type ChainedStep struct {
 	Drafts   [][]Token
 	Rows     [][]VerifyRow

@@ -26,9 +26,20 @@ func Copy(b *gpu.Batch, dst, src *gpu.Buffer, bytes uint64) error {
 // CopyTo records dst[at : at+bytes] = src[:bytes] (bytes a multiple of 16,
 // at a multiple of the device's minStorageBufferOffsetAlignment).
 func CopyTo(b *gpu.Batch, dst *gpu.Buffer, at uint64, src *gpu.Buffer, bytes uint64) error {
+	if bytes > src.Size() {
+		return fmt.Errorf("kernels: copy: %d bytes from a buffer of %d", bytes, src.Size())
+	}
+	return CopyRange(b, dst, at, src.Slice(0, bytes))
+}
+
+// CopyRange records dst[at : at+src.Size] = src, a range of a buffer (its
+// size a multiple of 16, its offset and at multiples of the device's
+// minStorageBufferOffsetAlignment).
+func CopyRange(b *gpu.Batch, dst *gpu.Buffer, at uint64, src gpu.Binding) error {
 	op := "copy"
-	if bytes == 0 || bytes%16 != 0 || bytes > src.Size() || at+bytes > dst.Size() {
-		return fmt.Errorf("kernels: %s: %d bytes to offset %d (need a positive multiple of 16 within both buffers)", op, bytes, at)
+	bytes := src.Size
+	if bytes == 0 || bytes%16 != 0 || src.Offset+bytes > src.Buf.Size() || at+bytes > dst.Size() {
+		return fmt.Errorf("kernels: %s: %d bytes from offset %d to offset %d (need a positive multiple of 16 within both buffers)", op, bytes, src.Offset, at)
 	}
 	words := bytes / 16
 	if words > 1<<32-1 {
@@ -41,7 +52,7 @@ func CopyTo(b *gpu.Batch, dst *gpu.Buffer, at uint64, src *gpu.Buffer, bytes uin
 	groups := (words + copyWG - 1) / copyWG
 	x := min(groups, 65535)
 	y := (groups + x - 1) / x
-	binds := []gpu.Binding{src.Slice(0, bytes), dst.Slice(at, bytes)}
+	binds := []gpu.Binding{src, dst.Slice(at, bytes)}
 	if err := gpu.Dispatch(b, p, &copyParams{N: uint32(words)}, binds, uint32(x), uint32(y), 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}

@@ -517,6 +517,7 @@ func TestSample(t *testing.T) {
 			logits := randVec(r, rows*V, 3)
 			params := make([]sampling.Params, rows)
 			draws := make([]sampling.Draw, rows)
+			outcome := make([]bool, rows) // ids and lps take what the row sampled
 			dw, tw := make([]uint32, rows*SampleDrawWords), make([]float32, rows*SampleTempWords)
 			for row := range rows {
 				l := logits[row*V : (row+1)*V]
@@ -536,6 +537,8 @@ func TestSample(t *testing.T) {
 					params[row] = sampling.Params{Temperature: 1.7, TopP: 0.9}
 				case 3: // peaked: a nucleus of one token
 					params[row] = sampling.Params{Temperature: 1, TopP: 0.5}
+				case 5: // the argmax proposed at a low temperature: often accepted
+					params[row].Temperature = 0.3
 				}
 				if V > 256*sampleChunk && d.Info().Software() && row%6 != 3 {
 					params[row].TopP = 1
@@ -548,6 +551,9 @@ func TestSample(t *testing.T) {
 					draws[row].X = slices.Index(l, slices.Max(l))
 				}
 				PutSampleRow(dw[row*SampleDrawWords:], tw[row*SampleTempWords:], params[row], draws[row])
+				if outcome[row] = row%6 == 5 || r.IntN(2) == 0; outcome[row] {
+					SetSampleOutcome(dw[row*SampleDrawWords:])
+				}
 			}
 			lb := upload(t, d, "logits", logits)
 			db, tb := uploadU32(t, d, "draws", dw), upload(t, d, "temps", tw)
@@ -582,8 +588,19 @@ func TestSample(t *testing.T) {
 						t.Errorf("row %d: %s %v, want %v", row, name, g, w)
 					}
 				}
-				if gotIDs[row] != uint32(got.Argmax) || gotLPs[row] != got.ArgmaxLogprob {
-					t.Errorf("row %d: ids/lps %d %v, out says %d %v", row, gotIDs[row], gotLPs[row], got.Argmax, got.ArgmaxLogprob)
+				wantID, wantLP := got.Argmax, got.ArgmaxLogprob
+				switch {
+				case !outcome[row] || params[row].Greedy():
+				case got.Accept:
+					wantID, wantLP = draws[row].X, got.XLogprob
+				default:
+					wantID, wantLP = got.Sample, got.SampleLogprob
+				}
+				if gotIDs[row] != uint32(wantID) || gotLPs[row] != wantLP {
+					t.Errorf("row %d (outcome %v): ids/lps %d %v, out says %d %v", row, outcome[row], gotIDs[row], gotLPs[row], wantID, wantLP)
+				}
+				if !params[row].Greedy() && draws[row].X != sampling.NoProposal && got.Sample == draws[row].X && !got.Accept {
+					t.Errorf("row %d: drew the proposal %d without accepting it", row, got.Sample)
 				}
 				if wide := ow[row*SampleWords+2]&sampleWide != 0; V > 8*sampleChunk && (row%6 == 0 && params[row].TopP < 1 && !wide || row%6 == 3 && wide) {
 					t.Errorf("row %d (%+v): the whole row read for its nucleus: %v", row, params[row], wide)
@@ -766,6 +783,33 @@ func TestCopyTo(t *testing.T) {
 	run(t, d, "copy", func(b *gpu.Batch) error {
 		if err := CopyTo(b, dst, at+64-8, sb, 16); err == nil {
 			t.Error("a copy past the end was accepted")
+		}
+		return nil
+	})
+}
+
+// TestCopyRange: a copy from a later part of a buffer takes that part.
+func TestCopyRange(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	at := uint64(d.Limits().MinStorageBufferOffsetAlignment)
+	src := make([]uint32, (at+32)/4)
+	for i := range src {
+		src[i] = r.Uint32()
+	}
+	sb := uploadU32(t, d, "src", src)
+	dst := poisoned(t, d, "dst", 12)
+	run(t, d, "copy", func(b *gpu.Batch) error { return CopyRange(b, dst, 0, sb.Slice(at, 32)) })
+	got, err := dst.ReadU32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := src[at/4:]; !slices.Equal(got[:8], want) || got[8] != gpu.NaN32 {
+		t.Fatalf("copied %#x, want %#x and the rest untouched (%#x)", got[:8], want, got[8:])
+	}
+	run(t, d, "copy", func(b *gpu.Batch) error {
+		if err := CopyRange(b, dst, 0, gpu.Binding{Buf: sb, Offset: at, Size: 64}); err == nil {
+			t.Error("a copy from past the source's end was accepted")
 		}
 		return nil
 	})

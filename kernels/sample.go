@@ -48,8 +48,9 @@ const sampleNone = math.MaxUint32
 
 // sample.wgsl's flags.
 const (
-	sampleGreedy = 1 // draws
-	sampleAccept = 1 // out
+	sampleGreedy  = 1 // draws
+	sampleOutcome = 2 // draws
+	sampleAccept  = 1 // out
 	sampleNaN    = 2 // out
 	sampleWide   = 4 // out: the nucleus took passes over the whole row
 )
@@ -68,7 +69,8 @@ const (
 //	ids    (rows) u32, lp (rows) f32: each row's argmax (ArgmaxNaN for a
 //	       row with a NaN) and its log-probability, as Argmax writes them
 //	       (lp a range of its own buffer, or of ids' past its first rows
-//	       words)
+//	       words); a sampled row's outcome instead where SetSampleOutcome
+//	       marked it
 func Sample(b *gpu.Batch, out, top, ids *gpu.Buffer, lp gpu.Binding, logits, draws, temps *gpu.Buffer, rows, V, topN int) error {
 	op := "sample"
 	if rows <= 0 || V <= 0 || topN < 0 || topN > V {
@@ -123,6 +125,13 @@ func PutSampleRow(draws []uint32, temps []float32, p sampling.Params, d sampling
 	}
 	temps[0], temps[1] = p.Temperature, topP
 }
+
+// SetSampleOutcome marks a row written by PutSampleRow (its draws words)
+// so that, where it samples, Sample writes its outcome to ids and lp in
+// place of its argmax: the proposal X where accepted, else the draw, and
+// its log-probability — what a chain of passes feeds on and a chained
+// speculative step accepts by.
+func SetSampleOutcome(draws []uint32) { draws[3] |= sampleOutcome }
 
 // SampleRow decodes one row of Sample's out; sampling.ErrNaN for a row
 // that holds a NaN.

@@ -16,6 +16,8 @@
 // The drafter proposes its greedy token, a point mass q on X, so this is
 // speculative sampling's rule (accept with min(1, p/q), else draw from
 // norm(max(0, p − q))): the token that comes out is distributed as p.
+// Where X is the only token kept (or the others' mass rounds away) the
+// draw is X itself, and the row accepts it.
 //
 // Two entry points, dispatched one after the other, so that a
 // vocabulary-sized row is read by many workgroups at once rather than by
@@ -42,7 +44,10 @@
 // Buffers:
 //   logits (rows, V) f32
 //   draws  (rows) vec4<u32>: X (NONE: no proposal), U bits, V bits, flags
-//          (GREEDY: no draw)
+//          (GREEDY: no draw; OUTCOME: ids and lps take the token that
+//          comes out of a sampled row — X when accepted, else the draw —
+//          and its log p, so that a chain of passes feeds on, and a chained
+//          speculative step accepts by, what the row sampled)
 //   temps  (rows) vec2<f32>: T, top_p
 //   parts  (rows, chunks, REC) u32: partial's records (head words, then M
 //          (index, logit bits) pairs)
@@ -52,8 +57,9 @@
 //   top    (rows, max(topn, 1)) vec2<u32>: token, log p bits, most likely
 //          first, the lower index first on ties
 //   ids    (rows) u32, lps (rows) f32: the argmax (NONE for a NaN row) and
-//          its log p again, laid out as argmax.wgsl writes them, so that a
-//          chain of passes reads this kernel's tokens as that one's
+//          its log p again — a sampled OUTCOME row's outcome and its log p —,
+//          laid out as argmax.wgsl writes them, so that a chain of passes
+//          reads this kernel's tokens as that one's
 //
 // Dispatch: partial (chunks, rows, 1), merge (rows, 1, 1); WG = 256
 // threads, CHUNK = WG·PER = 2,048 logits (a 151,936-logit row: 75
@@ -70,6 +76,7 @@ const REC: u32 = HEAD + 2u * M;
 const NONE: u32 = 0xffffffffu;
 const NEG_INF: u32 = 0xff800000u; // −Inf's bits
 const GREEDY: u32 = 1u;           // draws' flags
+const OUTCOME: u32 = 2u;
 const ACCEPT: u32 = 1u;           // out's flags
 const NAN: u32 = 2u;
 const WIDE: u32 = 4u;
@@ -590,12 +597,20 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if y == NONE { // X is the only token kept (or its mass rounds the rest away)
         y = select(x, best.i, x == NONE);
     }
+    if x != NONE && y == x { // then X comes out either way: accepted surely
+        accept = true;
+    }
     if lid == 0u {
+        let y_lp = logits[row_base + min(y, V - 1u)] - lse;
         out[o + 1u] = y;
         out[o + 2u] = select(0u, ACCEPT, accept) | select(0u, WIDE, wide);
         out[o + 3u] = bitcast<u32>(threshold);
         out[o + 6u] = bitcast<u32>(x_lp);
-        out[o + 7u] = bitcast<u32>(logits[row_base + min(y, V - 1u)] - lse);
+        out[o + 7u] = bitcast<u32>(y_lp);
+        if (d.w & OUTCOME) != 0u {
+            ids[r] = select(y, x, accept);
+            lps[r] = select(y_lp, x_lp, accept);
+        }
     }
 }
 

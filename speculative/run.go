@@ -116,6 +116,7 @@ type gen struct {
 	remoteTokens         []engine.Token
 	remoteRTT, remoteOwn time.Duration
 	rng                  *rand.Rand
+	spare                []sampling.Draw // drawn from rng for a chain and not used (gen.draws)
 	stats                Stats
 	started              time.Time
 	first                time.Time
@@ -495,27 +496,38 @@ const aloneChunk = 16
 var aloneSpan = 20 * time.Millisecond // a variable for tests
 
 // chainsAlone reports whether the ready generations run the target alone
-// chained on its device (runner.alone): every one greedy with nothing to
-// draft and no prompt left to feed apart, over a target that chains
-// (engine.Chainer).
+// chained on its device (runner.alone): every one with nothing to draft
+// and no prompt left to feed apart, all greedy over a target that chains
+// greedy steps (engine.Chainer) or all sampled over one that chains
+// sampled steps (engine.SampleChainer).
 func (r *runner) chainsAlone(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) bool {
-	if !chains(r.g.target) || len(draftFill) > 0 || len(targetFill) > 0 || len(ready) == 0 {
+	if len(draftFill) > 0 || len(targetFill) > 0 || len(ready) == 0 {
 		return false
 	}
+	sampled := 0
 	for _, gn := range ready {
-		if gn.remote != nil || gn.draftLen(r.g) > 0 || !gn.req.Sampling.Greedy() {
+		if gn.remote != nil || gn.draftLen(r.g) > 0 {
 			return false
 		}
+		if !gn.req.Sampling.Greedy() {
+			sampled++
+		}
 	}
-	return true
+	if sampled == 0 {
+		return chains(r.g.target)
+	}
+	_, ok := r.g.target.(engine.SampleChainer)
+	return ok && sampled == len(ready)
 }
 
 // alone generates the ready generations' next tokens with the target
-// alone, chained on its device (engine.StepN): as many as the closest to
-// its end may still emit, up to what aloneSpan takes, read back once.
-// Each token is a step of its own to the stats and OnStep, the chain's
-// time shared out among them; a generation that stops early (a stop
-// token, OnStep) drops the rest, its cache cut back to its context.
+// alone, chained on its device (engine.StepN, or SampleN at a
+// temperature, each token drawn with the generation's next draw): as many
+// as the closest to its end may still emit, up to what aloneSpan takes,
+// read back once. Each token is a step of its own to the stats and
+// OnStep, the chain's time shared out among them; a generation that stops
+// early (a stop token, OnStep) drops the rest, its cache cut back to its
+// context.
 func (r *runner) alone(ctx context.Context, ready []*gen, st StepStats) error {
 	g := r.g
 	n := aloneChunk
@@ -524,13 +536,25 @@ func (r *runner) alone(ctx context.Context, ready []*gen, st StepStats) error {
 	} else {
 		n = 1 // a first step measures the rate
 	}
-	batch := make([]*engine.Entry, len(ready))
-	for i, gn := range ready {
+	for _, gn := range ready {
 		n = min(n, gn.req.MaxTokens-len(gn.out), gn.room())
-		batch[i] = &engine.Entry{Seq: gn.target, Tokens: gn.pendingTarget(), TopN: gn.req.TopN}
 	}
 	start := time.Now()
-	out, err := engine.StepN(ctx, g.target, batch, n)
+	var out [][]engine.Token
+	var err error
+	if ready[0].req.Sampling.Greedy() {
+		batch := make([]*engine.Entry, len(ready))
+		for i, gn := range ready {
+			batch[i] = &engine.Entry{Seq: gn.target, Tokens: gn.pendingTarget(), TopN: gn.req.TopN}
+		}
+		out, err = engine.StepN(ctx, g.target, batch, n)
+	} else { // chainsAlone: all sampled, over a SampleChainer
+		batch := make([]*engine.VerifyEntry, len(ready))
+		for i, gn := range ready {
+			batch[i] = &engine.VerifyEntry{Seq: gn.target, Tokens: gn.pendingTarget(), Out: 1, Sampling: gn.req.Sampling, Draws: gn.draws(n), TopN: gn.req.TopN}
+		}
+		out, err = g.target.(engine.SampleChainer).SampleN(ctx, batch, n)
+	}
 	if err != nil {
 		r.fail(ctx, ready, fmt.Errorf("target: %w", err))
 		return err
@@ -784,16 +808,31 @@ func (gn *gen) verifyEntry(draft []engine.Token) *engine.VerifyEntry {
 		Sampling: gn.req.Sampling, TopN: gn.req.TopN,
 	}
 	if !gn.req.Sampling.Greedy() {
-		v.Draws = make([]sampling.Draw, v.Out)
-		for i := range v.Draws {
-			x := sampling.NoProposal
-			if i < len(draft) {
-				x = draft[i].ID
-			}
-			v.Draws[i] = sampling.Draw{X: x, U: gn.rng.Float32(), V: gn.rng.Float32()}
+		v.Draws = gn.draws(v.Out)
+		for i, d := range draft {
+			v.Draws[i].X = d.ID
 		}
 	}
 	return v
+}
+
+// draws returns gn's next n draws, without proposals: first those a chain
+// drew and did not use (unused), then new ones from its seeded source, U
+// then V, so that a seed's tokens do not depend on how steps were chained.
+func (gn *gen) draws(n int) []sampling.Draw {
+	out := make([]sampling.Draw, n)
+	k := copy(out, gn.spare)
+	gn.spare = gn.spare[k:]
+	for i := k; i < n; i++ {
+		out[i] = sampling.Draw{X: sampling.NoProposal, U: gn.rng.Float32(), V: gn.rng.Float32()}
+	}
+	return out
+}
+
+// unused puts back draws a chain took and did not use: they are the next
+// that draws returns.
+func (gn *gen) unused(d []sampling.Draw) {
+	gn.spare = append(slices.Clone(d), gn.spare...)
 }
 
 // accept applies the target's verdict on a draft: the draft tokens kept

@@ -739,6 +739,82 @@ func (c *chainer) StepN(ctx context.Context, batch []*engine.Entry, n int) ([][]
 	return engine.StepN(ctx, c.Engine, batch, n) // the inner engine steps n times
 }
 
+// SampleN is engine.SampleChainer's contract as n Verify calls of the
+// inner engine, each fed the token the one before drew.
+func (c *chainer) SampleN(ctx context.Context, batch []*engine.VerifyEntry, n int) ([][]engine.Token, error) {
+	c.mu.Lock()
+	c.calls = append(c.calls, n)
+	c.mu.Unlock()
+	out := make([][]engine.Token, len(batch))
+	for j := range n {
+		vs := make([]*engine.VerifyEntry, len(batch))
+		for i, v := range batch {
+			tokens := v.Tokens
+			if j > 0 {
+				tokens = []int{out[i][j-1].ID}
+			}
+			vs[i] = &engine.VerifyEntry{Seq: v.Seq, Tokens: tokens, Out: 1, Sampling: v.Sampling, Draws: v.Draws[j : j+1], TopN: v.TopN}
+		}
+		if err := c.Engine.Verify(ctx, vs); err != nil {
+			return nil, err
+		}
+		for i, v := range vs {
+			r := v.Rows[0]
+			out[i] = append(out[i], engine.Token{ID: r.Sample, Logprob: r.SampleLogprob, Top: r.Top})
+		}
+	}
+	return out, nil
+}
+
+// TestAloneSampledChained: sampled, the target alone over a target that
+// chains sampled steps (engine.SampleChainer) draws several tokens a call,
+// each with the draws a token a call would have taken: a seed gives the
+// same tokens chained and not, batched, cut by MaxTokens or a stop token
+// inside a chain.
+func TestAloneSampledChained(t *testing.T) {
+	defer speculative.SetAloneSpan(time.Hour)() // every chain as long as it may be
+	base := pairs(t, cpu)[0]
+	target := &chainer{Engine: base.target}
+	chained := start(t, pair{target: target, drafter: base.drafter}, speculative.Options{})
+	plain := start(t, pair{target: base.target, drafter: base.drafter}, speculative.Options{})
+	ctx := context.Background()
+	params := sampling.Params{Temperature: 0.8, TopP: 0.95}
+	run := func(g *speculative.Generator, prompt []int, seed uint64, max int, stop []int) speculative.Result {
+		res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: max, K: speculative.NoDraft, TopN: 1, Sampling: params, Seed: seed, Stop: stop})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	const n = 37 // two chains of 16 and one of 5
+	var wg sync.WaitGroup
+	for i, pr := range prompts(7, 4) {
+		wg.Go(func() {
+			got, want := run(chained, pr, uint64(i), n, nil), run(plain, pr, uint64(i), n, nil)
+			if !slices.Equal(ids(got.Tokens), ids(want.Tokens)) || got.Stats.Steps != n || got.Finish != speculative.FinishLength {
+				t.Errorf("prompt %d: %v in %d steps (%s), a token a call %v", i, ids(got.Tokens), got.Stats.Steps, got.Finish, ids(want.Tokens))
+			}
+			for j, tok := range got.Tokens {
+				if w := want.Tokens[j]; math.Abs(float64(tok.Logprob-w.Logprob)) > 1e-5 || len(tok.Top) != 1 {
+					t.Errorf("prompt %d token %d: %+v, a token a call %+v", i, j, tok, w)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if !slices.ContainsFunc(target.calls, func(k int) bool { return k == 16 }) {
+		t.Errorf("the target's chains: %v, want some of 16 tokens", target.calls)
+	}
+	pr := prompts(1, 5)[0]
+	want := ids(run(plain, pr, 9, 30, nil).Tokens)
+	cut := 20
+	stop := want[cut] // inside the second chain
+	cut = slices.Index(want, stop)
+	if got := run(chained, pr, 9, 30, []int{stop}); !slices.Equal(ids(got.Tokens), want[:cut]) || got.Finish != speculative.FinishStop {
+		t.Errorf("stop token %d: %v (%s), want %v", stop, ids(got.Tokens), got.Finish, want[:cut])
+	}
+}
+
 // TestAloneChained: the target alone over a target that chains generates
 // several tokens a call (engine.StepN), each still a step of its own, to
 // the target's greedy tokens — batched, cut by MaxTokens, a stop token

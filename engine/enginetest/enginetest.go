@@ -219,6 +219,14 @@ func Run(t *testing.T, e engine.Engine, c qwen3.Config, w *qwen3.Weights) {
 		}
 	})
 
+	t.Run("sampled steps chained", func(t *testing.T) {
+		sc, ok := e.(engine.SampleChainer)
+		if !ok {
+			t.Skip("the engine does not chain sampled steps")
+		}
+		runSampleN(t, e, sc, ref, prompt)
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		seq, err := e.NewSequence()
 		if err != nil {
@@ -273,6 +281,126 @@ func newEntries(t *testing.T, e engine.Engine, prompts [][]int) []*engine.Entry 
 		entries[i] = &engine.Entry{Seq: seq, Tokens: p}
 	}
 	return entries
+}
+
+// runSampleN holds a SampleChainer's chained sampled steps to the rule:
+// over entries of different lengths (one prefilling, so that the chain
+// starts after a pass read back) at different temperatures and nuclei,
+// each drawn token is where its V falls in the reference's distribution
+// after the prompt and the tokens before it (samplingtest.Check), with its
+// log-probability and the top tokens asked for; the caches hold what was
+// fed, and a chain goes on from them, one rolled back; bad batches are
+// refused and change nothing.
+func runSampleN(t *testing.T, e engine.Engine, sc engine.SampleChainer, ref *reference.Model, prompt func(int) []int) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(41, 43))
+	params := []sampling.Params{{Temperature: 0.9, TopP: 0.95}, {Temperature: 1.3, TopP: 1}, {Temperature: 0.5, TopP: 0.8}}
+	prompts := [][]int{prompt(5), prompt(1), prompt(23)}
+	draws := func(n int) []sampling.Draw {
+		d := make([]sampling.Draw, n)
+		for j := range d {
+			d[j] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32()}
+		}
+		return d
+	}
+	batch := make([]*engine.VerifyEntry, len(prompts))
+	for i, p := range prompts {
+		seq, err := e.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(seq.Release)
+		batch[i] = &engine.VerifyEntry{Seq: seq, Tokens: p, Out: 1, Sampling: params[i], Draws: draws(7)}
+	}
+	batch[2].TopN = 3
+	check := func(i int, context []int, d []sampling.Draw, got []engine.Token, topN int) {
+		t.Helper()
+		if len(got) != len(d) {
+			t.Fatalf("entry %d: %d tokens for %d draws", i, len(got), len(d))
+		}
+		context = slices.Clone(context)
+		for j, tok := range got {
+			logits, err := ref.Forward(ref.NewSequence(), context)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := sampling.Choose(logits, params[i], d[j])
+			if err != nil {
+				t.Fatal(err)
+			}
+			row := want
+			row.Sample = tok.ID
+			if err := samplingtest.Check(logits, params[i], d[j], row); err != nil {
+				t.Errorf("entry %d token %d: %v", i, j, err)
+			}
+			if tok.ID >= 0 && tok.ID < len(logits) && !logprobClose(tok.Logprob, logits[tok.ID]-want.LogSumExp, want.LogSumExp) {
+				t.Errorf("entry %d token %d: logprob %v, reference %v", i, j, tok.Logprob, logits[tok.ID]-want.LogSumExp)
+			}
+			if top := sampling.Top(logits, topN, want.LogSumExp); topN > 0 && !topClose(tok.Top, top, logits, want.LogSumExp) || topN == 0 && tok.Top != nil {
+				t.Errorf("entry %d token %d: top %v, reference %v", i, j, tok.Top, top)
+			}
+			context = append(context, tok.ID)
+		}
+	}
+	got, err := sc.SampleN(ctx, batch, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range prompts {
+		check(i, p, batch[i].Draws, got[i], batch[i].TopN)
+		if n := batch[i].Seq.Len(); n != len(p)+6 {
+			t.Errorf("entry %d: Len = %d, want %d", i, n, len(p)+6)
+		}
+		if !slices.Equal(batch[i].Tokens, p) || batch[i].Rows != nil {
+			t.Errorf("entry %d: the entry changed: tokens %v, rows %v", i, batch[i].Tokens, batch[i].Rows)
+		}
+	}
+	// On from the caches, entry 0 rolled back to its third token: every
+	// entry one token pending, so the whole call chains.
+	texts := make([][]int, len(prompts))
+	for i, p := range prompts {
+		texts[i] = append(slices.Clone(p), engine.IDs(got[i])...)
+	}
+	batch[0].Seq.Truncate(len(prompts[0]) + 2)
+	texts[0] = texts[0][:len(prompts[0])+3]
+	for i := range batch {
+		batch[i].Tokens, batch[i].Draws = texts[i][len(texts[i])-1:], draws(4)
+	}
+	more, err := sc.SampleN(ctx, batch, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range batch {
+		check(i, texts[i], batch[i].Draws, more[i], batch[i].TopN)
+	}
+	// Bad batches: refused, nothing fed.
+	lens := make([]int, len(batch))
+	for i := range batch {
+		lens[i] = batch[i].Seq.Len()
+	}
+	one := func(f func(v *engine.VerifyEntry)) []*engine.VerifyEntry {
+		v := *batch[1]
+		v.Tokens, v.Draws = []int{1}, draws(3)
+		f(&v)
+		return []*engine.VerifyEntry{batch[0], &v}
+	}
+	for name, bad := range map[string][]*engine.VerifyEntry{
+		"a proposal":    one(func(v *engine.VerifyEntry) { v.Draws[1].X = 2 }),
+		"too few draws": one(func(v *engine.VerifyEntry) { v.Draws = v.Draws[:2] }),
+		"greedy":        one(func(v *engine.VerifyEntry) { v.Sampling = sampling.Params{} }),
+		"two rows out":  one(func(v *engine.VerifyEntry) { v.Tokens, v.Out = []int{1, 2}, 2 }),
+		"a bad uniform": one(func(v *engine.VerifyEntry) { v.Draws[2].V = 1 }),
+	} {
+		bad[0].Draws = draws(3)
+		if _, err := sc.SampleN(ctx, bad, 3); err == nil {
+			t.Errorf("%s: SampleN took it", name)
+		}
+	}
+	for i := range batch {
+		if n := batch[i].Seq.Len(); n != lens[i] {
+			t.Errorf("entry %d: Len %d after bad batches, want %d", i, n, lens[i])
+		}
+	}
 }
 
 // checkChained holds an entry's chained greedy tokens to the reference

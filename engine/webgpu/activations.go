@@ -51,6 +51,10 @@ type activations struct {
 	// vocabulary.
 	headLogits *gpu.Buffer
 	chained    *gpu.Buffer // StepN's greedy tokens, pass by pass, grown on demand
+	// chainDraws holds a sampled chain's draws (sample.wgsl's draws words),
+	// a region a pass, each copied into draws before the pass reads them;
+	// grown on demand.
+	chainDraws *gpu.Buffer
 	// idPairs (rows, 2) and drawPairs (lasts, 2) u32: where a fused
 	// verification's drafted tokens go, in ids and in draws, and where in
 	// the drafter's chained results each comes from (kernels.Gather).
@@ -223,8 +227,10 @@ func (a *activations) release() {
 	for _, b := range a.all {
 		b.Release()
 	}
-	if a.chained != nil {
-		a.chained.Release()
+	for _, b := range []*gpu.Buffer{a.chained, a.chainDraws} {
+		if b != nil {
+			b.Release()
+		}
 	}
-	a.all, a.chained = nil, nil
+	a.all, a.chained, a.chainDraws = nil, nil, nil
 }

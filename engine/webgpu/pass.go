@@ -90,6 +90,11 @@ type pass struct {
 	propose     bool
 	trees, path int
 	chained     bool // a pass of StepN's chain: its read-out is not read back (readRows)
+	// outcome: sampled read-out rows write what they sampled, not their
+	// argmax, into next (kernels.SetSampleOutcome): a sampled chain's
+	// passes, whose next pass embeds it, and the verifications of chained
+	// speculative steps, which accept by it.
+	outcome bool
 	// sameLasts: the pass reads out the rows the pass before it did (a
 	// chain's decode passes after the first), which stay on the device.
 	sameLasts bool
@@ -331,6 +336,9 @@ func (e *Engine) writeDraws(ps pass) error {
 			}
 			r := pe.out0 + j
 			kernels.PutSampleRow(draws[r*kernels.SampleDrawWords:], temps[r*kernels.SampleTempWords:], p, d)
+			if ps.outcome {
+				kernels.SetSampleOutcome(draws[r*kernels.SampleDrawWords:])
+			}
 		}
 	}
 	if err := e.act.draws.WriteU32(0, draws); err != nil {

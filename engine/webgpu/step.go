@@ -212,6 +212,9 @@ type chainRun struct {
 	topN     int
 	topBytes uint64
 	base     []int // entry i's pass j token sits at slot base[i] + j
+	// drawSteps(j) puts pass j's draws where sample.wgsl reads them, for a
+	// sampled chain (stageDraws); nil for a greedy one.
+	drawSteps func(j int) []step
 	// raw holds the results read back with the chain's last submission,
 	// where chainSubmit was asked to read them.
 	raw [][]byte
@@ -276,9 +279,12 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bo
 		}
 		return cs
 	}
+	if c.drawSteps, err = e.stageDraws(work, m); err != nil {
+		return nil, err
+	}
 	// The first pass, submitted early: nothing runs yet.
 	ps := e.plan(work)
-	ps.chained = true
+	ps.chained, ps.outcome = true, c.samples()
 	if c.raw, err = e.forwardRead(ps, false, nil, copies(0), submitEvery, c.readAfter(0, read)); err != nil {
 		return nil, fmt.Errorf("chained pass 1: %w", err)
 	}
@@ -295,8 +301,8 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bo
 			return nil, err
 		}
 		ps := decodePass(work, c.base, j, m)
-		ps.sameLasts = j > 1
-		if c.raw, err = e.forwardRead(ps, true, nil, copies(j), chainedSubmitEvery, c.readAfter(j, read)); err != nil {
+		ps.sameLasts, ps.outcome = j > 1, c.samples()
+		if c.raw, err = e.forwardRead(ps, true, c.draws(j), copies(j), chainedSubmitEvery, c.readAfter(j, read)); err != nil {
 			return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 		}
 	}
@@ -317,12 +323,13 @@ func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, cop
 		return err
 	}
 	ps := decodePass(work, c.base, 1, c.m)
+	ps.outcome = c.samples()
 	if err := e.writeInputs(ps, true); err != nil {
 		return fmt.Errorf("chained pass 2: %w", err)
 	}
 	kernelSteps, keep := e.passKernels(ps)
 	var err error
-	if c.raw, err = e.submitRead(append(kernelSteps, copies(1)...), chainedSubmitEvery, c.ranges(1, read)...); err != nil {
+	if c.raw, err = e.submitRead(append(append(c.draws(1), kernelSteps...), copies(1)...), chainedSubmitEvery, c.ranges(1, read)...); err != nil {
 		return fmt.Errorf("chained pass 2: %w", err)
 	}
 	keep()
@@ -333,7 +340,7 @@ func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, cop
 	advance := func(b *gpu.Batch) error { return kernels.AdvanceRows(b, e.act.rows, ps.rows) }
 	var steps []step
 	for j := 2; j < c.m; j++ {
-		steps = append(append(append(steps, advance), kernelSteps...), copies(j)...)
+		steps = append(append(append(append(steps, advance), c.draws(j)...), kernelSteps...), copies(j)...)
 	}
 	if c.raw, err = e.submitRead(steps, chainedSubmitEvery, c.ranges(c.m-1, read)...); err != nil {
 		return fmt.Errorf("chained passes 3–%d: %w", c.m, err)
@@ -413,6 +420,12 @@ func (e *Engine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error 
 // held) as prepareSteps readies steps, with the Q-store slots of its
 // sampled drafts.
 func (e *Engine) prepareVerify(batch []*engine.VerifyEntry) ([]pending, []int, error) {
+	return e.prepareVerifyMore(batch, 0)
+}
+
+// prepareVerifyMore is prepareVerify with the blocks of more positions
+// after each entry's tokens reserved too (a chain's).
+func (e *Engine) prepareVerifyMore(batch []*engine.VerifyEntry, more int) ([]pending, []int, error) {
 	seqs, err := e.sequences(len(batch), func(i int) engine.Sequence { return batch[i].Seq })
 	if err != nil {
 		return nil, nil, err
@@ -428,7 +441,10 @@ func (e *Engine) prepareVerify(batch []*engine.VerifyEntry) ([]pending, []int, e
 	lens, need := make([]int, len(batch)), make([]int, len(batch))
 	for i, v := range batch {
 		lens[i] = seqs[i].Len()
-		need[i] = lens[i] + len(v.Tokens)
+		need[i] = lens[i] + len(v.Tokens) + more
+		if need[i] > e.cfg.MaxPositionEmbeddings {
+			return nil, nil, fmt.Errorf("batch entry %d: %d positions: %w (max_position_embeddings %d)", i, need[i], engine.ErrContextFull, e.cfg.MaxPositionEmbeddings)
+		}
 	}
 	if err := e.kv.Reserve(seqs, need); err != nil {
 		return nil, nil, kvError(err)

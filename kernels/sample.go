@@ -51,8 +51,8 @@ const (
 	sampleGreedy  = 1 // draws
 	sampleOutcome = 2 // draws
 	sampleAccept  = 1 // out
-	sampleNaN    = 2 // out
-	sampleWide   = 4 // out: the nucleus took passes over the whole row
+	sampleNaN     = 2 // out
+	sampleWide    = 4 // out: the nucleus took passes over the whole row
 )
 
 // Sample records the verifier's read-out of rows of logits (sample.wgsl):

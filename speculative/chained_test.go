@@ -8,15 +8,19 @@ import (
 	"time"
 
 	"webdraft/engine"
+	"webdraft/sampling"
 	"webdraft/speculative"
 )
 
 // specChainer chains an EAGLE-3 head's fused steps the plain way, as
 // engine.SpecChainer's contract has a device do it: DraftVerifyN runs
-// engine.DraftVerify m times, each step accepted greedily on the host
-// (both caches cut back to the accepted drafts and the target's token
-// after them, which the next step feeds first), the last step's caches
-// left as DraftVerify leaves them.
+// engine.DraftVerify m times (one fewer from 3 on, and no more than a
+// sampled entry's draws cover),
+// each step accepted on the host — greedily, or by its rows' verdicts
+// where it samples, each step with its own draws — (both caches cut back
+// to the accepted drafts and the target's token after them, which the
+// next step feeds first), the last step's caches left as DraftVerify
+// leaves them.
 type specChainer struct {
 	engine.Head
 	mu    sync.Mutex
@@ -30,6 +34,14 @@ func (c *specChainer) DraftVerify(ctx context.Context, target engine.Engine, ste
 }
 
 func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, steps []engine.ChainStep, n, m int) ([]engine.ChainedStep, error) {
+	for _, s := range steps {
+		if !s.Verify.Sampling.Greedy() {
+			m = min(m, 1+len(s.ChainDraws)/(n+1))
+		}
+	}
+	if m > 2 {
+		m-- // as a device short of room runs fewer steps than asked
+	}
 	c.mu.Lock()
 	c.calls = append(c.calls, m)
 	c.mu.Unlock()
@@ -51,8 +63,15 @@ func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, st
 			hq, tq := s.Draft.Seq, s.Verify.Seq
 			step[i] = engine.ChainStep{
 				Draft:  &engine.Entry{Seq: hq, Target: tq, Tokens: slices.Clone(tail[i][hq.Len()-base[i]:]), TopN: s.Draft.TopN},
-				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(tail[i][tq.Len()-base[i]:]), Out: n + 1, TopN: s.Verify.TopN},
+				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(tail[i][tq.Len()-base[i]:]), Out: n + 1, TopN: s.Verify.TopN, Sampling: s.Verify.Sampling},
 				Take:   n,
+			}
+			switch {
+			case s.Verify.Sampling.Greedy():
+			case j == 0:
+				step[i].Verify.Draws = slices.Clone(s.Verify.Draws)
+			default:
+				step[i].Verify.Draws = slices.Clone(s.ChainDraws[(j-1)*(n+1) : j*(n+1)])
 			}
 		}
 		drafts, err := engine.DraftVerify(ctx, c.Head, target, step, n)
@@ -61,9 +80,9 @@ func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, st
 		}
 		cs := engine.ChainedStep{Drafts: make([][]engine.Token, len(steps)), Rows: make([][]engine.VerifyRow, len(steps)), Accepted: make([]int, len(steps))}
 		for i, s := range step {
-			rows := s.Verify.Rows
+			rows, greedy := s.Verify.Rows, s.Verify.Sampling.Greedy()
 			a := 0
-			for a < n && drafts[i][a].ID == rows[a].Argmax {
+			for a < n && (greedy && drafts[i][a].ID == rows[a].Argmax || !greedy && rows[a].Accept) {
 				a++
 			}
 			cs.Drafts[i], cs.Rows[i], cs.Accepted[i] = drafts[i][:n], rows, a
@@ -73,7 +92,11 @@ func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, st
 			for _, d := range drafts[i][:a] {
 				tail[i] = append(tail[i], d.ID)
 			}
-			tail[i] = append(tail[i], rows[a].Argmax)
+			if greedy {
+				tail[i] = append(tail[i], rows[a].Argmax)
+			} else {
+				tail[i] = append(tail[i], rows[a].Sample)
+			}
 			for _, q := range []engine.Sequence{s.Draft.Seq, s.Verify.Seq} {
 				q.Truncate(min(q.Len(), base[i]+len(tail[i])-1))
 			}
@@ -171,4 +194,70 @@ func TestSpecChained(t *testing.T) {
 	if got := ids(res.Tokens); !slices.Equal(got, want[:len(got)]) || !slices.Equal(streamed, got) || len(got) < 8 || res.Finish != speculative.FinishStop {
 		t.Errorf("OnStep stopping after 8 tokens: %v streamed, result %v (%s), want a prefix of %v of 8 tokens or more", streamed, got, res.Finish, want)
 	}
+}
+
+// TestSpecChainedSampled: sampled, chained speculative steps take the
+// draws the same steps a call would: a seed gives the same tokens chained
+// and with every step a call of its own (Options.Unchained) — batched
+// generations of different lengths, one greedy among them, the chains
+// running several steps that accept drafts —, over the reference chainer
+// of a CPU head and over a WebGPU pair (the device accepting by the
+// sampling rule); and the WebGPU target alone gives a seed's tokens
+// chained (engine.SampleChainer) as a token a call.
+func TestSpecChainedSampled(t *testing.T) {
+	defer speculative.SetAloneSpan(time.Hour)() // every chain as long as it may be
+	ps := prompts(9, 4)
+	const n, k = 37, 3
+	params := []sampling.Params{{Temperature: 0.3, TopP: 0.9}, {Temperature: 0.8}, {}, {Temperature: 0.5, TopP: 0.95}}
+	same := func(t *testing.T, chained, apart *speculative.Generator, k int) {
+		ctx := context.Background()
+		var mu sync.Mutex
+		accepted, steps := 0, 0
+		run := func(g *speculative.Generator, i int) speculative.Result {
+			res, err := g.Submit(ctx, speculative.Request{Prompt: ps[i], MaxTokens: n - 5*i, K: k, TopN: i % 2, Sampling: params[i], Seed: uint64(10 + i),
+				OnStep: func(s speculative.Step) bool {
+					if g == chained && s.Chained && !params[i].Greedy() {
+						mu.Lock()
+						steps++
+						mu.Unlock()
+					}
+					return true
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		var wg sync.WaitGroup
+		for i := range ps {
+			wg.Go(func() {
+				got, want := run(chained, i), run(apart, i)
+				if !slices.Equal(ids(got.Tokens), ids(want.Tokens)) || got.Stats.Accepted != want.Stats.Accepted || got.Finish != want.Finish {
+					t.Errorf("prompt %d (%+v): chained %v (%d accepted, %s), a step a call %v (%d, %s)", i, params[i],
+						ids(got.Tokens), got.Stats.Accepted, got.Finish, ids(want.Tokens), want.Stats.Accepted, want.Finish)
+				}
+				mu.Lock()
+				accepted += got.Stats.Accepted
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		if k != speculative.NoDraft && (steps == 0 || accepted == 0) {
+			t.Errorf("%d sampled steps chained, %d drafts accepted: want chains that accept drafts", steps, accepted)
+		}
+	}
+	t.Run("cpu-head", func(t *testing.T) {
+		base := headPair(t, ps, n)
+		drafter := &specChainer{Head: base.drafter.(engine.Head)}
+		p := pair{target: base.target, drafter: drafter}
+		same(t, start(t, p, speculative.Options{}), start(t, p, speculative.Options{Unchained: true}), k)
+	})
+	t.Run("webgpu", func(t *testing.T) {
+		p := pairs(t, gpuGroup(t))[0]
+		same(t, start(t, p, speculative.Options{}), start(t, p, speculative.Options{Unchained: true}), k)
+		t.Run("alone", func(t *testing.T) {
+			apart := pair{target: struct{ engine.Engine }{p.target}, drafter: p.drafter} // hides SampleN
+			same(t, start(t, p, speculative.Options{}), start(t, apart, speculative.Options{}), speculative.NoDraft)
+		})
+	})
 }

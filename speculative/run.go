@@ -404,12 +404,12 @@ func (st *StepStats) add(drafted, a, emitted int) {
 // to need at the tokens a step it has had so far (a chain ends about when
 // the first of them does, so that its place in the batch is not held for
 // the chain's rest), and within every one's room in the context — where
-// the ready generations chain (m > 1): greedy chains of one k (the device
-// accepts greedily; each drafts all k, one near its end too, which may
-// stop inside the chain), each holding all its context but the last token
-// in the target, over a drafter that chains them (an EAGLE-3 head or a
-// drafter on the target's WebGPU device). Fused steps the runner already
-// chose (runner.fuses).
+// the ready generations chain (m > 1): chains of one k, greedy or sampled
+// (the device accepts by the same rule as the host; each drafts all k,
+// one near its end too, which may stop inside the chain), each holding
+// all its context but the last token in the target, over a drafter that
+// chains them (an EAGLE-3 head or a drafter on the target's WebGPU
+// device). Fused steps the runner already chose (runner.fuses).
 func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	sc, ok := r.g.drafter.(engine.SpecChainer)
 	if !ok || r.specStep <= 0 || r.g.opts.Unchained {
@@ -418,7 +418,7 @@ func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	n = ready[0].k
 	m = min(int(aloneSpan/r.specStep), aloneChunk)
 	for _, gn := range ready {
-		if gn.draft == nil || !gn.req.Sampling.Greedy() || gn.k != n || len(gn.pendingTarget()) != 1 {
+		if gn.draft == nil || gn.k != n || len(gn.pendingTarget()) != 1 {
 			return nil, 0, 1
 		}
 		tau := 1.0 // tokens a step so far
@@ -427,6 +427,13 @@ func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 		}
 		left := min(gn.req.MaxTokens-len(gn.out), gn.room())
 		m = min(m, int(math.Ceil(float64(left)/tau)), gn.room()/(n+1))
+		if !gn.req.Sampling.Greedy() {
+			// Only steps that draft all n a step a call would too
+			// (draftLen), however many tokens the steps before emit: a
+			// sampled generation's draws then meet the same rows chained
+			// or not, so that a seed's tokens do not depend on it.
+			m = min(m, left/(n+1))
+		}
 	}
 	return sc, n, m
 }
@@ -437,15 +444,20 @@ func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 // accepted as a fused step is — its tokens emitted, counted and handed to
 // OnStep, the call's time shared out among its steps —, a generation that
 // stops inside the chain dropping the steps after, and both caches cut
-// back to the context.
+// back to the context. A sampled generation's steps take its next draws,
+// n + 1 a step, those of steps the call did not run kept for the next.
 func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*gen, n, m int) error {
 	g := r.g
 	steps := make([]engine.ChainStep, len(ready))
 	for i, gn := range ready {
 		steps[i] = engine.ChainStep{
 			Draft:  &engine.Entry{Seq: gn.draft, Target: gn.target, Tokens: gn.pendingDraft(), TopN: gn.req.DraftTopN},
-			Verify: &engine.VerifyEntry{Seq: gn.target, Tokens: gn.pendingTarget(), Out: n + 1, TopN: gn.req.TopN},
+			Verify: &engine.VerifyEntry{Seq: gn.target, Tokens: gn.pendingTarget(), Out: n + 1, TopN: gn.req.TopN, Sampling: gn.req.Sampling},
 			Take:   n,
+		}
+		if !gn.req.Sampling.Greedy() {
+			d := gn.draws(m * (n + 1))
+			steps[i].Verify.Draws, steps[i].ChainDraws = d[:n+1], d[n+1:]
 		}
 	}
 	start := time.Now()
@@ -454,6 +466,11 @@ func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*ge
 		err = fmt.Errorf("drafter and target: %w", err)
 		r.fail(ctx, ready, err)
 		return err
+	}
+	for i, gn := range ready {
+		if d := steps[i].ChainDraws; d != nil {
+			gn.unused(d[(len(out)-1)*(n+1):])
+		}
 	}
 	now := time.Now()
 	per := now.Sub(start) / time.Duration(len(out))

@@ -82,7 +82,7 @@ func (e *Engine) draftVerifyN(ctx context.Context, t *Engine, steps []engine.Cha
 		return nil, false, err
 	}
 	B := len(steps)
-	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, e.cfg.MaxPositionEmbeddings), n, m)
+	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, e.cfg.MaxPositionEmbeddings), n, drawsRoom(steps, n, m))
 	if m < 2 {
 		return nil, false, nil
 	}
@@ -161,6 +161,10 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 	if err != nil {
 		return nil, err
 	}
+	drawStride, err := sb.startDraws(e.dev, steps, n, m, word, idStride)
+	if err != nil {
+		return nil, err
+	}
 
 	// Step 0: DraftVerify's submissions, the verification's rows copied
 	// into the results.
@@ -175,6 +179,7 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 	if err != nil {
 		return nil, err
 	}
+	ps.outcome = true
 	if _, err := t.forwardRead(ps, false, pre, sb.verifyCopies(t, tl, 0), submitEvery, nil); err != nil {
 		return nil, fmt.Errorf("chained speculative step 1: %w", err)
 	}
@@ -232,13 +237,10 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 			keeps = append(keeps, keep)
 			steps = append(append(steps, kernelSteps...), copies(j*n+c)...)
 		}
-		steps = append(steps, func(b *gpu.Batch) error {
-			return kernels.GatherRows(b, t.act.ids, results, sb.ids.Slice(uint64(j)*idStride, uint64(B*n*kernels.GatherPairWords)*4), B*n, 1)
-		})
 		tp := pass{rows: rows, decode: rows, lasts: rows, maxLen: maxLen, sample: ps.sample, topN: ps.topN, chained: true, sameLasts: true}
-		kernelSteps, keep = t.passKernels(tp)
+		verifySteps, keep := sb.verification(t, tp, tl, results, j, B, n, idStride, drawStride)
 		keeps = append(keeps, keep)
-		steps = append(append(steps, kernelSteps...), sb.verifyCopies(t, tl, j)...)
+		steps = append(steps, verifySteps...)
 		var ranges []gpu.Binding
 		if j == m-1 {
 			steps = append(steps, accept(m-1))

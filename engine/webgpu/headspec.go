@@ -131,7 +131,7 @@ func (h *Head) draftVerifyN(ctx context.Context, steps []engine.ChainStep, draft
 	B := len(steps)
 	// The positions the chain may reach: m verifications of n + 1 rows
 	// from each entry's pending token on.
-	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, h.engCfg.MaxPositionEmbeddings), n, m)
+	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, h.engCfg.MaxPositionEmbeddings), n, drawsRoom(steps, n, m))
 	if m < 2 {
 		return nil, false, nil
 	}
@@ -209,6 +209,10 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	if err != nil {
 		return nil, err
 	}
+	drawStride, err := sb.startDraws(h.dev, steps, n, m, lay.targetWord, idStride)
+	if err != nil {
+		return nil, err
+	}
 
 	// The head's own inputs, written before the submissions that read
 	// them: the first pass's read-out pairs, the feature copies' pairs.
@@ -246,7 +250,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	if err != nil {
 		return nil, err
 	}
-	ps.keep = keepFor
+	ps.keep, ps.outcome = keepFor, true
 	if _, err := t.forwardRead(ps, false, pre, sb.verifyCopies(t, tl, 0), submitEvery, nil); err != nil {
 		return nil, fmt.Errorf("chained speculative step 1: %w", err)
 	}
@@ -305,12 +309,9 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 				mapped: lay.mapped, fromNext: lay.mapped, xHeld: c > 1, noSave: c < n-1, readX: true}
 			steps = append(steps, draftPass(&cp, j*n+c)...)
 		}
-		steps = append(steps, func(b *gpu.Batch) error {
-			return kernels.GatherRows(b, t.act.ids, a.results, sb.ids.Slice(uint64(j)*idStride, uint64(B*n*kernels.GatherPairWords)*4), B*n, 1)
-		})
 		tp := pass{rows: rows, decode: rows, lasts: rows, maxLen: maxLen, sample: ps.sample, topN: ps.topN, chained: true, sameLasts: true, keep: keepFor}
-		kernelSteps, kept := t.passKernels(tp)
-		steps = append(append(steps, kernelSteps...), sb.verifyCopies(t, tl, j)...)
+		verifySteps, kept := sb.verification(t, tp, tl, a.results, j, B, n, idStride, drawStride)
+		steps = append(steps, verifySteps...)
 		var ranges []gpu.Binding
 		if j == m-1 {
 			steps = append(steps, accept(m-1))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"webdraft/engine"
 	"webdraft/engine/enginetest"
 	"webdraft/gpu/gputest"
+	"webdraft/sampling"
 	"webdraft/tensor"
 )
 
@@ -104,9 +106,13 @@ func TestHeadDraftVerifyN(t *testing.T) {
 				h, target = rig.head, rig.target
 			}
 			for _, n := range []int{1, 3, 5} {
-				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, 0, pair == "agreeable") })
+				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, 0, pair == "agreeable", nil) })
 			}
-			t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 3, pair == "agreeable") })
+			t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 3, pair == "agreeable", nil) })
+			t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 0, pair == "agreeable", sampledAt) })
+			t.Run("n=4, sampled beside greedy, top tokens", func(t *testing.T) {
+				testDraftVerifyN(t, h, target, 4, 2, pair == "agreeable", sampledBeside)
+			})
 		})
 	}
 }
@@ -118,15 +124,32 @@ type specDrafter interface {
 	engine.SpecChainer
 }
 
-func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, agreeable bool) {
+// The sampling of testDraftVerifyN's two generations: both sampled, and
+// the first sampled beside a greedy one; at low temperatures, where the
+// tiny models' rows are peaked enough that drafts of every length are
+// accepted, and yet some are rejected and drawn anew.
+var (
+	sampledAt     = []sampling.Params{{Temperature: 0.02, TopP: 0.9}, {Temperature: 0.05, TopP: 1}}
+	sampledBeside = []sampling.Params{{Temperature: 0.03, TopP: 0.95}, {}}
+)
+
+// testDraftVerifyN holds a chain of m steps to m DraftVerify calls
+// (TestHeadDraftVerifyN), its two generations greedy or sampled under
+// params, each step of a sampled one with its own draws.
+func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, agreeable bool, params []sampling.Params) {
 	ctx := context.Background()
 	const m = 4
 	gens := []*specGen{
 		{newHeadTwins(t, h, target, []int{3, 17, 5, 9, 30, 200})},
 		{newHeadTwins(t, h, target, []int{8, 1, 250, 4})},
 	}
+	if params == nil {
+		params = make([]sampling.Params, len(gens))
+	}
+	rng := rand.New(rand.NewPCG(uint64(n), uint64(topN)))
+	draws := make([][]sampling.Draw, len(gens)) // each round's, m steps of n + 1 a generation
 	// The head first drafts after the whole text fed at once.
-	chainSteps := func(seq func(g *specGen) (tq, hq engine.Sequence)) []engine.ChainStep {
+	chainSteps := func(seq func(g *specGen) (tq, hq engine.Sequence), j int) []engine.ChainStep {
 		var steps []engine.ChainStep
 		for i, g := range gens {
 			tq, hq := seq(g)
@@ -134,17 +157,32 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 			if i == 1 && topN > 0 {
 				dTop, vTop = topN, topN-1
 			}
-			steps = append(steps, engine.ChainStep{
+			st := engine.ChainStep{
 				Draft:  &engine.Entry{Seq: hq, Target: tq, Tokens: slices.Clone(g.text[hq.Len():]), TopN: dTop},
-				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(g.text[tq.Len():]), Out: n + 1, TopN: vTop},
+				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(g.text[tq.Len():]), Out: n + 1, TopN: vTop, Sampling: params[i]},
 				Take:   n,
-			})
+			}
+			switch {
+			case params[i].Greedy():
+			case j < 0: // the chain: the first step's, then the rest
+				st.Verify.Draws = slices.Clone(draws[i][:n+1])
+				st.ChainDraws = slices.Clone(draws[i][n+1:])
+			default:
+				st.Verify.Draws = slices.Clone(draws[i][j*(n+1) : (j+1)*(n+1)])
+			}
+			steps = append(steps, st)
 		}
 		return steps
 	}
 	accepted := map[int]int{}
 	for round := range 3 {
-		fused := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tF, g.hF })
+		for i := range gens {
+			draws[i] = make([]sampling.Draw, m*(n+1))
+			for k := range draws[i] {
+				draws[i][k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32()}
+			}
+		}
+		fused := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tF, g.hF }, -1)
 		got, err := h.DraftVerifyN(ctx, target, fused, n, m)
 		if err != nil {
 			t.Fatalf("round %d: DraftVerifyN: %v", round, err)
@@ -162,7 +200,7 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 			texts[i] = slices.Clone(g.text)
 		}
 		for j, cs := range got {
-			sep := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tS, g.hS })
+			sep := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tS, g.hS }, j)
 			want, err := engine.DraftVerify(ctx, h, target, sep, n)
 			if err != nil {
 				t.Fatalf("round %d, step %d: DraftVerify: %v", round, j, err)
@@ -173,7 +211,8 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 				rows := sep[i].Verify.Rows
 				for r, w := range rows {
 					gr := cs.Rows[i][r]
-					same := gr.Argmax == w.Argmax && math.Abs(float64(gr.ArgmaxLogprob-w.ArgmaxLogprob)) <= 1e-4 && math.Abs(float64(gr.LogSumExp-w.LogSumExp)) <= 1e-4 && len(gr.Top) == len(w.Top)
+					same := gr.Argmax == w.Argmax && math.Abs(float64(gr.ArgmaxLogprob-w.ArgmaxLogprob)) <= 1e-4 && math.Abs(float64(gr.LogSumExp-w.LogSumExp)) <= 1e-4 && len(gr.Top) == len(w.Top) &&
+						gr.Accept == w.Accept && gr.Sample == w.Sample
 					for q := range w.Top {
 						same = same && gr.Top[q].Token == w.Top[q].Token && math.Abs(float64(gr.Top[q].Logprob-w.Top[q].Logprob)) <= 1e-4
 					}
@@ -181,8 +220,9 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 						t.Errorf("%s, generation %d, row %d: %+v %v, step by step %+v %v", what, i, r, gr.Row, gr.Top, w.Row, w.Top)
 					}
 				}
+				greedy := params[i].Greedy()
 				a := 0
-				for a < n && want[i][a].ID == rows[a].Argmax {
+				for a < n && (greedy && want[i][a].ID == rows[a].Argmax || !greedy && rows[a].Accept) {
 					a++
 				}
 				if cs.Accepted[i] != a {
@@ -192,7 +232,11 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 				for _, d := range want[i][:a] {
 					g.text = append(g.text, d.ID)
 				}
-				g.text = append(g.text, rows[a].Argmax)
+				if greedy {
+					g.text = append(g.text, rows[a].Argmax)
+				} else {
+					g.text = append(g.text, rows[a].Sample)
+				}
 				for _, s := range []engine.Sequence{g.tS, g.hS} {
 					s.Truncate(min(s.Len(), len(g.text)-1))
 				}
@@ -226,7 +270,11 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 func TestDraftVerifyN(t *testing.T) {
 	p := newSampledPair(t, NewGroup(gputest.Device(t)), Options{})
 	for _, n := range []int{1, 3, 5} {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, n, 0, true) })
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, n, 0, true, nil) })
 	}
-	t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 3, true) })
+	t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 3, true, nil) })
+	t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 0, true, sampledAt) })
+	t.Run("n=4, sampled beside greedy, top tokens", func(t *testing.T) {
+		testDraftVerifyN(t, p.drafter, p.target, 4, 2, true, sampledBeside)
+	})
 }

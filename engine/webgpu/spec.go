@@ -8,6 +8,7 @@ import (
 	"webdraft/engine"
 	"webdraft/gpu"
 	"webdraft/kernels"
+	"webdraft/sampling"
 )
 
 // Chains of speculative steps (engine.SpecChainer): what a head's
@@ -31,14 +32,20 @@ import (
 //	results the target's read-out words, a region a step (specLayout)
 //	unused  what spec_accept.wgsl binds for a standalone drafter's ids
 //	        and does not write (a head's chain)
+//	draws   a sampled chain's draws (sample.wgsl's draws words) of the
+//	        target's rows, a region a step, copied into place before
+//	        its verification
+//	xs      the drafts' gathers into those draws' proposals, a region
+//	        a step
 type specBuffers struct {
 	state, rows, chain, pairs, keep *gpu.Buffer
 	keepAt                          []uint64
 	ids, results, unused            *gpu.Buffer
+	draws, xs                       *gpu.Buffer
 }
 
 func (s *specBuffers) release() {
-	for _, b := range []*gpu.Buffer{s.state, s.rows, s.chain, s.pairs, s.keep, s.ids, s.results, s.unused} {
+	for _, b := range []*gpu.Buffer{s.state, s.rows, s.chain, s.pairs, s.keep, s.ids, s.results, s.unused, s.draws, s.xs} {
 		if b != nil {
 			b.Release()
 		}
@@ -110,17 +117,33 @@ func chainOrStep(ctx context.Context, f engine.Fuser, t *Engine, steps []engine.
 	return oneStep(ctx, f, t, steps, n)
 }
 
-// chainSteps reports whether every step is a greedy chain taking all n
-// drafts after one pending token (engine.SpecChainer).
+// chainSteps reports whether every step is a chain taking all n drafts
+// after one pending token (engine.SpecChainer): greedy, or sampled with
+// its first step's draws and at least one more step's.
 func chainSteps(steps []engine.ChainStep, n int) bool {
 	for _, s := range steps {
 		d, v := s.Draft, s.Verify
-		if d == nil || v == nil || s.Take != n || len(v.Tokens) != 1 || v.Out != n+1 || !v.Sampling.Greedy() ||
-			v.Draws != nil || v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil {
+		if d == nil || v == nil || s.Take != n || len(v.Tokens) != 1 || v.Out != n+1 ||
+			v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil {
+			return false
+		}
+		if v.Sampling.Greedy() && (v.Draws != nil || s.ChainDraws != nil) ||
+			!v.Sampling.Greedy() && (len(v.Draws) != n+1 || len(s.ChainDraws) < n+1) {
 			return false
 		}
 	}
 	return true
+}
+
+// drawsRoom is the most steps of n drafts a chain of up to m may take
+// from the sampled steps' draws (engine.ChainStep.ChainDraws).
+func drawsRoom(steps []engine.ChainStep, n, m int) int {
+	for _, s := range steps {
+		if !s.Verify.Sampling.Greedy() {
+			m = min(m, 1+len(s.ChainDraws)/(n+1))
+		}
+	}
+	return m
 }
 
 // oneStep is DraftVerifyN's single step: f's DraftVerify, the Verify
@@ -137,20 +160,48 @@ func oneStep(ctx context.Context, f engine.Fuser, target *Engine, steps []engine
 	cs := engine.ChainedStep{Drafts: make([][]engine.Token, len(steps)), Rows: make([][]engine.VerifyRow, len(steps)), Accepted: make([]int, len(steps))}
 	for i, s := range steps {
 		cs.Drafts[i], cs.Rows[i] = out[i][:s.Take], s.Verify.Rows
-		cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
+		cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i], !s.Verify.Sampling.Greedy())
 		s.Verify.Tokens, s.Verify.Rows = s.Verify.Tokens[:pending[i]], nil
 	}
 	return []engine.ChainedStep{cs}, nil
 }
 
-// agreed is how many of a greedy step's drafts its verified rows accept:
-// the drafts up to the first that is not the target's greedy token.
-func agreed(drafts []engine.Token, rows []engine.VerifyRow) int {
+// agreed is how many of a step's drafts its verified rows accept: the
+// drafts up to the first that is not the target's greedy token, or,
+// sampled, the first its row does not accept.
+func agreed(drafts []engine.Token, rows []engine.VerifyRow, sampled bool) int {
 	a := 0
-	for a < len(drafts) && a < len(rows) && drafts[a].ID == rows[a].Argmax {
+	for a < len(drafts) && a < len(rows) && (!sampled && drafts[a].ID == rows[a].Argmax || sampled && rows[a].Accept) {
 		a++
 	}
 	return a
+}
+
+// verification records step j ≥ 1's verification of a chain's drafts:
+// the drafts (at word(i, j·n + c) of results) gathered into the target's
+// ids and, where it samples, the step's draws put in place with the drafts
+// as their proposals; the target's pass tp (its rows placed by the
+// device), whose sampled rows write their outcome for spec_accept.wgsl;
+// its read-out copied into the results. keep keeps the pass's
+// recordings once submitted.
+func (s *specBuffers) verification(t *Engine, tp pass, tl specLayout, results *gpu.Buffer, j, B, n int, idStride, drawStride uint64) (steps []step, keep func()) {
+	pairs := func(buf *gpu.Buffer, stride uint64) gpu.Binding {
+		return buf.Slice(uint64(j)*stride, uint64(B*n*kernels.GatherPairWords)*4)
+	}
+	steps = []step{func(b *gpu.Batch) error {
+		return kernels.GatherRows(b, t.act.ids, results, pairs(s.ids, idStride), B*n, 1)
+	}}
+	if drawStride > 0 {
+		rows := B * (n + 1)
+		steps = append(steps, func(b *gpu.Batch) error {
+			return kernels.CopyRange(b, t.act.draws, 0, s.draws.Slice(uint64(j)*drawStride, uint64(rows*kernels.SampleDrawWords)*4))
+		}, func(b *gpu.Batch) error {
+			return kernels.GatherRows(b, t.act.draws, results, pairs(s.xs, idStride), B*n, 1)
+		})
+	}
+	tp.outcome = true
+	kernelSteps, keep := t.passKernels(tp)
+	return append(append(steps, kernelSteps...), s.verifyCopies(t, tl, j)...), keep
 }
 
 // verifyCopies copies step j's verification's read-out into the results
@@ -204,6 +255,61 @@ func (s *specBuffers) start(d *gpu.Device, tl specLayout, B, n, m int, word func
 		return 0, err
 	}
 	return idStride, s.ids.WriteU32(0, ids)
+}
+
+// startDraws readies a sampled chain's draws (chainSteps): each step j ≥ 1's
+// rows' draws from the steps' ChainDraws — a greedy entry's rows greedy —,
+// each marked to write its outcome, a region of the returned stride a
+// step; and the gathers of step j's drafts into their rows' proposals
+// (entry i's draft c, at word(i, j·n + c), to row i·(n+1) + c's X), laid
+// out as start's gathers into ids (idStride). For a greedy chain it
+// writes nothing and returns 0.
+func (s *specBuffers) startDraws(d *gpu.Device, steps []engine.ChainStep, n, m int, word func(i, k int) int, idStride uint64) (uint64, error) {
+	sampled := false
+	for _, st := range steps {
+		sampled = sampled || !st.Verify.Sampling.Greedy()
+	}
+	if !sampled || m < 2 {
+		return 0, nil
+	}
+	rows := len(steps) * (n + 1)
+	align := uint64(d.Limits().MinStorageBufferOffsetAlignment)
+	stride := (uint64(rows*kernels.SampleDrawWords)*4 + align - 1) / align * align
+	if err := grow(d, &s.draws, "spec_draws", uint64(m)*stride); err != nil {
+		return 0, err
+	}
+	if err := grow(d, &s.xs, "spec_draft_x_pairs", uint64(m)*idStride); err != nil {
+		return 0, err
+	}
+	draws := make([]uint32, uint64(m)*stride/4)
+	xs := make([]uint32, uint64(m)*idStride/4)
+	temps := make([]float32, kernels.SampleTempWords) // the first step writes the temperatures
+	for j := 1; j < m; j++ {
+		for i, st := range steps {
+			v := st.Verify
+			for c := range n + 1 {
+				r := i*(n+1) + c
+				w := draws[uint64(j)*stride/4+uint64(r*kernels.SampleDrawWords):]
+				dr := sampling.Draw{X: sampling.NoProposal}
+				if !v.Sampling.Greedy() {
+					dr.U, dr.V = st.ChainDraws[(j-1)*(n+1)+c].U, st.ChainDraws[(j-1)*(n+1)+c].V
+				}
+				kernels.PutSampleRow(w, temps, v.Sampling, dr)
+				kernels.SetSampleOutcome(w)
+				if c < n {
+					p := uint64(j)*idStride/4 + uint64((i*n+c)*kernels.GatherPairWords)
+					xs[p], xs[p+1] = uint32(r*kernels.SampleDrawWords), uint32(word(i, j*n+c))
+				}
+			}
+		}
+	}
+	if err := s.draws.WriteU32(0, draws); err != nil {
+		return 0, err
+	}
+	if err := s.xs.WriteU32(0, xs); err != nil {
+		return 0, err
+	}
+	return stride, nil
 }
 
 // chainRoom returns the steps of n drafts a chain of up to m may take
@@ -264,7 +370,7 @@ func readChain(t *Engine, twords, states []uint32, tl specLayout, twork []pendin
 					return nil, nil, fmt.Errorf("chained speculative step %d, batch entry %d, row %d: %w", j+1, i, r, err)
 				}
 			}
-			cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i])
+			cs.Accepted[i] = agreed(cs.Drafts[i], cs.Rows[i], !twork[i].verify.Sampling.Greedy())
 			last[i] = L[i]
 			L[i] += cs.Accepted[i] + 1
 		}

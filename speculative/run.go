@@ -513,12 +513,12 @@ const aloneChunk = 16
 var aloneSpan = 20 * time.Millisecond // a variable for tests
 
 // chainsAlone reports whether the ready generations run the target alone
-// chained on its device (runner.alone): every one with nothing to draft
-// and no prompt left to feed apart, all greedy over a target that chains
-// greedy steps (engine.Chainer) or all sampled over one that chains
-// sampled steps (engine.SampleChainer).
+// chained on its device (runner.alone), unless Options.Unchained: every
+// one with nothing to draft and no prompt left to feed apart, all greedy
+// over a target that chains greedy steps (engine.Chainer) or all sampled
+// over one that chains sampled steps (engine.SampleChainer).
 func (r *runner) chainsAlone(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) bool {
-	if len(draftFill) > 0 || len(targetFill) > 0 || len(ready) == 0 {
+	if r.g.opts.Unchained || len(draftFill) > 0 || len(targetFill) > 0 || len(ready) == 0 {
 		return false
 	}
 	sampled := 0

@@ -54,9 +54,10 @@ type Options struct {
 	// calls even where the drafter fuses the target (engine.Fuser): the
 	// round trips fusion saves, for measuring it.
 	Unfused bool
-	// Unchained runs every fused step as a call of its own even where the
-	// drafter chains them on the device (engine.SpecChainer): the round
-	// trips a chain saves, for measuring it.
+	// Unchained runs every step as a call of its own even where the
+	// engines chain them on the device — fused steps (engine.SpecChainer),
+	// the target alone's (engine.Chainer, engine.SampleChainer) —: the
+	// round trips a chain saves, for measuring it.
 	Unchained bool
 	// OnStep, when set, is called after every step (for metrics).
 	OnStep func(StepStats)

@@ -173,6 +173,10 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 			shapes = append(shapes, liveShape{k: b.treeDepth, tree: t, unfused: true})
 		}
 	}
+	treeEnd := len(shapes)
+	if b.unchained {
+		shapes = append(shapes, liveShape{unchained: true}) // the target alone, a token a call
+	}
 	runs := make([]*liveRun, len(shapes))
 	for round := range max(b.rounds, 1) {
 		for i, sh := range shapes {
@@ -200,10 +204,16 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	fmt.Fprintf(e.stdout, "target %s, drafter %s: %d prompts, %d new tokens each, %s, %d at once, %d round(s)\n",
 		b.targetName, b.drafterName, len(b.prompts), b.newTokens, mode, b.batch, max(b.rounds, 1))
 	how := "each token read back"
-	if _, ok := b.target.(engine.Chainer); ok && b.sampling.Greedy() {
+	_, chains := b.target.(engine.Chainer)
+	_, samples := b.target.(engine.SampleChainer)
+	if b.sampling.Greedy() && chains || !b.sampling.Greedy() && samples {
 		how = "its tokens chained on the device, as many a read-back as 20 ms take"
 	}
 	fmt.Fprintf(e.stdout, "the target alone (%s): %.1f tokens/s, t_target %.3f ms a token (%.3f ms with the loop's own time)\n", how, alone.rate(), ms(tTarget), ms(alone.step()))
+	if b.unchained {
+		apart := runs[len(runs)-1]
+		fmt.Fprintf(e.stdout, "the target alone, each token read back (--unchained): %.1f tokens/s, %.3f ms a token; chained %.2f× as fast\n", apart.rate(), ms(apart.step()), alone.rate()/apart.rate())
+	}
 	fmt.Fprintf(e.stdout, "the target alone's outputs: %s\n\n", textSummary(textstats.Summarize(alone.outputs)))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "k\tsteps\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tk·t_draft/t_target\tt_verify/t_target\tmodel speedup\t")
@@ -230,7 +240,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	if fusedSome {
 		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); chained n%: the share of steps run in chains of fused steps on the device, each accepted there and the next planned from it, read back once a chain (t_verify a step's share of its chain); separate: as two calls, each read back.")
 	}
-	if trees := runs[1+chainShapes:]; len(trees) > 0 {
+	if trees := runs[1+chainShapes : treeEnd]; len(trees) > 0 {
 		fmt.Fprintf(e.stdout, "\ntoken trees %d levels deep (b×N: b children a node, N nodes verified a step):\n", b.treeDepth)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "tree\tsteps\tτ\taccepted\ttokens/s\tspeedup\tstep ms\tt_draft ms\tt_verify ms\tt_draft/t_target\tt_verify/t_target\tmodel speedup\t")

@@ -225,11 +225,12 @@ func TestBenchSpec(t *testing.T) {
 	// token accepted (τ = k + 1: 12 tokens in 6 steps at k 1, in 3 at k 3), and the
 	// table has a row for each k.
 	code, stdout, stderr = webdraft(t, "bench", "spec", "--live", "--target", model, "--drafter", model, "--prompts", prompts,
-		"--ks", "1,3", "--new-tokens", "12", "--backend", "cpu")
+		"--ks", "1,3", "--new-tokens", "12", "--backend", "cpu", "--unchained")
 	if code != 0 {
 		t.Fatalf("--live: exit %d: %s", code, stderr)
 	}
-	for _, re := range []string{`the target alone \(each token read back\): [\d.]+ tokens/s`, `(?m)^\s+1\s+separate\s+2\.00\s+100%\s`, `(?m)^\s+3\s+separate\s+4\.00\s+100%\s.*×\s*$`, `reproduce: webdraft bench spec --live`} {
+	for _, re := range []string{`the target alone \(each token read back\): [\d.]+ tokens/s`, `(?m)^\s+1\s+separate\s+2\.00\s+100%\s`, `(?m)^\s+3\s+separate\s+4\.00\s+100%\s.*×\s*$`,
+		`the target alone, each token read back \(--unchained\): [\d.]+ tokens/s, [\d.]+ ms a token; chained [\d.]+× as fast`, `reproduce: webdraft bench spec --live`} {
 		if !regexp.MustCompile(re).MatchString(stdout) {
 			t.Errorf("--live: no match for %s in\n%s", re, stdout)
 		}

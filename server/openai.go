@@ -297,6 +297,7 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 		g.includeUsage = f.StreamOptions.IncludeUsage
 	}
 	g.returnIDs = f.ReturnTokenIDs
+	g.req.Adaptive = st.adaptive && f.Seed == nil && (f.Speculative == nil || f.Speculative.K == nil)
 	if sp := f.Speculative; sp != nil {
 		if sp.K != nil {
 			switch k := *sp.K; {

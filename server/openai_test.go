@@ -722,3 +722,32 @@ func TestDisconnectFreesGeneration(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestAdaptiveRequests: with Config.Adaptive, an API generation is
+// adaptive (speculative.Request.Adaptive) only where it leaves both its
+// seed and its draft length to the server; without it, none is.
+func TestAdaptiveRequests(t *testing.T) {
+	seed, k, zero := int64(3), 4, 0
+	for _, c := range []struct {
+		name     string
+		server   bool
+		f        samplingFields
+		adaptive bool
+	}{
+		{"neither", true, samplingFields{}, true},
+		{"a seed", true, samplingFields{Seed: &seed}, false},
+		{"k", true, samplingFields{Speculative: &speculativeFields{K: &k}}, false},
+		{"k 0", true, samplingFields{Speculative: &speculativeFields{K: &zero}}, false},
+		{"a tree's shape only", true, samplingFields{Speculative: &speculativeFields{TopK: &k}}, true},
+		{"off", false, samplingFields{}, false},
+	} {
+		st := &state{target: &Model{Name: "target"}, adaptive: c.server}
+		var g generation
+		if err := st.common(&c.f, &g); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if g.req.Adaptive != c.adaptive {
+			t.Errorf("%s: adaptive %v, want %v", c.name, g.req.Adaptive, c.adaptive)
+		}
+	}
+}

@@ -73,6 +73,10 @@ type Config struct {
 	Head        *Model
 	Scheduler   scheduler.Options
 	Speculative speculative.Options
+	// Adaptive makes the API's generations that set neither a seed nor
+	// speculative.k adaptive (speculative.Request.Adaptive): each runs the
+	// target alone once its speculation is measured not to pay.
+	Adaptive bool
 }
 
 // Options configure a Server; the zero value is an open server with the
@@ -113,7 +117,10 @@ type state struct {
 	sched   *scheduler.Scheduler
 	gen     *speculative.Generator // nil without a target
 	browser *browserFiles          // the pair for the page's in-browser engine
-	started time.Time
+	// adaptive: the API's generations that leave the seed and k to the
+	// server are adaptive (Config.Adaptive).
+	adaptive bool
+	started  time.Time
 	// drafterText and targetText bound a request's text, in bytes, by
 	// the models' contexts (textBound): longer cannot fit.
 	drafterText, targetText int
@@ -223,7 +230,7 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 // newState builds what serves c: the scheduler over the drafter, the
 // generator over both models, the page's files.
 func (s *Server) newState(c Config) (*state, error) {
-	st := &state{drafter: c.Drafter, target: c.Target, head: c.Head, started: time.Now(), encodeSlots: newEncodeSlots()}
+	st := &state{drafter: c.Drafter, target: c.Target, head: c.Head, adaptive: c.Adaptive, started: time.Now(), encodeSlots: newEncodeSlots()}
 	st.drafterText = textBound(c.Drafter.Tokenizer, c.Drafter.Engine.Config().MaxPositionEmbeddings)
 	if st.drafter.Stop == nil {
 		st.drafter.Stop = tokenizer.StopIDs(c.Drafter.Engine.Config().EOSTokenIDs, c.Drafter.Tokenizer)

@@ -88,6 +88,11 @@ type runner struct {
 	// specStep is what a fused speculative step took last (runner.fused,
 	// runner.chained): a chain of them takes as many as fit aloneSpan.
 	specStep time.Duration
+	// aloneAt and specAt are, by batch size, what a token of the target
+	// alone took in the last call that chained two or more (runner.alone)
+	// and what the last speculative step took: an adaptive generation
+	// weighs its speculation by them (runner.adapt).
+	aloneAt, specAt map[int]time.Duration
 }
 
 // gen is a running generation. Each of its sequences holds a prefix of
@@ -117,14 +122,19 @@ type gen struct {
 	remoteRTT, remoteOwn time.Duration
 	rng                  *rand.Rand
 	spare                []sampling.Draw // drawn from rng for a chain and not used (gen.draws)
-	stats                Stats
-	started              time.Time
-	first                time.Time
-	draftNeed            int // KV positions reserved in each engine
-	targetNeed           int
-	maxContext           int    // the longest context both models take
-	finishedWhy          string // set when the generation is done: FinishLength or FinishStop
-	retired              bool
+	// specSteps and specTokens count the speculative steps and the tokens
+	// they emitted; weighed: runner.adapt weighed them (Request.Adaptive).
+	specSteps, specTokens int
+	weighed               bool
+	probing               bool // drafts nothing this step: runner.adapt measures the target alone
+	stats                 Stats
+	started               time.Time
+	first                 time.Time
+	draftNeed             int // KV positions reserved in each engine
+	targetNeed            int
+	maxContext            int    // the longest context both models take
+	finishedWhy           string // set when the generation is done: FinishLength or FinishStop
+	retired               bool
 }
 
 // readsFeatures reports whether gn's drafter reads the target's features:
@@ -295,6 +305,7 @@ func (r *runner) step(ctx context.Context) error {
 	}
 	st := StepStats{Sequences: len(ready)}
 
+	defer r.adapt(ready)()
 	if r.chainsAlone(ready, draftFill, targetFill) {
 		return r.alone(ctx, ready, st)
 	}
@@ -316,6 +327,7 @@ func (r *runner) step(ctx context.Context) error {
 		drafts, verify, err := r.fused(ctx, ready)
 		st.Verify, st.Fused = time.Since(start), true
 		r.specStep = st.Verify
+		r.spoke(len(ready), st.Verify)
 		if err != nil {
 			r.fail(ctx, ready, err)
 			return err
@@ -340,6 +352,13 @@ func (r *runner) step(ctx context.Context) error {
 	start = time.Now()
 	err = g.target.Verify(ctx, append(verify, targetFill...))
 	st.Verify = time.Since(start)
+	if len(targetFill) == 0 {
+		if slices.ContainsFunc(drafts, func(d []engine.Token) bool { return len(d) > 0 }) || slices.ContainsFunc(trees, func(t *draftTree) bool { return t != nil }) {
+			r.spoke(len(ready), st.Draft+st.Verify)
+		} else { // the target alone, a token a step (a target that does not chain)
+			r.aloneTook(len(ready), st.Verify)
+		}
+	}
 	if err != nil {
 		r.fail(ctx, append(ready, filling...), fmt.Errorf("target: %w", err))
 		return err
@@ -475,6 +494,7 @@ func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*ge
 	now := time.Now()
 	per := now.Sub(start) / time.Duration(len(out))
 	r.specStep = per
+	r.spoke(len(ready), per)
 	for _, cs := range out {
 		st := StepStats{Verify: per, Fused: true, Chained: true}
 		for i, gn := range ready {
@@ -511,6 +531,65 @@ func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*ge
 const aloneChunk = 16
 
 var aloneSpan = 20 * time.Millisecond // a variable for tests
+
+// adaptSteps is how many speculative steps an adaptive generation
+// (Request.Adaptive) takes before the runner weighs its speculation.
+const adaptSteps = 4
+
+// spoke notes what a speculative step of a batch of B took.
+func (r *runner) spoke(B int, took time.Duration) {
+	if r.specAt == nil {
+		r.specAt = map[int]time.Duration{}
+	}
+	r.specAt[B] = took
+}
+
+// aloneTook notes what a token of the target alone took in a batch of B.
+func (r *runner) aloneTook(B int, took time.Duration) {
+	if r.aloneAt == nil {
+		r.aloneAt = map[int]time.Duration{}
+	}
+	r.aloneAt[B] = took
+}
+
+// adapt weighs the speculation of each ready adaptive generation
+// (Request.Adaptive) once, after its first adaptSteps speculative steps:
+// where the tokens its steps emitted, over what a speculative step of this
+// batch's size takes, fall short of the target alone's rate at that size
+// (a token a step, or a chained call's time a token where the target
+// chains), it runs the target alone from then on (Stats.Alone). Where
+// that rate is not known yet, the whole batch drafts nothing until it is
+// (a step, or where the target chains a call of one token and then a
+// chain); adapt returns what ends that when the step is done.
+func (r *runner) adapt(ready []*gen) (done func()) {
+	B := len(ready)
+	probe := false
+	for _, gn := range ready {
+		if !gn.req.Adaptive || gn.weighed || gn.k == 0 || gn.remote != nil || gn.specSteps < adaptSteps {
+			continue
+		}
+		alone, spec := r.aloneAt[B], r.specAt[B]
+		if alone == 0 || spec == 0 {
+			probe = true
+			continue
+		}
+		gn.weighed = true
+		if tau := float64(gn.specTokens) / float64(gn.specSteps); tau*float64(alone) < float64(spec) {
+			gn.k, gn.stats.Alone = 0, true
+		}
+	}
+	if !probe {
+		return func() {}
+	}
+	for _, gn := range ready {
+		gn.probing = true
+	}
+	return func() {
+		for _, gn := range ready {
+			gn.probing = false
+		}
+	}
+}
 
 // chainsAlone reports whether the ready generations run the target alone
 // chained on its device (runner.alone), unless Options.Unchained: every
@@ -579,6 +658,9 @@ func (r *runner) alone(ctx context.Context, ready []*gen, st StepStats) error {
 	now := time.Now()
 	st.Verify = now.Sub(start) / time.Duration(n)
 	r.aloneToken = st.Verify
+	if n >= 2 {
+		r.aloneTook(len(ready), st.Verify)
+	}
 	for j := range n {
 		st.Sequences, st.Emitted = 0, 0
 		for i, gn := range ready {
@@ -804,7 +886,7 @@ func (gn *gen) pendingDraft() []int {
 // may still emit (a step emits the accepted tokens and one more) and the
 // target's context (which feeds them after the context).
 func (gn *gen) draftLen(g *Generator) int {
-	if gn.draft == nil && gn.remote == nil {
+	if gn.draft == nil && gn.remote == nil || gn.probing {
 		return 0
 	}
 	return max(0, min(gn.k, gn.req.MaxTokens-len(gn.out)-1, g.target.Config().MaxPositionEmbeddings-len(gn.context)))
@@ -919,6 +1001,10 @@ func (gn *gen) count(step *Step, drafted int, now time.Time) int {
 	emitted := gn.emit(step)
 	gn.stats.Steps++
 	gn.stats.Tokens += emitted
+	if drafted > 0 {
+		gn.specSteps++
+		gn.specTokens += emitted
+	}
 	gn.stats.Drafted += drafted
 	gn.stats.Accepted += a
 	for len(gn.stats.AcceptedAt) < a {

@@ -899,3 +899,51 @@ func stopThenOn(t *testing.T, g *speculative.Generator, target engine.Engine, pr
 		t.Errorf("the next turn: %v from %d cached positions, target alone %v", got, res.Stats.CachedTokens, want)
 	}
 }
+
+// slowEngine makes each of an engine's passes take per longer, whatever
+// its rows, as a GPU's small passes do.
+type slowEngine struct {
+	engine.Engine
+	per time.Duration
+}
+
+func (s slowEngine) Step(ctx context.Context, batch []*engine.Entry) error {
+	time.Sleep(s.per)
+	return s.Engine.Step(ctx, batch)
+}
+
+func (s slowEngine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
+	time.Sleep(s.per)
+	return s.Engine.Verify(ctx, batch)
+}
+
+// TestAdaptive: where the target's pass costs the same whatever its rows,
+// an adaptive generation (Request.Adaptive) whose drafts seldom pass runs
+// the target alone after its first speculative steps, one whose drafts
+// mostly pass goes on speculating, and one that is not adaptive
+// speculates throughout; each one's output is the target alone's.
+func TestAdaptive(t *testing.T) {
+	ps := pairs(t, cpu)
+	same := pair{"same", ps[0].target, cpu(t, load(t, "untied", checkpoint.F32))} // every draft accepted
+	prompt := prompts(1, 6)[0]
+	const n, k = 40, 3
+	want := greedy(t, ps[0].target, prompt, n)
+	for _, c := range []struct {
+		pair            pair
+		adaptive, alone bool
+	}{{ps[1], true, true}, {same, true, false}, {ps[1], false, false}} {
+		slow := pair{target: slowEngine{c.pair.target, 5 * time.Millisecond}, drafter: slowEngine{c.pair.drafter, 2 * time.Millisecond}}
+		g := start(t, slow, speculative.Options{})
+		res, err := g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: n, K: k, Adaptive: c.adaptive})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := res.Stats
+		if got := ids(res.Tokens); !slices.Equal(got, want) {
+			t.Errorf("%s, adaptive %v: %v, target alone %v", c.pair.name, c.adaptive, got, want)
+		}
+		if st.Alone != c.alone || c.alone && st.Drafted != 4*k || !c.alone && st.Drafted <= 4*k {
+			t.Errorf("%s, adaptive %v: alone %v after %d tokens drafted (τ %.2f), want alone %v", c.pair.name, c.adaptive, st.Alone, st.Drafted, st.Tau(), c.alone)
+		}
+	}
+}

@@ -29,7 +29,10 @@ type liveBench struct {
 	unfused bool
 	// unchained measures each k a second time with every fused step a
 	// call of its own (speculative.Options.Unchained).
-	unchained        bool
+	unchained bool
+	// adaptive makes each k's and each tree's generations adaptive
+	// (speculative.Request.Adaptive).
+	adaptive         bool
 	newTokens, batch int
 	// rounds repeats the whole sequence (the target alone, each k, each tree),
 	// so that a machine whose speed drifts weighs on every figure alike.
@@ -85,6 +88,8 @@ type liveRun struct {
 	fused          int             // steps drafted and verified in one call (verify holds their time)
 	chained        int             // of them, steps chained on the device (verify holds their share)
 	outputs        [][]int         // the timed pass's tokens, per prompt
+	alone          int             // adaptive generations that went on with the target alone
+	generations    int
 
 	// passes that fed prompts only (a head's target is fed the prompt
 	// before the first draft; prompts longer than a chunk), counted with
@@ -120,6 +125,8 @@ func (r *liveRun) add(o *liveRun) {
 	r.wall += o.wall
 	r.fused += o.fused
 	r.chained += o.chained
+	r.alone += o.alone
+	r.generations += o.generations
 	r.draft = append(r.draft, o.draft...)
 	r.verify = append(r.verify, o.verify...)
 }
@@ -236,6 +243,13 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if b.adaptive {
+		var parts []string
+		for _, r := range runs[1 : 1+chainShapes] {
+			parts = append(parts, fmt.Sprintf("k = %d%s %d of %d", r.k, map[bool]string{true: " unchained"}[r.unchained], r.alone, r.generations))
+		}
+		fmt.Fprintf(e.stdout, "\nadaptive: generations that went on with the target alone after their first speculative steps: %s\n", strings.Join(parts, ", "))
+	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
 	if fusedSome {
 		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); chained n%: the share of steps run in chains of fused steps on the device, each accepted there and the next planned from it, read back once a chain (t_verify a step's share of its chain); separate: as two calls, each read back.")
@@ -291,17 +305,18 @@ func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 	done := make(chan struct{})
 	go func() { g.Run(runCtx); close(done) }()
 	defer func() { stop(); <-done }()
-	if _, _, err := b.generateAll(ctx, g, sh); err != nil {
+	if _, _, _, err := b.generateAll(ctx, g, sh); err != nil {
 		return nil, err
 	}
 	mu.Lock()
 	r.draft, r.verify, r.fused, r.chained, r.fillDraft, r.fillVerify = nil, nil, 0, 0, 0, 0
 	mu.Unlock()
 	start := time.Now()
-	st, outputs, err := b.generateAll(ctx, g, sh)
+	st, alone, outputs, err := b.generateAll(ctx, g, sh)
 	if err != nil {
 		return nil, err
 	}
+	r.alone, r.generations = alone, len(outputs)
 	r.wall = time.Since(start)
 	r.outputs = outputs
 	r.tokens, r.steps, r.drafted, r.accep = st.Tokens, st.Steps, st.Drafted, st.Accepted
@@ -309,8 +324,9 @@ func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 }
 
 // generateAll runs every prompt through g, b.batch at a time, and sums
-// their stats; outputs are the tokens of each prompt's generation.
-func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, sh liveShape) (sum speculative.Stats, outputs [][]int, err error) {
+// their stats; alone counts the adaptive generations that went on with
+// the target alone, outputs are the tokens of each prompt's generation.
+func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, sh liveShape) (sum speculative.Stats, alone int, outputs [][]int, err error) {
 	var mu sync.Mutex
 	outputs = make([][]int, len(b.prompts))
 	jobs := make(chan int)
@@ -320,7 +336,7 @@ func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, sh
 		wg.Go(func() {
 			for i := range jobs {
 				q := speculative.Request{Prompt: b.prompts[i], MaxTokens: b.newTokens, K: sh.k, TopK: max(sh.tree.b, 1), TreeNodes: sh.tree.n,
-					Sampling: b.sampling, Seed: uint64(i)}
+					Sampling: b.sampling, Seed: uint64(i), Adaptive: b.adaptive && sh.k > 0}
 				if sh.k == 0 {
 					q.K = speculative.NoDraft
 				}
@@ -339,6 +355,9 @@ func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, sh
 				sum.Steps += res.Stats.Steps
 				sum.Drafted += res.Stats.Drafted
 				sum.Accepted += res.Stats.Accepted
+				if res.Stats.Alone {
+					alone++
+				}
 				mu.Unlock()
 			}
 		})
@@ -359,7 +378,7 @@ feed:
 		default:
 		}
 	}
-	return sum, outputs, err
+	return sum, alone, outputs, err
 }
 
 func mean(d []time.Duration) time.Duration {

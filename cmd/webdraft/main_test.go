@@ -235,6 +235,14 @@ func TestBenchSpec(t *testing.T) {
 			t.Errorf("--live: no match for %s in\n%s", re, stdout)
 		}
 	}
+	code, stdout, stderr = webdraft(t, "bench", "spec", "--live", "--target", model, "--drafter", model, "--prompts", prompts,
+		"--ks", "2", "--new-tokens", "12", "--backend", "cpu", "--adaptive")
+	if re := `adaptive: generations that went on with the target alone after their first speculative steps: k = 2 \d+ of \d+`; code != 0 || !regexp.MustCompile(re).MatchString(stdout) {
+		t.Errorf("--adaptive: exit %d, no match for %s in\n%s%s", code, re, stdout, stderr)
+	}
+	if code, _, _ := webdraft(t, "bench", "spec", "--adaptive", "--prompts", prompts); code != 2 {
+		t.Errorf("--adaptive without --live: exit %d, want 2", code)
+	}
 	if code, _, _ := webdraft(t, "bench", "spec", "--live", "--ks", "0", "--prompts", prompts); code != 2 {
 		t.Errorf("--ks 0: exit %d, want 2", code)
 	}

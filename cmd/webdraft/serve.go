@@ -31,11 +31,12 @@ const drainTimeout = 30 * time.Second
 const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
+	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--adaptive=true] [--spec-topk 1] [--spec-draft-tokens 16] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
 	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load), or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which then drafts the generations from the target's hidden states (and in the page: in-browser, and in edge drafting over the hidden states the server sends), the embedded drafter (or --draft-model) serving /draft; default: the embedded EAGLE-3 head (embedded:eagle3) over the embedded target, with --target or --backend reference the embedded drafter (embedded:drafter)")
 	draftModelDir := fs.String("draft-model", "", "with an EAGLE-3 head drafting the generations: the drafter that serves /draft beside it (and the page's browser modes), a drafter's folder as --model takes; default: the embedded drafter (embedded:drafter)")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given or names an EAGLE-3 head, else none")
 	k := fs.Int("k", 0, kUsage+" (a request's speculative.k overrides it)")
+	adaptive := fs.Bool("adaptive", true, "an API generation that sets neither seed nor speculative.k runs the target alone once its first speculative steps are measured not to pay (false: it speculates throughout)")
 	tree := treeFlagsVar(fs, true)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", backendUsage)
@@ -153,6 +154,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	*k = max(*k, 1) // a drafter alone drafts n a request; its k is unused
 	cfg.Scheduler = scheduler.Options{ChainSteps: *chainSteps, MaxQueue: *maxQueue}
 	cfg.Speculative = speculative.Options{K: *k, TopK: *tree.topK, TreeNodes: *tree.nodes, MaxQueue: *maxQueue}
+	cfg.Adaptive = *adaptive
 	if cfg.Target != nil {
 		e.log.Info("speculation", "k", *k, "topk", *tree.topK, "draft_tokens", *tree.nodes)
 	}

@@ -26,23 +26,8 @@ func (e *Engine) SampleN(ctx context.Context, batch []*engine.VerifyEntry, n int
 	if err := engine.CheckSampleN(&e.cfg, batch, n); err != nil {
 		return nil, fmt.Errorf("webgpu engine: %w", err)
 	}
-	e.g.mu.Lock()
-	defer e.g.mu.Unlock()
-	if err := e.usable(); err != nil {
-		return nil, err
-	}
-	work, lens, err := e.prepareVerifyMore(batch, n-1)
-	if err != nil {
-		return nil, err
-	}
-	out, err := e.runSampled(ctx, work, n)
-	if err != nil {
-		for i, p := range work {
-			p.seq.Truncate(lens[i])
-		}
-		return nil, e.broken(err)
-	}
-	return out, nil
+	return e.locked(func() ([]pending, []int, error) { return e.prepareVerifyMore(batch, n-1) },
+		func(work []pending) ([][]engine.Token, error) { return e.runSampled(ctx, work, n) })
 }
 
 // runSampled feeds work its pending tokens and then n−1 drawn tokens (n in

@@ -50,16 +50,24 @@ func (e *Engine) steps(ctx context.Context, batch []*engine.Entry, n int) ([][]e
 	if err := engine.CheckBatch(c, batch); err != nil {
 		return nil, err
 	}
+	return e.locked(func() ([]pending, []int, error) { return e.prepareSteps(batch, n) },
+		func(work []pending) ([][]engine.Token, error) { return e.run(ctx, work, n) })
+}
+
+// locked runs work, readied by prepare, under the group's lock: where run
+// fails, each sequence is cut back to its length before and the engine's
+// fault is noted (broken).
+func (e *Engine) locked(prepare func() ([]pending, []int, error), run func(work []pending) ([][]engine.Token, error)) ([][]engine.Token, error) {
 	e.g.mu.Lock()
 	defer e.g.mu.Unlock()
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
-	work, lens, err := e.prepareSteps(batch, n)
+	work, lens, err := prepare()
 	if err != nil {
 		return nil, err
 	}
-	out, err := e.run(ctx, work, n)
+	out, err := run(work)
 	if err != nil {
 		for i, p := range work {
 			p.seq.Truncate(lens[i])

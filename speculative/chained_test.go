@@ -261,3 +261,53 @@ func TestSpecChainedSampled(t *testing.T) {
 		})
 	})
 }
+
+// TestSplitAlone: a generation that drafts nothing (the target alone)
+// beside one that speculates runs in calls of its own, so that the other's
+// steps still fuse and chain on the device: over a WebGPU pair, both
+// outputs are the target alone's, and every step of the speculating one
+// after its first is fused, most of them chained.
+func TestSplitAlone(t *testing.T) {
+	defer speculative.SetAloneSpan(time.Hour)() // every chain as long as it may be
+	p := pairs(t, gpuGroup(t))[0]
+	g := start(t, p, speculative.Options{})
+	ps := prompts(2, 5)
+	ctx := context.Background()
+	long := make(chan speculative.Result, 1)
+	started := make(chan struct{})
+	go func() {
+		var once sync.Once
+		res, err := g.Submit(ctx, speculative.Request{Prompt: ps[0], MaxTokens: 160, K: speculative.NoDraft,
+			OnStep: func(speculative.Step) bool { once.Do(func() { close(started) }); return true }})
+		if err != nil {
+			t.Error(err)
+		}
+		long <- res
+	}()
+	<-started
+	var steps []speculative.Step
+	res, err := g.Submit(ctx, speculative.Request{Prompt: ps[1], MaxTokens: 24, K: 3,
+		OnStep: func(s speculative.Step) bool { steps = append(steps, s); return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := <-long
+	if got, want := ids(res.Tokens), greedy(t, p.target, ps[1], 24); !slices.Equal(got, want) {
+		t.Errorf("speculating: %v, target alone %v", got, want)
+	}
+	if got, want := ids(alone.Tokens), greedy(t, p.target, ps[0], 160); !slices.Equal(got, want) {
+		t.Errorf("alone: %v, target alone %v", got, want)
+	}
+	chained := 0
+	for j, s := range steps[1:] {
+		if !s.Fused {
+			t.Errorf("step %d of %d: not fused", j+2, len(steps))
+		}
+		if s.Chained {
+			chained++
+		}
+	}
+	if alone.Stats.Steps != 160 || 2*chained < len(steps) {
+		t.Errorf("the alone generation took %d steps; %d of the other's %d steps chained", alone.Stats.Steps, chained, len(steps))
+	}
+}

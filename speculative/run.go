@@ -126,7 +126,8 @@ type gen struct {
 	// they emitted; weighed: runner.adapt weighed them (Request.Adaptive).
 	specSteps, specTokens int
 	weighed               bool
-	probing               bool // drafts nothing this step: runner.adapt measures the target alone
+	probing               bool // drafts nothing this step: runner.adapt times the target alone
+	probes                int  // steps it drafted nothing for that
 	stats                 Stats
 	started               time.Time
 	first                 time.Time
@@ -308,6 +309,18 @@ func (r *runner) step(ctx context.Context) error {
 	defer r.adapt(ready)()
 	if r.chainsAlone(ready, draftFill, targetFill) {
 		return r.alone(ctx, ready, st)
+	}
+	if solo, rest := r.splitAlone(ready, draftFill, targetFill); solo != nil {
+		// Those that draft nothing run the target alone in a call of their
+		// own, so that the others' steps still fuse and chain.
+		if err := r.alone(ctx, solo, StepStats{Sequences: len(solo)}); err != nil {
+			return err
+		}
+		ready = slices.DeleteFunc(rest, func(gn *gen) bool { return gn.retired }) // canceled meanwhile
+		if len(ready) == 0 {
+			return nil
+		}
+		st = StepStats{Sequences: len(ready)}
 	}
 	if steps := r.treeSteps(ready, draftFill, targetFill); steps != nil {
 		start := time.Now()
@@ -554,41 +567,89 @@ func (r *runner) aloneTook(B int, took time.Duration) {
 
 // adapt weighs the speculation of each ready adaptive generation
 // (Request.Adaptive) once, after its first adaptSteps speculative steps:
-// where the tokens its steps emitted, over what a speculative step of this
-// batch's size takes, fall short of the target alone's rate at that size
-// (a token a step, or a chained call's time a token where the target
-// chains), it runs the target alone from then on (Stats.Alone). Where
-// that rate is not known yet, the whole batch drafts nothing until it is
-// (a step, or where the target chains a call of one token and then a
-// chain); adapt returns what ends that when the step is done.
+// where the tokens its steps emitted, over what a step of the generations
+// that speculate together takes, fall short of the rate of the target
+// alone in the batch it would join (a token a step, or a chained call's
+// time a token where the target chains), it runs the target alone from
+// then on (Stats.Alone). Where that rate is not known yet, the generation
+// drafts nothing for a step or two (on a chaining target a call of one
+// token, then a chain; splitAlone runs it with the others that draft
+// nothing) to measure it, adaptProbes steps at most before it takes the
+// rate at the nearest batch size timed. adapt returns what ends this
+// step's probing when the step is done.
 func (r *runner) adapt(ready []*gen) (done func()) {
-	B := len(ready)
-	probe := false
+	spec, alone := 0, 0 // the generations that speculate together, and those that do not
+	var due []*gen
 	for _, gn := range ready {
-		if !gn.req.Adaptive || gn.weighed || gn.k == 0 || gn.remote != nil || gn.specSteps < adaptSteps {
+		switch {
+		case gn.draftLen(r.g) == 0 && gn.remote == nil:
+			alone++
+		default:
+			spec++
+			if gn.req.Adaptive && !gn.weighed && gn.k > 0 && gn.remote == nil && gn.specSteps >= adaptSteps {
+				due = append(due, gn)
+			}
+		}
+	}
+	var probing []*gen
+	for _, gn := range due {
+		a, s := r.aloneAt[alone+len(due)], nearest(r.specAt, spec)
+		if a == 0 && gn.probes < adaptProbes {
+			gn.probes++
+			gn.probing = true
+			probing = append(probing, gn)
 			continue
 		}
-		alone, spec := r.aloneAt[B], r.specAt[B]
-		if alone == 0 || spec == 0 {
-			probe = true
-			continue
+		if a == 0 {
+			a = nearest(r.aloneAt, alone+1)
 		}
 		gn.weighed = true
-		if tau := float64(gn.specTokens) / float64(gn.specSteps); tau*float64(alone) < float64(spec) {
+		if tau := float64(gn.specTokens) / float64(gn.specSteps); a > 0 && s > 0 && tau*float64(a) < float64(s) {
 			gn.k, gn.stats.Alone = 0, true
 		}
 	}
-	if !probe {
-		return func() {}
-	}
-	for _, gn := range ready {
-		gn.probing = true
-	}
 	return func() {
-		for _, gn := range ready {
+		for _, gn := range probing {
 			gn.probing = false
 		}
 	}
+}
+
+// adaptProbes is how many steps an adaptive generation drafts nothing
+// for, at most, to time the target alone (runner.adapt).
+const adaptProbes = 3
+
+// nearest is m's value at the key nearest b (the smaller on a tie); 0 for
+// an empty m.
+func nearest(m map[int]time.Duration, b int) time.Duration {
+	best, at := time.Duration(0), -1
+	for k, v := range m {
+		if d, bd := abs(k-b), abs(at-b); at < 0 || d < bd || d == bd && k < at {
+			best, at = v, k
+		}
+	}
+	return best
+}
+
+func abs(x int) int { return max(x, -x) }
+
+// splitAlone parts the ready generations into those that draft nothing
+// and the rest, where both are there and the first could run the target
+// alone chained on its device (chainsAlone) — a generation that went on
+// alone (Request.Adaptive) or asked for no draft beside others that
+// speculate; else solo is nil.
+func (r *runner) splitAlone(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) (solo, rest []*gen) {
+	for _, gn := range ready {
+		if gn.draftLen(r.g) == 0 && gn.remote == nil {
+			solo = append(solo, gn)
+		} else {
+			rest = append(rest, gn)
+		}
+	}
+	if len(solo) == 0 || len(rest) == 0 || !r.chainsAlone(solo, draftFill, targetFill) {
+		return nil, ready
+	}
+	return solo, rest
 }
 
 // chainsAlone reports whether the ready generations run the target alone

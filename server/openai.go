@@ -631,6 +631,9 @@ type usage struct {
 	AcceptedTokens       int     `json:"accepted_tokens"`
 	VerificationSteps    int     `json:"verification_steps"`
 	MeanAcceptanceLength float64 `json:"mean_acceptance_length"`
+	// TargetAlone: an adaptive generation (serve --adaptive) ran the target
+	// alone after its first speculative steps measured slower.
+	TargetAlone bool `json:"target_alone,omitempty"`
 }
 
 func usageOf(res speculative.Result) *usage {
@@ -638,7 +641,7 @@ func usageOf(res speculative.Result) *usage {
 	u := &usage{
 		PromptTokens: st.PromptTokens, CompletionTokens: len(res.Tokens), TotalTokens: st.PromptTokens + len(res.Tokens),
 		DraftedTokens: st.Drafted, AcceptedTokens: st.Accepted, VerificationSteps: st.Steps,
-		MeanAcceptanceLength: math.Round(st.Tau()*1000) / 1000,
+		MeanAcceptanceLength: math.Round(st.Tau()*1000) / 1000, TargetAlone: st.Alone,
 	}
 	u.PromptTokensDetails.CachedTokens = st.CachedTokens
 	u.CompletionTokensDetails.AcceptedPredictionTokens = st.Accepted

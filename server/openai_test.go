@@ -751,3 +751,17 @@ func TestAdaptiveRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestUsageTargetAlone: usage says target_alone where an adaptive
+// generation went on with the target alone, and leaves it out otherwise.
+func TestUsageTargetAlone(t *testing.T) {
+	for _, alone := range []bool{true, false} {
+		b, err := json.Marshal(usageOf(speculative.Result{Stats: speculative.Stats{Steps: 3, Tokens: 3, Alone: alone}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(b), `"target_alone":true`); got != alone || !alone && strings.Contains(string(b), "target_alone") {
+			t.Errorf("alone %v: %s", alone, b)
+		}
+	}
+}

@@ -632,7 +632,7 @@ type usage struct {
 	VerificationSteps    int     `json:"verification_steps"`
 	MeanAcceptanceLength float64 `json:"mean_acceptance_length"`
 	// TargetAlone: an adaptive generation (serve --adaptive) ran the target
-	// alone after its first speculative steps measured slower.
+	// alone for a while, its speculative steps measured slower.
 	TargetAlone bool `json:"target_alone,omitempty"`
 }
 

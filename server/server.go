@@ -75,7 +75,7 @@ type Config struct {
 	Speculative speculative.Options
 	// Adaptive makes the API's generations that set neither a seed nor
 	// speculative.k adaptive (speculative.Request.Adaptive): each runs the
-	// target alone once its speculation is measured not to pay.
+	// target alone where its speculation is measured not to pay.
 	Adaptive bool
 }
 

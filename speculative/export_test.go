@@ -9,3 +9,12 @@ func SetAloneSpan(d time.Duration) (restore func()) {
 	aloneSpan = d
 	return func() { aloneSpan = old }
 }
+
+// SetAdaptRetry sets how many tokens an adaptive generation runs alone
+// before it speculates again (adaptRetry) until the returned function
+// restores it.
+func SetAdaptRetry(n int) (restore func()) {
+	old := adaptRetry
+	adaptRetry = n
+	return func() { adaptRetry = old }
+}

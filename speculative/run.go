@@ -128,6 +128,9 @@ type gen struct {
 	weighed               bool
 	probing               bool // drafts nothing this step: runner.adapt times the target alone
 	probes                int  // steps it drafted nothing for that
+	// speculateK is its draft length while it runs alone (k is then 0),
+	// since it emitted aloneFrom tokens.
+	speculateK, aloneFrom int
 	stats                 Stats
 	started               time.Time
 	first                 time.Time
@@ -549,6 +552,11 @@ var aloneSpan = 20 * time.Millisecond // a variable for tests
 // (Request.Adaptive) takes before the runner weighs its speculation.
 const adaptSteps = 4
 
+// adaptRetry is how many tokens an adaptive generation that went on alone
+// emits before it speculates again, to be weighed anew (what a text
+// drafts well may change as it goes): a variable for tests.
+var adaptRetry = 256
+
 // spoke notes what a speculative step of a batch of B took.
 func (r *runner) spoke(B int, took time.Duration) {
 	if r.specAt == nil {
@@ -566,18 +574,24 @@ func (r *runner) aloneTook(B int, took time.Duration) {
 }
 
 // adapt weighs the speculation of each ready adaptive generation
-// (Request.Adaptive) once, after its first adaptSteps speculative steps:
+// (Request.Adaptive) after its first adaptSteps speculative steps:
 // where the tokens its steps emitted, over what a step of the generations
 // that speculate together takes, fall short of the rate of the target
 // alone in the batch it would join (a token a step, or a chained call's
-// time a token where the target chains), it runs the target alone from
-// then on (Stats.Alone). Where that rate is not known yet, the generation
+// time a token where the target chains), it runs the target alone
+// (Stats.Alone) for adaptRetry tokens, then speculates again and is
+// weighed anew. Where that rate is not known yet, the generation
 // drafts nothing for a step or two (on a chaining target a call of one
 // token, then a chain; splitAlone runs it with the others that draft
 // nothing) to measure it, adaptProbes steps at most before it takes the
 // rate at the nearest batch size timed. adapt returns what ends this
 // step's probing when the step is done.
 func (r *runner) adapt(ready []*gen) (done func()) {
+	for _, gn := range ready {
+		if gn.req.Adaptive && gn.stats.Alone && gn.k == 0 && len(gn.out)-gn.aloneFrom >= adaptRetry {
+			gn.k, gn.weighed, gn.specSteps, gn.specTokens, gn.probes = gn.speculateK, false, 0, 0, 0
+		}
+	}
 	spec, alone := 0, 0 // the generations that speculate together, and those that do not
 	var due []*gen
 	for _, gn := range ready {
@@ -605,7 +619,7 @@ func (r *runner) adapt(ready []*gen) (done func()) {
 		}
 		gn.weighed = true
 		if tau := float64(gn.specTokens) / float64(gn.specSteps); a > 0 && s > 0 && tau*float64(a) < float64(s) {
-			gn.k, gn.stats.Alone = 0, true
+			gn.speculateK, gn.k, gn.aloneFrom, gn.stats.Alone = gn.k, 0, len(gn.out), true
 		}
 	}
 	return func() {

@@ -124,14 +124,14 @@ type Request struct {
 	// loop's goroutine (it must not block). Returning false ends the
 	// generation after that step (a stop string the caller found).
 	OnStep func(Step) bool
-	// Adaptive lets the loop run the target alone for the rest of the
-	// generation where its speculation is measured not to pay: after its
-	// first few speculative steps, the tokens a step they emitted against
-	// what a speculative step and a token of the target alone take at the
-	// batch's size (the loop measures the latter first where it has not).
-	// The choice rests on timings, so a sampled generation's seed replays
-	// its tokens only where it falls the same way: leave it off for
-	// that.
+	// Adaptive lets the loop run the target alone where the generation's
+	// speculation is measured not to pay: after a few speculative steps,
+	// the tokens a step they emitted against what a speculative step and a
+	// token of the target alone take at the batch's size (the loop measures
+	// the latter first where it has not); alone, it speculates again every
+	// 256 tokens to be weighed anew. The choice rests on timings, so a
+	// sampled generation's seed replays its tokens only where it falls the
+	// same way: leave it off for that.
 	Adaptive bool
 }
 
@@ -194,8 +194,8 @@ type Stats struct {
 	Queue      time.Duration
 	Prefill    time.Duration // from start to the first token
 	Decode     time.Duration // the rest
-	// Alone: the generation (Request.Adaptive) ran the target alone after
-	// its speculation was measured not to pay.
+	// Alone: the generation (Request.Adaptive) ran the target alone for a
+	// while, its speculation measured not to pay.
 	Alone bool
 }
 

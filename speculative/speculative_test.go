@@ -946,4 +946,15 @@ func TestAdaptive(t *testing.T) {
 			t.Errorf("%s, adaptive %v: alone %v after %d tokens drafted (τ %.2f), want alone %v", c.pair.name, c.adaptive, st.Alone, st.Drafted, st.Tau(), c.alone)
 		}
 	}
+	// Alone, a generation speculates again every adaptRetry tokens, and is
+	// weighed anew (here: alone again each time).
+	defer speculative.SetAdaptRetry(10)()
+	g := start(t, pair{target: slowEngine{ps[1].target, 5 * time.Millisecond}, drafter: slowEngine{ps[1].drafter, 2 * time.Millisecond}}, speculative.Options{})
+	res, err := g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: n, K: k, Adaptive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := res.Stats; !slices.Equal(ids(res.Tokens), want) || !st.Alone || st.Drafted < 2*4*k || st.Drafted > 4*4*k {
+		t.Errorf("retrying every 10 tokens: %d tokens drafted, alone %v; output equal: %v", st.Drafted, st.Alone, slices.Equal(ids(res.Tokens), want))
+	}
 }

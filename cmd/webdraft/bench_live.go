@@ -88,7 +88,7 @@ type liveRun struct {
 	fused          int             // steps drafted and verified in one call (verify holds their time)
 	chained        int             // of them, steps chained on the device (verify holds their share)
 	outputs        [][]int         // the timed pass's tokens, per prompt
-	alone          int             // adaptive generations that went on with the target alone
+	alone          int             // adaptive generations that ran the target alone for a while
 	generations    int
 
 	// passes that fed prompts only (a head's target is fed the prompt
@@ -248,7 +248,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		for _, r := range runs[1 : 1+chainShapes] {
 			parts = append(parts, fmt.Sprintf("k = %d%s %d of %d", r.k, map[bool]string{true: " unchained"}[r.unchained], r.alone, r.generations))
 		}
-		fmt.Fprintf(e.stdout, "\nadaptive: generations that went on with the target alone after their first speculative steps: %s\n", strings.Join(parts, ", "))
+		fmt.Fprintf(e.stdout, "\nadaptive: generations that ran the target alone for a while, their speculative steps measured slower: %s\n", strings.Join(parts, ", "))
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
 	if fusedSome {

@@ -50,11 +50,7 @@ func (e *Engine) runSampled(ctx context.Context, work []pending, n int) ([][]eng
 	if n == 0 {
 		return out, nil
 	}
-	ch, err := e.chainSubmit(ctx, work, n, true)
-	if err != nil {
-		return nil, err
-	}
-	chained, err := e.chainRead(work, ch, ch.raw[0])
+	chained, err := e.chainTokens(ctx, work, n)
 	if err != nil {
 		return nil, err
 	}

@@ -144,11 +144,7 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 		}
 		return out, nil
 	}
-	ch, err := e.chainSubmit(ctx, work, n, true)
-	if err != nil {
-		return nil, err
-	}
-	chained, err := e.chainRead(work, ch, ch.raw[0])
+	chained, err := e.chainTokens(ctx, work, n)
 	if err != nil {
 		return nil, err
 	}
@@ -158,6 +154,16 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 		p.entry.Next, p.entry.Logprob, p.entry.Top = last.ID, last.Logprob, last.Top
 	}
 	return out, nil
+}
+
+// chainTokens runs a chain of n passes over work (chainSubmit) and returns
+// each entry's n tokens, read back once (chainRead).
+func (e *Engine) chainTokens(ctx context.Context, work []pending, n int) ([][]engine.Token, error) {
+	ch, err := e.chainSubmit(ctx, work, n, true)
+	if err != nil {
+		return nil, err
+	}
+	return e.chainRead(work, ch, ch.raw[0])
 }
 
 // chainable reports whether work's pending tokens open a chain: every entry

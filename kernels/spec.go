@@ -46,9 +46,10 @@ func PutSpecState(dst []uint32, L, n, targetSlot, headSlot int) {
 	dst[0], dst[1], dst[2], dst[3] = uint32(L), uint32(n), uint32(targetSlot), uint32(headSlot)
 }
 
-// SpecAccept records the acceptance of a greedy speculative step of B
-// sequences of K drafts each on the device (spec_accept.wgsl): n, the
-// drafts the target's greedy tokens agree with (sequence i's draft c at
+// SpecAccept records the acceptance of a speculative step of B sequences
+// of K drafts each on the device (spec_accept.wgsl): n, the drafts the
+// target's tokens agree with — its greedy tokens, or a sampled row's
+// outcome (SetSampleOutcome) — (sequence i's draft c at
 // word draftsAt + c·draftStride + i of drafts, its verified rows'
 // tokens at words i·(K+1) … of verify), moves each state on (L += n + 1,
 // n) and writes the target's token at the last accepted row, the bonus,

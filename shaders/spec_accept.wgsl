@@ -1,10 +1,12 @@
-// spec_accept.wgsl: a greedy speculative step accepted on the device, so
-// that the next step of a chain of them (engine/webgpu's DraftVerifyN, a
-// head's or a standalone drafter's) starts where this one's verdict
-// leaves it without the host reading it. For each of B sequences: n, how
-// many of its K drafted tokens the target's verification agrees with —
-// draft c accepted while it equals the target's greedy token at the row
-// before it, as the host's rule —, its state moved on (L += n + 1: the
+// spec_accept.wgsl: a speculative step accepted on the device, so that
+// the next step of a chain of them (engine/webgpu's DraftVerifyN, a head's
+// or a standalone drafter's) starts where this one's verdict leaves it
+// without the host reading it. For each of B sequences: n, how many of its
+// K drafted tokens the target's verification agrees with — draft c
+// accepted while it equals the target's token at the row before it: its
+// greedy token, or for a sampled row what the row sampled (sample.wgsl's
+// OUTCOME: the draft where the rule accepts it, else a draw that is not
+// the draft), as the host's rule —, its state moved on (L += n + 1: the
 // position after the accepted tokens and the target's own token there,
 // the bonus, which the next verification feeds first) and that bonus
 // written at the sequence's first row of the target's input ids. With
@@ -19,8 +21,9 @@
 //          drafts accepted at the last step; updated in place
 //   drafts u32 words: sequence i's draft c, in the target's vocabulary, at
 //          word drafts_at + c·draft_stride + i (a drafter chain's results)
-//   verify (B·(K+1)) u32: the target's greedy token at each verified row,
-//          sequence i's at rows i·(K+1) … i·(K+1)+K (argmax.wgsl's ids)
+//   verify (B·(K+1)) u32: the target's token at each verified row (its
+//          greedy token, or a sampled row's outcome), sequence i's at rows
+//          i·(K+1) … i·(K+1)+K (argmax.wgsl's or sample.wgsl's ids)
 //   ids    u32: the target's input ids; word i·(K+1) is written
 //   dids   (2·B) u32, with DRAFTER: the drafter's input ids, sequence i's
 //          bonus at word i and the token before it at word B + i

@@ -13,10 +13,10 @@ import (
 
 var _ engine.SpecChainer = (*Engine)(nil)
 
-// DraftVerifyN runs up to m greedy speculative steps of a standalone
-// drafter in one call (engine.SpecChainer), each after the first planned
-// on the device from the step before's verdict, as Head.DraftVerifyN does
-// for a head. Step 0 is DraftVerify's. Each step j ≥ 1 then runs with no
+// DraftVerifyN runs up to m speculative steps, greedy or sampled, of a
+// standalone drafter in one call (engine.SpecChainer), each after the
+// first planned on the device from the step before's verdict, as
+// Head.DraftVerifyN does for a head. Step 0 is DraftVerify's. Each step j ≥ 1 then runs with no
 // input from the host:
 //   - spec_accept.wgsl takes the step before's verdict, moves each
 //     sequence's state on and writes the bonus as the first of the
@@ -50,10 +50,10 @@ func (e *Engine) DraftVerifyN(ctx context.Context, target engine.Engine, steps [
 }
 
 // specShape reports whether steps have a chain's shape for the drafter
-// and target t: greedy chains, each taking all n drafts after one pending
-// token, whose rows fit one pass of each model and its read-out, through
-// decode attention, neither model keeping features (for a head: its own
-// chains, Head.DraftVerifyN).
+// and target t: chains (chainSteps), each taking all n drafts after one
+// pending token, whose rows fit one pass of each model and its read-out,
+// through decode attention, neither model keeping features (for a head:
+// its own chains, Head.DraftVerifyN).
 func (e *Engine) specShape(t *Engine, steps []engine.ChainStep, n int) bool {
 	B := len(steps)
 	rows := B * (n + 1)

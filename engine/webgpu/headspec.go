@@ -13,10 +13,10 @@ import (
 
 var _ engine.SpecChainer = (*Head)(nil)
 
-// DraftVerifyN runs up to m greedy speculative steps in one call
-// (engine.SpecChainer), each after the first planned on the device from
-// the step before's verdict, so that the host records the whole chain
-// without waiting for the device and reads it back once.
+// DraftVerifyN runs up to m speculative steps, greedy or sampled, in one
+// call (engine.SpecChainer), each after the first planned on the device
+// from the step before's verdict, so that the host records the whole
+// chain without waiting for the device and reads it back once.
 //
 // Step 0 is DraftVerify's: the head's chain, then the target's
 // verification of the n drafts after each entry's pending token, with the
@@ -24,7 +24,9 @@ var _ engine.SpecChainer = (*Head)(nil)
 // layers' rows also copied to where the head's next pass reads them
 // (pass.keep). Each step j ≥ 1 then runs with no input from the host:
 //   - spec_accept.wgsl takes the step before's verdict — the drafts the
-//     target's greedy tokens agree with, n — moves each sequence's state
+//     target's tokens agree with, n (greedy tokens, or what its sampled
+//     rows drew, each step's draws and their proposals, the drafts, put in
+//     place on the device: specBuffers.verification) — moves each sequence's state
 //     on (L, its next verification's first position) and writes the
 //     target's token after the accepted drafts, the bonus, as the first of
 //     its next verification's ids;
@@ -33,8 +35,8 @@ var _ engine.SpecChainer = (*Head)(nil)
 //     pass's rows, the store pair that keeps that pass's output at the
 //     bonus token's row and the head's first chained row;
 //   - the head's first pass runs over all n + 1 rows the step before
-//     verified, their tokens the target's greedy tokens there (which equal
-//     the accepted drafts and, after them, the bonus), their features those
+//     verified, their tokens the target's there (which equal the accepted
+//     drafts and, after them, the bonus), their features those
 //     the verification kept: its row at the bonus token drafts the first
 //     token, and the rows past it, whose tokens were never accepted, sit at
 //     positions the later passes overwrite before anything reads them;
@@ -57,10 +59,11 @@ func (h *Head) DraftVerifyN(ctx context.Context, target engine.Engine, steps []e
 	})
 }
 
-// specShape reports whether steps have a chain's shape: greedy chains
-// over the head's own target's sequences, each taking all n drafts after
-// one pending token, whose n + 1 rows an entry fit one pass of each model
-// and its read-out, through decode attention.
+// specShape reports whether steps have a chain's shape: chains
+// (chainSteps: greedy, or sampled with their draws) over the head's own
+// target's sequences, each taking all n drafts after one pending token,
+// whose n + 1 rows an entry fit one pass of each model and its read-out,
+// through decode attention.
 func (h *Head) specShape(steps []engine.ChainStep, n int) bool {
 	t, B := h.target, len(steps)
 	rows := B * (n + 1)

@@ -16,8 +16,8 @@ var _ engine.SpecChainer = (*Engine)(nil)
 // DraftVerifyN runs up to m speculative steps, greedy or sampled, of a
 // standalone drafter in one call (engine.SpecChainer), each after the
 // first planned on the device from the step before's verdict, as
-// Head.DraftVerifyN does for a head. Step 0 is DraftVerify's. Each step j ≥ 1 then runs with no
-// input from the host:
+// Head.DraftVerifyN does for a head. Step 0 is DraftVerify's. Each step
+// j ≥ 1 then runs with no input from the host:
 //   - spec_accept.wgsl takes the step before's verdict, moves each
 //     sequence's state on and writes the bonus as the first of the
 //     target's next ids and, for the drafter, its first pass's ids: the

@@ -24,10 +24,11 @@ var _ engine.SpecChainer = (*Head)(nil)
 // layers' rows also copied to where the head's next pass reads them
 // (pass.keep). Each step j ≥ 1 then runs with no input from the host:
 //   - spec_accept.wgsl takes the step before's verdict — the drafts the
-//     target's tokens agree with, n (greedy tokens, or what its sampled
-//     rows drew, each step's draws and their proposals, the drafts, put in
-//     place on the device: specBuffers.verification) — moves each sequence's state
-//     on (L, its next verification's first position) and writes the
+//     target's tokens agree with, n (its greedy tokens, or what its
+//     sampled rows drew: each step's draws, their proposals the drafts,
+//     are put in place on the device, specBuffers.verification) — moves
+//     each sequence's state on (L, its next verification's first
+//     position) and writes the
 //     target's token after the accepted drafts, the bonus, as the first of
 //     its next verification's ids;
 //   - spec_rows.wgsl places the step's rows from that state: the target's
@@ -36,8 +37,8 @@ var _ engine.SpecChainer = (*Head)(nil)
 //     bonus token's row and the head's first chained row;
 //   - the head's first pass runs over all n + 1 rows the step before
 //     verified, their tokens the target's there (which equal the accepted
-//     drafts and, after them, the bonus), their features those
-//     the verification kept: its row at the bonus token drafts the first
+//     drafts and, after them, the bonus), their features those the
+//     verification kept: its row at the bonus token drafts the first
 //     token, and the rows past it, whose tokens were never accepted, sit at
 //     positions the later passes overwrite before anything reads them;
 //   - its chained passes draft the n − 1 others, as StepN's do;

@@ -63,14 +63,16 @@ func webgpuHeadPair(t *testing.T, prompts [][]int, n int) pair {
 	t.Helper()
 	m := load(t, "untied", checkpoint.F32)
 	g := webgpu.NewGroup(gputest.Device(t))
-	target, err := g.New(m.Config, m.Weights, webgpu.Options{KVBytes: 16 << 20, MaxSequences: 32,
+	// Sequence slots for a full batch of generations (speculative's 64)
+	// and the prefix cache, as gpuGroup's.
+	target, err := g.New(m.Config, m.Weights, webgpu.Options{KVBytes: 32 << 20, MaxSequences: 160,
 		FeatureLayers: eagle3.DefaultAux(m.Config.NumHiddenLayers)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { target.Close() })
 	h := randomHead(t, m, target, prompts, n)
-	head, err := webgpu.NewHead(target, h.Config, h.Weights, webgpu.HeadOptions{KVBytes: 4 << 20, MaxSequences: 32})
+	head, err := webgpu.NewHead(target, h.Config, h.Weights, webgpu.HeadOptions{KVBytes: 8 << 20, MaxSequences: 160})
 	if err != nil {
 		t.Fatal(err)
 	}

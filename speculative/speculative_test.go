@@ -109,6 +109,9 @@ func start(t *testing.T, p pair, opts speculative.Options) *speculative.Generato
 // a sampled generation's drafter then proposes its greedy tokens.
 type greedyDrafter struct{ engine.Engine }
 
+// greedyHead is greedyDrafter for an EAGLE-3 head (engine.Head).
+type greedyHead struct{ engine.Head }
+
 // greedy is the target's own greedy continuation, no drafter.
 func greedy(t *testing.T, e engine.Engine, prompt []int, n int) []int {
 	t.Helper()
@@ -291,9 +294,15 @@ func TestSamplingFollowsTarget(t *testing.T) {
 		// The WebGPU pair in one group: proposals drawn and trees walked
 		// on the device (lavapipe: fewer seeds, a tree).
 		{"webgpu", gpuGroup(t), nil, 400, []variant{{"sampled-tree", sampled, 3}}},
-		// An EAGLE-3 head on the CPU engine, proposing its greedy tokens.
+		// An EAGLE-3 head on the CPU engine, sampling its proposals
+		// (chains and trees), and proposing its greedy tokens.
 		{"cpu-head", nil, func(t *testing.T) pair { return headPair(t, [][]int{prompt}, 3) }, 2000,
-			[]variant{{"greedy-drafts", sampled, 1}}},
+			[]variant{{"sampled-chain", sampled, 1}, {"sampled-tree", sampled, 3},
+				{"greedy-drafts", func(p pair) engine.Engine { return greedyHead{p.drafter.(engine.Head)} }, 1}}},
+		// The head on the WebGPU engine: its proposals drawn and kept on
+		// the device, a tree (its chains stay greedy: they chain).
+		{"webgpu-head", nil, func(t *testing.T) pair { return webgpuHeadPair(t, [][]int{prompt}, 3) }, 400,
+			[]variant{{"sampled-tree", sampled, 3}}},
 	} {
 		if backend.pair == nil {
 			backend.pair = func(t *testing.T) pair {

@@ -128,6 +128,11 @@ func NewHead(target *Engine, cfg eagle3.Config, w *eagle3.Weights, opts HeadOpti
 // (engine.DraftsTrees).
 func (h *Head) DraftsTrees() bool { return true }
 
+// SamplesDrafts: the head takes VerifyEntry.Propose, drawing proposals
+// from its own distribution (engine.SamplesDrafts); the distributions
+// are in host memory, for any target engine that samples.
+func (h *Head) SamplesDrafts() bool { return true }
+
 // Target is the engine whose sequences' features the head reads.
 func (h *Head) Target() engine.Engine { return h.target }
 
@@ -250,8 +255,10 @@ type headFeed struct {
 	parents []int
 	read    int
 	topN    int
-	L       int            // the tokens the sequence held before the pass
-	rows    []treemask.Row // each token's placement (slots: token indices)
+	params  sampling.Params // with propose: the distribution proposals are drawn from
+	propose [][]float32     // VerifyEntry.Propose: each row read out's uniforms
+	L       int             // the tokens the sequence held before the pass
+	rows    []treemask.Row  // each token's placement (slots: token indices)
 	stage   []int
 	feat    []bool
 	base    int // the tree's first slot, with the feed's nodes in
@@ -305,11 +312,13 @@ func (h *Head) Step(ctx context.Context, batch []*engine.Entry) error {
 // output at its parent's row (engine.Head) — and reads out each entry's
 // last Out rows: the argmax, its log-probability and the TopN most likely
 // tokens over the draft vocabulary, in the target's vocabulary, the
-// numbers Step gives for a row. The read-out is greedy: Sampling, Draws,
-// Propose and Tree are refused. Nothing changes when the batch is
+// numbers Step gives for a row; with Sampling and Propose, the proposals
+// each row draws from the head's distribution there and that distribution
+// (VerifyRow.Drawn, Q), as a drafter engine's rows do. Draws and Tree are
+// refused (engine.CheckHeadVerify). Nothing changes when the batch is
 // refused.
 func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
-	if err := engine.CheckHeadVerify(&h.engCfg, batch); err != nil {
+	if err := engine.CheckHeadVerify(&h.engCfg, batch, true); err != nil {
 		return fmt.Errorf("cpu head: %w", err)
 	}
 	if len(batch) == 0 {
@@ -322,6 +331,9 @@ func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
 			return err
 		}
 		f.parents, f.read, f.topN = en.Parents, en.Out, en.TopN
+		if en.Propose != nil {
+			f.params, f.propose = en.Sampling, en.Propose
+		}
 		feeds[i] = f
 	}
 	rows, err := h.forward(ctx, feeds)
@@ -513,9 +525,11 @@ type headPass struct {
 	readX   []float32  // (n, H) the outputs before norm of the rows read out
 	headIn  *ops.Input // (n, H): norm(output) at each row read out
 	logits  []float32  // (n, Vd)
+	best    []float32  // (n) each row's largest logit
 	parts   []partial  // (workers, n)
 	sums    []float32  // (workers, n)
 	tops    topTokens  // the rows' most likely tokens, by worker
+	sampler sampler    // the rows that draw proposals, and the draws' scratch
 	workers []scratch
 	scale   float32
 }
@@ -534,9 +548,10 @@ func (p *headPass) trim() {
 		}
 	}
 	if cap(p.logits) > keepReads*p.h.cfg.DraftVocabSize {
-		p.logits, p.parts, p.sums, p.seqs, p.readX = nil, nil, nil, nil, nil
+		p.logits, p.best, p.parts, p.sums, p.seqs, p.readX = nil, nil, nil, nil, nil, nil
 		p.headIn.Trim(keepReads)
 	}
+	p.sampler.trim()
 	for i := range p.workers {
 		if cap(p.workers[i].scores) > 1<<16 {
 			p.workers[i].scores = nil
@@ -555,6 +570,7 @@ func (p *headPass) init(h *Head) {
 	p.fcIn, p.in = ops.NewInput(h.fc), ops.NewInput(h.q, h.k, h.v)
 	p.attnIn, p.normed, p.mlp = ops.NewInput(h.o), ops.NewInput(h.gate, h.up), ops.NewInput(h.down)
 	p.headIn = ops.NewInput(h.lmHead)
+	p.sampler = newSampler(h.target.pool, h.tokens, h.engCfg.VocabSize, h.cfg.DraftVocabSize)
 	wide := max(2*c.HiddenSize, c.QDim(), c.IntermediateSize)
 	p.workers = make([]scratch, h.target.pool.Workers())
 	for i := range p.workers {
@@ -740,12 +756,14 @@ func (p *headPass) run(w int) {
 // readOut scores the draft vocabulary at each row read out — logits =
 // lm_head(norm(output)) — and gives each feed's rows: the argmax (the
 // lowest draft token of a tie, as a target token), its log-softmax over
-// the draft vocabulary, the log-sum-exp, and the topN most likely.
+// the draft vocabulary, the log-sum-exp, and the topN most likely; and a
+// feed's proposals, drawn by the sampler as a drafter engine's are (the
+// draft vocabulary's tokens ascend in the target's, as the sampler wants).
 func (p *headPass) readOut(feeds []headFeed) ([][]engine.VerifyRow, error) {
 	h := p.h
 	n, Vd := p.reads, h.cfg.DraftVocabSize
 	p.headIn.Resize(n, h.layer.HiddenSize)
-	p.logits = grow(p.logits, n*Vd)
+	p.logits, p.best = grow(p.logits, n*Vd), grow(p.best, n)
 	p.parts, p.sums = grow(p.parts, len(p.workers)*n), grow(p.sums, len(p.workers)*n)
 	p.tops.size(n, len(p.workers))
 	for _, f := range feeds {
@@ -763,14 +781,40 @@ func (p *headPass) readOut(feeds []headFeed) ([][]engine.VerifyRow, error) {
 			if err != nil {
 				return nil, fmt.Errorf("cpu head: batch entry %d row %d: %w", i, j, err)
 			}
+			p.best[k] = best
 			r := &out[i][j]
 			r.Row = sampling.Row{Argmax: int(h.tokens[at]), LogSumExp: lse, ArgmaxLogprob: best - lse, Threshold: float32(math.Inf(-1))}
 			if f.topN > 0 {
 				r.Top = p.tops.merge(k, len(p.workers), lse)
 			}
 		}
+		p.propose(f, out[i])
 	}
 	return out, nil
+}
+
+// propose draws f's proposals into its rows (from read-out row f.read0
+// on), each row's distribution the head's logits there under f.params.
+func (p *headPass) propose(f headFeed, rows []engine.VerifyRow) {
+	if f.propose == nil || f.params.Greedy() {
+		return
+	}
+	s, Vd := &p.sampler, p.h.cfg.DraftVocabSize
+	s.reset()
+	var ds []*dist
+	for j, us := range f.propose {
+		if len(us) > 0 {
+			k := f.read0 + j
+			ds = append(ds, s.add(p.logits[k*Vd:(k+1)*Vd], p.best[k], rows[j].LogSumExp, f.params, len(rows)))
+		}
+	}
+	s.prepare(ds...)
+	for j, us := range f.propose {
+		if len(us) > 0 {
+			s.propose(ds[0], us, &rows[j])
+			ds = ds[1:]
+		}
+	}
 }
 
 // score is one worker's part of the read-out (Pool.Run): the norm of each

@@ -363,3 +363,9 @@ func TestHeadOwnEmbedding(t *testing.T) {
 	}
 	o.check("own embedding", h, en, 0, en.Tokens, text, 1e-4)
 }
+
+// TestHeadPropose: the head samples its drafts (enginetest.HeadProposals).
+func TestHeadPropose(t *testing.T) {
+	rig := newHeadRig(t, true)
+	enginetest.HeadProposals(t, rig.head, rig.target, rig.oracle.ref, rig.oracle.head)
+}

@@ -336,8 +336,9 @@ func HeadTreeBatch(t *testing.T, h, target engine.Engine, tol float64) {
 	}
 }
 
-// HeadTreeRefusals checks that a head h's Verify refuses sampled
-// read-outs (Sampling, Draws, Propose, Tree), an entry without its Target
+// HeadTreeRefusals checks that a head h's Verify refuses the read-outs a
+// drafter has no use for (Draws, a Tree, Sampling without Propose — a
+// head that samples its drafts takes Propose), an entry without its Target
 // or with other (a sequence of another engine) as its Target, an Out
 // outside 1 … len(Tokens) or one that reads token 0, a TopN past
 // engine.MaxTopN, a node over token 0, a parent that is neither the
@@ -359,9 +360,9 @@ func HeadTreeRefusals(t *testing.T, h, target engine.Engine, other engine.Sequen
 		fed        bool // the sequence holds line before the entry
 		v          engine.VerifyEntry
 	}{
-		{"sampling", "temperature", true, engine.VerifyEntry{Tokens: []int{7}, Parents: []int{3}, Out: 1, Sampling: sampled, Draws: []sampling.Draw{draw}}},
+		{"sampling without proposals", "draws", true, engine.VerifyEntry{Tokens: []int{7}, Parents: []int{3}, Out: 1, Sampling: sampled}},
+		{"sampled draws", "draws", true, engine.VerifyEntry{Tokens: []int{7}, Parents: []int{3}, Out: 1, Sampling: sampled, Draws: []sampling.Draw{draw}}},
 		{"greedy draws", "draws", true, engine.VerifyEntry{Tokens: []int{7}, Parents: []int{3}, Out: 1, Draws: []sampling.Draw{draw}}},
-		{"proposals", "", true, engine.VerifyEntry{Tokens: []int{7}, Parents: []int{3}, Out: 1, Sampling: sampled, Propose: [][]float32{{0.5}}}},
 		{"a sampled tree", "", true, engine.VerifyEntry{Tokens: []int{7}, Parents: []int{3}, Out: 1, Sampling: sampled,
 			Tree: &engine.SampledTree{Nodes: []engine.SampledNode{{V: 0.5}}}}},
 		{"no Target", "Target", true, engine.VerifyEntry{Tokens: []int{7}, Parents: []int{3}, Out: 1}},

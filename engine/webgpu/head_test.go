@@ -545,3 +545,11 @@ func TestHeadOwnEmbedding(t *testing.T) {
 	}
 	o.check("own embedding", h, en, 0, en.Tokens, text)
 }
+
+// TestHeadPropose: the head samples its drafts on the device
+// (enginetest.HeadProposals): scattered over the vocabulary, drawn by
+// propose.wgsl, q kept in the group's Q store.
+func TestHeadPropose(t *testing.T) {
+	rig := newHeadRig(t, true, HeadOptions{})
+	enginetest.HeadProposals(t, rig.head, rig.target, rig.oracle.ref, rig.oracle.head)
+}

@@ -174,7 +174,12 @@ type headActivations struct {
 	mapSrc, mapPairs *gpu.Buffer
 	chainRows        []*gpu.Buffer
 	results          *gpu.Buffer
-	all              []*gpu.Buffer
+	// A Verify's proposals (nil until one draws: ensurePropose): the rows'
+	// logits scattered over the vocabulary (S, V) f32, propose.wgsl's
+	// inputs (S, kernels.ProposeWords) u32 and tokens drawn (S,
+	// kernels.ProposeDrawnWords) u32.
+	logitsV, props, drawn *gpu.Buffer
+	all                   []*gpu.Buffer
 }
 
 // pairRegions are where the pairs buffer holds each gather's pairs, byte

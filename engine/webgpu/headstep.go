@@ -21,6 +21,8 @@ type headIn struct {
 	seq, target     engine.Sequence
 	tokens, parents []int
 	read, topN      int
+	params          sampling.Params // with propose: VerifyEntry.Sampling
+	propose         [][]float32     // VerifyEntry.Propose
 }
 
 // headFeed is one entry of a head pass, planned: its tokens, their
@@ -36,11 +38,17 @@ type headFeed struct {
 	tokens     []int
 	parents    []int
 	read, topN int
-	L          int // the tokens the sequence held before the pass
-	place      []treemask.Row
-	stage      []int
-	feat       []bool
-	base       int // the tree's first slot, with the feed's nodes in
+	// A Verify entry's proposals (headpropose.go): their distribution's
+	// sampling, each row's uniforms, and (takeSlots) each row's Q-store
+	// slot, −1 where it draws none.
+	params  sampling.Params
+	propose [][]float32
+	slots   []int
+	L       int // the tokens the sequence held before the pass
+	place   []treemask.Row
+	stage   []int
+	feat    []bool
+	base    int // the tree's first slot, with the feed's nodes in
 }
 
 // node reports whether token t is a tree node.
@@ -99,11 +107,12 @@ func (h *Head) step(ctx context.Context, batch []*engine.Entry) error {
 // vocabulary. The rows run in stages as Step's do — a node a stage after
 // its parent where the call feeds both —, each pass reading out its rows
 // of the entries' last Out into the results buffer on the device, which
-// one read brings back after the last. The read-out is greedy: Sampling,
-// Draws, Propose and Tree are refused (engine.CheckHeadVerify). Nothing
-// changes when the batch is refused.
+// one read brings back after the last. With Sampling and Propose an
+// entry's rows draw proposals from the head's distribution (VerifyRow.Drawn
+// and Q, a DeviceDist: headpropose.go); Draws and Tree are refused
+// (engine.CheckHeadVerify). Nothing changes when the batch is refused.
 func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
-	if err := engine.CheckHeadVerify(&h.engCfg, batch); err != nil {
+	if err := engine.CheckHeadVerify(&h.engCfg, batch, true); err != nil {
 		return fmt.Errorf("webgpu head: %w", err)
 	}
 	if len(batch) == 0 {
@@ -112,6 +121,9 @@ func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
 	ins := make([]headIn, len(batch))
 	for i, en := range batch {
 		ins[i] = headIn{seq: en.Seq, target: en.Target, tokens: en.Tokens, parents: en.Parents, read: en.Out, topN: en.TopN}
+		if en.Propose != nil {
+			ins[i].params, ins[i].propose = en.Sampling, en.Propose
+		}
 	}
 	h.g.mu.Lock()
 	defer h.g.mu.Unlock()
@@ -181,7 +193,8 @@ func (h *Head) feeds(ins []headIn) ([]headFeed, error) {
 				return nil, fmt.Errorf("webgpu head: batch entry %d repeats a sequence of the batch", i)
 			}
 		}
-		feeds[i] = headFeed{seq: s, target: tq, tokens: in.tokens, parents: in.parents, read: in.read, topN: in.topN, L: s.len}
+		feeds[i] = headFeed{seq: s, target: tq, tokens: in.tokens, parents: in.parents, read: in.read, topN: in.topN,
+			params: in.params, propose: in.propose, L: s.len}
 		if err := feeds[i].plan(i); err != nil {
 			return nil, err
 		}
@@ -304,6 +317,9 @@ type headPass struct {
 	// treeLevel: a level of a tree drafted on the device (DraftVerifyTree),
 	// every row read out, in order, after the pass.
 	treeLevel bool
+	// propose: a Verify pass whose rows read out over the vocabulary,
+	// some drawing proposals (headpropose.go).
+	propose bool
 	// A chained speculative step's first pass (DraftVerifyN): its gathers'
 	// pairs are pairs' (nil: the activations'), and with featsIn its nfc
 	// rows' features are in fcIn already (the target's verification put
@@ -319,11 +335,12 @@ type headPass struct {
 type verifyLayout struct {
 	stride, topAt uint64
 	topN          int
+	drawnAt       uint64 // with proposals: their tokens drawn (0: none)
 }
 
 // verifyLayout lays out the results of a Verify whose rows list topN most
-// likely tokens.
-func (h *Head) verifyLayout(topN int) verifyLayout {
+// likely tokens, and with propose the tokens they draw.
+func (h *Head) verifyLayout(topN int, propose bool) verifyLayout {
 	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
 	S := h.act.S
@@ -331,6 +348,10 @@ func (h *Head) verifyLayout(topN int) verifyLayout {
 	l.stride = l.topAt
 	if topN > 0 {
 		l.stride += up(topBytes(S, topN))
+	}
+	if propose {
+		l.drawnAt = l.stride
+		l.stride += up(uint64(S*kernels.ProposeDrawnWords) * 4)
 	}
 	return l
 }
@@ -461,8 +482,13 @@ func (h *Head) run(feeds []headFeed, verify bool) (_ [][]engine.VerifyRow, submi
 	}
 	passes := h.passes(feeds)
 	var lay verifyLayout
+	proposing := false
 	if verify {
-		lay = h.verifyLayout(topN)
+		var err error
+		if proposing, err = h.takeSlots(feeds); err != nil {
+			return nil, false, err
+		}
+		lay = h.verifyLayout(topN, proposing)
 		if err := h.act.ensureChain(h.dev, 0, uint64(len(passes))*lay.stride); err != nil {
 			return nil, false, err
 		}
@@ -475,9 +501,20 @@ func (h *Head) run(feeds []headFeed, verify bool) (_ [][]engine.VerifyRow, submi
 		if err := h.writePass(feeds, ps); err != nil {
 			return nil, submitted, err
 		}
+		if proposing && len(ps.reads) > 0 {
+			ps.propose = true
+			if err := h.writeProposals(feeds, ps); err != nil {
+				return nil, submitted, err
+			}
+		}
 		submitted = true
 		if err := h.target.submit(h.passSteps(ps, len(feeds), topN), submitEvery); err != nil {
 			return nil, true, fmt.Errorf("head pass %d of %d: %w", k+1, len(passes), err)
+		}
+	}
+	if proposing {
+		if err := h.restoreGreedy(); err != nil {
+			return nil, true, err
 		}
 	}
 	var rows [][]engine.VerifyRow
@@ -744,8 +781,11 @@ func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool, ps *headPass
 		rows = a.hLast
 		steps = append(steps, h.gatherFrom(ps.pairs, a.hLast, src, a.regions.read, n, H))
 	}
-	return append(steps,
-		func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.logits, rows, w.norm, w.lmHead, n, eps) },
+	logits := func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.logits, rows, w.norm, w.lmHead, n, eps) }
+	if ps.propose {
+		return append(append(steps, logits), h.proposeSteps(ps, n, topN)...)
+	}
+	return append(steps, logits,
 		func(b *gpu.Batch) error {
 			switch {
 			case sample:
@@ -787,7 +827,7 @@ func (h *Head) readOut(feeds []headFeed, topN int) ([][]engine.VerifyRow, error)
 	}
 	words, top := u32s(raw[0]), u32s(raw[1])
 	for i, f := range feeds {
-		r, err := h.sampledRow(words, top, i, topN, f.topN)
+		r, err := h.sampledRow(words, top, i, topN, f.topN, false)
 		if err != nil {
 			return nil, fmt.Errorf("batch entry %d: %w", i, err)
 		}
@@ -810,9 +850,13 @@ func (h *Head) readVerify(feeds []headFeed, passes []headPass, l verifyLayout) (
 	}
 	for _, ps := range passes {
 		at := ps.resultsAt / 4
-		sampled, top := words[at:], words[at+l.topAt/4:]
+		sampled, top, drawn := words[at:], words[at+l.topAt/4:], words[at+l.drawnAt/4:]
 		for k, rd := range ps.reads {
-			r, err := h.sampledRow(sampled, top, k, l.topN, feeds[rd.feed].topN)
+			f := &feeds[rd.feed]
+			r, err := h.sampledRow(sampled, top, k, l.topN, f.topN, ps.propose)
+			if err == nil && ps.propose {
+				err = h.readProposals(f, rd.j, &r, drawn, k)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("batch entry %d row %d: %w", rd.feed, rd.j, err)
 			}
@@ -825,21 +869,33 @@ func (h *Head) readVerify(feeds []headFeed, passes []headPass, l verifyLayout) (
 // sampledRow decodes read-out row k of sample.wgsl's words and top tokens
 // (topN a row) as a head's row in the target's vocabulary: the argmax,
 // its log-probability, the log-sum-exp and the first n top tokens (the
-// numbers cpu.Head gives).
-func (h *Head) sampledRow(words, top []uint32, k, topN, n int) (engine.VerifyRow, error) {
+// numbers cpu.Head gives). Their tokens are draft tokens, or with
+// scattered the target's (a proposing pass's rows, read out over the
+// vocabulary).
+func (h *Head) sampledRow(words, top []uint32, k, topN, n int, scattered bool) (engine.VerifyRow, error) {
 	row, err := kernels.SampleRow(words[k*kernels.SampleWords:])
 	if err != nil {
 		return engine.VerifyRow{}, err
 	}
-	if row.Argmax < 0 || row.Argmax >= len(h.tokens) {
+	token := func(t int) int {
+		if scattered {
+			return t
+		}
+		return int(h.tokens[t])
+	}
+	limit := len(h.tokens)
+	if scattered {
+		limit = h.engCfg.VocabSize
+	}
+	if row.Argmax < 0 || row.Argmax >= limit {
 		return engine.VerifyRow{}, sampling.ErrNaN
 	}
-	r := engine.VerifyRow{Row: sampling.Row{Argmax: int(h.tokens[row.Argmax]), LogSumExp: row.LogSumExp,
+	r := engine.VerifyRow{Row: sampling.Row{Argmax: token(row.Argmax), LogSumExp: row.LogSumExp,
 		ArgmaxLogprob: row.ArgmaxLogprob, Threshold: float32(math.Inf(-1))}}
 	if n = min(n, topN); n > 0 {
 		r.Top = kernels.SampleTop(top[k*topN*2:], n)
 		for j := range r.Top {
-			r.Top[j].Token = int(h.tokens[r.Top[j].Token])
+			r.Top[j].Token = token(r.Top[j].Token)
 		}
 	}
 	return r, nil

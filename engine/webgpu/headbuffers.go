@@ -251,18 +251,24 @@ func newHeadActivations(d *gpu.Device, c *eagle3.Config, layer *qwen3.Config, R,
 	if err := a.mapPairs.WriteU32(0, pairs); err != nil {
 		return nil, fmt.Errorf("activations: %w", err)
 	}
-	// Every read-out row is greedy: sample.wgsl's inputs, written once.
-	draws, temps := make([]uint32, S*kernels.SampleDrawWords), make([]float32, S*kernels.SampleTempWords)
-	for i := range S {
-		kernels.PutSampleRow(draws[i*kernels.SampleDrawWords:], temps[i*kernels.SampleTempWords:], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
-	}
-	if err := a.draws.WriteU32(0, draws); err != nil {
-		return nil, fmt.Errorf("activations: %w", err)
-	}
-	if err := a.temps.WriteF32(0, temps); err != nil {
+	if err := a.writeGreedy(); err != nil {
 		return nil, fmt.Errorf("activations: %w", err)
 	}
 	return a, nil
+}
+
+// writeGreedy writes sample.wgsl's inputs for greedy read-out rows, what
+// every read-out takes but a Verify's that draws proposals
+// (headpropose.go), which writes them back after its passes.
+func (a *headActivations) writeGreedy() error {
+	draws, temps := make([]uint32, a.S*kernels.SampleDrawWords), make([]float32, a.S*kernels.SampleTempWords)
+	for i := range a.S {
+		kernels.PutSampleRow(draws[i*kernels.SampleDrawWords:], temps[i*kernels.SampleTempWords:], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+	}
+	if err := a.draws.WriteU32(0, draws); err != nil {
+		return err
+	}
+	return a.temps.WriteF32(0, temps)
 }
 
 // ensureNodes allocates the node store for outputs of H values,

@@ -167,20 +167,6 @@ func (h *Head) proposeSteps(ps *headPass, k, topN int) []step {
 	}
 }
 
-// restoreGreedy writes back the greedy sample.wgsl inputs every other
-// read-out takes, after a Verify's proposing passes.
-func (h *Head) restoreGreedy() error {
-	a := h.act
-	draws, temps := make([]uint32, a.S*kernels.SampleDrawWords), make([]float32, a.S*kernels.SampleTempWords)
-	for i := range a.S {
-		kernels.PutSampleRow(draws[i*kernels.SampleDrawWords:], temps[i*kernels.SampleTempWords:], sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
-	}
-	if err := a.draws.WriteU32(0, draws); err != nil {
-		return err
-	}
-	return a.temps.WriteF32(0, temps)
-}
-
 // readProposals fills row r, read-out row k of a proposing pass whose
 // words are at words (the pass's results), with the tokens feed f drew
 // there, their log q and q (a DeviceDist), where it drew.

@@ -513,7 +513,7 @@ func (h *Head) run(feeds []headFeed, verify bool) (_ [][]engine.VerifyRow, submi
 		}
 	}
 	if proposing {
-		if err := h.restoreGreedy(); err != nil {
+		if err := h.act.writeGreedy(); err != nil {
 			return nil, true, err
 		}
 	}

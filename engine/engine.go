@@ -394,11 +394,10 @@ func CheckVerify(c *qwen3.Config, batch []*VerifyEntry) error {
 
 // CheckHeadVerify validates a head's Verify batch (Head: token trees
 // drafted level by level) as CheckVerify does, and refuses what a head
-// does not read out: Draws and Tree (a head drafts and does not verify),
-// and Sampling but with Propose — which only a head that samples its
-// drafts (proposes) takes: its rows draw proposals from its distribution,
-// as a drafter's do.
-func CheckHeadVerify(c *qwen3.Config, batch []*VerifyEntry, proposes bool) error {
+// does not read out: Draws and a Tree (a head drafts and does not
+// verify), and Sampling without Propose (a head's rows are its greedy
+// read-out, or proposals drawn from its distribution, as a drafter's).
+func CheckHeadVerify(c *qwen3.Config, batch []*VerifyEntry) error {
 	if err := CheckVerify(c, batch); err != nil {
 		return err
 	}
@@ -408,8 +407,6 @@ func CheckHeadVerify(c *qwen3.Config, batch []*VerifyEntry, proposes bool) error
 			return fmt.Errorf("batch entry %d: draws: an EAGLE-3 head drafts and does not verify", i)
 		case e.Tree != nil:
 			return fmt.Errorf("batch entry %d: a sampled tree to verify: an EAGLE-3 head drafts and does not verify", i)
-		case e.Propose != nil && !proposes:
-			return fmt.Errorf("batch entry %d: sampled proposals: this EAGLE-3 head drafts greedily", i)
 		case !e.Sampling.Greedy() && e.Propose == nil:
 			return fmt.Errorf("batch entry %d: sampling at temperature %g without proposals: an EAGLE-3 head's rows are its greedy tokens or proposals drawn from it", i, e.Sampling.Temperature)
 		}

@@ -318,7 +318,7 @@ func (h *Head) Step(ctx context.Context, batch []*engine.Entry) error {
 // refused (engine.CheckHeadVerify). Nothing changes when the batch is
 // refused.
 func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
-	if err := engine.CheckHeadVerify(&h.engCfg, batch, true); err != nil {
+	if err := engine.CheckHeadVerify(&h.engCfg, batch); err != nil {
 		return fmt.Errorf("cpu head: %w", err)
 	}
 	if len(batch) == 0 {

@@ -112,7 +112,7 @@ func (h *Head) step(ctx context.Context, batch []*engine.Entry) error {
 // and Q, a DeviceDist: headpropose.go); Draws and Tree are refused
 // (engine.CheckHeadVerify). Nothing changes when the batch is refused.
 func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
-	if err := engine.CheckHeadVerify(&h.engCfg, batch, true); err != nil {
+	if err := engine.CheckHeadVerify(&h.engCfg, batch); err != nil {
 		return fmt.Errorf("webgpu head: %w", err)
 	}
 	if len(batch) == 0 {

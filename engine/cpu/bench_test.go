@@ -14,7 +14,10 @@ import (
 )
 
 // embeddedTarget is the embedded target on the CPU engine, closed after b.
-func embeddedTarget(b *testing.B) *cpu.Engine {
+func embeddedTarget(b *testing.B) *cpu.Engine { return embeddedTargetWith(b, cpu.Options{}) }
+
+// embeddedTargetWith is embeddedTarget with opts (its KV bytes set).
+func embeddedTargetWith(b *testing.B, opts cpu.Options) *cpu.Engine {
 	b.Helper()
 	if !weights.Embedded() {
 		b.Skip("no embedded weights")
@@ -24,7 +27,8 @@ func embeddedTarget(b *testing.B) *cpu.Engine {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { m.Close() })
-	e, err := cpu.New(m.Config, m.Weights, cpu.Options{KVBytes: 64 << 20})
+	opts.KVBytes = 64 << 20
+	e, err := cpu.New(m.Config, m.Weights, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -34,17 +38,20 @@ func embeddedTarget(b *testing.B) *cpu.Engine {
 
 // BenchmarkVerify is a verification pass of the embedded target at
 // context 128, by rows read out (bench engine's figure, alone for
-// profiling: go test -bench Verify -cpuprofile).
+// profiling: go test -bench Verify -cpuprofile), its greedy read-out
+// screened (the default) and exact (Options.NoScreen), alternated.
 func BenchmarkVerify(b *testing.B) {
-	e := embeddedTarget(b)
-	for _, rows := range []int{1, 2, 4, 7} {
-		b.Run(fmt.Sprintf("rows%d", rows), func(b *testing.B) {
-			d, err := bench.Verify(context.Background(), e, rows, 128, b.N)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(d.Microseconds())/1000, "ms/pass")
-		})
+	engines := map[string]*cpu.Engine{"screened": embeddedTarget(b), "exact": embeddedTargetWith(b, cpu.Options{NoScreen: true})}
+	for _, rows := range []int{1, 2, 3, 4, 7} {
+		for _, mode := range []string{"screened", "exact"} {
+			b.Run(fmt.Sprintf("rows%d/%s", rows, mode), func(b *testing.B) {
+				d, err := bench.Verify(context.Background(), engines[mode], rows, 128, b.N)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(d.Microseconds())/1000, "ms/pass")
+			})
+		}
 	}
 }
 

@@ -48,6 +48,7 @@ type Engine struct {
 	norm    []float32
 	head    *ops.Linear
 	tokens  []int32   // the token of each head row, ascending; nil: row i is token i
+	screen  bool      // greedy read-outs screen the head (Options.NoScreen)
 	invFreq []float32 // (D/2) RoPE inverse frequencies
 	kvBytes int64
 	pool    *parallel.Pool
@@ -90,6 +91,14 @@ type Options struct {
 	// position) at each fed row's cache slot, as its keys and values:
 	// the features an EAGLE-3 head reads (Head). Nil keeps none.
 	FeatureLayers []int
+	// NoScreen computes every logit of a greedy read-out exactly. By
+	// default a pass reading out two rows or more, all greedy, screens
+	// the head (ops.Linear.Screen, where the machine runs it): every
+	// logit to 16 bits of its input, then exactly only those whose bound
+	// lets them reach the argmax or the top tokens asked for — the same
+	// tokens and their logits as without, the log-sum-exp over the
+	// screened rest (within ~5e-4 on the embedded target).
+	NoScreen bool
 }
 
 // shared is the team engines made with Threads 0 share, started by the
@@ -150,6 +159,7 @@ func New(cfg qwen3.Config, w *qwen3.Weights, opts Options) (*Engine, error) {
 			gate: ops.NewLinear(l.GateProj), up: ops.NewLinear(l.UpProj), down: ops.NewLinear(l.DownProj),
 		})
 	}
+	e.screen = !opts.NoScreen && e.head.EnableScreen()
 	e.pass.init(e)
 	return e, nil
 }

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,21 +57,24 @@ type pass struct {
 	rowSlot []int32
 	rowMask []ops.Mask
 
-	x         []float32  // (R, H) the residual stream, hidden_states
-	normed    *ops.Input // (R, H): a normed hidden, the input of q, k, v and gate, up
-	attnIn    *ops.Input // (R, qDim): the attention output, o_proj's input
-	q         []float32  // (R, qDim) queries, then normed and rotated in place
-	k, v      []float32  // (R, kvDim) new keys and values before the cache
-	attn      []float32  // (R, qDim) attention output, natural order
-	gate, up  []float32  // (R, I) MLP projections
-	mlp       *ops.Input // (R, I): SiLU(gate)·up, down_proj's input
-	cos, sin  []float32  // (R, D/2) RoPE at each row's position
-	read      []int32    // (n) the rows read out, in entry order
-	headIn    *ops.Input // (n, H): norm(hidden) of the rows read out
-	logits    []float32  // (n, head rows)
-	partials  []partial  // (workers, n) each worker's share of a row's read-out
-	sums      []float32  // (workers, n) each worker's Σ exp(logit − the row's max)
-	tops      topTokens  // the rows' most likely tokens, by worker
+	x         []float32   // (R, H) the residual stream, hidden_states
+	normed    *ops.Input  // (R, H): a normed hidden, the input of q, k, v and gate, up
+	attnIn    *ops.Input  // (R, qDim): the attention output, o_proj's input
+	q         []float32   // (R, qDim) queries, then normed and rotated in place
+	k, v      []float32   // (R, kvDim) new keys and values before the cache
+	attn      []float32   // (R, qDim) attention output, natural order
+	gate, up  []float32   // (R, I) MLP projections
+	mlp       *ops.Input  // (R, I): SiLU(gate)·up, down_proj's input
+	cos, sin  []float32   // (R, D/2) RoPE at each row's position
+	read      []int32     // (n) the rows read out, in entry order
+	headIn    *ops.Input  // (n, H): norm(hidden) of the rows read out
+	logits    []float32   // (n, head rows)
+	partials  []partial   // (workers, n) each worker's share of a row's read-out
+	sums      []float32   // (workers, n) each worker's Σ exp(logit − the row's max)
+	tops      topTokens   // the rows' most likely tokens, by worker
+	screened  bool        // the read-out screens the head (screenHead)
+	bound     []float64   // (n) each read-out row's screening bound (ops.Linear.ScreenBound)
+	cuts      [][]topCand // (workers, n) worker w's best screened logits of row i, best first
 	workers   []scratch
 	attnScale float32
 	headRows  int
@@ -82,6 +86,7 @@ type scratch struct {
 	mm     []float32 // a matrix product's row-at-a-time scratch
 	row    []float32 // one row of up to max(H, qDim, I)
 	scores []float32 // attention scores, one per position attended to
+	blocks []int     // the head's 16-row blocks a screened read-out computes exactly
 }
 
 // partial is a worker's part of a row's read-out: over its chunk of the
@@ -168,6 +173,13 @@ func (e *Engine) forward(ctx context.Context, feeds []feed) ([][]engine.VerifyRo
 	p.logits = grow(p.logits, n*p.headRows)
 	p.partials, p.sums = grow(p.partials, len(p.workers)*n), grow(p.sums, len(p.workers)*n)
 	p.tops.size(n, len(p.workers))
+	p.screened = e.screen && n >= screenRows
+	for _, f := range feeds {
+		p.screened = p.screened && f.read.params.Greedy() && f.read.sampled == nil && f.read.draws == nil
+	}
+	if p.screened {
+		p.bound, p.cuts = grow(p.bound, n), grow(p.cuts, len(p.workers)*n)
+	}
 	longest := 0
 	for i, sg := range p.segs {
 		for t := range sg.T {
@@ -308,15 +320,103 @@ func (p *pass) run(w int) {
 		r := int(p.read[i])
 		ops.RMSNorm(ws.row, p.x[r*H:(r+1)*H], e.norm, eps)
 		p.headIn.Set(i, ws.row)
+		if p.screened {
+			p.bound[i] = e.head.ScreenBound(p.headIn, i)
+		}
 	}
 	pool.Barrier()
 	lo, hi = splitRows(pool, p.headRows, w)
-	e.head.MulRows(p.logits, p.headRows, p.headIn, lo, hi, false, ws.mm)
+	if p.screened && !slices.ContainsFunc(p.bound[:n], func(b float64) bool { return math.IsInf(b, 1) }) {
+		p.screenHead(w, lo, hi, ws)
+	} else {
+		e.head.MulRows(p.logits, p.headRows, p.headIn, lo, hi, false, ws.mm)
+	}
 	pool.Barrier()
 	// Each row's largest logit and Σ exp(logit − max), over every worker's
 	// chunk of the head's rows: the argmax and the log-sum-exp.
 	reduceChunk(pool, w, n, p.headRows, lo, hi, p.logits, p.partials, p.sums)
 	p.tops.scan(w, p.headRows, lo, hi, p.logits, e.tokens)
+}
+
+// screenRows is the fewest rows a read-out screens: one row's product
+// is as fast exactly (the weights' reading bounds it), and screening
+// adds its scans.
+const screenRows = 2
+
+// screenHead is worker w's part of a screened read-out over its chunk
+// [lo, hi) of the head's rows: every logit screened (ops.Linear.Screen,
+// within bound[i] of its exact value for read-out row i), then computed
+// exactly wherever the bound lets it reach the row's k largest exact
+// logits — the argmax (k = 1) or the top tokens asked for. With a_k the
+// row's k-th largest screened logit, the k largest exact logits are each
+// at least a_k − bound (k screened logits are at least a_k), so every one
+// of them is screened at a_k − 2·bound or more; a logit screened below
+// that is below each of them exactly. So the head's 16-row blocks holding
+// a logit at or above a_k − 2·bound are computed exactly (all rows read
+// out at once), and the read-out's argmax and top tokens over the result
+// are the exact ones, ties included.
+func (p *pass) screenHead(w, lo, hi int, ws *scratch) {
+	e, W, n := p.e, p.headRows, len(p.read)
+	e.head.Screen(p.logits, W, p.headIn, lo, hi)
+	mine := p.cuts[w*n : (w+1)*n]
+	for i := range mine {
+		mine[i] = bestOf(p.logits[i*W+lo:i*W+hi], lo, max(1, p.tops.want[i]), nil, mine[i][:0])
+	}
+	e.pool.Barrier()
+	blocks := ws.blocks[:0]
+	for i := range n {
+		at, ok := p.screenCut(i)
+		if !ok { // no cut to trust (a NaN, or fewer logits than asked for): all exactly
+			e.head.MulRows(p.logits, W, p.headIn, lo, hi, false, ws.mm)
+			return
+		}
+		row := p.logits[i*W : (i+1)*W]
+		for j := lo; j < hi; j = min((j/16+1)*16, hi) {
+			if j += ops.FirstAtLeast(row[j:hi], at); j == hi {
+				break
+			}
+			blocks = append(blocks, j/16)
+		}
+	}
+	slices.Sort(blocks)
+	blocks = slices.Compact(blocks)
+	for k := 0; k < len(blocks); {
+		first := blocks[k]
+		for k++; k < len(blocks) && blocks[k] == blocks[k-1]+1; k++ {
+		}
+		e.head.MulRows(p.logits, W, p.headIn, max(16*first, lo), min(16*(blocks[k-1]+1), hi), false, ws.mm)
+	}
+	ws.blocks = blocks
+}
+
+// screenCut is the screened logit at and above which read-out row i's
+// logits are computed exactly (cutBelow over every worker's best of the
+// row), and whether there is one.
+func (p *pass) screenCut(i int) (float32, bool) {
+	n := len(p.read)
+	var best []float32
+	for w := range p.workers {
+		for _, c := range p.cuts[w*n+i] {
+			best = append(best, c.v)
+		}
+	}
+	return cutBelow(best, max(1, p.tops.want[i]), p.bound[i])
+}
+
+// cutBelow is a_k − 2·bound rounded down to an f32, a_k the k-th largest
+// of best (screened logits, sorted in place), and whether it is a number:
+// not where best holds fewer than k, or a NaN.
+func cutBelow(best []float32, k int, bound float64) (float32, bool) {
+	if len(best) < k {
+		return 0, false
+	}
+	slices.SortFunc(best, func(a, b float32) int { return cmp.Compare(b, a) })
+	cut := float64(best[k-1]) - 2*bound
+	at := float32(cut)
+	if float64(at) > cut {
+		at = math.Nextafter32(at, float32(math.Inf(-1)))
+	}
+	return at, !math.IsNaN(cut) && !math.IsInf(cut, 0)
 }
 
 // reduceChunk is worker w's part of a read-out's reductions, over its

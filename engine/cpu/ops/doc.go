@@ -11,7 +11,10 @@
 //     VPDPBUSD's byte products summed exactly in int32. An input row is
 //     held per 32-column block as a scale and 24-bit integers in three
 //     int8 parts (Input), as precise as f32; the matrix is repacked once
-//     at load (packFixed: the same int4 bytes in the kernel's order).
+//     at load (packFixed: the same int4 bytes in the kernel's order). The
+//     same kernel over the two high parts alone (Linear.Screen) screens
+//     a product to 16 bits of each input, with a bound on its distance
+//     from the exact one (screen.go).
 //   - without it (int4tile_amd64.s): four weight rows against one, two or
 //     four input rows in f32, the codes read in place and widened by
 //     VPERMPS. Those inputs are in the blocked layout of Permute: each

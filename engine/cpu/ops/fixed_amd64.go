@@ -21,6 +21,15 @@ var hasFixed = useAVX512 && archsimd.X86.AVX512VNNI()
 //go:noescape
 func int4Fixed16(codes *byte, scales *uint16, groups, bps int, x *byte, stride int, T int, out *float32, ldBytes int, blocks16 int, mask int, addMask int)
 
+// int4Screen16 is int4Fixed16 over screening inputs, in
+// int4fixed_amd64.s.
+//
+//go:noescape
+func int4Screen16(codes *byte, scales *uint16, groups, bps int, x *byte, stride int, T int, out *float32, ldBytes int, blocks16 int, mask int, addMask int)
+
+// hasScreen: this machine can run the screening kernel.
+var hasScreen = hasFixed
+
 // fixedInputs is how many input rows one kernel call takes.
 const fixedInputs = 8
 
@@ -29,19 +38,40 @@ const fixedInputs = 8
 // matrix is read from memory once however many inputs meet it.
 const fixedChunkBytes = 64 << 10
 
-// mulFixed computes the weight rows [lo, hi) against every input row:
-// the 16-row blocks that [lo, hi) covers whole in calls of up to
-// fixedChunkBytes of codes for each eight inputs, a block it covers in
-// part by a call of its own, masked to its rows.
+// mulFixed computes the weight rows [lo, hi) against every input row
+// (fixedCalls), in fixed point.
 func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool) {
 	if in.fixed == nil || in.Cols != l.Cols {
 		panic("ops: MulRows: the input is not prepared in fixed point for this matrix")
 	}
-	if len(out) < (in.T-1)*ld+hi {
+	l.fixedCalls(int4Fixed16, in.fixed, fixedStride(l.Cols), out, ld, in.T, lo, hi, add)
+}
+
+// Screen computes the weight rows [lo, hi) against every input row of in
+// as MulRows does, but to 16 bits of each input (EnableScreen, the
+// package's screening): each result within ScreenBound of MulRows'.
+func (l *Linear) Screen(out []float32, ld int, in *Input, lo, hi int) {
+	if l.screenMax == nil || in.fixed == nil || in.Cols != l.Cols {
+		panic("ops: Screen: the matrix does not screen, or the input is not prepared in fixed point for it")
+	}
+	if lo < hi && in.T > 0 {
+		l.fixedCalls(int4Screen16, in.fixed, fixedStride(l.Cols), out, ld, in.T, lo, hi, false)
+	}
+}
+
+// fixedKernel is int4Fixed16's signature.
+type fixedKernel func(codes *byte, scales *uint16, groups, bps int, x *byte, stride int, T int, out *float32, ldBytes int, blocks16 int, mask int, addMask int)
+
+// fixedCalls runs kernel over the weight rows [lo, hi) against the T
+// input rows of x (stride bytes each): the 16-row blocks that [lo, hi)
+// covers whole in calls of up to fixedChunkBytes of codes for each eight
+// inputs, a block it covers in part by a call of its own, masked to its
+// rows.
+func (l *Linear) fixedCalls(kernel fixedKernel, x []byte, stride int, out []float32, ld, T, lo, hi int, add bool) {
+	if len(out) < (T-1)*ld+hi {
 		panic("ops: MulRows: output too short")
 	}
 	groups, bps := l.Cols/l.groupSize, l.groupSize/Block
-	stride := fixedStride(l.Cols)
 	bytes16, scales16 := l.Cols/Block*256, groups*16
 	chunk := max(1, fixedChunkBytes/bytes16)
 	call := func(rb, n int, mask uint16) {
@@ -51,9 +81,9 @@ func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool
 		}
 		for c := rb; c < rb+n; c += chunk {
 			m := min(chunk, rb+n-c)
-			for t0 := 0; t0 < in.T; t0 += fixedInputs {
-				int4Fixed16(&l.fixed[c*bytes16], &l.fixedScales[c*scales16], groups, bps,
-					&in.fixed[t0*stride], stride, min(fixedInputs, in.T-t0), &out[t0*ld+16*c], 4*ld, m, int(mask), addMask)
+			for t0 := 0; t0 < T; t0 += fixedInputs {
+				kernel(&l.fixed[c*bytes16], &l.fixedScales[c*scales16], groups, bps,
+					&x[t0*stride], stride, min(fixedInputs, T-t0), &out[t0*ld+16*c], 4*ld, m, int(mask), addMask)
 			}
 		}
 	}
@@ -106,17 +136,20 @@ func quantize(dst []byte, row []float32) {
 		q0 := x0.Mul(iv).RoundToEvenScaled(0).ConvertToInt32()
 		q1 := x1.Mul(iv).RoundToEvenScaled(0).ConvertToInt32()
 		d := (*[96]int8)(unsafe.Pointer(&dst[96*b]))
+		var los [2]archsimd.Int32x16
 		for i, q := range [2]archsimd.Int32x16{q0, q1} {
 			// split's arithmetic, sixteen lanes at a time
 			t := q.Add(half).ShiftAllRight(8)
 			h := t.Add(half).ShiftAllRight(8)
 			h.TruncateToInt8().Store((*[16]int8)(d[16*i:]))
 			t.Sub(h.ShiftAllLeft(8)).TruncateToInt8().Store((*[16]int8)(d[32+16*i:]))
-			q.Sub(t.ShiftAllLeft(8)).TruncateToInt8().Store((*[16]int8)(d[64+16*i:]))
+			los[i] = q.Sub(t.ShiftAllLeft(8))
+			los[i].TruncateToInt8().Store((*[16]int8)(d[64+16*i:]))
 		}
-		total := sum16i(q0.Add(q1))
-		binary.LittleEndian.PutUint32(meta[8*b:], math.Float32bits(s))
-		binary.LittleEndian.PutUint32(meta[8*b+4:], uint32(-8*total))
+		total, lo := sum16i(q0.Add(q1)), sum16i(los[0].Add(los[1]))
+		binary.LittleEndian.PutUint32(meta[12*b:], math.Float32bits(s))
+		binary.LittleEndian.PutUint32(meta[12*b+4:], uint32(-8*total))
+		binary.LittleEndian.PutUint32(meta[12*b+8:], uint32(-8*(total-lo)))
 	}
 }
 

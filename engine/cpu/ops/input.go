@@ -8,7 +8,7 @@ import (
 
 // Input is a batch of T input rows of Cols columns, prepared once for
 // every matrix that reads them (NewInput names those matrices): in the
-// blocked f32 layout of Permute for the f32 kernels, and in 16-bit fixed
+// blocked f32 layout of Permute for the f32 kernels, and in 24-bit fixed
 // point for the int4 kernel of machines with AVX-512 VNNI.
 //
 // Fixed point: each 32-column block of a row holds its values as
@@ -24,8 +24,9 @@ type Input struct {
 	// blocked is (T, Cols) in Permute's layout, when a reader wants it.
 	blocked []float32
 	// fixed is (T, fixedStride(Cols)) bytes, when a reader wants it: per
-	// block hi[32], mid[32] and lo[32], then per block its scale (f32) and
-	// −8·Σv (int32), little-endian.
+	// block hi[32], mid[32] and lo[32], then per block its scale (f32),
+	// −8·Σv and −8·Σ(v − lo) (int32, the screening kernel's: screen.go),
+	// little-endian.
 	fixed                  []byte
 	wantBlocked, wantFixed bool
 }
@@ -35,7 +36,7 @@ type Input struct {
 const fixedMax = 1<<22 - 1
 
 // fixedStride is the bytes of one row of fixed-point input.
-func fixedStride(cols int) int { return cols / Block * 104 }
+func fixedStride(cols int) int { return cols / Block * 108 }
 
 // NewInput returns an empty Input in the forms its readers take.
 func NewInput(readers ...*Linear) *Input {
@@ -105,15 +106,17 @@ func quantizeGo(dst []byte, row []float32) {
 			sum += v
 		}
 		s, inv := fixedScale(m, sum)
-		var sv int32
+		var sv, slo int32
 		for i, v := range xs {
 			q := int32(math.RoundToEven(float64(v * inv)))
 			hi, mid, lo := split(q)
 			dst[96*b+i], dst[96*b+32+i], dst[96*b+64+i] = byte(hi), byte(mid), byte(lo)
 			sv += q
+			slo += int32(lo)
 		}
-		binary.LittleEndian.PutUint32(meta[8*b:], math.Float32bits(s))
-		binary.LittleEndian.PutUint32(meta[8*b+4:], uint32(-8*sv))
+		binary.LittleEndian.PutUint32(meta[12*b:], math.Float32bits(s))
+		binary.LittleEndian.PutUint32(meta[12*b+4:], uint32(-8*sv))
+		binary.LittleEndian.PutUint32(meta[12*b+8:], uint32(-8*(sv-slo)))
 	}
 }
 

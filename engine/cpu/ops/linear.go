@@ -22,6 +22,9 @@ type Linear struct {
 	fixed       []byte
 	fixedScales []uint16
 	groupSize   int
+	// screenMax is A_b per 32-column block (screen.go); nil: the matrix
+	// does not screen.
+	screenMax []float64
 	// The in-place int4 path: codes as bytes, 16 a block (two codes a
 	// byte, the first in the low nibble), and the f16 scales, one per
 	// blocksPerScale blocks. nil codes: the row-at-a-time path.

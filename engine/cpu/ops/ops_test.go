@@ -447,7 +447,7 @@ func dequantize(in *Input) []float32 {
 	for t := range in.T {
 		row := in.fixed[t*stride : (t+1)*stride]
 		for b := range nb {
-			s := math.Float32frombits(binary.LittleEndian.Uint32(row[96*nb+8*b:]))
+			s := math.Float32frombits(binary.LittleEndian.Uint32(row[96*nb+12*b:]))
 			for i := range Block {
 				x[t*in.Cols+b*Block+i] = s * float32(fixedValue(row, b, i))
 			}
@@ -463,7 +463,8 @@ func fixedValue(row []byte, b, i int) int32 {
 
 // TestQuantize holds the fixed-point input to its definition: the
 // vector quantizer equal to quantizeGo byte for byte, every value within
-// a step of its source (half, and f32 rounding of x/s), the correction −8·Σv, zero blocks exact,
+// a step of its source (half, and f32 rounding of x/s), the corrections −8·Σv and
+// −8·Σ(v − lo), zero blocks exact,
 // and a NaN or an infinity making its block's scale NaN.
 func TestQuantize(t *testing.T) {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 4))
@@ -484,13 +485,17 @@ func TestQuantize(t *testing.T) {
 		nb := cols / Block
 		for b := range nb {
 			var m float64
-			var sv int32
+			var sv, slo int32
 			for i := range Block {
 				m = math.Max(m, math.Abs(float64(row[b*Block+i])))
 				sv += fixedValue(got, b, i)
+				slo += int32(int8(got[96*b+64+i]))
 			}
-			if corr := int32(binary.LittleEndian.Uint32(got[96*nb+8*b+4:])); corr != -8*sv {
+			if corr := int32(binary.LittleEndian.Uint32(got[96*nb+12*b+4:])); corr != -8*sv {
 				t.Fatalf("cols %d block %d: correction %d, want %d", cols, b, corr, -8*sv)
+			}
+			if corr := int32(binary.LittleEndian.Uint32(got[96*nb+12*b+8:])); corr != -8*(sv-slo) {
+				t.Fatalf("cols %d block %d: screening correction %d, want %d", cols, b, corr, -8*(sv-slo))
 			}
 			for i := range Block {
 				c := b*Block + i

@@ -49,13 +49,19 @@ func Attend(out, q, keys, values []float32, stride, n int, scale float32, scores
 	attendGo(out, q, keys, values, stride, n, scale, scores, mask)
 }
 
-// useFixed: the fixed-point kernel is amd64 assembly.
-var useFixed, hasFixed = false, false
+// useFixed: the fixed-point kernel is amd64 assembly, as is the
+// screening one.
+var useFixed, hasFixed, hasScreen = false, false, false
 
 func quantize(dst []byte, row []float32) { quantizeGo(dst, row) }
 
 func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool) {
 	panic("ops: the fixed-point kernel is not built on this platform")
+}
+
+// Screen is the screening kernel (screen.go), amd64 assembly.
+func (l *Linear) Screen(out []float32, ld int, in *Input, lo, hi int) {
+	panic("ops: the screening kernel is not built on this platform")
 }
 
 // ExpScaled sets e[i] = exp((x[i] − m) / t) — a softmax's numerators at

@@ -10,7 +10,11 @@
 // pass's buffers (it allocates only its few small results). A row read
 // out at a temperature is sampled over the head's rows in f32 by vector
 // kernels, its work split across the same workers (sample.go: the draw,
-// a drafter's proposals, a tree's walk), by package sampling's rule.
+// a drafter's proposals, a tree's walk), by package sampling's rule. A
+// greedy read-out of two rows or more screens the head instead: every
+// logit to 16 bits of its input, then exactly only those that can reach
+// the argmax or the top tokens asked for (pass.go's screenHead,
+// Options.NoScreen).
 //
 // Where asked (Options.FeatureLayers) every pass also keeps, in its
 // sequences beside their keys and values, the residual stream entering

@@ -21,8 +21,8 @@ var hasFixed = useAVX512 && archsimd.X86.AVX512VNNI()
 //go:noescape
 func int4Fixed16(codes *byte, scales *uint16, groups, bps int, x *byte, stride int, T int, out *float32, ldBytes int, blocks16 int, mask int, addMask int)
 
-// int4Screen16 is int4Fixed16 over screening inputs, in
-// int4fixed_amd64.s.
+// int4Screen16 is int4Fixed16 over the same inputs to 16 bits (screen.go),
+// in int4fixed_amd64.s.
 //
 //go:noescape
 func int4Screen16(codes *byte, scales *uint16, groups, bps int, x *byte, stride int, T int, out *float32, ldBytes int, blocks16 int, mask int, addMask int)
@@ -44,7 +44,7 @@ func (l *Linear) mulFixed(out []float32, ld int, in *Input, lo, hi int, add bool
 	if in.fixed == nil || in.Cols != l.Cols {
 		panic("ops: MulRows: the input is not prepared in fixed point for this matrix")
 	}
-	l.fixedCalls(int4Fixed16, in.fixed, fixedStride(l.Cols), out, ld, in.T, lo, hi, add)
+	l.fixedCalls(int4Fixed16, in, out, ld, lo, hi, add)
 }
 
 // Screen computes the weight rows [lo, hi) against every input row of in
@@ -55,19 +55,19 @@ func (l *Linear) Screen(out []float32, ld int, in *Input, lo, hi int) {
 		panic("ops: Screen: the matrix does not screen, or the input is not prepared in fixed point for it")
 	}
 	if lo < hi && in.T > 0 {
-		l.fixedCalls(int4Screen16, in.fixed, fixedStride(l.Cols), out, ld, in.T, lo, hi, false)
+		l.fixedCalls(int4Screen16, in, out, ld, lo, hi, false)
 	}
 }
 
 // fixedKernel is int4Fixed16's signature.
 type fixedKernel func(codes *byte, scales *uint16, groups, bps int, x *byte, stride int, T int, out *float32, ldBytes int, blocks16 int, mask int, addMask int)
 
-// fixedCalls runs kernel over the weight rows [lo, hi) against the T
-// input rows of x (stride bytes each): the 16-row blocks that [lo, hi)
-// covers whole in calls of up to fixedChunkBytes of codes for each eight
-// inputs, a block it covers in part by a call of its own, masked to its
-// rows.
-func (l *Linear) fixedCalls(kernel fixedKernel, x []byte, stride int, out []float32, ld, T, lo, hi int, add bool) {
+// fixedCalls runs kernel over the weight rows [lo, hi) against every
+// fixed-point input row of in: the 16-row blocks that [lo, hi) covers
+// whole in calls of up to fixedChunkBytes of codes for each eight inputs,
+// a block it covers in part by a call of its own, masked to its rows.
+func (l *Linear) fixedCalls(kernel fixedKernel, in *Input, out []float32, ld, lo, hi int, add bool) {
+	T, x, stride := in.T, in.fixed, fixedStride(l.Cols)
 	if len(out) < (T-1)*ld+hi {
 		panic("ops: MulRows: output too short")
 	}

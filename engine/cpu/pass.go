@@ -87,6 +87,7 @@ type scratch struct {
 	row    []float32 // one row of up to max(H, qDim, I)
 	scores []float32 // attention scores, one per position attended to
 	blocks []int     // the head's 16-row blocks a screened read-out computes exactly
+	best   []float32 // a screened row's best logits over every worker's chunk
 }
 
 // partial is a worker's part of a row's read-out: over its chunk of the
@@ -231,6 +232,7 @@ func (p *pass) trim() {
 	}
 	if cap(p.logits) > keepReads*p.headRows {
 		p.logits, p.read, p.partials, p.sums, p.tops = nil, nil, nil, nil, topTokens{}
+		p.bound, p.cuts = nil, nil
 		p.headIn.Trim(keepReads)
 	}
 	p.sampler.trim()
@@ -365,7 +367,7 @@ func (p *pass) screenHead(w, lo, hi int, ws *scratch) {
 	e.pool.Barrier()
 	blocks := ws.blocks[:0]
 	for i := range n {
-		at, ok := p.screenCut(i)
+		at, ok := p.screenCut(i, ws)
 		if !ok { // no cut to trust (a NaN, or fewer logits than asked for): all exactly
 			e.head.MulRows(p.logits, W, p.headIn, lo, hi, false, ws.mm)
 			return
@@ -391,16 +393,16 @@ func (p *pass) screenHead(w, lo, hi int, ws *scratch) {
 
 // screenCut is the screened logit at and above which read-out row i's
 // logits are computed exactly (cutBelow over every worker's best of the
-// row), and whether there is one.
-func (p *pass) screenCut(i int) (float32, bool) {
+// row, gathered in the worker's scratch ws), and whether there is one.
+func (p *pass) screenCut(i int, ws *scratch) (float32, bool) {
 	n := len(p.read)
-	var best []float32
+	ws.best = ws.best[:0]
 	for w := range p.workers {
 		for _, c := range p.cuts[w*n+i] {
-			best = append(best, c.v)
+			ws.best = append(ws.best, c.v)
 		}
 	}
-	return cutBelow(best, max(1, p.tops.want[i]), p.bound[i])
+	return cutBelow(ws.best, max(1, p.tops.want[i]), p.bound[i])
 }
 
 // cutBelow is a_k − 2·bound rounded down to an f32, a_k the k-th largest

@@ -246,14 +246,16 @@ func TestPickMatMul(t *testing.T) {
 	large := small
 	large.MaxComputeWorkgroupStorageSize = 48 << 10
 	int4 := &Matrix{Format: Int4, N: 4096, K: 2048, G: 32}
+	short := &Matrix{Format: Int4, N: 4096, K: 1024, G: 32}
 	for _, c := range []struct {
 		w      *Matrix
 		T      int
 		limits gpu.Limits
 		want   matMulKernel
 	}{
-		{int4, 1, large, kernelMatVec}, {int4, 2, large, kernelMatVecBatch}, {int4, 4, large, kernelMatVecBatch},
-		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelMatVecBatch}, // down_proj, one row of more than 2,048 inputs
+		{short, 1, large, kernelMatVec}, {short, 2, large, kernelMatVecBatch}, // one row of fewer than 2,048 inputs: matvec_int4.wgsl
+		{int4, 1, large, kernelMatVecBatch}, {int4, 2, large, kernelMatVecBatch}, {int4, 4, large, kernelMatVecBatch},
+		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 1, large, kernelMatVecBatch}, // down_proj, one row of 2,048 inputs or more
 		{&Matrix{Format: Int4, N: 2048, K: 6144, G: 32}, 2, large, kernelMatVecBatch},
 		{&Matrix{Format: Int4, N: 4096, K: 12288, G: 32}, 2, large, kernelMatVecBatch}, // Qwen3-8B's down_proj: two rows,
 		{&Matrix{Format: Int4, N: 4096, K: 12288, G: 32}, 3, large, kernelSkinny},      // three or four on skinny_int4.wgsl
@@ -431,7 +433,9 @@ func TestPlanMatVecBatch(t *testing.T) {
 		{2048, 2048, 4, lim, kernelMatVecBatch, matVecBatchWide},      // Qwen3-1.7B's o_proj, four rows
 		{151936, 2048, 1, lim, kernelMatVecBatch, matVecBatchWide},    // its head: many rows of 2,048 inputs
 		{12288, 2048, 1, lim, kernelMatVecBatch, matVecBatchWide},     // its gate|up
-		{4096, 2048, 1, lim, kernelMatVec, matVecBatchLayout{}},       // its q|k|v: few rows of 2,048 inputs
+		{2048, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // its o_proj, one row
+		{4096, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // its q|k|v (where not fused)
+		{4096, 1024, 1, lim, kernelMatVec, matVecBatchLayout{}},       // Qwen3-0.6B's q|k|v: few rows of 1,024 inputs
 		{151936, 256, 1, lim, kernelMatVec, matVecBatchLayout{}},      // the shipped target's head: short rows
 		{2048, 6144, 4, small, kernelMatVecBatch, matVecBatchDefault}, // the wide layout's 4 rows do not fit 16 KiB
 	} {

@@ -75,8 +75,8 @@ type plan struct {
 // `go test ./kernels -bench 'MatMulKernels|AttentionDecode|DecodeLayer'`
 // and the engine's decode steps (`webdraft bench engine`), at Qwen3-1.7B's
 // shapes:
-//   - one row of more than 2,048 inputs (down_proj from Qwen3-0.6B on,
-//     every projection of Qwen3-4B and 8B), and one row of a matrix of
+//   - one row of 2,048 inputs or more (o_proj and down_proj from
+//     Qwen3-0.6B on, every projection of Qwen3-4B and 8B), and one row of a matrix of
 //     6,144 rows or more (gate|up, the heads) whatever its inputs from
 //     1,024 on, take matvec_batch_int4.wgsl (matVecBatchMinK,
 //     matVecBatchMinN), two weight rows a thread: 32 lanes × 16 rows for
@@ -96,7 +96,12 @@ type plan struct {
 //     elsewhere; staging 1,024 or 4,096 columns, loading the next chunk's
 //     weights during this chunk's products, and split-K were no faster;
 //     8B's q|k|v (6,144 rows) on 32 × 16 was faster alone (14.8 µs against
-//     16.6) but the chained step slower (3.96 ms against 3.68);
+//     16.6) but the chained step slower (3.96 ms against 3.68); 1.7B's
+//     o_proj (2,048 × 2,048, on matvec_int4.wgsl while the bound was
+//     more than 2,048 inputs) took chained steps of 1.718–1.743 ms
+//     against 1.748–1.767 (`bench engine --shape S --context 1024
+//     --batches 1`, five alternations over two calls, 2026-12-05), 0.6B's
+//     1.341–1.350 against 1.345–1.368 (three);
 //   - 3–4 rows of a matrix of 48M weights or more (Qwen3-8B's down_proj,
 //     gate|up and head, every head) take skinny_int4.wgsl in tiles of 4
 //     rows (`-benchshape qwen3-8b -benchts 2,3,4 -cold`): 40 / 67 / 330 µs
@@ -180,7 +185,7 @@ type plan struct {
 //     runs' spread, the target alone 1,107–1,257 tok/s against
 //     1,056–1,111.
 var measuredH200 = plan{
-	matVecBatchMinK:       2049,
+	matVecBatchMinK:       2048,
 	matVecBatchMinN:       6144,
 	matVecBatchByShape:    true,
 	skinnyFewMinT:         3,

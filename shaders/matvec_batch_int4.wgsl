@@ -1,6 +1,6 @@
 // matvec_batch_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and 1–4
 // activation rows a workgroup (TT ≤ 4: decode of a small batch, or of one
-// sequence over rows of more than 2,048 inputs; more rows in blocks of TT,
+// sequence over rows of 2,048 inputs or more; more rows in blocks of TT,
 // grid y: a small model's verification) — the sibling of matvec_int4.wgsl
 // that stages its input a chunk at a time (2,048 values over the
 // activation rows), leaving room for more workgroups an SM than

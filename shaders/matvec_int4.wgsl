@@ -1,6 +1,6 @@
 // matvec_int4.wgsl: out (+)= x · Wᵀ for an int4 weight W and a few
-// activation rows (T ≤ TT ≤ 4; package kernels picks it for one row of up
-// to 2,048 inputs — the decode of one sequence, its logits head — and
+// activation rows (T ≤ TT ≤ 4; package kernels picks it for one row of
+// fewer than 2,048 inputs — the decode of one sequence, its logits head — and
 // matvec_batch_int4.wgsl for longer rows and 2–4) — the memory-bound case,
 // where the whole job is to stream W at full bandwidth and spend as few
 // instructions as possible per weight.

@@ -76,9 +76,9 @@ type plan struct {
 // and the engine's decode steps (`webdraft bench engine`), at Qwen3-1.7B's
 // shapes:
 //   - one row of 2,048 inputs or more (o_proj and down_proj from
-//     Qwen3-0.6B on, every projection of Qwen3-4B and 8B), and one row of a matrix of
-//     6,144 rows or more (gate|up, the heads) whatever its inputs from
-//     1,024 on, take matvec_batch_int4.wgsl (matVecBatchMinK,
+//     Qwen3-0.6B on, every projection of Qwen3-4B and 8B), and one row
+//     of a matrix of 6,144 rows or more (gate|up, the heads) whatever its
+//     inputs from 1,024 on, take matvec_batch_int4.wgsl (matVecBatchMinK,
 //     matVecBatchMinN), two weight rows a thread: 32 lanes × 16 rows for
 //     one or two rows of fewer than 6,144 (o_proj, down_proj), else 16 ×
 //     32 (plan.matVecBatchLayout). At Qwen3-8B's shapes (`-benchshape

@@ -446,9 +446,41 @@ func checkArgmaxRow(t *testing.T, row int, logits []float32, id uint32, lp, lse 
 	}
 }
 
+// checkCoupledRow holds a coupled row's read-out to sampling.CoupledChoice
+// over the whole vocabulary's row: a token whose scaled logit and noise
+// lie within samplingtest.NoiseSlack of the largest, its log-probability
+// and the log-sum-exp; a row with a NaN must read ArgmaxNaN.
+func checkCoupledRow(t *testing.T, row int, logits []float32, T float32, d sampling.Draw, id uint32, lp, lse float32) {
+	t.Helper()
+	want, err := sampling.CoupledChoice(logits, nil, T, d)
+	if err != nil {
+		if id != ArgmaxNaN {
+			t.Errorf("row %d: id %#x for a NaN row", row, id)
+		}
+		return
+	}
+	if int(id) >= len(logits) {
+		t.Fatalf("row %d: coupled id %d outside the vocabulary", row, id)
+	}
+	k0, k1 := d.Key()
+	noisy := func(i int) float64 { return float64(logits[i]/T) + float64(sampling.Gumbel(k0, k1, i)) }
+	if best := noisy(want); noisy(int(id)) < best-samplingtest.NoiseSlack*max(1, math.Abs(best)) {
+		t.Errorf("row %d: coupled id %d (%v), want %d (%v)", row, id, noisy(int(id)), want, best)
+	}
+	ref, _ := sampling.Choose(logits, sampling.Params{}, sampling.Draw{X: sampling.NoProposal})
+	if !(math.Abs(float64(lse-ref.LogSumExp)) <= 1e-4*max(1, math.Abs(float64(ref.LogSumExp)))) {
+		t.Errorf("row %d: log-sum-exp %v, want %v", row, lse, ref.LogSumExp)
+	}
+	if w := logits[id] - ref.LogSumExp; !(math.Abs(float64(lp-w)) <= 1e-4*max(1, math.Abs(float64(w)))) {
+		t.Errorf("row %d: log p %v, want %v", row, lp, w)
+	}
+}
+
 // TestArgmaxOf: a head over part of the vocabulary, its tokens in no
 // order, chooses what Argmax over the whole row (its logits placed, the
-// rest −∞) chooses: ties go to the lower token, not the lower logit index.
+// rest −∞) chooses: ties go to the lower token, not the lower logit index;
+// coupled rows (ArgmaxOfCoupled) what sampling.CoupledChoice chooses over
+// that row, their noise keyed by the tokens.
 func TestArgmaxOf(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
@@ -478,8 +510,23 @@ func TestArgmaxOf(t *testing.T) {
 			lb, tb := upload(t, d, "head_logits", logits), uploadU32(t, d, "tokens", tok)
 			lse0 := T + r.IntN(3)
 			ids, lp := poisoned(t, d, "ids", T), poisoned(t, d, "lp", lse0+T)
+			// Half the runs couple some rows (ArgmaxOfCoupled).
+			coupled := make([]sampling.Draw, T)
+			temps := make([]float32, T)
+			var keys gpu.Binding
+			if r.IntN(2) == 0 {
+				kw := make([]uint32, T*ArgmaxCoupledWords)
+				for row := range T {
+					temps[row] = []float32{0, 0.5, 1, 1.5}[r.IntN(4)]
+					coupled[row] = sampling.Draw{U: r.Float32(), V: r.Float32(), Coupled: row%4 != 1}
+					PutCoupledKey(kw[row*ArgmaxCoupledWords:], temps[row], coupled[row])
+				}
+				keys = uploadU32(t, d, "keys", kw).All()
+			}
 			poisonScratch(t, d, T*64)
-			run(t, d, "argmax of", func(b *gpu.Batch) error { return ArgmaxOf(b, ids.All(), lp.All(), lb, tb, T, V, lse0) })
+			run(t, d, "argmax of", func(b *gpu.Batch) error {
+				return ArgmaxOfCoupled(b, ids.All(), lp.All(), lb, tb, keys, T, V, lse0)
+			})
 			got, err := ids.ReadU32()
 			if err != nil {
 				t.Fatal(err)
@@ -493,6 +540,10 @@ func TestArgmaxOf(t *testing.T) {
 				for i, id := range tokens {
 					full[id] = logits[row*V+i]
 				}
+				if keys.Buf != nil && coupled[row].Coupled && temps[row] > 0 {
+					checkCoupledRow(t, row, full, temps[row], coupled[row], got[row], gotLP[row], gotLP[lse0+row])
+					continue
+				}
 				checkArgmaxRow(t, row, full, got[row], gotLP[row], gotLP[lse0+row])
 			}
 		})
@@ -500,7 +551,7 @@ func TestArgmaxOf(t *testing.T) {
 }
 
 // TestSample holds sample.wgsl to package sampling on fresh random rows:
-// greedy, at a temperature, in a nucleus, with and without a proposal,
+// greedy, at a temperature, in a nucleus, coupled or not, with and without a proposal,
 // with ties, a NaN, a vocabulary-sized row and one of more chunks than a
 // workgroup has threads. Peaked rows find their nucleus in the chunks'
 // lists, flat ones (a vocabulary's at a high temperature) need the whole
@@ -543,12 +594,17 @@ func TestSample(t *testing.T) {
 				if V > 256*sampleChunk && d.Info().Software() && row%6 != 3 {
 					params[row].TopP = 1
 				}
-				draws[row] = sampling.Draw{X: r.IntN(V), U: r.Float32(), V: r.Float32()}
+				draws[row] = sampling.Draw{X: r.IntN(V), U: r.Float32(), V: r.Float32(), Coupled: r.IntN(3) == 0}
 				if row%6 == 4 {
 					draws[row].X = sampling.NoProposal
 				}
 				if row%6 == 5 { // the proposal is the argmax: the usual case
 					draws[row].X = slices.Index(l, slices.Max(l))
+				}
+				if draws[row].Coupled && row%6 == 5 && !params[row].Greedy() { // a coupled drafter's proposal: often accepted
+					if x, err := sampling.CoupledChoice(l, nil, params[row].Temperature, draws[row]); err == nil {
+						draws[row].X = x
+					}
 				}
 				PutSampleRow(dw[row*SampleDrawWords:], tw[row*SampleTempWords:], params[row], draws[row])
 				if outcome[row] = row%6 == 5 || r.IntN(2) == 0; outcome[row] {
@@ -599,7 +655,7 @@ func TestSample(t *testing.T) {
 				if gotIDs[row] != uint32(wantID) || gotLPs[row] != wantLP {
 					t.Errorf("row %d (outcome %v): ids/lps %d %v, out says %d %v", row, outcome[row], gotIDs[row], gotLPs[row], wantID, wantLP)
 				}
-				if !params[row].Greedy() && draws[row].X != sampling.NoProposal && got.Sample == draws[row].X && !got.Accept {
+				if !params[row].Greedy() && draws[row].X != sampling.NoProposal && got.Sample == draws[row].X && !got.Accept && !draws[row].Coupled {
 					t.Errorf("row %d: drew the proposal %d without accepting it", row, got.Sample)
 				}
 				if wide := ow[row*SampleWords+2]&sampleWide != 0; V > 8*sampleChunk && (row%6 == 0 && params[row].TopP < 1 && !wide || row%6 == 3 && wide) {

@@ -30,7 +30,7 @@ type sampleParams struct{ V, TopN, Chunks, _ uint32 }
 // words of the record it writes (REC).
 const (
 	sampleChunk  = 2048
-	sampleRecord = 8 + 2*32
+	sampleRecord = 10 + 2*32
 )
 
 // SampleWords is how many u32 words Sample writes a row.
@@ -50,6 +50,7 @@ const sampleNone = math.MaxUint32
 const (
 	sampleGreedy  = 1 // draws
 	sampleOutcome = 2 // draws
+	sampleCoupled = 4 // draws: a coupled row (sampling.Draw.Coupled)
 	sampleAccept  = 1 // out
 	sampleNaN     = 2 // out
 	sampleWide    = 4 // out: the nucleus took passes over the whole row
@@ -107,8 +108,8 @@ func Sample(b *gpu.Batch, out, top, ids *gpu.Buffer, lp gpu.Binding, logits, dra
 }
 
 // PutSampleRow writes one row's inputs to Sample: its draws words (d's X,
-// U and V) and temps words (p's temperature and top_p); a greedy p draws
-// nothing.
+// U and V, and whether it is coupled) and temps words (p's temperature and
+// top_p); a greedy p draws nothing.
 func PutSampleRow(draws []uint32, temps []float32, p sampling.Params, d sampling.Draw) {
 	x := uint32(sampleNone)
 	if d.X != sampling.NoProposal {
@@ -117,6 +118,9 @@ func PutSampleRow(draws []uint32, temps []float32, p sampling.Params, d sampling
 	var flags uint32
 	if p.Greedy() {
 		flags = sampleGreedy
+	}
+	if d.Coupled {
+		flags |= sampleCoupled
 	}
 	draws[0], draws[1], draws[2], draws[3] = x, math.Float32bits(d.U), math.Float32bits(d.V), flags
 	topP := p.TopP

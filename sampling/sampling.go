@@ -53,10 +53,14 @@ const NoProposal = -1
 
 // Draw is the randomness for one row: X, the token a drafter proposed for
 // the next position (NoProposal: none), and two uniforms in [0, 1): U
-// decides the proposal's acceptance (U < p(X)), V the draw.
+// decides the proposal's acceptance (U < p(X)), V the draw. A Coupled
+// row's U and V are instead the key of its Gumbel noise (coupled.go): its
+// Sample is the Gumbel-max draw from p, and X is accepted iff it is that
+// token.
 type Draw struct {
-	X    int
-	U, V float32
+	X       int
+	U, V    float32
+	Coupled bool
 }
 
 // Row is what an engine reads out of one row of logits.
@@ -66,7 +70,7 @@ type Row struct {
 	ArgmaxLogprob float32 // log p(Argmax) at temperature 1, no nucleus
 	// With sampling (Temperature > 0):
 	Accept        bool    // the proposal X was accepted (false with no proposal)
-	Sample        int     // a token drawn from p, X left out when there is a proposal
+	Sample        int     // a token drawn from p, X left out when there is a proposal (a coupled row's: its Gumbel-max draw, X when accepted)
 	XLogprob      float32 // log p(X) at temperature 1 (0 with no proposal)
 	SampleLogprob float32 // log p(Sample) at temperature 1
 	// Threshold is the smallest scaled logit (logit / Temperature) the
@@ -112,6 +116,15 @@ func Choose(logits []float32, p Params, d Draw) (Row, error) {
 		r.Threshold, kept = nucleus(logits, e, total, p)
 	}
 	in := func(i int) bool { return logits[i]/p.Temperature >= r.Threshold }
+	if d.Coupled {
+		r.Sample = coupledSample(logits, p.Temperature, d, in)
+		if d.X != NoProposal {
+			r.XLogprob = logits[d.X] - r.LogSumExp
+			r.Accept = r.Sample == d.X
+		}
+		r.SampleLogprob = logits[r.Sample] - r.LogSumExp
+		return r, nil
+	}
 	weight := kept
 	if d.X != NoProposal {
 		r.XLogprob = logits[d.X] - r.LogSumExp

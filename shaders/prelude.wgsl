@@ -533,3 +533,24 @@ fn row_sum(t: u32, rr: u32, lid: u32) -> f32 {
     }
     return v;
 }
+
+// mix32 is a 32-bit finalizer with full avalanche (lowbias32, Chris
+// Wellons' hash prospector), as package sampling's.
+fn mix32(x0: u32) -> u32 {
+    var x = x0;
+    x ^= x >> 16u;
+    x *= 0x7feb352du;
+    x ^= x >> 15u;
+    x *= 0x846ca68bu;
+    x ^= x >> 16u;
+    return x;
+}
+
+// gumbel is token t's Gumbel noise under a coupled row's key (k0, k1) —
+// sampling.Gumbel: −log(−log u), u = (h + ½)·2⁻²⁴ from the top 24 bits h
+// of three keyed rounds of mix32 over t.
+fn gumbel(k0: u32, k1: u32, t: u32) -> f32 {
+    let h = mix32(mix32(mix32(t ^ k0) + k1) ^ k0);
+    let u = (f32(h >> 8u) + 0.5) * (1.0 / 16777216.0);
+    return -log(-log(u));
+}

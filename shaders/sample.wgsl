@@ -17,7 +17,12 @@
 // speculative sampling's rule (accept with min(1, p/q), else draw from
 // norm(max(0, p − q))): the token that comes out is distributed as p.
 // Where X is the only token kept (or the others' mass rounds away) the
-// draw is X itself, and the row accepts it.
+// draw is X itself, and the row accepts it. A COUPLED row instead
+// (sampling's coupled draws) takes U's and V's bits as the key of a Gumbel
+// noise g_i a token (prelude's gumbel):
+//   sample = the kept token with the largest l_i / T + g_i, the lower
+//            index on a tie (the Gumbel-max draw from p)
+//   accept = X = sample
 //
 // Two entry points, dispatched one after the other, so that a
 // vocabulary-sized row is read by many workgroups at once rather than by
@@ -26,7 +31,8 @@
 //            each thread PER values, coalesced, kept in registers — and
 //            writes the chunk's record: its best logit and first index, a
 //            NaN flag, Σ exp(l − best) and Σ exp((l − best) / T), the
-//            smallest l / T, and its most likely tokens in order (topn of
+//            smallest l / T, for a coupled row its best l / T + g and
+//            that token, and its most likely tokens in order (topn of
 //            them, or M for a nucleus row), each round a tree reduction.
 //   merge:   workgroup r merges the row's records: the argmax, logsumexp
 //            and Σ e by rescaling each chunk's sums to the row's best; the
@@ -34,7 +40,10 @@
 //            lists, exact when no list was cut off at or above θ, else by
 //            bisection over the whole row (the flag WIDE says so); the draw
 //            by a scan over the chunks' weights and then over the
-//            elements of the one chunk it falls in.
+//            elements of the one chunk it falls in — a coupled row's
+//            from the chunks' best noisy tokens, or, where the best of them
+//            lies outside the nucleus, by a pass over the row's kept
+//            tokens.
 // θ's bisection runs over the order of f32 bit patterns (at most 33
 // rounds), exact to the element. A greedy row without topn is argmax.wgsl's
 // job; this kernel is for the rows that need the rest. Every reduction ends
@@ -47,9 +56,10 @@
 //          (GREEDY: no draw; OUTCOME: ids and lps take the token that
 //          comes out of a sampled row — X when accepted, else the draw —
 //          and its log p, so that a chain of passes feeds on, and a chained
-//          speculative step accepts by, what the row sampled)
+//          speculative step accepts by, what the row sampled; COUPLED: the
+//          row's draw is coupled, U and V bits its key)
 //   temps  (rows) vec2<f32>: T, top_p
-//   parts  (rows, chunks, REC) u32: partial's records (head words, then M
+//   parts  (rows, chunks, REC) u32: partial's records (HEAD words, then M
 //          (index, logit bits) pairs)
 //   out    (rows, 8) u32: argmax, sample, flags (ACCEPT, NAN, WIDE), θ bits,
 //          logsumexp bits, log p(argmax), log p(X), log p(sample) (f32
@@ -71,12 +81,13 @@ const WG: u32 = 256u;
 const PER: u32 = 8u;
 const CHUNK: u32 = WG * PER;
 const M: u32 = 32u;          // a chunk's most likely tokens listed for a nucleus row
-const HEAD: u32 = 8u;        // a record's words before its list
+const HEAD: u32 = 10u;       // a record's words before its list
 const REC: u32 = HEAD + 2u * M;
 const NONE: u32 = 0xffffffffu;
 const NEG_INF: u32 = 0xff800000u; // −Inf's bits
 const GREEDY: u32 = 1u;           // draws' flags
 const OUTCOME: u32 = 2u;
+const COUPLED: u32 = 4u;
 const ACCEPT: u32 = 1u;           // out's flags
 const NAN: u32 = 2u;
 const WIDE: u32 = 4u;
@@ -193,6 +204,11 @@ fn sampled(r: u32) -> bool {
     return (draws[r].w & GREEDY) == 0u && temps[r].x > 0.0;
 }
 
+// coupled reports whether row r's draw is coupled.
+fn coupled(r: u32) -> bool {
+    return sampled(r) && (draws[r].w & COUPLED) != 0u;
+}
+
 // nucleus reports whether row r's draw keeps only part of the row.
 fn nucleus(r: u32) -> bool {
     let tp = temps[r].y;
@@ -208,6 +224,8 @@ const R_ST: u32 = 4u;    // Σ exp((l − best) / T) (bits; 0 for a greedy row)
 const R_SMIN: u32 = 5u;  // min l / T (bits)
 const R_COUNT: u32 = 6u; // how many tokens the list holds
 const R_SIZE: u32 = 7u;  // the chunk's logits
+const R_GV: u32 = 8u;    // a coupled row's: the chunk's best l / T + g (bits)
+const R_GI: u32 = 9u;    // and its token
 
 @compute @workgroup_size(WG)
 fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -262,6 +280,20 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     s1 = sum_all(lid, s1);
     st = sum_all(lid, st);
     smin = min_f(lid, smin);
+    var noisy = Cand(0.0, NONE);
+    if coupled(r) {
+        let d = draws[r];
+        for (var j = 0u; j < PER; j++) {
+            let i = v0 + j * WG;
+            if i < V {
+                let g = Cand(xs[j] / T + gumbel(d.y, d.z, i), i);
+                if better(g, noisy) {
+                    noisy = g;
+                }
+            }
+        }
+        noisy = best_all(lid, noisy);
+    }
 
     // The list: each round the best after the last.
     let n = select(p.topn, max(p.topn, M), nucleus(r));
@@ -296,6 +328,8 @@ fn partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         parts[rec + R_SMIN] = bitcast<u32>(smin);
         parts[rec + R_COUNT] = count;
         parts[rec + R_SIZE] = size;
+        parts[rec + R_GV] = bitcast<u32>(noisy.v);
+        parts[rec + R_GI] = noisy.i;
     }
 }
 
@@ -504,6 +538,11 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         kept_total = sum_all(lid, kept);
     }
 
+    if coupled(r) {
+        coupled_draw(r, lid, T, threshold, lse, wide);
+        return;
+    }
+
     // The proposal: its acceptance, and the weight of its chunk without it
     // (from the chunk's logits: a difference of sums could round it away).
     let x = d.x;
@@ -641,4 +680,51 @@ fn chunk_weight(c: u32, threshold: f32, x: u32, x_w: f32, wide: bool) -> f32 {
         }
     }
     return w;
+}
+
+// coupled_draw finishes a coupled row r's merge: its sample is the kept
+// token with the largest l / T + g — the best of the chunks' noisy tokens
+// where that one is kept, else found by a pass over the row's kept
+// tokens —, the proposal accepted iff it is that token.
+fn coupled_draw(r: u32, lid: u32, T: f32, threshold: f32, lse: f32, wide: bool) {
+    let d = draws[r];
+    let V = p.V;
+    let base = r * V;
+    let rec0 = r * p.chunks * REC;
+    var y = Cand(0.0, NONE);
+    for (var c = lid; c < p.chunks; c += WG) {
+        let rec = rec0 + c * REC;
+        let g = Cand(bitcast<f32>(parts[rec + R_GV]), parts[rec + R_GI]);
+        if better(g, y) {
+            y = g;
+        }
+    }
+    y = best_all(lid, y);
+    if logits[base + y.i] / T < threshold {
+        var k = Cand(0.0, NONE);
+        for (var i = lid; i < V; i += WG) {
+            let l = logits[base + i];
+            if l / T >= threshold {
+                let g = Cand(l / T + gumbel(d.y, d.z, i), i);
+                if better(g, k) {
+                    k = g;
+                }
+            }
+        }
+        y = best_all(lid, k);
+    }
+    if lid == 0u {
+        let x = d.x;
+        let accept = x != NONE && x == y.i;
+        let y_lp = logits[base + y.i] - lse;
+        out[r * 8u + 1u] = y.i;
+        out[r * 8u + 2u] = select(0u, ACCEPT, accept) | select(0u, WIDE, wide);
+        out[r * 8u + 3u] = bitcast<u32>(threshold);
+        out[r * 8u + 6u] = select(0u, bitcast<u32>(logits[base + min(x, V - 1u)] - lse), x != NONE);
+        out[r * 8u + 7u] = bitcast<u32>(y_lp);
+        if (d.w & OUTCOME) != 0u {
+            ids[r] = y.i;
+            lps[r] = y_lp;
+        }
+    }
 }

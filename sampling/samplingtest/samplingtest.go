@@ -16,7 +16,9 @@ const Slack = 1e-3
 // Check holds got, a row read out of logits with p and d, to the rule
 // computed in float64: the argmax, the acceptance U < p(X) (where U is not
 // within Slack of p(X)), and a draw where V falls in the cumulative
-// distribution of the nucleus without X (within Slack of the mass).
+// distribution of the nucleus without X (within Slack of the mass); a
+// coupled row's draw to a kept token whose scaled logit and noise are
+// within NoiseSlack of the largest, accepted iff it is X.
 func Check(logits []float32, p sampling.Params, d sampling.Draw, got sampling.Row) error {
 	ref, err := sampling.Choose(logits, p, d)
 	if err != nil {
@@ -29,6 +31,9 @@ func Check(logits []float32, p sampling.Params, d sampling.Draw, got sampling.Ro
 		return nil
 	}
 	probs := probsAt(logits, p, ref.Threshold)
+	if d.Coupled {
+		return checkCoupled(logits, p, d, got, ref, probs)
+	}
 	if d.X != sampling.NoProposal {
 		if px := probs[d.X]; math.Abs(float64(d.U)-px) > Slack && got.Accept != (float64(d.U) < px) {
 			return fmt.Errorf("accept %v for U %v, p(X) %v", got.Accept, d.U, px)
@@ -88,4 +93,26 @@ func probsAt(logits []float32, p sampling.Params, threshold float32) []float64 {
 		probs[i] /= kept
 	}
 	return probs
+}
+
+// NoiseSlack is how far below the largest scaled logit plus noise a
+// coupled row's draw may lie: f32 division and logarithms rounded
+// differently on a GPU.
+const NoiseSlack = 1e-4
+
+// checkCoupled is Check for a coupled row.
+func checkCoupled(logits []float32, p sampling.Params, d sampling.Draw, got, ref sampling.Row, probs []float64) error {
+	y := got.Sample
+	if y < 0 || y >= len(probs) || probs[y] == 0 {
+		return fmt.Errorf("coupled draw %d, outside the nucleus", y)
+	}
+	k0, k1 := d.Key()
+	noisy := func(i int) float64 { return float64(logits[i]/p.Temperature) + float64(sampling.Gumbel(k0, k1, i)) }
+	if best := noisy(ref.Sample); noisy(y) < best-NoiseSlack*math.Max(1, math.Abs(best)) {
+		return fmt.Errorf("coupled draw %d (%v), want %d (%v)", y, noisy(y), ref.Sample, best)
+	}
+	if got.Accept != (d.X != sampling.NoProposal && y == d.X) {
+		return fmt.Errorf("coupled: accept %v with draw %d and proposal %d", got.Accept, y, d.X)
+	}
+	return nil
 }

@@ -239,6 +239,19 @@ func SamplesDrafts(e Engine) bool {
 	return ok && s.SamplesDrafts()
 }
 
+// CouplesDrafts reports whether e, a drafter, drafts by coupled draws in
+// its fused steps (DraftVerify, DraftVerifyN): where the verification's
+// rows are coupled (sampling.Draw.Coupled), each draft is the Gumbel-max
+// draw from the drafter's distribution under the key of the row that
+// verifies it, which the target's coupled draw equals far more often than
+// a greedy draft. A drafter that does not drafts its greedy tokens, which
+// coupled rows accept as the greedy rule does; the target's tokens follow
+// its distribution either way.
+func CouplesDrafts(e Engine) bool {
+	c, ok := e.(interface{ CouplesDrafts() bool })
+	return ok && c.CouplesDrafts()
+}
+
 // SampledPair reports whether drafter's sampled drafts can be verified by
 // target: both sample drafts, and target reads drafter's distributions —
 // host ones (HostDist) every such engine reads, a device's only the

@@ -114,6 +114,12 @@ type gen struct {
 	// more than sampled proposals drafted a pass and a round trip each
 	// (BENCHMARKS.md).
 	sampled bool
+	// coupled: a sampled generation whose drafts are not sampled draws
+	// coupled rows (sampling.Draw.Coupled) where the drafter couples its
+	// fused drafts to them (engine.CouplesDrafts): its drafts are then the
+	// Gumbel-max draws the target's rows are compared with, accepted
+	// where they are the target's own draws.
+	coupled bool
 	// head: the drafter is an EAGLE-3 head reading the target's features
 	// (Generator.head); it drafts once the target holds a position.
 	head bool
@@ -184,6 +190,7 @@ func (r *runner) admit() {
 		gn.head = g.head && j.req.Remote == nil
 		gn.sampled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && engine.SampledPair(g.drafter, g.target) &&
 			(j.topK > 1 || !chains(g.drafter))
+		gn.coupled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && !gn.sampled && engine.CouplesDrafts(g.drafter) && !g.opts.Uncoupled
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
 		var err error
 		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt, j.req.Fresh)
@@ -998,7 +1005,7 @@ func (gn *gen) draws(n int) []sampling.Draw {
 	k := copy(out, gn.spare)
 	gn.spare = gn.spare[k:]
 	for i := k; i < n; i++ {
-		out[i] = sampling.Draw{X: sampling.NoProposal, U: gn.rng.Float32(), V: gn.rng.Float32()}
+		out[i] = sampling.Draw{X: sampling.NoProposal, U: gn.rng.Float32(), V: gn.rng.Float32(), Coupled: gn.coupled}
 	}
 	return out
 }

@@ -59,6 +59,10 @@ type Options struct {
 	// the target alone's (engine.Chainer, engine.SampleChainer) —: the
 	// round trips a chain saves, for measuring it.
 	Unchained bool
+	// Uncoupled keeps a sampled generation's drafts greedy where the
+	// drafter would couple them to the target's draws
+	// (engine.CouplesDrafts), for measuring what coupling gains.
+	Uncoupled bool
 	// OnStep, when set, is called after every step (for metrics).
 	OnStep func(StepStats)
 }

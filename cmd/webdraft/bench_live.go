@@ -30,6 +30,10 @@ type liveBench struct {
 	// unchained measures each k a second time with every fused step a
 	// call of its own (speculative.Options.Unchained).
 	unchained bool
+	// uncoupled measures each k a second time with greedy drafts where
+	// the drafter couples its drafts to the target's draws
+	// (speculative.Options.Uncoupled).
+	uncoupled bool
 	// adaptive makes each k's and each tree's generations adaptive
 	// (speculative.Request.Adaptive).
 	adaptive         bool
@@ -76,6 +80,7 @@ type liveShape struct {
 	tree      treeShape
 	unfused   bool // speculative.Options.Unfused
 	unchained bool // speculative.Options.Unchained
+	uncoupled bool // speculative.Options.Uncoupled
 }
 
 // liveRun is one configuration's measurement over every prompt.
@@ -172,6 +177,9 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		if b.unchained {
 			shapes = append(shapes, liveShape{k: k, unchained: true})
 		}
+		if b.uncoupled {
+			shapes = append(shapes, liveShape{k: k, uncoupled: true})
+		}
 	}
 	chainShapes := len(shapes) - 1
 	for _, t := range b.trees {
@@ -236,8 +244,8 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		} else {
 			fusedSome = true
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
-			r.k, how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
+		fmt.Fprintf(tw, "%d%s\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
+			r.k, map[bool]string{true: " greedy drafts"}[r.uncoupled], how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
 			ms(r.step()), draftMS, ms(tVerify), draftCostCol, verifyCost, r.tau()/(draftCost+verifyCost))
 	}
 	if err := tw.Flush(); err != nil {
@@ -251,6 +259,9 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		fmt.Fprintf(e.stdout, "\nadaptive: generations that ran the target alone for a while, their speculative steps measured slower: %s\n", strings.Join(parts, ", "))
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
+	if b.uncoupled {
+		fmt.Fprintln(e.stdout, "greedy drafts (--uncoupled): the drafter proposed its greedy tokens where it otherwise drafts the Gumbel-max draws coupled to the target's (an EAGLE-3 head on WebGPU at a temperature).")
+	}
 	if fusedSome {
 		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); chained n%: the share of steps run in chains of fused steps on the device, each accepted there and the next planned from it, read back once a chain (t_verify a step's share of its chain); separate: as two calls, each read back.")
 	}
@@ -293,7 +304,7 @@ func (sh liveShape) treeName() string {
 func (b liveBench) run(ctx context.Context, sh liveShape) (*liveRun, error) {
 	r := &liveRun{liveShape: sh}
 	var mu sync.Mutex
-	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, Unfused: sh.unfused, Unchained: sh.unchained, OnStep: func(st speculative.StepStats) {
+	g, err := speculative.New(b.drafter, b.target, speculative.Options{MaxBatch: b.batch, Unfused: sh.unfused, Unchained: sh.unchained, Uncoupled: sh.uncoupled, OnStep: func(st speculative.StepStats) {
 		mu.Lock()
 		defer mu.Unlock()
 		r.record(st)

@@ -20,7 +20,7 @@ import (
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--unchained] [--adaptive] [--batch 1] [--temperature 0] [--top-p 1]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--unchained] [--uncoupled] [--adaptive] [--batch 1] [--temperature 0] [--top-p 1]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter; embedded:eagle3 the embedded EAGLE-3 head)"+headNote)
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
@@ -35,6 +35,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	treesFlag := fs.String("trees", "", fmt.Sprintf("with --live: token trees to measure too, as b×N, comma-separated (2x8,4x16: b children a node, 2…%d; N nodes verified a step, 1…%d); default: none", speculative.MaxTopK, speculative.MaxTreeNodes))
 	treeDepth := fs.Int("tree-depth", 6, fmt.Sprintf("with --live and --trees: the trees' depth, the drafter's passes a step (1…%d)", speculative.MaxK))
 	unfused := fs.Bool("unfused", false, "with --live: measure each k of --ks and each tree of --trees also with the drafter's passes and the target's verification as separate calls, each read back, where the drafter and target share a device that runs a step as one submission (WebGPU)")
+	uncoupled := fs.Bool("uncoupled", false, "with --live at a temperature: measure each k of --ks also with greedy drafts where the drafter would draft the Gumbel-max draws coupled to the target's (an EAGLE-3 head on WebGPU), for comparing the two")
 	unchained := fs.Bool("unchained", false, "with --live: measure each k of --ks, and the target alone, also with every step a call of its own, read back, where the engines chain steps on the device: fused steps each accepted there and the next planned from it (an EAGLE-3 head or a drafter on the target's WebGPU device), the target alone's each fed the token the one before chose")
 	adaptive := fs.Bool("adaptive", false, "with --live: every speculative generation adaptive, as serve makes an API generation that sets neither seed nor speculative.k: it runs the target alone where its speculative steps are measured not to pay (the output says how many did)")
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
@@ -55,8 +56,8 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if !*live && (isSet(fs, "temperature") || isSet(fs, "top-p")) {
 		return usagef("--temperature and --top-p take --live (the offline measure is greedy)")
 	}
-	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused || *unchained || *adaptive) {
-		return usagef("--trees, --tree-depth, --unfused, --unchained and --adaptive take --live (the offline measure drafts chains)")
+	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused || *unchained || *uncoupled || *adaptive) {
+		return usagef("--trees, --tree-depth, --unfused, --unchained, --uncoupled and --adaptive take --live (the offline measure drafts chains)")
 	}
 	trees, err := parseTrees(*treesFlag)
 	if err != nil {
@@ -138,7 +139,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		}
 		return benchSpecLive(ctx, e, liveBench{
 			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
-			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, unchained: *unchained, adaptive: *adaptive, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
+			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, unchained: *unchained, uncoupled: *uncoupled, adaptive: *adaptive, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
 			sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		})
 	}

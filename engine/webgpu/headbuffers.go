@@ -174,6 +174,9 @@ type headActivations struct {
 	mapSrc, mapPairs *gpu.Buffer
 	chainRows        []*gpu.Buffer
 	results          *gpu.Buffer
+	// chainKeys holds a fused call's coupled drafts' keys (coupleKeys),
+	// grown as calls need them; nil until one couples.
+	chainKeys *gpu.Buffer
 	// A Verify's proposals (nil until one draws: ensurePropose): the rows'
 	// logits scattered over the vocabulary (S, V) f32, propose.wgsl's
 	// inputs (S, kernels.ProposeWords) u32 and tokens drawn (S,
@@ -327,10 +330,10 @@ func (a *headActivations) release() {
 	for _, b := range a.chainRows {
 		b.Release()
 	}
-	for _, b := range []*gpu.Buffer{a.results, a.nodes} {
+	for _, b := range []*gpu.Buffer{a.results, a.nodes, a.chainKeys} {
 		if b != nil {
 			b.Release()
 		}
 	}
-	a.all, a.chainRows, a.results, a.nodes = nil, nil, nil, nil
+	a.all, a.chainRows, a.results, a.nodes, a.chainKeys = nil, nil, nil, nil, nil
 }

@@ -82,7 +82,7 @@ func (h *Head) prepareChain(ctx context.Context, batch []*engine.Entry, n int) (
 // read back once where they chain, else step by step, each read back.
 func (h *Head) runChain(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int) ([][]engine.Token, error) {
 	if n > 1 && h.chains(feeds) {
-		lay, submitted, err := h.chainSubmit(ctx, feeds, batch, n, false)
+		lay, submitted, err := h.chainSubmit(ctx, feeds, batch, n, false, nil)
 		var toks [][]engine.Token
 		if err == nil {
 			var raw []byte
@@ -233,10 +233,12 @@ func (h *Head) chainTail(lay chainLayout, j int, mapIDs bool) []step {
 // reserved) to the device, each step's read-out words copied into the
 // results and, with targets, each step's drafts in the target's
 // vocabulary too where the ids are draft tokens (chainLayout.tidAt), for a
-// target's pass to gather (chainLayout.targetWord).
+// target's pass to gather (chainLayout.targetWord). Where keys is not nil
+// and the chain is mapped, step j's drafts are coupled by keys(j)'s
+// (headcouple.go).
 // Nothing is read back or committed: chainDone does that with the
 // results. submitted reports whether any pass went to the device.
-func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int, targets bool) (_ chainLayout, submitted bool, err error) {
+func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int, targets bool, keys func(k int) gpu.Binding) (_ chainLayout, submitted bool, err error) {
 	a, B := h.act, len(feeds)
 	topN := 0
 	seqs := make([]*kernels.KVSeq, B)
@@ -257,6 +259,9 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 	direct := func(ps *headPass, j int) {
 		if !lay.mapped {
 			return
+		}
+		if keys != nil {
+			ps.keys = keys(j)
 		}
 		at := uint64(j) * lay.stride
 		ps.readIDs = a.results.Slice(at, lay.idBytes)

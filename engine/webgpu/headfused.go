@@ -96,7 +96,12 @@ func (h *Head) fused(ctx context.Context, steps []engine.ChainStep, feeds []head
 		}
 		return out, t.verifyDrafts(ctx, twork, steps, out)
 	}
-	lay, submitted, err := h.chainSubmit(ctx, feeds, drafts, n, true)
+	keys, err := h.coupleKeys(steps, n, 1)
+	if err != nil {
+		h.unchain(feeds, false)
+		return nil, t.broken(err)
+	}
+	lay, submitted, err := h.chainSubmit(ctx, feeds, drafts, n, true, keys)
 	if err != nil {
 		h.unchain(feeds, submitted)
 		return nil, t.broken(err)

@@ -217,6 +217,10 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	if err != nil {
 		return nil, err
 	}
+	keys, err := h.coupleKeys(steps, n, m)
+	if err != nil {
+		return nil, err
+	}
 
 	// The head's own inputs, written before the submissions that read
 	// them: the first pass's read-out pairs, the feature copies' pairs.
@@ -246,7 +250,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 
 	// Step 0: DraftVerify's submissions, the verification's features kept
 	// for the head and its rows copied into the results.
-	lay0, _, err := h.chainSubmit(ctx, feeds, drafts, n, true)
+	lay0, _, err := h.chainSubmit(ctx, feeds, drafts, n, true, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -284,6 +288,9 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 			return append(h.passSteps(ps, B, topN), h.chainTail(lay, k, true)...)
 		}
 		at := uint64(k) * lay.stride
+		if keys != nil {
+			ps.keys = keys(k)
+		}
 		ps.readIDs = a.results.Slice(at, lay.idBytes)
 		ps.readLP = a.results.Slice(at+lay.lpAt, lay.topAt-lay.lpAt)
 		if ps.fromNext {

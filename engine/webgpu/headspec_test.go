@@ -106,12 +106,16 @@ func TestHeadDraftVerifyN(t *testing.T) {
 				h, target = rig.head, rig.target
 			}
 			for _, n := range []int{1, 3, 5} {
-				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, 0, pair == "agreeable", nil) })
+				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, 0, pair == "agreeable", nil, false) })
 			}
-			t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 3, pair == "agreeable", nil) })
-			t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 0, pair == "agreeable", sampledAt) })
+			t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 3, pair == "agreeable", nil, false) })
+			t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 0, pair == "agreeable", sampledAt, false) })
 			t.Run("n=4, sampled beside greedy, top tokens", func(t *testing.T) {
-				testDraftVerifyN(t, h, target, 4, 2, pair == "agreeable", sampledBeside)
+				testDraftVerifyN(t, h, target, 4, 2, pair == "agreeable", sampledBeside, false)
+			})
+			t.Run("n=3, coupled", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 0, pair == "agreeable", coupledAt, true) })
+			t.Run("n=4, coupled beside greedy, top tokens", func(t *testing.T) {
+				testDraftVerifyN(t, h, target, 4, 2, pair == "agreeable", sampledBeside, true)
 			})
 		})
 	}
@@ -131,12 +135,16 @@ type specDrafter interface {
 var (
 	sampledAt     = []sampling.Params{{Temperature: 0.02, TopP: 0.9}, {Temperature: 0.05, TopP: 1}}
 	sampledBeside = []sampling.Params{{Temperature: 0.03, TopP: 0.95}, {}}
+	// coupledAt samples coupled draws (sampling.Draw.Coupled) at
+	// temperatures where the head's coupled drafts differ from its greedy
+	// ones, in a nucleus and not.
+	coupledAt = []sampling.Params{{Temperature: 0.5, TopP: 0.9}, {Temperature: 1, TopP: 1}}
 )
 
 // testDraftVerifyN holds a chain of m steps to m DraftVerify calls
 // (TestHeadDraftVerifyN), its two generations greedy or sampled under
-// params, each step of a sampled one with its own draws.
-func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, agreeable bool, params []sampling.Params) {
+// params, each step of a sampled one with its own draws, coupled or not.
+func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, agreeable bool, params []sampling.Params, coupled bool) {
 	ctx := context.Background()
 	const m = 4
 	gens := []*specGen{
@@ -179,7 +187,7 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 		for i := range gens {
 			draws[i] = make([]sampling.Draw, m*(n+1))
 			for k := range draws[i] {
-				draws[i][k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32()}
+				draws[i][k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: coupled}
 			}
 		}
 		fused := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tF, g.hF }, -1)
@@ -270,11 +278,11 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 func TestDraftVerifyN(t *testing.T) {
 	p := newSampledPair(t, NewGroup(gputest.Device(t)), Options{})
 	for _, n := range []int{1, 3, 5} {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, n, 0, true, nil) })
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, n, 0, true, nil, false) })
 	}
-	t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 3, true, nil) })
-	t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 0, true, sampledAt) })
+	t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 3, true, nil, false) })
+	t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 0, true, sampledAt, false) })
 	t.Run("n=4, sampled beside greedy, top tokens", func(t *testing.T) {
-		testDraftVerifyN(t, p.drafter, p.target, 4, 2, true, sampledBeside)
+		testDraftVerifyN(t, p.drafter, p.target, 4, 2, true, sampledBeside, false)
 	})
 }

@@ -314,6 +314,9 @@ type headPass struct {
 	// readLP; where fromNext, its ids are the step before's there
 	// (fromIDs). Zero Bindings: next, as for every other pass.
 	readIDs, readLP, fromIDs gpu.Binding
+	// keys, where set, are a mapped chain's read-out rows' coupled keys
+	// (kernels.ArgmaxOfCoupled; headcouple.go).
+	keys gpu.Binding
 	// treeLevel: a level of a tree drafted on the device (DraftVerifyTree),
 	// every row read out, in order, after the pass.
 	treeLevel bool
@@ -791,9 +794,9 @@ func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool, ps *headPass
 			case sample:
 				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, n, Vd, topN)
 			case ps.mapped && ps.readIDs.Buf != nil:
-				return kernels.ArgmaxOf(b, ps.readIDs, ps.readLP, a.logits, w.targetIDs, n, Vd, lseAt(n))
+				return kernels.ArgmaxOfCoupled(b, ps.readIDs, ps.readLP, a.logits, w.targetIDs, ps.keys, n, Vd, lseAt(n))
 			case ps.mapped:
-				return kernels.ArgmaxOf(b, a.next.All(), a.lp(), a.logits, w.targetIDs, n, Vd, lseAt(n))
+				return kernels.ArgmaxOfCoupled(b, a.next.All(), a.lp(), a.logits, w.targetIDs, ps.keys, n, Vd, lseAt(n))
 			}
 			return kernels.Argmax(b, a.next.All(), a.lp(), a.logits, n, Vd, lseAt(n))
 		},

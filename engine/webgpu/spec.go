@@ -292,7 +292,8 @@ func (s *specBuffers) startDraws(d *gpu.Device, steps []engine.ChainStep, n, m i
 				w := draws[uint64(j)*stride/4+uint64(r*kernels.SampleDrawWords):]
 				dr := sampling.Draw{X: sampling.NoProposal}
 				if !v.Sampling.Greedy() {
-					dr.U, dr.V = st.ChainDraws[(j-1)*(n+1)+c].U, st.ChainDraws[(j-1)*(n+1)+c].V
+					cd := st.ChainDraws[(j-1)*(n+1)+c]
+					dr.U, dr.V, dr.Coupled = cd.U, cd.V, cd.Coupled
 				}
 				kernels.PutSampleRow(w, temps, v.Sampling, dr)
 				kernels.SetSampleOutcome(w)

@@ -195,7 +195,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	runs := make([]*liveRun, len(shapes))
 	for round := range max(b.rounds, 1) {
 		for i, sh := range shapes {
-			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "unfused", sh.unfused, "unchained", sh.unchained, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
+			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "unfused", sh.unfused, "unchained", sh.unchained, "uncoupled", sh.uncoupled, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
 			r, err := b.run(ctx, sh)
 			if err != nil {
 				if sh.tree.b > 1 {

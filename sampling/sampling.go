@@ -9,7 +9,9 @@
 // x with probability min(1, p(x)/q(x)), else draw from norm(max(0, p − q)))
 // becomes: accept x with probability p(x); on rejection draw from p with x
 // left out, renormalized. Either way the token that comes out is
-// distributed as p, the target's own distribution.
+// distributed as p, the target's own distribution. Coupled draws
+// (coupled.go) share a row's randomness between drafter and target
+// instead: both take Gumbel-max draws under one key.
 package sampling
 
 import (

@@ -48,11 +48,23 @@ func Gumbel(k0, k1 uint32, t int) float32 {
 // over part of the vocabulary (nil: i itself), the lower token on a tie,
 // scaled in f32 as on the GPU. A NaN anywhere is ErrNaN.
 func CoupledChoice(logits []float32, tokens []int32, T float32, d Draw) (int, error) {
+	for _, l := range logits {
+		if l != l {
+			return 0, ErrNaN
+		}
+	}
+	return gumbelMax(logits, tokens, T, d, nil), nil
+}
+
+// gumbelMax is the index i, among those in(i) (nil: all), with the largest
+// logits[i]/T + Gumbel(key, token(i)), the lower token on a tie: Choose's
+// draw for a coupled row (in: the nucleus) and CoupledChoice's.
+func gumbelMax(logits []float32, tokens []int32, T float32, d Draw, in func(int) bool) int {
 	k0, k1 := d.Key()
 	best, at, tok := float32(math.Inf(-1)), -1, 0
 	for i, l := range logits {
-		if l != l {
-			return 0, ErrNaN
+		if in != nil && !in(i) {
+			continue
 		}
 		t := i
 		if tokens != nil {
@@ -60,22 +72,6 @@ func CoupledChoice(logits []float32, tokens []int32, T float32, d Draw) (int, er
 		}
 		if v := l/T + Gumbel(k0, k1, t); at < 0 || v > best || v == best && t < tok {
 			best, at, tok = v, i, t
-		}
-	}
-	return at, nil
-}
-
-// coupledSample is Choose's draw for a coupled row: the kept token (in(i))
-// with the largest scaled logit plus its noise, the lower index on a tie.
-func coupledSample(logits []float32, T float32, d Draw, in func(int) bool) int {
-	k0, k1 := d.Key()
-	best, at := float32(math.Inf(-1)), -1
-	for i, l := range logits {
-		if !in(i) {
-			continue
-		}
-		if v := l/T + Gumbel(k0, k1, i); at < 0 || v > best {
-			best, at = v, i
 		}
 	}
 	return at

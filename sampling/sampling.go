@@ -119,7 +119,7 @@ func Choose(logits []float32, p Params, d Draw) (Row, error) {
 	}
 	in := func(i int) bool { return logits[i]/p.Temperature >= r.Threshold }
 	if d.Coupled {
-		r.Sample = coupledSample(logits, p.Temperature, d, in)
+		r.Sample = gumbelMax(logits, nil, p.Temperature, d, in)
 		if d.X != NoProposal {
 			r.XLogprob = logits[d.X] - r.LogSumExp
 			r.Accept = r.Sample == d.X

@@ -23,9 +23,10 @@
 //            index NAN_SEEN if the chunk holds a NaN; S = 1 + coupled, and
 //            a coupled row's second word cand[(t·chunks + c)·S + 1] =
 //            (its best noisy value bits, that token, its logit bits, 0).
-//   merge:   workgroup t merges the row's chunks candidates into ids[t],
-//            and their sums, each rescaled to the row's largest value, into
-//            lp[t] and lp[lse0 + t].
+//   merge:   workgroup t merges the row's chunks candidates into ids[t]
+//            (a coupled row's from their second words), and their sums,
+//            each rescaled to the row's largest value, into lp[t] and
+//            lp[lse0 + t].
 // Both reduce through a tree in workgroup memory, ties to the lower index.
 //
 // Buffers:

@@ -49,6 +49,13 @@ func Argmax(b *gpu.Batch, ids, lp gpu.Binding, logits *gpu.Buffer, T, V, lse0 in
 	return argmax(b, ids, lp, logits, nil, gpu.Binding{}, T, V, lse0)
 }
 
+// ArgmaxCoupled is Argmax whose rows may be coupled drafts, as
+// ArgmaxOfCoupled's over a head of the whole vocabulary (each logit's
+// index its token); a zero keys Binding: Argmax.
+func ArgmaxCoupled(b *gpu.Batch, ids, lp gpu.Binding, logits *gpu.Buffer, keys gpu.Binding, T, V, lse0 int) error {
+	return argmax(b, ids, lp, logits, nil, keys, T, V, lse0)
+}
+
 // ArgmaxOf is Argmax over the logits of a head that scores V tokens of a
 // larger vocabulary, tokens[v] the token of logit v, the others −∞: ids[t]
 // is the token, the first in token order among the largest, as Argmax over

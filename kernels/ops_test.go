@@ -446,6 +446,11 @@ func checkArgmaxRow(t *testing.T, row int, logits []float32, id uint32, lp, lse 
 	}
 }
 
+// extremeHash is one of samplingtest.ExtremeHashes.
+func extremeHash(r *rand.Rand) uint32 {
+	return samplingtest.ExtremeHashes[r.IntN(len(samplingtest.ExtremeHashes))]
+}
+
 // checkCoupledRow holds a coupled row's read-out to sampling.CoupledChoice
 // over the whole vocabulary's row: a token whose scaled logit and noise
 // lie within samplingtest.NoiseSlack of the largest, its log-probability
@@ -480,14 +485,23 @@ func checkCoupledRow(t *testing.T, row int, logits []float32, T float32, d sampl
 // order, chooses what Argmax over the whole row (its logits placed, the
 // rest −∞) chooses: ties go to the lower token, not the lower logit index;
 // coupled rows (ArgmaxOfCoupled) what sampling.CoupledChoice chooses over
-// that row, their noise keyed by the tokens.
+// that row, their noise keyed by the tokens; a third of the runs score the
+// whole vocabulary in order through ArgmaxCoupled.
 func TestArgmaxOf(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	for _, V := range []int{1, 1 + r.IntN(9000), 32768} {
 		vocab, T := V+r.IntN(3*V+5), []int{1, 4, 6}[r.IntN(3)]
+		whole := r.IntN(3) == 0 // a head over the whole vocabulary: ArgmaxCoupled, no tokens bound
+		if whole {
+			vocab = V
+		}
 		t.Run(fmt.Sprintf("T%d_V%d_of%d", T, V, vocab), func(t *testing.T) {
 			tokens := r.Perm(vocab)[:V]
+			if whole {
+				tokens = r.Perm(V)
+				slices.Sort(tokens)
+			}
 			logits := randVec(r, T*V, 5)
 			for row := range T {
 				l := logits[row*V : (row+1)*V]
@@ -519,12 +533,19 @@ func TestArgmaxOf(t *testing.T) {
 				for row := range T {
 					temps[row] = []float32{0, 0.5, 1, 1.5}[r.IntN(4)]
 					coupled[row] = sampling.Draw{U: r.Float32(), V: r.Float32(), Coupled: row%4 != 1}
+					if r.IntN(2) == 0 { // a token's noise at an end of its range
+						coupled[row] = samplingtest.DrawHashing(r, tokens[r.IntN(V)], extremeHash(r), sampling.NoProposal)
+						coupled[row].Coupled = row%4 != 1
+					}
 					PutCoupledKey(kw[row*ArgmaxCoupledWords:], temps[row], coupled[row])
 				}
 				keys = uploadU32(t, d, "keys", kw).All()
 			}
 			poisonScratch(t, d, T*64)
 			run(t, d, "argmax of", func(b *gpu.Batch) error {
+				if whole {
+					return ArgmaxCoupled(b, ids.All(), lp.All(), lb, keys, T, V, lse0)
+				}
 				return ArgmaxOfCoupled(b, ids.All(), lp.All(), lb, tb, keys, T, V, lse0)
 			})
 			got, err := ids.ReadU32()
@@ -595,6 +616,9 @@ func TestSample(t *testing.T) {
 					params[row].TopP = 1
 				}
 				draws[row] = sampling.Draw{X: r.IntN(V), U: r.Float32(), V: r.Float32(), Coupled: r.IntN(3) == 0}
+				if draws[row].Coupled && r.IntN(2) == 0 { // a token's noise at an end of its range
+					draws[row] = samplingtest.DrawHashing(r, r.IntN(V), extremeHash(r), draws[row].X)
+				}
 				if row%6 == 4 {
 					draws[row].X = sampling.NoProposal
 				}

@@ -31,16 +31,29 @@ func mix32(x uint32) uint32 {
 	return x
 }
 
-// Gumbel is token t's noise under key (k0, k1): −log(−log u) for u =
-// (h + ½)·2⁻²⁴ ∈ (0, 1), h the top 24 bits of three keyed rounds of mix32
-// over t — prelude.wgsl's gumbel, which computes the logarithms in f32.
+// Gumbel is token t's noise under key (k0, k1): −log E, E = −log(1 − w)
+// an exponential variate, w = (h + ½)·2⁻³² (at most the largest f32 below
+// 1) for h, three keyed rounds of mix32 over t — prelude.wgsl's gumbel,
+// which computes E in f32 (by its series where w < 2⁻⁶). w resolves its
+// small values to 2⁻³², so the upper tail, where a row's largest noisy
+// logits come from, is not coarse: the noise is finite and at most
+// MaxGumbel.
 func Gumbel(k0, k1 uint32, t int) float32 {
 	h := mix32(uint32(t) ^ k0)
 	h = mix32(h + k1)
-	h = mix32(h ^ k0)
-	u := (float32(h>>8) + 0.5) * (1.0 / 16777216)
-	return float32(-math.Log(-math.Log(float64(u))))
+	return gumbelOf(mix32(h ^ k0))
 }
+
+// gumbelOf is the noise of a hash h (Gumbel); it falls as h grows.
+func gumbelOf(h uint32) float32 {
+	w := min((float32(h)+0.5)*(1.0/4294967296), 0x1.fffffep-1)
+	return float32(-math.Log(-math.Log1p(-float64(w))))
+}
+
+// MaxGumbel is the largest noise Gumbel gives (at h = 0: about 22.87), so
+// a token whose logit/T + MaxGumbel falls below another's noisy logit
+// cannot be a row's Gumbel-max draw.
+var MaxGumbel = gumbelOf(0)
 
 // CoupledChoice is a drafter's coupled proposal from a row of logits at
 // temperature T > 0 under key d: the index i with the largest

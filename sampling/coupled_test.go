@@ -166,3 +166,31 @@ func TestGumbel(t *testing.T) {
 		t.Error("the noise is not a function of the key and the token")
 	}
 }
+
+// TestGumbelTails: at the ends of the hash's range and at the GPU
+// formula's seams (samplingtest.ExtremeHashes, reached through keys that
+// give a token that hash) the noise is finite, at most MaxGumbel, and falls
+// as the hash grows; the largest is MaxGumbel.
+func TestGumbelTails(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	if g := float64(sampling.MaxGumbel); math.IsInf(g, 0) || math.IsNaN(g) || g < 22 || g > 23.5 {
+		t.Fatalf("MaxGumbel %v", g)
+	}
+	last := float32(math.Inf(1))
+	for _, h := range samplingtest.ExtremeHashes {
+		tok := r.IntN(151936)
+		d := samplingtest.DrawHashing(r, tok, h, sampling.NoProposal)
+		if d.U < 0 || d.U >= 1 || d.V < 0 || d.V >= 1 {
+			t.Fatalf("hash %#x: draw %+v outside [0, 1)", h, d)
+		}
+		k0, k1 := d.Key()
+		g := sampling.Gumbel(k0, k1, tok)
+		if math.IsInf(float64(g), 0) || math.IsNaN(float64(g)) || g > sampling.MaxGumbel || g > last {
+			t.Errorf("hash %#x: noise %v (MaxGumbel %v, the hash before %v)", h, g, sampling.MaxGumbel, last)
+		}
+		if h == 0 && g != sampling.MaxGumbel {
+			t.Errorf("hash 0: noise %v, want MaxGumbel %v", g, sampling.MaxGumbel)
+		}
+		last = g
+	}
+}

@@ -547,10 +547,16 @@ fn mix32(x0: u32) -> u32 {
 }
 
 // gumbel is token t's Gumbel noise under a coupled row's key (k0, k1) —
-// sampling.Gumbel: −log(−log u), u = (h + ½)·2⁻²⁴ from the top 24 bits h
-// of three keyed rounds of mix32 over t.
+// sampling.Gumbel: −log E for the exponential variate E = −log(1 − w),
+// w = (h + ½)·2⁻³² (at most the largest f32 below 1) for h, three keyed
+// rounds of mix32 over t. Where w < 2⁻⁶, E is its series w + w²/2 + …
+// (to w⁵/5: the rest is below f32's precision), not 1 − w's logarithm,
+// whose absolute error there would swamp E: the upper tail, where a row's
+// largest noisy logits come from, keeps f32's relative precision.
 fn gumbel(k0: u32, k1: u32, t: u32) -> f32 {
     let h = mix32(mix32(mix32(t ^ k0) + k1) ^ k0);
-    let u = (f32(h >> 8u) + 0.5) * (1.0 / 16777216.0);
-    return -log(-log(u));
+    let w = min((f32(h) + 0.5) * 2.3283064e-10, 0.99999994);
+    let series = w * (1.0 + w * (0.5 + w * (0.33333334 + w * (0.25 + w * 0.2))));
+    let e = select(-log(1.0 - w), series, w < 0.015625);
+    return -log(e);
 }

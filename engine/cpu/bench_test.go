@@ -90,9 +90,10 @@ func BenchmarkVerifyTop(b *testing.B) {
 
 // BenchmarkSampledRead is one pass of the embedded target at context 128
 // reading out one row, greedy and sampled at temperature 0.7 (top_p 1
-// and 0.9): a Step; a Verify's draw (the target alone, sampled); a
-// drafter's 4 proposals; and a chain of 3 sampled drafts verified as a
-// tree (its 4 rows) — each pass's cost beside the greedy step's.
+// and 0.9): a Step; a Verify's draw (the target alone, sampled), and a
+// coupled one; a drafter's 4 proposals; a chain of 3 sampled drafts
+// verified as a tree (its 4 rows), and as coupled rows — each pass's
+// cost beside the greedy step's.
 func BenchmarkSampledRead(b *testing.B) {
 	e := embeddedTarget(b)
 	ctx := context.Background()
@@ -139,6 +140,9 @@ func BenchmarkSampledRead(b *testing.B) {
 		b.Run(fmt.Sprintf("draw/top_p=%v", topP), func(b *testing.B) {
 			pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42}, Out: 1, Sampling: p, Draws: []sampling.Draw{{X: sampling.NoProposal, U: 0.5, V: 0.5}}})
 		})
+		b.Run(fmt.Sprintf("draw_coupled/top_p=%v", topP), func(b *testing.B) {
+			pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42}, Out: 1, Sampling: p, Draws: []sampling.Draw{{X: sampling.NoProposal, U: 0.5, V: 0.5, Coupled: true}}})
+		})
 		b.Run(fmt.Sprintf("propose4/top_p=%v", topP), func(b *testing.B) {
 			pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42}, Out: 1, Sampling: p, Propose: [][]float32{{0.1, 0.4, 0.6, 0.9}}})
 		})
@@ -156,6 +160,15 @@ func BenchmarkSampledRead(b *testing.B) {
 		}}
 		x := d.Rows[0].Drawn[0]
 		pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42, x, x, x}, Out: 4, Sampling: params, Tree: tree})
+	})
+	b.Run("chain3_coupled/top_p=1", func(b *testing.B) {
+		x := d.Rows[0].Drawn[0]
+		draws := make([]sampling.Draw, 4)
+		for i := range draws {
+			draws[i] = sampling.Draw{X: x, U: 0.1 + 0.2*float32(i), V: 0.5, Coupled: true}
+		}
+		draws[3].X = sampling.NoProposal
+		pass(b, &engine.VerifyEntry{Seq: seq, Tokens: []int{42, x, x, x}, Out: 4, Sampling: params, Draws: draws})
 	})
 	b.Run("chain3_placed/top_p=1", func(b *testing.B) {
 		tree := &engine.SampledTree{Nodes: []engine.SampledNode{

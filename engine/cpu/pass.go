@@ -625,7 +625,13 @@ func (p *pass) sampled(rd readout, rows []engine.VerifyRow, i0 int) error {
 		for j := range rows {
 			ds[j] = add(j)
 		}
-		s.prepare(ds...)
+		if coupledOnly(rd.draws, rd.params) {
+			for _, d := range ds {
+				d.lambda, d.theta = float32(math.Inf(-1)), float32(math.Inf(-1))
+			}
+		} else {
+			s.prepare(ds...)
+		}
 		for j, d := range ds {
 			s.choose(d, rd.draws[j], &rows[j].Row)
 		}

@@ -432,6 +432,10 @@ func (dr *drawer) at(target float64) int {
 // and a token drawn from p with X left out.
 func (s *sampler) choose(d *dist, dr sampling.Draw, r *sampling.Row) {
 	r.Threshold = d.theta
+	if dr.Coupled {
+		s.coupled(d, dr, r)
+		return
+	}
 	draws := s.drawer(d.w, d.blocks)
 	if dr.X != sampling.NoProposal {
 		x := s.row(dr.X)
@@ -448,6 +452,59 @@ func (s *sampler) choose(d *dist, dr sampling.Draw, r *sampling.Row) {
 		return
 	}
 	r.Sample, r.SampleLogprob = s.token(j), d.logits[j]-d.lse
+}
+
+// coupled reads out a coupled row (sampling.Choose's rule for one): the
+// kept token with the largest l/T + its Gumbel noise under the row's key,
+// the lower token on a tie, X accepted iff it is that token. No token
+// whose l/T + sampling.MaxGumbel falls below the best so far can win, so
+// the scan starts from the largest logit (kept by every nucleus) and
+// computes the noise only at logits at or above a cut that rises with the
+// best, skipping the rest 64 at a time (ops.FirstAtLeast). d needs its
+// λ only, not its weights (coupledOnly).
+func (s *sampler) coupled(d *dist, dr sampling.Draw, r *sampling.Row) {
+	T := d.p.Temperature
+	k0, k1 := dr.Key()
+	noisy := func(j int) float32 { return d.logits[j]/T + sampling.Gumbel(k0, k1, s.token(j)) }
+	at := ops.FirstAtLeast(d.logits, d.max)
+	best := noisy(at)
+	cut := max(d.lambda, coupledCut(best, T))
+	for j := 0; ; j++ {
+		if j += ops.FirstAtLeast(d.logits[j:], cut); j >= len(d.logits) {
+			break
+		}
+		if v := noisy(j); j != at && (v > best || v == best && j < at) { // rows ascend with their tokens
+			best, at = v, j
+			cut = max(d.lambda, coupledCut(best, T))
+		}
+	}
+	r.Sample, r.SampleLogprob = s.token(at), d.logits[at]-d.lse
+	if dr.X != sampling.NoProposal {
+		r.XLogprob = float32(math.Inf(-1))
+		if x := s.row(dr.X); x >= 0 {
+			r.XLogprob = d.logits[x] - d.lse
+		}
+		r.Accept = r.Sample == dr.X
+	}
+}
+
+// coupledCut is a logit below which no token's l/T + noise reaches best
+// at temperature T: (best − sampling.MaxGumbel)·T, lowered by far more
+// than f32's rounding of the quotient and the sum can move it.
+func coupledCut(best, T float32) float32 {
+	c := (best - sampling.MaxGumbel) * T
+	return c - 1e-3*(float32(math.Abs(float64(c)))+T)
+}
+
+// coupledOnly reports whether every row of draws is coupled and p keeps
+// every token: such rows need no weights, only their logits.
+func coupledOnly(draws []sampling.Draw, p sampling.Params) bool {
+	for _, d := range draws {
+		if !d.Coupled {
+			return false
+		}
+	}
+	return p.TopP <= 0 || p.TopP >= 1
 }
 
 // propose draws len(us) distinct tokens from d (sampling.DrawDistinct

@@ -617,6 +617,57 @@ func runVerify(t *testing.T, e engine.Engine, c qwen3.Config, ref *reference.Mod
 		}
 	})
 
+	t.Run("coupled rows follow the logits", func(t *testing.T) {
+		// A chain of coupled rows (sampling.Draw.Coupled) whose drafts are
+		// the coupled draws under the reference's own logits, each but the
+		// last few (then random tokens): the first rows accept theirs, the
+		// rest draw and reject; with and without a nucleus.
+		rng := rand.New(rand.NewPCG(7, 8))
+		for _, p := range []sampling.Params{{Temperature: 0.8, TopP: 1}, {Temperature: 1.2, TopP: 0.9}} {
+			context := prompt(5)
+			draws := make([]sampling.Draw, 7)
+			for j := range draws {
+				draws[j] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: true}
+			}
+			fed := []int{prompt(1)[0]}
+			for j := range len(draws) - 1 {
+				x := prompt(1)[0]
+				if j < 4 {
+					logits := refRows(context, fed, 1)[0]
+					var err error
+					if x, err = sampling.CoupledChoice(logits, nil, p.Temperature, draws[j]); err != nil {
+						t.Fatal(err)
+					}
+					if kept, _ := samplingtest.Probs(logits, p); kept[x] == 0 { // outside the nucleus: the target draws another
+						x = slices.Index(logits, slices.Max(logits))
+					}
+				}
+				draws[j].X = x
+				fed = append(fed, x)
+			}
+			seq := newSeq()
+			if err := e.Step(ctx, []*engine.Entry{{Seq: seq, Tokens: context}}); err != nil {
+				t.Fatal(err)
+			}
+			v := &engine.VerifyEntry{Seq: seq, Tokens: fed, Out: len(fed), Sampling: p, Draws: draws}
+			if err := e.Verify(ctx, []*engine.VerifyEntry{v}); err != nil {
+				t.Fatal(err)
+			}
+			accepted := 0
+			for j, logits := range refRows(context, fed, len(fed)) {
+				if err := samplingtest.Check(logits, p, draws[j], v.Rows[j].Row); err != nil {
+					t.Errorf("%+v row %d: %v", p, j, err)
+				}
+				if v.Rows[j].Accept {
+					accepted++
+				}
+			}
+			if accepted < 2 {
+				t.Errorf("%+v: %d of the reference's own coupled draws accepted", p, accepted)
+			}
+		}
+	})
+
 	t.Run("rollback after a verification", func(t *testing.T) {
 		context, fed := prompt(10), prompt(6)
 		seq := newSeq()

@@ -116,9 +116,11 @@ type gen struct {
 	sampled bool
 	// coupled: a sampled generation whose drafts are not sampled draws
 	// coupled rows (sampling.Draw.Coupled) where the drafter couples its
-	// fused drafts to them (engine.CouplesDrafts): its drafts are then the
-	// Gumbel-max draws the target's rows are compared with, accepted
-	// where they are the target's own draws.
+	// fused drafts to them (engine.CouplesDrafts) and every step that
+	// drafts fuses (Generator.fusesAlways, runner.coupledApart; no p_min,
+	// whose cut would let a key the drafter saw decide a later position):
+	// its drafts are then the Gumbel-max draws the target's rows are
+	// compared with, accepted where they are the target's own draws.
 	coupled bool
 	// head: the drafter is an EAGLE-3 head reading the target's features
 	// (Generator.head); it drafts once the target holds a position.
@@ -190,7 +192,8 @@ func (r *runner) admit() {
 		gn.head = g.head && j.req.Remote == nil
 		gn.sampled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && engine.SampledPair(g.drafter, g.target) &&
 			(j.topK > 1 || !chains(g.drafter))
-		gn.coupled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && !gn.sampled && engine.CouplesDrafts(g.drafter) && !g.opts.Uncoupled
+		gn.coupled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && !gn.sampled && j.req.PMin == 0 &&
+			engine.CouplesDrafts(g.drafter) && g.fusesAlways() && !g.opts.Uncoupled
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
 		var err error
 		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt, j.req.Fresh)
@@ -342,20 +345,18 @@ func (r *runner) step(ctx context.Context) error {
 		}
 		return r.settleStep(ready, make([][]engine.Token, len(ready)), trees, verify, st)
 	}
-	if r.fuses(ready, draftFill, targetFill) {
-		if sc, n, m := r.specChain(ready); m > 1 {
-			return r.chained(ctx, sc, ready, n, m)
-		}
-		start := time.Now()
-		drafts, verify, err := r.fused(ctx, ready)
-		st.Verify, st.Fused = time.Since(start), true
-		r.specStep = st.Verify
-		r.spoke(len(ready), st.Verify)
-		if err != nil {
-			r.fail(ctx, ready, err)
+	if coupled, rest := r.coupledApart(ready, draftFill, targetFill); coupled != nil {
+		if err := r.fusedStep(ctx, coupled, StepStats{Sequences: len(coupled)}); err != nil {
 			return err
 		}
-		return r.settleStep(ready, drafts, make([]*draftTree, len(ready)), verify, st)
+		ready = slices.DeleteFunc(rest, func(gn *gen) bool { return gn.retired }) // canceled meanwhile
+		if len(ready) == 0 && len(filling) == 0 {
+			return nil
+		}
+		st = StepStats{Sequences: len(ready)}
+	}
+	if r.fuses(ready, draftFill, targetFill) {
+		return r.fusedStep(ctx, ready, st)
 	}
 	start := time.Now()
 	drafts, trees, err := r.drafts(ctx, ready, draftFill)
@@ -387,6 +388,54 @@ func (r *runner) step(ctx context.Context) error {
 		return err
 	}
 	return r.settleStep(ready, drafts, trees, verify, st)
+}
+
+// fusedStep runs a speculative step of the ready generations, which fuse
+// (runner.fuses): chained on the device where they chain, else one fused
+// call.
+func (r *runner) fusedStep(ctx context.Context, ready []*gen, st StepStats) error {
+	if sc, n, m := r.specChain(ready); m > 1 {
+		return r.chained(ctx, sc, ready, n, m)
+	}
+	start := time.Now()
+	drafts, verify, err := r.fused(ctx, ready)
+	st.Verify, st.Fused = time.Since(start), true
+	r.specStep = st.Verify
+	r.spoke(len(ready), st.Verify)
+	if err != nil {
+		r.fail(ctx, ready, err)
+		return err
+	}
+	return r.settleStep(ready, drafts, make([]*draftTree, len(ready)), verify, st)
+}
+
+// coupledApart parts out of ready, where the batch as a whole does not
+// fuse, the coupled generations that draft this step (gen.coupled), to be
+// stepped fused in a call of their own: a coupled draft is the drafter's
+// Gumbel-max draw under its row's key only in a fused step (a greedy token
+// in separate calls), and which drafts are accepted decides which key
+// falls on which position — so a seed's tokens would hang on what the
+// generation was batched with. Else coupled is nil.
+func (r *runner) coupledApart(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) (coupled, rest []*gen) {
+	if r.fuses(ready, draftFill, targetFill) {
+		return nil, ready
+	}
+	for _, gn := range ready {
+		if gn.coupled && gn.draftLen(r.g) > 0 && !(gn.head && gn.target.Len() == 0) {
+			coupled = append(coupled, gn)
+		} else {
+			rest = append(rest, gn)
+		}
+	}
+	return coupled, rest
+}
+
+// fusesAlways reports whether every step that drafts can fuse, as far as
+// the generator decides it: a drafter that fuses with the target
+// (engine.Fuser), not Options.Unfused.
+func (g *Generator) fusesAlways() bool {
+	f, ok := g.drafter.(engine.Fuser)
+	return ok && f.Fuses(g.target) && !g.opts.Unfused
 }
 
 // settleStep accepts what the target's verification kept of each ready

@@ -260,7 +260,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
 	if b.uncoupled {
-		fmt.Fprintln(e.stdout, "greedy drafts (--uncoupled): the drafter proposed its greedy tokens where it otherwise drafts the Gumbel-max draws coupled to the target's (an EAGLE-3 head on WebGPU at a temperature).")
+		fmt.Fprintln(e.stdout, "greedy drafts (--uncoupled): the drafter proposed its greedy tokens where it otherwise drafts the Gumbel-max draws coupled to the target's (a drafter on WebGPU at a temperature).")
 	}
 	if fusedSome {
 		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); chained n%: the share of steps run in chains of fused steps on the device, each accepted there and the next planned from it, read back once a chain (t_verify a step's share of its chain); separate: as two calls, each read back.")

@@ -55,6 +55,10 @@ type activations struct {
 	// a region a pass, each copied into draws before the pass reads them;
 	// grown on demand.
 	chainDraws *gpu.Buffer
+	// keys (lasts, kernels.ArgmaxCoupledWords) u32: the coupled drafts'
+	// keys a pass's argmax.wgsl reads, copied in from chainKeys, which
+	// holds a fused call's, a region a draft (draftKeys); grown on demand.
+	keys, chainKeys *gpu.Buffer
 	// idPairs (rows, 2) and drawPairs (lasts, 2) u32: where a fused
 	// verification's drafted tokens go, in ids and in draws, and where in
 	// the drafter's chained results each comes from (kernels.Gather).
@@ -103,6 +107,7 @@ func newActivations(d *gpu.Device, c *qwen3.Config, rows, seqs, headRows int, fe
 		{&a.qkv, "qkv", rows * (q + 2*kv)},
 		{&a.gateUp, "gate_up", rows * 2 * I},
 		{&a.hNorm, "hidden_last_normed", a.maxLasts * H}, {&a.logits, "logits", a.maxLasts * c.VocabSize},
+		{&a.keys, "keys", a.maxLasts * kernels.ArgmaxCoupledWords},
 		{&a.idPairs, "draft_id_pairs", rows * kernels.GatherPairWords}, {&a.drawPairs, "draft_draw_pairs", a.maxLasts * kernels.GatherPairWords},
 	} {
 		if *b.dst, err = d.NewBuffer(b.name, uint64(b.words)*4); err != nil {
@@ -227,10 +232,10 @@ func (a *activations) release() {
 	for _, b := range a.all {
 		b.Release()
 	}
-	for _, b := range []*gpu.Buffer{a.chained, a.chainDraws} {
+	for _, b := range []*gpu.Buffer{a.chained, a.chainDraws, a.chainKeys} {
 		if b != nil {
 			b.Release()
 		}
 	}
-	a.all, a.chained, a.chainDraws = nil, nil, nil
+	a.all, a.chained, a.chainDraws, a.chainKeys = nil, nil, nil, nil
 }

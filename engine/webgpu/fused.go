@@ -118,7 +118,11 @@ func (e *Engine) fused(ctx context.Context, t *Engine, steps []engine.ChainStep,
 		}
 		return out, t.verifyDrafts(ctx, twork, steps, out)
 	}
-	ch, err := e.chainSubmit(ctx, dwork, n, false)
+	keys, err := e.coupleKeys(steps, n, 1)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := e.chainSubmit(ctx, dwork, n, false, keys)
 	if err != nil {
 		return nil, err
 	}

@@ -166,9 +166,20 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 		return nil, err
 	}
 
+	// The drafts' keys where they are coupled: draft c of step j by key
+	// region j·n + c (couple.go), put in place before each drafter pass.
+	keys, err := e.coupleKeys(steps, n, m)
+	if err != nil {
+		return nil, err
+	}
+	dsample := topN > 0
+	if dsample {
+		keys = nil
+	}
+
 	// Step 0: DraftVerify's submissions, the verification's rows copied
 	// into the results.
-	ch, err := e.chainSubmit(ctx, dwork, n, false)
+	ch, err := e.chainSubmit(ctx, dwork, n, false, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +210,6 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 	for i := range B {
 		maxLen = max(maxLen, L0[i]+m*(n+1))
 	}
-	dsample := topN > 0
 	copies := func(k int) []step { // pass k's read-out into the results
 		at := uint64(k) * stride
 		cs := []step{func(b *gpu.Batch) error { return kernels.CopyTo(b, results, at, a.next, a.nextBytes) }}
@@ -221,10 +231,10 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 		steps := []step{accept(j - 1), func(b *gpu.Batch) error {
 			return kernels.SpecDraftRows(b, sb.state, a.rows, t.act.rows, B, n, true)
 		}}
-		first := pass{rows: 2 * B, decode: 2 * B, lasts: B, maxLen: maxLen, sample: dsample, topN: topN, chained: true, sameLasts: true}
+		first := pass{rows: 2 * B, decode: 2 * B, lasts: B, maxLen: maxLen, sample: dsample, topN: topN, chained: true, sameLasts: true, coupled: keys != nil}
 		kernelSteps, keep := e.passKernels(first)
 		keeps := []func(){keep}
-		steps = append(append(steps, kernelSteps...), copies(j*n)...)
+		steps = append(append(append(steps, e.keyStep(keys, j*n)...), kernelSteps...), copies(j*n)...)
 		if n > 1 {
 			steps = append(steps, func(b *gpu.Batch) error { return kernels.SpecDraftRows(b, sb.state, a.rows, t.act.rows, B, n, false) })
 		}
@@ -232,10 +242,10 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 			if c > 1 {
 				steps = append(steps, func(b *gpu.Batch) error { return kernels.AdvanceRows(b, a.rows, B) })
 			}
-			cp := pass{rows: B, decode: B, lasts: B, maxLen: maxLen, sample: dsample, topN: topN, chained: true, fromNext: true, sameLasts: true}
+			cp := pass{rows: B, decode: B, lasts: B, maxLen: maxLen, sample: dsample, topN: topN, chained: true, fromNext: true, sameLasts: true, coupled: keys != nil}
 			kernelSteps, keep := e.passKernels(cp)
 			keeps = append(keeps, keep)
-			steps = append(append(steps, kernelSteps...), copies(j*n+c)...)
+			steps = append(append(append(steps, e.keyStep(keys, j*n+c)...), kernelSteps...), copies(j*n+c)...)
 		}
 		tp := pass{rows: rows, decode: rows, lasts: rows, maxLen: maxLen, sample: ps.sample, topN: ps.topN, chained: true, sameLasts: true}
 		verifySteps, keep := sb.verification(t, tp, tl, results, j, B, n, idStride, drawStride)

@@ -287,4 +287,8 @@ func TestDraftVerifyN(t *testing.T) {
 	t.Run("n=4, sampled beside greedy, top tokens", func(t *testing.T) {
 		testDraftVerifyN(t, p.drafter, p.target, 4, 2, true, sampledBeside, false)
 	})
+	t.Run("n=3, coupled", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 0, true, coupledAt, true) })
+	t.Run("n=4, coupled beside greedy, top tokens", func(t *testing.T) {
+		testDraftVerifyN(t, p.drafter, p.target, 4, 2, true, sampledBeside, true)
+	})
 }

@@ -90,6 +90,9 @@ type pass struct {
 	propose     bool
 	trees, path int
 	chained     bool // a pass of StepN's chain: its read-out is not read back (readRows)
+	// coupled: the read-out's greedy rows are coupled drafts, keyed by the
+	// activations' keys (a fused call's drafter passes: couple.go).
+	coupled bool
 	// outcome: sampled read-out rows write what they sampled, not their
 	// argmax, into next (kernels.SetSampleOutcome): a sampled chain's
 	// passes, whose next pass embeds it, and the verifications of chained
@@ -620,13 +623,17 @@ func (e *Engine) kernels(ps pass) []step {
 				return kernels.Scatter(b, a.logits, a.headLogits, w.headTokens, ps.lasts, w.headRows, c.VocabSize)
 			},
 			func(b *gpu.Batch) error {
+				var keys gpu.Binding
+				if ps.coupled {
+					keys = a.keys.Slice(0, uint64(ps.lasts*kernels.ArgmaxCoupledWords)*4)
+				}
 				switch {
 				case ps.sample:
 					return kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
 				case w.headTokens != nil:
-					return kernels.ArgmaxOf(b, a.next.All(), a.lp(), a.headLogits, w.headTokens, ps.lasts, w.headRows, lseAt(ps.lasts))
+					return kernels.ArgmaxOfCoupled(b, a.next.All(), a.lp(), a.headLogits, w.headTokens, keys, ps.lasts, w.headRows, lseAt(ps.lasts))
 				}
-				return kernels.Argmax(b, a.next.All(), a.lp(), a.logits, ps.lasts, c.VocabSize, lseAt(ps.lasts))
+				return kernels.ArgmaxCoupled(b, a.next.All(), a.lp(), a.logits, keys, ps.lasts, c.VocabSize, lseAt(ps.lasts))
 			},
 		)
 		if ps.sample && !ps.chained {

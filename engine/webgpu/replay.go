@@ -25,6 +25,7 @@ type passKey struct {
 	topN        int
 	chained     bool
 	fromNext    bool
+	coupled     bool
 	keeps       bool // its features copied for a head (pass.keep: the same buffers every call)
 }
 
@@ -45,7 +46,7 @@ func (e *Engine) keyOf(ps pass) (passKey, bool) {
 		return passKey{}, false
 	}
 	return passKey{
-		rows: ps.rows, lasts: ps.lasts, sample: ps.sample, topN: ps.topN, chained: ps.chained, fromNext: ps.fromNext, keeps: ps.keep != nil,
+		rows: ps.rows, lasts: ps.lasts, sample: ps.sample, topN: ps.topN, chained: ps.chained, fromNext: ps.fromNext, coupled: ps.coupled, keeps: ps.keep != nil,
 		attention: e.kv.DecodeShapeOf(e.dev, ps.decode, e.cfg.NumAttentionHeads, ps.maxLen),
 	}, true
 }

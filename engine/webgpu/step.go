@@ -159,7 +159,7 @@ func (e *Engine) run(ctx context.Context, work []pending, n int) ([][]engine.Tok
 // chainTokens runs a chain of n passes over work (chainSubmit) and returns
 // each entry's n tokens, read back once (chainRead).
 func (e *Engine) chainTokens(ctx context.Context, work []pending, n int) ([][]engine.Token, error) {
-	ch, err := e.chainSubmit(ctx, work, n, true)
+	ch, err := e.chainSubmit(ctx, work, n, true, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -229,6 +229,8 @@ type chainRun struct {
 	// drawSteps(j) puts pass j's draws where sample.wgsl reads them, for a
 	// sampled chain (stageDraws); nil for a greedy one.
 	drawSteps func(j int) []step
+	// keys(j) are pass j's coupled drafts' keys (couple.go); nil: greedy.
+	keys func(k int) gpu.Binding
 	// raw holds the results read back with the chain's last submission,
 	// where chainSubmit was asked to read them.
 	raw [][]byte
@@ -266,8 +268,10 @@ func (c *chainRun) tokenWord(i, j int) int { return int(uint64(j)*c.stride/4) + 
 // part of the results — and, where entries ask for them, its most likely
 // tokens —, so that no pass waits for the host (chainRest).
 // With read, the chain's last submission reads the results back (raw).
-// The sequences are committed by chainRead.
-func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bool) (*chainRun, error) {
+// Where keys is not nil, pass j's greedy rows are coupled drafts by
+// keys(j) (couple.go; not where the passes list top tokens). The
+// sequences are committed by chainRead.
+func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bool, keys func(k int) gpu.Binding) (*chainRun, error) {
 	a, B := e.act, len(work)
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
@@ -296,10 +300,13 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bo
 	if c.drawSteps, err = e.stageDraws(work, m); err != nil {
 		return nil, err
 	}
+	if c.topN == 0 && c.drawSteps == nil {
+		c.keys = keys
+	}
 	// The first pass, submitted early: nothing runs yet.
 	ps := e.plan(work)
-	ps.chained, ps.outcome = true, c.samples()
-	if c.raw, err = e.forwardRead(ps, false, nil, copies(0), submitEvery, c.readAfter(0, read)); err != nil {
+	ps.chained, ps.outcome, ps.coupled = true, c.samples(), c.keys != nil
+	if c.raw, err = e.forwardRead(ps, false, e.keyStep(c.keys, 0), copies(0), submitEvery, c.readAfter(0, read)); err != nil {
 		return nil, fmt.Errorf("chained pass 1: %w", err)
 	}
 	if m == 1 {
@@ -315,8 +322,8 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bo
 			return nil, err
 		}
 		ps := decodePass(work, c.base, j, m)
-		ps.sameLasts, ps.outcome = j > 1, c.samples()
-		if c.raw, err = e.forwardRead(ps, true, c.draws(j), copies(j), chainedSubmitEvery, c.readAfter(j, read)); err != nil {
+		ps.sameLasts, ps.outcome, ps.coupled = j > 1, c.samples(), c.keys != nil
+		if c.raw, err = e.forwardRead(ps, true, append(c.draws(j), e.keyStep(c.keys, j)...), copies(j), chainedSubmitEvery, c.readAfter(j, read)); err != nil {
 			return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 		}
 	}
@@ -337,13 +344,13 @@ func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, cop
 		return err
 	}
 	ps := decodePass(work, c.base, 1, c.m)
-	ps.outcome = c.samples()
+	ps.outcome, ps.coupled = c.samples(), c.keys != nil
 	if err := e.writeInputs(ps, true); err != nil {
 		return fmt.Errorf("chained pass 2: %w", err)
 	}
 	kernelSteps, keep := e.passKernels(ps)
 	var err error
-	if c.raw, err = e.submitRead(append(append(c.draws(1), kernelSteps...), copies(1)...), chainedSubmitEvery, c.ranges(1, read)...); err != nil {
+	if c.raw, err = e.submitRead(append(append(append(c.draws(1), e.keyStep(c.keys, 1)...), kernelSteps...), copies(1)...), chainedSubmitEvery, c.ranges(1, read)...); err != nil {
 		return fmt.Errorf("chained pass 2: %w", err)
 	}
 	keep()
@@ -354,7 +361,7 @@ func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, cop
 	advance := func(b *gpu.Batch) error { return kernels.AdvanceRows(b, e.act.rows, ps.rows) }
 	var steps []step
 	for j := 2; j < c.m; j++ {
-		steps = append(append(append(append(steps, advance), c.draws(j)...), kernelSteps...), copies(j)...)
+		steps = append(append(append(append(append(steps, advance), c.draws(j)...), e.keyStep(c.keys, j)...), kernelSteps...), copies(j)...)
 	}
 	if c.raw, err = e.submitRead(steps, chainedSubmitEvery, c.ranges(c.m-1, read)...); err != nil {
 		return fmt.Errorf("chained passes 3–%d: %w", c.m, err)

@@ -96,8 +96,8 @@ func TestHeadCoupledDrafts(t *testing.T) {
 // weights) under the key of the row that verifies it, a row accepting a
 // draft iff the target drew it, drafts other than the greedy tokens at
 // temperature 1 — in one fused step (DraftVerify) and in a chain of them
-// (DraftVerifyN, its last step's drafts checked); with a chain listing
-// top tokens, greedy drafts.
+// (DraftVerifyN, its last step's drafts checked), two generations a call,
+// each on its own keys; where the chain lists top tokens, greedy drafts.
 func TestEngineCoupledDrafts(t *testing.T) {
 	p := newSampledPair(t, NewGroup(gputest.Device(t)), Options{})
 	dm := load(t, "untied", checkpoint.Int4)
@@ -107,7 +107,7 @@ func TestEngineCoupledDrafts(t *testing.T) {
 	}
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(23, 24))
-	const n = 4
+	const n, B = 4, 2
 	notGreedy := 0
 	for trial := range 8 {
 		chained, topN := trial%4 == 1, 0
@@ -115,27 +115,33 @@ func TestEngineCoupledDrafts(t *testing.T) {
 			topN = 2
 		}
 		T := []float32{1, 0.7}[trial%2]
-		prompt := p.tokens(5 + trial)
-		tq, dq := p.seq(p.target, prompt[:len(prompt)-1]), p.seq(p.drafter, nil)
 		m := 1
 		if chained {
 			m = 2
 		}
-		draws := make([]sampling.Draw, m*(n+1))
-		for k := range draws {
-			draws[k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: true}
+		steps := make([]engine.ChainStep, B)
+		prompts, draws := make([][]int, B), make([][]sampling.Draw, B)
+		for i := range B {
+			prompts[i] = p.tokens(5 + trial + 3*i)
+			draws[i] = make([]sampling.Draw, m*(n+1))
+			for k := range draws[i] {
+				draws[i][k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: true}
+			}
+			pr := prompts[i]
+			steps[i] = engine.ChainStep{
+				Draft: &engine.Entry{Seq: p.seq(p.drafter, nil), Tokens: slices.Clone(pr), TopN: topN},
+				Verify: &engine.VerifyEntry{Seq: p.seq(p.target, pr[:len(pr)-1]), Tokens: pr[len(pr)-1:], Out: n + 1,
+					Sampling: sampling.Params{Temperature: T, TopP: 1}, Draws: draws[i][:n+1]},
+				Take: n,
+			}
 		}
-		step := engine.ChainStep{
-			Draft:  &engine.Entry{Seq: dq, Tokens: slices.Clone(prompt), TopN: topN},
-			Verify: &engine.VerifyEntry{Seq: tq, Tokens: prompt[len(prompt)-1:], Out: n + 1, Sampling: sampling.Params{Temperature: T, TopP: 1}, Draws: draws[:n+1]},
-			Take:   n,
-		}
-		text, keys := slices.Clone(prompt), draws[:n+1]
-		var drafts []engine.Token
-		var rows []engine.VerifyRow
+		texts, keys := make([][]int, B), make([][]sampling.Draw, B)
+		drafts, rows := make([][]engine.Token, B), make([][]engine.VerifyRow, B)
 		if chained {
-			step.ChainDraws = draws[n+1:]
-			out, err := p.drafter.DraftVerifyN(ctx, p.target, []engine.ChainStep{step}, n, m)
+			for i := range steps {
+				steps[i].ChainDraws = draws[i][n+1:]
+			}
+			out, err := p.drafter.DraftVerifyN(ctx, p.target, steps, n, m)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -143,47 +149,51 @@ func TestEngineCoupledDrafts(t *testing.T) {
 				t.Fatalf("trial %d: %d chained steps, want %d", trial, len(out), m)
 			}
 			// The last step's drafts follow the text the first accepted.
-			first := out[0]
-			a := first.Accepted[0]
-			text = append(text, engine.IDs(first.Drafts[0][:a])...)
-			text = append(text, first.Rows[0][a].Sample)
-			drafts, rows, keys = out[1].Drafts[0], out[1].Rows[0], draws[n+1:]
+			for i := range B {
+				a := out[0].Accepted[i]
+				texts[i] = append(append(slices.Clone(prompts[i]), engine.IDs(out[0].Drafts[i][:a])...), out[0].Rows[i][a].Sample)
+				drafts[i], rows[i], keys[i] = out[1].Drafts[i], out[1].Rows[i], draws[i][n+1:]
+			}
 		} else {
-			out, err := engine.DraftVerify(ctx, p.drafter, p.target, []engine.ChainStep{step}, n)
+			out, err := engine.DraftVerify(ctx, p.drafter, p.target, steps, n)
 			if err != nil {
 				t.Fatal(err)
 			}
-			drafts, rows = out[0], step.Verify.Rows
+			for i := range B {
+				texts[i], drafts[i], rows[i], keys[i] = prompts[i], out[i], steps[i].Verify.Rows, draws[i][:n+1]
+			}
 		}
-		for c, d := range drafts {
-			logits, err := ref.Forward(ref.NewSequence(), append(slices.Clone(text), engine.IDs(drafts[:c])...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			greedy := slices.Index(logits, slices.Max(logits))
-			if topN > 0 {
-				if d.ID != greedy && logits[d.ID] < logits[greedy]-1e-3 {
-					t.Errorf("trial %d, draft %d: token %d, the greedy token with top tokens listed is %d", trial, c, d.ID, greedy)
-				}
-			} else {
-				k0, k1 := keys[c].Key()
-				noisy := func(i int) float64 { return float64(logits[i]/T) + float64(sampling.Gumbel(k0, k1, i)) }
-				want, err := sampling.CoupledChoice(logits, nil, T, keys[c])
+		for i := range B {
+			for c, d := range drafts[i] {
+				logits, err := ref.Forward(ref.NewSequence(), append(slices.Clone(texts[i]), engine.IDs(drafts[i][:c])...))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if best := noisy(want); noisy(d.ID) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
-					t.Errorf("trial %d, draft %d: token %d (%v), the coupled draw is %d (%v)", trial, c, d.ID, noisy(d.ID), want, best)
+				greedy := slices.Index(logits, slices.Max(logits))
+				if topN > 0 {
+					if d.ID != greedy && logits[d.ID] < logits[greedy]-1e-3 {
+						t.Errorf("trial %d, entry %d, draft %d: token %d, the greedy token with top tokens listed is %d", trial, i, c, d.ID, greedy)
+					}
+				} else {
+					k0, k1 := keys[i][c].Key()
+					noisy := func(j int) float64 { return float64(logits[j]/T) + float64(sampling.Gumbel(k0, k1, j)) }
+					want, err := sampling.CoupledChoice(logits, nil, T, keys[i][c])
+					if err != nil {
+						t.Fatal(err)
+					}
+					if best := noisy(want); noisy(d.ID) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
+						t.Errorf("trial %d, entry %d, draft %d: token %d (%v), the coupled draw is %d (%v)", trial, i, c, d.ID, noisy(d.ID), want, best)
+					}
+					if d.ID != greedy {
+						notGreedy++
+					}
 				}
-				if d.ID != greedy {
-					notGreedy++
+				if row := rows[i][c]; row.Accept != (row.Sample == d.ID) {
+					t.Errorf("trial %d, entry %d, row %d: accept %v, the target drew %d for draft %d", trial, i, c, row.Accept, row.Sample, d.ID)
 				}
-			}
-			if row := rows[c]; row.Accept != (row.Sample == d.ID) {
-				t.Errorf("trial %d, row %d: accept %v, the target drew %d for draft %d", trial, c, row.Accept, row.Sample, d.ID)
-			}
-			if !rows[c].Accept {
-				break // the rows after a rejection verify drafts past the target's token
+				if !rows[i][c].Accept {
+					break // the rows after a rejection verify drafts past the target's token
+				}
 			}
 		}
 	}

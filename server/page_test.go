@@ -165,7 +165,7 @@ func TestPage(t *testing.T) {
 
 	do(ctx, "opening the page", chromedp.EmulateViewport(1280, 1130), chromedp.Navigate(f.url+"/"))
 	id := session(ctx)
-	const k = 2 // the CPU engine's default, the fixture's engine
+	const k = 1 // the CPU engine's default, the fixture's engine
 	start(ctx, "import os\n\n\ndef read_config(path):\n    \"\"\"", k, 40)
 	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent.startsWith("done")`,
 		chromedp.WithPollingTimeout(3*time.Minute))); err != nil {

@@ -20,9 +20,10 @@ import "math"
 // Key returns a coupled draw's key: its uniforms' bits.
 func (d Draw) Key() (k0, k1 uint32) { return math.Float32bits(d.U), math.Float32bits(d.V) }
 
-// mix32 is a 32-bit finalizer with full avalanche (lowbias32, Chris
-// Wellons' hash prospector), as prelude.wgsl's mix32.
-func mix32(x uint32) uint32 {
+// Mix32 is a 32-bit finalizer with full avalanche (lowbias32, Chris
+// Wellons' hash prospector), as prelude.wgsl's mix32: Gumbel's hash is
+// three keyed rounds of it.
+func Mix32(x uint32) uint32 {
 	x ^= x >> 16
 	x *= 0x7feb352d
 	x ^= x >> 15
@@ -33,15 +34,15 @@ func mix32(x uint32) uint32 {
 
 // Gumbel is token t's noise under key (k0, k1): −log E, E = −log(1 − w)
 // an exponential variate, w = (h + ½)·2⁻³² (at most the largest f32 below
-// 1) for h, three keyed rounds of mix32 over t — prelude.wgsl's gumbel,
+// 1) for h, three keyed rounds of Mix32 over t — prelude.wgsl's gumbel,
 // which computes E in f32 (by its series where w < 2⁻⁶). w resolves its
 // small values to 2⁻³², so the upper tail, where a row's largest noisy
 // logits come from, is not coarse: the noise is finite and at most
 // MaxGumbel.
 func Gumbel(k0, k1 uint32, t int) float32 {
-	h := mix32(uint32(t) ^ k0)
-	h = mix32(h + k1)
-	return gumbelOf(mix32(h ^ k0))
+	h := Mix32(uint32(t) ^ k0)
+	h = Mix32(h + k1)
+	return gumbelOf(Mix32(h ^ k0))
 }
 
 // gumbelOf is the noise of a hash h (Gumbel); it falls as h grows.

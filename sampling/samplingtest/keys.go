@@ -22,26 +22,16 @@ func DrawHashing(rng *rand.Rand, t int, h uint32, x int) sampling.Draw {
 	for {
 		u := rng.Float32()
 		k0 := math.Float32bits(u)
-		// h = mix32(mix32(mix32(t ^ k0) + k1) ^ k0), so
-		// k1 = mix32⁻¹(mix32⁻¹(h) ^ k0) − mix32(t ^ k0).
-		k1 := unmix32(unmix32(h)^k0) - mix32(uint32(t)^k0)
+		// h = Mix32(Mix32(Mix32(t ^ k0) + k1) ^ k0), so
+		// k1 = Mix32⁻¹(Mix32⁻¹(h) ^ k0) − Mix32(t ^ k0).
+		k1 := unmix32(unmix32(h)^k0) - sampling.Mix32(uint32(t)^k0)
 		if v := math.Float32frombits(k1); v >= 0 && v < 1 && k1>>31 == 0 {
 			return sampling.Draw{X: x, U: u, V: v, Coupled: true}
 		}
 	}
 }
 
-// mix32 is sampling's 32-bit finalizer (lowbias32).
-func mix32(x uint32) uint32 {
-	x ^= x >> 16
-	x *= 0x7feb352d
-	x ^= x >> 15
-	x *= 0x846ca68b
-	x ^= x >> 16
-	return x
-}
-
-// unmix32 is mix32's inverse.
+// unmix32 is sampling.Mix32's inverse.
 func unmix32(x uint32) uint32 {
 	x ^= x >> 16
 	x *= inverse(0x846ca68b)

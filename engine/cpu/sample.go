@@ -473,7 +473,10 @@ func (s *sampler) coupled(d *dist, dr sampling.Draw, r *sampling.Row) {
 		if j += ops.FirstAtLeast(d.logits[j:], cut); j >= len(d.logits) {
 			break
 		}
-		if v := noisy(j); j != at && (v > best || v == best && j < at) { // rows ascend with their tokens
+		if j == at {
+			continue
+		}
+		if v := noisy(j); v > best || v == best && j < at { // rows ascend with their tokens
 			best, at = v, j
 			cut = max(d.lambda, coupledCut(best, T))
 		}

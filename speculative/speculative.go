@@ -52,7 +52,8 @@ type Options struct {
 	DraftTokens, TargetTokens int
 	// Unfused keeps a chain's drafting and its verification in separate
 	// calls even where the drafter fuses the target (engine.Fuser): the
-	// round trips fusion saves, for measuring it.
+	// round trips fusion saves, for measuring it. Drafts are then never
+	// coupled (Uncoupled): a coupled draft is a fused step's.
 	Unfused bool
 	// Unchained runs every step as a call of its own even where the
 	// engines chain them on the device — fused steps (engine.SpecChainer),

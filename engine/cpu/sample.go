@@ -95,7 +95,8 @@ type sampler struct {
 	dists []dist
 	todo  []*dist // prepare's rows
 
-	cx, ce []float32 // (n + 16) a nucleus's candidates: logits and weights
+	cx, ce []float32 // (n + 16) a nucleus's candidates: logits and weights; ce a coupled row's limits
+	cand   []int32   // a coupled row's candidates (ops.HashBelow)
 	res    []float32 // (n) a tree node's residual p
 	resB   []float64 // (nb) its blocks' sums
 	q      []float32 // (n) a node's q at the head's tokens, where q.P is not that
@@ -456,29 +457,31 @@ func (s *sampler) choose(d *dist, dr sampling.Draw, r *sampling.Row) {
 
 // coupled reads out a coupled row (sampling.Choose's rule for one): the
 // kept token with the largest l/T + its Gumbel noise under the row's key,
-// the lower token on a tie, X accepted iff it is that token. No token
-// whose l/T + sampling.MaxGumbel falls below the best so far can win, so
-// the scan starts from the largest logit (kept by every nucleus) and
-// computes the noise only at logits at or above a cut that rises with the
-// best, skipping the rest 64 at a time (ops.FirstAtLeast). d needs its
-// λ only, not its weights (coupledOnly).
+// the lower token on a tie, X accepted iff it is that token. A token's
+// noise is at most −log w, w its hash over 2³² (E = −log(1 − w) ≥ w), so
+// it can reach best, the largest logit's noisy value, only where w ≤
+// exp(l/T − best): ops.ExpScaled gives those limits (with a slack past
+// f32's rounding) and ops.HashBelow the few tokens under them — about
+// one a row whatever its entropy —, whose noise alone is computed. d
+// needs its λ only, not its weights (coupledOnly).
 func (s *sampler) coupled(d *dist, dr sampling.Draw, r *sampling.Row) {
 	T := d.p.Temperature
 	k0, k1 := dr.Key()
 	noisy := func(j int) float32 { return d.logits[j]/T + sampling.Gumbel(k0, k1, s.token(j)) }
 	at := ops.FirstAtLeast(d.logits, d.max)
 	best := noisy(at)
-	cut := max(d.lambda, coupledCut(best, T))
-	for j := 0; ; j++ {
-		if j += ops.FirstAtLeast(d.logits[j:], cut); j >= len(d.logits) {
-			break
-		}
-		if j == at {
+	slack := 1e-3 + 1e-5*float32(math.Abs(float64(best)))
+	s.ce = grow(s.ce, max(len(s.ce), s.n+16))
+	lim := s.ce[:len(d.logits)]
+	ops.ExpScaled(lim, d.logits, (best-slack)*T, T)
+	s.cand = ops.HashBelow(s.cand[:0], lim, s.tokens, k0, k1)
+	for _, c := range s.cand {
+		j := int(c)
+		if j == at || d.logits[j] < d.lambda {
 			continue
 		}
 		if v := noisy(j); v > best || v == best && j < at { // rows ascend with their tokens
 			best, at = v, j
-			cut = max(d.lambda, coupledCut(best, T))
 		}
 	}
 	r.Sample, r.SampleLogprob = s.token(at), d.logits[at]-d.lse
@@ -489,14 +492,6 @@ func (s *sampler) coupled(d *dist, dr sampling.Draw, r *sampling.Row) {
 		}
 		r.Accept = r.Sample == dr.X
 	}
-}
-
-// coupledCut is a logit below which no token's l/T + noise reaches best
-// at temperature T: (best − sampling.MaxGumbel)·T, lowered by far more
-// than f32's rounding of the quotient and the sum can move it.
-func coupledCut(best, T float32) float32 {
-	c := (best - sampling.MaxGumbel) * T
-	return c - 1e-3*(float32(math.Abs(float64(c)))+T)
 }
 
 // coupledOnly reports whether every row of draws is coupled and p keeps

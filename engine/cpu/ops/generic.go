@@ -317,3 +317,36 @@ func rangeInt32Go(x []int32) (lo, hi int32) {
 	}
 	return lo, hi
 }
+
+// noiseHash is sampling.Gumbel's hash of token t under the key (k0, k1):
+// three keyed rounds of a 32-bit finalizer (sampling.Mix32).
+func noiseHash(t, k0, k1 uint32) uint32 {
+	h := mix32(t ^ k0)
+	h = mix32(h + k1)
+	return mix32(h ^ k0)
+}
+
+// mix32 is sampling.Mix32 (lowbias32), the twin the kernels here share.
+func mix32(x uint32) uint32 {
+	x ^= x >> 16
+	x *= 0x7feb352d
+	x ^= x >> 15
+	x *= 0x846ca68b
+	x ^= x >> 16
+	return x
+}
+
+// hashBelowGo appends to dst the i where h·2⁻³² ≤ lim[i], h token i's
+// noise hash (tokens[i], or i where tokens is nil).
+func hashBelowGo(dst []int32, lim []float32, tokens []int32, k0, k1 uint32) []int32 {
+	for i, l := range lim {
+		t := uint32(i)
+		if tokens != nil {
+			t = uint32(tokens[i])
+		}
+		if float32(noiseHash(t, k0, k1))*(1.0/4294967296) <= l {
+			dst = append(dst, int32(i))
+		}
+	}
+	return dst
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"webdraft/reference"
+	"webdraft/sampling"
 	"webdraft/tensor"
 )
 
@@ -663,6 +664,57 @@ func TestSampleOps(t *testing.T) {
 		}
 		if lo, hi := RangeInt32(toks); lo != slices.Min(toks) || hi != slices.Max(toks) {
 			t.Errorf("n %d: RangeInt32 [%d, %d], want [%d, %d]", n, lo, hi, slices.Min(toks), slices.Max(toks))
+		}
+	}
+}
+
+// TestHashBelow holds HashBelow to its definition over sampling.Mix32 (the
+// hash sampling.Gumbel keys its noise by): over lengths around the vector
+// width, tokens in order and mapped, limits from 0 to past 1 (some at the
+// hash's own value, the edge), it appends exactly the indices whose hash
+// falls at or under the limit, in order, after what dst held.
+func TestHashBelow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	hash := func(tok, k0, k1 uint32) uint32 {
+		return sampling.Mix32(sampling.Mix32(sampling.Mix32(tok^k0)+k1) ^ k0)
+	}
+	for _, n := range []int{0, 1, 15, 16, 17, 63, 64, 1000, 151936} {
+		for _, mapped := range []bool{false, true} {
+			k0, k1 := rng.Uint32(), rng.Uint32()
+			var tokens []int32
+			if mapped {
+				tokens = make([]int32, n)
+				for i := range tokens {
+					tokens[i] = int32(rng.IntN(1 << 20))
+				}
+			}
+			tok := func(i int) uint32 {
+				if mapped {
+					return uint32(tokens[i])
+				}
+				return uint32(i)
+			}
+			lim := make([]float32, n)
+			for i := range lim {
+				switch rng.IntN(4) {
+				case 0:
+					lim[i] = rng.Float32() * 1e-3
+				case 1: // the hash's own value: at the edge, included
+					lim[i] = float32(hash(tok(i), k0, k1)) * (1.0 / 4294967296)
+				case 2:
+					lim[i] = rng.Float32() * 1.5
+				}
+			}
+			var want []int32
+			for i := range lim {
+				if float32(hash(tok(i), k0, k1))*(1.0/4294967296) <= lim[i] {
+					want = append(want, int32(i))
+				}
+			}
+			got := HashBelow([]int32{-7}, lim, tokens, k0, k1)
+			if got[0] != -7 || !slices.Equal(got[1:], want) {
+				t.Fatalf("n %d, mapped %v: %d indices (dst's first %d), want %d", n, mapped, len(got)-1, got[0], len(want))
+			}
 		}
 	}
 }

@@ -3,6 +3,7 @@ package ops
 import (
 	"math"
 
+	"webdraft/sampling"
 	"webdraft/tensor"
 )
 
@@ -319,21 +320,9 @@ func rangeInt32Go(x []int32) (lo, hi int32) {
 }
 
 // noiseHash is sampling.Gumbel's hash of token t under the key (k0, k1):
-// three keyed rounds of a 32-bit finalizer (sampling.Mix32).
+// three keyed rounds of sampling.Mix32.
 func noiseHash(t, k0, k1 uint32) uint32 {
-	h := mix32(t ^ k0)
-	h = mix32(h + k1)
-	return mix32(h ^ k0)
-}
-
-// mix32 is sampling.Mix32 (lowbias32), the twin the kernels here share.
-func mix32(x uint32) uint32 {
-	x ^= x >> 16
-	x *= 0x7feb352d
-	x ^= x >> 15
-	x *= 0x846ca68b
-	x ^= x >> 16
-	return x
+	return sampling.Mix32(sampling.Mix32(sampling.Mix32(t^k0)+k1) ^ k0)
 }
 
 // hashBelowGo appends to dst the i where h·2⁻³² ≤ lim[i], h token i's

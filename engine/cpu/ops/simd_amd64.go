@@ -626,7 +626,8 @@ func FirstAtLeast(x []float32, v float32) int {
 // three keyed rounds of sampling.Mix32 over tokens[i], or i where tokens
 // is nil. A token's noise is at most −log(h·2⁻³²), so only these can
 // lift a logit by −log lim[i]. Sixteen tokens a step: the hashes in
-// vector lanes, converted to f32 and compared with lim at once.
+// vector lanes (sampling.Mix32 written again for them), converted to f32
+// and compared with lim at once.
 func HashBelow(dst []int32, lim []float32, tokens []int32, k0, k1 uint32) []int32 {
 	if !useAVX512 || len(lim) < 16 {
 		return hashBelowGo(dst, lim, tokens, k0, k1)

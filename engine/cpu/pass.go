@@ -625,7 +625,7 @@ func (p *pass) sampled(rd readout, rows []engine.VerifyRow, i0 int) error {
 		for j := range rows {
 			ds[j] = add(j)
 		}
-		if coupledOnly(rd.draws, rd.params) {
+		if coupledOnly(rd.draws) && !ds[0].nucleus() {
 			for _, d := range ds {
 				d.lambda, d.theta = float32(math.Inf(-1)), float32(math.Inf(-1))
 			}

@@ -494,15 +494,15 @@ func (s *sampler) coupled(d *dist, dr sampling.Draw, r *sampling.Row) {
 	}
 }
 
-// coupledOnly reports whether every row of draws is coupled and p keeps
-// every token: such rows need no weights, only their logits.
-func coupledOnly(draws []sampling.Draw, p sampling.Params) bool {
+// coupledOnly reports whether every row of draws is coupled: where the
+// nucleus keeps every token, such rows need no weights, only their logits.
+func coupledOnly(draws []sampling.Draw) bool {
 	for _, d := range draws {
 		if !d.Coupled {
 			return false
 		}
 	}
-	return p.TopP <= 0 || p.TopP >= 1
+	return true
 }
 
 // propose draws len(us) distinct tokens from d (sampling.DrawDistinct

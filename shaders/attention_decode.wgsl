@@ -34,11 +34,11 @@
 // partials. Each workgroup writes them, then storageBarrier (a device-scope
 // release there), then one thread adds 1 to the count. The one that finds
 // splits − 1 there is the last: after another storageBarrier (acquire) it
-// reads every split's partials, merges them as attention_merge.wgsl does
-// (the same operations in the same order), writes out, and sets the count
-// back to 0 for the next dispatch. part is read and written only through
-// atomics, which bypass caches that another workgroup's writes would not
-// reach.
+// reads every split's partials, merges them by attention_merge.wgsl's
+// formula (M over all splits first, then the weighted sums), writes out,
+// and sets the count back to 0 for the next dispatch. part is read and
+// written only through atomics, which bypass caches that another
+// workgroup's writes would not reach.
 //
 // Dispatch: (kv_heads, splits, T) workgroups of WG threads. A workgroup
 // takes one kv head for the GROUP query heads that share it, so each key

@@ -335,25 +335,49 @@ fn reduced(pos: u32, f: f32) -> f32 {
     return (a - kk * 6.28125) - kk * 0.0019353071795864769;
 }
 
-// rope_store finishes pair i of head vector h of row t — x1 = y[i],
-// x2 = y[i + D/2], inv the vector's 1/rms —: q_norm or k_norm where
-// p.qk_norm, RoPE at the row's position (the normalized value rounded to
-// f32 first, as reference.RMSNorm then reference.Rope), then into q for a
-// query head, else into the workgroup's `head` (for store_head).
-fn rope_store(x1: f32, x2: f32, inv: f32, i: u32, t: u32, h: u32, is_q: bool, D: u32) {
-    let half = D / 2u;
+// RopeAt is what RoPE and the q/k norm need of pair i of a head vector
+// besides its values: the norm's weights (where p.qk_norm) and the
+// rotation's cos and sin at the row's position.
+struct RopeAt {
+    w1: f32,
+    w2: f32,
+    c: f32,
+    s: f32,
+}
+
+// rope_at loads and computes pair i's RopeAt for row t (a query head's
+// when is_q, else a key head's). The kernels call it before their values
+// are ready, ahead of their barriers, so that its loads (consts, the row's
+// position) wait on memory beside the values' rather than after them.
+fn rope_at(i: u32, t: u32, is_q: bool, D: u32) -> RopeAt {
     let w0 = select(D, 0u, is_q); // q_norm or k_norm
+    var r = RopeAt(1.0, 1.0, 1.0, 0.0);
+    if p.qk_norm != 0u {
+        r.w1 = consts[w0 + i];
+        r.w2 = consts[w0 + i + D / 2u];
+    }
+    let a = reduced(rows[t].pos, consts[2u * D + i]);
+    r.c = cos(a);
+    r.s = sin(a);
+    return r;
+}
+
+// rope_store finishes pair i of head vector h of row t — x1 = y[i],
+// x2 = y[i + D/2], inv the vector's 1/rms, at its RopeAt —: q_norm or
+// k_norm where p.qk_norm, RoPE at the row's position (the normalized value
+// rounded to f32 first, as reference.RMSNorm then reference.Rope), then
+// into q for a query head, else into the workgroup's `head` (for
+// store_head).
+fn rope_store(x1: f32, x2: f32, inv: f32, at: RopeAt, i: u32, t: u32, h: u32, is_q: bool, D: u32) {
+    let half = D / 2u;
     var n1 = x1;
     var n2 = x2;
     if p.qk_norm != 0u {
-        n1 = consts[w0 + i] * (x1 * inv);
-        n2 = consts[w0 + i + half] * (x2 * inv);
+        n1 = at.w1 * (x1 * inv);
+        n2 = at.w2 * (x2 * inv);
     }
-    let a = reduced(rows[t].pos, consts[2u * D + i]);
-    let c = cos(a);
-    let s = sin(a);
-    let y1 = n1 * c - n2 * s;
-    let y2 = n2 * c + n1 * s;
+    let y1 = n1 * at.c - n2 * at.s;
+    let y2 = n2 * at.c + n1 * at.s;
     if is_q {
         let dst = (t * p.heads + h) * D;
         q[dst + i] = y1;
@@ -364,14 +388,19 @@ fn rope_store(x1: f32, x2: f32, inv: f32, i: u32, t: u32, h: u32, is_q: bool, D:
     }
 }
 
-// store_head writes the kernel's workgroup `head` (D values) to the cache
-// slot of row t as kv head kvh — into vcache when is_v, else kcache —
-// packed in f16 pairs where KV_F16 (the layout in qkv_rope_kv.wgsl's
-// header). The kernel's threads (WG) share the writes.
-fn store_head(lid: u32, t: u32, kvh: u32, is_v: bool, D: u32) {
+// head_slot is the cache offset (in elements) of kv head kvh of row t's
+// slot: its block from the sequence's block table (the layout in
+// qkv_rope_kv.wgsl's header). Like rope_at, the kernels call it early.
+fn head_slot(t: u32, kvh: u32, D: u32) -> u32 {
     let j = rows[t].slot;
     let block = table[rows[t].seq * p.max_blocks + j / p.BS];
-    let dst = ((block * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
+    return ((block * p.kv_heads + kvh) * p.BS + j % p.BS) * D;
+}
+
+// store_head writes the kernel's workgroup `head` (D values) to cache
+// offset dst (head_slot) — into vcache when is_v, else kcache —, packed in
+// f16 pairs where KV_F16. The kernel's threads (WG) share the writes.
+fn store_head(lid: u32, dst: u32, is_v: bool, D: u32) {
     if KV_F16 == 1u {
         for (var i = 2u * lid; i < D; i += 2u * WG) {
             let v = pack2x16float(vec2<f32>(head[i], head[i + 1u]));

@@ -125,6 +125,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         // The row's head vector: each weight row's lanes added up and
         // scaled by the input norm's factor (NORM).
+        // The cache slot and the pair's norm weights and rotation, loaded
+        // before the barrier so that they wait on memory beside the sums.
+        var dst = 0u;
+        if !is_q {
+            dst = head_slot(t, select(h - p.heads, h - p.heads - p.kv_heads, is_v), D);
+        }
+        var at = RopeAt(1.0, 1.0, 1.0, 0.0);
+        if !is_v && lid < half {
+            at = rope_at(lid, t, is_q, D);
+        }
         var r = 1.0;
         if NORM == 1u {
             r = 1.0 / sqrt(ssq[tt] / f32(p.K) + p.eps);
@@ -134,7 +144,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         if is_v {
-            store_head(lid, t, h - p.heads - p.kv_heads, true, D);
+            store_head(lid, dst, true, D);
         } else {
             var x1 = 0.0;
             var x2 = 0.0;
@@ -149,11 +159,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 inv = 1.0 / sqrt(sum_all(lid, s) / f32(D) + p.eps);
             }
             if lid < half {
-                rope_store(x1, x2, inv, lid, t, h, is_q, D);
+                rope_store(x1, x2, inv, at, lid, t, h, is_q, D);
             }
             if !is_q {
                 workgroupBarrier();
-                store_head(lid, t, h - p.heads, false, D);
+                store_head(lid, dst, false, D);
             }
         }
         workgroupBarrier(); // head and red_f free for the next row

@@ -125,6 +125,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let is_v = h >= p.heads + p.kv_heads;
     let width = (p.heads + 2u * p.kv_heads) * D;
     let src = h * D; // head h's vector in the q|k|v row
+    // What does not depend on the values, loaded first so that it waits on
+    // memory beside them: the cache slot of a key or value head, and each
+    // pair's norm weights and rotation.
+    let kvh = select(h - p.heads, h - p.heads - p.kv_heads, is_v);
+    var dst = 0u;
+    if !is_q {
+        dst = head_slot(t, kvh, D);
+    }
+    var at = array<RopeAt, PAIRS>();
+    if !is_v {
+        for (var j = 0u; j < PAIRS; j++) {
+            let i = lid + j * WG;
+            if i < half {
+                at[j] = rope_at(i, t, is_q, D);
+            }
+        }
+    }
     let r = row_scale(t, width);
 
     if !is_v {
@@ -151,7 +168,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < PAIRS; j++) {
             let i = lid + j * WG;
             if i < half {
-                rope_store(x1[j], x2[j], inv, i, t, h, is_q, D);
+                rope_store(x1[j], x2[j], inv, at[j], i, t, h, is_q, D);
             }
         }
         if is_q {
@@ -165,6 +182,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
 
     // Write the key or value head to the row's cache slot.
-    let kvh = select(h - p.heads, h - p.heads - p.kv_heads, is_v);
-    store_head(lid, t, kvh, is_v, D);
+    store_head(lid, dst, is_v, D);
 }

@@ -177,23 +177,32 @@ fn reduce(lid: u32, v: array<f32, GROUP>, is_max: bool) -> array<f32, GROUP> {
     return r;
 }
 
+// key_offset is the cache offset of kv head g's key (or value) at slot j
+// of row t's sequence, through its block table.
+fn key_offset(t: u32, g: u32, j: u32) -> u32 {
+    return ((table[rows[t].seq * p.max_blocks + j / p.BS] * p.kv_heads + g) * p.BS + j % p.BS) * D;
+}
+
 // score_keys scores keys j0 + c (c = lid, lid + WG, … < n) of kv head g
 // against row t's group of queries into sc, and their cache offsets into
 // base, and returns the thread's maximum per head; with masked, a key the
-// row does not see (visible) scores −inf. It is called with a constant
+// row does not see (visible) scores −inf; key0 is key j0 + lid's cache
+// offset (key_offset), looked up by the caller. It is called with a constant
 // masked, so that each call compiles to a loop of its own and a line
 // row's has no test.
-fn score_keys(t: u32, g: u32, j0: u32, n: u32, lid: u32, masked: bool) -> array<f32, GROUP> {
+fn score_keys(t: u32, g: u32, j0: u32, n: u32, lid: u32, masked: bool, key0: u32) -> array<f32, GROUP> {
     var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
     let neg_inf = bitcast<f32>(neg_inf_bits);
     var m = array<f32, GROUP>();
     for (var hh = 0u; hh < GROUP; hh++) {
         m[hh] = neg_inf;
     }
-    let row = rows[t].seq * p.max_blocks;
     for (var c = lid; c < n; c += WG) {
         let j = j0 + c;
-        let b = ((table[row + j / p.BS] * p.kv_heads + g) * p.BS + j % p.BS) * D;
+        var b = key0;
+        if c != lid {
+            b = key_offset(t, g, j);
+        }
         base[c] = b;
         // Explicitly zeroed: the bundled naga zeroes an uninitialized
         // variable once per invocation, not at each loop iteration.
@@ -226,6 +235,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let j0 = s * CHUNK;
     let n = select(0u, min(CHUNK, L - j0), j0 < L); // keys of this split: 0 past the context
 
+    // The cache offset of the thread's first key, looked up before the
+    // queries are staged, so that the block table's read waits on memory
+    // beside theirs rather than after the barrier.
+    var key0 = 0u;
+    if lid < n {
+        key0 = key_offset(t, g, j0 + lid);
+    }
     for (var i = lid; i < GROUP * D; i += WG) {
         qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
     }
@@ -238,9 +254,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let neg_inf = bitcast<f32>(neg_inf_bits);
     var m: array<f32, GROUP>;
     if j0 + n > tree0 {
-        m = score_keys(t, g, j0, n, lid, true);
+        m = score_keys(t, g, j0, n, lid, true, key0);
     } else {
-        m = score_keys(t, g, j0, n, lid, false);
+        m = score_keys(t, g, j0, n, lid, false, key0);
     }
     m = reduce(lid, m, true);
 

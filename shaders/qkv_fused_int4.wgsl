@@ -123,8 +123,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if t >= p.T {
             break; // uniform: every thread of the workgroup alike
         }
-        // The row's head vector: each weight row's lanes added up and
-        // scaled by the input norm's factor (NORM).
         // The cache slot and the pair's norm weights and rotation, loaded
         // before the barrier so that they wait on memory beside the sums.
         var dst = 0u;
@@ -135,6 +133,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if !is_v && lid < half {
             at = rope_at(lid, t, is_q, D);
         }
+        // The row's head vector: each weight row's lanes added up and
+        // scaled by the input norm's factor (NORM).
         var r = 1.0;
         if NORM == 1u {
             r = 1.0 / sqrt(ssq[tt] / f32(p.K) + p.eps);

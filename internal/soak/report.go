@@ -5,22 +5,31 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"webdraft/internal/svgplot"
 )
 
 // Limits of a healthy soak, checked by Problems.
 const (
-	// MaxGrowth bounds how much the live Go heap (a leak in Go: the heap
-	// the last collection marked, not the garbage awaiting the next), the
-	// resident memory outside the Go heap (a leak in the engines' host
-	// memory, cgo or the driver) and the GPU buffers may grow from early
-	// in the soak (the median of the samples between 20 % and 40 % of it,
-	// after the warm-up) to its end (the median of the last 20 %): a leak
-	// of a request's worth shows within minutes. The resident memory as a
-	// whole is reported, not judged: it follows the heap's high-water
-	// mark between collections, which still rises in a short soak.
+	// MaxGrowth bounds how much the server's memory may grow. The live Go
+	// heap (a leak in Go) is judged where load cannot move it: at the
+	// first garbage collection after the clients left and the server's
+	// work drained (Report.Final), against the soak's start — under load
+	// the heap a collection marks holds the requests in flight and what
+	// they allocate while it marks, tens of MiB from one second to the
+	// next. The resident memory outside the Go heap (a leak in the
+	// engines' host memory, cgo or the driver) and the GPU buffers are
+	// judged from early in the soak (the median of the samples between
+	// 20 % and 40 % of it, after the warm-up) to its end (the median of
+	// the last 20 %). A leak of a request's worth shows within minutes.
+	// The resident memory as a whole is reported, not judged: it follows
+	// the heap's high-water mark between collections, which still rises
+	// in a short soak.
 	MaxGrowth = 32 << 20
+	// CollectionWait bounds the wait for a collection once the server is
+	// idle: the runtime forces one two minutes after the last.
+	CollectionWait = 150 * time.Second
 	// MaxConnectionsLeft and MaxGoroutineGrowth bound what may be left
 	// once the clients have gone: the sampler's own connection, and the
 	// server's idle goroutines.
@@ -71,10 +80,17 @@ func (r *Report) Problems() []string {
 	if len(r.Samples) < 5 {
 		return append(p, fmt.Sprintf("only %d samples: too short a soak to judge memory", len(r.Samples)))
 	}
+	f := r.Final
+	drained := f.Running == 0 && f.Reserved == 0 && f.PageSessions == 0
+	if start := r.Samples[0].HeapLive; r.Collected && f.HeapLive-start > MaxGrowth {
+		p = append(p, fmt.Sprintf("live Go heap at the first collection after the clients left grew by %s from the start (from %s to %s), more than %s", mib(f.HeapLive-start), mib(start), mib(f.HeapLive), mib(MaxGrowth)))
+	} else if drained && !r.Collected {
+		p = append(p, fmt.Sprintf("the server completed no garbage collection within %s of its work draining: its live heap after the soak is not known", CollectionWait))
+	}
 	for _, m := range []struct {
 		name  string
 		field func(Sample) int64
-	}{{"live Go heap", live}, {"resident memory outside the Go heap", outside}, {"GPU buffers", gpu}} {
+	}{{"resident memory outside the Go heap", outside}, {"GPU buffers", gpu}} {
 		if g := r.Late(m.field) - r.Early(m.field); g > MaxGrowth {
 			p = append(p, fmt.Sprintf("%s grew by %s (from %s to %s), more than %s", m.name, mib(g), mib(r.Early(m.field)), mib(r.Late(m.field)), mib(MaxGrowth)))
 		}
@@ -85,8 +101,7 @@ func (r *Report) Problems() []string {
 			break
 		}
 	}
-	f := r.Final
-	if f.Running != 0 || f.Reserved != 0 || f.PageSessions != 0 {
+	if !drained {
 		p = append(p, fmt.Sprintf("after the clients left: %d requests running, %d positions reserved, %d page sessions open", f.Running, f.Reserved, f.PageSessions))
 	}
 	if f.Connections > MaxConnectionsLeft {
@@ -116,11 +131,16 @@ func (r *Report) Markdown() string {
 	}{{"resident memory (anonymous)", rss}, {"Go heap in use", heap}, {"live Go heap", live}, {"resident outside the Go heap", outside}, {"GPU buffers", gpu}} {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", m.name, mib(m.field(first)), mib(r.Early(m.field)), mib(r.Late(m.field)), mib(m.field(last)))
 	}
+	if r.Collected {
+		fmt.Fprintf(&b, "\nAfter: at %.0f s, the first garbage collection with nothing running (the live heap judged against the start).\n", last.At.Seconds())
+	} else {
+		fmt.Fprintf(&b, "\nAfter: at %.0f s, no garbage collection with nothing running yet.\n", last.At.Seconds())
+	}
 	peak := int64(0)
 	for _, s := range r.Samples {
 		peak = max(peak, s.CacheTokens+s.Reserved)
 	}
-	fmt.Fprintf(&b, "\nPrefix cache: at most %d of its %d positions (cached + reserved). Goroutines %d at the start, %d after; open files %d, %d.\n",
+	fmt.Fprintf(&b, "Prefix cache: at most %d of its %d positions (cached + reserved). Goroutines %d at the start, %d after; open files %d, %d.\n",
 		peak, last.CacheBudget, first.Goroutines, last.Goroutines, first.OpenFDs, last.OpenFDs)
 	return b.String()
 }

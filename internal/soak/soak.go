@@ -85,7 +85,11 @@ type Report struct {
 	Replayed int      // answers asked for again alone
 	Differed []string // those that came back different
 	Samples  []Sample
-	Final    Sample // after the clients stopped and the server settled
+	// Final is the server once the clients stopped, its work drained and
+	// then a garbage collection completed (Collected): its live heap is
+	// what the server kept with nothing running.
+	Final     Sample
+	Collected bool
 }
 
 // Sample is the server's state at a moment of the soak.
@@ -106,6 +110,7 @@ type Sample struct {
 	OpenFDs       int64 // process_open_fds
 	Faults        int64 // webdraft_engine_faults_total
 	RequestsTotal int64 // Σ webdraft_requests_total
+	GCCycles      int64 // go_gc_duration_seconds_count: the garbage collections completed
 }
 
 // Failed reports whether anything beyond the deliberate refusals went
@@ -817,7 +822,7 @@ func (s *soak) sample(ctx context.Context) (Sample, error) {
 	if err != nil {
 		return Sample{}, err
 	}
-	for _, name := range []string{"go_memstats_heap_inuse_bytes", "go_gc_heap_live_bytes", "webdraft_cache_budget_tokens"} {
+	for _, name := range []string{"go_memstats_heap_inuse_bytes", "go_gc_heap_live_bytes", "go_gc_duration_seconds_count", "webdraft_cache_budget_tokens"} {
 		if _, ok := m[name]; !ok {
 			return Sample{}, fmt.Errorf("the server's /metrics has no %s", name)
 		}
@@ -828,7 +833,7 @@ func (s *soak) sample(ctx context.Context) (Sample, error) {
 		CacheTokens: m["webdraft_cache_tokens"], Reserved: m["webdraft_reserved_tokens"], CacheBudget: m["webdraft_cache_budget_tokens"],
 		Running: m["webdraft_running_requests"] + m["webdraft_generations_running"], Connections: m["webdraft_open_connections"],
 		PageSessions: m["webdraft_page_sessions"], Goroutines: m["go_goroutines"], OpenFDs: m["process_open_fds"],
-		Faults: m["webdraft_engine_faults_total"], RequestsTotal: m["webdraft_requests_total"],
+		Faults: m["webdraft_engine_faults_total"], RequestsTotal: m["webdraft_requests_total"], GCCycles: m["go_gc_duration_seconds_count"],
 	}
 	if s.o.PID > 0 {
 		r, err := memstat.ReadProcess(s.o.PID)
@@ -869,13 +874,23 @@ func parseMetrics(r io.Reader) (map[string]int64, error) {
 }
 
 // settle waits for the server to finish what the soak left running (up to
-// a minute) and takes the final sample.
+// a minute), then for a garbage collection to complete with nothing
+// running (the runtime forces one at least every two minutes; up to
+// CollectionWait), and takes that sample as the final one: its live heap
+// is what the server kept once its work was done — a leak raises it, the
+// load's requests in flight and its garbage do not.
 func (s *soak) settle(ctx context.Context) {
 	deadline := time.Now().Add(time.Minute)
+	idleCycles := int64(-1) // the collections completed when the server was first seen idle
 	for {
 		smp, err := s.sample(ctx)
-		if err == nil && smp.Running == 0 && smp.Reserved == 0 && smp.PageSessions == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-			s.rep.Final = smp
+		idle := err == nil && smp.Running == 0 && smp.Reserved == 0 && smp.PageSessions == 0
+		if idle && idleCycles < 0 {
+			idleCycles, deadline = smp.GCCycles, time.Now().Add(CollectionWait)
+		}
+		collected := idle && smp.GCCycles > idleCycles
+		if collected || time.Now().After(deadline) || ctx.Err() != nil {
+			s.rep.Final, s.rep.Collected = smp, collected
 			if err != nil {
 				s.fail("settle", "metrics", err.Error())
 			}

@@ -16,10 +16,10 @@ import (
 // target's coupled draw equals with probability near 1 − TV(p, q), where
 // a greedy draft's is p(x). The keys of a call's drafts are written once,
 // a region a draft (draftKeys). A chain that lists its drafts' top tokens
-// reads out through sample.wgsl — over the draft vocabulary for a head,
-// where the noise cannot be keyed by the target's tokens —: its drafts
-// stay greedy, which the coupled rows accept as often as the greedy rule
-// would (p(x)).
+// (the live page's) lists them through sample.wgsl — over the draft
+// vocabulary for a head — and draws its drafts through argmax.wgsl's
+// coupled rows after it, keyed by the target's tokens; a head's chain
+// then keeps its drafts as the target's tokens (chainLayout.mapped).
 
 // CouplesDrafts reports that the engine drafts by coupled draws in its
 // fused steps (engine.CouplesDrafts).

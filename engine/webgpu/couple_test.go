@@ -19,9 +19,10 @@ import (
 // coupled, each of the head's drafts is the coupled draw of its own
 // distribution under the key of the row that verifies it
 // (sampling.CoupledChoice over the plain-Go head's logits at the draft's
-// position, within the noise's slack), the verification accepts a draft
-// iff the target's coupled draw is that token, and at temperature 1 the
-// drafts are draws, not the greedy tokens.
+// position, within the noise's slack), listing the head's most likely
+// tokens where it is asked to, the verification accepts a draft iff the
+// target's coupled draw is that token, and at temperature 1 the drafts are
+// draws, not the greedy tokens.
 func TestHeadCoupledDrafts(t *testing.T) {
 	rig := newHeadRig(t, false, HeadOptions{})
 	h, target := rig.head, rig.target
@@ -29,7 +30,7 @@ func TestHeadCoupledDrafts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 22))
 	const n = 4
 	notGreedy := 0
-	for trial := range 6 {
+	for trial := range 16 {
 		prompt := []int{3 + trial, 17, 5, 9, 30 + trial, 200}
 		g := newHeadTwins(t, h, target, prompt)
 		release := func() {
@@ -38,12 +39,16 @@ func TestHeadCoupledDrafts(t *testing.T) {
 			}
 		}
 		T := []float32{1, 0.7}[trial%2]
+		topN := 0
+		if trial%4 >= 2 {
+			topN = 3 // drafts that list their top tokens, as the live page's do
+		}
 		draws := make([]sampling.Draw, n+1)
 		for k := range draws {
 			draws[k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: true}
 		}
 		steps := []engine.ChainStep{{
-			Draft:  &engine.Entry{Seq: g.hF, Target: g.tF, Tokens: slices.Clone(g.text[g.hF.Len():])},
+			Draft:  &engine.Entry{Seq: g.hF, Target: g.tF, Tokens: slices.Clone(g.text[g.hF.Len():]), TopN: topN},
 			Verify: &engine.VerifyEntry{Seq: g.tF, Tokens: slices.Clone(g.text[g.tF.Len():]), Out: n + 1, Sampling: sampling.Params{Temperature: T, TopP: 1}, Draws: draws},
 			Take:   n,
 		}}
@@ -72,8 +77,17 @@ func TestHeadCoupledDrafts(t *testing.T) {
 			if best := noisy(want); noisy(got) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
 				t.Errorf("trial %d, draft %d: token %d (%v), the coupled draw is %d (%v)", trial, c, d.ID, noisy(got), rig.w.TargetIDs[want], best)
 			}
-			if got != slices.Index(logits, slices.Max(logits)) {
+			greedy := slices.Index(logits, slices.Max(logits))
+			if got != greedy {
 				notGreedy++
+			}
+			if len(d.Top) != topN {
+				t.Fatalf("trial %d, draft %d: %d top tokens, want %d", trial, c, len(d.Top), topN)
+			}
+			if topN > 0 {
+				if top := slices.Index(rig.w.TargetIDs, int32(d.Top[0].Token)); top < 0 || top != greedy && logits[top] < logits[greedy]-1e-3 {
+					t.Errorf("trial %d, draft %d: top tokens %v, the most likely is %d", trial, c, d.Top, rig.w.TargetIDs[greedy])
+				}
 			}
 			row := steps[0].Verify.Rows[c]
 			if row.Accept != (row.Sample == d.ID) {
@@ -97,7 +111,8 @@ func TestHeadCoupledDrafts(t *testing.T) {
 // draft iff the target drew it, drafts other than the greedy tokens at
 // temperature 1 — in one fused step (DraftVerify) and in a chain of them
 // (DraftVerifyN, its last step's drafts checked), two generations a call,
-// each on its own keys; where the chain lists top tokens, greedy drafts.
+// each on its own keys; where the drafts list their top tokens, the same
+// coupled draws, each listing the drafter's most likely tokens.
 func TestEngineCoupledDrafts(t *testing.T) {
 	p := newSampledPair(t, NewGroup(gputest.Device(t)), Options{})
 	dm := load(t, "untied", checkpoint.Int4)
@@ -170,23 +185,23 @@ func TestEngineCoupledDrafts(t *testing.T) {
 					t.Fatal(err)
 				}
 				greedy := slices.Index(logits, slices.Max(logits))
-				if topN > 0 {
-					if d.ID != greedy && logits[d.ID] < logits[greedy]-1e-3 {
-						t.Errorf("trial %d, entry %d, draft %d: token %d, the greedy token with top tokens listed is %d", trial, i, c, d.ID, greedy)
-					}
-				} else {
-					k0, k1 := keys[i][c].Key()
-					noisy := func(j int) float64 { return float64(logits[j]/T) + float64(sampling.Gumbel(k0, k1, j)) }
-					want, err := sampling.CoupledChoice(logits, nil, T, keys[i][c])
-					if err != nil {
-						t.Fatal(err)
-					}
-					if best := noisy(want); noisy(d.ID) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
-						t.Errorf("trial %d, entry %d, draft %d: token %d (%v), the coupled draw is %d (%v)", trial, i, c, d.ID, noisy(d.ID), want, best)
-					}
-					if d.ID != greedy {
-						notGreedy++
-					}
+				if len(d.Top) != topN {
+					t.Fatalf("trial %d, entry %d, draft %d: %d top tokens, want %d", trial, i, c, len(d.Top), topN)
+				}
+				if topN > 0 && d.Top[0].Token != greedy && logits[d.Top[0].Token] < logits[greedy]-1e-3 {
+					t.Errorf("trial %d, entry %d, draft %d: top tokens %v, the most likely is %d", trial, i, c, d.Top, greedy)
+				}
+				k0, k1 := keys[i][c].Key()
+				noisy := func(j int) float64 { return float64(logits[j]/T) + float64(sampling.Gumbel(k0, k1, j)) }
+				want, err := sampling.CoupledChoice(logits, nil, T, keys[i][c])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if best := noisy(want); noisy(d.ID) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
+					t.Errorf("trial %d, entry %d, draft %d: token %d (%v), the coupled draw is %d (%v)", trial, i, c, d.ID, noisy(d.ID), want, best)
+				}
+				if d.ID != greedy {
+					notGreedy++
 				}
 				if row := rows[i][c]; row.Accept != (row.Sample == d.ID) {
 					t.Errorf("trial %d, entry %d, row %d: accept %v, the target drew %d for draft %d", trial, i, c, row.Accept, row.Sample, d.ID)

@@ -173,9 +173,6 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 		return nil, err
 	}
 	dsample := topN > 0
-	if dsample {
-		keys = nil
-	}
 
 	// Step 0: DraftVerify's submissions, the verification's rows copied
 	// into the results.

@@ -150,9 +150,9 @@ func (h *Head) chains(feeds []headFeed) bool {
 
 // chainLayout is where a chain's results buffer holds each step's words:
 // at step j's offset j·stride, the argmax ids (B u32) — the target's tokens
-// where mapped (a chain without top tokens: kernels.ArgmaxOf, which
-// writes them there itself, and the step after embeds them from there),
-// else draft tokens —, from lpAt their log-probabilities (B f32, then
+// where mapped (a chain without top tokens, or of coupled drafts:
+// kernels.ArgmaxOf, which writes them there itself, and the step after
+// embeds them from there), else draft tokens —, from lpAt their log-probabilities (B f32, then
 // where mapped their log-sum-exps), from tidAt (where
 // the chain keeps them for a target's pass and they are draft tokens:
 // tidAt > 0) the target's tokens (B u32), from topAt the top tokens
@@ -179,11 +179,12 @@ func (l chainLayout) targetWord(i, j int) int {
 
 // chainLayout lays out the results of a chain of n steps over B entries
 // whose rows list topN most likely tokens, keeping the drafts in the
-// target's vocabulary too where targets asks and they are draft tokens.
-func (h *Head) chainLayout(B, topN, n int, targets bool) chainLayout {
+// target's vocabulary too where targets asks and they are draft tokens;
+// coupled: the chain drafts coupled draws (couple.go).
+func (h *Head) chainLayout(B, topN, n int, targets, coupled bool) chainLayout {
 	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
-	lay := chainLayout{topN: topN, B: B, n: n, mapped: topN == 0}
+	lay := chainLayout{topN: topN, B: B, n: n, mapped: topN == 0 || coupled}
 	lay.idBytes = uint64(B*4+15) &^ 15
 	lay.topBytes = uint64(B*topN*2*4+15) &^ 15
 	lay.lpAt = h.act.nextLP                         // as in next: one copy takes the ids and their log-probabilities
@@ -233,9 +234,9 @@ func (h *Head) chainTail(lay chainLayout, j int, mapIDs bool) []step {
 // reserved) to the device, each step's read-out words copied into the
 // results and, with targets, each step's drafts in the target's
 // vocabulary too where the ids are draft tokens (chainLayout.tidAt), for a
-// target's pass to gather (chainLayout.targetWord). Where keys is not nil
-// and the chain is mapped, step j's drafts are coupled by keys(j)'s
-// (headcouple.go).
+// target's pass to gather (chainLayout.targetWord). Where keys is not nil,
+// step j's drafts are coupled by keys(j)'s (couple.go), and the chain is
+// mapped.
 // Nothing is read back or committed: chainDone does that with the
 // results. submitted reports whether any pass went to the device.
 func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int, targets bool, keys func(k int) gpu.Binding) (_ chainLayout, submitted bool, err error) {
@@ -246,7 +247,7 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 		seqs[i] = f.seq.kv
 		topN = max(topN, min(batch[i].TopN, h.cfg.DraftVocabSize))
 	}
-	lay := h.chainLayout(B, topN, n, targets)
+	lay := h.chainLayout(B, topN, n, targets, keys != nil)
 	if err := a.ensureChain(h.dev, n-1, lay.bytes()); err != nil {
 		return lay, false, err
 	}

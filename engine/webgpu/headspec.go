@@ -200,7 +200,11 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	for _, d := range drafts {
 		topN = max(topN, min(d.TopN, h.cfg.DraftVocabSize))
 	}
-	lay := h.chainLayout(B, topN, n, true)
+	keys, err := h.coupleKeys(steps, n, m)
+	if err != nil {
+		return nil, err
+	}
+	lay := h.chainLayout(B, topN, n, true, keys != nil)
 	if err := a.ensureChain(h.dev, n-1, uint64(m)*lay.bytes()); err != nil {
 		return nil, err
 	}
@@ -214,10 +218,6 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		return nil, err
 	}
 	drawStride, err := sb.startDraws(h.dev, steps, n, m, lay.targetWord, idStride)
-	if err != nil {
-		return nil, err
-	}
-	keys, err := h.coupleKeys(steps, n, m)
 	if err != nil {
 		return nil, err
 	}
@@ -282,21 +282,21 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 	// A pass drafting chain step k: mapped, its read-out goes straight into
 	// the results and a chained pass embeds the step before's ids from
 	// there; else its tail copies the read-out and maps its drafts to the
-	// target's tokens, in ids, which the next pass embeds.
+	// target's tokens, in ids, which the next pass embeds. Its tail copies
+	// its top tokens where it lists them.
 	draftPass := func(ps *headPass, k int) []step {
-		if !lay.mapped {
-			return append(h.passSteps(ps, B, topN), h.chainTail(lay, k, true)...)
+		if lay.mapped {
+			at := uint64(k) * lay.stride
+			if keys != nil {
+				ps.keys = keys(k)
+			}
+			ps.readIDs = a.results.Slice(at, lay.idBytes)
+			ps.readLP = a.results.Slice(at+lay.lpAt, lay.topAt-lay.lpAt)
+			if ps.fromNext {
+				ps.fromIDs = a.results.Slice(at-lay.stride, lay.idBytes)
+			}
 		}
-		at := uint64(k) * lay.stride
-		if keys != nil {
-			ps.keys = keys(k)
-		}
-		ps.readIDs = a.results.Slice(at, lay.idBytes)
-		ps.readLP = a.results.Slice(at+lay.lpAt, lay.topAt-lay.lpAt)
-		if ps.fromNext {
-			ps.fromIDs = a.results.Slice(at-lay.stride, lay.idBytes)
-		}
-		return h.passSteps(ps, B, topN)
+		return append(h.passSteps(ps, B, topN), h.chainTail(lay, k, true)...)
 	}
 	var raw [][]byte
 	for j := 1; j < m; j++ {

@@ -315,7 +315,7 @@ type headPass struct {
 	// (fromIDs). Zero Bindings: next, as for every other pass.
 	readIDs, readLP, fromIDs gpu.Binding
 	// keys, where set, are a mapped chain's read-out rows' coupled keys
-	// (kernels.ArgmaxOfCoupled; headcouple.go).
+	// (kernels.ArgmaxOfCoupled; couple.go).
 	keys gpu.Binding
 	// treeLevel: a level of a tree drafted on the device (DraftVerifyTree),
 	// every row read out, in order, after the pass.
@@ -790,9 +790,17 @@ func (h *Head) readSteps(src *gpu.Buffer, n, topN int, sample bool, ps *headPass
 	}
 	return append(steps, logits,
 		func(b *gpu.Batch) error {
+			if sample {
+				if err := kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, n, Vd, topN); err != nil {
+					return err
+				}
+				if !ps.mapped {
+					return nil
+				}
+				// A mapped chain that lists top tokens (its drafts coupled):
+				// sample.wgsl lists them, argmax.wgsl writes the drafts.
+			}
 			switch {
-			case sample:
-				return kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, n, Vd, topN)
 			case ps.mapped && ps.readIDs.Buf != nil:
 				return kernels.ArgmaxOfCoupled(b, ps.readIDs, ps.readLP, a.logits, w.targetIDs, ps.keys, n, Vd, lseAt(n))
 			case ps.mapped:

@@ -91,7 +91,8 @@ type pass struct {
 	trees, path int
 	chained     bool // a pass of StepN's chain: its read-out is not read back (readRows)
 	// coupled: the read-out's greedy rows are coupled drafts, keyed by the
-	// activations' keys (a fused call's drafter passes: couple.go).
+	// activations' keys (a fused call's drafter passes: couple.go); with
+	// sample, sample.wgsl lists their top tokens and argmax.wgsl draws them.
 	coupled bool
 	// outcome: sampled read-out rows write what they sampled, not their
 	// argmax, into next (kernels.SetSampleOutcome): a sampled chain's
@@ -627,10 +628,18 @@ func (e *Engine) kernels(ps pass) []step {
 				if ps.coupled {
 					keys = a.keys.Slice(0, uint64(ps.lasts*kernels.ArgmaxCoupledWords)*4)
 				}
-				switch {
-				case ps.sample:
-					return kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN)
-				case w.headTokens != nil:
+				if ps.sample {
+					if err := kernels.Sample(b, a.sampled, a.top, a.next, a.lp(), a.logits, a.draws, a.temps, ps.lasts, c.VocabSize, ps.topN); err != nil {
+						return err
+					}
+					if !ps.coupled {
+						return nil
+					}
+					// Coupled drafts that list their top tokens: sample.wgsl
+					// lists them, argmax.wgsl's coupled rows draw the drafts
+					// over its ids.
+				}
+				if w.headTokens != nil {
 					return kernels.ArgmaxOfCoupled(b, a.next.All(), a.lp(), a.headLogits, w.headTokens, keys, ps.lasts, w.headRows, lseAt(ps.lasts))
 				}
 				return kernels.ArgmaxCoupled(b, a.next.All(), a.lp(), a.logits, keys, ps.lasts, c.VocabSize, lseAt(ps.lasts))

@@ -269,8 +269,7 @@ func (c *chainRun) tokenWord(i, j int) int { return int(uint64(j)*c.stride/4) + 
 // tokens —, so that no pass waits for the host (chainRest).
 // With read, the chain's last submission reads the results back (raw).
 // Where keys is not nil, pass j's greedy rows are coupled drafts by
-// keys(j) (couple.go; not where the passes list top tokens). The
-// sequences are committed by chainRead.
+// keys(j) (couple.go). The sequences are committed by chainRead.
 func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bool, keys func(k int) gpu.Binding) (*chainRun, error) {
 	a, B := e.act, len(work)
 	align := uint64(e.dev.Limits().MinStorageBufferOffsetAlignment)
@@ -300,7 +299,7 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bo
 	if c.drawSteps, err = e.stageDraws(work, m); err != nil {
 		return nil, err
 	}
-	if c.topN == 0 && c.drawSteps == nil {
+	if c.drawSteps == nil {
 		c.keys = keys
 	}
 	// The first pass, submitted early: nothing runs yet.

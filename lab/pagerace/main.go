@@ -3,7 +3,9 @@
 // it: each round a start with race (speculative decoding, then the target
 // alone on the same prompt, each token's top 5 read out as the page shows
 // them), printing both runs' tokens/s, the speedup and the speculative
-// run's mean draft and verification times a step.
+// run's τ and mean draft and verification times a step. With
+// --temperature the runs sample (round i with seed i + 1, the same in both
+// runs of a round).
 //
 //	webdraft serve --addr 127.0.0.1:8080 &
 //	go run ./lab/pagerace --k 2 --rounds 4
@@ -27,14 +29,15 @@ func main() {
 	n := flag.Int("max-tokens", 40, "tokens a run")
 	rounds := flag.Int("rounds", 3, "races")
 	prompt := flag.String("prompt", "import os\n\n\ndef read_config(path):\n    \"\"\"", "the prompt (the page's default)")
+	temperature := flag.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	flag.Parse()
-	if err := run(*addr, *prompt, *k, *n, *rounds); err != nil {
+	if err := run(*addr, *prompt, *k, *n, *rounds, *temperature); err != nil {
 		slog.Error("pagerace", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, prompt string, k, n, rounds int) error {
+func run(addr, prompt string, k, n, rounds int, temperature float64) error {
 	u := url.URL{Scheme: "ws", Host: addr, Path: "/ws"}
 	d := websocket.Dialer{Subprotocols: []string{"webdraft"}}
 	c, _, err := d.Dial(u.String(), http.Header{"Origin": {"http://" + addr}})
@@ -42,11 +45,13 @@ func run(addr, prompt string, k, n, rounds int) error {
 		return fmt.Errorf("dial %s: %w", u.String(), err)
 	}
 	defer c.Close()
-	for range rounds {
-		if err := c.WriteJSON(map[string]any{"type": "start", "prompt": prompt, "k": k, "max_tokens": n, "race": true}); err != nil {
+	for round := range rounds {
+		start := map[string]any{"type": "start", "prompt": prompt, "k": k, "max_tokens": n, "race": true, "temperature": temperature, "top_p": 1, "seed": round + 1}
+		if err := c.WriteJSON(start); err != nil {
 			return err
 		}
 		var draftMS, verifyMS float64
+		tau := 0.0
 		steps := 0
 	events:
 		for {
@@ -61,9 +66,13 @@ func run(addr, prompt string, k, n, rounds int) error {
 					draftMS += m["draft_ms"].(float64)
 					verifyMS += m["verify_ms"].(float64)
 				}
+			case "done":
+				if m["run"] == "speculative" {
+					tau = m["tau"].(float64)
+				}
 			case "race":
-				fmt.Printf("k %d: speculative %.1f tok/s, target alone %.1f tok/s, %.2f×; a step %.2f ms drafting, %.2f ms verifying (%d steps)\n", k,
-					m["speculative_tokens_per_s"], m["target_tokens_per_s"], m["speedup"], draftMS/float64(steps), verifyMS/float64(steps), steps)
+				fmt.Printf("k %d: speculative %.1f tok/s, target alone %.1f tok/s, %.2f×; τ %.2f; a step %.2f ms drafting, %.2f ms verifying (%d steps)\n", k,
+					m["speculative_tokens_per_s"], m["target_tokens_per_s"], m["speedup"], tau, draftMS/float64(steps), verifyMS/float64(steps), steps)
 			case "error":
 				return errors.New(fmt.Sprint(m["message"]))
 			case "finished":

@@ -348,11 +348,9 @@ func (d *drafter) load(fsys fs.FS, dir string, opts loadOptions, head *headSourc
 	}
 	var he *webgpu.Head
 	if h != nil {
-		// The head's cache holds as many positions as the model's: its one
-		// layer's share of the model's bytes a position.
-		layer := h.Config.Layer()
-		kv := opts.kvBytes * int64(engine.KVBytesPerToken(&layer, 4)) / int64(engine.KVBytesPerToken(&ckpt.Config, 4))
-		if he, err = webgpu.NewHead(e, h.Config, h.Weights, webgpu.HeadOptions{KVBytes: max(kv, 1<<20), MaxSequences: opts.maxSequences}); err != nil {
+		// The head's cache holds as many positions as the model's (the
+		// default).
+		if he, err = webgpu.NewHead(e, h.Config, h.Weights, webgpu.HeadOptions{MaxSequences: opts.maxSequences}); err != nil {
 			e.Close()
 			return nil, fmt.Errorf("head %s: %w", head.dir, err)
 		}

@@ -60,8 +60,9 @@ type headPair struct {
 }
 
 // reopener opens the pair again over the same models (target and p's
-// head), on the engine b picks, each with kvBytes of KV cache: the
-// server's Reopen after a fault, the target's (0) and the head's (1).
+// head), on the engine b picks, the target with kvBytes of KV cache and
+// the head with as many positions: the server's Reopen after a fault, the
+// target's (0) and the head's (1).
 func (p *headPair) reopener(target *checkpoint.Model, b backendChoice, kvBytes int64) *enginePair {
 	return &enginePair{open: func(context.Context) ([]engine.Engine, error) {
 		n, _, err := startHeadPair(target, p.model, b, kvBytes)
@@ -91,10 +92,10 @@ func loadHead(dir string) (*checkpoint.Eagle3, error) {
 }
 
 // openHeadPair loads the head in dir (or the embedded one) and starts the
-// target keeping the features the head reads, and the head over it, each
-// with kvBytes of KV cache, on the engine --backend picks as openEngines does: WebGPU (the
-// head in the target's group) or the CPU engine. The reference engine
-// runs no head.
+// target keeping the features the head reads, with kvBytes of KV cache,
+// and the head over it, holding as many positions, on the engine --backend
+// picks as openEngines does: WebGPU (the head in the target's group) or the
+// CPU engine. The reference engine runs no head.
 func openHeadPair(e *env, target *checkpoint.Model, targetName, dir string, b backendChoice, kvBytes int64) (*headPair, error) {
 	if b == "reference" {
 		return nil, usagef("an EAGLE-3 head runs on WebGPU or the CPU engine: --backend reference is not supported with one")
@@ -136,7 +137,7 @@ func startHeadPair(target *checkpoint.Model, m *checkpoint.Eagle3, b backendChoi
 			if err != nil {
 				return nil, "", fmt.Errorf("webgpu: %w", err)
 			}
-			he, err := webgpu.NewHead(te, m.Config, m.Weights, webgpu.HeadOptions{KVBytes: kvBytes})
+			he, err := webgpu.NewHead(te, m.Config, m.Weights, webgpu.HeadOptions{}) // as many positions as the target's
 			if err != nil {
 				te.Close()
 				return nil, "", err
@@ -154,7 +155,7 @@ func startHeadPair(target *checkpoint.Model, m *checkpoint.Eagle3, b backendChoi
 	if err != nil {
 		return nil, "", err
 	}
-	he, err := cpu.NewHead(te, m.Config, m.Weights, cpu.HeadOptions{KVBytes: kvBytes})
+	he, err := cpu.NewHead(te, m.Config, m.Weights, cpu.HeadOptions{}) // as many positions as the target's
 	if err != nil {
 		te.Close()
 		return nil, "", err

@@ -40,7 +40,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	tree := treeFlagsVar(fs, true)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", backendUsage)
-	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB")
+	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB (an EAGLE-3 head's holds as many positions as its target's)")
 	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
 	// The key's default is read after parsing, so that --help never
 	// prints it; the environment keeps it out of the process list too.

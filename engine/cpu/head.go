@@ -74,7 +74,8 @@ var (
 // HeadOptions configure NewHead.
 type HeadOptions struct {
 	// KVBytes is the memory for the head's KV cache (f32 keys and values
-	// of its one layer) the head reports as its capacity.
+	// of its one layer) the head reports as its capacity; 0: as many
+	// positions as the target's.
 	KVBytes int64
 }
 
@@ -119,6 +120,9 @@ func NewHead(target *Engine, cfg eagle3.Config, w *eagle3.Weights, opts HeadOpti
 	}
 	if w.EmbedTokens != nil {
 		h.embed = w.EmbedTokens
+	}
+	if h.kvBytes == 0 {
+		h.kvBytes = int64(target.KVCapacity() * engine.KVBytesPerToken(&layer, 4))
 	}
 	h.pass.init(h)
 	return h, nil

@@ -348,6 +348,9 @@ func TestHeadOwnEmbedding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if n, tn := h.KVCapacity(), target.KVCapacity(); n != tn {
+		t.Errorf("KVCapacity() = %d unsized, want the target's %d", n, tn)
+	}
 	rh, err := reference.NewHead(c, w, tw.EmbedTokens)
 	if err != nil {
 		t.Fatal(err)

@@ -75,7 +75,7 @@ var (
 
 // HeadOptions size a Head; zero values take the defaults.
 type HeadOptions struct {
-	KVBytes      int64  // the head's KV-cache memory: its one layer's keys and values (default 64 MiB)
+	KVBytes      int64  // the head's KV-cache memory: its one layer's keys and values (default: as many positions as the target's cache, and a block a sequence)
 	BlockSize    int    // positions per KV block (default 16)
 	MaxSequences int    // sequence slots (default the target's)
 	MaxRows      int    // rows a pass (default the target's MaxRows); longer feeds take several
@@ -134,9 +134,6 @@ func NewHead(target *Engine, cfg eagle3.Config, w *eagle3.Weights, opts HeadOpti
 func buildHead(target *Engine, cfg eagle3.Config, w *eagle3.Weights, opts HeadOptions) (_ *Head, err error) {
 	tc := target.cfg
 	sequencesDefaulted := opts.MaxSequences <= 0
-	if opts.KVBytes <= 0 {
-		opts.KVBytes = 64 << 20
-	}
 	if opts.BlockSize <= 0 {
 		opts.BlockSize = 16
 	}
@@ -173,6 +170,13 @@ func buildHead(target *Engine, cfg eagle3.Config, w *eagle3.Weights, opts HeadOp
 		elem = 2
 	}
 	blockBytes := int64(engine.KVBytesPerToken(&layer, elem) * opts.BlockSize)
+	if opts.KVBytes <= 0 {
+		// The head drafts along the target's sequences: as many positions
+		// as the target's cache holds, and a block a sequence for the
+		// drafts past them.
+		opts.KVBytes = int64((target.KVCapacity()+opts.BlockSize-1)/opts.BlockSize+opts.MaxSequences) * blockBytes
+		h.opts.KVBytes = opts.KVBytes
+	}
 	blocks := int(opts.KVBytes / blockBytes)
 	if sequencesDefaulted && blocks <= opts.MaxSequences {
 		opts.MaxSequences = max(1, blocks/2)

@@ -421,6 +421,18 @@ func TestHeadRefusals(t *testing.T) {
 	if _, err := NewHead(target, c, w, HeadOptions{KVBytes: 1 << 20, MaxSequences: 8, KV: "f8"}); err == nil {
 		t.Error("a KV cache of f8: accepted")
 	}
+	// Unsized, the head's cache holds the target's positions (and less
+	// than a block more): no more memory than the target's sequences use.
+	sized, err := NewHead(target, c, w, HeadOptions{MaxSequences: 8})
+	if err != nil {
+		t.Fatalf("NewHead with its cache sized by the target's: %v", err)
+	}
+	if n, tn := sized.KVCapacity(), target.KVCapacity(); n < tn || n >= tn+16 {
+		t.Errorf("KVCapacity() = %d with the default size, want the target's %d rounded up to a block of 16", n, tn)
+	}
+	if err := sized.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	ctx := context.Background()
 	h := rig.head

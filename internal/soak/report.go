@@ -62,8 +62,10 @@ func heap(s Sample) int64 { return s.HeapInuse }
 func live(s Sample) int64 { return s.HeapLive }
 func gpu(s Sample) int64  { return s.GPUBytes }
 
-// outside is the resident memory the Go heap does not account for.
-func outside(s Sample) int64 { return s.RSSAnon - s.HeapRetained }
+// outside is the resident memory the Go heap does not account for: 0
+// where the heap's retained pages exceed the resident memory (some are
+// not resident).
+func outside(s Sample) int64 { return max(0, s.RSSAnon-s.HeapRetained) }
 
 // Problems lists what the soak shows wrong: failures, answers that
 // differed, memory that grew, a prefix cache past its budget, requests,

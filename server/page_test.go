@@ -282,6 +282,36 @@ func TestPage(t *testing.T) {
 	if pages := f.metricSum(t, `webdraft_generations_total{endpoint="page",`); pages < 2 {
 		t.Errorf("page generations in /metrics: %v, want the run and its race", pages)
 	}
+
+	// Sampled at temperature 1, some tokens are drawn from outside their
+	// model's top 5: every table of every tip still marks the chosen
+	// token, those as drawn, after the list.
+	do(ctx, "sampling", chromedp.SetValue("#temperature", "1"), chromedp.SetValue("#seed", "11"))
+	start(ctx, "import os\n\n\ndef read_config(path):\n    \"\"\"", k, 24)
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent.startsWith("done")`,
+		chromedp.WithPollingTimeout(3*time.Minute))); err != nil {
+		t.Fatalf("the sampled run never finished: %v", err)
+	}
+	marks, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`(() => {
+		const tip = document.getElementById("tip");
+		let tables = 0, unmarked = 0, drawn = 0;
+		for (const s of document.querySelectorAll("#output .tok")) {
+			s.dispatchEvent(new Event("mouseenter"));
+			for (const tb of tip.querySelectorAll("table")) {
+				tables++;
+				if (tb.querySelectorAll("tr.chosen").length !== 1) unmarked++;
+				drawn += tb.querySelectorAll("tr.drawn").length;
+			}
+		}
+		return [tables, unmarked, drawn];
+	})()`))
+	if err != nil || len(marks) != 3 {
+		t.Fatalf("the sampled run's tips: %v (%v)", marks, err)
+	}
+	t.Logf("sampled run: %d tip tables, %d chosen tokens drawn from outside the top 5", marks[0], marks[2])
+	if marks[0] == 0 || marks[1] > 0 || marks[2] == 0 {
+		t.Errorf("sampled run: %d tip tables, %d without their chosen token marked, %d marked as drawn; want every table marked and some drawn", marks[0], marks[1], marks[2])
+	}
 }
 
 // TestWebsocket: the socket refuses another origin, answers bad messages

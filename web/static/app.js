@@ -389,14 +389,16 @@
     if (into.scrollHeight - into.scrollTop - into.clientHeight < 80) into.scrollTop = into.scrollHeight;
   }
 
-  function table(title, top, chosen) {
+  // table lists a model's top tokens, the chosen one (tok) in bold; a
+  // sampled run may choose a token outside them, listed after them as
+  // drawn.
+  function table(title, top, tok) {
     if (!top || top.length === 0) return "";
     title = title.replace("%n", top.length);
+    const row = (c, cls, note) => "<tr" + cls + "><td>" + escapeHTML(visible(c.text)) + note + "</td><td class=\"p\">" + (100 * c.p).toFixed(1) + " %</td></tr>";
     let h = "<h4>" + title + "</h4><table>";
-    for (const c of top) {
-      const cls = c.id === chosen ? ' class="chosen"' : "";
-      h += "<tr" + cls + "><td>" + escapeHTML(visible(c.text)) + "</td><td class=\"p\">" + (100 * c.p).toFixed(1) + " %</td></tr>";
-    }
+    for (const c of top) h += row(c, c.id === tok.id ? ' class="chosen"' : "", "");
+    if (!top.some((c) => c.id === tok.id) && tok.text !== undefined) h += row(tok, ' class="chosen drawn"', ' <span class="note">(drawn)</span>');
     return h + "</table>";
   }
 
@@ -407,8 +409,8 @@
   function showTip(span) {
     const info = span._info;
     let h = "";
-    if (info.draft) h += table(info.draft.branches ? "drafter's top %n (the tree's branches here)" : "drafter's top %n", info.draft.top, info.draft.id);
-    if (info.target) h += table("target's top 5", info.target.top, info.target.id);
+    if (info.draft) h += table(info.draft.branches ? "drafter's top %n (the tree's branches here)" : "drafter's top %n", info.draft.top, info.draft);
+    if (info.target) h += table("target's top 5", info.target.top, info.target);
     if (!h) h = "<p>no alternatives recorded for this token" + (where() === "browser" ? " (a run in this browser reads out the chosen tokens only: the top 5 are slow to read out on a GPU a CPU renders)" : "") + "</p>";
     tip.innerHTML = h;
     tip.hidden = false;

@@ -152,10 +152,10 @@ func (h *Head) chains(feeds []headFeed) bool {
 // at step j's offset j·stride, the argmax ids (B u32) — the target's tokens
 // where mapped (a chain without top tokens, or of coupled drafts:
 // kernels.ArgmaxOf, which writes them there itself, and the step after
-// embeds them from there), else draft tokens —, from lpAt their log-probabilities (B f32, then
-// where mapped their log-sum-exps), from tidAt (where
-// the chain keeps them for a target's pass and they are draft tokens:
-// tidAt > 0) the target's tokens (B u32), from topAt the top tokens
+// embeds them from there), else draft tokens —, from lpAt their
+// log-probabilities (B f32, then where mapped their log-sum-exps), from
+// tidAt (where the chain keeps them for a target's pass and they are draft
+// tokens: tidAt > 0) the target's tokens (B u32), from topAt the top tokens
 // (B, topN, 2) u32 where topN > 0; each part at an offset a binding takes.
 type chainLayout struct {
 	stride, lpAt, tidAt, topAt uint64

@@ -136,21 +136,27 @@ func quantize(dst []byte, row []float32) {
 		q0 := x0.Mul(iv).RoundToEvenScaled(0).ConvertToInt32()
 		q1 := x1.Mul(iv).RoundToEvenScaled(0).ConvertToInt32()
 		d := (*[96]int8)(unsafe.Pointer(&dst[96*b]))
-		var los [2]archsimd.Int32x16
-		for i, q := range [2]archsimd.Int32x16{q0, q1} {
-			// split's arithmetic, sixteen lanes at a time
-			t := q.Add(half).ShiftAllRight(8)
-			h := t.Add(half).ShiftAllRight(8)
-			h.TruncateToInt8().Store((*[16]int8)(d[16*i:]))
-			t.Sub(h.ShiftAllLeft(8)).TruncateToInt8().Store((*[16]int8)(d[32+16*i:]))
-			los[i] = q.Sub(t.ShiftAllLeft(8))
-			los[i].TruncateToInt8().Store((*[16]int8)(d[64+16*i:]))
-		}
-		total, lo := sum16i(q0.Add(q1)), sum16i(los[0].Add(los[1]))
+		lo0 := storeSplit(d, 0, q0, half)
+		lo1 := storeSplit(d, 16, q1, half)
+		total, lo := sum16i(q0.Add(q1)), sum16i(lo0.Add(lo1))
 		binary.LittleEndian.PutUint32(meta[12*b:], math.Float32bits(s))
 		binary.LittleEndian.PutUint32(meta[12*b+4:], uint32(-8*total))
 		binary.LittleEndian.PutUint32(meta[12*b+8:], uint32(-8*(total-lo)))
 	}
+}
+
+// storeSplit writes split's three parts of sixteen quantized values q —
+// hi, mid and lo at d[i:], d[32+i:] and d[64+i:] — and returns lo. A
+// function rather than a loop over an array of the two vectors, which
+// the compiler kept on the stack (quantize 1.2 times slower).
+func storeSplit(d *[96]int8, i int, q, half archsimd.Int32x16) archsimd.Int32x16 {
+	t := q.Add(half).ShiftAllRight(8)
+	h := t.Add(half).ShiftAllRight(8)
+	h.TruncateToInt8().Store((*[16]int8)(d[i:]))
+	t.Sub(h.ShiftAllLeft(8)).TruncateToInt8().Store((*[16]int8)(d[32+i:]))
+	lo := q.Sub(t.ShiftAllLeft(8))
+	lo.TruncateToInt8().Store((*[16]int8)(d[64+i:]))
+	return lo
 }
 
 // max16 is a vector's largest lane (none of them NaN).

@@ -177,8 +177,11 @@ func (r *runner) admit() {
 		tNeed := g.need(&j.req)
 		dNeed := 0
 		if j.k > 0 && j.req.Remote == nil {
-			// A drafter pass drafts as many tokens as the longest draft in it.
-			dNeed = min(len(j.req.Prompt)+j.req.MaxTokens+MaxK, g.drafter.Config().MaxPositionEmbeddings)
+			// A drafter pass drafts as many tokens as the longest draft in
+			// it, so a generation beside others reserves room for the
+			// longest a request may ask; at most the whole budget, where it
+			// runs alone and drafts its own, which Check found room for.
+			dNeed = min(len(j.req.Prompt)+j.req.MaxTokens+MaxK, g.drafter.Config().MaxPositionEmbeddings, g.draftBudget)
 		}
 		if r.targetReserved+tNeed > g.targetBudget || r.draftReserved+dNeed > g.draftBudget {
 			return // wait for running generations to finish

@@ -579,6 +579,32 @@ func TestBadRequests(t *testing.T) {
 	}
 }
 
+// TestFullBudget: a generation that needs the whole of both KV budgets
+// (its prompt, its tokens and its draft) runs, drafting, as the target
+// alone would — where its drafter's reservation for drafts as long as any
+// request's (MaxK) once kept it waiting for room it would never get.
+func TestFullBudget(t *testing.T) {
+	p := pairs(t, cpu)[0]
+	prompt, n, k := []int{5, 6, 7, 8, 9, 10}, 20, 4
+	need := len(prompt) + n + k
+	g := start(t, p, speculative.Options{K: k, DraftTokens: need, TargetTokens: need})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: n})
+	if err != nil {
+		t.Fatalf("a generation filling both budgets: %v", err)
+	}
+	if got, want := ids(res.Tokens), greedy(t, p.target, prompt, n); !slices.Equal(got, want) {
+		t.Errorf("tokens %v, the target's %v", got, want)
+	}
+	if res.Stats.Drafted == 0 {
+		t.Error("it drafted nothing")
+	}
+	if _, err := g.Submit(ctx, speculative.Request{Prompt: prompt, MaxTokens: n + 1}); !errors.Is(err, speculative.ErrTooLarge) {
+		t.Errorf("one position more: %v, want ErrTooLarge", err)
+	}
+}
+
 // otherVocab is an engine that says its vocabulary is another size.
 type otherVocab struct{ engine.Engine }
 

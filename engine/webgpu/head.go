@@ -171,9 +171,10 @@ func buildHead(target *Engine, cfg eagle3.Config, w *eagle3.Weights, opts HeadOp
 	}
 	blockBytes := int64(engine.KVBytesPerToken(&layer, elem) * opts.BlockSize)
 	if opts.KVBytes <= 0 {
-		// The head drafts along the target's sequences: as many positions
-		// as the target's cache holds, and a block a sequence for the
-		// drafts past them.
+		// The head drafts along the target's sequences, whose caches hold
+		// its drafts too: as many positions as the target's cache holds,
+		// in blocks for them and one a sequence slot (what Capacity holds
+		// back for a sequence's last block, partly used).
 		opts.KVBytes = int64((target.KVCapacity()+opts.BlockSize-1)/opts.BlockSize+opts.MaxSequences) * blockBytes
 		h.opts.KVBytes = opts.KVBytes
 	}

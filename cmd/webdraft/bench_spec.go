@@ -98,14 +98,16 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	// KV memory for a batch of the longest prompt, its continuation and a
-	// draft, f32, with a block of slack per sequence.
+	// draft, f32, with a block of slack per sequence — twice over: an
+	// engine whose cache holds back a block a sequence slot (WebGPU's)
+	// keeps half of a small cache's blocks for its slots.
 	longest := 0
 	for _, p := range prompts {
 		longest = max(longest, len(p))
 	}
 	kvFor := func(m *checkpoint.Model) int64 {
 		positions := int64(*batch) * int64(longest+*newTokens+max(*k, speculative.MaxK)+32)
-		return positions * int64(engine.KVBytesPerToken(&m.Config, 4))
+		return 2 * positions * int64(engine.KVBytesPerToken(&m.Config, 4))
 	}
 	var te, de engine.Engine
 	var drafterName string

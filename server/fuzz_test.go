@@ -633,7 +633,7 @@ func wsNext(t *testing.T, c *websocket.Conn, sent []byte) map[string]any {
 		t.Fatalf("after %q: message %q is not a JSON object: %v", sent, data, err)
 	}
 	typ, _ := m["type"].(string)
-	if !slices.Contains([]string{"hello", "error", "start", "step", "done", "stopped", "finished", "race", "draft_request"}, typ) {
+	if !slices.Contains([]string{"hello", "error", "warming", "start", "step", "done", "stopped", "finished", "race", "draft_request"}, typ) {
 		t.Fatalf("after %q: message %q", sent, data)
 	}
 	if typ == "error" {

@@ -379,6 +379,56 @@ func TestWebsocket(t *testing.T) {
 	}
 }
 
+// TestWebsocketRace: a race warms both runs up first, untimed and
+// unshown (no step before the first start), then runs the speculative
+// generation and the target alone whole, and compares them.
+func TestWebsocketRace(t *testing.T) {
+	f := newPairFixture(t, "")
+	url := "ws" + strings.TrimPrefix(f.url, "http") + "/ws"
+	c, _, err := websocket.DefaultDialer.Dial(url, http.Header{"Origin": {f.url}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WriteJSON(map[string]any{"type": "start", "prompt": "def f(x):", "k": 3, "max_tokens": 12, "race": true}); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string // the messages' types and runs, steps folded into one
+	tokens := map[string]float64{}
+	for {
+		var m map[string]any
+		if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ReadJSON(&m); err != nil {
+			t.Fatal(err)
+		}
+		what := fmt.Sprint(m["type"])
+		if run, ok := m["run"].(string); ok {
+			what += " " + run
+		}
+		if m["type"] == "done" {
+			tokens[m["run"].(string)] = m["tokens"].(float64)
+		}
+		if m["type"] == "error" {
+			t.Fatalf("error: %v", m["message"])
+		}
+		if len(seen) == 0 || seen[len(seen)-1] != what || m["type"] != "step" {
+			seen = append(seen, what)
+		}
+		if m["type"] == "finished" {
+			break
+		}
+	}
+	want := []string{"hello", "warming", "start speculative", "step speculative", "done speculative", "start target", "step target", "done target", "race", "finished"}
+	if !slices.Equal(seen, want) {
+		t.Errorf("messages %q, want %q", seen, want)
+	}
+	if tokens["speculative"] != 12 || tokens["target"] != 12 {
+		t.Errorf("tokens %v: want 12 for each run (the warm-up's not counted)", tokens)
+	}
+}
+
 // checkTreeStep checks a tree step's message against the protocol
 // (web/README.md) for a tree of depth k, topk b and draft_tokens n: each
 // node has exactly its fields, a parent before it (−1: a root) one level

@@ -37,7 +37,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var2 string
 		templ_7745c5c3_Var2, templ_7745c5c3_Err = templruntime.NewAttributeExpression("/static/app.css?v=" + Version).ResolveURL(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 15, Col: 63}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 15, Col: 63}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var2)
 		if templ_7745c5c3_Err != nil {
@@ -50,7 +50,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var3 string
 		templ_7745c5c3_Var3, templ_7745c5c3_Err = templ.JoinStringErrs(d.Drafter)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 21, Col: 72}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 21, Col: 72}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var3))
 		if templ_7745c5c3_Err != nil {
@@ -63,7 +63,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var4 string
 		templ_7745c5c3_Var4, templ_7745c5c3_Err = templ.JoinStringErrs(d.Target)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 23, Col: 67}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 23, Col: 67}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var4))
 		if templ_7745c5c3_Err != nil {
@@ -111,7 +111,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var5 string
 		templ_7745c5c3_Var5, templ_7745c5c3_Err = templruntime.NewAttributeExpression("/static/app.js?v=" + Version).ResolveURL(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 38, Col: 55}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 38, Col: 55}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var5)
 		if templ_7745c5c3_Err != nil {
@@ -124,7 +124,7 @@ func Page(d PageData) templ.Component {
 		var templ_7745c5c3_Var6 string
 		templ_7745c5c3_Var6, templ_7745c5c3_Err = templruntime.NewAttributeExpression("/static/worker.js?v=" + Version).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 38, Col: 104}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 38, Col: 104}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var6)
 		if templ_7745c5c3_Err != nil {
@@ -162,7 +162,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var8 string
 		templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxK)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 54, Col: 95}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 54, Col: 95}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
 		if templ_7745c5c3_Err != nil {
@@ -175,7 +175,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var9 string
 		templ_7745c5c3_Var9, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.K)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 54, Col: 123}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 54, Col: 123}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var9)
 		if templ_7745c5c3_Err != nil {
@@ -188,7 +188,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var10 string
 		templ_7745c5c3_Var10, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxTokens)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 55, Col: 127}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 55, Col: 127}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var10)
 		if templ_7745c5c3_Err != nil {
@@ -201,7 +201,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var11 string
 		templ_7745c5c3_Var11, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxTopK)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 62, Col: 110}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 62, Col: 110}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var11)
 		if templ_7745c5c3_Err != nil {
@@ -214,7 +214,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var12 string
 		templ_7745c5c3_Var12, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.TopK)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 62, Col: 141}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 62, Col: 141}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var12)
 		if templ_7745c5c3_Err != nil {
@@ -227,7 +227,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var13 string
 		templ_7745c5c3_Var13, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.MaxDraftTokens)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 63, Col: 141}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 63, Col: 141}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var13)
 		if templ_7745c5c3_Err != nil {
@@ -240,7 +240,7 @@ func controls(d PageData) templ.Component {
 		var templ_7745c5c3_Var14 string
 		templ_7745c5c3_Var14, templ_7745c5c3_Err = templruntime.NewAttributeExpression(strconv.Itoa(d.DraftTokens)).Resolve(ctx)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page.templ`, Line: 63, Col: 179}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/page.templ`, Line: 63, Col: 179}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var14)
 		if templ_7745c5c3_Err != nil {
@@ -372,7 +372,7 @@ func panels() templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 26, "<section class=\"panels\" aria-label=\"statistics\"><div class=\"card stat\"><h2>τ, tokens a step</h2><p class=\"big\" id=\"tau\">–</p><p class=\"small\"><span id=\"steps\">0</span> steps, <span id=\"accepted\">0</span> of <span id=\"drafted\">0</span> draft tokens accepted</p></div><div class=\"card\"><h2>Accepted a step</h2><svg id=\"hist\" class=\"plot\" role=\"img\" aria-label=\"histogram of draft tokens accepted per step\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card\"><h2 id=\"rates-title\">Acceptance by draft position</h2><svg id=\"rates\" class=\"plot\" role=\"img\" aria-label=\"acceptance rate at each draft position\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card stat\"><h2>Time a step</h2><p class=\"small\">drafter <strong id=\"draft_ms\">–</strong> ms, target <strong id=\"verify_ms\">–</strong> ms<span id=\"network\" hidden>, network <strong id=\"network_ms\">–</strong> ms</span></p><p class=\"small\" id=\"fused-note\" hidden>Drafted and verified in one GPU submission: the target's time holds the drafter's.<span id=\"chained-note\" hidden>Steps ran chained on the device, several a read-back, each accepted there: a step's time is its share of its chain's.</span></p><svg id=\"times\" class=\"plot\" role=\"img\" aria-label=\"the drafter's and the target's time (and in edge drafting the network's), step by step\" viewBox=\"0 0 320 90\"></svg></div><div class=\"card race\" id=\"race-card\"><h2>Race</h2><div class=\"lane\"><span class=\"who\">speculative</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-spec\"></div></div><span id=\"tps-spec\" class=\"tps\">–</span></div><div class=\"lane\"><span class=\"who\">target alone</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-alone\"></div></div><span id=\"tps-alone\" class=\"tps\">–</span></div><p class=\"big\" id=\"speedup\" aria-live=\"polite\">–</p><p class=\"small\">tokens/s, each run measured alone on the same device, one after the other, both from a cold prompt</p><p class=\"small\" id=\"cpu-note\" hidden>The target runs on this server's CPU engine, where each position a verification adds costs its own share of arithmetic — on a 2-core machine a verification of k + 1 tokens costs 1.3 target steps at k = 1 and 2.8 at k = 6 — so speculation gains little there: about 1.1× at k = 1 with the cores to itself, less beside a browser. On a GPU, k + 1 rows cost about one step.</p><p class=\"small\" id=\"gpu-note\" hidden>The target runs on WebGPU, which chains work on the device, greedy or sampled, as much a read-back as 20 ms take: the target alone's tokens (up to 16), and the speculative steps, each accepted there and the next planned from it. On an H200 this pair's race reads 1.3–1.5× at k = 4 with the EAGLE-3 head, 1.2× with the standalone drafter. Sampled, the drafters draft coupled draws, which share the target's randomness: over held-out prompts the head gives 1.45× at temperature 0.7 and 1.14× at temperature 1 (greedy drafts 1.16× and 0.83×); where speculation still loses, the API runs its generations' target alone (serve --adaptive).</p></div></section>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 26, "<section class=\"panels\" aria-label=\"statistics\"><div class=\"card stat\"><h2>τ, tokens a step</h2><p class=\"big\" id=\"tau\">–</p><p class=\"small\"><span id=\"steps\">0</span> steps, <span id=\"accepted\">0</span> of <span id=\"drafted\">0</span> draft tokens accepted</p></div><div class=\"card\"><h2>Accepted a step</h2><svg id=\"hist\" class=\"plot\" role=\"img\" aria-label=\"histogram of draft tokens accepted per step\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card\"><h2 id=\"rates-title\">Acceptance by draft position</h2><svg id=\"rates\" class=\"plot\" role=\"img\" aria-label=\"acceptance rate at each draft position\" viewBox=\"0 0 320 140\"></svg></div><div class=\"card stat\"><h2>Time a step</h2><p class=\"small\">drafter <strong id=\"draft_ms\">–</strong> ms, target <strong id=\"verify_ms\">–</strong> ms<span id=\"network\" hidden>, network <strong id=\"network_ms\">–</strong> ms</span></p><p class=\"small\" id=\"fused-note\" hidden>Drafted and verified in one GPU submission: the target's time holds the drafter's.<span id=\"chained-note\" hidden>Steps ran chained on the device, several a read-back, each accepted there: a step's time is its share of its chain's.</span></p><svg id=\"times\" class=\"plot\" role=\"img\" aria-label=\"the drafter's and the target's time (and in edge drafting the network's), step by step\" viewBox=\"0 0 320 90\"></svg></div><div class=\"card race\" id=\"race-card\"><h2>Race</h2><div class=\"lane\"><span class=\"who\">speculative</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-spec\"></div></div><span id=\"tps-spec\" class=\"tps\">–</span></div><div class=\"lane\"><span class=\"who\">target alone</span><div class=\"bar\" aria-hidden=\"true\"><div id=\"bar-alone\"></div></div><span id=\"tps-alone\" class=\"tps\">–</span></div><p class=\"big\" id=\"speedup\" aria-live=\"polite\">–</p><p class=\"small\">tokens/s, each run measured alone on the same device, one after the other, both from a cold prompt, after a few untimed tokens of each (a GPU compiles its pipelines on a first run)</p><p class=\"small\" id=\"cpu-note\" hidden>The target runs on this server's CPU engine, where each position a verification adds costs its own share of arithmetic — on a 2-core machine a verification of k + 1 tokens costs 1.3 target steps at k = 1 and 2.8 at k = 6 — so speculation gains little there: about 1.1× at k = 1 with the cores to itself, less beside a browser. On a GPU, k + 1 rows cost about one step.</p><p class=\"small\" id=\"gpu-note\" hidden>The target runs on WebGPU, which chains work on the device, greedy or sampled, as much a read-back as 20 ms take: the target alone's tokens (up to 16), and the speculative steps, each accepted there and the next planned from it. On an H200 this pair's race reads 1.3–1.5× at k = 4 with the EAGLE-3 head, 1.2× with the standalone drafter. Sampled, the drafters draft coupled draws, which share the target's randomness: over held-out prompts the head gives 1.45× at temperature 0.7 and 1.14× at temperature 1 (greedy drafts 1.16× and 0.83×); where speculation still loses, the API runs its generations' target alone (serve --adaptive).</p></div></section>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -280,6 +280,9 @@
         serverBackend = m.backend;
         backendNotes();
         break;
+      case "warming":
+        setStatus("warming up both runs for the race (a few tokens each, untimed)…");
+        break;
       case "start":
         if (m.run === "speculative") showTreeRun(m.topk > 1);
         if (m.run === "target") setStatus("the target alone, for the race…");

@@ -1,9 +1,11 @@
 package live
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -200,5 +202,52 @@ func TestStepEventChained(t *testing.T) {
 		if _, ok := ev["chained"]; ok != tc.chaind {
 			t.Errorf("%+v: chained in the event %v, want %v", tc.step, ok, tc.chaind)
 		}
+	}
+}
+
+// TestBeginRace: a race sends each run's events in turn, then the race;
+// with WarmRaces both runs go once first, untimed and unshown — a warming
+// event, then nothing until the timed runs' starts —, and the timed runs
+// emit all their tokens.
+func TestBeginRace(t *testing.T) {
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			r := runner(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { r.Gen.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			events := make(chan map[string]any, 1024)
+			r.Emit = func(ev map[string]any) { events <- ev }
+			r.WarmRaces = warm
+			r.Begin(speculative.Request{Prompt: []int{11, 12, 13}, MaxTokens: 6, K: 2, TopK: 1}, true)
+			var seen []string // the events' types and runs, a run's steps as one
+			tokens := map[string]any{}
+			for ev := range events {
+				what := fmt.Sprint(ev["type"])
+				if run, ok := ev["run"].(string); ok {
+					what += " " + run
+				}
+				if ev["type"] == "done" {
+					tokens[ev["run"].(string)] = ev["tokens"]
+				}
+				if len(seen) == 0 || seen[len(seen)-1] != what || ev["type"] != "step" {
+					seen = append(seen, what)
+				}
+				if ev["type"] == "finished" || ev["type"] == "error" {
+					break
+				}
+			}
+			want := []string{"start speculative", "step speculative", "done speculative", "start target", "step target", "done target", "race", "finished"}
+			if warm {
+				want = append([]string{"warming"}, want...)
+			}
+			if !slices.Equal(seen, want) {
+				t.Errorf("events %q, want %q", seen, want)
+			}
+			if tokens["speculative"] != 6 || tokens["target"] != 6 {
+				t.Errorf("tokens %v: want 6 for each run", tokens)
+			}
+		})
 	}
 }

@@ -168,8 +168,10 @@ func (ps *pageSession) newRunner() *live.Runner {
 	st := ps.st
 	return &live.Runner{
 		Gen: st.gen, Tokenizer: st.target.Tokenizer, Stop: st.target.Stop, MaxContext: st.maxContext(), TopN: live.TopN,
-		Emit: func(ev map[string]any) { ps.emit(ev) },
-		Done: func(_ string, res speculative.Result) { ps.s.metrics.generated(res, "page") },
+		// A GPU compiles a shape's pipelines on its first run.
+		WarmRaces: st.target.Engine.Info().Backend == "webgpu",
+		Emit:      func(ev map[string]any) { ps.emit(ev) },
+		Done:      func(_ string, res speculative.Result) { ps.s.metrics.generated(res, "page") },
 		// Both runs of a start within the generation time limit.
 		Timeout:      ps.s.limits.GenerationTimeout,
 		TimeoutError: &timeoutError{"the run", ps.s.limits.GenerationTimeout, "--generation-timeout"},

@@ -83,6 +83,8 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 		// draft tokens with the top 5 on SwiftShader.
 		TopN:          0,
 		SampledDrafts: engine.SampledPair(de, te),
+		// The browser's GPU compiles a shape's pipelines on its first run.
+		WarmRaces: true,
 	}
 	go func() {
 		for msg := range l.inbox {

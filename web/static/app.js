@@ -281,7 +281,7 @@
         backendNotes();
         break;
       case "warming":
-        setStatus("warming up both runs for the race (a few tokens each, untimed)…");
+        setStatus("warming up: both runs once, untimed, for the race…");
         break;
       case "start":
         if (m.run === "speculative") showTreeRun(m.topk > 1);

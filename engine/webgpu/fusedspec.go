@@ -253,7 +253,7 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 			steps = append(steps, accept(m-1))
 			ranges = []gpu.Binding{results.Slice(0, uint64(m*n)*stride), sb.results.Slice(0, uint64(m)*tl.stride), sb.state.Slice(0, uint64(B*kernels.SpecStateWords)*4)}
 		}
-		if raw, err = e.submitRead(steps, chainedSubmitEvery, ranges...); err != nil {
+		if raw, err = e.submitRead(steps, e.chainedEvery(), ranges...); err != nil {
 			return nil, fmt.Errorf("chained speculative step %d: %w", j+1, err)
 		}
 		for _, keep := range keeps {

@@ -250,7 +250,7 @@ func (e *Engine) fusedTree(ctx context.Context, t *Engine, steps []engine.TreeSt
 		expand := func(b *gpu.Batch) error {
 			return kernels.TreeExpand(b, tb.shape, e.act.top, tb.state, tb.nodes, tb.feed, len(steps), level, C, ps.topN)
 		}
-		every := chainedSubmitEvery
+		every := t.chainedEvery()
 		if level == 0 {
 			every = submitEvery
 		}

@@ -334,7 +334,7 @@ func (h *Head) chainSubmit(ctx context.Context, feeds []headFeed, batch []*engin
 		steps = append(steps, h.passSteps(&ps, B, topN)...)
 		steps = append(steps, tail(j)...)
 	}
-	if err := h.target.submit(steps, chainedSubmitEvery); err != nil {
+	if err := h.target.submit(steps, h.target.chainedEvery()); err != nil {
 		return lay, true, fmt.Errorf("chained head steps: %w", err)
 	}
 	return lay, true, nil

@@ -328,7 +328,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 			steps = append(steps, accept(m-1))
 			ranges = []gpu.Binding{a.results.Slice(0, uint64(m)*lay.bytes()), sb.results.Slice(0, uint64(m)*tl.stride), sb.state.Slice(0, uint64(B*kernels.SpecStateWords)*4)}
 		}
-		if raw, err = t.submitRead(steps, chainedSubmitEvery, ranges...); err != nil {
+		if raw, err = t.submitRead(steps, t.chainedEvery(), ranges...); err != nil {
 			return nil, fmt.Errorf("chained speculative step %d: %w", j+1, err)
 		}
 		kept()

@@ -222,7 +222,7 @@ func (h *Head) fusedTree(ctx context.Context, steps []engine.TreeStep, feeds []h
 		}
 		kernelSteps := h.passSteps(&ps, len(feeds), topN)
 		kernelSteps = append(append(pre, kernelSteps...), h.expandSteps(ps.rows, topN, level, C, len(steps))...)
-		if err := h.target.submit(kernelSteps, chainedSubmitEvery); err != nil {
+		if err := h.target.submit(kernelSteps, h.target.chainedEvery()); err != nil {
 			return true, fmt.Errorf("head level %d: %w", level, err)
 		}
 	}

@@ -468,11 +468,22 @@ func (e *Engine) token(id uint32) (int, error) {
 // longer command buffers, since each submission costs the GPU time and a
 // browser's host more, while a single step waited for is quicker in
 // shorter ones. Both keep command buffers within what lavapipe handles
-// (it has crashed on one of ~560 dispatches with distinct bind groups).
+// (it has crashed on one of ~560 dispatches with distinct bind groups),
+// and on lavapipe chains go in buffers of submitEvery too (lavapipeEvery):
+// there a test's chains of sampled passes, buffers of up to 256
+// dispatches, crashed the process now and then.
 const (
 	submitEvery        = 48
 	chainedSubmitEvery = 256
 )
+
+// chainedEvery is chainedSubmitEvery, or submitEvery on lavapipe.
+func (e *Engine) chainedEvery() int {
+	if e.dev.Class() == gpu.ClassLavapipe {
+		return submitEvery
+	}
+	return chainedSubmitEvery
+}
 
 // step records one operation into a batch.
 type step func(b *gpu.Batch) error

@@ -322,7 +322,7 @@ func (e *Engine) chainSubmit(ctx context.Context, work []pending, m int, read bo
 		}
 		ps := decodePass(work, c.base, j, m)
 		ps.sameLasts, ps.outcome, ps.coupled = j > 1, c.samples(), c.keys != nil
-		if c.raw, err = e.forwardRead(ps, true, append(c.draws(j), e.keyStep(c.keys, j)...), copies(j), chainedSubmitEvery, c.readAfter(j, read)); err != nil {
+		if c.raw, err = e.forwardRead(ps, true, append(c.draws(j), e.keyStep(c.keys, j)...), copies(j), e.chainedEvery(), c.readAfter(j, read)); err != nil {
 			return nil, fmt.Errorf("chained pass %d: %w", j+1, err)
 		}
 	}
@@ -349,7 +349,7 @@ func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, cop
 	}
 	kernelSteps, keep := e.passKernels(ps)
 	var err error
-	if c.raw, err = e.submitRead(append(append(append(c.draws(1), e.keyStep(c.keys, 1)...), kernelSteps...), copies(1)...), chainedSubmitEvery, c.ranges(1, read)...); err != nil {
+	if c.raw, err = e.submitRead(append(append(append(c.draws(1), e.keyStep(c.keys, 1)...), kernelSteps...), copies(1)...), e.chainedEvery(), c.ranges(1, read)...); err != nil {
 		return fmt.Errorf("chained pass 2: %w", err)
 	}
 	keep()
@@ -362,7 +362,7 @@ func (e *Engine) chainRest(ctx context.Context, work []pending, c *chainRun, cop
 	for j := 2; j < c.m; j++ {
 		steps = append(append(append(append(append(steps, advance), c.draws(j)...), e.keyStep(c.keys, j)...), kernelSteps...), copies(j)...)
 	}
-	if c.raw, err = e.submitRead(steps, chainedSubmitEvery, c.ranges(c.m-1, read)...); err != nil {
+	if c.raw, err = e.submitRead(steps, e.chainedEvery(), c.ranges(c.m-1, read)...); err != nil {
 		return fmt.Errorf("chained passes 3–%d: %w", c.m, err)
 	}
 	keep()

@@ -270,10 +270,9 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 // warm runs req once untimed and unshown, so that its timed run does not
 // include one-time work: on a GPU the first run of a shape compiles its
 // pipelines, and a speculative run's shapes (chains as long as a
-// read-back's 20 ms hold, rows a step) are a whole run's — the page's
-// first race on a fresh H100 server read 0.13× after warming up on its
-// first 11 tokens, 0.07× before, 1.3–1.5× after. It reports whether it
-// ran; where not, it has sent the error (failed).
+// read-back's 20 ms hold, rows a step) are those of the whole run, so a
+// run of its first tokens would not do. It reports whether it ran; where
+// not, it has sent the error (failed) as run "warm-up".
 func (r *Runner) warm(ctx context.Context, req speculative.Request) bool {
 	req.OnStep = nil
 	if _, err := r.Gen.Submit(ctx, req); err != nil {

@@ -24,6 +24,9 @@ import (
 type Info struct {
 	Backend string // "cpu", "reference" or "webgpu"
 	Adapter string // the GPU adapter, or the CPU description
+	// Software: a WebGPU engine on a renderer that runs on the CPU
+	// (lavapipe, SwiftShader), not a GPU.
+	Software bool
 }
 
 // Engine runs forward passes over batches of sequences.

@@ -106,23 +106,34 @@ func newPairEngines(t *testing.T, features []int) *pairFixture {
 // the generations with it; it returns once the server is ready.
 func (f *pairFixture) serve(t *testing.T, opts Options, head *Model) {
 	t.Helper()
+	f.start(t, opts, func(c *Config) { c.Head = head })
+	waitReady(t, f.url)
+}
+
+// start starts a server with opts running the fixture's pair as serve
+// does, its Config as config leaves it (nil: as it is), and returns at
+// once.
+func (f *pairFixture) start(t *testing.T, opts Options, config func(*Config)) {
+	t.Helper()
 	f.srv = NewWithOptions(slog.New(slog.NewTextHandler(io.Discard, nil)), opts)
 	ts := httptest.NewServer(f.countModelFiles(f.srv.Handler()))
 	f.url = ts.URL
+	c := Config{
+		Drafter:     Model{Name: "drafter", Engine: f.drafter, Tokenizer: f.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir}},
+		Target:      &Model{Name: "target", Engine: f.target, Tokenizer: f.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.TargetDir}},
+		Scheduler:   scheduler.Options{},
+		Speculative: speculative.Options{K: 4},
+	}
+	if config != nil {
+		config(&c)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		f.srv.Run(ctx, Config{
-			Drafter:     Model{Name: "drafter", Engine: f.drafter, Tokenizer: f.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.DrafterDir}},
-			Target:      &Model{Name: "target", Engine: f.target, Tokenizer: f.tok, Files: &ModelFiles{FS: weights.FS(), Dir: weights.TargetDir}},
-			Head:        head,
-			Scheduler:   scheduler.Options{},
-			Speculative: speculative.Options{K: 4},
-		})
+		f.srv.Run(ctx, c)
 		close(done)
 	}()
 	t.Cleanup(func() { ts.Close(); cancel(); <-done })
-	waitReady(t, ts.URL)
 }
 
 // greedyText is the target's own greedy continuation of prompt: its ids

@@ -66,7 +66,11 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", retryAfter)
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprint(w, `<!DOCTYPE html><meta http-equiv="refresh" content="1"><title>webdraft</title><p>The models are loading…</p>`)
+		what := "The models are loading…"
+		if s.warming.Load() {
+			what = "The models are loaded; the GPU's kernels are warming up…"
+		}
+		fmt.Fprintf(w, `<!DOCTYPE html><meta http-equiv="refresh" content="1"><title>webdraft</title><p>%s</p>`, what)
 		return
 	}
 	d := web.PageData{Drafter: st.drafts().Name, MaxK: speculative.MaxK, MaxTokens: live.MaxTokens, Auth: s.apiKey != "",

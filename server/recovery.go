@@ -26,11 +26,15 @@ func (s *Server) faulted(err error) {
 }
 
 // unavailable is the 503 of a request that comes while no state serves:
-// the models still loading, or the server recovering from a fault.
+// the models still loading or warming up, or the server recovering from
+// a fault.
 func (s *Server) unavailable() *apiError {
 	if f := s.fault.Load(); f != nil {
 		return &apiError{http.StatusServiceUnavailable, "recovering",
 			"the server is reopening its engine after a fault (" + clip(f.err.Error()) + "); retry in a moment"}
+	}
+	if s.warming.Load() {
+		return &apiError{http.StatusServiceUnavailable, "loading", "the models are loaded and warming up (each shape's first run builds the GPU's pipelines); retry in a moment"}
 	}
 	return &apiError{http.StatusServiceUnavailable, "loading", "the models are still loading"}
 }

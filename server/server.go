@@ -77,6 +77,10 @@ type Config struct {
 	// speculative.k adaptive (speculative.Request.Adaptive): each runs the
 	// target alone where its speculation is measured not to pay.
 	Adaptive bool
+	// Warmup runs each shape the default requests take once before the
+	// server reports ready (warmup.go), again after each recovery: on a
+	// GPU the first run of a shape builds its pipelines.
+	Warmup bool
 }
 
 // Options configure a Server; the zero value is an open server with the
@@ -105,6 +109,7 @@ type Server struct {
 	spec     SpecMetrics
 	ready    atomic.Pointer[state]
 	fault    atomic.Pointer[faultState] // set while the server recovers from an engine fault
+	warming  atomic.Bool                // set while a state warms up (warmup.go)
 	sessions sessionLogs                // the live page's sessions' events
 	open     sessionSlots               // the live page's sessions open, in all and by client
 	conns    atomic.Int64               // connections open on Listener's listener
@@ -120,6 +125,7 @@ type state struct {
 	// adaptive: the API's generations that leave the seed and k to the
 	// server are adaptive (Config.Adaptive).
 	adaptive bool
+	warmup   bool // Config.Warmup
 	started  time.Time
 	// drafterText and targetText bound a request's text, in bytes, by
 	// the models' contexts (textBound): longer cannot fit.
@@ -196,7 +202,9 @@ func NewWithOptions(log *slog.Logger, o Options) *Server {
 func (s *Server) Run(ctx context.Context, c Config) error {
 	onStep := c.Scheduler.OnStep
 	c.Scheduler.OnStep = func(st scheduler.StepStats) {
-		s.metrics.onStep(st)
+		if !s.warming.Load() { // the warm-up's steps are not the clients'
+			s.metrics.onStep(st)
+		}
 		if onStep != nil {
 			onStep(st)
 		}
@@ -204,7 +212,9 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 	if c.Target != nil {
 		onSpec := c.Speculative.OnStep
 		c.Speculative.OnStep = func(ss speculative.StepStats) {
-			s.metrics.onSpecStep(ss)
+			if !s.warming.Load() {
+				s.metrics.onSpecStep(ss)
+			}
 			if onSpec != nil {
 				onSpec(ss)
 			}
@@ -230,7 +240,7 @@ func (s *Server) Run(ctx context.Context, c Config) error {
 // newState builds what serves c: the scheduler over the drafter, the
 // generator over both models, the page's files.
 func (s *Server) newState(c Config) (*state, error) {
-	st := &state{drafter: c.Drafter, target: c.Target, head: c.Head, adaptive: c.Adaptive, started: time.Now(), encodeSlots: newEncodeSlots()}
+	st := &state{drafter: c.Drafter, target: c.Target, head: c.Head, adaptive: c.Adaptive, warmup: c.Warmup, started: time.Now(), encodeSlots: newEncodeSlots()}
 	st.drafterText = textBound(c.Drafter.Tokenizer, c.Drafter.Engine.Config().MaxPositionEmbeddings)
 	if st.drafter.Stop == nil {
 		st.drafter.Stop = tokenizer.StopIDs(c.Drafter.Engine.Config().EOSTokenIDs, c.Drafter.Tokenizer)
@@ -272,19 +282,13 @@ func (s *Server) newState(c Config) (*state, error) {
 	return st, nil
 }
 
-// serve makes st the server's state and runs its scheduler and generator
-// until ctx ends or one of them faults; a fault stops the other too, its
-// requests failing with the fault.
+// serve runs st's scheduler and generator, warms them up (st.warmup),
+// makes st the server's state and serves until ctx ends or one of them
+// faults; a fault stops the other too, its requests failing with the
+// fault.
 func (s *Server) serve(ctx context.Context, st *state) error {
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	s.fault.Store(nil)
-	s.ready.Store(st)
-	args := []any{"drafter", st.drafter.Name, "backend", st.drafter.Engine.Info().Backend, "adapter", st.drafter.Engine.Info().Adapter}
-	if st.target != nil {
-		args = append(args, "target", st.target.Name, "k", st.gen.K())
-	}
-	s.log.Info("ready", args...)
 	errs := make(chan error, 2)
 	run := func(loop func(context.Context) error) {
 		err := loop(runCtx)
@@ -299,6 +303,20 @@ func (s *Server) serve(ctx context.Context, st *state) error {
 		go run(st.gen.Run)
 	} else {
 		errs <- nil
+	}
+	if st.warmup {
+		if err := s.warm(runCtx, st); err != nil && runCtx.Err() == nil {
+			s.log.Warn("warm-up failed: serving without it", "err", err)
+		}
+	}
+	if runCtx.Err() == nil {
+		s.fault.Store(nil)
+		s.ready.Store(st)
+		args := []any{"drafter", st.drafter.Name, "backend", st.drafter.Engine.Info().Backend, "adapter", st.drafter.Engine.Info().Adapter}
+		if st.target != nil {
+			args = append(args, "target", st.target.Name, "k", st.gen.K())
+		}
+		s.log.Info("ready", args...)
 	}
 	err := errors.Join(<-errs, <-errs)
 	s.ready.Store(nil)
@@ -469,6 +487,9 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	if st == nil {
 		w.Header().Set("Retry-After", retryAfter)
 		h := map[string]any{"status": "loading"}
+		if s.warming.Load() {
+			h["warming"] = true // loaded, running the warm-up (warmup.go)
+		}
 		if f := s.fault.Load(); f != nil {
 			h = map[string]any{"status": "recovering", "error": f.err.Error(), "since": f.since.UTC().Format(time.RFC3339Nano), "faults": s.metrics.faultCount()}
 		}

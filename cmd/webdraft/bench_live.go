@@ -36,7 +36,10 @@ type liveBench struct {
 	uncoupled bool
 	// adaptive makes each k's and each tree's generations adaptive
 	// (speculative.Request.Adaptive).
-	adaptive         bool
+	adaptive bool
+	// topN lists each token's most likely alternatives, and each draft
+	// token's (speculative.Request.TopN, DraftTopN).
+	topN             int
 	newTokens, batch int
 	// rounds repeats the whole sequence (the target alone, each k, each tree),
 	// so that a machine whose speed drifts weighs on every figure alike.
@@ -347,9 +350,9 @@ func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, sh
 		wg.Go(func() {
 			for i := range jobs {
 				q := speculative.Request{Prompt: b.prompts[i], MaxTokens: b.newTokens, K: sh.k, TopK: max(sh.tree.b, 1), TreeNodes: sh.tree.n,
-					Sampling: b.sampling, Seed: uint64(i), Adaptive: b.adaptive && sh.k > 0}
+					Sampling: b.sampling, Seed: uint64(i), Adaptive: b.adaptive && sh.k > 0, TopN: b.topN, DraftTopN: b.topN}
 				if sh.k == 0 {
-					q.K = speculative.NoDraft
+					q.K, q.DraftTopN = speculative.NoDraft, 0
 				}
 				res, err := g.Submit(ctx, q)
 				if err != nil {

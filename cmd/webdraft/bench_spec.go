@@ -20,7 +20,7 @@ import (
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--unchained] [--uncoupled] [--adaptive] [--batch 1] [--temperature 0] [--top-p 1]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--unchained] [--uncoupled] [--adaptive] [--batch 1] [--temperature 0] [--top-p 1] [--top-n 0]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter; embedded:eagle3 the embedded EAGLE-3 head)"+headNote)
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
@@ -40,6 +40,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	adaptive := fs.Bool("adaptive", false, "with --live: every speculative generation adaptive, as serve makes an API generation that sets neither seed nor speculative.k: it runs the target alone where its speculative steps are measured not to pay (the output says how many did)")
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
+	topN := fs.Int("top-n", 0, fmt.Sprintf("with --live: list each token's N most likely alternatives (0…%d), as the API's logprobs and the live page (5) ask, and each draft token's drafter alternatives too, to measure what listing costs", engine.MaxTopN))
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
 	rounds := fs.Int("rounds", 1, "with --live: run the target alone, every k and every tree this many times over, in turn, and sum them (figures from a machine whose speed drifts)")
 	if err := parseFlags(fs, args); err != nil {
@@ -56,8 +57,11 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if !*live && (isSet(fs, "temperature") || isSet(fs, "top-p")) {
 		return usagef("--temperature and --top-p take --live (the offline measure is greedy)")
 	}
-	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused || *unchained || *uncoupled || *adaptive) {
-		return usagef("--trees, --tree-depth, --unfused, --unchained, --uncoupled and --adaptive take --live (the offline measure drafts chains)")
+	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused || *unchained || *uncoupled || *adaptive || isSet(fs, "top-n")) {
+		return usagef("--trees, --tree-depth, --unfused, --unchained, --uncoupled, --adaptive and --top-n take --live (the offline measure drafts chains)")
+	}
+	if *topN < 0 || *topN > engine.MaxTopN {
+		return usagef("--top-n %d: want 0…%d", *topN, engine.MaxTopN)
 	}
 	trees, err := parseTrees(*treesFlag)
 	if err != nil {
@@ -141,7 +145,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		}
 		return benchSpecLive(ctx, e, liveBench{
 			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
-			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, unchained: *unchained, uncoupled: *uncoupled, adaptive: *adaptive, newTokens: *newTokens, batch: *batch, rounds: *rounds, args: args,
+			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, unchained: *unchained, uncoupled: *uncoupled, adaptive: *adaptive, newTokens: *newTokens, batch: *batch, rounds: *rounds, topN: *topN, args: args,
 			sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		})
 	}

@@ -31,7 +31,7 @@ const drainTimeout = 30 * time.Second
 const defaultQueue = 256
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--adaptive=true] [--spec-topk 1] [--spec-draft-tokens 16] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
+	fs := newFlags(e, "serve", "[--model DIR] [--target DIR] [--k N] [--adaptive=true] [--spec-topk 1] [--spec-draft-tokens 16] [--addr 127.0.0.1:8080] [--backend auto|webgpu|cpu|reference] [--cache-mb N] [--chain-steps 8] [--warmup auto|on|off] [--api-key KEY] [--cors-origin URL]... [--per-request-spec-decode-metrics[=summary|detailed]] [limits: --max-connections N --max-queue N --body-timeout D --idle-timeout D --request-timeout D --generation-timeout D --max-sessions N --max-sessions-per-client N]")
 	modelDir := fs.String("model", "", "the drafter's folder (webdraft convert output, or an HF checkpoint quantized on load), or an EAGLE-3 draft head's folder (LlamaForCausalLMEagle3: public BF16/F16/F32, quantized to int4 on load, or webdraft convert's), which then drafts the generations from the target's hidden states (and in the page: in-browser, and in edge drafting over the hidden states the server sends), the embedded drafter (or --draft-model) serving /draft; default: the embedded EAGLE-3 head (embedded:eagle3) over the embedded target, with --target or --backend reference the embedded drafter (embedded:drafter)")
 	draftModelDir := fs.String("draft-model", "", "with an EAGLE-3 head drafting the generations: the drafter that serves /draft beside it (and the page's browser modes), a drafter's folder as --model takes; default: the embedded drafter (embedded:drafter)")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given or names an EAGLE-3 head, else none")
@@ -42,6 +42,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	backendFlag := fs.String("backend", "auto", backendUsage)
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB (an EAGLE-3 head's holds as many positions as its target's)")
 	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
+	warmup := fs.String("warmup", "auto", "before reporting ready, run each shape the default requests take once (generations speculative and alone, greedy and sampled, a long prompt, a /draft), so that the first requests do not wait while a GPU builds its pipelines: auto (on a GPU; not on the CPU engine or a software renderer, where it costs more than it saves), on, off")
 	// The key's default is read after parsing, so that --help never
 	// prints it; the environment keeps it out of the process list too.
 	apiKey := fs.String("api-key", "", "require Authorization: Bearer KEY on every endpoint but /health, /, /static/ (default: $WEBDRAFT_API_KEY, which keeps the key out of the process list; neither: open)")
@@ -90,6 +91,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *cacheMB < 1 {
 		return usagef("--cache-mb %d: want at least 1", *cacheMB)
+	}
+	if !slices.Contains([]string{"auto", "on", "off"}, *warmup) {
+		return usagef("--warmup %q: want auto, on or off", *warmup)
 	}
 	if *chainSteps < 1 || *chainSteps > maxDraft {
 		return usagef("--chain-steps %d: want 1…%d", *chainSteps, maxDraft)
@@ -155,6 +159,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	cfg.Scheduler = scheduler.Options{ChainSteps: *chainSteps, MaxQueue: *maxQueue}
 	cfg.Speculative = speculative.Options{K: *k, TopK: *tree.topK, TreeNodes: *tree.nodes, MaxQueue: *maxQueue}
 	cfg.Adaptive = *adaptive
+	cfg.Warmup = warms(*warmup, cfg)
 	if cfg.Target != nil {
 		e.log.Info("speculation", "k", *k, "topk", *tree.topK, "draft_tokens", *tree.nodes)
 	}
@@ -186,6 +191,23 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	e.log.Info("stopped")
 	return nil
+}
+
+// warms is --warmup's choice for cfg: auto warms up where the models run
+// on a GPU (WebGPU, not on a software renderer), whose first run of a
+// shape builds its pipelines; the CPU engine builds nothing, and a
+// software renderer's warm-up generations take longer than its
+// pipelines.
+func warms(flag string, cfg server.Config) bool {
+	if flag != "auto" {
+		return flag == "on"
+	}
+	m := cfg.Drafter
+	if cfg.Target != nil {
+		m = *cfg.Target
+	}
+	info := m.Engine.Info()
+	return info.Backend == "webgpu" && !info.Software
 }
 
 // specMetricsFlagName is vLLM's flag for per-request speculation metrics.

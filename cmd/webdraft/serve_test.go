@@ -89,10 +89,50 @@ func TestServeDrainsOnShutdown(t *testing.T) {
 	}
 }
 
+// TestWarms: --warmup auto warms up a target (else a drafter alone) on a
+// GPU, not on the CPU engine or a software renderer; on and off decide.
+func TestWarms(t *testing.T) {
+	model := func(info engine.Info) server.Model { return server.Model{Engine: infoEngine{info: info}} }
+	gpu, lavapipe, cpu := engine.Info{Backend: "webgpu"}, engine.Info{Backend: "webgpu", Software: true}, engine.Info{Backend: "cpu"}
+	for _, c := range []struct {
+		flag            string
+		drafter, target engine.Info
+		alone           bool // no target
+		want            bool
+	}{
+		{"auto", gpu, gpu, false, true},
+		{"auto", cpu, cpu, false, false},
+		{"auto", lavapipe, lavapipe, false, false},
+		{"auto", cpu, gpu, false, true}, // the target decides
+		{"auto", gpu, cpu, false, false},
+		{"auto", gpu, cpu, true, true}, // a drafter alone
+		{"on", cpu, cpu, false, true},
+		{"off", gpu, gpu, false, false},
+	} {
+		cfg := server.Config{Drafter: model(c.drafter)}
+		if !c.alone {
+			t := model(c.target)
+			cfg.Target = &t
+		}
+		if got := warms(c.flag, cfg); got != c.want {
+			t.Errorf("--warmup %s, drafter %+v, target %+v (none: %v): %v, want %v", c.flag, c.drafter, c.target, c.alone, got, c.want)
+		}
+	}
+}
+
+// infoEngine is an engine that only reports its Info.
+type infoEngine struct {
+	engine.Engine
+	info engine.Info
+}
+
+func (e infoEngine) Info() engine.Info { return e.info }
+
 func TestServeUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"serve", "--cache-mb", "0"},
 		{"serve", "--chain-steps", "0"},
+		{"serve", "--warmup", "yes"},
 		{"serve", "--k", "0"},
 		{"serve", "--k", "65"},
 		{"serve", "--backend", "quantum"},

@@ -227,7 +227,7 @@ func (e *Engine) Info() engine.Info {
 	if e.kv.F16 {
 		kv = "f16"
 	}
-	return engine.Info{Backend: "webgpu", Adapter: e.dev.Info().String() + ", " + kv + " KV cache"}
+	return engine.Info{Backend: "webgpu", Adapter: e.dev.Info().String() + ", " + kv + " KV cache", Software: e.dev.Info().Software()}
 }
 
 // KVCapacity is the positions the cache holds for certain (KVCache.Capacity).

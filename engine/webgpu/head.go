@@ -233,7 +233,8 @@ func (h *Head) Target() engine.Engine { return h.target }
 func (h *Head) Config() qwen3.Config { return h.engCfg }
 
 func (h *Head) Info() engine.Info {
-	return engine.Info{Backend: "webgpu", Adapter: fmt.Sprintf("EAGLE-3 head (draft vocabulary %d) on %s, %s KV cache", h.cfg.DraftVocabSize, h.dev.Info(), h.kvType)}
+	return engine.Info{Backend: "webgpu", Adapter: fmt.Sprintf("EAGLE-3 head (draft vocabulary %d) on %s, %s KV cache", h.cfg.DraftVocabSize, h.dev.Info(), h.kvType),
+		Software: h.dev.Info().Software()}
 }
 
 // KVCapacity is the positions the head's cache holds for certain

@@ -21,7 +21,7 @@ race() { # label, then serve's model flags
   shift
   "$WEBDRAFT" serve --addr 127.0.0.1:8097 --backend webgpu "$@" > "/tmp/race-serve-$label.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8097/health')" 2>/dev/null && break; sleep 0.5; done
+  for _ in $(seq 120); do python3 -c "import urllib.request as u; u.build_opener(u.ProxyHandler({})).open('http://127.0.0.1:8097/health')" 2>/dev/null && break; sleep 0.5; done
   for t in $TEMPS; do
     echo "== $label, k $K, temperature $t"
     timeout 120 "$PAGERACE" --addr 127.0.0.1:8097 --k "$K" --rounds "$ROUNDS" --max-tokens "$TOKENS" --temperature "$t" 2>&1 || echo "$label: no result"

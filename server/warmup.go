@@ -1,0 +1,95 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"webdraft/sampling"
+	"webdraft/scheduler"
+	"webdraft/speculative"
+)
+
+// Warm-up (Config.Warmup). On a GPU the first run of each shape — a
+// verification of k + 1 rows, a head's chained passes, a sampled read-out,
+// a prefill's layout — builds its compute pipelines (the driver compiles
+// each kernel), and that once-only work used to land on the first API
+// requests: a fresh server's first generation ran several times slower
+// than its second. Before the server reports ready, warm runs the shapes
+// the default requests take, each once and untimed: a speculative
+// generation at the server's k, greedy and sampled, with listed
+// alternatives as the page and `logprobs` ask; the target alone, greedy
+// and sampled, as adaptive generations run it; a prompt long enough for
+// a prefill of several chunks; and a /draft of warmupDraft tokens. Their
+// steps are left out of /metrics. Batches of several requests at once are
+// shapes of their own, not warmed.
+
+// warmupTokens is each warm-up generation's length: long enough that its
+// steps chain as a generation's do (chains of up to 16 steps).
+const warmupTokens = 64
+
+// warmupDraft is the warm-up's /draft length (the endpoint's default).
+const warmupDraft = 16
+
+// warmupText is the warm-up's prompt where the model has a tokenizer, and
+// warmupLong the longer one, for a prefill of several chunks.
+const warmupText = "import os\n\n\ndef read_config(path):\n    \"\"\""
+
+var warmupLong = strings.Repeat("def add(a, b):\n    return a + b\n\n\n", 24)
+
+// warm runs st's warm-up: every generation and draft above through the
+// generator and the scheduler, which are running. It returns the first
+// error (a fault, or ctx ending); its caller logs it and serves anyway.
+func (s *Server) warm(ctx context.Context, st *state) error {
+	start := time.Now()
+	s.warming.Store(true)
+	defer s.warming.Store(false)
+	runs := 0
+	if st.gen != nil {
+		// A quarter of the context each for the prompt and the tokens, so
+		// that a small model's fit too.
+		limit := st.maxContext() / 4
+		short, long := warmupPrompt(st.target, warmupText, limit), warmupPrompt(st.target, warmupLong, limit)
+		sampled := sampling.Params{Temperature: 0.7, TopP: 1}
+		for _, r := range []struct {
+			what string
+			req  speculative.Request
+		}{
+			{"speculative, greedy", speculative.Request{Prompt: long}},
+			{"speculative, sampled", speculative.Request{Prompt: short, Sampling: sampled, Seed: 1}},
+			{"speculative, listing alternatives", speculative.Request{Prompt: short, TopN: 5, DraftTopN: 5}},
+			{"the target alone, greedy", speculative.Request{Prompt: short, K: speculative.NoDraft}},
+			{"the target alone, sampled", speculative.Request{Prompt: short, K: speculative.NoDraft, Sampling: sampled, Seed: 1}},
+		} {
+			r.req.MaxTokens, r.req.Fresh = min(warmupTokens, limit), true
+			if _, err := st.gen.Submit(ctx, r.req); err != nil {
+				return fmt.Errorf("warming up a generation (%s): %w", r.what, err)
+			}
+			runs++
+		}
+	}
+	limit := st.drafter.Engine.Config().MaxPositionEmbeddings / 4
+	if _, err := st.sched.Submit(ctx, scheduler.Request{Tokens: warmupPrompt(&st.drafter, warmupText, limit), N: min(warmupDraft, limit)}); err != nil {
+		return fmt.Errorf("warming up /draft: %w", err)
+	}
+	s.log.Info("warmed up", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "generations", runs, "drafts", 1)
+	return nil
+}
+
+// warmupPrompt is text's tokens under m's tokenizer, or for a model that
+// takes ids only as many ids as text has bytes, counting up from 1 (what
+// they say does not matter: the shapes do); at most limit of them.
+func warmupPrompt(m *Model, text string, limit int) []int {
+	limit = max(limit, 1)
+	if m.Tokenizer != nil {
+		ids := m.Tokenizer.Encode(text)
+		return ids[:min(len(ids), limit)]
+	}
+	vocab := m.Engine.Config().VocabSize
+	ids := make([]int, min(len(text), limit))
+	for i := range ids {
+		ids[i] = 1 + i%max(vocab-1, 1)
+	}
+	return ids
+}

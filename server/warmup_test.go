@@ -1,0 +1,157 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"webdraft/engine"
+)
+
+// gatedEngine holds every forward pass until gate closes, counting them.
+type gatedEngine struct {
+	engine.Engine
+	gate   chan struct{}
+	passes atomic.Int64
+}
+
+func (g *gatedEngine) wait(ctx context.Context) error {
+	g.passes.Add(1)
+	select {
+	case <-g.gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *gatedEngine) Step(ctx context.Context, b []*engine.Entry) error {
+	if err := g.wait(ctx); err != nil {
+		return err
+	}
+	return g.Engine.Step(ctx, b)
+}
+
+func (g *gatedEngine) Verify(ctx context.Context, b []*engine.VerifyEntry) error {
+	if err := g.wait(ctx); err != nil {
+		return err
+	}
+	return g.Engine.Verify(ctx, b)
+}
+
+// metricValue is a counter's or gauge's value in a /metrics page.
+func metricValue(t *testing.T, url, name string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return v
+		}
+	}
+	t.Fatalf("/metrics has no %s", name)
+	return ""
+}
+
+// TestWarmup: a server with Config.Warmup runs its warm-up generations
+// and draft through both models before it reports ready — meanwhile
+// /health answers 503 "loading" with "warming": true, and a request 503
+// "loading" with Retry-After —, leaves them out of /metrics, and then
+// serves.
+func TestWarmup(t *testing.T) {
+	f := newPairEngines(t, nil)
+	drafter := &gatedEngine{Engine: f.drafter, gate: make(chan struct{})}
+	target := &gatedEngine{Engine: f.target, gate: make(chan struct{})}
+	close(target.gate)
+	f.drafter, f.target = drafter, target
+	f.start(t, Options{}, func(c *Config) { c.Warmup = true })
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(f.url + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h map[string]any
+		err = json.NewDecoder(resp.Body).Decode(&h)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h["status"] == "loading" && h["warming"] == true {
+			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("/health while warming: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+			}
+			break
+		}
+		if h["status"] != "loading" || time.Now().After(deadline) {
+			t.Fatalf("/health before the warm-up ended: %v, want loading, then loading and warming", h)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	resp, err := http.Post(f.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "def", "max_tokens": 4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct {
+		Error struct{ Code, Message string }
+	}
+	err = json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != "loading" || !strings.Contains(body.Error.Message, "warming up") || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a completion while warming: %d %+v, Retry-After %q; want 503, code loading, warming up", resp.StatusCode, body.Error, resp.Header.Get("Retry-After"))
+	}
+
+	close(drafter.gate)
+	waitReadyWithin(t, f.url, 60*time.Second)
+	// Five generations of up to 64 tokens, each speculative one's drafts
+	// a pass or more, and /draft's 16 tokens.
+	if d, tg := drafter.passes.Load(), target.passes.Load(); d < 16 || tg < 16 {
+		t.Errorf("the warm-up ran %d drafter and %d target passes, want at least 16 each", d, tg)
+	}
+	for _, m := range []string{"webdraft_generation_tokens_total", "webdraft_spec_decode_num_drafts_total", "webdraft_batch_sequences_count"} {
+		if v := metricValue(t, f.url, m); v != "0" {
+			t.Errorf("after the warm-up %s = %s, want 0: the warm-up's work is not the clients'", m, v)
+		}
+	}
+	resp, err = http.Post(f.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "def", "max_tokens": 4, "temperature": 0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a completion after the warm-up: %d", resp.StatusCode)
+	}
+	if v := metricValue(t, f.url, "webdraft_generation_tokens_total"); v != "4" {
+		t.Errorf("after a 4-token completion webdraft_generation_tokens_total = %s, want 4", v)
+	}
+}
+
+// waitReadyWithin is waitReady with a deadline of its own.
+func waitReadyWithin(t *testing.T, url string, d time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if resp, err := http.Get(url + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+	}
+	t.Fatalf("server not ready after %v", d)
+}

@@ -224,33 +224,18 @@ fn tree_node(s: u32, k: u32) -> u32 {
     return (s * p.C + k) * TREE_NODE_WORDS;
 }
 
-// sum_all returns the sum of the threads' values, folded sixteen ways a
-// level (fold16): a barrier a level, two for 256 threads, where a
-// pairwise tree takes eight.
+// sum_all returns the sum of the threads' values.
 fn sum_all(lid: u32, v: f32) -> f32 {
     workgroupBarrier();
     red_f[lid] = v;
     workgroupBarrier();
-    for (var n = WG; n > 1u; n = fold16(n)) {
-        let m = fold16(n);
-        if lid < m {
-            var acc = red_f[lid];
-            for (var j = lid + m; j < n; j += m) {
-                acc += red_f[j];
-            }
-            red_f[lid] = acc;
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            red_f[lid] += red_f[lid + stride];
         }
         workgroupBarrier();
     }
     return workgroupUniformLoad(&red_f[0]);
-}
-
-// fold16 is how many partials a level of a sixteen-way fold leaves of n:
-// thread i < fold16(n) folds partials i, i + m, i + 2m, … < n (m =
-// fold16(n)) into partial i — each partial read by one thread, adjacent
-// threads reading adjacent words.
-fn fold16(n: u32) -> u32 {
-    return (n + 15u) / 16u;
 }
 
 // Stats is what e_of needs of a row from sample.wgsl's read-out.

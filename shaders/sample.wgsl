@@ -132,38 +132,28 @@ fn unkey(k: u32) -> f32 {
     return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
-// min_f returns the smallest of the threads' values (folded as sum_all).
+// min_f returns the smallest of the threads' values.
 fn min_f(lid: u32, v: f32) -> f32 {
     workgroupBarrier();
     red_f[lid] = v;
     workgroupBarrier();
-    for (var n = WG; n > 1u; n = fold16(n)) {
-        let m = fold16(n);
-        if lid < m {
-            var acc = red_f[lid];
-            for (var j = lid + m; j < n; j += m) {
-                acc = min(acc, red_f[j]);
-            }
-            red_f[lid] = acc;
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            red_f[lid] = min(red_f[lid], red_f[lid + stride]);
         }
         workgroupBarrier();
     }
     return workgroupUniformLoad(&red_f[0]);
 }
 
-// min_u returns the smallest of the threads' values (folded as sum_all).
+// min_u returns the smallest of the threads' values.
 fn min_u(lid: u32, v: u32) -> u32 {
     workgroupBarrier();
     red_u[lid] = v;
     workgroupBarrier();
-    for (var n = WG; n > 1u; n = fold16(n)) {
-        let m = fold16(n);
-        if lid < m {
-            var acc = red_u[lid];
-            for (var j = lid + m; j < n; j += m) {
-                acc = min(acc, red_u[j]);
-            }
-            red_u[lid] = acc;
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            red_u[lid] = min(red_u[lid], red_u[lid + stride]);
         }
         workgroupBarrier();
     }
@@ -191,25 +181,16 @@ fn after(a: Cand, prev: Cand) -> bool {
     return a.v < prev.v || (a.v == prev.v && a.i > prev.i);
 }
 
-// best_all returns the best of the threads' candidates (folded as
-// sum_all).
+// best_all returns the best of the threads' candidates.
 fn best_all(lid: u32, c: Cand) -> Cand {
     workgroupBarrier();
     red_f[lid] = c.v;
     red_u[lid] = c.i;
     workgroupBarrier();
-    for (var n = WG; n > 1u; n = fold16(n)) {
-        let m = fold16(n);
-        if lid < m {
-            var acc = Cand(red_f[lid], red_u[lid]);
-            for (var j = lid + m; j < n; j += m) {
-                let o = Cand(red_f[j], red_u[j]);
-                if better(o, acc) {
-                    acc = o;
-                }
-            }
-            red_f[lid] = acc.v;
-            red_u[lid] = acc.i;
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if lid < stride && better(Cand(red_f[lid + stride], red_u[lid + stride]), Cand(red_f[lid], red_u[lid])) {
+            red_f[lid] = red_f[lid + stride];
+            red_u[lid] = red_u[lid + stride];
         }
         workgroupBarrier();
     }

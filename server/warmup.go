@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"webdraft/sampling"
@@ -21,9 +23,12 @@ import (
 // generation at the server's k, greedy and sampled, with listed
 // alternatives as the page and `logprobs` ask; the target alone, greedy
 // and sampled, as adaptive generations run it; a prompt long enough for
-// a prefill of several chunks; and a /draft of warmupDraft tokens. Their
-// steps are left out of /metrics. Batches of several requests at once are
-// shapes of their own, not warmed.
+// a prefill of several chunks; warmupBatch generations at once, whose
+// batch shrinks as they end one by one (a batch's verification is a
+// shape of its own), adaptive where the API's are; and warmupBatch /draft
+// requests at once. Their steps are left out of /metrics, and the
+// generator forgets what they took (speculative.Generator.ForgetTimings).
+// Larger batches are not warmed.
 
 // warmupTokens is each warm-up generation's length: long enough that its
 // steps chain as a generation's do (chains of up to 16 steps).
@@ -32,6 +37,10 @@ const warmupTokens = 64
 // warmupDraft is the warm-up's /draft length (the endpoint's default).
 const warmupDraft = 16
 
+// warmupBatch is how many of the warm-up's generations, and of its
+// drafts, run at once.
+const warmupBatch = 4
+
 // warmupText is the warm-up's prompt where the model has a tokenizer, and
 // warmupLong the longer one, for a prefill of several chunks.
 const warmupText = "import os\n\n\ndef read_config(path):\n    \"\"\""
@@ -39,8 +48,9 @@ const warmupText = "import os\n\n\ndef read_config(path):\n    \"\"\""
 var warmupLong = strings.Repeat("def add(a, b):\n    return a + b\n\n\n", 24)
 
 // warm runs st's warm-up: every generation and draft above through the
-// generator and the scheduler, which are running. It returns the first
-// error (a fault, or ctx ending); its caller logs it and serves anyway.
+// generator and the scheduler, which are running. It stops at the first
+// part that fails (a fault, or ctx ending) and returns why; its caller
+// logs it and serves anyway.
 func (s *Server) warm(ctx context.Context, st *state) error {
 	start := time.Now()
 	s.warming.Store(true)
@@ -68,13 +78,44 @@ func (s *Server) warm(ctx context.Context, st *state) error {
 			}
 			runs++
 		}
+		// A batch: prompts of different lengths, whose generations
+		// accept differently and so end apart; adaptive where the API's
+		// are, so that its steps that time the target alone beside the
+		// others' speculative rows run too.
+		err := together(ctx, warmupBatch, func(ctx context.Context, i int) error {
+			_, err := st.gen.Submit(ctx, speculative.Request{Prompt: long[:max(len(long)*(i+1)/warmupBatch, 1)], MaxTokens: min(warmupTokens, limit), Fresh: true, Adaptive: st.adaptive})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("warming up %d generations at once: %w", warmupBatch, err)
+		}
+		runs += warmupBatch
+		// What the warm-up's steps took, pipelines built, is not what
+		// steps take.
+		st.gen.ForgetTimings()
 	}
 	limit := st.drafter.Engine.Config().MaxPositionEmbeddings / 4
-	if _, err := st.sched.Submit(ctx, scheduler.Request{Tokens: warmupPrompt(&st.drafter, warmupText, limit), N: min(warmupDraft, limit)}); err != nil {
+	prompt := warmupPrompt(&st.drafter, warmupLong, limit)
+	err := together(ctx, warmupBatch, func(ctx context.Context, i int) error {
+		_, err := st.sched.Submit(ctx, scheduler.Request{Tokens: prompt[:max(len(prompt)*(i+1)/warmupBatch, 1)], N: min(warmupDraft, limit)})
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("warming up /draft: %w", err)
 	}
-	s.log.Info("warmed up", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "generations", runs, "drafts", 1)
+	s.log.Info("warmed up", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()), "generations", runs, "drafts", warmupBatch)
 	return nil
+}
+
+// together runs f(ctx, i) for i < n at once and returns their errors.
+func together(ctx context.Context, n int, f func(ctx context.Context, i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = f(ctx, i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // warmupPrompt is text's tokens under m's tokenizer, or for a model that

@@ -37,6 +37,9 @@ func (g *Generator) Run(ctx context.Context) (err error) {
 		r.waiting = g.queue.Drain(r.waiting)
 		r.admit()
 		r.idle, r.until = false, time.Time{}
+		if g.forget.Swap(false) {
+			r.aloneAt, r.specAt, r.aloneToken, r.specStep = nil, nil, 0, 0
+		}
 		if err := r.step(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil

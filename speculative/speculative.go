@@ -262,7 +262,19 @@ type Generator struct {
 	// wake, of capacity 1, wakes a loop that waits for remote drafts (an
 	// answer came, a client left).
 	wake chan struct{}
+	// forget asks the loop to forget what steps took (ForgetTimings).
+	forget atomic.Bool
 }
+
+// ForgetTimings makes the loop forget, before its next step, what its
+// steps took so far: the times an adaptive generation weighs its
+// speculation by (Request.Adaptive) and those that size the chains. A
+// warm-up's steps, which built the GPU's pipelines, say nothing of what
+// the steps after it take; kept, a stall of the target alone's first
+// steps would make the target alone look slow at that batch size until
+// it ran alone there again, which an adaptive generation, judging by it,
+// would not do.
+func (g *Generator) ForgetTimings() { g.forget.Store(true) }
 
 // poke wakes the loop if it waits, without blocking.
 func (g *Generator) poke() {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -991,5 +992,55 @@ func TestAdaptive(t *testing.T) {
 	}
 	if st := res.Stats; !slices.Equal(ids(res.Tokens), want) || !st.Alone || st.Drafted < 2*4*k || st.Drafted > 4*4*k {
 		t.Errorf("retrying every 10 tokens: %d tokens drafted, alone %v; output equal: %v", st.Drafted, st.Alone, slices.Equal(ids(res.Tokens), want))
+	}
+}
+
+// stallEngine is slowEngine whose passes take stall instead while stalled
+// is set: a GPU's first steps of a shape, which build its pipelines.
+type stallEngine struct {
+	slowEngine
+	stall   time.Duration
+	stalled *atomic.Bool
+}
+
+func (s stallEngine) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
+	if s.stalled.Load() {
+		time.Sleep(s.stall)
+		return s.Engine.Verify(ctx, batch)
+	}
+	return s.slowEngine.Verify(ctx, batch)
+}
+
+// TestForgetTimings: a generation stepped through a stall (a warm-up's)
+// leaves the loop believing the target alone slow, so that the next
+// adaptive generation whose drafts seldom pass speculates on; after
+// ForgetTimings the loop times the target alone anew and that generation
+// runs it alone, as TestAdaptive's does.
+func TestForgetTimings(t *testing.T) {
+	ps := pairs(t, cpu)
+	prompt := prompts(1, 6)[0]
+	const n, k = 40, 3
+	for _, forget := range []bool{false, true} {
+		var stalled atomic.Bool
+		target := stallEngine{slowEngine{ps[1].target, 5 * time.Millisecond}, 150 * time.Millisecond, &stalled}
+		g := start(t, pair{target: target, drafter: slowEngine{ps[1].drafter, 2 * time.Millisecond}}, speculative.Options{})
+		// The warm-up: its probes of the target alone, and its speculative
+		// steps, stall alike, so it speculates on; what it timed stays.
+		stalled.Store(true)
+		res, err := g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: 12, K: k, Adaptive: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stalled.Store(false)
+		if forget {
+			g.ForgetTimings()
+		}
+		res, err = g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: n, K: k, Adaptive: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stats.Alone != forget {
+			t.Errorf("forget %v: the next generation ran alone %v (τ %.2f), want %v", forget, res.Stats.Alone, res.Stats.Tau(), forget)
+		}
 	}
 }

@@ -1,13 +1,15 @@
 """Times a fresh `webdraft serve`'s first requests: how long /health takes
 to answer 200 from this script's start, then ROUNDS rounds of the same
-requests one after another — a greedy completion, a sampled one, one with
-logprobs, a /draft — each with its wall-clock time. With the server's
+requests — a greedy completion, a sampled one, one with logprobs, a
+/draft, one after another, then four greedy completions at once — each
+with its wall-clock time. With the server's
 warm-up the first round runs as fast as the later ones; without it the
 first run of each shape builds its pipelines.
 
     python3 lab/h200/first_requests.py [--addr 127.0.0.1:8096] [--rounds 3] [--tokens 64]
 """
 import argparse
+import concurrent.futures
 import json
 import time
 import urllib.error
@@ -55,6 +57,11 @@ def main():
             secs, out = post(a.addr, path, body)
             n = out.get("usage", {}).get("completion_tokens", len(out.get("draft", [])))
             print(f"round {rnd}: {name}: {secs * 1000:.1f} ms, {n} tokens")
+        prompts = ["def parse(line):", "class Queue:\n    def __init__(self):", "import sys\n\n\ndef main():", "for key, value in"]
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+            list(ex.map(lambda p: post(a.addr, "/v1/completions", {"prompt": p, "max_tokens": a.tokens, "temperature": 0}), prompts))
+        print(f"round {rnd}: {len(prompts)} greedy completions at once: {(time.perf_counter() - t0) * 1000:.1f} ms")
 
 
 if __name__ == "__main__":

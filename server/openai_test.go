@@ -38,6 +38,7 @@ type pairFixture struct {
 	tok             *tokenizer.Tokenizer
 	srv             *Server
 	modelDownloads  atomic.Int64 // model files sent (countModelFiles)
+	log             *slog.Logger // start's server logs here (nil: nowhere)
 }
 
 const testKey = "sk-test"
@@ -115,7 +116,11 @@ func (f *pairFixture) serve(t *testing.T, opts Options, head *Model) {
 // once.
 func (f *pairFixture) start(t *testing.T, opts Options, config func(*Config)) {
 	t.Helper()
-	f.srv = NewWithOptions(slog.New(slog.NewTextHandler(io.Discard, nil)), opts)
+	log := f.log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	f.srv = NewWithOptions(log, opts)
 	ts := httptest.NewServer(f.countModelFiles(f.srv.Handler()))
 	f.url = ts.URL
 	c := Config{

@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"webdraft/engine"
+	"webdraft/internal/syncbuf"
 )
 
 // gatedEngine holds every forward pass until gate closes, counting them.
@@ -154,4 +157,56 @@ func waitReadyWithin(t *testing.T, url string, d time.Duration) {
 		}
 	}
 	t.Fatalf("server not ready after %v", d)
+}
+
+// failingEngine fails its first n forward passes with a plain error (not
+// a fault), then runs as its engine does.
+type failingEngine struct {
+	engine.Engine
+	n *atomic.Int64
+}
+
+func (f failingEngine) fail() error {
+	if f.n.Add(-1) >= 0 {
+		return errors.New("a pass failed")
+	}
+	return nil
+}
+
+func (f failingEngine) Step(ctx context.Context, b []*engine.Entry) error {
+	if err := f.fail(); err != nil {
+		return err
+	}
+	return f.Engine.Step(ctx, b)
+}
+
+func (f failingEngine) Verify(ctx context.Context, b []*engine.VerifyEntry) error {
+	if err := f.fail(); err != nil {
+		return err
+	}
+	return f.Engine.Verify(ctx, b)
+}
+
+// TestWarmupFailure: a warm-up whose generation fails is logged, and the
+// server serves anyway.
+func TestWarmupFailure(t *testing.T) {
+	f := newPairEngines(t, nil)
+	var n atomic.Int64
+	n.Store(1)
+	f.target = failingEngine{Engine: f.target, n: &n}
+	var logs syncbuf.Buffer
+	f.log = slog.New(slog.NewTextHandler(&logs, nil))
+	f.start(t, Options{}, func(c *Config) { c.Warmup = true })
+	waitReadyWithin(t, f.url, 60*time.Second)
+	if got := logs.String(); !strings.Contains(got, "warm-up failed: serving without it") || !strings.Contains(got, "a pass failed") || strings.Contains(got, "warmed up") {
+		t.Errorf("the log of a failed warm-up:\n%s", got)
+	}
+	resp, err := http.Post(f.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "def", "max_tokens": 4, "temperature": 0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a completion after a failed warm-up: %d", resp.StatusCode)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -45,27 +44,6 @@ func (g *gatedEngine) Verify(ctx context.Context, b []*engine.VerifyEntry) error
 		return err
 	}
 	return g.Engine.Verify(ctx, b)
-}
-
-// metricValue is a counter's or gauge's value in a /metrics page.
-func metricValue(t *testing.T, url, name string) string {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return v
-		}
-	}
-	t.Fatalf("/metrics has no %s", name)
-	return ""
 }
 
 // TestWarmup: a server with Config.Warmup runs its warm-up generations
@@ -128,8 +106,8 @@ func TestWarmup(t *testing.T) {
 		t.Errorf("the warm-up ran %d drafter and %d target passes, want at least 16 each", d, tg)
 	}
 	for _, m := range []string{"webdraft_generation_tokens_total", "webdraft_spec_decode_num_drafts_total", "webdraft_batch_sequences_count"} {
-		if v := metricValue(t, f.url, m); v != "0" {
-			t.Errorf("after the warm-up %s = %s, want 0: the warm-up's work is not the clients'", m, v)
+		if v := f.metric(t, m); v != 0 {
+			t.Errorf("after the warm-up %s = %v, want 0: the warm-up's work is not the clients'", m, v)
 		}
 	}
 	resp, err = http.Post(f.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "def", "max_tokens": 4, "temperature": 0}`))
@@ -140,8 +118,8 @@ func TestWarmup(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("a completion after the warm-up: %d", resp.StatusCode)
 	}
-	if v := metricValue(t, f.url, "webdraft_generation_tokens_total"); v != "4" {
-		t.Errorf("after a 4-token completion webdraft_generation_tokens_total = %s, want 4", v)
+	if v := f.metric(t, "webdraft_generation_tokens_total"); v != 4 {
+		t.Errorf("after a 4-token completion webdraft_generation_tokens_total = %v, want 4", v)
 	}
 }
 

@@ -197,6 +197,10 @@ func TestManifests(t *testing.T) {
 			t.Errorf("webdraft's %s probe %+v: want GET /health on its port", name, p)
 		}
 	}
+	// The driver's kernel cache: its folder is a volume of the pod's.
+	if dir := envValue(server.Env, "__GL_SHADER_DISK_CACHE_PATH"); !mounted(pod.Spec, server, dir) {
+		t.Errorf("webdraft's __GL_SHADER_DISK_CACHE_PATH %q is no folder a volume of the pod is mounted at (mounts %+v)", dir, server.VolumeMounts)
+	}
 
 	// The pool's picker is the picker's Service, on its ext-proc port,
 	// and that port reaches the picker's gRPC container port.
@@ -379,4 +383,25 @@ func keys[V any](m map[string]V) []string {
 	}
 	slices.Sort(ks)
 	return ks
+}
+
+// envValue is the value of c's variable name ("" where unset).
+func envValue(env []corev1.EnvVar, name string) string {
+	for _, e := range env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+// mounted reports whether dir is where one of spec's volumes is mounted
+// in c, writable.
+func mounted(spec corev1.PodSpec, c corev1.Container, dir string) bool {
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == dir && dir != "" && !m.ReadOnly && slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name }) {
+			return true
+		}
+	}
+	return false
 }

@@ -16,9 +16,10 @@ import (
 // Warm-up (Config.Warmup). On a GPU the first run of each shape — a
 // verification of k + 1 rows, a head's chained passes, a sampled read-out,
 // a prefill's layout — builds its compute pipelines (the driver compiles
-// each kernel), and that once-only work used to land on the first API
-// requests: a fresh server's first generation ran several times slower
-// than its second. Before the server reports ready, warm runs the shapes
+// each kernel), once-only work that would otherwise land on the first
+// API requests (on an H100 a fresh server's first completion took 0.1–1 s
+// against 25–40 ms for the next; BENCHMARKS.md). Before the server
+// reports ready, warm runs the shapes
 // the default requests take, each once and untimed: a speculative
 // generation at the server's k, greedy and sampled, with listed
 // alternatives as the page and `logprobs` ask; the target alone, greedy

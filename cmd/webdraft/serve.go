@@ -42,7 +42,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	backendFlag := fs.String("backend", "auto", backendUsage)
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB (an EAGLE-3 head's holds as many positions as its target's)")
 	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
-	warmup := fs.String("warmup", "auto", "before reporting ready, run each shape the default requests take once (generations speculative and alone, greedy and sampled, a long prompt, a /draft), so that the first requests do not wait while a GPU builds its pipelines: auto (on a GPU; not on the CPU engine or a software renderer, where it costs more than it saves), on, off")
+	warmup := fs.String("warmup", "auto", "before reporting ready, run each shape the default requests take once (generations speculative and alone, greedy and sampled, a long prompt, four at once; /draft requests), so that the first requests do not wait while a GPU builds its pipelines: auto (on a GPU; not on the CPU engine or a software renderer, where it costs more than it saves), on, off")
 	// The key's default is read after parsing, so that --help never
 	// prints it; the environment keeps it out of the process list too.
 	apiKey := fs.String("api-key", "", "require Authorization: Bearer KEY on every endpoint but /health, /, /static/ (default: $WEBDRAFT_API_KEY, which keeps the key out of the process list; neither: open)")

@@ -68,7 +68,7 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		what := "The models are loading…"
 		if s.warming.Load() {
-			what = "The models are loaded; the GPU's kernels are warming up…"
+			what = "The models are loaded and warming up…"
 		}
 		fmt.Fprintf(w, `<!DOCTYPE html><meta http-equiv="refresh" content="1"><title>webdraft</title><p>%s</p>`, what)
 		return

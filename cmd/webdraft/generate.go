@@ -19,7 +19,7 @@ import (
 const generateCacheMB = 64
 
 func runGenerate(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference]")
+	fs := newFlags(e, "generate", "[--model DIR] [--target DIR] (--text … | --ids 1,2,3) [--chat] [--k N] [--spec-topk 1] [--spec-draft-tokens 16] [--max-tokens 128] [--temperature 0] [--top-p 1] [--seed 0] [--backend auto|webgpu|cpu|reference] [--warmup auto|on|off]")
 	modelDir := fs.String("model", "", "the drafter's folder; default: the embedded EAGLE-3 head (embedded:eagle3) over the embedded target, with --target or --backend reference the embedded drafter (embedded:drafter)"+headNote)
 	targetDir := fs.String("target", "", "the target's folder; default: the embedded target")
 	text := fs.String("text", "", "the prompt as text")
@@ -32,7 +32,11 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	topP := fs.Float64("top-p", 1, "the nucleus of top_p when sampling, (0, 1]")
 	seed := fs.Uint64("seed", 0, "the seed of a sampled generation (the same seed gives the same text)")
 	backendFlag := fs.String("backend", "auto", backendUsage)
+	warmup := fs.String("warmup", "auto", warmupUsage("the timed runs (both generations, the speculative one and the target alone's)"))
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := checkWarmup(*warmup); err != nil {
 		return err
 	}
 	switch {
@@ -102,6 +106,21 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 		Stop:     tokenizer.StopIDs(t.Config().EOSTokenIDs, tok),
 	}
 	out := &errWriter{w: e.stdout}
+	base := req
+	base.K = speculative.NoDraft
+
+	// On a GPU each shape's first run builds its pipelines: were the
+	// speculative run the first, its time would hold them and the target
+	// alone's after it not.
+	if warmsOn(*warmup, t.Info()) {
+		start := time.Now()
+		for _, r := range []speculative.Request{req, base} {
+			if _, _, err := generateOnce(ctx, d, t, r); err != nil {
+				return fmt.Errorf("warming up: %w", err)
+			}
+		}
+		e.log.Info("warmed up: each generation run once untimed", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()))
+	}
 
 	// Speculative decoding, streamed as the target accepts.
 	var hist []int // hist[a]: steps that accepted a draft tokens
@@ -137,8 +156,6 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintln(out)
 
 	// The same generation by the target alone: the baseline.
-	base := req
-	base.K, base.OnStep = speculative.NoDraft, nil
 	alone, aloneTime, err := generateOnce(ctx, d, t, base)
 	if err != nil {
 		return err

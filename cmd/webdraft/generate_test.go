@@ -60,6 +60,20 @@ func TestGenerate(t *testing.T) {
 	if code != 0 || !regexp.MustCompile(`^(\d+ ){6}\n`).MatchString(stdout) || !strings.Contains(stdout, "temperature 0.8, top-p 1, seed 3") {
 		t.Errorf("ids only: exit %d\n%s%s", code, stdout, stderr)
 	}
+	// --warmup on runs each generation once untimed first (auto does on a
+	// GPU only): the same tokens, said in the log.
+	warmed := map[string]string{}
+	for _, w := range []string{"on", "auto"} {
+		code, stdout, stderr := webdraft(t, "generate", "--model", filepath.Join(golden, "tied"), "--target", filepath.Join(golden, "untied"),
+			"--ids", "1,2,3", "--max-tokens", "6", "--temperature", "0.8", "--seed", "3", "--backend", "cpu", "--warmup", w)
+		if code != 0 || strings.Contains(stderr, "warmed up") != (w == "on") {
+			t.Errorf("--warmup %s on the CPU engine: exit %d, the log:\n%s", w, code, stderr)
+		}
+		warmed[w] = stdout[:strings.Index(stdout, "\n")]
+	}
+	if warmed["on"] != warmed["auto"] {
+		t.Errorf("--warmup on: %q, without: %q", warmed["on"], warmed["auto"])
+	}
 	// A sampled tree on WebGPU: both models on one device, the drafter's
 	// proposals drawn and the tree walked there — by the rule the CPU
 	// engine follows on the host, with the same uniforms: the same tokens.
@@ -94,6 +108,7 @@ func TestGenerateUsage(t *testing.T) {
 		{"generate", "--text", "a", "--spec-topk", "21"},
 		{"generate", "--text", "a", "--spec-draft-tokens", "0"},
 		{"generate", "--text", "a", "--spec-draft-tokens", "65"},
+		{"generate", "--text", "a", "--warmup", "sometimes"},
 	} {
 		if code, _, _ := webdraft(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)

@@ -42,7 +42,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	backendFlag := fs.String("backend", "auto", backendUsage)
 	cacheMB := fs.Int("cache-mb", 512, "KV-cache memory of each model, for running and cached sequences, in MiB (an EAGLE-3 head's holds as many positions as its target's)")
 	chainSteps := fs.Int("chain-steps", 8, "decode passes chained on the GPU when every request is decoding and none waits (1: one pass at a time)")
-	warmup := fs.String("warmup", "auto", "before reporting ready, run each shape the default requests take once (generations speculative and alone, greedy and sampled, a long prompt, four at once; /draft requests), so that the first requests do not wait while a GPU builds its pipelines: auto (on a GPU; not on the CPU engine or a software renderer, where it costs more than it saves), on, off")
+	warmup := fs.String("warmup", "auto", warmupUsage("reporting ready (the default requests' shapes: generations speculative and alone, greedy and sampled, a long prompt, four at once; /draft requests)"))
 	// The key's default is read after parsing, so that --help never
 	// prints it; the environment keeps it out of the process list too.
 	apiKey := fs.String("api-key", "", "require Authorization: Bearer KEY on every endpoint but /health, /, /static/ (default: $WEBDRAFT_API_KEY, which keeps the key out of the process list; neither: open)")
@@ -92,8 +92,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if *cacheMB < 1 {
 		return usagef("--cache-mb %d: want at least 1", *cacheMB)
 	}
-	if !slices.Contains([]string{"auto", "on", "off"}, *warmup) {
-		return usagef("--warmup %q: want auto, on or off", *warmup)
+	if err := checkWarmup(*warmup); err != nil {
+		return err
 	}
 	if *chainSteps < 1 || *chainSteps > maxDraft {
 		return usagef("--chain-steps %d: want 1…%d", *chainSteps, maxDraft)
@@ -193,21 +193,38 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-// warms is --warmup's choice for cfg: auto warms up where the models run
-// on a GPU (WebGPU, not on a software renderer), whose first run of a
-// shape builds its pipelines; the CPU engine builds nothing, and a
-// software renderer's warm-up generations take longer than its
-// pipelines.
+// warms is --warmup's choice for cfg: auto warms up where the target (or
+// a drafter alone) runs on a GPU (warmsOn).
 func warms(flag string, cfg server.Config) bool {
-	if flag != "auto" {
-		return flag == "on"
-	}
 	m := cfg.Drafter
 	if cfg.Target != nil {
 		m = *cfg.Target
 	}
-	info := m.Engine.Info()
+	return warmsOn(flag, m.Engine.Info())
+}
+
+// warmsOn is --warmup's choice for an engine: auto warms up WebGPU on a
+// GPU, whose first run of a shape builds its pipelines; the CPU engine
+// builds nothing, and a software renderer's warm-up generations take
+// longer than its pipelines.
+func warmsOn(flag string, info engine.Info) bool {
+	if flag != "auto" {
+		return flag == "on"
+	}
 	return info.Backend == "webgpu" && !info.Software
+}
+
+// warmupUsage is --warmup's help, for serve and generate.
+func warmupUsage(what string) string {
+	return "before " + what + ", run each shape once untimed, so that no timed request waits while a GPU builds its pipelines: auto (on a GPU; not on the CPU engine or a software renderer, where it costs more than it saves), on, off"
+}
+
+// checkWarmup refuses a --warmup value other than auto, on and off.
+func checkWarmup(v string) error {
+	if !slices.Contains([]string{"auto", "on", "off"}, v) {
+		return usagef("--warmup %q: want auto, on or off", v)
+	}
+	return nil
 }
 
 // specMetricsFlagName is vLLM's flag for per-request speculation metrics.

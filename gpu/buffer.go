@@ -147,12 +147,12 @@ func (b *Buffer) usable(op string) error {
 	return nil
 }
 
-// Release frees the buffer's memory now rather than when it is collected.
+// Release frees the buffer's memory once the work submitted before it is
+// done (free), rather than when it is collected.
 func (b *Buffer) Release() {
 	if b.buf != nil {
 		b.d.binds.forget(b.buf)
-		b.buf.Destroy()
-		b.buf.Release()
+		free(b.buf)
 		b.buf = nil
 		b.d.bufferBytes.Add(-int64(b.size))
 	}

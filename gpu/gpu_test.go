@@ -459,6 +459,7 @@ func TestErrorsAreGoErrors(t *testing.T) {
 	if err := gpu.Dispatch(b, p, affineParams(16, 1, 1), []gpu.Binding{gone.All()}, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
+	gone.Destroy()
 	gone.Release()
 	err = b.Submit()
 	if err == nil { // the browser reports a submission's errors at the next read

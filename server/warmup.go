@@ -58,6 +58,9 @@ func (s *Server) warm(ctx context.Context, st *state) error {
 	defer s.warming.Store(false)
 	runs := 0
 	if st.gen != nil {
+		// What the warm-up's steps took, pipelines built, is not what
+		// steps take, however far it got.
+		defer st.gen.ForgetTimings()
 		// A quarter of the context each for the prompt and the tokens, so
 		// that a small model's fit too.
 		limit := st.maxContext() / 4
@@ -83,7 +86,7 @@ func (s *Server) warm(ctx context.Context, st *state) error {
 		// accept differently and so end apart; adaptive where the API's
 		// are, so that its steps that time the target alone beside the
 		// others' speculative rows run too.
-		err := together(ctx, warmupBatch, func(ctx context.Context, i int) error {
+		err := together(warmupBatch, func(i int) error {
 			_, err := st.gen.Submit(ctx, speculative.Request{Prompt: long[:max(len(long)*(i+1)/warmupBatch, 1)], MaxTokens: min(warmupTokens, limit), Fresh: true, Adaptive: st.adaptive})
 			return err
 		})
@@ -91,13 +94,10 @@ func (s *Server) warm(ctx context.Context, st *state) error {
 			return fmt.Errorf("warming up %d generations at once: %w", warmupBatch, err)
 		}
 		runs += warmupBatch
-		// What the warm-up's steps took, pipelines built, is not what
-		// steps take.
-		st.gen.ForgetTimings()
 	}
 	limit := st.drafter.Engine.Config().MaxPositionEmbeddings / 4
 	prompt := warmupPrompt(&st.drafter, warmupLong, limit)
-	err := together(ctx, warmupBatch, func(ctx context.Context, i int) error {
+	err := together(warmupBatch, func(i int) error {
 		_, err := st.sched.Submit(ctx, scheduler.Request{Tokens: prompt[:max(len(prompt)*(i+1)/warmupBatch, 1)], N: min(warmupDraft, limit)})
 		return err
 	})
@@ -108,12 +108,12 @@ func (s *Server) warm(ctx context.Context, st *state) error {
 	return nil
 }
 
-// together runs f(ctx, i) for i < n at once and returns their errors.
-func together(ctx context.Context, n int, f func(ctx context.Context, i int) error) error {
+// together runs f(i) for i < n at once and returns their errors.
+func together(n int, f func(i int) error) error {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { errs[i] = f(ctx, i) })
+		wg.Go(func() { errs[i] = f(i) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)

@@ -943,6 +943,14 @@ type slowEngine struct {
 	per time.Duration
 }
 
+// The adaptive tests' passes: long enough that a loaded machine's
+// scheduling delays (a few milliseconds, two test packages on two cores)
+// do not turn a decision that rests on one timed step.
+const (
+	slowTarget  = 20 * time.Millisecond
+	slowDrafter = 8 * time.Millisecond
+)
+
 func (s slowEngine) Step(ctx context.Context, batch []*engine.Entry) error {
 	time.Sleep(s.per)
 	return s.Engine.Step(ctx, batch)
@@ -968,7 +976,7 @@ func TestAdaptive(t *testing.T) {
 		pair            pair
 		adaptive, alone bool
 	}{{ps[1], true, true}, {same, true, false}, {ps[1], false, false}} {
-		slow := pair{target: slowEngine{c.pair.target, 5 * time.Millisecond}, drafter: slowEngine{c.pair.drafter, 2 * time.Millisecond}}
+		slow := pair{target: slowEngine{c.pair.target, slowTarget}, drafter: slowEngine{c.pair.drafter, slowDrafter}}
 		g := start(t, slow, speculative.Options{})
 		res, err := g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: n, K: k, Adaptive: c.adaptive})
 		if err != nil {
@@ -985,7 +993,7 @@ func TestAdaptive(t *testing.T) {
 	// Alone, a generation speculates again every adaptRetry tokens, and is
 	// weighed anew (here: alone again each time).
 	defer speculative.SetAdaptRetry(10)()
-	g := start(t, pair{target: slowEngine{ps[1].target, 5 * time.Millisecond}, drafter: slowEngine{ps[1].drafter, 2 * time.Millisecond}}, speculative.Options{})
+	g := start(t, pair{target: slowEngine{ps[1].target, slowTarget}, drafter: slowEngine{ps[1].drafter, slowDrafter}}, speculative.Options{})
 	res, err := g.Submit(context.Background(), speculative.Request{Prompt: prompt, MaxTokens: n, K: k, Adaptive: true})
 	if err != nil {
 		t.Fatal(err)
@@ -1022,8 +1030,8 @@ func TestForgetTimings(t *testing.T) {
 	const n, k = 40, 3
 	for _, forget := range []bool{false, true} {
 		var stalled atomic.Bool
-		target := stallEngine{slowEngine{ps[1].target, 5 * time.Millisecond}, 150 * time.Millisecond, &stalled}
-		g := start(t, pair{target: target, drafter: slowEngine{ps[1].drafter, 2 * time.Millisecond}}, speculative.Options{})
+		target := stallEngine{slowEngine{ps[1].target, slowTarget}, 300 * time.Millisecond, &stalled}
+		g := start(t, pair{target: target, drafter: slowEngine{ps[1].drafter, slowDrafter}}, speculative.Options{})
 		// The warm-up: its probes of the target alone, and its speculative
 		// steps, stall alike, so it speculates on; what it timed stays.
 		stalled.Store(true)

@@ -130,6 +130,11 @@ func PutSampleRow(draws []uint32, temps []float32, p sampling.Params, d sampling
 	temps[0], temps[1] = p.Temperature, topP
 }
 
+// PutSampleSeed puts the seed words of a coupled row's generation where a
+// row written by PutSampleRow keeps its key, for SpecKeys to key it by its
+// position on the device.
+func PutSampleSeed(draws []uint32, k sampling.Keys) { draws[1], draws[2] = k.S0, k.S1 }
+
 // SetSampleOutcome marks a row written by PutSampleRow (its draws words)
 // so that, where it samples, Sample writes its outcome to ids and lp in
 // place of its argmax: the proposal X where accepted, else the draw, and

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 
 	"webdraft/gpu"
@@ -25,6 +26,13 @@ var specRowsKernel = gpu.Kernel{
 	// state, table, trows, tfeat, hrows, hsave, hchain
 	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
 }
+
+var specKeysKernel = gpu.Kernel{
+	Module: "spec_keys.wgsl", Source: shaders.SpecKeys, Entry: "main", Params: reflect.TypeFor[specKeysParams](),
+	Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite}, // state, draws, dkeys
+}
+
+type specKeysParams struct{ B, K, DKey0, DStride uint32 }
 
 type specAcceptParams struct{ B, K, DraftsAt, DraftStride uint32 }
 
@@ -158,6 +166,43 @@ func SpecDraftRows(b *gpu.Batch, state, rows, trows *gpu.Buffer, B, K int, first
 	}
 	binds := []gpu.Binding{state.All(), rows.All(), trows.All()}
 	if err := gpu.Dispatch(b, p, &specDraftRowsParams{B: uint32(B), K: uint32(K)}, binds, uint32((B+specWG-1)/specWG), 1, 1); err != nil {
+		return fmt.Errorf("kernels: %s: %w", op, err)
+	}
+	return nil
+}
+
+// SpecKeys records the coupled keys of a chained speculative step of B
+// sequences of K drafts, from each sequence's state (spec_keys.wgsl): each
+// coupled row of draws (the step's verification draws, B·(K+1) rows of
+// SampleDrawWords, sequence i's from i·(K+1)), whose U and V words hold
+// its generation's seed words (PutSampleSeed), gets the key of the
+// position it decides (sampling.Keys.At: row t of a state at L decides
+// L + t + 1), and each coupled draft t < K the key of row t, in dkeys (a
+// buffer of ArgmaxCoupledWords a row, draft t's B rows from word
+// dkey0 + t·dstride; nil: the drafts are not coupled).
+func SpecKeys(b *gpu.Batch, state *gpu.Buffer, draws gpu.Binding, dkeys *gpu.Buffer, B, K, dkey0, dstride int) error {
+	op := "spec_keys"
+	rows := B * (K + 1)
+	switch {
+	case B <= 0 || K <= 0:
+		return fmt.Errorf("kernels: %s: %d sequences of %d drafts", op, B, K)
+	case uint64(B*SpecStateWords)*4 > state.Size():
+		return fmt.Errorf("kernels: %s: %d states in a %d-byte buffer", op, B, state.Size())
+	case uint64(rows*SampleDrawWords)*4 > draws.Size:
+		return fmt.Errorf("kernels: %s: %d rows' draws in %d bytes", op, rows, draws.Size)
+	case dkeys != nil && (dkey0 < 0 || dstride < B*ArgmaxCoupledWords || uint64(dkey0+(K-1)*dstride+B*ArgmaxCoupledWords)*4 > dkeys.Size()):
+		return fmt.Errorf("kernels: %s: %d drafts' keys from word %d, %d words apart, in a %d-byte buffer", op, K, dkey0, dstride, dkeys.Size())
+	}
+	p, err := b.Device().Pipeline(specKeysKernel, nil)
+	if err != nil {
+		return err
+	}
+	params := &specKeysParams{B: uint32(B), K: uint32(K), DKey0: math.MaxUint32}
+	keys := draws // bound but unread without draft keys
+	if dkeys != nil {
+		params.DKey0, params.DStride, keys = uint32(dkey0), uint32(dstride), dkeys.All()
+	}
+	if err := gpu.Dispatch(b, p, params, []gpu.Binding{state.All(), draws, keys}, uint32((rows+specWG-1)/specWG), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
+	"webdraft/sampling"
 	"webdraft/treemask"
 )
 
@@ -293,6 +294,125 @@ func TestSpecDraftRows(t *testing.T) {
 		},
 		"rows past buffer": func() error { return SpecDraftRows(b, small, small, small, 2, 1, true) },
 		"target rows past": func() error { return SpecDraftRows(b, small, small, small, 1, 4, true) },
+	} {
+		if err := call(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestSpecKeys: random states and a step's draws — greedy rows, uncoupled
+// sampled rows and coupled ones holding their generation's seed words —
+// keyed by position against sampling.Keys.At, the draft keys of coupled
+// drafts with them; every other word (the draws' X and flags, the
+// uncoupled rows, the draft keys' other words and regions, the words past
+// the rows) keeps its random value. Bad calls are refused.
+func TestSpecKeys(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	for _, tc := range []struct {
+		B, K  int
+		draft bool
+	}{{1, 1, true}, {1, 4, false}, {3, 6, true}, {70, 2, true}} {
+		B, K := tc.B, tc.K
+		rows := B * (K + 1)
+		state := make([]uint32, B*SpecStateWords)
+		for i := range state {
+			state[i] = uint32(r.IntN(1 << 20))
+		}
+		seeds := make([]sampling.Keys, B)
+		kinds := make([]int, B) // 0 greedy, 1 sampled uncoupled, 2 coupled
+		draws := make([]uint32, (rows+2)*SampleDrawWords)
+		for i := range draws {
+			draws[i] = r.Uint32()
+		}
+		temps := make([]float32, SampleTempWords)
+		for i := range B {
+			seeds[i] = sampling.NewKeys(r.Uint64())
+			kinds[i] = r.IntN(3)
+			if i == 0 {
+				kinds[i] = 2
+			}
+			p := sampling.Params{Temperature: 0.7}
+			if kinds[i] == 0 {
+				p.Temperature = 0
+			}
+			for c := range K + 1 {
+				w := draws[(i*(K+1)+c)*SampleDrawWords:]
+				dr := sampling.Draw{X: r.IntN(100), U: r.Float32(), V: r.Float32(), Coupled: kinds[i] == 2}
+				PutSampleRow(w, temps, p, dr)
+				SetSampleOutcome(w)
+				if kinds[i] == 2 {
+					PutSampleSeed(w, seeds[i])
+				}
+			}
+		}
+		dstride := B*ArgmaxCoupledWords + r.IntN(3)
+		dkey0 := r.IntN(5)
+		dkeys := make([]uint32, dkey0+K*dstride+3)
+		for i := range dkeys {
+			dkeys[i] = r.Uint32()
+		}
+		for c := range K {
+			for i := range B {
+				w := dkeys[dkey0+c*dstride+i*ArgmaxCoupledWords:]
+				w[3] = 0
+				if kinds[i] == 2 {
+					w[3] = 1
+				}
+			}
+		}
+		stateBuf, drawsBuf, dkeysBuf := uploadU32(t, d, "state", state), uploadU32(t, d, "draws", draws), uploadU32(t, d, "dkeys", dkeys)
+		var keysBuf *gpu.Buffer
+		if tc.draft {
+			keysBuf = dkeysBuf
+		}
+		run(t, d, "spec keys", func(b *gpu.Batch) error {
+			return SpecKeys(b, stateBuf, drawsBuf.Slice(0, uint64(rows*SampleDrawWords)*4), keysBuf, B, K, dkey0, dstride)
+		})
+		wantDraws, wantKeys := slices.Clone(draws), slices.Clone(dkeys)
+		for i := range B {
+			if kinds[i] != 2 {
+				continue
+			}
+			for c := range K + 1 {
+				k0, k1 := seeds[i].At(int(state[i*SpecStateWords]) + c + 1).Key()
+				w := wantDraws[(i*(K+1)+c)*SampleDrawWords:]
+				w[1], w[2] = k0, k1
+				if tc.draft && c < K {
+					k := wantKeys[dkey0+c*dstride+i*ArgmaxCoupledWords:]
+					k[0], k[1] = k0, k1
+				}
+			}
+		}
+		for _, c := range []struct {
+			name string
+			buf  *gpu.Buffer
+			want []uint32
+		}{{"draws", drawsBuf, wantDraws}, {"draft keys", dkeysBuf, wantKeys}} {
+			got, err := c.buf.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got[:len(c.want)], c.want) {
+				t.Fatalf("B %d K %d draft keys %v: %s = %v, want %v", B, K, tc.draft, c.name, got[:len(c.want)], c.want)
+			}
+		}
+	}
+	small := uploadU32(t, d, "small", make([]uint32, 4))
+	big := uploadU32(t, d, "big", make([]uint32, 64))
+	b, err := d.NewBatch("spec keys refused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Discard()
+	for name, call := range map[string]func() error{
+		"no sequences":           func() error { return SpecKeys(b, big, big.All(), nil, 0, 2, 0, 4) },
+		"no drafts":              func() error { return SpecKeys(b, big, big.All(), nil, 1, 0, 0, 4) },
+		"states past buffer":     func() error { return SpecKeys(b, small, big.All(), nil, 2, 2, 0, 8) },
+		"draws past binding":     func() error { return SpecKeys(b, big, small.All(), nil, 1, 2, 0, 4) },
+		"draft keys past buffer": func() error { return SpecKeys(b, big, big.All(), small, 1, 2, 0, 4) },
+		"draft stride under B":   func() error { return SpecKeys(b, big, big.All(), big, 2, 2, 0, 4) },
 	} {
 		if err := call(); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -575,6 +575,16 @@ fn mix32(x0: u32) -> u32 {
     return x;
 }
 
+// position_key is the coupled key of the row deciding the token at
+// position pos of a generation whose keys' seed words are (s0, s1):
+// sampling.PositionKey, the two words the bits of floats in [0, 1) of 24
+// random bits each.
+fn position_key(s0: u32, s1: u32, pos: u32) -> vec2<u32> {
+    let a = mix32(s0 ^ mix32(pos + 0x9e3779b9u));
+    let b = mix32(s1 ^ mix32(a ^ pos));
+    return vec2<u32>(bitcast<u32>(f32(a >> 8u) * 5.9604645e-8), bitcast<u32>(f32(b >> 8u) * 5.9604645e-8));
+}
+
 // gumbel is token t's Gumbel noise under a coupled row's key (k0, k1) —
 // sampling.Gumbel: −log E for the exponential variate E = −log(1 − w),
 // w = (h + ½)·2⁻³² (at most the largest f32 below 1) for h, three keyed

@@ -94,6 +94,9 @@ var (
 	// SpecRows is spec_rows.wgsl: the places of a chained speculative
 	// step's rows, target's and head's, from the accepted state.
 	SpecRows = mustModule("spec_rows.wgsl")
+	// SpecKeys is spec_keys.wgsl: a chained speculative step's coupled
+	// keys, its rows' and its drafts', from the positions it reached.
+	SpecKeys = mustModule("spec_keys.wgsl")
 	// SpecDraftRows is spec_draft_rows.wgsl: a standalone drafter's rows
 	// in a chained speculative step, from the accepted state.
 	SpecDraftRows = mustModule("spec_draft_rows.wgsl")

@@ -96,7 +96,7 @@ type sampler struct {
 	todo  []*dist // prepare's rows
 
 	cx, ce []float32 // (n + 16) a nucleus's candidates: logits and weights; ce a coupled row's limits
-	cand   []int32   // a coupled row's candidates (ops.HashBelow)
+	cands  [][]int32 // a coupled row's candidates (ops.HashBelow), a worker's part each
 	res    []float32 // (n) a tree node's residual p
 	resB   []float64 // (nb) its blocks' sums
 	q      []float32 // (n) a node's q at the head's tokens, where q.P is not that
@@ -462,8 +462,9 @@ func (s *sampler) choose(d *dist, dr sampling.Draw, r *sampling.Row) {
 // it can reach best, the largest logit's noisy value, only where w ≤
 // exp(l/T − best): ops.ExpScaled gives those limits (with a slack past
 // f32's rounding) and ops.HashBelow the few tokens under them — about
-// one a row whatever its entropy —, whose noise alone is computed. d
-// needs its λ only, not its weights (coupledOnly).
+// one a row whatever its entropy —, whose noise alone is computed; the
+// workers screen a part of the row each. d needs its λ only, not its
+// weights (coupledOnly).
 func (s *sampler) coupled(d *dist, dr sampling.Draw, r *sampling.Row) {
 	T := d.p.Temperature
 	k0, k1 := dr.Key()
@@ -472,18 +473,33 @@ func (s *sampler) coupled(d *dist, dr sampling.Draw, r *sampling.Row) {
 	best := noisy(at)
 	slack := 1e-3 + 1e-5*float32(math.Abs(float64(best)))
 	s.ce = grow(s.ce, max(len(s.ce), s.n+16))
-	lim := s.ce[:len(d.logits)]
-	ops.ExpScaled(lim, d.logits, (best-slack)*T, T)
-	s.cand = ops.HashBelow(s.cand[:0], lim, s.tokens, k0, k1)
-	for _, c := range s.cand {
-		j := int(c)
-		if j == at || d.logits[j] < d.lambda {
-			continue
+	n := len(d.logits)
+	lim := s.ce[:n]
+	for len(s.cands) < s.pool.Workers() {
+		s.cands = append(s.cands, nil)
+	}
+	s.pool.Run(func(w int) {
+		lo, hi := s.pool.Split(n, w)
+		ops.ExpScaled(lim[lo:hi], d.logits[lo:hi], (best-slack)*T, T)
+		var tokens []int32
+		if s.tokens != nil {
+			tokens = s.tokens[lo:hi]
 		}
-		if v := noisy(j); v > best || v == best && j < at { // rows ascend with their tokens
-			best, at = v, j
+		s.cands[w] = ops.HashBelow(s.cands[w][:0], lim[lo:hi], tokens, lo, k0, k1)
+	})
+	bestAt, bestV := at, best
+	for _, cand := range s.cands[:s.pool.Workers()] {
+		for _, c := range cand {
+			j := int(c)
+			if j == at || d.logits[j] < d.lambda {
+				continue
+			}
+			if v := noisy(j); v > bestV || v == bestV && j < bestAt { // rows ascend with their tokens
+				bestV, bestAt = v, j
+			}
 		}
 	}
+	at = bestAt
 	r.Sample, r.SampleLogprob = s.token(at), d.logits[at]-d.lse
 	if dr.X != sampling.NoProposal {
 		r.XLogprob = float32(math.Inf(-1))

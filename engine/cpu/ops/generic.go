@@ -327,14 +327,14 @@ func noiseHash(t, k0, k1 uint32) uint32 {
 
 // hashBelowGo appends to dst the i where h·2⁻³² ≤ lim[i], h token i's
 // noise hash (tokens[i], or i where tokens is nil).
-func hashBelowGo(dst []int32, lim []float32, tokens []int32, k0, k1 uint32) []int32 {
+func hashBelowGo(dst []int32, lim []float32, tokens []int32, base int, k0, k1 uint32) []int32 {
 	for i, l := range lim {
-		t := uint32(i)
+		t := uint32(base + i)
 		if tokens != nil {
 			t = uint32(tokens[i])
 		}
 		if float32(noiseHash(t, k0, k1))*(1.0/4294967296) <= l {
-			dst = append(dst, int32(i))
+			dst = append(dst, int32(base+i))
 		}
 	}
 	return dst

@@ -670,7 +670,7 @@ func TestSampleOps(t *testing.T) {
 
 // TestHashBelow holds HashBelow to its definition over sampling.Mix32 (the
 // hash sampling.Gumbel keys its noise by): over lengths around the vector
-// width, tokens in order and mapped, limits from 0 to past 1 (some at the
+// width, tokens in order from a base and mapped, limits from 0 to past 1 (some at the
 // hash's own value, the edge), it appends exactly the indices whose hash
 // falls at or under the limit, in order, after what dst held.
 func TestHashBelow(t *testing.T) {
@@ -688,11 +688,15 @@ func TestHashBelow(t *testing.T) {
 					tokens[i] = int32(rng.IntN(1 << 20))
 				}
 			}
+			base := 0
+			if !mapped && n > 0 {
+				base = rng.IntN(1000)
+			}
 			tok := func(i int) uint32 {
 				if mapped {
 					return uint32(tokens[i])
 				}
-				return uint32(i)
+				return uint32(base + i)
 			}
 			lim := make([]float32, n)
 			for i := range lim {
@@ -708,10 +712,10 @@ func TestHashBelow(t *testing.T) {
 			var want []int32
 			for i := range lim {
 				if float32(hash(tok(i), k0, k1))*(1.0/4294967296) <= lim[i] {
-					want = append(want, int32(i))
+					want = append(want, int32(base+i))
 				}
 			}
-			got := HashBelow([]int32{-7}, lim, tokens, k0, k1)
+			got := HashBelow([]int32{-7}, lim, tokens, base, k0, k1)
 			if got[0] != -7 || !slices.Equal(got[1:], want) {
 				t.Fatalf("n %d, mapped %v: %d indices (dst's first %d), want %d", n, mapped, len(got)-1, got[0], len(want))
 			}

@@ -72,13 +72,13 @@ func ExpScaled(e, x []float32, m, t float32) (sum, top float32) { return expScal
 // AtLeast is Σ e[i] over the i where x[i] ≥ v, and how many there are.
 func AtLeast(e, x []float32, v float32) (sum float32, n int) { return atLeastGo(e, x, v) }
 
-// HashBelow appends to dst, in order, the i where h·2⁻³² ≤ lim[i], h
-// token i's coupled-noise hash under the key (k0, k1) — sampling.Gumbel's:
-// three keyed rounds of sampling.Mix32 over tokens[i], or i where tokens
-// is nil. A token's noise is at most −log(h·2⁻³²), so only these can
-// lift a logit by −log lim[i].
-func HashBelow(dst []int32, lim []float32, tokens []int32, k0, k1 uint32) []int32 {
-	return hashBelowGo(dst, lim, tokens, k0, k1)
+// HashBelow appends to dst, in order, base + i for the i where h·2⁻³² ≤
+// lim[i], h token i's coupled-noise hash under the key (k0, k1) —
+// sampling.Gumbel's: three keyed rounds of sampling.Mix32 over tokens[i],
+// or base + i where tokens is nil. A token's noise is at most
+// −log(h·2⁻³²), so only these can lift a logit by −log lim[i].
+func HashBelow(dst []int32, lim []float32, tokens []int32, base int, k0, k1 uint32) []int32 {
+	return hashBelowGo(dst, lim, tokens, base, k0, k1)
 }
 
 // FirstAtLeast is the index of the first x[i] ≥ v, len(x) if there is

@@ -621,16 +621,16 @@ func FirstAtLeast(x []float32, v float32) int {
 	return i + firstAtLeastGo(x[i:], v)
 }
 
-// HashBelow appends to dst, in order, the i where h·2⁻³² ≤ lim[i], h
-// token i's coupled-noise hash under the key (k0, k1) — sampling.Gumbel's:
-// three keyed rounds of sampling.Mix32 over tokens[i], or i where tokens
-// is nil. A token's noise is at most −log(h·2⁻³²), so only these can
-// lift a logit by −log lim[i]. Sixteen tokens a step: the hashes in
-// vector lanes (sampling.Mix32 written again for them), converted to f32
-// and compared with lim at once.
-func HashBelow(dst []int32, lim []float32, tokens []int32, k0, k1 uint32) []int32 {
+// HashBelow appends to dst, in order, base + i for the i where h·2⁻³² ≤
+// lim[i], h token i's coupled-noise hash under the key (k0, k1) —
+// sampling.Gumbel's: three keyed rounds of sampling.Mix32 over tokens[i],
+// or base + i where tokens is nil. A token's noise is at most
+// −log(h·2⁻³²), so only these can lift a logit by −log lim[i]. Sixteen
+// tokens a step: the hashes in vector lanes (sampling.Mix32 written again
+// for them), converted to f32 and compared with lim at once.
+func HashBelow(dst []int32, lim []float32, tokens []int32, base int, k0, k1 uint32) []int32 {
 	if !useAVX512 || len(lim) < 16 {
-		return hashBelowGo(dst, lim, tokens, k0, k1)
+		return hashBelowGo(dst, lim, tokens, base, k0, k1)
 	}
 	if tokens != nil {
 		tokens = tokens[:len(lim)]
@@ -645,7 +645,7 @@ func HashBelow(dst []int32, lim []float32, tokens []int32, k0, k1 uint32) []int3
 	scale := archsimd.BroadcastFloat32x16(1.0 / 4294967296)
 	var lane [16]uint32
 	for j := range lane {
-		lane[j] = uint32(j)
+		lane[j] = uint32(base + j)
 	}
 	ids, step := archsimd.LoadUint32x16(&lane), archsimd.BroadcastUint32x16(16)
 	i := 0
@@ -657,18 +657,18 @@ func HashBelow(dst []int32, lim []float32, tokens []int32, k0, k1 uint32) []int3
 		h := mix(mix(mix(t.Xor(kv0)).Add(kv1)).Xor(kv0))
 		hit := h.ConvertToFloat32().Mul(scale).LessEqual(load16(lim[i:])).ToBits()
 		for hit != 0 {
-			dst = append(dst, int32(i+bits.TrailingZeros16(hit)))
+			dst = append(dst, int32(base+i+bits.TrailingZeros16(hit)))
 			hit &= hit - 1
 		}
 		ids = ids.Add(step)
 	}
 	for ; i < len(lim); i++ {
-		t := uint32(i)
+		t := uint32(base + i)
 		if tokens != nil {
 			t = uint32(tokens[i])
 		}
 		if float32(noiseHash(t, k0, k1))*(1.0/4294967296) <= lim[i] {
-			dst = append(dst, int32(i))
+			dst = append(dst, int32(base+i))
 		}
 	}
 	return dst

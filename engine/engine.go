@@ -255,6 +255,18 @@ func CouplesDrafts(e Engine) bool {
 	return ok && c.CouplesDrafts()
 }
 
+// DraftsCoupled reports whether e, a drafter, drafts coupled draws a pass
+// at a time: its Verify takes, at a temperature, coupled Draws without
+// proposals, each row's Sample then the Gumbel-max draw from its
+// distribution under the row's key (an EAGLE-3 head's over its draft
+// vocabulary, as the target's token), which a target's coupled row under
+// the same key equals with probability near 1 − TV(p, q). Fused steps
+// couple by CouplesDrafts.
+func DraftsCoupled(e Engine) bool {
+	c, ok := e.(interface{ DraftsCoupled() bool })
+	return ok && c.DraftsCoupled()
+}
+
 // SampledPair reports whether drafter's sampled drafts can be verified by
 // target: both sample drafts, and target reads drafter's distributions —
 // host ones (HostDist) every such engine reads, a device's only the
@@ -409,25 +421,40 @@ func CheckVerify(c *qwen3.Config, batch []*VerifyEntry) error {
 }
 
 // CheckHeadVerify validates a head's Verify batch (Head: token trees
-// drafted level by level) as CheckVerify does, and refuses what a head
-// does not read out: Draws and a Tree (a head drafts and does not
-// verify), and Sampling without Propose (a head's rows are its greedy
-// read-out, or proposals drawn from its distribution, as a drafter's).
+// drafted level by level, coupled drafts a pass each) as CheckVerify
+// does, and refuses what a head does not read out: a Tree and Draws
+// other than coupled ones without proposals (a head drafts and does not
+// verify), and Sampling with neither (a head's rows are its greedy
+// read-out, proposals drawn from its distribution as a drafter's, or its
+// coupled drafts: each row's Sample the Gumbel-max draw from its
+// distribution under the row's key).
 func CheckHeadVerify(c *qwen3.Config, batch []*VerifyEntry) error {
 	if err := CheckVerify(c, batch); err != nil {
 		return err
 	}
 	for i, e := range batch {
 		switch {
-		case e.Draws != nil:
-			return fmt.Errorf("batch entry %d: draws: an EAGLE-3 head drafts and does not verify", i)
+		case e.Draws != nil && !coupledDrafts(e.Draws):
+			return fmt.Errorf("batch entry %d: draws other than coupled ones without proposals: an EAGLE-3 head drafts and does not verify", i)
 		case e.Tree != nil:
 			return fmt.Errorf("batch entry %d: a sampled tree to verify: an EAGLE-3 head drafts and does not verify", i)
-		case !e.Sampling.Greedy() && e.Propose == nil:
-			return fmt.Errorf("batch entry %d: sampling at temperature %g without proposals: an EAGLE-3 head's rows are its greedy tokens or proposals drawn from it", i, e.Sampling.Temperature)
+		case !e.Sampling.Greedy() && e.Propose == nil && e.Draws == nil:
+			return fmt.Errorf("batch entry %d: sampling at temperature %g without proposals or coupled draws: an EAGLE-3 head's rows are its greedy tokens, proposals drawn from it or its coupled drafts", i, e.Sampling.Temperature)
 		}
 	}
 	return nil
+}
+
+// coupledDrafts reports whether draws are a drafter's coupled drafts: each
+// coupled, without a proposal (its Sample is then the coupled draw from
+// the drafter's distribution).
+func coupledDrafts(draws []sampling.Draw) bool {
+	for _, d := range draws {
+		if !d.Coupled || d.X != sampling.NoProposal {
+			return false
+		}
+	}
+	return true
 }
 
 // checkSampled validates an entry's sampled drafts: proposals or a tree,
@@ -664,11 +691,12 @@ type ChainStep struct {
 	// one after it.
 	Verify *VerifyEntry
 	Take   int
-	// ChainDraws are, for DraftVerifyN at a temperature (SpecChainer), the
-	// draws of the steps after the first — Take + 1 a step, their X
-	// ignored: the drafts take their place —, the first step's being
-	// Verify.Draws. The chain runs no more steps than they cover.
-	ChainDraws []sampling.Draw
+	// Keys are, for DraftVerifyN at a temperature (SpecChainer), the
+	// generation's coupled keys: every row of the steps after the first
+	// draws coupled under the key of the position it decides (Keys.At;
+	// the row after position p's token decides p + 1), the first step's
+	// rows drawing Verify.Draws, which must be those keys' draws.
+	Keys *sampling.Keys
 }
 
 // Fuser is a drafter that drafts chains and has a target verify them in
@@ -694,7 +722,7 @@ type SpecChainer interface {
 	// DraftVerifyN runs up to m steps: the first is DraftVerify's over
 	// steps (chains, every step taking all n drafts, each Verify entry
 	// feeding one pending token: the last one emitted; greedy, or sampled
-	// with ChainDraws for the steps after the first), each after it
+	// with Keys for the steps after the first), each after it
 	// drafting n tokens after the accepted drafts and the target's token
 	// of the step before, and verifying them. Where the batch does not
 	// chain on the device (its shape, top tokens, room in a pass or in the

@@ -137,6 +137,10 @@ func (c *Reference) Verify(ctx context.Context, batch []*VerifyEntry) error {
 // (engine.SamplesDrafts).
 func (c *Reference) SamplesDrafts() bool { return true }
 
+// DraftsCoupled: the reference engine drafts coupled draws a pass at a
+// time, a coupled row's Sample (engine.DraftsCoupled).
+func (c *Reference) DraftsCoupled() bool { return true }
+
 func (c *Reference) Close() error { return nil }
 
 type cpuSequence struct{ *reference.Sequence }

@@ -297,7 +297,7 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 		g.includeUsage = f.StreamOptions.IncludeUsage
 	}
 	g.returnIDs = f.ReturnTokenIDs
-	g.req.Adaptive = st.adaptive && f.Seed == nil && (f.Speculative == nil || f.Speculative.K == nil)
+	g.req.Adaptive = st.adaptive && (f.Speculative == nil || f.Speculative.K == nil)
 	if sp := f.Speculative; sp != nil {
 		if sp.K != nil {
 			switch k := *sp.K; {
@@ -327,6 +327,11 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 			}
 			g.req.PMin = *sp.PMin
 		}
+	}
+	if f.Seed != nil && !g.req.Sampling.Greedy() && !st.gen.Keyed(&g.req) {
+		// A seed replays a keyed generation's tokens whether or not it
+		// goes alone; a sampled tree's only where it would go the same way.
+		g.req.Adaptive = false
 	}
 	g.req.Stop = st.target.Stop
 	return nil

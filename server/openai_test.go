@@ -740,10 +740,17 @@ func TestDisconnectFreesGeneration(t *testing.T) {
 }
 
 // TestAdaptiveRequests: with Config.Adaptive, an API generation is
-// adaptive (speculative.Request.Adaptive) only where it leaves both its
-// seed and its draft length to the server; without it, none is.
+// adaptive (speculative.Request.Adaptive) only where it leaves its draft
+// length to the server and, sampled with a seed, is keyed (a chain: its
+// seed gives the same tokens alone or not); without it, none is.
 func TestAdaptiveRequests(t *testing.T) {
-	seed, k, zero := int64(3), 4, 0
+	seed, k, zero, one := int64(3), 4, 0, 1
+	temp := 0.0
+	m := goldenDrafter(t, 0)
+	gen, err := speculative.New(m.Engine, m.Engine, speculative.Options{K: 3, TopK: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name     string
 		server   bool
@@ -751,13 +758,16 @@ func TestAdaptiveRequests(t *testing.T) {
 		adaptive bool
 	}{
 		{"neither", true, samplingFields{}, true},
-		{"a seed", true, samplingFields{Seed: &seed}, false},
+		{"a seed", true, samplingFields{Seed: &seed}, true},
+		{"a seed, greedy", true, samplingFields{Seed: &seed, Temperature: &temp}, true},
+		{"a seed, a tree", true, samplingFields{Seed: &seed, Speculative: &speculativeFields{TopK: &k}}, false},
+		{"a seed, a chain", true, samplingFields{Seed: &seed, Speculative: &speculativeFields{TopK: &one}}, true},
 		{"k", true, samplingFields{Speculative: &speculativeFields{K: &k}}, false},
 		{"k 0", true, samplingFields{Speculative: &speculativeFields{K: &zero}}, false},
 		{"a tree's shape only", true, samplingFields{Speculative: &speculativeFields{TopK: &k}}, true},
 		{"off", false, samplingFields{}, false},
 	} {
-		st := &state{target: &Model{Name: "target"}, adaptive: c.server}
+		st := &state{target: &Model{Name: "target"}, adaptive: c.server, gen: gen}
 		var g generation
 		if err := st.common(&c.f, &g); err != nil {
 			t.Fatalf("%s: %v", c.name, err)

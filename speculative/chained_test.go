@@ -14,10 +14,9 @@ import (
 
 // specChainer chains an EAGLE-3 head's fused steps the plain way, as
 // engine.SpecChainer's contract has a device do it: DraftVerifyN runs
-// engine.DraftVerify m times (one fewer from 3 on, and no more than a
-// sampled entry's draws cover),
-// each step accepted on the host — greedily, or by its rows' verdicts
-// where it samples, each step with its own draws — (both caches cut back
+// engine.DraftVerify m times (one fewer from 3 on), each step accepted on
+// the host — greedily, or by its rows' verdicts where it samples, each
+// row drawing under the key of the position it decides — (both caches cut back
 // to the accepted drafts and the target's token after them, which the
 // next step feeds first), the last step's caches left as DraftVerify
 // leaves them.
@@ -34,11 +33,6 @@ func (c *specChainer) DraftVerify(ctx context.Context, target engine.Engine, ste
 }
 
 func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, steps []engine.ChainStep, n, m int) ([]engine.ChainedStep, error) {
-	for _, s := range steps {
-		if !s.Verify.Sampling.Greedy() {
-			m = min(m, 1+len(s.ChainDraws)/(n+1))
-		}
-	}
 	if m > 2 {
 		m-- // as a device short of room runs fewer steps than asked
 	}
@@ -70,8 +64,10 @@ func (c *specChainer) DraftVerifyN(ctx context.Context, target engine.Engine, st
 			case s.Verify.Sampling.Greedy():
 			case j == 0:
 				step[i].Verify.Draws = slices.Clone(s.Verify.Draws)
-			default:
-				step[i].Verify.Draws = slices.Clone(s.ChainDraws[(j-1)*(n+1) : j*(n+1)])
+			default: // row c decides the position past the text's end and c
+				for c := range n + 1 {
+					step[i].Verify.Draws = append(step[i].Verify.Draws, s.Keys.At(base[i]+len(tail[i])+c))
+				}
 			}
 		}
 		drafts, err := engine.DraftVerify(ctx, c.Head, target, step, n)
@@ -196,14 +192,15 @@ func TestSpecChained(t *testing.T) {
 	}
 }
 
-// TestSpecChainedSampled: sampled, chained speculative steps take the
-// draws the same steps a call would: a seed gives the same tokens chained
-// and with every step a call of its own (Options.Unchained) — batched
-// generations of different lengths, one greedy among them, the chains
-// running several steps that accept drafts —, over the reference chainer
-// of a CPU head and over a WebGPU pair (the device accepting by the
-// sampling rule); and the WebGPU target alone gives a seed's tokens
-// chained (engine.SampleChainer) as a token a call.
+// TestSpecChainedSampled: sampled, chained speculative steps key each row
+// by the position it decides as steps a call do: a seed gives the same
+// tokens chained, with every step a call of its own (Options.Unchained)
+// and from the target alone — batched generations of different lengths,
+// one greedy among them, the chains running several steps that accept
+// drafts —, over the reference chainer of a CPU head and over a WebGPU
+// pair (the device keying and accepting by the sampling rule); and the
+// WebGPU target alone gives a seed's tokens chained
+// (engine.SampleChainer) as a token a call.
 func TestSpecChainedSampled(t *testing.T) {
 	defer speculative.SetAloneSpan(time.Hour)() // every chain as long as it may be
 	ps := prompts(9, 4)
@@ -213,7 +210,7 @@ func TestSpecChainedSampled(t *testing.T) {
 		ctx := context.Background()
 		var mu sync.Mutex
 		accepted, steps := 0, 0
-		run := func(g *speculative.Generator, i int) speculative.Result {
+		run := func(g *speculative.Generator, i, k int) speculative.Result {
 			res, err := g.Submit(ctx, speculative.Request{Prompt: ps[i], MaxTokens: n - 5*i, K: k, TopN: i % 2, Sampling: params[i], Seed: uint64(10 + i),
 				OnStep: func(s speculative.Step) bool {
 					if g == chained && s.Chained && !params[i].Greedy() {
@@ -231,10 +228,10 @@ func TestSpecChainedSampled(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range ps {
 			wg.Go(func() {
-				got, want := run(chained, i), run(apart, i)
-				if !slices.Equal(ids(got.Tokens), ids(want.Tokens)) || got.Stats.Accepted != want.Stats.Accepted || got.Finish != want.Finish {
-					t.Errorf("prompt %d (%+v): chained %v (%d accepted, %s), a step a call %v (%d, %s)", i, params[i],
-						ids(got.Tokens), got.Stats.Accepted, got.Finish, ids(want.Tokens), want.Stats.Accepted, want.Finish)
+				got, want, alone := run(chained, i, k), run(apart, i, k), run(apart, i, speculative.NoDraft)
+				if !slices.Equal(ids(got.Tokens), ids(want.Tokens)) || !slices.Equal(ids(got.Tokens), ids(alone.Tokens)) || got.Finish != want.Finish {
+					t.Errorf("prompt %d (%+v): chained %v (%d accepted, %s), a step a call %v (%d, %s), the target alone %v", i, params[i],
+						ids(got.Tokens), got.Stats.Accepted, got.Finish, ids(want.Tokens), want.Stats.Accepted, want.Finish, ids(alone.Tokens))
 				}
 				mu.Lock()
 				accepted += got.Stats.Accepted

@@ -110,29 +110,30 @@ type gen struct {
 	remote  *remoteDraft // Request.Remote's state; nil without
 	// sampled: the drafter samples its proposals from its own
 	// distribution and the target holds them to the multi-draft rule
-	// (engine.SampledPair); else a sampled generation's drafter
-	// proposes its greedy tokens. A sampled chain's drafter samples only
-	// where it does not chain greedy steps on its device (chains): there
-	// its greedy chain, one submission for k tokens, was measured to pay
-	// more than sampled proposals drafted a pass and a round trip each
-	// (BENCHMARKS.md).
+	// (engine.SampledPair): a sampled token tree's, and with
+	// Options.Uncoupled a chain's over a drafter that does not chain
+	// greedy steps on its device (chains). Else a sampled generation is
+	// keyed (below).
 	sampled bool
-	// coupled: a sampled generation whose drafts are not sampled draws
-	// coupled rows (sampling.Draw.Coupled) where the drafter couples its
-	// fused drafts to them (engine.CouplesDrafts) and every step that
-	// drafts fuses (Generator.fusesAlways, runner.coupledApart; no p_min,
-	// whose cut would let a key the drafter saw decide a later position):
-	// its drafts are then the Gumbel-max draws the target's rows are
-	// compared with, accepted where they are the target's own draws.
-	coupled bool
+	// keyed: a sampled generation whose drafts are not sampled draws
+	// coupled rows (sampling.Draw.Coupled), each under the key of the
+	// position it decides (keys: sampling.Keys of its seed), so that its
+	// tokens are the target's Gumbel-max draws at their positions,
+	// whatever drafted them, the same as the target alone's; a drafter
+	// that couples its fused drafts (engine.CouplesDrafts) drafts the
+	// Gumbel-max draws of its own distribution under those keys, accepted
+	// where they are the target's own draws, and greedy tokens elsewhere.
+	// Options.Uncoupled leaves it uncoupled: greedy drafts, the standard
+	// rule, its draws from rng.
+	keyed bool
+	keys  sampling.Keys
 	// head: the drafter is an EAGLE-3 head reading the target's features
 	// (Generator.head); it drafts once the target holds a position.
 	head bool
 	// The remote's draft for this step, the round trip, the remote's time.
 	remoteTokens         []engine.Token
 	remoteRTT, remoteOwn time.Duration
-	rng                  *rand.Rand
-	spare                []sampling.Draw // drawn from rng for a chain and not used (gen.draws)
+	rng                  *rand.Rand // an unkeyed sampled generation's draws and proposals
 	// specSteps and specTokens count the speculative steps and the tokens
 	// they emitted; weighed: runner.adapt weighed them (Request.Adaptive).
 	specSteps, specTokens int
@@ -197,9 +198,9 @@ func (r *runner) admit() {
 		}
 		gn.head = g.head && j.req.Remote == nil
 		gn.sampled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && engine.SampledPair(g.drafter, g.target) &&
-			(j.topK > 1 || !chains(g.drafter))
-		gn.coupled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && !gn.sampled && j.req.PMin == 0 &&
-			engine.CouplesDrafts(g.drafter) && g.fusesAlways() && !g.opts.Uncoupled
+			(j.topK > 1 || !chains(g.drafter) && g.opts.Uncoupled)
+		gn.keyed = !j.req.Sampling.Greedy() && !gn.sampled && !g.opts.Uncoupled
+		gn.keys = sampling.NewKeys(j.req.Seed)
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
 		var err error
 		gn.target, gn.stats.CachedTokens, err = r.take(r.targetCache, g.target, g.targetBudget-r.targetReserved-tNeed, j.req.Prompt, j.req.Fresh)
@@ -351,16 +352,6 @@ func (r *runner) step(ctx context.Context) error {
 		}
 		return r.settleStep(ready, make([][]engine.Token, len(ready)), trees, verify, st)
 	}
-	if coupled, rest := r.coupledApart(ready, draftFill, targetFill); coupled != nil {
-		if err := r.fusedStep(ctx, coupled, StepStats{Sequences: len(coupled)}); err != nil {
-			return err
-		}
-		ready = slices.DeleteFunc(rest, func(gn *gen) bool { return gn.retired }) // canceled meanwhile
-		if len(ready) == 0 && len(filling) == 0 {
-			return nil
-		}
-		st = StepStats{Sequences: len(ready)}
-	}
 	if r.fuses(ready, draftFill, targetFill) {
 		return r.fusedStep(ctx, ready, st)
 	}
@@ -413,35 +404,6 @@ func (r *runner) fusedStep(ctx context.Context, ready []*gen, st StepStats) erro
 		return err
 	}
 	return r.settleStep(ready, drafts, make([]*draftTree, len(ready)), verify, st)
-}
-
-// coupledApart parts out of ready, where the batch as a whole does not
-// fuse, the coupled generations that draft this step (gen.coupled), to be
-// stepped fused in a call of their own: a coupled draft is the drafter's
-// Gumbel-max draw under its row's key only in a fused step (a greedy token
-// in separate calls), and which drafts are accepted decides which key
-// falls on which position — so a seed's tokens would hang on what the
-// generation was batched with. Else coupled is nil.
-func (r *runner) coupledApart(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) (coupled, rest []*gen) {
-	if r.fuses(ready, draftFill, targetFill) {
-		return nil, ready
-	}
-	for _, gn := range ready {
-		if gn.coupled && gn.draftLen(r.g) > 0 && !(gn.head && gn.target.Len() == 0) {
-			coupled = append(coupled, gn)
-		} else {
-			rest = append(rest, gn)
-		}
-	}
-	return coupled, rest
-}
-
-// fusesAlways reports whether every step that drafts can fuse, as far as
-// the generator decides it: a drafter that fuses with the target
-// (engine.Fuser), not Options.Unfused.
-func (g *Generator) fusesAlways() bool {
-	f, ok := g.drafter.(engine.Fuser)
-	return ok && f.Fuses(g.target) && !g.opts.Unfused
 }
 
 // settleStep accepts what the target's verification kept of each ready
@@ -502,7 +464,8 @@ func (st *StepStats) add(drafted, a, emitted int) {
 // the first of them does, so that its place in the batch is not held for
 // the chain's rest), and within every one's room in the context — where
 // the ready generations chain (m > 1): chains of one k, greedy or sampled
-// (the device accepts by the same rule as the host; each drafts all k,
+// and keyed (gen.keyed: the device keys each row by the position it
+// decides and accepts by the same rule as the host; each drafts all k,
 // one near its end too, which may stop inside the chain), each holding
 // all its context but the last token in the target, over a drafter that
 // chains them (an EAGLE-3 head or a drafter on the target's WebGPU
@@ -515,7 +478,7 @@ func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 	n = ready[0].k
 	m = min(int(aloneSpan/r.specStep), aloneChunk)
 	for _, gn := range ready {
-		if gn.draft == nil || gn.k != n || len(gn.pendingTarget()) != 1 {
+		if gn.draft == nil || gn.k != n || len(gn.pendingTarget()) != 1 || !gn.req.Sampling.Greedy() && !gn.keyed {
 			return nil, 0, 1
 		}
 		tau := 1.0 // tokens a step so far
@@ -524,13 +487,6 @@ func (r *runner) specChain(ready []*gen) (sc engine.SpecChainer, n, m int) {
 		}
 		left := min(gn.req.MaxTokens-len(gn.out), gn.room())
 		m = min(m, int(math.Ceil(float64(left)/tau)), gn.room()/(n+1))
-		if !gn.req.Sampling.Greedy() {
-			// Only steps that draft all n a step a call would too
-			// (draftLen), however many tokens the steps before emit: a
-			// sampled generation's draws then meet the same rows chained
-			// or not, so that a seed's tokens do not depend on it.
-			m = min(m, left/(n+1))
-		}
 	}
 	return sc, n, m
 }
@@ -553,8 +509,7 @@ func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*ge
 			Take:   n,
 		}
 		if !gn.req.Sampling.Greedy() {
-			d := gn.draws(m * (n + 1))
-			steps[i].Verify.Draws, steps[i].ChainDraws = d[:n+1], d[n+1:]
+			steps[i].Verify.Draws, steps[i].Keys = gn.draws(n+1), &gn.keys
 		}
 	}
 	start := time.Now()
@@ -563,11 +518,6 @@ func (r *runner) chained(ctx context.Context, sc engine.SpecChainer, ready []*ge
 		err = fmt.Errorf("drafter and target: %w", err)
 		r.fail(ctx, ready, err)
 		return err
-	}
-	for i, gn := range ready {
-		if d := steps[i].ChainDraws; d != nil {
-			gn.unused(d[(len(out)-1)*(n+1):])
-		}
 	}
 	now := time.Now()
 	per := now.Sub(start) / time.Duration(len(out))
@@ -932,8 +882,8 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 	}
 	drafts := make([][]engine.Token, len(ready))
 	trees := make([]*draftTree, len(ready))
-	var treeGens []*gen
-	var treeWho []int
+	var treeGens, coupled []*gen
+	var treeWho, coupledWho []int
 	var batch []*engine.Entry
 	var who []int
 	n, room := 0, math.MaxInt
@@ -947,6 +897,10 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 		}
 		if gn.draftLen(r.g) > 0 && (gn.treeWidth() > 1 || gn.sampled) {
 			treeGens, treeWho = append(treeGens, gn), append(treeWho, i)
+			continue
+		}
+		if gn.draftLen(r.g) > 0 && gn.keyed && engine.DraftsCoupled(d) {
+			coupled, coupledWho = append(coupled, gn), append(coupledWho, i)
 			continue
 		}
 		if k := gn.draftLen(r.g); k > 0 {
@@ -969,6 +923,15 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 			trees[i] = ts[b]
 		}
 	}
+	if len(coupled) > 0 {
+		cd, err := r.coupledDrafts(ctx, coupled)
+		if err != nil {
+			return nil, nil, err
+		}
+		for b, i := range coupledWho {
+			drafts[i] = cd[b]
+		}
+	}
 	if len(batch) == 0 {
 		return drafts, trees, nil
 	}
@@ -987,6 +950,57 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 		}
 	}
 	return drafts, trees, nil
+}
+
+// coupledDrafts drafts the chains of keyed generations over a drafter that
+// drafts coupled draws a pass at a time (engine.DraftsCoupled): each
+// draft the Gumbel-max draw from the drafter's distribution under the key
+// of the position it is drafted for — the key the target's row for it
+// draws under, so that the two agree about as often as the distributions
+// overlap (1 − TV(p, q)) —, a pass a position, each generation up to its
+// own length and p_min; the drafter's sequence then holds what StepN's
+// would.
+func (r *runner) coupledDrafts(ctx context.Context, gens []*gen) ([][]engine.Token, error) {
+	d := r.g.drafter
+	drafts := make([][]engine.Token, len(gens))
+	want := make([]int, len(gens))
+	for i, gn := range gens {
+		want[i] = min(gn.draftLen(r.g), d.Config().MaxPositionEmbeddings-len(gn.context)+1)
+	}
+	for level := 0; ; level++ {
+		var batch []*engine.VerifyEntry
+		var who []int
+		for i, gn := range gens {
+			if len(drafts[i]) != level || level >= want[i] {
+				continue // done, or cut by p_min
+			}
+			en := &engine.VerifyEntry{Seq: gn.draft, Out: 1, Sampling: gn.req.Sampling, TopN: gn.req.DraftTopN,
+				Draws: []sampling.Draw{gn.keys.At(len(gn.context) + level)}}
+			if level == 0 {
+				en.Tokens = gn.pendingDraft()
+			} else {
+				en.Tokens = []int{drafts[i][level-1].ID}
+			}
+			if gn.head {
+				en.Target = gn.target
+			}
+			batch, who = append(batch, en), append(who, i)
+		}
+		if len(batch) == 0 {
+			return drafts, nil
+		}
+		if err := d.Verify(ctx, batch); err != nil {
+			return nil, err
+		}
+		for b, i := range who {
+			row := batch[b].Rows[0]
+			if p := gens[i].req.PMin; p > 0 && math.Exp(float64(row.SampleLogprob)) < p {
+				want[i] = level
+				continue
+			}
+			drafts[i] = append(drafts[i], engine.Token{ID: row.Sample, Logprob: row.SampleLogprob, Top: row.Top})
+		}
+	}
 }
 
 // fail ends generations after an engine error, releasing their sequences
@@ -1052,23 +1066,19 @@ func (gn *gen) verifyEntry(draft []engine.Token) *engine.VerifyEntry {
 	return v
 }
 
-// draws returns gn's next n draws, without proposals: first those a chain
-// drew and did not use (unused), then new ones from its seeded source, U
-// then V, so that a seed's tokens do not depend on how steps were chained.
+// draws returns the draws, without proposals, of n rows deciding the
+// positions from the context's end on: a keyed generation's, its keys of
+// those positions; else the next from its seeded source, U then V.
 func (gn *gen) draws(n int) []sampling.Draw {
 	out := make([]sampling.Draw, n)
-	k := copy(out, gn.spare)
-	gn.spare = gn.spare[k:]
-	for i := k; i < n; i++ {
-		out[i] = sampling.Draw{X: sampling.NoProposal, U: gn.rng.Float32(), V: gn.rng.Float32(), Coupled: gn.coupled}
+	for i := range out {
+		if gn.keyed {
+			out[i] = gn.keys.At(len(gn.context) + i)
+		} else {
+			out[i] = sampling.Draw{X: sampling.NoProposal, U: gn.rng.Float32(), V: gn.rng.Float32()}
+		}
 	}
 	return out
-}
-
-// unused puts back draws a chain took and did not use: they are the next
-// that draws returns.
-func (gn *gen) unused(d []sampling.Draw) {
-	gn.spare = append(slices.Clone(d), gn.spare...)
 }
 
 // accept applies the target's verdict on a draft: the draft tokens kept

@@ -52,17 +52,22 @@ type Options struct {
 	DraftTokens, TargetTokens int
 	// Unfused keeps a chain's drafting and its verification in separate
 	// calls even where the drafter fuses the target (engine.Fuser): the
-	// round trips fusion saves, for measuring it. Drafts are then never
-	// coupled (Uncoupled): a coupled draft is a fused step's.
+	// round trips fusion saves, for measuring it. A drafter that couples
+	// only its fused drafts (engine.CouplesDrafts) then drafts greedy
+	// tokens, which keyed rows accept as the greedy rule does.
 	Unfused bool
 	// Unchained runs every step as a call of its own even where the
 	// engines chain them on the device — fused steps (engine.SpecChainer),
 	// the target alone's (engine.Chainer, engine.SampleChainer) —: the
 	// round trips a chain saves, for measuring it.
 	Unchained bool
-	// Uncoupled keeps a sampled generation's drafts greedy where the
-	// drafter would couple them to the target's draws
-	// (engine.CouplesDrafts), for measuring what coupling gains.
+	// Uncoupled leaves sampled generations unkeyed (Generator.Keyed), for
+	// measuring what coupling gains: each row draws by the standard rule
+	// from the generation's seeded stream, a drafter that samples its
+	// drafts one a pass (engine.SampledPair) proposes draws from its own
+	// distribution held to the multi-draft rule, any other its greedy
+	// tokens; its steps do not chain on the device (which keys rows by
+	// their positions), and a seed's tokens then depend on the drafts.
 	Uncoupled bool
 	// OnStep, when set, is called after every step (for metrics).
 	OnStep func(StepStats)
@@ -134,9 +139,10 @@ type Request struct {
 	// the tokens a step they emitted against what a speculative step and a
 	// token of the target alone take at the batch's size (the loop measures
 	// the latter first where it has not); alone, it speculates again every
-	// 256 tokens to be weighed anew. The choice rests on timings, so a
-	// sampled generation's seed replays its tokens only where it falls the
-	// same way: leave it off for that.
+	// 256 tokens to be weighed anew. A keyed generation's tokens
+	// (Generator.Keyed) do not depend on it; a sampled token tree's rest on
+	// the timings, so its seed replays them only where the choice falls
+	// the same way: leave it off for that.
 	Adaptive bool
 }
 
@@ -358,6 +364,16 @@ func (g *Generator) topK(r *Request) int {
 		return g.opts.TopK
 	}
 	return r.TopK
+}
+
+// Keyed reports whether r, sampled, is keyed: each of its rows draws
+// coupled under its seed's key of the position it decides
+// (sampling.Keys), so that its tokens are the target alone's for that
+// seed — with speculation or without, whatever drafts, however it is
+// batched or chained. Chains are keyed; sampled token trees, held to the
+// multi-draft rule, and Options.Uncoupled's generations are not.
+func (g *Generator) Keyed(r *Request) bool {
+	return !r.Sampling.Greedy() && (g.k(r) <= 0 || g.topK(r) <= 1) && !g.opts.Uncoupled
 }
 
 // treeNodes is the node budget of r's trees.

@@ -1052,3 +1052,72 @@ func TestForgetTimings(t *testing.T) {
 		}
 	}
 }
+
+// TestSeedIsDrafterInvariant: a sampled generation's rows are keyed by the
+// positions they decide (sampling.Keys), so a seed gives the target
+// alone's tokens whatever drafts: the CPU engine's drafters, which draft
+// coupled draws a pass at a time (the int4 self-drafter, another model, an
+// EAGLE-3 head), greedy drafts (a drafter that does not draw), the WebGPU
+// pair fused and chained on the device, and a WebGPU head; at several
+// temperatures, in a nucleus and not, draft lengths 1 to 4, batched.
+// Drafts pass (each of these drafters agrees with the target often enough
+// at these temperatures).
+func TestSeedIsDrafterInvariant(t *testing.T) {
+	ps := prompts(31, 3)
+	const n = 24
+	params := []sampling.Params{{Temperature: 0.7}, {Temperature: 1, TopP: 0.9}, {Temperature: 0.3, TopP: 0.95}}
+	cases := []struct {
+		name string
+		pair func(t *testing.T) pair
+	}{
+		{"cpu", func(t *testing.T) pair { return pairs(t, cpu)[0] }},
+		{"cpu-other", func(t *testing.T) pair { return pairs(t, cpu)[1] }},
+		{"cpu-greedy-drafts", func(t *testing.T) pair {
+			p := pairs(t, cpu)[0]
+			p.drafter = greedyDrafter{p.drafter}
+			return p
+		}},
+		{"cpu-head", func(t *testing.T) pair { return headPair(t, ps, n) }},
+		{"webgpu", func(t *testing.T) pair { return pairs(t, gpuGroup(t))[0] }},
+		{"webgpu-head", func(t *testing.T) pair { return webgpuHeadPair(t, ps, n) }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := start(t, c.pair(t), speculative.Options{})
+			ctx := context.Background()
+			var mu sync.Mutex
+			accepted := 0
+			var wg sync.WaitGroup
+			for i, prompt := range ps {
+				for k := 1; k <= 4; k++ {
+					wg.Go(func() {
+						req := speculative.Request{Prompt: prompt, MaxTokens: n, Sampling: params[i], Seed: uint64(100*i + k)}
+						alone := req
+						alone.K, req.K = speculative.NoDraft, k
+						got, err := g.Submit(ctx, req)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						want, err := g.Submit(ctx, alone)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !slices.Equal(ids(got.Tokens), ids(want.Tokens)) {
+							t.Errorf("prompt %d (%+v), k %d: speculative %v, the target alone %v", i, params[i], k, ids(got.Tokens), ids(want.Tokens))
+						}
+						mu.Lock()
+						accepted += got.Stats.Accepted
+						mu.Unlock()
+					})
+				}
+			}
+			wg.Wait()
+			if accepted == 0 {
+				t.Error("no draft accepted")
+			}
+			t.Logf("%d drafts accepted", accepted)
+		})
+	}
+}

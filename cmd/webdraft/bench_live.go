@@ -30,8 +30,8 @@ type liveBench struct {
 	// unchained measures each k a second time with every fused step a
 	// call of its own (speculative.Options.Unchained).
 	unchained bool
-	// uncoupled measures each k a second time with greedy drafts where
-	// the drafter couples its drafts to the target's draws
+	// uncoupled measures each k a second time unkeyed: the standard rule,
+	// greedy drafts or proposals drawn one a pass, steps not chained
 	// (speculative.Options.Uncoupled).
 	uncoupled bool
 	// adaptive makes each k's and each tree's generations adaptive
@@ -248,7 +248,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 			fusedSome = true
 		}
 		fmt.Fprintf(tw, "%d%s\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
-			r.k, map[bool]string{true: " greedy drafts"}[r.uncoupled], how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
+			r.k, map[bool]string{true: " uncoupled"}[r.uncoupled], how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
 			ms(r.step()), draftMS, ms(tVerify), draftCostCol, verifyCost, r.tau()/(draftCost+verifyCost))
 	}
 	if err := tw.Flush(); err != nil {
@@ -263,7 +263,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
 	if b.uncoupled {
-		fmt.Fprintln(e.stdout, "greedy drafts (--uncoupled): the drafter proposed its greedy tokens where it otherwise drafts the Gumbel-max draws coupled to the target's (a drafter on WebGPU at a temperature).")
+		fmt.Fprintln(e.stdout, "uncoupled (--uncoupled): each row drew by the standard rule from the generation's seeded stream, the drafter proposing its greedy tokens (draws from its own distribution where it drafts one a pass, held to the multi-draft rule), its steps not chained on the device; coupled, the drafter drafts the Gumbel-max draws under the keys of the target's rows.")
 	}
 	if fusedSome {
 		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); chained n%: the share of steps run in chains of fused steps on the device, each accepted there and the next planned from it, read back once a chain (t_verify a step's share of its chain); separate: as two calls, each read back.")

@@ -408,6 +408,11 @@ func (e *Engine) Step(ctx context.Context, batch []*engine.Entry) error {
 // (engine.SamplesDrafts).
 func (e *Engine) SamplesDrafts() bool { return true }
 
+// DraftsCoupled reports that the engine drafts coupled draws a pass at a
+// time (engine.DraftsCoupled): a coupled row's Sample, its read-out as a
+// target's.
+func (e *Engine) DraftsCoupled() bool { return true }
+
 // Verify runs one forward pass over the batch and reads out each entry's
 // last Out rows: greedy rows here, sampled ones by package sampling's
 // rule over the row's logits.

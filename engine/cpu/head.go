@@ -137,6 +137,11 @@ func (h *Head) DraftsTrees() bool { return true }
 // are in host memory, for any target engine that samples.
 func (h *Head) SamplesDrafts() bool { return true }
 
+// DraftsCoupled reports that the head drafts coupled draws a pass at a
+// time (engine.DraftsCoupled): each row with a coupled draw reads out the
+// Gumbel-max draw over its draft vocabulary under the row's key.
+func (h *Head) DraftsCoupled() bool { return true }
+
 // Target is the engine whose sequences' features the head reads.
 func (h *Head) Target() engine.Engine { return h.target }
 
@@ -261,6 +266,7 @@ type headFeed struct {
 	topN    int
 	params  sampling.Params // with propose: the distribution proposals are drawn from
 	propose [][]float32     // VerifyEntry.Propose: each row read out's uniforms
+	draws   []sampling.Draw // VerifyEntry.Draws: each row read out's coupled draw
 	L       int             // the tokens the sequence held before the pass
 	rows    []treemask.Row  // each token's placement (slots: token indices)
 	stage   []int
@@ -335,8 +341,8 @@ func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
 			return err
 		}
 		f.parents, f.read, f.topN = en.Parents, en.Out, en.TopN
-		if en.Propose != nil {
-			f.params, f.propose = en.Sampling, en.Propose
+		if en.Propose != nil || en.Draws != nil {
+			f.params, f.propose, f.draws = en.Sampling, en.Propose, en.Draws
 		}
 		feeds[i] = f
 	}
@@ -797,14 +803,28 @@ func (p *headPass) readOut(feeds []headFeed) ([][]engine.VerifyRow, error) {
 	return out, nil
 }
 
-// propose draws f's proposals into its rows (from read-out row f.read0
-// on), each row's distribution the head's logits there under f.params.
+// propose draws f's proposals or coupled drafts into its rows (from
+// read-out row f.read0 on), each row's distribution the head's logits
+// there under f.params.
 func (p *headPass) propose(f headFeed, rows []engine.VerifyRow) {
-	if f.propose == nil || f.params.Greedy() {
+	if f.propose == nil && f.draws == nil || f.params.Greedy() {
 		return
 	}
 	s, Vd := &p.sampler, p.h.cfg.DraftVocabSize
 	s.reset()
+	if f.draws != nil { // coupled drafts: each row's λ only (sampler.coupled)
+		for j, dr := range f.draws {
+			k := f.read0 + j
+			d := s.add(p.logits[k*Vd:(k+1)*Vd], p.best[k], rows[j].LogSumExp, f.params, len(rows))
+			if d.nucleus() {
+				s.prepare(d)
+			} else {
+				d.lambda, d.theta = float32(math.Inf(-1)), float32(math.Inf(-1))
+			}
+			s.choose(d, dr, &rows[j].Row)
+		}
+		return
+	}
 	var ds []*dist
 	for j, us := range f.propose {
 		if len(us) > 0 {

@@ -31,9 +31,12 @@ func (h *Head) CouplesDrafts() bool { return true }
 
 // draftKeys writes the keys of the coupled drafts of steps — each step's
 // m chained speculative steps of n drafts: draft k = j·n + c by row c of
-// step j's verification (Verify.Draws for j = 0, ChainDraws after) — into
-// *buf (grown as needed, labelled label), a region of B rows a draft,
-// and returns draft k's region; nil where no draw is coupled.
+// step j's verification (Verify.Draws for j = 0; for j ≥ 1 its
+// generation's seed words, which kernels.SpecKeys replaces by the key of
+// the position the step reaches: specBuffers.keyDraws) — into *buf (grown
+// as needed, labelled label), a region of B rows a draft,
+// draftKeyStride(B) bytes apart, and returns draft k's region; nil where
+// no draw is coupled.
 func draftKeys(dev *gpu.Device, buf **gpu.Buffer, label string, steps []engine.ChainStep, n, m int) (func(k int) gpu.Binding, error) {
 	coupled := false
 	for _, s := range steps {
@@ -45,9 +48,8 @@ func draftKeys(dev *gpu.Device, buf **gpu.Buffer, label string, steps []engine.C
 		return nil, nil
 	}
 	B := len(steps)
-	align := uint64(dev.Limits().MinStorageBufferOffsetAlignment)
 	bytes := uint64(B*kernels.ArgmaxCoupledWords) * 4
-	stride := (bytes + align - 1) / align * align
+	stride := draftKeyStride(dev, B)
 	if err := grow(dev, buf, label, uint64(m*n)*stride); err != nil {
 		return nil, err
 	}
@@ -59,14 +61,14 @@ func draftKeys(dev *gpu.Device, buf **gpu.Buffer, label string, steps []engine.C
 		}
 		for j := range m {
 			for c := range n {
-				var d sampling.Draw
-				switch at := (j-1)*(n+1) + c; {
+				w := words[uint64(j*n+c)*stride/4+uint64(i*kernels.ArgmaxCoupledWords):]
+				switch {
 				case j == 0 && c < len(v.Draws):
-					d = v.Draws[c]
-				case j > 0 && at < len(s.ChainDraws):
-					d = s.ChainDraws[at]
+					kernels.PutCoupledKey(w, v.Sampling.Temperature, v.Draws[c])
+				case j > 0 && s.Keys != nil:
+					kernels.PutCoupledKey(w, v.Sampling.Temperature, sampling.Draw{Coupled: true})
+					w[0], w[1] = s.Keys.S0, s.Keys.S1
 				}
-				kernels.PutCoupledKey(words[uint64(j*n+c)*stride/4+uint64(i*kernels.ArgmaxCoupledWords):], v.Sampling.Temperature, d)
 			}
 		}
 	}
@@ -75,6 +77,13 @@ func draftKeys(dev *gpu.Device, buf **gpu.Buffer, label string, steps []engine.C
 	}
 	keys := *buf
 	return func(k int) gpu.Binding { return keys.Slice(uint64(k)*stride, bytes) }, nil
+}
+
+// draftKeyStride is the bytes from one draft's keys to the next's in
+// draftKeys' buffer, for B rows a draft.
+func draftKeyStride(dev *gpu.Device, B int) uint64 {
+	align := uint64(dev.Limits().MinStorageBufferOffsetAlignment)
+	return (uint64(B*kernels.ArgmaxCoupledWords)*4 + align - 1) / align * align
 }
 
 // coupleKeys is draftKeys into the head's activations' chainKeys.

@@ -138,7 +138,7 @@ func TestEngineCoupledDrafts(t *testing.T) {
 		prompts, draws := make([][]int, B), make([][]sampling.Draw, B)
 		for i := range B {
 			prompts[i] = p.tokens(5 + trial + 3*i)
-			draws[i] = make([]sampling.Draw, m*(n+1))
+			draws[i] = make([]sampling.Draw, n+1)
 			for k := range draws[i] {
 				draws[i][k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: true}
 			}
@@ -152,9 +152,11 @@ func TestEngineCoupledDrafts(t *testing.T) {
 		}
 		texts, keys := make([][]int, B), make([][]sampling.Draw, B)
 		drafts, rows := make([][]engine.Token, B), make([][]engine.VerifyRow, B)
+		seeds := make([]sampling.Keys, B)
 		if chained {
 			for i := range steps {
-				steps[i].ChainDraws = draws[i][n+1:]
+				seeds[i] = sampling.NewKeys(rng.Uint64())
+				steps[i].Keys = &seeds[i]
 			}
 			out, err := p.drafter.DraftVerifyN(ctx, p.target, steps, n, m)
 			if err != nil {
@@ -167,7 +169,10 @@ func TestEngineCoupledDrafts(t *testing.T) {
 			for i := range B {
 				a := out[0].Accepted[i]
 				texts[i] = append(append(slices.Clone(prompts[i]), engine.IDs(out[0].Drafts[i][:a])...), out[0].Rows[i][a].Sample)
-				drafts[i], rows[i], keys[i] = out[1].Drafts[i], out[1].Rows[i], draws[i][n+1:]
+				drafts[i], rows[i] = out[1].Drafts[i], out[1].Rows[i]
+				for c := range n + 1 { // the second step's row c decides position len(texts[i]) + c
+					keys[i] = append(keys[i], seeds[i].At(len(texts[i])+c))
+				}
 			}
 		} else {
 			out, err := engine.DraftVerify(ctx, p.drafter, p.target, steps, n)

@@ -82,7 +82,7 @@ func (e *Engine) draftVerifyN(ctx context.Context, t *Engine, steps []engine.Cha
 		return nil, false, err
 	}
 	B := len(steps)
-	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, e.cfg.MaxPositionEmbeddings), n, drawsRoom(steps, n, m))
+	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, e.cfg.MaxPositionEmbeddings), n, m)
 	if m < 2 {
 		return nil, false, nil
 	}
@@ -173,6 +173,10 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 		return nil, err
 	}
 	dsample := topN > 0
+	var keyBuf *gpu.Buffer // the drafts' keys, which each step keys by its positions
+	if keys != nil {
+		keyBuf = a.chainKeys
+	}
 
 	// Step 0: DraftVerify's submissions, the verification's rows copied
 	// into the results.
@@ -228,6 +232,7 @@ func (e *Engine) specRun(ctx context.Context, t *Engine, steps []engine.ChainSte
 		steps := []step{accept(j - 1), func(b *gpu.Batch) error {
 			return kernels.SpecDraftRows(b, sb.state, a.rows, t.act.rows, B, n, true)
 		}}
+		steps = append(steps, sb.keyDraws(e.dev, keyBuf, j, B, n, drawStride)...)
 		first := pass{rows: 2 * B, decode: 2 * B, lasts: B, maxLen: maxLen, sample: dsample, topN: topN, chained: true, sameLasts: true, coupled: keys != nil}
 		kernelSteps, keep := e.passKernels(first)
 		keeps := []func(){keep}

@@ -135,7 +135,7 @@ func (h *Head) draftVerifyN(ctx context.Context, steps []engine.ChainStep, draft
 	B := len(steps)
 	// The positions the chain may reach: m verifications of n + 1 rows
 	// from each entry's pending token on.
-	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, h.engCfg.MaxPositionEmbeddings), n, drawsRoom(steps, n, m))
+	L0, m := chainRoom(verify, min(t.cfg.MaxPositionEmbeddings, h.engCfg.MaxPositionEmbeddings), n, m)
 	if m < 2 {
 		return nil, false, nil
 	}
@@ -298,6 +298,10 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 		}
 		return append(h.passSteps(ps, B, topN), h.chainTail(lay, k, true)...)
 	}
+	var keyBuf *gpu.Buffer // the drafts' keys, which each step keys by its positions
+	if keys != nil {
+		keyBuf = a.chainKeys
+	}
 	var raw [][]byte
 	for j := 1; j < m; j++ {
 		if err := ctx.Err(); err != nil {
@@ -309,6 +313,7 @@ func (h *Head) specRun(ctx context.Context, steps []engine.ChainStep, feeds []he
 				HeadSave: sb.pairs.Slice(a.regions.save, uint64(B*kernels.GatherPairWords)*4), HeadChain: sb.chain,
 			}, B, n, a.R)
 		}}
+		steps = append(steps, sb.keyDraws(h.dev, keyBuf, j, B, n, drawStride)...)
 		hp := headPass{parts: first, rows: rows, decode: rows, maxLen: maxLen, nfc: rows, featsIn: true, nsave: B, last: true,
 			mapped: lay.mapped, rowBuf: sb.rows, pairs: sb.pairs, fromIDs: t.act.next.Slice(0, uint64((rows+3)&^3)*4)}
 		steps = append(steps, draftPass(&hp, j*n)...)

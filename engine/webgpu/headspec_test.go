@@ -106,16 +106,12 @@ func TestHeadDraftVerifyN(t *testing.T) {
 				h, target = rig.head, rig.target
 			}
 			for _, n := range []int{1, 3, 5} {
-				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, 0, pair == "agreeable", nil, false) })
+				t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, h, target, n, 0, pair == "agreeable", nil) })
 			}
-			t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 3, pair == "agreeable", nil, false) })
-			t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 0, pair == "agreeable", sampledAt, false) })
+			t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 3, pair == "agreeable", nil) })
+			t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 0, pair == "agreeable", sampledAt) })
 			t.Run("n=4, sampled beside greedy, top tokens", func(t *testing.T) {
-				testDraftVerifyN(t, h, target, 4, 2, pair == "agreeable", sampledBeside, false)
-			})
-			t.Run("n=3, coupled", func(t *testing.T) { testDraftVerifyN(t, h, target, 3, 0, pair == "agreeable", coupledAt, true) })
-			t.Run("n=4, coupled beside greedy, top tokens", func(t *testing.T) {
-				testDraftVerifyN(t, h, target, 4, 2, pair == "agreeable", sampledBeside, true)
+				testDraftVerifyN(t, h, target, 4, 2, pair == "agreeable", sampledBeside)
 			})
 		})
 	}
@@ -128,25 +124,22 @@ type specDrafter interface {
 	engine.SpecChainer
 }
 
-// The sampling of testDraftVerifyN's two generations: both sampled, and
-// the first sampled beside a greedy one; at low temperatures, where the
-// tiny models' rows are peaked enough that drafts of every length are
-// accepted, and yet some are rejected and drawn anew.
+// The sampling of testDraftVerifyN's two generations: both sampled, in a
+// nucleus and not, and the first sampled beside a greedy one; at
+// temperatures low enough that the tiny target's flat rows pass the
+// peaked head's coupled drafts of every length, and yet the noise decides
+// near ties (TestHeadCoupledDrafts holds each draft to the coupled choice
+// at higher ones).
 var (
-	sampledAt     = []sampling.Params{{Temperature: 0.02, TopP: 0.9}, {Temperature: 0.05, TopP: 1}}
+	sampledAt     = []sampling.Params{{Temperature: 0.05, TopP: 0.9}, {Temperature: 0.1, TopP: 1}}
 	sampledBeside = []sampling.Params{{Temperature: 0.03, TopP: 0.95}, {}}
-	// coupledAt samples coupled draws (sampling.Draw.Coupled), in a
-	// nucleus and not, at temperatures low enough that the tiny target's
-	// flat rows pass the peaked head's drafts of every length, and yet the
-	// noise decides near ties (TestHeadCoupledDrafts holds each draft to
-	// the coupled choice at higher ones).
-	coupledAt = []sampling.Params{{Temperature: 0.05, TopP: 0.9}, {Temperature: 0.1, TopP: 1}}
 )
 
 // testDraftVerifyN holds a chain of m steps to m DraftVerify calls
 // (TestHeadDraftVerifyN), its two generations greedy or sampled under
-// params, each step of a sampled one with its own draws, coupled or not.
-func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, agreeable bool, params []sampling.Params, coupled bool) {
+// params, a sampled one's rows coupled under its own keys by the
+// positions they decide (sampling.Keys), whichever step reaches them.
+func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, agreeable bool, params []sampling.Params) {
 	ctx := context.Background()
 	const m = 4
 	gens := []*specGen{
@@ -157,14 +150,14 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 		params = make([]sampling.Params, len(gens))
 	}
 	rng := rand.New(rand.NewPCG(uint64(n), uint64(topN)))
-	draws := make([][]sampling.Draw, len(gens)) // each round's, m steps of n + 1 a generation
+	keys := make([]sampling.Keys, len(gens)) // each round's
 	// The head first drafts after the whole text fed at once.
-	chainSteps := func(seq func(g *specGen) (tq, hq engine.Sequence), j int) []engine.ChainStep {
+	chainSteps := func(seq func(g *specGen) (tq, hq engine.Sequence), chain bool) []engine.ChainStep {
 		var steps []engine.ChainStep
 		for i, g := range gens {
 			tq, hq := seq(g)
 			dTop, vTop := 0, 0
-			if (i == 1 || coupled) && topN > 0 { // a coupled generation's drafts listing their top tokens too
+			if (i == 1 || !params[i].Greedy()) && topN > 0 { // a sampled generation's drafts listing their top tokens too
 				dTop, vTop = topN, topN-1
 			}
 			st := engine.ChainStep{
@@ -172,13 +165,13 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 				Verify: &engine.VerifyEntry{Seq: tq, Tokens: slices.Clone(g.text[tq.Len():]), Out: n + 1, TopN: vTop, Sampling: params[i]},
 				Take:   n,
 			}
-			switch {
-			case params[i].Greedy():
-			case j < 0: // the chain: the first step's, then the rest
-				st.Verify.Draws = slices.Clone(draws[i][:n+1])
-				st.ChainDraws = slices.Clone(draws[i][n+1:])
-			default:
-				st.Verify.Draws = slices.Clone(draws[i][j*(n+1) : (j+1)*(n+1)])
+			if !params[i].Greedy() {
+				for c := range n + 1 {
+					st.Verify.Draws = append(st.Verify.Draws, keys[i].At(len(g.text)+c))
+				}
+				if chain {
+					st.Keys = &keys[i]
+				}
 			}
 			steps = append(steps, st)
 		}
@@ -187,12 +180,9 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 	accepted := map[int]int{}
 	for round := range 3 {
 		for i := range gens {
-			draws[i] = make([]sampling.Draw, m*(n+1))
-			for k := range draws[i] {
-				draws[i][k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: coupled}
-			}
+			keys[i] = sampling.NewKeys(rng.Uint64())
 		}
-		fused := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tF, g.hF }, -1)
+		fused := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tF, g.hF }, true)
 		got, err := h.DraftVerifyN(ctx, target, fused, n, m)
 		if err != nil {
 			t.Fatalf("round %d: DraftVerifyN: %v", round, err)
@@ -210,7 +200,7 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 			texts[i] = slices.Clone(g.text)
 		}
 		for j, cs := range got {
-			sep := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tS, g.hS }, j)
+			sep := chainSteps(func(g *specGen) (engine.Sequence, engine.Sequence) { return g.tS, g.hS }, false)
 			want, err := engine.DraftVerify(ctx, h, target, sep, n)
 			if err != nil {
 				t.Fatalf("round %d, step %d: DraftVerify: %v", round, j, err)
@@ -280,15 +270,11 @@ func testDraftVerifyN(t *testing.T, h specDrafter, target *Engine, n, topN int, 
 func TestDraftVerifyN(t *testing.T) {
 	p := newSampledPair(t, NewGroup(gputest.Device(t)), Options{})
 	for _, n := range []int{1, 3, 5} {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, n, 0, true, nil, false) })
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, n, 0, true, nil) })
 	}
-	t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 3, true, nil, false) })
-	t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 0, true, sampledAt, false) })
+	t.Run("n=3, top tokens", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 3, true, nil) })
+	t.Run("n=3, sampled", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 0, true, sampledAt) })
 	t.Run("n=4, sampled beside greedy, top tokens", func(t *testing.T) {
-		testDraftVerifyN(t, p.drafter, p.target, 4, 2, true, sampledBeside, false)
-	})
-	t.Run("n=3, coupled", func(t *testing.T) { testDraftVerifyN(t, p.drafter, p.target, 3, 0, true, coupledAt, true) })
-	t.Run("n=4, coupled beside greedy, top tokens", func(t *testing.T) {
-		testDraftVerifyN(t, p.drafter, p.target, 4, 2, true, sampledBeside, true)
+		testDraftVerifyN(t, p.drafter, p.target, 4, 2, true, sampledBeside)
 	})
 }

@@ -119,7 +119,7 @@ func chainOrStep(ctx context.Context, f engine.Fuser, t *Engine, steps []engine.
 
 // chainSteps reports whether every step is a chain taking all n drafts
 // after one pending token (engine.SpecChainer): greedy, or sampled with
-// its first step's draws and at least one more step's.
+// its first step's draws and its generation's keys for the steps after.
 func chainSteps(steps []engine.ChainStep, n int) bool {
 	for _, s := range steps {
 		d, v := s.Draft, s.Verify
@@ -127,23 +127,12 @@ func chainSteps(steps []engine.ChainStep, n int) bool {
 			v.Propose != nil || v.Tree != nil || v.Parents != nil || d.Parents != nil {
 			return false
 		}
-		if v.Sampling.Greedy() && (v.Draws != nil || s.ChainDraws != nil) ||
-			!v.Sampling.Greedy() && (len(v.Draws) != n+1 || len(s.ChainDraws) < n+1) {
+		if v.Sampling.Greedy() && (v.Draws != nil || s.Keys != nil) ||
+			!v.Sampling.Greedy() && (len(v.Draws) != n+1 || s.Keys == nil) {
 			return false
 		}
 	}
 	return true
-}
-
-// drawsRoom is the most steps of n drafts a chain of up to m may take
-// from the sampled steps' draws (engine.ChainStep.ChainDraws).
-func drawsRoom(steps []engine.ChainStep, n, m int) int {
-	for _, s := range steps {
-		if !s.Verify.Sampling.Greedy() {
-			m = min(m, 1+len(s.ChainDraws)/(n+1))
-		}
-	}
-	return m
 }
 
 // oneStep is DraftVerifyN's single step: f's DraftVerify, the Verify
@@ -204,6 +193,24 @@ func (s *specBuffers) verification(t *Engine, tp pass, tl specLayout, results *g
 	return append(append(steps, kernelSteps...), s.verifyCopies(t, tl, j)...), keep
 }
 
+// keyDraws keys step j ≥ 1's coupled rows (startDraws: drawStride apart)
+// by the positions the step reaches, from the state the step before left
+// (kernels.SpecKeys), and with them its n coupled drafts' keys where keys
+// (draftKeys' buffer, B rows a draft) is not nil; none for a greedy chain.
+func (s *specBuffers) keyDraws(dev *gpu.Device, keys *gpu.Buffer, j, B, n int, drawStride uint64) []step {
+	if drawStride == 0 {
+		return nil
+	}
+	draws := s.draws.Slice(uint64(j)*drawStride, uint64(B*(n+1)*kernels.SampleDrawWords)*4)
+	stride := int(draftKeyStride(dev, B) / 4)
+	if keys == nil {
+		stride = 0
+	}
+	return []step{func(b *gpu.Batch) error {
+		return kernels.SpecKeys(b, s.state, draws, keys, B, n, j*n*stride, stride)
+	}}
+}
+
 // verifyCopies copies step j's verification's read-out into the results
 // (specLayout).
 func (s *specBuffers) verifyCopies(t *Engine, tl specLayout, j int) []step {
@@ -258,9 +265,10 @@ func (s *specBuffers) start(d *gpu.Device, tl specLayout, B, n, m int, word func
 }
 
 // startDraws readies a sampled chain's draws (chainSteps): each step j ≥ 1's
-// rows' draws from the steps' ChainDraws — a greedy entry's rows greedy —,
-// each marked to write its outcome, a region of the returned stride a
-// step; and the gathers of step j's drafts into their rows' proposals
+// rows' draws — a greedy entry's rows greedy, a sampled one's coupled,
+// holding its generation's seed words for keys (kernels.SpecKeys, keyDraws)
+// to key them by the positions the step reaches —, each marked to write
+// its outcome, a region of the returned stride a step; and the gathers of step j's drafts into their rows' proposals
 // (entry i's draft c, at word(i, j·n + c), to row i·(n+1) + c's X), laid
 // out as start's gathers into ids (idStride). For a greedy chain it
 // writes nothing and returns 0.
@@ -290,13 +298,11 @@ func (s *specBuffers) startDraws(d *gpu.Device, steps []engine.ChainStep, n, m i
 			for c := range n + 1 {
 				r := i*(n+1) + c
 				w := draws[uint64(j)*stride/4+uint64(r*kernels.SampleDrawWords):]
-				dr := sampling.Draw{X: sampling.NoProposal}
-				if !v.Sampling.Greedy() {
-					cd := st.ChainDraws[(j-1)*(n+1)+c]
-					dr.U, dr.V, dr.Coupled = cd.U, cd.V, cd.Coupled
-				}
-				kernels.PutSampleRow(w, temps, v.Sampling, dr)
+				kernels.PutSampleRow(w, temps, v.Sampling, sampling.Draw{X: sampling.NoProposal, Coupled: !v.Sampling.Greedy()})
 				kernels.SetSampleOutcome(w)
+				if !v.Sampling.Greedy() {
+					kernels.PutSampleSeed(w, *st.Keys)
+				}
 				if c < n {
 					p := uint64(j)*idStride/4 + uint64((i*n+c)*kernels.GatherPairWords)
 					xs[p], xs[p+1] = uint32(r*kernels.SampleDrawWords), uint32(word(i, j*n+c))

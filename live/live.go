@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,16 +186,19 @@ func (r *Runner) Begin(req speculative.Request, race bool) {
 				return
 			}
 		}
-		spec, ok := r.generate(ctx, "speculative", req)
+		spec, specTokens, ok := r.generate(ctx, "speculative", req)
 		if !ok {
 			return
 		}
 		if race {
-			base, ok := r.generate(ctx, "target", alone)
+			base, baseTokens, ok := r.generate(ctx, "target", alone)
 			if !ok {
 				return
 			}
-			r.Emit(map[string]any{"type": "race", "speculative_tokens_per_s": spec, "target_tokens_per_s": base, "speedup": spec / base})
+			// Greedy, and sampled keyed (a chain: speculative.Generator.Keyed),
+			// both runs generate the same tokens: the race times the same work.
+			r.Emit(map[string]any{"type": "race", "speculative_tokens_per_s": spec, "target_tokens_per_s": base, "speedup": spec / base,
+				"same_tokens": slices.Equal(specTokens, baseTokens)})
 		}
 		r.Emit(map[string]any{"type": "finished"})
 	}()
@@ -225,8 +229,8 @@ func (r *Runner) Abort() {
 }
 
 // generate runs one generation, sending its events; it returns its
-// tokens/s and whether it finished.
-func (r *Runner) generate(ctx context.Context, run string, req speculative.Request) (float64, bool) {
+// tokens/s, its tokens and whether it finished.
+func (r *Runner) generate(ctx context.Context, run string, req speculative.Request) (float64, []int, bool) {
 	dec := r.Tokenizer.NewStreamDecoder()
 	steps := 0
 	req.OnStep = func(s speculative.Step) bool {
@@ -253,7 +257,7 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 	secs := time.Since(start).Seconds()
 	if err != nil {
 		r.failed(run, err)
-		return 0, false
+		return 0, nil, false
 	}
 	if r.Done != nil {
 		r.Done(run, res)
@@ -264,7 +268,11 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 		"tokens_per_s": round3(tps), "tau": round3(res.Stats.Tau()), "drafted": res.Stats.Drafted,
 		"accepted": res.Stats.Accepted, "finish": res.Finish,
 	})
-	return tps, true
+	ids := make([]int, len(res.Tokens))
+	for i, t := range res.Tokens {
+		ids[i] = t.ID
+	}
+	return tps, ids, true
 }
 
 // warm runs req once untimed and unshown, so that its timed run does not

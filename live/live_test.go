@@ -231,6 +231,9 @@ func TestBeginRace(t *testing.T) {
 				if ev["type"] == "done" {
 					tokens[ev["run"].(string)] = ev["tokens"]
 				}
+				if ev["type"] == "race" && ev["same_tokens"] != true {
+					t.Errorf("race %v: want the same tokens in both runs", ev)
+				}
 				if len(seen) == 0 || seen[len(seen)-1] != what || ev["type"] != "step" {
 					seen = append(seen, what)
 				}

@@ -129,6 +129,10 @@ func TestBrowserEngine(t *testing.T) {
 				t.Errorf("the race: %q", speedup)
 			}
 			t.Logf("in the browser: %s (%d steps)", speedup, steps)
+			same, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("race-same").hidden ? "" : document.getElementById("race-same").textContent`))
+			if !strings.HasPrefix(same, "Both runs generated the same tokens") {
+				t.Errorf("the race's note on its runs' tokens: %q", same)
+			}
 			// The race's note is the GPU's: the target alone chains there.
 			notes, _ := chromedp.Run(ctx, chromedp.Evaluate[[]bool](`["gpu-note", "cpu-note"].map(id => document.getElementById(id).hidden)`))
 			if len(notes) != 2 || notes[0] || !notes[1] {

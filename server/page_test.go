@@ -381,7 +381,8 @@ func TestWebsocket(t *testing.T) {
 
 // TestWebsocketRace: a race runs the speculative generation and the
 // target alone whole, one after the other, and compares them; on the CPU
-// engine with no warm-up first (live.Runner.WarmRaces: a GPU's).
+// engine with no warm-up first (live.Runner.WarmRaces: a GPU's). Sampled
+// from one seed, both runs generate the same tokens (same_tokens).
 func TestWebsocketRace(t *testing.T) {
 	f := newPairFixture(t, "")
 	url := "ws" + strings.TrimPrefix(f.url, "http") + "/ws"
@@ -390,11 +391,12 @@ func TestWebsocketRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.WriteJSON(map[string]any{"type": "start", "prompt": "def f(x):", "k": 3, "max_tokens": 12, "race": true}); err != nil {
+	if err := c.WriteJSON(map[string]any{"type": "start", "prompt": "def f(x):", "k": 3, "max_tokens": 12, "race": true, "temperature": 0.8, "seed": 5}); err != nil {
 		t.Fatal(err)
 	}
 	var seen []string // the messages' types and runs, steps folded into one
 	tokens := map[string]float64{}
+	same := false
 	for {
 		var m map[string]any
 		if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
@@ -409,6 +411,9 @@ func TestWebsocketRace(t *testing.T) {
 		}
 		if m["type"] == "done" {
 			tokens[m["run"].(string)] = m["tokens"].(float64)
+		}
+		if m["type"] == "race" {
+			same, _ = m["same_tokens"].(bool)
 		}
 		if m["type"] == "error" {
 			t.Fatalf("error: %v", m["message"])
@@ -426,6 +431,9 @@ func TestWebsocketRace(t *testing.T) {
 	}
 	if tokens["speculative"] != 12 || tokens["target"] != 12 {
 		t.Errorf("tokens %v: want 12 for each run", tokens)
+	}
+	if !same {
+		t.Error("the race's runs sampled different tokens from one seed: want the same (keyed rows)")
 	}
 }
 

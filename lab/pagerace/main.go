@@ -3,7 +3,8 @@
 // it: each round a start with race (speculative decoding, then the target
 // alone on the same prompt, each token's top 5 read out as the page shows
 // them), printing both runs' tokens/s, the speedup and the speculative
-// run's τ and mean draft and verification times a step. With
+// run's τ and mean draft and verification times a step, and whether both
+// runs generated the same tokens. With
 // --temperature the runs sample (round i with seed i + 1, the same in both
 // runs of a round).
 //
@@ -71,8 +72,12 @@ func run(addr, prompt string, k, n, rounds int, temperature float64) error {
 					tau = m["tau"].(float64)
 				}
 			case "race":
-				fmt.Printf("k %d: speculative %.1f tok/s, target alone %.1f tok/s, %.2f×; τ %.2f; a step %.2f ms drafting, %.2f ms verifying (%d steps)\n", k,
-					m["speculative_tokens_per_s"], m["target_tokens_per_s"], m["speedup"], tau, draftMS/float64(steps), verifyMS/float64(steps), steps)
+				same := "the same tokens"
+				if m["same_tokens"] != true {
+					same = "different tokens"
+				}
+				fmt.Printf("k %d: speculative %.1f tok/s, target alone %.1f tok/s, %.2f×; τ %.2f; a step %.2f ms drafting, %.2f ms verifying (%d steps); %s\n", k,
+					m["speculative_tokens_per_s"], m["target_tokens_per_s"], m["speedup"], tau, draftMS/float64(steps), verifyMS/float64(steps), steps, same)
 			case "error":
 				return errors.New(fmt.Sprint(m["message"]))
 			case "finished":

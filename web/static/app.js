@@ -255,7 +255,7 @@
     treeSteps.clear();
     showTreeRun(false);
     run = { k: Number($("k").value), steps: 0, emitted: 0, drafted: 0, accepted: 0, hist: [], reached: [], acc: [], draftMs: [], verifyMs: [], networkMs: [], fused: 0, chained: 0 };
-    race.spec = race.alone = null;
+    race.spec = race.alone = race.same = null;
     race.maxTokens = Number($("max_tokens").value);
     draw();
   }
@@ -297,6 +297,7 @@
         break;
       case "race":
         race.speedup = m.speedup;
+        race.same = m.same_tokens;
         drawRace();
         break;
       case "finished":
@@ -626,7 +627,7 @@
 
   // ---- the panels
 
-  const race = { spec: null, alone: null, speedup: null, maxTokens: 128 };
+  const race = { spec: null, alone: null, speedup: null, same: null, maxTokens: 128 };
 
   function draw() {
     const r = run;
@@ -703,6 +704,11 @@
     lane(race.spec, "bar-spec", "tps-spec");
     lane(race.alone, "bar-alone", "tps-alone");
     $("speedup").textContent = race.speedup ? race.speedup.toFixed(2) + "× speedup" : "–";
+    const same = $("race-same");
+    same.hidden = race.same === null || race.same === undefined;
+    same.textContent = race.same
+      ? "Both runs generated the same tokens: the race times the same work."
+      : "The runs' tokens differ: a sampled token tree draws its own, so each run times its own text.";
   }
 
   reset();

@@ -197,9 +197,10 @@ func TestPage(t *testing.T) {
 		t.Errorf("the page's τ %q, the server's %q", tau, wantTau)
 	}
 	race, _ := chromedp.Run(ctx, chromedp.Evaluate[[]string](
-		`["tps-spec", "tps-alone", "speedup"].map(id => document.getElementById(id).textContent)`))
+		`["tps-spec", "tps-alone", "speedup", "race-same"].map(id => document.getElementById(id).hidden ? "" : document.getElementById(id).textContent)`))
 	t.Logf("race: %q", race)
-	if len(race) != 3 || !strings.HasSuffix(race[0], "tok/s") || !strings.HasSuffix(race[1], "tok/s") || !strings.HasSuffix(race[2], "× speedup") {
+	if len(race) != 4 || !strings.HasSuffix(race[0], "tok/s") || !strings.HasSuffix(race[1], "tok/s") || !strings.HasSuffix(race[2], "× speedup") ||
+		!strings.HasPrefix(race[3], "Both runs generated the same tokens") {
 		t.Errorf("race panel %q", race)
 	}
 	// The server's target runs on a CPU engine here: its note shows, the

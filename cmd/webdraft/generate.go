@@ -30,7 +30,7 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	maxTokens := fs.Int("max-tokens", 128, "tokens to generate at most")
 	temperature := fs.Float64("temperature", 0, "0: greedy (the target's own greedy output); above: sampled (0…2)")
 	topP := fs.Float64("top-p", 1, "the nucleus of top_p when sampling, (0, 1]")
-	seed := fs.Uint64("seed", 0, "the seed of a sampled generation (the same seed gives the same text)")
+	seed := fs.Uint64("seed", 0, "the seed of a sampled generation (the same seed gives the same text; a chain's, the same with speculation as without)")
 	backendFlag := fs.String("backend", "auto", backendUsage)
 	warmup := fs.String("warmup", "auto", warmupUsage("the timed runs (both generations, the speculative one and the target alone's)"))
 	if err := parseFlags(fs, args); err != nil {

@@ -36,7 +36,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	draftModelDir := fs.String("draft-model", "", "with an EAGLE-3 head drafting the generations: the drafter that serves /draft beside it (and the page's browser modes), a drafter's folder as --model takes; default: the embedded drafter (embedded:drafter)")
 	targetDir := fs.String("target", "", "the target's folder, which verifies behind the OpenAI-compatible API; default: the embedded target when --model is not given or names an EAGLE-3 head, else none")
 	k := fs.Int("k", 0, kUsage+" (a request's speculative.k overrides it)")
-	adaptive := fs.Bool("adaptive", true, "an API generation that sets neither seed nor speculative.k runs the target alone where its speculative steps are measured not to pay, speculating again every 256 tokens to be weighed anew (false: it speculates throughout)")
+	adaptive := fs.Bool("adaptive", true, "an API generation that sets no speculative.k (nor, sampling a token tree, seed) runs the target alone where its speculative steps are measured not to pay, speculating again every 256 tokens to be weighed anew (false: it speculates throughout)")
 	tree := treeFlagsVar(fs, true)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	backendFlag := fs.String("backend", "auto", backendUsage)

@@ -28,7 +28,7 @@ func (k Keys) At(pos int) Draw {
 // PositionKey is the key of position pos under seed words (s0, s1), as
 // two floats in [0, 1): prelude.wgsl's position_key.
 func PositionKey(s0, s1, pos uint32) (float32, float32) {
-	a := Mix32(s0 ^ Mix32(pos+0x9e3779b9))
+	a := Mix32(s0 ^ Mix32(pos^Mix32(s1+0x9e3779b9)))
 	b := Mix32(s1 ^ Mix32(a^pos))
 	return float32(a>>8) / (1 << 24), float32(b>>8) / (1 << 24)
 }

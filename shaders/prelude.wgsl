@@ -580,7 +580,7 @@ fn mix32(x0: u32) -> u32 {
 // sampling.PositionKey, the two words the bits of floats in [0, 1) of 24
 // random bits each.
 fn position_key(s0: u32, s1: u32, pos: u32) -> vec2<u32> {
-    let a = mix32(s0 ^ mix32(pos + 0x9e3779b9u));
+    let a = mix32(s0 ^ mix32(pos ^ mix32(s1 + 0x9e3779b9u)));
     let b = mix32(s1 ^ mix32(a ^ pos));
     return vec2<u32>(bitcast<u32>(f32(a >> 8u) * 5.9604645e-8), bitcast<u32>(f32(b >> 8u) * 5.9604645e-8));
 }

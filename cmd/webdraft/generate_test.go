@@ -57,7 +57,8 @@ func TestGenerate(t *testing.T) {
 	golden := filepath.Join("..", "..", "testdata", "golden")
 	code, stdout, stderr = webdraft(t, "generate", "--model", filepath.Join(golden, "tied"), "--target", filepath.Join(golden, "untied"),
 		"--ids", "1,2,3", "--max-tokens", "6", "--temperature", "0.8", "--seed", "3", "--backend", "cpu")
-	if code != 0 || !regexp.MustCompile(`^(\d+ ){6}\n`).MatchString(stdout) || !strings.Contains(stdout, "temperature 0.8, top-p 1, seed 3") {
+	if code != 0 || !regexp.MustCompile(`^(\d+ ){6}\n`).MatchString(stdout) || !strings.Contains(stdout, "temperature 0.8, top-p 1, seed 3") ||
+		!strings.Contains(stdout, "the same tokens as the target alone: yes") { // sampled, keyed by the seed
 		t.Errorf("ids only: exit %d\n%s%s", code, stdout, stderr)
 	}
 	// --warmup on runs each generation once untimed first (auto does on a

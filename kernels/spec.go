@@ -198,9 +198,17 @@ func SpecKeys(b *gpu.Batch, state *gpu.Buffer, draws gpu.Binding, dkeys *gpu.Buf
 		return err
 	}
 	params := &specKeysParams{B: uint32(B), K: uint32(K), DKey0: math.MaxUint32}
-	keys := draws // bound but unread without draft keys
+	var keys gpu.Binding
 	if dkeys != nil {
 		params.DKey0, params.DStride, keys = uint32(dkey0), uint32(dstride), dkeys.All()
+	} else {
+		// Bound but unread: a buffer no other binding aliases (WebGPU
+		// forbids two writable bindings of one range).
+		scratch, err := b.Device().Scratch(16)
+		if err != nil {
+			return err
+		}
+		keys = scratch.Slice(0, 16)
 	}
 	if err := gpu.Dispatch(b, p, params, []gpu.Binding{state.All(), draws, keys}, uint32((rows+specWG-1)/specWG), 1, 1); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)

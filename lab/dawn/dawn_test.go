@@ -47,7 +47,7 @@ const (
 	// alignment).
 	kernelsRun = "^(TestAttentionHiddenKeys|TestAttentionDecodeShortMaxLen|TestKVCachePool|TestKVMove|TestMatMulEachKernel|" +
 		"TestMatVecBatchChunk|TestEmbed|TestEmbedBadIDIsNaN|TestRMSNorm|TestRMSNormRows|TestArgmax|TestArgmaxOf|TestMLPFused|TestCopy|TestCopyTo|" +
-		"TestScatter|TestGather|TestParamsMatchWGSL|TestPropose|TestTreeDraft|TestSpecAccept|TestSpecRows)$"
+		"TestScatter|TestGather|TestParamsMatchWGSL|TestPropose|TestTreeDraft|TestSpecAccept|TestSpecRows|TestSpecKeys)$"
 )
 
 // TestDawnSwiftShader runs, through Dawn on SwiftShader: the harness's

@@ -266,9 +266,10 @@ func (s *specBuffers) start(d *gpu.Device, tl specLayout, B, n, m int, word func
 
 // startDraws readies a sampled chain's draws (chainSteps): each step j ≥ 1's
 // rows' draws — a greedy entry's rows greedy, a sampled one's coupled,
-// holding its generation's seed words for keys (kernels.SpecKeys, keyDraws)
-// to key them by the positions the step reaches —, each marked to write
-// its outcome, a region of the returned stride a step; and the gathers of step j's drafts into their rows' proposals
+// holding its generation's seed words for keyDraws (kernels.SpecKeys) to
+// key them by the positions the step reaches —, each marked to write its
+// outcome, a region of the returned stride a step; and the gathers of
+// step j's drafts into their rows' proposals
 // (entry i's draft c, at word(i, j·n + c), to row i·(n+1) + c's X), laid
 // out as start's gathers into ids (idStride). For a greedy chain it
 // writes nothing and returns 0.

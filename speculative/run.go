@@ -197,9 +197,9 @@ func (r *runner) admit() {
 			gn.maxContext = min(gn.maxContext, g.drafter.Config().MaxPositionEmbeddings)
 		}
 		gn.head = g.head && j.req.Remote == nil
-		gn.sampled = j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() && engine.SampledPair(g.drafter, g.target) &&
-			(j.topK > 1 || !chains(g.drafter) && g.opts.Uncoupled)
-		gn.keyed = !j.req.Sampling.Greedy() && !gn.sampled && !g.opts.Uncoupled
+		gn.sampled = g.samplesTree(&j.req) || g.opts.Uncoupled && j.k > 0 && j.req.Remote == nil && !j.req.Sampling.Greedy() &&
+			engine.SampledPair(g.drafter, g.target) && !chains(g.drafter)
+		gn.keyed = g.Keyed(&j.req)
 		gn.keys = sampling.NewKeys(j.req.Seed)
 		gn.stats.PromptTokens, gn.stats.Queue = len(j.req.Prompt), gn.started.Sub(j.arrived)
 		var err error

@@ -370,10 +370,17 @@ func (g *Generator) topK(r *Request) int {
 // coupled under its seed's key of the position it decides
 // (sampling.Keys), so that its tokens are the target alone's for that
 // seed — with speculation or without, whatever drafts, however it is
-// batched or chained. Chains are keyed; sampled token trees, held to the
+// batched or chained. Chains are keyed (a tree over a drafter that
+// samples no drafts drafts a chain); sampled token trees, held to the
 // multi-draft rule, and Options.Uncoupled's generations are not.
 func (g *Generator) Keyed(r *Request) bool {
-	return !r.Sampling.Greedy() && (g.k(r) <= 0 || g.topK(r) <= 1) && !g.opts.Uncoupled
+	return !r.Sampling.Greedy() && !g.opts.Uncoupled && !g.samplesTree(r)
+}
+
+// samplesTree reports whether r drafts a sampled token tree: drafts drawn
+// from the drafter's distribution and held to the multi-draft rule.
+func (g *Generator) samplesTree(r *Request) bool {
+	return g.k(r) > 0 && r.Remote == nil && !r.Sampling.Greedy() && g.topK(r) > 1 && engine.SampledPair(g.drafter, g.target)
 }
 
 // treeNodes is the node budget of r's trees.

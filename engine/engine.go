@@ -255,13 +255,13 @@ func CouplesDrafts(e Engine) bool {
 	return ok && c.CouplesDrafts()
 }
 
-// DraftsCoupled reports whether e, a drafter, drafts coupled draws a pass
-// at a time: its Verify takes, at a temperature, coupled Draws without
-// proposals, each row's Sample then the Gumbel-max draw from its
-// distribution under the row's key (an EAGLE-3 head's over its draft
-// vocabulary, as the target's token), which a target's coupled row under
-// the same key equals with probability near 1 − TV(p, q). Fused steps
-// couple by CouplesDrafts.
+// DraftsCoupled reports whether e, a drafter, drafts coupled draws outside
+// fused steps: SampleN (through its own SampleN, or its Verify a call a
+// token) takes, at a temperature, coupled Draws without proposals, each
+// token then the Gumbel-max draw from its distribution under the draw's
+// key (an EAGLE-3 head's over its draft vocabulary, as the target's
+// token), which a target's coupled row under the same key equals with
+// probability near 1 − TV(p, q). Fused steps couple by CouplesDrafts.
 func DraftsCoupled(e Engine) bool {
 	c, ok := e.(interface{ DraftsCoupled() bool })
 	return ok && c.DraftsCoupled()
@@ -646,6 +646,47 @@ type SampleChainer interface {
 	// tokens and the first n−1 drawn; the entries are left as they were.
 	// On an error every sequence is as it was before the call.
 	SampleN(ctx context.Context, batch []*VerifyEntry, n int) ([][]Token, error)
+}
+
+// SampleN runs n sampled steps over batch (see SampleChainer): through the
+// engine's own SampleN when it has one, else as n Verify calls, each entry
+// fed the token the call before drew. Either way a drafter's coupled
+// drafts (DraftsCoupled) are its SampleN over coupled draws.
+func SampleN(ctx context.Context, e Engine, batch []*VerifyEntry, n int) ([][]Token, error) {
+	if c, ok := e.(SampleChainer); ok {
+		return c.SampleN(ctx, batch, n)
+	}
+	c := e.Config()
+	if err := CheckSampleN(&c, batch, n); err != nil {
+		return nil, err
+	}
+	lens := make([]int, len(batch))
+	for i, en := range batch {
+		lens[i] = en.Seq.Len()
+	}
+	out := make([][]Token, len(batch))
+	calls := make([]*VerifyEntry, len(batch))
+	for j := range n {
+		for i, en := range batch {
+			one := *en
+			one.Draws, one.Rows = en.Draws[j:j+1], nil
+			if j > 0 {
+				one.Tokens = []int{out[i][j-1].ID}
+			}
+			calls[i] = &one
+		}
+		if err := e.Verify(ctx, calls); err != nil {
+			for i, en := range batch {
+				en.Seq.Truncate(min(lens[i], en.Seq.Len()))
+			}
+			return nil, err
+		}
+		for i, c := range calls {
+			row := c.Rows[0]
+			out[i] = append(out[i], Token{ID: row.Sample, Logprob: row.SampleLogprob, Top: row.Top})
+		}
+	}
+	return out, nil
 }
 
 // CheckSampleN validates a SampleN batch: Verify entries (CheckVerify) at a

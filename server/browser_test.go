@@ -22,6 +22,7 @@ import (
 	"webdraft/engine/cpu"
 	"webdraft/internal/browsertest"
 	"webdraft/internal/synth"
+	"webdraft/sampling"
 	"webdraft/wasm/dist"
 	"webdraft/weights"
 )
@@ -209,6 +210,31 @@ func (f *pairFixture) drafterGreedy(t *testing.T, seen []int, n int) []int {
 	return engine.IDs(out)
 }
 
+// drafterCoupled is the native drafter's n coupled draws after seen, as
+// an edge page drafts them in a sampled run of seed's keys at params:
+// token i the draw under the key of position len(seen) + i.
+func (f *pairFixture) drafterCoupled(t *testing.T, seen []int, n int, seed uint64, params sampling.Params) []int {
+	t.Helper()
+	if n == 0 {
+		return nil
+	}
+	seq, err := f.drafter.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Release()
+	keys := sampling.NewKeys(seed)
+	draws := make([]sampling.Draw, n)
+	for i := range draws {
+		draws[i] = keys.At(len(seen) + i)
+	}
+	out, err := engine.SampleN(context.Background(), f.drafter, []*engine.VerifyEntry{{Seq: seq, Tokens: seen, Out: 1, Sampling: params, Draws: draws}}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.IDs(out[0])
+}
+
 // countModelFiles counts the model files (not the manifest) the server
 // sends.
 func (f *pairFixture) countModelFiles(next http.Handler) http.Handler {
@@ -273,8 +299,10 @@ func TestModelFiles(t *testing.T) {
 // native drafter's greedy tokens from the same context (the browser's KV
 // cache stays in step across the run's draft requests), the output is the
 // target's greedy continuation, every step reports its network time, and
-// the page names the mode and the adapter, at desktop and phone width.
-// Run `go tool task wasm` first.
+// the page names the mode and the adapter, at desktop and phone width; a
+// sampled run's drafts are the native drafter's coupled draws under the
+// run's keys (each draft_request carries them). Run `go tool task wasm`
+// first.
 func TestBrowserEdge(t *testing.T) {
 	browsertest.Require(t, "the edge drafting test")
 	if !dist.Built() {
@@ -311,12 +339,14 @@ func TestBrowserEdge(t *testing.T) {
 	}
 
 	const n = 4
-	run := func(prompt string) {
+	// run makes an edge run, greedy or (temperature > 0) sampled from seed
+	// 3, where the page drafts coupled draws.
+	run := func(prompt string, temperature float64) {
 		t.Helper()
 		before := len(f.events(t, session))
 		do("starting an edge run",
 			chromedp.SetValue("#prompt", prompt), chromedp.SetValue("#k", "4"), chromedp.SetValue("#max_tokens", strconv.Itoa(n)),
-			chromedp.SetValue("#temperature", "0"),
+			chromedp.SetValue("#temperature", strconv.FormatFloat(temperature, 'g', -1, 64)), chromedp.SetValue("#seed", "3"),
 			chromedp.Evaluate[chromedp.Void](`document.getElementById("race").checked = false`),
 			chromedp.Click("#start"))
 		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent.startsWith("done")`,
@@ -340,8 +370,12 @@ func TestBrowserEdge(t *testing.T) {
 			case "step":
 				steps++
 				draft := eventIDs(ev["draft"])
-				if want := f.drafterGreedy(t, seen, len(draft)); !slices.Equal(draft, want) {
-					t.Errorf("step %d: the browser drafted %v, the native drafter %v", steps, draft, want)
+				want := f.drafterGreedy(t, seen, len(draft))
+				if temperature > 0 {
+					want = f.drafterCoupled(t, seen, len(draft), 3, sampling.Params{Temperature: float32(temperature), TopP: 1})
+				}
+				if !slices.Equal(draft, want) {
+					t.Errorf("step %d (temperature %v): the browser drafted %v, the native drafter %v", steps, temperature, draft, want)
 				}
 				ms, ok := ev["network_ms"].(float64)
 				if !ok {
@@ -358,8 +392,7 @@ func TestBrowserEdge(t *testing.T) {
 				t.Errorf("error event: %v", ev["message"])
 			}
 		}
-		want, _ := f.greedy(t, ids, n)
-		if steps == 0 || !slices.Equal(out, want) {
+		if want, _ := f.greedy(t, ids, n); steps == 0 || temperature == 0 && !slices.Equal(out, want) || len(out) != n {
 			t.Errorf("%d steps gave %v, the target's greedy continuation is %v", steps, out, want)
 		}
 		if asks == 0 {
@@ -367,7 +400,7 @@ func TestBrowserEdge(t *testing.T) {
 		}
 	}
 	prompts := []string{"def fibonacci(n):\n    ", "class Stack:\n    def __init__(self):\n        "}
-	run(prompts[0])
+	run(prompts[0], 0)
 	if shown := text(`document.getElementById("network").hidden ? "" : document.getElementById("network_ms").textContent`); shown == "" || shown == "–" {
 		t.Errorf("the page shows no network time: %q", shown)
 	}
@@ -411,10 +444,11 @@ func TestBrowserEdge(t *testing.T) {
 		t.Error("the run on the lost device did not end with the drafter's error")
 	}
 	t.Logf("after the fault: %s", text(`document.getElementById("engine-note").textContent`))
-	run(prompts[1])
+	run(prompts[1], 0)
 	if d := f.modelDownloads.Load() - downloads; d != 0 {
 		t.Errorf("the restart downloaded %d model files", d)
 	}
+	run(prompts[0], 0.8)
 }
 
 // newHeadFixture serves the embedded pair as `serve --model HEAD` does: the

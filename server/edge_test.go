@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -47,6 +48,16 @@ func (c *edgeClient) draft(t *testing.T, m map[string]any) []int {
 			t.Fatal(err)
 		}
 	}
+	if v, ok := m["coupled"]; ok {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Coupled = new(speculative.Coupling)
+		if err := json.Unmarshal(raw, a.Coupled); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ids, err := c.s.Draft(context.Background(), a)
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +95,7 @@ func TestEdgeDrafting(t *testing.T) {
 	run := func(prompt string, n int, temperature float64, bad func(req map[string]any)) ([]int, []map[string]any) {
 		t.Helper()
 		if err := p.c.WriteJSON(map[string]any{"type": "start", "prompt": prompt, "k": 4, "max_tokens": n, "edge": true,
-			"temperature": temperature, "seed": 7}); err != nil {
+			"temperature": temperature, "top_p": 0.95, "seed": 7}); err != nil {
 			t.Fatal(err)
 		}
 		c := newEdgeClient(t, d)
@@ -99,6 +110,12 @@ func TestEdgeDrafting(t *testing.T) {
 				}
 			case "draft_request":
 				lastID = m["id"].(float64)
+				// A sampled run's requests carry its keys (seed 7's words)
+				// and sampling: the page drafts coupled draws.
+				wantCoupled := map[string]any{"keys": []any{7.0, 0.0}, "temperature": temperature, "top_p": 0.95}
+				if c, ok := m["coupled"]; temperature > 0 && fmt.Sprint(c) != fmt.Sprint(wantCoupled) || temperature == 0 && ok {
+					t.Errorf("a draft request at temperature %v: coupled %v, want %v", temperature, c, wantCoupled)
+				}
 				if bad != nil {
 					bad(m)
 					bad = nil
@@ -169,14 +186,17 @@ func TestEdgeDrafting(t *testing.T) {
 	}
 	expectError(map[string]any{"type": "drafts"}, "want start, stop or draft")
 
-	// Sampled: an edge run repeats with its seed. (The server's own
-	// drafter samples its proposals where the browser proposes its greedy
-	// tokens, so the two runs of a seed differ, each following the
-	// target's distribution.)
+	// Sampled: the page drafts coupled draws under the run's keys, and the
+	// run gives its seed's tokens — those the server's own drafter gives,
+	// and the target alone's.
 	edge, _ := run(prompt, 12, 0.8, nil)
 	again, _ := run(prompt, 12, 0.8, nil)
 	if len(edge) != 12 || !slices.Equal(edge, again) {
 		t.Errorf("sampled: edge %v, then with the same seed %v", edge, again)
+	}
+	served := p.runTokens(t, map[string]any{"type": "start", "prompt": prompt, "k": 4, "max_tokens": 12, "temperature": 0.8, "top_p": 0.95, "seed": 7})
+	if !slices.Equal(edge, served) {
+		t.Errorf("sampled, seed 7: edge drafting gave %v, the server's drafter %v", edge, served)
 	}
 
 	// A socket closed while the server waits for its draft: the run ends

@@ -469,6 +469,27 @@ func (p *pageConn) next(t *testing.T) map[string]any {
 	return m
 }
 
+// runTokens sends start and returns the run's tokens (the step events'),
+// failing the test on an error event.
+func (p *pageConn) runTokens(t *testing.T, start map[string]any) []int {
+	t.Helper()
+	if err := p.c.WriteJSON(start); err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for {
+		m := p.next(t)
+		switch m["type"] {
+		case "step":
+			out = append(out, eventIDs(m["tokens"])...)
+		case "error":
+			t.Fatalf("page run: %v", m["message"])
+		case "finished":
+			return out
+		}
+	}
+}
+
 // run runs a greedy generation of 12 tokens and returns its text (the
 // step events' tokens), or "" after an error event.
 func (p *pageConn) run(t *testing.T, prompt string) string {

@@ -186,6 +186,9 @@ func (ps *pageSession) newRunner() *live.Runner {
 				if a.Features != nil {
 					m["features"] = a.Features
 				}
+				if a.Coupled != nil {
+					m["coupled"] = a.Coupled // a sampled run's keys: the page drafts coupled draws
+				}
 				ps.emit(m)
 			}
 			rm := speculative.NewRemote(ask, edgeDraftTimeout)

@@ -20,6 +20,7 @@ import (
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
 	"webdraft/safetensors"
+	"webdraft/sampling"
 	"webdraft/speculative"
 	"webdraft/weights"
 )
@@ -129,7 +130,9 @@ func TestHeadOfAnotherTarget(t *testing.T) {
 // nothing and takes the features each ask carries, as the page's worker
 // runs it — gives the target's greedy output and drafts as the
 // generator's own head: the same tokens drafted and accepted in the same
-// steps. Each ask's features start where the remote's positions end and
+// steps; sampled, the asks carry the generation's keys and the page's
+// coupled draws are the generator's, the output the target alone's for
+// the seed. Each ask's features start where the remote's positions end and
 // reach the context's last token but one; the features survive their
 // JSON round trip bit for bit. A generator whose target keeps no features
 // refuses a remote head, and a session refuses asks that do not fit it.
@@ -144,13 +147,31 @@ func TestRemoteHead(t *testing.T) {
 	edgeHead := cpuHead(t, edgeTarget, h)
 	g := start(t, pair{"eagle3-head", target, head}, speculative.Options{K: 3})
 
-	for i, pr := range ps {
-		want := greedy(t, target, pr, n)
+	for c := range 2 * len(ps) {
+		i, pr := c%len(ps), ps[c%len(ps)]
+		// Greedy, then sampled: the asks carry the generation's keys
+		// (Coupled) and the page drafts coupled draws.
+		sampled := c >= len(ps)
+		req := speculative.Request{Prompt: pr, MaxTokens: n}
+		if sampled {
+			req.Sampling, req.Seed = sampling.Params{Temperature: 0.8, TopP: 0.9}, uint64(40+i)
+		}
+		alone := req
+		alone.K = speculative.NoDraft
+		first, err := g.Submit(context.Background(), alone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ids(first.Tokens)
+		if !sampled && !slices.Equal(want, greedy(t, target, pr, n)) {
+			t.Fatalf("prompt %d: the target alone %v, its greedy tokens %v", i, want, greedy(t, target, pr, n))
+		}
 		var localDrafts, remoteDrafts [][]int
-		local, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n,
-			OnStep: func(st speculative.Step) bool { localDrafts = append(localDrafts, engine.IDs(st.Draft)); return true }})
+		lr := req
+		lr.OnStep = func(st speculative.Step) bool { localDrafts = append(localDrafts, engine.IDs(st.Draft)); return true }
+		local, err := g.Submit(context.Background(), lr)
 		if err != nil || !slices.Equal(ids(local.Tokens), want) {
-			t.Fatalf("prompt %d, the generator's head: %v %v, want %v", i, ids(local.Tokens), err, want)
+			t.Fatalf("prompt %d (sampled %v), the generator's head: %v %v, want %v", i, sampled, ids(local.Tokens), err, want)
 		}
 
 		s, err := speculative.NewSession(edgeHead)
@@ -187,6 +208,21 @@ func TestRemoteHead(t *testing.T) {
 			}
 			held = f.From + len(f.Rows)/f.Width
 			a.Features = &f
+			if (a.Coupled != nil) != sampled {
+				t.Errorf("ask %d (sampled %v): coupled %+v", a.ID, sampled, a.Coupled)
+			}
+			if a.Coupled != nil {
+				raw, err := json.Marshal(a.Coupled)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				var cp speculative.Coupling
+				if err := json.Unmarshal(raw, &cp); err != nil || cp != *a.Coupled {
+					t.Errorf("ask %d: coupled %+v came back over the wire as %+v (%v)", a.ID, *a.Coupled, cp, err)
+				}
+				a.Coupled = &cp
+			}
 			go func() {
 				mu.Lock()
 				defer mu.Unlock()
@@ -200,10 +236,12 @@ func TestRemoteHead(t *testing.T) {
 				}
 			}()
 		}, 10*time.Second)
-		res, err := g.Submit(context.Background(), speculative.Request{Prompt: pr, MaxTokens: n, Remote: remote,
-			OnStep: func(st speculative.Step) bool { remoteDrafts = append(remoteDrafts, engine.IDs(st.Draft)); return true }})
+		rr := req
+		rr.Remote = remote
+		rr.OnStep = func(st speculative.Step) bool { remoteDrafts = append(remoteDrafts, engine.IDs(st.Draft)); return true }
+		res, err := g.Submit(context.Background(), rr)
 		if err != nil || !slices.Equal(ids(res.Tokens), want) {
-			t.Fatalf("prompt %d, the remote head: %v %v, want %v", i, ids(res.Tokens), err, want)
+			t.Fatalf("prompt %d (sampled %v), the remote head: %v %v, want %v", i, sampled, ids(res.Tokens), err, want)
 		}
 		if !slices.EqualFunc(localDrafts, remoteDrafts, slices.Equal) {
 			t.Errorf("prompt %d: the remote head drafted %v, the generator's %v", i, remoteDrafts, localDrafts)

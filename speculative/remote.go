@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"webdraft/engine"
+	"webdraft/sampling"
 )
 
 // Remote drafts one generation outside the generator: edge drafting, where
@@ -47,18 +48,33 @@ var askIDs atomic.Int64
 // DraftAsk is a request for a draft; its ID is unique in the process, and
 // increases. Tokens extend the context the remote
 // was sent before (Reset: they are the whole context, a new generation's
-// prompt); the remote drafts up to K greedy tokens after it. A remote
-// keeps its own KV cache in step by keeping the longest prefix of what it
-// fed that the new context shares (its accepted draft tokens).
+// prompt); the remote drafts up to K tokens after it: its greedy tokens,
+// or coupled draws where Coupled is set. A remote keeps its own KV cache
+// in step by keeping the longest prefix of what it fed that the new
+// context shares (its accepted draft tokens).
 type DraftAsk struct {
 	ID     int
 	Tokens []int
 	Reset  bool
 	K      int
+	// Coupled, for a keyed sampled generation (Generator.Keyed), asks for
+	// coupled draws: draft i (from 0) the Gumbel-max draw from the
+	// remote's distribution at Coupled.Sampling under
+	// Coupled.Keys.At(n + i), n the context's length — the key the
+	// target's row for that position draws under, so that the two agree
+	// about as often as the distributions overlap. Nil: greedy drafts.
+	Coupled *Coupling
 	// Features are, for a remote that drafts with an EAGLE-3 head
 	// (NewHeadRemote), the target's features of the positions it has
 	// fed since the last ask; nil for a remote that reads text alone.
 	Features *FeatureRows
+}
+
+// Coupling is what a remote drafts coupled draws by: the generation's keys
+// and its sampling.
+type Coupling struct {
+	Keys     sampling.Keys
+	Sampling sampling.Params
 }
 
 // FeatureRows are the target's features of positions From … From+n−1
@@ -186,18 +202,18 @@ type remoteDraft struct {
 }
 
 // poll is the loop's turn at a remote generation that needs a draft of
-// k tokens: the draft when it has come, else asks for one if none is
+// k tokens (coupled draws with coupled, else greedy): the draft when it has come, else asks for one if none is
 // asked — with the target's features of positions from … held−1 where the
 // remote reads them (features reads them) —; err ends the generation
 // (closed, timed out, failed). deadline is when the wait ends.
-func (rd *remoteDraft) poll(context []int, k int, vocab int, now time.Time, held int, features func(from, to int) ([]float32, int, error)) (draft []engine.Token, ok bool, deadline time.Time, rtt, own time.Duration, err error) {
+func (rd *remoteDraft) poll(context []int, k int, coupled *Coupling, vocab int, now time.Time, held int, features func(from, to int) ([]float32, int, error)) (draft []engine.Token, ok bool, deadline time.Time, rtt, own time.Duration, err error) {
 	rd.mu.Lock()
 	defer rd.mu.Unlock()
 	if rd.closed != nil {
 		return nil, false, time.Time{}, 0, 0, rd.closed
 	}
 	if rd.asked == nil {
-		a := DraftAsk{ID: int(askIDs.Add(1)), Tokens: append(make([]int, 0, len(context)-rd.sent), context[rd.sent:]...), Reset: rd.sent == 0, K: k}
+		a := DraftAsk{ID: int(askIDs.Add(1)), Tokens: append(make([]int, 0, len(context)-rd.sent), context[rd.sent:]...), Reset: rd.sent == 0, K: k, Coupled: coupled}
 		if rd.features {
 			if a.Reset {
 				rd.featSent = 0

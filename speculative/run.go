@@ -852,7 +852,11 @@ func (r *runner) remoteDrafts(ready []*gen) []*gen {
 			kept = append(kept, gn)
 			continue
 		}
-		draft, ok, deadline, rtt, own, err := gn.remote.poll(gn.context, k, vocab, now, held, func(from, to int) ([]float32, int, error) {
+		var coupled *Coupling
+		if gn.keyed {
+			coupled = &Coupling{Keys: gn.keys, Sampling: gn.req.Sampling}
+		}
+		draft, ok, deadline, rtt, own, err := gn.remote.poll(gn.context, k, coupled, vocab, now, held, func(from, to int) ([]float32, int, error) {
 			return r.g.targetFeatures(gn.target, from, to)
 		})
 		switch {
@@ -953,54 +957,52 @@ func (r *runner) drafts(ctx context.Context, ready []*gen, fill []*engine.Entry)
 }
 
 // coupledDrafts drafts the chains of keyed generations over a drafter that
-// drafts coupled draws a pass at a time (engine.DraftsCoupled): each
-// draft the Gumbel-max draw from the drafter's distribution under the key
-// of the position it is drafted for — the key the target's row for it
-// draws under, so that the two agree about as often as the distributions
-// overlap (1 − TV(p, q)) —, a pass a position, each generation up to its
-// own length and p_min; the drafter's sequence then holds what StepN's
-// would.
+// drafts coupled draws (engine.DraftsCoupled): each draft the Gumbel-max
+// draw from the drafter's distribution under the key of the position it
+// is drafted for — the key the target's row for it draws under, so that
+// the two agree about as often as the distributions overlap
+// (1 − TV(p, q)). One SampleN (chained on the device where the drafter
+// chains) as long as the longest, each cut to its generation's own length
+// and p_min, as drafts' greedy chains are; the drafter's sequences then
+// hold what StepN's would.
 func (r *runner) coupledDrafts(ctx context.Context, gens []*gen) ([][]engine.Token, error) {
 	d := r.g.drafter
-	drafts := make([][]engine.Token, len(gens))
+	batch := make([]*engine.VerifyEntry, len(gens))
 	want := make([]int, len(gens))
+	n, room := 0, math.MaxInt
 	for i, gn := range gens {
-		want[i] = min(gn.draftLen(r.g), d.Config().MaxPositionEmbeddings-len(gn.context)+1)
+		want[i] = gn.draftLen(r.g)
+		n = max(n, want[i])
+		room = min(room, d.Config().MaxPositionEmbeddings-len(gn.context)+1)
 	}
-	for level := 0; ; level++ {
-		var batch []*engine.VerifyEntry
-		var who []int
-		for i, gn := range gens {
-			if len(drafts[i]) != level || level >= want[i] {
-				continue // done, or cut by p_min
-			}
-			en := &engine.VerifyEntry{Seq: gn.draft, Out: 1, Sampling: gn.req.Sampling, TopN: gn.req.DraftTopN,
-				Draws: []sampling.Draw{gn.keys.At(len(gn.context) + level)}}
-			if level == 0 {
-				en.Tokens = gn.pendingDraft()
-			} else {
-				en.Tokens = []int{drafts[i][level-1].ID}
-			}
-			if gn.head {
-				en.Target = gn.target
-			}
-			batch, who = append(batch, en), append(who, i)
+	if n = min(n, room); n <= 0 {
+		return make([][]engine.Token, len(gens)), nil
+	}
+	for i, gn := range gens {
+		en := &engine.VerifyEntry{Seq: gn.draft, Tokens: gn.pendingDraft(), Out: 1, Sampling: gn.req.Sampling, TopN: gn.req.DraftTopN,
+			Draws: make([]sampling.Draw, n)}
+		for j := range n {
+			en.Draws[j] = gn.keys.At(len(gn.context) + j)
 		}
-		if len(batch) == 0 {
-			return drafts, nil
+		if gn.head {
+			en.Target = gn.target
 		}
-		if err := d.Verify(ctx, batch); err != nil {
-			return nil, err
-		}
-		for b, i := range who {
-			row := batch[b].Rows[0]
-			if p := gens[i].req.PMin; p > 0 && math.Exp(float64(row.SampleLogprob)) < p {
-				want[i] = level
-				continue
+		batch[i] = en
+	}
+	out, err := engine.SampleN(ctx, d, batch, n)
+	if err != nil {
+		return nil, err
+	}
+	drafts := make([][]engine.Token, len(gens))
+	for i, gn := range gens {
+		for _, t := range out[i][:min(want[i], n)] {
+			if p := gn.req.PMin; p > 0 && math.Exp(float64(t.Logprob)) < p {
+				break
 			}
-			drafts[i] = append(drafts[i], engine.Token{ID: row.Sample, Logprob: row.SampleLogprob, Top: row.Top})
+			drafts[i] = append(drafts[i], t)
 		}
 	}
+	return drafts, nil
 }
 
 // fail ends generations after an engine error, releasing their sequences

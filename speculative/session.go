@@ -10,6 +10,7 @@ import (
 	"math"
 
 	"webdraft/engine"
+	"webdraft/sampling"
 )
 
 // Session is the remote's side of edge drafting (Remote): a drafter
@@ -56,8 +57,10 @@ func NewSession(drafter engine.Engine) (*Session, error) {
 // its asks must carry the target's features (NewHeadRemote).
 func (s *Session) ReadsFeatures() bool { return s.target != nil }
 
-// Draft answers ask a: up to a.K greedy tokens after the context (a.Tokens
-// on top of the asks before, or the whole context with a.Reset). A head
+// Draft answers ask a: up to a.K tokens after the context (a.Tokens on top
+// of the asks before, or the whole context with a.Reset) — the drafter's
+// greedy tokens, or its coupled draws where a.Coupled asks for them
+// (engine.SampleN). A head
 // drafts nothing while its target's features do not reach the context's
 // last token but one (nor for a context of one token). A failed draft leaves the session empty: the next
 // ask must reset it.
@@ -72,6 +75,13 @@ func (s *Session) Draft(ctx context.Context, a DraftAsk) ([]int, error) {
 		return nil, errors.New("edge session: an EAGLE-3 head drafts over the target's features, and the ask brings none")
 	case s.target == nil && a.Features != nil:
 		return nil, errors.New("edge session: features for a drafter that reads text alone")
+	case a.Coupled != nil && !engine.DraftsCoupled(s.drafter):
+		return nil, errors.New("edge session: coupled draws asked of a drafter that does not draft them")
+	}
+	if a.Coupled != nil {
+		if err := a.Coupled.Sampling.Validate(); err != nil {
+			return nil, fmt.Errorf("edge session: coupled draws: %w", err)
+		}
 	}
 	for i, t := range a.Tokens {
 		if t < 0 || t >= c.VocabSize {
@@ -106,7 +116,17 @@ func (s *Session) Draft(ctx context.Context, a DraftAsk) ([]int, error) {
 		keep++
 	}
 	s.seq.Truncate(keep) // a head keeps no row past its target's features: Len may be below keep
-	out, err := engine.StepN(ctx, s.drafter, []*engine.Entry{{Seq: s.seq, Target: s.tseq, Tokens: all[s.seq.Len():]}}, a.K)
+	var out [][]engine.Token
+	var err error
+	if c := a.Coupled; c != nil && !c.Sampling.Greedy() {
+		draws := make([]sampling.Draw, a.K)
+		for i := range draws {
+			draws[i] = c.Keys.At(len(all) + i)
+		}
+		out, err = engine.SampleN(ctx, s.drafter, []*engine.VerifyEntry{{Seq: s.seq, Target: s.tseq, Tokens: all[s.seq.Len():], Out: 1, Sampling: c.Sampling, Draws: draws}}, a.K)
+	} else {
+		out, err = engine.StepN(ctx, s.drafter, []*engine.Entry{{Seq: s.seq, Target: s.tseq, Tokens: all[s.seq.Len():]}}, a.K)
+	}
 	if err != nil {
 		s.release() // the caches may hold anything: the next ask starts over
 		return nil, fmt.Errorf("edge session: %w", err)
@@ -222,5 +242,38 @@ func (f *FeatureRows) UnmarshalJSON(b []byte) error {
 		rows[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 	}
 	*f = FeatureRows{From: j.From, Width: j.Width, Rows: rows}
+	return nil
+}
+
+// couplingJSON is Coupling on the wire (the page's draft_request): the
+// keys' two words, the temperature and top_p.
+type couplingJSON struct {
+	Keys        *[2]uint32 `json:"keys"`
+	Temperature float32    `json:"temperature"`
+	TopP        float32    `json:"top_p"`
+}
+
+// MarshalJSON writes {"keys": [s0, s1], "temperature": T, "top_p": P}.
+func (c Coupling) MarshalJSON() ([]byte, error) {
+	return json.Marshal(couplingJSON{Keys: &[2]uint32{c.Keys.S0, c.Keys.S1}, Temperature: c.Sampling.Temperature, TopP: c.Sampling.TopP})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes: the keys present, the
+// sampling valid and at a temperature.
+func (c *Coupling) UnmarshalJSON(b []byte) error {
+	var j couplingJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	p := sampling.Params{Temperature: j.Temperature, TopP: j.TopP}
+	switch err := p.Validate(); {
+	case j.Keys == nil:
+		return errors.New("coupled draws without keys")
+	case err != nil:
+		return fmt.Errorf("coupled draws: %w", err)
+	case p.Greedy():
+		return fmt.Errorf("coupled draws at temperature %v: want above 0", p.Temperature)
+	}
+	*c = Coupling{Keys: sampling.Keys{S0: j.Keys[0], S1: j.Keys[1]}, Sampling: p}
 	return nil
 }

@@ -113,6 +113,33 @@ type greedyDrafter struct{ engine.Engine }
 // greedyHead is greedyDrafter for an EAGLE-3 head (engine.Head).
 type greedyHead struct{ engine.Head }
 
+// sampleCounting counts a drafter's SampleN calls — its coupled drafts
+// outside fused steps (engine.DraftsCoupled) — and hides its fused steps.
+type sampleCounting struct {
+	engine.Engine
+	calls *atomic.Int64
+}
+
+func (s sampleCounting) SampleN(ctx context.Context, batch []*engine.VerifyEntry, n int) ([][]engine.Token, error) {
+	s.calls.Add(1)
+	return engine.SampleN(ctx, s.Engine, batch, n)
+}
+
+func (s sampleCounting) DraftsCoupled() bool { return engine.DraftsCoupled(s.Engine) }
+
+// sampleCountingHead is sampleCounting for an EAGLE-3 head (engine.Head).
+type sampleCountingHead struct {
+	engine.Head
+	calls *atomic.Int64
+}
+
+func (s sampleCountingHead) SampleN(ctx context.Context, batch []*engine.VerifyEntry, n int) ([][]engine.Token, error) {
+	s.calls.Add(1)
+	return engine.SampleN(ctx, s.Head, batch, n)
+}
+
+func (s sampleCountingHead) DraftsCoupled() bool { return engine.DraftsCoupled(s.Head) }
+
 // greedy is the target's own greedy continuation, no drafter.
 func greedy(t *testing.T, e engine.Engine, prompt []int, n int) []int {
 	t.Helper()
@@ -1066,24 +1093,39 @@ func TestSeedIsDrafterInvariant(t *testing.T) {
 	ps := prompts(31, 3)
 	const n = 24
 	params := []sampling.Params{{Temperature: 0.7}, {Temperature: 1, TopP: 0.9}, {Temperature: 0.3, TopP: 0.95}}
+	// The unfused WebGPU drafters draft coupled draws outside fused steps
+	// (SampleN, counted).
+	var sampled atomic.Int64
 	cases := []struct {
-		name string
-		pair func(t *testing.T) pair
+		name    string
+		pair    func(t *testing.T) pair
+		unfused bool
 	}{
-		{"cpu", func(t *testing.T) pair { return pairs(t, cpu)[0] }},
-		{"cpu-other", func(t *testing.T) pair { return pairs(t, cpu)[1] }},
+		{"cpu", func(t *testing.T) pair { return pairs(t, cpu)[0] }, false},
+		{"cpu-other", func(t *testing.T) pair { return pairs(t, cpu)[1] }, false},
 		{"cpu-greedy-drafts", func(t *testing.T) pair {
 			p := pairs(t, cpu)[0]
 			p.drafter = greedyDrafter{p.drafter}
 			return p
-		}},
-		{"cpu-head", func(t *testing.T) pair { return headPair(t, ps, n) }},
-		{"webgpu", func(t *testing.T) pair { return pairs(t, gpuGroup(t))[0] }},
-		{"webgpu-head", func(t *testing.T) pair { return webgpuHeadPair(t, ps, n) }},
+		}, false},
+		{"cpu-head", func(t *testing.T) pair { return headPair(t, ps, n) }, false},
+		{"webgpu", func(t *testing.T) pair { return pairs(t, gpuGroup(t))[0] }, false},
+		{"webgpu-head", func(t *testing.T) pair { return webgpuHeadPair(t, ps, n) }, false},
+		{"webgpu-unfused", func(t *testing.T) pair {
+			p := pairs(t, gpuGroup(t))[0]
+			p.drafter = sampleCounting{p.drafter, &sampled}
+			return p
+		}, true},
+		{"webgpu-head-unfused", func(t *testing.T) pair {
+			p := webgpuHeadPair(t, ps, n)
+			p.drafter = sampleCountingHead{p.drafter.(engine.Head), &sampled}
+			return p
+		}, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			g := start(t, c.pair(t), speculative.Options{})
+			sampled.Store(0)
+			g := start(t, c.pair(t), speculative.Options{Unfused: c.unfused})
 			ctx := context.Background()
 			var mu sync.Mutex
 			accepted := 0
@@ -1116,6 +1158,9 @@ func TestSeedIsDrafterInvariant(t *testing.T) {
 			wg.Wait()
 			if accepted == 0 {
 				t.Error("no draft accepted")
+			}
+			if c.unfused && sampled.Load() == 0 {
+				t.Error("the drafter drafted no coupled draws outside fused steps (SampleN)")
 			}
 			t.Logf("%d drafts accepted", accepted)
 		})

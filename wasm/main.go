@@ -12,7 +12,7 @@
 //	webdraft.loadFiles(files, dir, options) → Promise<Model>  (options.head: an EAGLE-3 head over it, Model.head)
 //	model.draft(ids, n)                     → Promise<number[]>
 //	model.session()                         → Session (edge drafting's sequences kept between calls; null for a closed model)
-//	session.draft(tokens, reset, k, features) → Promise<{tokens, ms}>  (features: a head's, as the server's draft_request has them)
+//	session.draft(tokens, reset, k, features, coupled) → Promise<{tokens, ms}>  (features: a head's; coupled: a sampled run's keys; both as the server's draft_request has them)
 //	session.warm()                          → Promise<void>
 //	session.close()                         → Promise<void>
 //	model.close()                           → Promise<void>

@@ -45,6 +45,7 @@ func (s *draftSession) object() js.Value {
 		reset := arg(args, 1).Truthy()
 		k, kErr := jsInt(arg(args, 2))
 		features, fErr := jsFeatures(arg(args, 3))
+		coupled, cErr := jsCoupling(arg(args, 4))
 		return promise(func() (any, error) {
 			switch {
 			case tokErr != nil:
@@ -53,9 +54,11 @@ func (s *draftSession) object() js.Value {
 				return nil, fmt.Errorf("session.draft: k: %w", kErr)
 			case fErr != nil:
 				return nil, fmt.Errorf("session.draft: features: %w", fErr)
+			case cErr != nil:
+				return nil, fmt.Errorf("session.draft: coupled: %w", cErr)
 			}
 			start := time.Now()
-			out, err := s.draft(speculative.DraftAsk{Tokens: tokens, Reset: reset, K: k, Features: features})
+			out, err := s.draft(speculative.DraftAsk{Tokens: tokens, Reset: reset, K: k, Features: features, Coupled: coupled})
 			if err != nil {
 				return nil, fmt.Errorf("session.draft: %w", err)
 			}
@@ -102,6 +105,23 @@ func (s *draftSession) locked(f func(*speculative.Session) error) error {
 		return errors.New("the model is closed")
 	}
 	return f(s.s)
+}
+
+// jsCoupling reads a draft request's coupled draws ({keys: [s0, s1],
+// temperature, top_p}, as the server sends them: speculative.Coupling);
+// undefined or null asks for greedy drafts.
+func jsCoupling(v js.Value) (*speculative.Coupling, error) {
+	if v.IsUndefined() || v.IsNull() {
+		return nil, nil
+	}
+	if v.Type() != js.TypeObject {
+		return nil, errors.New("want an object {keys, temperature, top_p}")
+	}
+	var c speculative.Coupling
+	if err := json.Unmarshal([]byte(js.Global().Get("JSON").Call("stringify", v).String()), &c); err != nil {
+		return nil, err
+	}
+	return &c, nil
 }
 
 // jsFeatures reads a draft request's features ({from, width, rows}: rows

@@ -222,3 +222,98 @@ func TestEngineCoupledDrafts(t *testing.T) {
 	}
 	t.Logf("coupled drafts other than the greedy token: %d", notGreedy)
 }
+
+// TestHeadSampleN: outside fused steps a head drafts coupled draws through
+// SampleN — each token the coupled draw of its own distribution (the
+// plain-Go head's logits at its position) under its draw's key, within the
+// noise's slack, listing its most likely tokens where asked, and at
+// temperature 1 not only its greedy tokens — chained on the device, and a
+// step a call where the entry is fed short of the target's line (its later
+// rows then read the target's features); a draw that is not coupled is
+// refused.
+func TestHeadSampleN(t *testing.T) {
+	rig := newHeadRig(t, false, HeadOptions{})
+	h, target := rig.head, rig.target
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(25, 26))
+	const n = 4
+	notGreedy := 0
+	for trial := range 8 {
+		prompt := []int{3 + trial, 17, 5, 9, 30 + trial, 200, 11, 40 + trial}
+		g := newHeadTwins(t, h, target, prompt)
+		fed := g.text // the head's tokens: the whole text, or short of the target's line
+		if trial%2 == 1 {
+			fed = g.text[:len(g.text)-3]
+		}
+		T := []float32{1, 0.7}[trial/2%2]
+		topN := 0
+		if trial >= 4 {
+			topN = 3
+		}
+		draws := make([]sampling.Draw, n)
+		for k := range draws {
+			draws[k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: true}
+		}
+		en := &engine.VerifyEntry{Seq: g.hF, Target: g.tF, Tokens: slices.Clone(fed), Out: 1, TopN: topN,
+			Sampling: sampling.Params{Temperature: T, TopP: 1}, Draws: draws}
+		out, err := h.SampleN(ctx, []*engine.VerifyEntry{en}, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out) != 1 || len(out[0]) != n {
+			t.Fatalf("trial %d: %d entries' tokens, want 1 of %d", trial, len(out), n)
+		}
+		if got, want := g.hF.Len(), len(fed)+n-1; got > want {
+			t.Errorf("trial %d: the head holds %d positions, want at most %d", trial, got, want)
+		}
+		text := append(slices.Clone(fed), engine.IDs(out[0][:n-1])...)
+		rows := rig.oracle.rows(text, prompt)
+		for c, d := range out[0] {
+			logits := rows[len(fed)-2+c].Logits // rows[i]: after token i + 1
+			k0, k1 := draws[c].Key()
+			noisy := func(i int) float64 {
+				return float64(logits[i]/T) + float64(sampling.Gumbel(k0, k1, int(rig.w.TargetIDs[i])))
+			}
+			want, err := sampling.CoupledChoice(logits, rig.w.TargetIDs, T, draws[c])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := slices.Index(rig.w.TargetIDs, int32(d.ID))
+			if got < 0 {
+				t.Fatalf("trial %d, token %d: %d is not a draft token", trial, c, d.ID)
+			}
+			if best := noisy(want); noisy(got) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
+				t.Errorf("trial %d, token %d: %d (%v), the coupled draw is %d (%v)", trial, c, d.ID, noisy(got), rig.w.TargetIDs[want], best)
+			}
+			greedy := slices.Index(logits, slices.Max(logits))
+			if got != greedy {
+				notGreedy++
+			}
+			if len(d.Top) != topN {
+				t.Fatalf("trial %d, token %d: %d top tokens, want %d", trial, c, len(d.Top), topN)
+			}
+			if topN > 0 {
+				if top := slices.Index(rig.w.TargetIDs, int32(d.Top[0].Token)); top < 0 || top != greedy && logits[top] < logits[greedy]-1e-3 {
+					t.Errorf("trial %d, token %d: top tokens %v, the most likely is %d", trial, c, d.Top, rig.w.TargetIDs[greedy])
+				}
+			}
+		}
+		for _, s := range []engine.Sequence{g.tF, g.tS, g.hF, g.hS} {
+			s.Release()
+		}
+	}
+	if notGreedy == 0 {
+		t.Error("every coupled draw was the head's greedy token")
+	}
+	t.Logf("coupled draws other than the greedy token: %d", notGreedy)
+
+	g := newHeadTwins(t, h, target, []int{5, 6, 7})
+	plain := &engine.VerifyEntry{Seq: g.hF, Target: g.tF, Tokens: slices.Clone(g.text), Out: 1,
+		Sampling: sampling.Params{Temperature: 1}, Draws: []sampling.Draw{{X: sampling.NoProposal, U: 0.5, V: 0.5}}}
+	if _, err := h.SampleN(ctx, []*engine.VerifyEntry{plain}, 1); err == nil {
+		t.Error("SampleN took a draw that is not coupled")
+	}
+	if g.hF.Len() != 0 {
+		t.Errorf("a refused SampleN left %d positions in the head's sequence", g.hF.Len())
+	}
+}

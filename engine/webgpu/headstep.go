@@ -110,14 +110,15 @@ func (h *Head) step(ctx context.Context, batch []*engine.Entry) error {
 // one read brings back after the last. With Sampling and Propose an
 // entry's rows draw proposals from the head's distribution (VerifyRow.Drawn
 // and Q, a DeviceDist: headpropose.go); Draws and Tree are refused
-// (engine.CheckHeadVerify; coupled drafts are its fused steps'). Nothing changes when the batch is refused.
+// (engine.CheckHeadVerify; coupled drafts are SampleN's and its fused
+// steps'). Nothing changes when the batch is refused.
 func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
 	if err := engine.CheckHeadVerify(&h.engCfg, batch); err != nil {
 		return fmt.Errorf("webgpu head: %w", err)
 	}
 	for i, en := range batch {
 		if en.Draws != nil {
-			return fmt.Errorf("webgpu head: batch entry %d: coupled drafts a pass at a time: the head drafts them in its fused steps (engine.CouplesDrafts)", i)
+			return fmt.Errorf("webgpu head: batch entry %d: coupled drafts in Verify: the head drafts them in SampleN and its fused steps", i)
 		}
 	}
 	if len(batch) == 0 {

@@ -137,7 +137,7 @@ async function draft(req) {
   let msg;
   try {
     if (!session) throw new Error("the drafter in this browser is not ready (restarting after a GPU fault?)");
-    const r = await session.draft(req.tokens, req.reset, req.k, req.features);
+    const r = await session.draft(req.tokens, req.reset, req.k, req.features, req.coupled);
     msg = { type: "draft", id: req.id, tokens: r.tokens, draft_ms: r.ms };
   } catch (err) {
     msg = { type: "draft", id: req.id, error: String(err && err.message ? err.message : err) };

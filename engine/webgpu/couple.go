@@ -181,21 +181,7 @@ func (h *Head) SampleN(ctx context.Context, batch []*engine.VerifyEntry, n int) 
 			h.unchain(feeds, false)
 			return nil, nil
 		}
-		lay, submitted, err := h.chainSubmit(ctx, feeds, entries, m, false, func(k int) gpu.Binding { return keys(j + k) })
-		var toks [][]engine.Token
-		if err == nil {
-			var raw []byte
-			if raw, err = h.act.results.Read(0, lay.bytes()); err != nil {
-				err = fmt.Errorf("read back: %w", err)
-			} else {
-				toks, err = h.chainDone(feeds, entries, lay, raw)
-			}
-		}
-		if err != nil {
-			h.unchain(feeds, submitted)
-			return nil, h.target.broken(err)
-		}
-		return toks, nil
+		return h.chainTokens(ctx, feeds, entries, m, func(k int) gpu.Binding { return keys(j + k) })
 	}
 	toks, err := run(0, n)
 	if err == nil && toks == nil { // the steps do not chain: a step a call

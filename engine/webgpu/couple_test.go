@@ -2,6 +2,7 @@ package webgpu
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -61,33 +62,8 @@ func TestHeadCoupledDrafts(t *testing.T) {
 		text := append(slices.Clone(g.text), engine.IDs(drafts[:n-1])...)
 		rows := rig.oracle.rows(text, g.text[:len(g.text)-1])
 		for c, d := range drafts {
-			logits := rows[len(g.text)-2+c].Logits
-			k0, k1 := draws[c].Key()
-			noisy := func(i int) float64 {
-				return float64(logits[i]/T) + float64(sampling.Gumbel(k0, k1, int(rig.w.TargetIDs[i])))
-			}
-			want, err := sampling.CoupledChoice(logits, rig.w.TargetIDs, T, draws[c])
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := slices.Index(rig.w.TargetIDs, int32(d.ID))
-			if got < 0 {
-				t.Fatalf("trial %d, draft %d: token %d is not a draft token", trial, c, d.ID)
-			}
-			if best := noisy(want); noisy(got) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
-				t.Errorf("trial %d, draft %d: token %d (%v), the coupled draw is %d (%v)", trial, c, d.ID, noisy(got), rig.w.TargetIDs[want], best)
-			}
-			greedy := slices.Index(logits, slices.Max(logits))
-			if got != greedy {
+			if checkHeadCoupled(t, rig, fmt.Sprintf("trial %d, draft %d", trial, c), rows[len(g.text)-2+c].Logits, T, draws[c], d, topN) {
 				notGreedy++
-			}
-			if len(d.Top) != topN {
-				t.Fatalf("trial %d, draft %d: %d top tokens, want %d", trial, c, len(d.Top), topN)
-			}
-			if topN > 0 {
-				if top := slices.Index(rig.w.TargetIDs, int32(d.Top[0].Token)); top < 0 || top != greedy && logits[top] < logits[greedy]-1e-3 {
-					t.Errorf("trial %d, draft %d: top tokens %v, the most likely is %d", trial, c, d.Top, rig.w.TargetIDs[greedy])
-				}
 			}
 			row := steps[0].Verify.Rows[c]
 			if row.Accept != (row.Sample == d.ID) {
@@ -102,6 +78,40 @@ func TestHeadCoupledDrafts(t *testing.T) {
 		t.Error("every coupled draft was the head's greedy token")
 	}
 	t.Logf("coupled drafts other than the greedy token: %d", notGreedy)
+}
+
+// checkHeadCoupled checks a head's token d, drafted under draw at
+// temperature T where the plain-Go head's logits over its draft vocabulary
+// are logits: the coupled draw within the noise's slack, listing topN
+// most likely tokens, the most likely first. It reports whether d is not
+// the head's greedy token.
+func checkHeadCoupled(t *testing.T, rig *headRig, what string, logits []float32, T float32, draw sampling.Draw, d engine.Token, topN int) bool {
+	t.Helper()
+	k0, k1 := draw.Key()
+	noisy := func(i int) float64 {
+		return float64(logits[i]/T) + float64(sampling.Gumbel(k0, k1, int(rig.w.TargetIDs[i])))
+	}
+	want, err := sampling.CoupledChoice(logits, rig.w.TargetIDs, T, draw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := slices.Index(rig.w.TargetIDs, int32(d.ID))
+	if got < 0 {
+		t.Fatalf("%s: token %d is not a draft token", what, d.ID)
+	}
+	if best := noisy(want); noisy(got) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
+		t.Errorf("%s: token %d (%v), the coupled draw is %d (%v)", what, d.ID, noisy(got), rig.w.TargetIDs[want], best)
+	}
+	greedy := slices.Index(logits, slices.Max(logits))
+	if len(d.Top) != topN {
+		t.Fatalf("%s: %d top tokens, want %d", what, len(d.Top), topN)
+	}
+	if topN > 0 {
+		if top := slices.Index(rig.w.TargetIDs, int32(d.Top[0].Token)); top < 0 || top != greedy && logits[top] < logits[greedy]-1e-3 {
+			t.Errorf("%s: top tokens %v, the most likely is %d", what, d.Top, rig.w.TargetIDs[greedy])
+		}
+	}
+	return got != greedy
 }
 
 // TestEngineCoupledDrafts: a standalone drafter's fused steps draft as a
@@ -269,33 +279,9 @@ func TestHeadSampleN(t *testing.T) {
 		text := append(slices.Clone(fed), engine.IDs(out[0][:n-1])...)
 		rows := rig.oracle.rows(text, prompt)
 		for c, d := range out[0] {
-			logits := rows[len(fed)-2+c].Logits // rows[i]: after token i + 1
-			k0, k1 := draws[c].Key()
-			noisy := func(i int) float64 {
-				return float64(logits[i]/T) + float64(sampling.Gumbel(k0, k1, int(rig.w.TargetIDs[i])))
-			}
-			want, err := sampling.CoupledChoice(logits, rig.w.TargetIDs, T, draws[c])
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := slices.Index(rig.w.TargetIDs, int32(d.ID))
-			if got < 0 {
-				t.Fatalf("trial %d, token %d: %d is not a draft token", trial, c, d.ID)
-			}
-			if best := noisy(want); noisy(got) < best-samplingtest.NoiseSlack*max(1, math.Abs(best))-1e-3 {
-				t.Errorf("trial %d, token %d: %d (%v), the coupled draw is %d (%v)", trial, c, d.ID, noisy(got), rig.w.TargetIDs[want], best)
-			}
-			greedy := slices.Index(logits, slices.Max(logits))
-			if got != greedy {
+			// rows[i]: the head's row after token i + 1.
+			if checkHeadCoupled(t, rig, fmt.Sprintf("trial %d, token %d", trial, c), rows[len(fed)-2+c].Logits, T, draws[c], d, topN) {
 				notGreedy++
-			}
-			if len(d.Top) != topN {
-				t.Fatalf("trial %d, token %d: %d top tokens, want %d", trial, c, len(d.Top), topN)
-			}
-			if topN > 0 {
-				if top := slices.Index(rig.w.TargetIDs, int32(d.Top[0].Token)); top < 0 || top != greedy && logits[top] < logits[greedy]-1e-3 {
-					t.Errorf("trial %d, token %d: top tokens %v, the most likely is %d", trial, c, d.Top, rig.w.TargetIDs[greedy])
-				}
 			}
 		}
 		for _, s := range []engine.Sequence{g.tF, g.tS, g.hF, g.hS} {

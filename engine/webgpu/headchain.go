@@ -82,21 +82,7 @@ func (h *Head) prepareChain(ctx context.Context, batch []*engine.Entry, n int) (
 // read back once where they chain, else step by step, each read back.
 func (h *Head) runChain(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int) ([][]engine.Token, error) {
 	if n > 1 && h.chains(feeds) {
-		lay, submitted, err := h.chainSubmit(ctx, feeds, batch, n, false, nil)
-		var toks [][]engine.Token
-		if err == nil {
-			var raw []byte
-			if raw, err = h.act.results.Read(0, lay.bytes()); err != nil {
-				err = fmt.Errorf("read back: %w", err)
-			} else {
-				toks, err = h.chainDone(feeds, batch, lay, raw)
-			}
-		}
-		if err != nil {
-			h.unchain(feeds, submitted)
-			return nil, h.target.broken(err)
-		}
-		return toks, nil
+		return h.chainTokens(ctx, feeds, batch, n, nil)
 	}
 	// Step by step, each read back.
 	out := make([][]engine.Token, len(batch))
@@ -119,6 +105,28 @@ func (h *Head) runChain(ctx context.Context, feeds []headFeed, batch []*engine.E
 		}
 	}
 	return out, nil
+}
+
+// chainTokens runs a chain of n steps over planned feeds (chains, or n =
+// 1; the blocks reserved), its drafts coupled by keys where keys is not
+// nil (chainSubmit), reads it back and commits it: each entry's n tokens.
+// A chain that fails is undone and breaks the engine.
+func (h *Head) chainTokens(ctx context.Context, feeds []headFeed, batch []*engine.Entry, n int, keys func(k int) gpu.Binding) ([][]engine.Token, error) {
+	lay, submitted, err := h.chainSubmit(ctx, feeds, batch, n, false, keys)
+	var toks [][]engine.Token
+	if err == nil {
+		var raw []byte
+		if raw, err = h.act.results.Read(0, lay.bytes()); err != nil {
+			err = fmt.Errorf("read back: %w", err)
+		} else {
+			toks, err = h.chainDone(feeds, batch, lay, raw)
+		}
+	}
+	if err != nil {
+		h.unchain(feeds, submitted)
+		return nil, h.target.broken(err)
+	}
+	return toks, nil
 }
 
 // unchain undoes a chain that failed: the blocks reserved for it given

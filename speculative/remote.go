@@ -202,10 +202,11 @@ type remoteDraft struct {
 }
 
 // poll is the loop's turn at a remote generation that needs a draft of
-// k tokens (coupled draws with coupled, else greedy): the draft when it has come, else asks for one if none is
-// asked — with the target's features of positions from … held−1 where the
-// remote reads them (features reads them) —; err ends the generation
-// (closed, timed out, failed). deadline is when the wait ends.
+// k tokens (coupled draws with coupled, else greedy): the draft when it
+// has come, else asks for one if none is asked — with the target's
+// features of positions from … held−1 where the remote reads them
+// (features reads them) —; err ends the generation (closed, timed out,
+// failed). deadline is when the wait ends.
 func (rd *remoteDraft) poll(context []int, k int, coupled *Coupling, vocab int, now time.Time, held int, features func(from, to int) ([]float32, int, error)) (draft []engine.Token, ok bool, deadline time.Time, rtt, own time.Duration, err error) {
 	rd.mu.Lock()
 	defer rd.mu.Unlock()

@@ -44,8 +44,11 @@ func (s *draftSession) object() js.Value {
 		tokens, tokErr := jsInts(arg(args, 0))
 		reset := arg(args, 1).Truthy()
 		k, kErr := jsInt(arg(args, 2))
-		features, fErr := jsFeatures(arg(args, 3))
-		coupled, cErr := jsCoupling(arg(args, 4))
+		// features: a head's rows ({from, width, rows}, rows base64 of
+		// little-endian f32); coupled: a sampled run's keys (greedy drafts
+		// without).
+		features, fErr := jsObject[speculative.FeatureRows](arg(args, 3), "{from, width, rows}")
+		coupled, cErr := jsObject[speculative.Coupling](arg(args, 4), "{keys, temperature, top_p}")
 		return promise(func() (any, error) {
 			switch {
 			case tokErr != nil:
@@ -107,36 +110,19 @@ func (s *draftSession) locked(f func(*speculative.Session) error) error {
 	return f(s.s)
 }
 
-// jsCoupling reads a draft request's coupled draws ({keys: [s0, s1],
-// temperature, top_p}, as the server sends them: speculative.Coupling);
-// undefined or null asks for greedy drafts.
-func jsCoupling(v js.Value) (*speculative.Coupling, error) {
+// jsObject reads a draft request's optional object v the way the server
+// sends it (its JSON: speculative.FeatureRows, speculative.Coupling);
+// undefined or null is none (nil). shape names the object in errors.
+func jsObject[T any](v js.Value, shape string) (*T, error) {
 	if v.IsUndefined() || v.IsNull() {
 		return nil, nil
 	}
 	if v.Type() != js.TypeObject {
-		return nil, errors.New("want an object {keys, temperature, top_p}")
+		return nil, errors.New("want an object " + shape)
 	}
-	var c speculative.Coupling
-	if err := json.Unmarshal([]byte(js.Global().Get("JSON").Call("stringify", v).String()), &c); err != nil {
+	var x T
+	if err := json.Unmarshal([]byte(js.Global().Get("JSON").Call("stringify", v).String()), &x); err != nil {
 		return nil, err
 	}
-	return &c, nil
-}
-
-// jsFeatures reads a draft request's features ({from, width, rows}: rows
-// base64 of little-endian f32, as the server sends them); undefined or
-// null is none.
-func jsFeatures(v js.Value) (*speculative.FeatureRows, error) {
-	if v.IsUndefined() || v.IsNull() {
-		return nil, nil
-	}
-	if v.Type() != js.TypeObject {
-		return nil, errors.New("want an object {from, width, rows}")
-	}
-	var f speculative.FeatureRows
-	if err := json.Unmarshal([]byte(js.Global().Get("JSON").Call("stringify", v).String()), &f); err != nil {
-		return nil, err
-	}
-	return &f, nil
+	return &x, nil
 }

@@ -120,9 +120,11 @@ type gen struct {
 	// position it decides (keys: sampling.Keys of its seed), so that its
 	// tokens are the target's Gumbel-max draws at their positions,
 	// whatever drafted them, the same as the target alone's; a drafter
-	// that couples its fused drafts (engine.CouplesDrafts) drafts the
-	// Gumbel-max draws of its own distribution under those keys, accepted
-	// where they are the target's own draws, and greedy tokens elsewhere.
+	// that couples its drafts (engine.CouplesDrafts in fused steps,
+	// engine.DraftsCoupled outside them; a remote through DraftAsk.Coupled)
+	// drafts the Gumbel-max draws of its own distribution under those keys,
+	// accepted where they are the target's own draws; any other drafts its
+	// greedy tokens.
 	// Options.Uncoupled leaves it uncoupled: greedy drafts, the standard
 	// rule, its draws from rng.
 	keyed bool

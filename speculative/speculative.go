@@ -52,9 +52,10 @@ type Options struct {
 	DraftTokens, TargetTokens int
 	// Unfused keeps a chain's drafting and its verification in separate
 	// calls even where the drafter fuses the target (engine.Fuser): the
-	// round trips fusion saves, for measuring it. A drafter that couples
-	// only its fused drafts (engine.CouplesDrafts) then drafts greedy
-	// tokens, which keyed rows accept as the greedy rule does.
+	// round trips fusion saves, for measuring it. A keyed generation's
+	// drafter then drafts its coupled draws through engine.SampleN
+	// (engine.DraftsCoupled), or else its greedy tokens, which keyed rows
+	// accept as the greedy rule does.
 	Unfused bool
 	// Unchained runs every step as a call of its own even where the
 	// engines chain them on the device — fused steps (engine.SpecChainer),

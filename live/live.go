@@ -83,10 +83,6 @@ type Runner struct {
 	// the target's features, Start.EdgeHead); without it edge runs are
 	// refused.
 	Remote func(head bool) *speculative.Remote
-	// SampledDrafts: both of Gen's engines sample their drafts
-	// (engine.SamplesDrafts), so a sampled run may draft a tree; without
-	// it a sampled run drafts chains and a sampled tree is refused.
-	SampledDrafts bool
 
 	mu     sync.Mutex
 	cancel context.CancelFunc // the current run's; nil when none
@@ -113,8 +109,6 @@ func (r *Runner) Request(m Start) (speculative.Request, error) {
 		return speculative.Request{}, fmt.Errorf("topk %d: want 1…%d (1 drafts a chain, more a tree of topk children a node)", m.TopK, speculative.MaxTopK)
 	case m.DraftTokens < 0 || m.DraftTokens > speculative.MaxTreeNodes:
 		return speculative.Request{}, fmt.Errorf("draft_tokens %d: want 1…%d (a tree's nodes verified a step)", m.DraftTokens, speculative.MaxTreeNodes)
-	case m.TopK > 1 && m.Temperature > 0 && !r.SampledDrafts:
-		return speculative.Request{}, fmt.Errorf("a sampled token tree (topk %d, temperature %v) needs engines that sample their drafts, which these do not (they propose greedy chains): set temperature 0, or topk 1 for a chain", m.TopK, m.Temperature)
 	case m.TopK > 1 && m.Edge:
 		return speculative.Request{}, fmt.Errorf("edge drafting drafts chains (the page sends one draft a step): set topk 1, not %d", m.TopK)
 	case m.EdgeHead && !m.Edge:
@@ -236,7 +230,7 @@ func (r *Runner) generate(ctx context.Context, run string, req speculative.Reque
 	req.OnStep = func(s speculative.Step) bool {
 		steps++
 		if req.TopK <= 1 {
-			s.Tree = nil // a chain, which a sampled run's drafter draws as a tree of one child a node
+			s.Tree = nil // a chain, which an unkeyed sampled generation (speculative.Options.Uncoupled) drafts as a tree of one child a node
 		}
 		r.Emit(StepEvent(run, steps, s, r.Tokenizer, dec))
 		return true

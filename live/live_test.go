@@ -44,8 +44,8 @@ func runner(t *testing.T) *Runner {
 
 // TestRequestShape: a start's topk and draft_tokens become the request's
 // tree shape; a chain's is explicit (TopK 1), so the generator's defaults
-// never make it a tree. A sampled tree is taken where the engines sample
-// their drafts.
+// never make it a tree. A sampled tree is taken: its rows are keyed, on
+// any engines.
 func TestRequestShape(t *testing.T) {
 	r := runner(t)
 	for _, c := range []struct {
@@ -70,8 +70,6 @@ func TestRequestShape(t *testing.T) {
 		})
 	}
 	t.Run("a sampled tree", func(t *testing.T) {
-		r.SampledDrafts = true
-		defer func() { r.SampledDrafts = false }()
 		req, err := r.Request(Start{Type: "start", Prompt: "x", K: 3, MaxTokens: 4, Temperature: 0.7, TopK: 2, DraftTokens: 5})
 		if err != nil || req.TopK != 2 || req.TreeNodes != 5 || req.Sampling.Greedy() {
 			t.Errorf("top k %d, tree nodes %d, sampling %+v (%v); want 2, 5, temperature 0.7", req.TopK, req.TreeNodes, req.Sampling, err)
@@ -79,9 +77,8 @@ func TestRequestShape(t *testing.T) {
 	})
 }
 
-// TestRequestRefusesBadTrees: a tree shape out of bounds, a sampled tree
-// where the engines do not sample their drafts, and an edge tree are
-// refused, each error naming what to change.
+// TestRequestRefusesBadTrees: a tree shape out of bounds and an edge tree
+// are refused, each error naming what to change.
 func TestRequestRefusesBadTrees(t *testing.T) {
 	r := runner(t)
 	for _, c := range []struct {
@@ -94,7 +91,6 @@ func TestRequestRefusesBadTrees(t *testing.T) {
 		{"draft_tokens below 0", Start{TopK: 2, DraftTokens: -3}, fmt.Sprintf("draft_tokens -3: want 1…%d", speculative.MaxTreeNodes)},
 		{"draft_tokens past MaxTreeNodes", Start{TopK: 2, DraftTokens: speculative.MaxTreeNodes + 1}, fmt.Sprintf("draft_tokens %d: want 1…%d", speculative.MaxTreeNodes+1, speculative.MaxTreeNodes)},
 		{"draft_tokens past the bound in a chain", Start{TopK: 1, DraftTokens: 1000}, "draft_tokens 1000"},
-		{"a sampled tree, the engines proposing greedy chains", Start{TopK: 2, Temperature: 0.7}, "needs engines that sample their drafts"},
 		{"an edge tree", Start{TopK: 2, Edge: true}, "edge drafting drafts chains"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

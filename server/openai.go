@@ -330,7 +330,7 @@ func (st *state) common(f *samplingFields, g *generation) *openAIError {
 	}
 	if f.Seed != nil && !g.req.Sampling.Greedy() && !st.gen.Keyed(&g.req) {
 		// A seed replays a keyed generation's tokens whether or not it
-		// goes alone; a sampled tree's only where it would go the same way.
+		// goes alone; an unkeyed one's only where it would go the same way.
 		g.req.Adaptive = false
 	}
 	g.req.Stop = st.target.Stop

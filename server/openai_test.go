@@ -435,7 +435,7 @@ func TestOpenAIErrors(t *testing.T) {
 // chain; usage, metrics.speculative_decoding and /metrics count a tree's
 // verified nodes as drafted and its accepted path by depth (position j:
 // depth j+1), the per-position counts summing to the accepted tokens; a
-// sampled tree's seed repeats its output.
+// sampled tree's seed repeats its output, the target alone's for the seed.
 func TestOpenAITrees(t *testing.T) {
 	f := newPairFixtureOptions(t, Options{SpecMetrics: SpecMetricsDetailed})
 	prompt := f.tok.Encode("import numpy as np\n")
@@ -510,6 +510,12 @@ func TestOpenAITrees(t *testing.T) {
 	}
 	if sampled[0] != sampled[1] {
 		t.Errorf("seed 5 twice: %q, then %q", sampled[0], sampled[1])
+	}
+	// Keyed by its seed, a sampled tree gives the target alone's tokens.
+	if code, out := f.postJSON(t, "/v1/completions", `{"prompt":"Once upon a time","max_tokens":12,"temperature":0.9,"seed":5,"speculative":{"k":0}}`); code != 200 {
+		t.Fatalf("the target alone: %d %v", code, out)
+	} else if alone := out["choices"].([]any)[0].(map[string]any)["text"].(string); alone != sampled[0] {
+		t.Errorf("seed 5: a sampled tree %q, the target alone %q", sampled[0], alone)
 	}
 
 	// Streamed chat: the same text with a tree as the target alone's.

@@ -17,7 +17,6 @@ import (
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/gorilla/websocket"
 
-	"webdraft/engine"
 	"webdraft/live"
 	"webdraft/speculative"
 	"webdraft/web"
@@ -200,8 +199,6 @@ func (ps *pageSession) newRunner() *live.Runner {
 			ps.mu.Unlock()
 			return rm
 		},
-		// A sampled run may draft a tree where both engines sample drafts.
-		SampledDrafts: engine.SampledPair(st.drafter.Engine, st.target.Engine),
 	}
 }
 

@@ -108,23 +108,23 @@ type gen struct {
 	draft   engine.Sequence // nil when the target runs alone or a remote drafts
 	target  engine.Sequence
 	remote  *remoteDraft // Request.Remote's state; nil without
-	// sampled: the drafter samples its proposals from its own
-	// distribution and the target holds them to the multi-draft rule
-	// (engine.SampledPair): a sampled token tree's, and with
-	// Options.Uncoupled a chain's over a drafter that does not chain
-	// greedy steps on its device (chains). Else a sampled generation is
-	// keyed (below).
+	// sampled: with Options.Uncoupled, the drafter samples its proposals
+	// from its own distribution and the target holds them to the
+	// multi-draft rule (engine.SampledPair): a sampled token tree's, and a
+	// chain's over a drafter that does not chain greedy steps on its
+	// device (chains). Else a sampled generation is keyed (below).
 	sampled bool
-	// keyed: a sampled generation whose drafts are not sampled draws
-	// coupled rows (sampling.Draw.Coupled), each under the key of the
-	// position it decides (keys: sampling.Keys of its seed), so that its
-	// tokens are the target's Gumbel-max draws at their positions,
-	// whatever drafted them, the same as the target alone's; a drafter
-	// that couples its drafts (engine.CouplesDrafts in fused steps,
-	// engine.DraftsCoupled outside them; a remote through DraftAsk.Coupled)
-	// drafts the Gumbel-max draws of its own distribution under those keys,
-	// accepted where they are the target's own draws; any other drafts its
-	// greedy tokens.
+	// keyed: a sampled generation draws coupled rows
+	// (sampling.Draw.Coupled), each under the key of the position it
+	// decides (keys: sampling.Keys of its seed), so that its tokens are
+	// the target's Gumbel-max draws at their positions, whatever drafted
+	// them, the same as the target alone's; a drafter that couples its
+	// drafts (engine.CouplesDrafts in fused steps, engine.DraftsCoupled
+	// outside them; a remote through DraftAsk.Coupled) drafts the
+	// Gumbel-max draws of its own distribution under those keys, accepted
+	// where they are the target's own draws; any other drafts its greedy
+	// tokens. A keyed token tree's children are the Gumbel-top-b of the
+	// drafter's rows under those keys (tree.go).
 	// Options.Uncoupled leaves it uncoupled: greedy drafts, the standard
 	// rule, its draws from rng.
 	keyed bool

@@ -106,8 +106,10 @@ type Request struct {
 	// With a tree it is the tree's depth.
 	K int
 	// TopK above 1 drafts a token tree (see tree.go): each node's TopK
-	// most likely children (a sampled generation's: TopK draws), TreeNodes
-	// nodes verified; 0 takes Options'. A sampled tree needs engines whose
+	// most likely children (a keyed generation's: its coupled draw and the
+	// likeliest others under the same key), TreeNodes nodes verified; 0
+	// takes Options'. With Options.Uncoupled a sampled tree draws TopK
+	// children from the drafter's distribution, which needs engines whose
 	// drafts can be sampled (engine.SampledPair), else it drafts a chain;
 	// remote drafts are chains, and so are those of an EAGLE-3 head that
 	// drafts no trees (engine.DraftsTrees).
@@ -141,9 +143,9 @@ type Request struct {
 	// token of the target alone take at the batch's size (the loop measures
 	// the latter first where it has not); alone, it speculates again every
 	// 256 tokens to be weighed anew. A keyed generation's tokens
-	// (Generator.Keyed) do not depend on it; a sampled token tree's rest on
-	// the timings, so its seed replays them only where the choice falls
-	// the same way: leave it off for that.
+	// (Generator.Keyed) do not depend on it; an unkeyed one's
+	// (Options.Uncoupled) rest on the timings, so its seed replays them
+	// only where the choice falls the same way.
 	Adaptive bool
 }
 
@@ -370,18 +372,18 @@ func (g *Generator) topK(r *Request) int {
 // Keyed reports whether r, sampled, is keyed: each of its rows draws
 // coupled under its seed's key of the position it decides
 // (sampling.Keys), so that its tokens are the target alone's for that
-// seed — with speculation or without, whatever drafts, however it is
-// batched or chained. Chains are keyed (a tree over a drafter that
-// samples no drafts drafts a chain); sampled token trees, held to the
-// multi-draft rule, and Options.Uncoupled's generations are not.
+// seed — with speculation or without, whatever drafts, chains or trees,
+// however it is batched or chained. Only Options.Uncoupled's generations
+// are not.
 func (g *Generator) Keyed(r *Request) bool {
-	return !r.Sampling.Greedy() && !g.opts.Uncoupled && !g.samplesTree(r)
+	return !r.Sampling.Greedy() && !g.opts.Uncoupled
 }
 
-// samplesTree reports whether r drafts a sampled token tree: drafts drawn
-// from the drafter's distribution and held to the multi-draft rule.
+// samplesTree reports whether r drafts an unkeyed sampled token tree
+// (Options.Uncoupled): drafts drawn from the drafter's distribution and
+// held to the multi-draft rule.
 func (g *Generator) samplesTree(r *Request) bool {
-	return g.k(r) > 0 && r.Remote == nil && !r.Sampling.Greedy() && g.topK(r) > 1 && engine.SampledPair(g.drafter, g.target)
+	return g.opts.Uncoupled && g.k(r) > 0 && r.Remote == nil && !r.Sampling.Greedy() && g.topK(r) > 1 && engine.SampledPair(g.drafter, g.target)
 }
 
 // treeNodes is the node budget of r's trees.

@@ -140,6 +140,8 @@ func (s sampleCountingHead) SampleN(ctx context.Context, batch []*engine.VerifyE
 
 func (s sampleCountingHead) DraftsCoupled() bool { return engine.DraftsCoupled(s.Head) }
 
+func (s sampleCountingHead) DraftsTrees() bool { return engine.DraftsTrees(s.Head) }
+
 // greedy is the target's own greedy continuation, no drafter.
 func greedy(t *testing.T, e engine.Engine, prompt []int, n int) []int {
 	t.Helper()
@@ -304,6 +306,10 @@ func TestSamplingFollowsTarget(t *testing.T) {
 		name    string
 		drafter func(pair) engine.Engine
 		topK    int
+		// uncoupled: proposals drawn from the drafter's distribution and
+		// held to the multi-draft rule (Options.Uncoupled), where a keyed
+		// generation's rows draw coupled under its seed's keys.
+		uncoupled bool
 	}
 	sampled := func(p pair) engine.Engine { return p.drafter }
 	for _, backend := range []struct {
@@ -313,24 +319,26 @@ func TestSamplingFollowsTarget(t *testing.T) {
 		seeds    int
 		variants []variant
 	}{
-		// The drafter samples its proposals (the reference engine
-		// SamplesDrafts): chains and trees held to the multi-draft rule;
-		// and a drafter that proposes its greedy tokens (one that does
-		// not).
-		{"reference", cpu, nil, 2000, []variant{{"sampled-chain", sampled, 1}, {"sampled-tree", sampled, 3},
-			{"greedy-drafts", func(p pair) engine.Engine { return greedyDrafter{p.drafter} }, 1}}},
+		// Keyed chains and trees (coupled drafts, the trees' children
+		// Gumbel-top-b), and unkeyed: the drafter samples its proposals
+		// (the reference engine SamplesDrafts), chains and trees held to
+		// the multi-draft rule; and a drafter that proposes its greedy
+		// tokens (one that does not).
+		{"reference", cpu, nil, 2000, []variant{{"keyed-chain", sampled, 1, false}, {"keyed-tree", sampled, 3, false},
+			{"sampled-chain", sampled, 1, true}, {"sampled-tree", sampled, 3, true},
+			{"greedy-drafts", func(p pair) engine.Engine { return greedyDrafter{p.drafter} }, 1, false}}},
 		// The WebGPU pair in one group: proposals drawn and trees walked
 		// on the device (lavapipe: fewer seeds, a tree).
-		{"webgpu", gpuGroup(t), nil, 400, []variant{{"sampled-tree", sampled, 3}}},
-		// An EAGLE-3 head on the CPU engine, sampling its proposals
-		// (chains and trees), and proposing its greedy tokens.
+		{"webgpu", gpuGroup(t), nil, 400, []variant{{"sampled-tree", sampled, 3, true}}},
+		// An EAGLE-3 head on the CPU engine: keyed trees, sampling its
+		// proposals (chains and trees), and proposing its greedy tokens.
 		{"cpu-head", nil, func(t *testing.T) pair { return headPair(t, [][]int{prompt}, 3) }, 2000,
-			[]variant{{"sampled-chain", sampled, 1}, {"sampled-tree", sampled, 3},
-				{"greedy-drafts", func(p pair) engine.Engine { return greedyHead{p.drafter.(engine.Head)} }, 1}}},
+			[]variant{{"keyed-tree", sampled, 3, false}, {"sampled-chain", sampled, 1, true}, {"sampled-tree", sampled, 3, true},
+				{"greedy-drafts", func(p pair) engine.Engine { return greedyHead{p.drafter.(engine.Head)} }, 1, false}}},
 		// The head on the WebGPU engine: its proposals drawn and kept on
 		// the device, a tree (its chains stay greedy: they chain).
 		{"webgpu-head", nil, func(t *testing.T) pair { return webgpuHeadPair(t, [][]int{prompt}, 3) }, 400,
-			[]variant{{"sampled-tree", sampled, 3}}},
+			[]variant{{"sampled-tree", sampled, 3, true}}},
 	} {
 		if backend.pair == nil {
 			backend.pair = func(t *testing.T) pair {
@@ -341,7 +349,7 @@ func TestSamplingFollowsTarget(t *testing.T) {
 		for _, v := range backend.variants {
 			t.Run(backend.name+"/"+v.name, func(t *testing.T) {
 				seeds := backend.seeds
-				g := start(t, pair{v.name, p.target, v.drafter(p)}, speculative.Options{TopK: v.topK, TreeNodes: 10})
+				g := start(t, pair{v.name, p.target, v.drafter(p)}, speculative.Options{TopK: v.topK, TreeNodes: 10, Uncoupled: v.uncoupled})
 				counts := map[[2]int]int{}
 				var mu sync.Mutex
 				var wg sync.WaitGroup
@@ -1086,7 +1094,8 @@ func TestForgetTimings(t *testing.T) {
 // coupled draws a pass at a time (the int4 self-drafter, another model, an
 // EAGLE-3 head), greedy drafts (a drafter that does not draw), the WebGPU
 // pair fused and chained on the device, and a WebGPU head; at several
-// temperatures, in a nucleus and not, draft lengths 1 to 4, batched.
+// temperatures, in a nucleus and not, chains of 1 to 4 drafts and token
+// trees, batched.
 // Drafts pass (each of these drafters agrees with the target often enough
 // at these temperatures).
 func TestSeedIsDrafterInvariant(t *testing.T) {
@@ -1130,12 +1139,25 @@ func TestSeedIsDrafterInvariant(t *testing.T) {
 			var mu sync.Mutex
 			accepted := 0
 			var wg sync.WaitGroup
+			var treeSteps atomic.Int64
+			// Chains of 1 to 4 drafts, and trees (depth, children a node):
+			// keyed trees' children are Gumbel-top-b under the same keys.
+			shapes := []struct{ k, topK int }{{1, 1}, {2, 1}, {3, 1}, {4, 1}, {3, 3}, {4, 2}}
 			for i, prompt := range ps {
-				for k := 1; k <= 4; k++ {
+				for j, sh := range shapes {
 					wg.Go(func() {
-						req := speculative.Request{Prompt: prompt, MaxTokens: n, Sampling: params[i], Seed: uint64(100*i + k)}
+						req := speculative.Request{Prompt: prompt, MaxTokens: n, Sampling: params[i], Seed: uint64(100*i + j), TopK: sh.topK, TreeNodes: 8}
+						if sh.topK > 1 {
+							req.OnStep = func(s speculative.Step) bool {
+								if s.Tree != nil {
+									treeSteps.Add(1)
+								}
+								return true
+							}
+						}
 						alone := req
-						alone.K, req.K = speculative.NoDraft, k
+						alone.K, req.K = speculative.NoDraft, sh.k
+						k := sh.k
 						got, err := g.Submit(ctx, req)
 						if err != nil {
 							t.Error(err)
@@ -1147,7 +1169,7 @@ func TestSeedIsDrafterInvariant(t *testing.T) {
 							return
 						}
 						if !slices.Equal(ids(got.Tokens), ids(want.Tokens)) {
-							t.Errorf("prompt %d (%+v), k %d: speculative %v, the target alone %v", i, params[i], k, ids(got.Tokens), ids(want.Tokens))
+							t.Errorf("prompt %d (%+v), k %d, top k %d: speculative %v, the target alone %v", i, params[i], k, sh.topK, ids(got.Tokens), ids(want.Tokens))
 						}
 						mu.Lock()
 						accepted += got.Stats.Accepted
@@ -1158,6 +1180,9 @@ func TestSeedIsDrafterInvariant(t *testing.T) {
 			wg.Wait()
 			if accepted == 0 {
 				t.Error("no draft accepted")
+			}
+			if treeSteps.Load() == 0 {
+				t.Error("no step drafted a tree")
 			}
 			if c.unfused && sampled.Load() == 0 {
 				t.Error("the drafter drafted no coupled draws outside fused steps (SampleN)")

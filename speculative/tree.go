@@ -27,6 +27,18 @@ import (
 // its own token after that: the output is token for token the target's
 // greedy output, as with chains. Both caches then keep the accepted path's
 // keys and values (Sequence.KeepPath), moved into place.
+//
+// A keyed sampled generation's tree (gen.keyed) is walked the same way,
+// each row's greedy token replaced by its coupled draw: every row, the
+// drafter's and the target's, draws under the key of the position it
+// decides (sampling.Keys), so the target's row at a node on the context's
+// true path draws the target alone's token there. A node's children are
+// the Gumbel-top-b of the drafter's row under that key (gumbelTop): its
+// coupled draw — the token the target draws with probability close to
+// 1 − TV(p, q) — then the likeliest others under the same noise, so that
+// a child is the target's draw as often as the drafter's b best guesses
+// at it allow. The output is the target alone's for the seed, whatever the
+// tree.
 
 // MaxTopK bounds a request's TopK (the read-out's engine.MaxTopN).
 const MaxTopK = engine.MaxTopN
@@ -59,6 +71,13 @@ type draftTree struct {
 	fresh  []int     // the last level's new nodes
 	pmin   float64
 	drafts int // drafter slots the tree took
+	// keyed: the rows draw coupled under keys (the generation's), each
+	// at the position it decides, at the generation's sampling; ctx is
+	// the context's length, the position a root decides.
+	keyed  bool
+	keys   sampling.Keys
+	params sampling.Params
+	ctx    int
 	// A sampled tree's children were drawn from the drafter's
 	// distribution: rootQ at the root, q[n] at node n (nil where it has
 	// none), for the target's rule.
@@ -68,18 +87,23 @@ type draftTree struct {
 }
 
 // add appends the children a row of the drafter gave parent (−1: the
-// context's last token), skipping those below p_min.
-func (t *draftTree) add(parent int, top []sampling.TokenLogprob) {
+// context's last token), skipping those below p_min; each scores its
+// log-probability, or where scores is set (a keyed tree's) scores[i].
+func (t *draftTree) add(parent int, top []sampling.TokenLogprob, scores []float64) {
 	base, depth := 0.0, 1
 	if parent >= 0 {
 		base, depth = t.score[parent], t.nodes[parent].Depth+1
 	}
-	for _, c := range top {
+	for i, c := range top {
 		if !t.sampled && t.pmin > 0 && math.Exp(float64(c.Logprob)) < t.pmin {
 			continue
 		}
+		s := float64(c.Logprob)
+		if scores != nil {
+			s = scores[i]
+		}
 		t.nodes = append(t.nodes, DraftNode{Token: engine.Token{ID: c.Token, Logprob: c.Logprob}, Parent: parent, Depth: depth})
-		t.score = append(t.score, base+float64(c.Logprob))
+		t.score = append(t.score, base+s)
 		t.dslot = append(t.dslot, -1)
 		t.fresh = append(t.fresh, len(t.nodes)-1)
 	}
@@ -144,16 +168,18 @@ func (t *draftTree) choose(n int) {
 
 // treeWidth is the b a generation drafts with (1: a chain).
 func (gn *gen) treeWidth() int {
-	if gn.remote != nil || !gn.req.Sampling.Greedy() && !gn.sampled {
+	if gn.remote != nil || !gn.req.Sampling.Greedy() && !gn.sampled && !gn.keyed {
 		return 1
 	}
 	return gn.topK
 }
 
 // expand asks the drafter for the children of the nodes of f (−1: the
-// root) in one pass entry: greedily their b most likely next tokens, or
-// sampled, m distinct draws from the drafter's distribution with m fixed
-// before drawing (what the node budget leaves), all of them kept.
+// root) in one pass entry: greedily their b most likely next tokens;
+// keyed, each row's coupled draw and its keyedList most likely tokens,
+// for gumbelTop; sampled, m distinct draws from the drafter's
+// distribution with m fixed before drawing (what the node budget leaves),
+// all of them kept.
 func (t *draftTree) expand(gn *gen, f []int, b, budget int) *engine.VerifyEntry {
 	en := &engine.VerifyEntry{Seq: gn.draft, Out: len(f)}
 	if gn.head {
@@ -174,6 +200,13 @@ func (t *draftTree) expand(gn *gen, f []int, b, budget int) *engine.VerifyEntry 
 		}
 		t.drafts += len(f)
 	}
+	if t.keyed {
+		en.TopN, en.Sampling, en.Draws = keyedList(b), t.params, make([]sampling.Draw, len(f))
+		for j, n := range f {
+			en.Draws[j] = t.keys.At(t.position(n))
+		}
+		return en
+	}
 	if !t.sampled {
 		en.TopN = b
 		return en
@@ -190,11 +223,75 @@ func (t *draftTree) expand(gn *gen, f []int, b, budget int) *engine.VerifyEntry 
 	return en
 }
 
+// position is the position the row of node n decides (−1: the root's,
+// the context's end): a keyed row's key.
+func (t *draftTree) position(n int) int {
+	if n < 0 {
+		return t.ctx
+	}
+	return t.ctx + t.nodes[n].Depth
+}
+
+// keyedList is how many of its most likely tokens a keyed tree's drafter
+// row lists for gumbelTop to rank under the row's noise: twice the
+// children a node, at least 8, within the read-out's MaxTopN.
+func keyedList(b int) int { return min(engine.MaxTopN, max(2*b, 8)) }
+
+// gumbelTop is a keyed row's b children: its coupled draw (row.Sample, the
+// Gumbel-max draw from the drafter's distribution under key d, over the
+// whole vocabulary), then the tokens of its Top list with the largest
+// log-probability/T + Gumbel noise under the same key — the Gumbel-top-b
+// of the list, a draw without replacement from the drafter's distribution
+// there — best first. Each child scores the log-softmax of its noisy
+// value among the children's: how likely it is to be the target's draw
+// under that key where p is q give or take a Gumbel's scale, so that the
+// coupled draw leads its siblings however likely they are.
+func gumbelTop(row engine.VerifyRow, b int, T float32, d sampling.Draw) ([]sampling.TokenLogprob, []float64) {
+	k0, k1 := d.Key()
+	noisy := func(c sampling.TokenLogprob) float64 { return float64(c.Logprob/T + sampling.Gumbel(k0, k1, c.Token)) }
+	first := sampling.TokenLogprob{Token: row.Sample, Logprob: row.SampleLogprob}
+	rest := slices.DeleteFunc(slices.Clone(row.Top), func(c sampling.TokenLogprob) bool { return c.Token == first.Token })
+	slices.SortStableFunc(rest, func(a, c sampling.TokenLogprob) int {
+		switch va, vc := noisy(a), noisy(c); {
+		case va > vc:
+			return -1
+		case va < vc:
+			return 1
+		}
+		return a.Token - c.Token
+	})
+	out := append([]sampling.TokenLogprob{first}, rest[:min(b-1, len(rest))]...)
+	v := make([]float64, len(out))
+	for i, c := range out {
+		v[i] = noisy(c)
+	}
+	v[0] = max(v[0], slices.Max(v)) // the draw is the row's largest (a listed token's f32 value may round past it)
+	lse := v[0] + math.Log(sumExp(v, v[0]))
+	for i := range v {
+		v[i] -= lse
+	}
+	return out, v
+}
+
+// sumExp is Σ exp(v[i] − m).
+func sumExp(v []float64, m float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += math.Exp(x - m)
+	}
+	return s
+}
+
 // grow adds the children a pass gave the nodes of f.
-func (t *draftTree) grow(f []int, rows []engine.VerifyRow) {
+func (t *draftTree) grow(f []int, rows []engine.VerifyRow, b int) {
 	for j, n := range f {
+		if t.keyed {
+			top, scores := gumbelTop(rows[j], b, t.params.Temperature, t.keys.At(t.position(n)))
+			t.add(n, top, scores)
+			continue
+		}
 		if !t.sampled {
-			t.add(n, rows[j].Top)
+			t.add(n, rows[j].Top, nil)
 			continue
 		}
 		r := rows[j]
@@ -203,7 +300,7 @@ func (t *draftTree) grow(f []int, rows []engine.VerifyRow) {
 		for k, x := range r.Drawn {
 			top[k] = sampling.TokenLogprob{Token: x, Logprob: r.DrawnLogprob[k]}
 		}
-		t.add(n, top)
+		t.add(n, top, nil)
 		if n < 0 {
 			t.rootQ = r.Q
 		} else {
@@ -228,14 +325,14 @@ func (r *runner) treeDrafts(ctx context.Context, gens []*gen) ([]*draftTree, err
 	batch := make([]*engine.VerifyEntry, len(gens))
 	root := []int{-1}
 	for i, gn := range gens {
-		trees[i] = &draftTree{pmin: gn.req.PMin, sampled: gn.sampled}
+		trees[i] = &draftTree{pmin: gn.req.PMin, sampled: gn.sampled, keyed: gn.keyed, keys: gn.keys, params: gn.req.Sampling, ctx: len(gn.context)}
 		batch[i] = trees[i].expand(gn, root, gn.treeWidth(), gn.treeNodes(r.g))
 	}
 	if err := d.Verify(ctx, batch); err != nil {
 		return nil, err
 	}
 	for i, v := range batch {
-		trees[i].grow(root, v.Rows)
+		trees[i].grow(root, v.Rows, gens[i].treeWidth())
 	}
 	for level := 1; ; level++ {
 		batch, who := batch[:0], []int(nil)
@@ -262,7 +359,7 @@ func (r *runner) treeDrafts(ctx context.Context, gens []*gen) ([]*draftTree, err
 			return nil, err
 		}
 		for b, i := range who {
-			trees[i].grow(frontiers[b], batch[b].Rows)
+			trees[i].grow(frontiers[b], batch[b].Rows, gens[i].treeWidth())
 		}
 	}
 	for i, gn := range gens {
@@ -294,7 +391,14 @@ func (gn *gen) treeVerifyEntry(t *draftTree) *engine.VerifyEntry {
 		}
 		v.Parents = append(v.Parents, parent)
 	}
-	if t.sampled {
+	switch {
+	case t.keyed:
+		v.Sampling, v.Draws = t.params, make([]sampling.Draw, v.Out)
+		v.Draws[0] = t.keys.At(t.position(-1))
+		for r, n := range t.kept {
+			v.Draws[1+r] = t.keys.At(t.position(n))
+		}
+	case t.sampled:
 		v.Sampling = gn.req.Sampling
 		v.Tree = t.sampledTree(gn)
 	}
@@ -333,7 +437,7 @@ func (t *draftTree) sampledTree(gn *gen) *engine.SampledTree {
 	return st
 }
 
-// acceptTree applies the target's verdict on a tree (walkTree): both
+// acceptTree applies the target's verdict on a tree (draftTree.walk): both
 // caches keep the accepted path, moved into place, and the step is
 // emitted and counted as a chain's (settle). It returns how many draft
 // tokens were accepted and how many tokens were emitted.
@@ -343,7 +447,7 @@ func (gn *gen) acceptTree(t *draftTree, v *engine.VerifyEntry, now time.Time, st
 	if t.sampled {
 		tokens, path = sampledPath(t, v)
 	} else {
-		tokens, path = walkTree(t, v.Rows)
+		tokens, path = t.walk(v.Rows)
 	}
 	first := len(gn.context) // the target's slot of the first kept node
 	target := make([]int, len(path))
@@ -364,36 +468,41 @@ func (gn *gen) acceptTree(t *draftTree, v *engine.VerifyEntry, now time.Time, st
 	return len(path), gn.settle(&step, len(t.kept), now), nil
 }
 
-// walkTree walks a verified tree from the root: while the target's greedy
-// token after the path so far is a kept child, that child is accepted. It
-// returns the step's tokens (the accepted path's and the target's own
-// after it) and the accepted nodes.
-func walkTree(t *draftTree, rows []engine.VerifyRow) ([]Token, []int) {
+// walk walks a verified tree from the root: while the target's token
+// after the path so far — its greedy token, or a keyed tree's coupled
+// draw — is a kept child, that child is accepted. It returns the step's
+// tokens (the accepted path's and the target's own after it) and the
+// accepted nodes.
+func (t *draftTree) walk(rows []engine.VerifyRow) ([]Token, []int) {
 	var tokens []Token
 	var path []int
 	at, row := -1, 0 // the current node (−1: the root) and its row
 	for {
 		want := rows[row]
+		id, lp := want.Argmax, want.ArgmaxLogprob
+		if t.keyed {
+			id, lp = want.Sample, want.SampleLogprob
+		}
 		next := -1
 		for _, n := range t.kept {
-			if t.nodes[n].Parent == at && t.nodes[n].ID == want.Argmax {
+			if t.nodes[n].Parent == at && t.nodes[n].ID == id {
 				next = n
 				break
 			}
 		}
 		if next < 0 {
-			tokens = append(tokens, Token{ID: want.Argmax, Logprob: want.ArgmaxLogprob, Top: want.Top})
+			tokens = append(tokens, Token{ID: id, Logprob: lp, Top: want.Top})
 			return tokens, path
 		}
 		t.nodes[next].Accepted = true
-		tokens = append(tokens, Token{ID: want.Argmax, Logprob: want.ArgmaxLogprob, Top: want.Top, Drafted: true})
+		tokens = append(tokens, Token{ID: id, Logprob: lp, Top: want.Top, Drafted: true})
 		path = append(path, next)
 		at, row = next, 1+t.row[next]
 	}
 }
 
 // sampledPath is the path the target's rule accepted in a sampled tree
-// (engine.SampledTree) as walkTree gives a greedy one: the accepted
+// (engine.SampledTree) as draftTree.walk gives a greedy one: the accepted
 // tokens, then the token drawn after them.
 func sampledPath(t *draftTree, v *engine.VerifyEntry) ([]Token, []int) {
 	var tokens []Token
@@ -447,8 +556,8 @@ func (t *draftTree) chainOf(path []int) []engine.Token {
 // treeSteps are the ready generations' steps for a tree drafted on the
 // device and verified in one submission (engine.TreeFuser), or nil where
 // the step does not fuse: a prompt chunk being fed, a generation that
-// drafts no greedy tree of its own (a chain, a remote draft, a sampled
-// tree) or cuts it by p_min, an EAGLE-3 head's over a target that holds
+// drafts no greedy tree of its own (a chain, a remote draft, a keyed or
+// sampled tree) or cuts it by p_min, an EAGLE-3 head's over a target that holds
 // no position yet, a tree past either model's context, or shapes the
 // drafter does not fuse.
 func (r *runner) treeSteps(ready []*gen, draftFill []*engine.Entry, targetFill []*engine.VerifyEntry) []engine.TreeStep {
@@ -461,7 +570,7 @@ func (r *runner) treeSteps(ready []*gen, draftFill []*engine.Entry, targetFill [
 	for i, gn := range ready {
 		k, b, n := gn.draftLen(g), gn.treeWidth(), gn.treeNodes(g)
 		switch {
-		case gn.remote != nil || gn.sampled || b < 2 || k == 0 || n == 0 || gn.req.PMin > 0 || gn.head && gn.target.Len() == 0:
+		case gn.remote != nil || !gn.req.Sampling.Greedy() || b < 2 || k == 0 || n == 0 || gn.req.PMin > 0 || gn.head && gn.target.Len() == 0:
 			return nil
 		case len(gn.context)+(k-1)*b > g.drafter.Config().MaxPositionEmbeddings:
 			return nil

@@ -81,8 +81,7 @@ func newLive(d *drafter, drafter, target *model, onEvent js.Value) (*liveSession
 		// The alternatives' read-out (sample.wgsl, a workgroup a row) is
 		// what a CPU-rendered adapter is slowest at: 33 s for a step's 4
 		// draft tokens with the top 5 on SwiftShader.
-		TopN:          0,
-		SampledDrafts: engine.SampledPair(de, te),
+		TopN: 0,
 		// The browser's GPU compiles a shape's pipelines on its first run.
 		WarmRaces: true,
 	}

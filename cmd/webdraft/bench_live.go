@@ -30,9 +30,10 @@ type liveBench struct {
 	// unchained measures each k a second time with every fused step a
 	// call of its own (speculative.Options.Unchained).
 	unchained bool
-	// uncoupled measures each k a second time unkeyed: the standard rule,
-	// greedy drafts or proposals drawn one a pass, steps not chained
-	// (speculative.Options.Uncoupled).
+	// uncoupled measures each k and each tree a second time unkeyed: the
+	// standard rule, greedy drafts or proposals drawn one a pass (a tree's
+	// children such draws, held to the multi-draft rule), steps not
+	// chained (speculative.Options.Uncoupled).
 	uncoupled bool
 	// adaptive makes each k's and each tree's generations adaptive
 	// (speculative.Request.Adaptive).
@@ -190,6 +191,9 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		if b.unfused {
 			shapes = append(shapes, liveShape{k: b.treeDepth, tree: t, unfused: true})
 		}
+		if b.uncoupled {
+			shapes = append(shapes, liveShape{k: b.treeDepth, tree: t, uncoupled: true})
+		}
 	}
 	treeEnd := len(shapes)
 	if b.unchained {
@@ -263,7 +267,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
 	if b.uncoupled {
-		fmt.Fprintln(e.stdout, "uncoupled (--uncoupled): each row drew by the standard rule from the generation's seeded stream, the drafter proposing its greedy tokens (draws from its own distribution where it drafts one a pass, held to the multi-draft rule), its steps not chained on the device; coupled, the drafter drafts the Gumbel-max draws under the keys of the target's rows.")
+		fmt.Fprintln(e.stdout, "uncoupled (--uncoupled): each row drew by the standard rule from the generation's seeded stream, the drafter proposing its greedy tokens (draws from its own distribution where it drafts one a pass, held to the multi-draft rule; a tree's children such draws), its steps not chained on the device; coupled, the drafter drafts the Gumbel-max draws under the keys of the target's rows (a tree's children their Gumbel-top-b).")
 	}
 	if fusedSome {
 		fmt.Fprintln(e.stdout, "steps fused: the drafter's passes and the target's verification ran as one submission, the drafts never read back between them (t_verify is their time together; fused n%: the share of steps fused, the others feeding a prompt or drafting at a context's end); chained n%: the share of steps run in chains of fused steps on the device, each accepted there and the next planned from it, read back once a chain (t_verify a step's share of its chain); separate: as two calls, each read back.")
@@ -280,8 +284,8 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 			if how == "separate" {
 				draftMS, draftCostCol = fmt.Sprintf("%.3f", ms(tDraft)), fmt.Sprintf("%.2f", draftCost)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
-				r.tree, how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
+			fmt.Fprintf(tw, "%s%s\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
+				r.tree, map[bool]string{true: " uncoupled"}[r.uncoupled], how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
 				ms(r.step()), draftMS, ms(tVerify), draftCostCol, verifyCost, r.tau()/(draftCost+verifyCost))
 		}
 		if err := tw.Flush(); err != nil {

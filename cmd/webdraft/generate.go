@@ -291,16 +291,14 @@ func writeSummary(w io.Writer, s summary) {
 		}
 		fmt.Fprintf(w, "(on the CPU engine each verified position costs the target a row of compute; on a GPU %s cost about one)\n", rows)
 	}
-	// Greedy, and sampled chains (their rows keyed by the seed and the
-	// position: speculative.Generator.Keyed), both runs give the same
-	// tokens; a sampled token tree's are its own.
-	if s.mode == "greedy" || s.topK <= 1 {
-		same := "yes"
-		if !slices.Equal(tokenIDs(s.spec.Tokens), tokenIDs(s.alone.Tokens)) {
-			same = "NO"
-		}
-		fmt.Fprintf(w, "the same tokens as the target alone: %s\n", same)
+	// Greedy, and sampled (its rows keyed by the seed and the position:
+	// speculative.Generator.Keyed), chains and trees alike, both runs give
+	// the same tokens.
+	same := "yes"
+	if !slices.Equal(tokenIDs(s.spec.Tokens), tokenIDs(s.alone.Tokens)) {
+		same = "NO"
 	}
+	fmt.Fprintf(w, "the same tokens as the target alone: %s\n", same)
 }
 
 func tokenIDs(tokens []speculative.Token) []int {

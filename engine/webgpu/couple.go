@@ -3,6 +3,7 @@ package webgpu
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"webdraft/engine"
 	"webdraft/gpu"
@@ -99,6 +100,29 @@ func keyRegions(dev *gpu.Device, buf **gpu.Buffer, label string, B, regions int,
 func draftKeyStride(dev *gpu.Device, B int) uint64 {
 	align := uint64(dev.Limits().MinStorageBufferOffsetAlignment)
 	return (uint64(B*kernels.ArgmaxCoupledWords)*4 + align - 1) / align * align
+}
+
+// verifyKeys writes the keys of a Verify's coupled draws (headFeed.draws)
+// into the head's activations' chainKeys (keyRegions), a region a pass
+// (its read-out rows in order; a row of a feed without draws greedy),
+// and returns pass k's region; nil where no feed draws.
+func (h *Head) verifyKeys(feeds []headFeed, passes []headPass) (func(k int) gpu.Binding, error) {
+	if !slices.ContainsFunc(feeds, func(f headFeed) bool { return f.draws != nil }) {
+		return nil, nil
+	}
+	reads := make([][]headRead, len(passes))
+	for k := range passes {
+		reads[k] = passes[k].readOrder(feeds)
+	}
+	return keyRegions(h.dev, &h.act.chainKeys, "head.chain_keys", h.act.S, len(passes), func(w []uint32, k, i int) {
+		if i >= len(reads[k]) {
+			return
+		}
+		rd := reads[k][i]
+		if f := &feeds[rd.feed]; f.draws != nil {
+			kernels.PutCoupledKey(w, f.params.Temperature, f.draws[rd.j])
+		}
+	})
 }
 
 // coupleKeys is draftKeys into the head's activations' chainKeys.

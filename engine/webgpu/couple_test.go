@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"webdraft/checkpoint"
@@ -301,5 +302,72 @@ func TestHeadSampleN(t *testing.T) {
 	}
 	if g.hF.Len() != 0 {
 		t.Errorf("a refused SampleN left %d positions in the head's sequence", g.hF.Len())
+	}
+}
+
+// TestHeadVerifyCoupled: a Verify with coupled draws (a keyed token
+// tree's levels, drafted a pass a level) reads each row's Sample out as
+// the coupled draw of the head's own distribution under the row's key (the
+// plain-Go head's logits), with its top tokens, beside a greedy entry of
+// the same batch whose rows stay its greedy tokens; coupled draws in a
+// batch that draws proposals are refused, nothing fed.
+func TestHeadVerifyCoupled(t *testing.T) {
+	rig := newHeadRig(t, false, HeadOptions{})
+	h, target := rig.head, rig.target
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(27, 28))
+	const out = 3
+	notGreedy := 0
+	for trial := range 4 {
+		prompt := []int{3 + trial, 17, 5, 9, 30 + trial, 200, 11, 40 + trial}
+		a, b := newHeadTwins(t, h, target, prompt), newHeadTwins(t, h, target, prompt[2:])
+		T, topN := []float32{1, 0.7}[trial%2], 2*(trial/2)
+		draws := make([]sampling.Draw, out)
+		for k := range draws {
+			draws[k] = sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: true}
+		}
+		keyed := &engine.VerifyEntry{Seq: a.hF, Target: a.tF, Tokens: slices.Clone(a.text), Out: out, TopN: topN,
+			Sampling: sampling.Params{Temperature: T, TopP: 1}, Draws: draws}
+		greedy := &engine.VerifyEntry{Seq: b.hF, Target: b.tF, Tokens: slices.Clone(b.text), Out: 2}
+		if err := h.Verify(ctx, []*engine.VerifyEntry{keyed, greedy}); err != nil {
+			t.Fatal(err)
+		}
+		// rows[i]: the head's row after token i + 1.
+		rows := rig.oracle.rows(a.text, prompt)
+		for j, r := range keyed.Rows {
+			d := engine.Token{ID: r.Sample, Logprob: r.SampleLogprob, Top: r.Top}
+			if checkHeadCoupled(t, rig, fmt.Sprintf("trial %d, row %d", trial, j), rows[len(a.text)-out+j-1].Logits, T, draws[j], d, topN) {
+				notGreedy++
+			}
+		}
+		brows := rig.oracle.rows(b.text, prompt[2:])
+		for j, r := range greedy.Rows {
+			logits := brows[len(b.text)-greedy.Out+j-1].Logits
+			got := slices.Index(rig.w.TargetIDs, int32(r.Argmax))
+			if best := slices.Max(logits); got < 0 || logits[got] < best-1e-3 {
+				t.Errorf("trial %d: the greedy entry's row %d reads %d, not the head's greedy token", trial, j, r.Argmax)
+			}
+		}
+		for _, g := range []headTwins{a, b} {
+			for _, s := range []engine.Sequence{g.tF, g.tS, g.hF, g.hS} {
+				s.Release()
+			}
+		}
+	}
+	if notGreedy == 0 {
+		t.Error("every coupled draw was the head's greedy token")
+	}
+	t.Logf("coupled draws other than the greedy token: %d", notGreedy)
+
+	a, b := newHeadTwins(t, h, target, []int{5, 6, 7}), newHeadTwins(t, h, target, []int{8, 9, 10})
+	coupled := &engine.VerifyEntry{Seq: a.hF, Target: a.tF, Tokens: slices.Clone(a.text), Out: 1,
+		Sampling: sampling.Params{Temperature: 1}, Draws: []sampling.Draw{{X: sampling.NoProposal, U: 0.5, V: 0.5, Coupled: true}}}
+	proposing := &engine.VerifyEntry{Seq: b.hF, Target: b.tF, Tokens: slices.Clone(b.text), Out: 1,
+		Sampling: sampling.Params{Temperature: 1}, Propose: [][]float32{{0.5}}}
+	if err := h.Verify(ctx, []*engine.VerifyEntry{coupled, proposing}); err == nil || !strings.Contains(err.Error(), "coupled draws in a batch that draws proposals") {
+		t.Errorf("coupled draws beside proposals: %v", err)
+	}
+	if a.hF.Len() != 0 || b.hF.Len() != 0 {
+		t.Errorf("a refused Verify left %d and %d positions in the head's sequences", a.hF.Len(), b.hF.Len())
 	}
 }

@@ -21,8 +21,9 @@ type headIn struct {
 	seq, target     engine.Sequence
 	tokens, parents []int
 	read, topN      int
-	params          sampling.Params // with propose: VerifyEntry.Sampling
+	params          sampling.Params // with propose or draws: VerifyEntry.Sampling
 	propose         [][]float32     // VerifyEntry.Propose
+	draws           []sampling.Draw // VerifyEntry.Draws: coupled, no proposals
 }
 
 // headFeed is one entry of a head pass, planned: its tokens, their
@@ -44,11 +45,14 @@ type headFeed struct {
 	params  sampling.Params
 	propose [][]float32
 	slots   []int
-	L       int // the tokens the sequence held before the pass
-	place   []treemask.Row
-	stage   []int
-	feat    []bool
-	base    int // the tree's first slot, with the feed's nodes in
+	// A Verify entry's coupled draws (VerifyEntry.Draws), a row each:
+	// each row's Sample is the Gumbel-max draw under its key.
+	draws []sampling.Draw
+	L     int // the tokens the sequence held before the pass
+	place []treemask.Row
+	stage []int
+	feat  []bool
+	base  int // the tree's first slot, with the feed's nodes in
 }
 
 // node reports whether token t is a tree node.
@@ -109,26 +113,31 @@ func (h *Head) step(ctx context.Context, batch []*engine.Entry) error {
 // of the entries' last Out into the results buffer on the device, which
 // one read brings back after the last. With Sampling and Propose an
 // entry's rows draw proposals from the head's distribution (VerifyRow.Drawn
-// and Q, a DeviceDist: headpropose.go); Draws and Tree are refused
-// (engine.CheckHeadVerify; coupled drafts are SampleN's and its fused
-// steps'). Nothing changes when the batch is refused.
+// and Q, a DeviceDist: headpropose.go); with Sampling and coupled Draws
+// each row's Sample is its coupled draw, the Gumbel-max draw from the
+// head's distribution under the row's key (argmax.wgsl's coupled rows, as
+// SampleN's), in the target's vocabulary with its log-probability: a
+// keyed token tree's levels. A Tree is refused (engine.CheckHeadVerify).
+// Nothing changes when the batch is refused.
 func (h *Head) Verify(ctx context.Context, batch []*engine.VerifyEntry) error {
 	if err := engine.CheckHeadVerify(&h.engCfg, batch); err != nil {
 		return fmt.Errorf("webgpu head: %w", err)
 	}
-	for i, en := range batch {
-		if en.Draws != nil {
-			return fmt.Errorf("webgpu head: batch entry %d: coupled drafts in Verify: the head drafts them in SampleN and its fused steps", i)
-		}
-	}
 	if len(batch) == 0 {
 		return nil
 	}
+	proposes := slices.ContainsFunc(batch, func(en *engine.VerifyEntry) bool { return en.Propose != nil })
 	ins := make([]headIn, len(batch))
 	for i, en := range batch {
+		if proposes && en.Draws != nil {
+			return fmt.Errorf("webgpu head: batch entry %d: coupled draws in a batch that draws proposals: a pass reads its rows out one way", i)
+		}
 		ins[i] = headIn{seq: en.Seq, target: en.Target, tokens: en.Tokens, parents: en.Parents, read: en.Out, topN: en.TopN}
-		if en.Propose != nil {
+		switch {
+		case en.Propose != nil:
 			ins[i].params, ins[i].propose = en.Sampling, en.Propose
+		case en.Draws != nil && !en.Sampling.Greedy():
+			ins[i].params, ins[i].draws = en.Sampling, en.Draws
 		}
 	}
 	h.g.mu.Lock()
@@ -200,7 +209,7 @@ func (h *Head) feeds(ins []headIn) ([]headFeed, error) {
 			}
 		}
 		feeds[i] = headFeed{seq: s, target: tq, tokens: in.tokens, parents: in.parents, read: in.read, topN: in.topN,
-			params: in.params, propose: in.propose, L: s.len}
+			params: in.params, propose: in.propose, draws: in.draws, L: s.len}
 		if err := feeds[i].plan(i); err != nil {
 			return nil, err
 		}
@@ -282,6 +291,21 @@ type headPart struct {
 // headRead is a row a Verify pass reads out: read-out row j of feed.
 type headRead struct{ feed, j int }
 
+// readOrder is the rows a Verify pass reads out, in the order writePass
+// reads them (ps.reads, which it sets as it places the rows).
+func (ps *headPass) readOrder(feeds []headFeed) []headRead {
+	var reads []headRead
+	for _, p := range ps.parts {
+		f := &feeds[p.feed]
+		for t := p.t0; t < p.t0+p.T; t++ {
+			if t >= f.firstRead() {
+				reads = append(reads, headRead{feed: p.feed, j: t - f.firstRead()})
+			}
+		}
+	}
+	return reads
+}
+
 // headPass is one pass of a head call: rows of one stage, runs of them a
 // part, the short parts first — rows 0 … decode−1 attend through decode
 // attention, the longer parts through prefill tiles —; nfc of its rows
@@ -345,11 +369,15 @@ type verifyLayout struct {
 	stride, topAt uint64
 	topN          int
 	drawnAt       uint64 // with proposals: their tokens drawn (0: none)
+	// With coupled draws: from coupledAt the rows' draws (S u32, target
+	// tokens), from coupledLP their log-probabilities (S f32); 0: none.
+	coupledAt, coupledLP uint64
 }
 
 // verifyLayout lays out the results of a Verify whose rows list topN most
-// likely tokens, and with propose the tokens they draw.
-func (h *Head) verifyLayout(topN int, propose bool) verifyLayout {
+// likely tokens, with propose the tokens they draw, and with coupled
+// their coupled draws.
+func (h *Head) verifyLayout(topN int, propose, coupled bool) verifyLayout {
 	align := uint64(h.dev.Limits().MinStorageBufferOffsetAlignment)
 	up := func(n uint64) uint64 { return (n + align - 1) / align * align }
 	S := h.act.S
@@ -361,6 +389,11 @@ func (h *Head) verifyLayout(topN int, propose bool) verifyLayout {
 	if propose {
 		l.drawnAt = l.stride
 		l.stride += up(uint64(S*kernels.ProposeDrawnWords) * 4)
+	}
+	if coupled {
+		l.coupledAt = l.stride
+		l.coupledLP = l.coupledAt + up(uint64(S)*4)
+		l.stride = l.coupledLP + up(uint64(S)*4)
 	}
 	return l
 }
@@ -492,12 +525,16 @@ func (h *Head) run(feeds []headFeed, verify bool) (_ [][]engine.VerifyRow, submi
 	passes := h.passes(feeds)
 	var lay verifyLayout
 	proposing := false
+	var keys func(k int) gpu.Binding
 	if verify {
 		var err error
 		if proposing, err = h.takeSlots(feeds); err != nil {
 			return nil, false, err
 		}
-		lay = h.verifyLayout(topN, proposing)
+		if keys, err = h.verifyKeys(feeds, passes); err != nil {
+			return nil, false, err
+		}
+		lay = h.verifyLayout(topN, proposing, keys != nil)
 		if err := h.act.ensureChain(h.dev, 0, uint64(len(passes))*lay.stride); err != nil {
 			return nil, false, err
 		}
@@ -506,9 +543,15 @@ func (h *Head) run(feeds []headFeed, verify bool) (_ [][]engine.VerifyRow, submi
 		ps := &passes[k]
 		if verify {
 			ps.out, ps.resultsAt = &lay, uint64(k)*lay.stride
+			if keys != nil && len(ps.readOrder(feeds)) > 0 {
+				ps.mapped, ps.keys = true, keys(k)
+			}
 		}
 		if err := h.writePass(feeds, ps); err != nil {
 			return nil, submitted, err
+		}
+		if ps.mapped && !slices.Equal(ps.reads, ps.readOrder(feeds)) {
+			return nil, submitted, fmt.Errorf("head pass %d of %d: its coupled keys are not in its read-out's order", k+1, len(passes))
 		}
 		if proposing && len(ps.reads) > 0 {
 			ps.propose = true
@@ -747,6 +790,15 @@ func (h *Head) passSteps(ps *headPass, n, topN int) []step {
 				return kernels.CopyTo(b, a.results, ps.resultsAt+l.topAt, a.top, topBytes(k, l.topN))
 			})
 		}
+		if ps.mapped { // coupled draws: argmax.wgsl's ids and log-probabilities
+			words := uint64((k+3)&^3) * 4
+			steps = append(steps, func(b *gpu.Batch) error {
+				if err := kernels.CopyRange(b, a.results, ps.resultsAt+l.coupledAt, a.next.Slice(0, words)); err != nil {
+					return err
+				}
+				return kernels.CopyRange(b, a.results, ps.resultsAt+l.coupledLP, a.next.Slice(a.nextLP, words))
+			})
+		}
 	case ps.treeLevel:
 		steps = append(steps, h.readSteps(a.x, ps.rows, topN, true, ps)...)
 	case ps.out == nil && ps.last:
@@ -874,6 +926,9 @@ func (h *Head) readVerify(feeds []headFeed, passes []headPass, l verifyLayout) (
 			if err == nil && ps.propose {
 				err = h.readProposals(f, rd.j, &r, drawn, k)
 			}
+			if err == nil && f.draws != nil {
+				err = h.coupledRow(&r, words[at+l.coupledAt/4+uint64(k)], words[at+l.coupledLP/4+uint64(k)])
+			}
 			if err != nil {
 				return nil, fmt.Errorf("batch entry %d row %d: %w", rd.feed, rd.j, err)
 			}
@@ -881,6 +936,16 @@ func (h *Head) readVerify(feeds []headFeed, passes []headPass, l verifyLayout) (
 		}
 	}
 	return out, nil
+}
+
+// coupledRow sets a Verify row's coupled draw from argmax.wgsl's words:
+// the target token id and its log-probability.
+func (h *Head) coupledRow(r *engine.VerifyRow, id, lp uint32) error {
+	if id == kernels.ArgmaxNaN || int(id) >= h.engCfg.VocabSize {
+		return sampling.ErrNaN
+	}
+	r.Sample, r.SampleLogprob = int(id), math.Float32frombits(lp)
+	return nil
 }
 
 // sampledRow decodes read-out row k of sample.wgsl's words and top tokens

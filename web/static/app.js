@@ -708,7 +708,7 @@
     same.hidden = race.same === null || race.same === undefined;
     same.textContent = race.same
       ? "Both runs generated the same tokens: the race times the same work."
-      : "The runs' tokens differ: a sampled token tree draws its own, so each run times its own text.";
+      : "The runs' tokens differ, so each run times its own text.";
   }
 
   reset();

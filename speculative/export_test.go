@@ -18,3 +18,6 @@ func SetAdaptRetry(n int) (restore func()) {
 	adaptRetry = n
 	return func() { adaptRetry = old }
 }
+
+// GumbelTop is gumbelTop: a keyed tree node's children and their scores.
+var GumbelTop = gumbelTop

@@ -1,6 +1,7 @@
 package speculative_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -1189,5 +1190,51 @@ func TestSeedIsDrafterInvariant(t *testing.T) {
 			}
 			t.Logf("%d drafts accepted", accepted)
 		})
+	}
+}
+
+// TestGumbelTop: a keyed node's children are the row's coupled draw, then
+// the listed tokens in the order of their noisy values under the row's
+// key, b at most, the draw never twice; each scores the log-softmax of its
+// noisy value among them, so the draw leads.
+func TestGumbelTop(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for trial := range 200 {
+		var top []sampling.TokenLogprob
+		for i := range 1 + rng.IntN(12) {
+			top = append(top, sampling.TokenLogprob{Token: 100 + 7*i, Logprob: -0.3 * float32(i) * rng.Float32()})
+		}
+		draw := sampling.Draw{X: sampling.NoProposal, U: rng.Float32(), V: rng.Float32(), Coupled: true}
+		T := []float32{0.5, 1, 1.5}[trial%3]
+		// The row's coupled draw: a listed token (its largest noisy value)
+		// or, half the time, one past the list.
+		row := engine.VerifyRow{Top: top}
+		k0, k1 := draw.Key()
+		noisy := func(c sampling.TokenLogprob) float64 { return float64(c.Logprob/T + sampling.Gumbel(k0, k1, c.Token)) }
+		best := slices.MaxFunc(top, func(a, b sampling.TokenLogprob) int { return cmp.Compare(noisy(a), noisy(b)) })
+		row.Sample, row.SampleLogprob = best.Token, best.Logprob
+		if trial%2 == 1 {
+			row.Sample, row.SampleLogprob = 9999, -9
+		}
+		b := 1 + rng.IntN(5)
+		got, scores := speculative.GumbelTop(row, b, T, draw)
+		if got[0].Token != row.Sample || len(got) != min(b, 1+len(slices.DeleteFunc(slices.Clone(top), func(c sampling.TokenLogprob) bool { return c.Token == row.Sample }))) {
+			t.Fatalf("trial %d, b %d: children %v of the draw %d and the list %v", trial, b, got, row.Sample, top)
+		}
+		for i := 1; i < len(got); i++ {
+			if got[i].Token == row.Sample || i > 1 && noisy(got[i]) > noisy(got[i-1]) {
+				t.Fatalf("trial %d: children %v are not the draw, then the list by noisy value", trial, got)
+			}
+			if scores[i] > scores[0] || i > 1 && scores[i] > scores[i-1] {
+				t.Fatalf("trial %d: scores %v of children %v do not fall", trial, scores, got)
+			}
+		}
+		var mass float64
+		for _, s := range scores {
+			mass += math.Exp(s)
+		}
+		if math.Abs(mass-1) > 1e-9 {
+			t.Fatalf("trial %d: the scores' probabilities sum to %v", trial, mass)
+		}
 	}
 }

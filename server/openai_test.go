@@ -747,13 +747,18 @@ func TestDisconnectFreesGeneration(t *testing.T) {
 
 // TestAdaptiveRequests: with Config.Adaptive, an API generation is
 // adaptive (speculative.Request.Adaptive) only where it leaves its draft
-// length to the server and, sampled with a seed, is keyed (a chain: its
-// seed gives the same tokens alone or not); without it, none is.
+// length to the server and, sampled with a seed, is keyed (chains and
+// trees: its seed gives the same tokens alone or not; an unkeyed
+// generator's is not); without it, none is.
 func TestAdaptiveRequests(t *testing.T) {
 	seed, k, zero, one := int64(3), 4, 0, 1
 	temp := 0.0
 	m := goldenDrafter(t, 0)
 	gen, err := speculative.New(m.Engine, m.Engine, speculative.Options{K: 3, TopK: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unkeyed, err := speculative.New(m.Engine, m.Engine, speculative.Options{K: 3, TopK: 1, Uncoupled: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -766,7 +771,7 @@ func TestAdaptiveRequests(t *testing.T) {
 		{"neither", true, samplingFields{}, true},
 		{"a seed", true, samplingFields{Seed: &seed}, true},
 		{"a seed, greedy", true, samplingFields{Seed: &seed, Temperature: &temp}, true},
-		{"a seed, a tree", true, samplingFields{Seed: &seed, Speculative: &speculativeFields{TopK: &k}}, false},
+		{"a seed, a tree", true, samplingFields{Seed: &seed, Speculative: &speculativeFields{TopK: &k}}, true}, // keyed: its tokens either way
 		{"a seed, a chain", true, samplingFields{Seed: &seed, Speculative: &speculativeFields{TopK: &one}}, true},
 		{"k", true, samplingFields{Speculative: &speculativeFields{K: &k}}, false},
 		{"k 0", true, samplingFields{Speculative: &speculativeFields{K: &zero}}, false},
@@ -774,6 +779,20 @@ func TestAdaptiveRequests(t *testing.T) {
 		{"off", false, samplingFields{}, false},
 	} {
 		st := &state{target: &Model{Name: "target"}, adaptive: c.server, gen: gen}
+		var g generation
+		if err := st.common(&c.f, &g); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if g.req.Adaptive != c.adaptive {
+			t.Errorf("%s: adaptive %v, want %v", c.name, g.req.Adaptive, c.adaptive)
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		f        samplingFields
+		adaptive bool
+	}{{"unkeyed, a seed", samplingFields{Seed: &seed}, false}, {"unkeyed, no seed", samplingFields{}, true}} {
+		st := &state{target: &Model{Name: "target"}, adaptive: true, gen: unkeyed}
 		var g generation
 		if err := st.common(&c.f, &g); err != nil {
 			t.Fatalf("%s: %v", c.name, err)

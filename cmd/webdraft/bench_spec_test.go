@@ -69,11 +69,11 @@ func TestBenchSpecLiveSampled(t *testing.T) {
 	var rows [][]string
 	for range 2 {
 		code, stdout, stderr := webdraft(t, "bench", "spec", "--live", "--target", model, "--drafter", model, "--prompts", prompts,
-			"--ks", "1,3", "--trees", "2x6", "--tree-depth", "3", "--new-tokens", "24", "--backend", "cpu", "--temperature", "0.7", "--top-p", "0.9")
+			"--ks", "1,3", "--trees", "2x6", "--tree-depth", "3", "--new-tokens", "24", "--backend", "cpu", "--temperature", "0.7", "--top-p", "0.9", "--uncoupled")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
-		if !strings.Contains(stdout, "temperature 0.7, top-p 0.9, prompt i with seed i") || strings.Contains(stdout, "greedy") ||
+		if header, _, _ := strings.Cut(stdout, "\n"); !strings.Contains(header, "temperature 0.7, top-p 0.9, prompt i with seed i") || strings.Contains(header, "greedy") ||
 			!strings.Contains(stdout, "the target alone's outputs: loop rate") {
 			t.Errorf("header:\n%s", stdout)
 		}
@@ -84,24 +84,34 @@ func TestBenchSpecLiveSampled(t *testing.T) {
 		if len(taus) != 2 || !strings.HasPrefix(taus[0], "1 ") || !strings.HasPrefix(taus[1], "3 ") {
 			t.Fatalf("want a row for k 1 and 3:\n%s", stdout)
 		}
-		// The drafter is the target: its sampled drafts are draws from the
-		// target's own distribution, which the rule accepts every time. A
-		// chain's τ is k + 1; a tree of 6 draws (2 roots, 2 children each
-		// of the 2 best) accepts a root and at most one child.
+		// The drafter is the target: its coupled drafts are the target's
+		// own draws under the same keys, and unkeyed (--uncoupled) its
+		// sampled drafts are draws from the target's distribution, which
+		// the rule accepts every time. A chain's τ is k + 1. A keyed tree's
+		// first child at each node is the drafter's coupled draw, the
+		// target's: its path of draws is accepted to the tree's depth, τ
+		// 4; unkeyed, a tree of 6 draws (2 roots, 2 children each of the 2
+		// best) accepts a root and at most one child.
 		for _, m := range row.FindAllStringSubmatch(stdout, -1) {
 			k, _ := strconv.Atoi(m[1])
 			if want := fmt.Sprintf("%d.00", k+1); m[2] != want || m[3] != "100" {
 				t.Errorf("k %d: τ %s, %s%% accepted; want τ %s, all accepted", k, m[2], m[3], want)
 			}
 		}
-		tree := regexp.MustCompile(`(?m)^\s+2×6\s+separate\s+(\d+\.\d\d)\s+(\d+)%\s`).FindStringSubmatch(stdout)
-		if tree == nil {
-			t.Fatalf("no row for the tree 2×6:\n%s", stdout)
+		for _, sh := range []struct {
+			name     string
+			min, max float64
+		}{{"2×6", 4, 4}, {"2×6 uncoupled", 2, 3}} {
+			tree := regexp.MustCompile(`(?m)^\s+` + sh.name + `\s+separate\s+(\d+\.\d\d)\s+(\d+)%\s`).FindStringSubmatch(stdout)
+			if tree == nil {
+				t.Fatalf("no row for the tree %s:\n%s", sh.name, stdout)
+			}
+			if tau, _ := strconv.ParseFloat(tree[1], 64); tau < sh.min || tau > sh.max {
+				t.Errorf("tree %s: τ %s, want %g…%g", sh.name, tree[1], sh.min, sh.max)
+			}
+			taus = append(taus, sh.name+" "+tree[1]+" "+tree[2])
 		}
-		if tau, _ := strconv.ParseFloat(tree[1], 64); tau < 2 || tau > 3 {
-			t.Errorf("tree 2×6: τ %s, want 2…3", tree[1])
-		}
-		rows = append(rows, append(taus, "2×6 "+tree[1]+" "+tree[2]))
+		rows = append(rows, taus)
 	}
 	if strings.Join(rows[0], "; ") != strings.Join(rows[1], "; ") {
 		t.Errorf("the same seeds measured %v, then %v", rows[0], rows[1])

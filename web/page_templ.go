@@ -246,7 +246,7 @@ func controls(d PageData) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "\" required aria-describedby=\"shape-note\"></label></div><p id=\"shape-note\" class=\"note\">b = 1: a chain of k draft tokens. b &gt; 1: a token tree k levels deep, b children a node (its likeliest, or sampled draws), N nodes verified in one pass. Not with edge drafting.</p></fieldset>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "\" required aria-describedby=\"shape-note\"></label></div><p id=\"shape-note\" class=\"note\">b = 1: a chain of k draft tokens. b &gt; 1: a token tree k levels deep, b children a node (its likeliest; sampled, its draw under the seed first), N nodes verified in one pass. Not with edge drafting.</p></fieldset>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -333,7 +333,9 @@ type headPass struct {
 	reads     []headRead
 	// A chain's (StepN): mapped, the read-out's greedy choice is the
 	// target's token (kernels.ArgmaxOf over the draft vocabulary's ids),
-	// which the step after embeds from next (fromNext). A chained step's
+	// which the step after embeds from next (fromNext); a Verify pass
+	// with coupled draws is mapped too, its draws (under keys) copied
+	// into the results beside sample.wgsl's words. A chained step's
 	// row i is entry i's: its residual is row i of x as the step before
 	// left it (xHeld: that step chained too, so x holds its output there),
 	// its output stays in x for the next (noSave: no copy into the store
@@ -344,7 +346,7 @@ type headPass struct {
 	// readLP; where fromNext, its ids are the step before's there
 	// (fromIDs). Zero Bindings: next, as for every other pass.
 	readIDs, readLP, fromIDs gpu.Binding
-	// keys, where set, are a mapped chain's read-out rows' coupled keys
+	// keys, where set, are a mapped pass's read-out rows' coupled keys
 	// (kernels.ArgmaxOfCoupled; couple.go).
 	keys gpu.Binding
 	// treeLevel: a level of a tree drafted on the device (DraftVerifyTree),

@@ -129,6 +129,15 @@ func (p *PipelineMemo[K]) Get(d *Device, key K, k Kernel, consts func() Consts) 
 	return pl, nil
 }
 
+// Keys returns the keys of the pipelines remembered, in no order.
+func (p *PipelineMemo[K]) Keys() []K {
+	keys := make([]K, 0, len(p.m))
+	for k := range p.m {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
 // maxKeyConsts is how many constants a pipelineKey holds; a pipeline with
 // more is found by its string key alone.
 const maxKeyConsts = 8

@@ -446,7 +446,7 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 		c.groups = p.matVecBatchGroups
 	case k == kernelSkinny:
 		c.skinny = p.skinnyLayout(w.N, T)
-		c.groupScale = c.skinny.tt <= p.groupScaleMaxTT
+		c.groupScale = p.groupScales(c.skinny)
 		c.groups = p.skinnyGroups
 		// Wide tiles split to fewer workgroups, but a head's many
 		// tiles of 17–20 rows still split in two (pickSkinnyLayout).
@@ -461,6 +461,11 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 	}
 	return c, true
 }
+
+// groupScales reports whether skinny_int4.wgsl in layout l scales each
+// weight row's sums once per 32 inputs (its tiles of up to
+// groupScaleMaxTT rows).
+func (p *plan) groupScales(l skinnyLayout) bool { return l.tt <= p.groupScaleMaxTT }
 
 // matVecBatchLayout returns matvec_batch_int4.wgsl's layout for T rows
 // of w: with matVecBatchByShape two weight rows a thread, 32 lanes a row

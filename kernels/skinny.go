@@ -101,11 +101,15 @@ func pickSkinnyLayout(n, T int) skinnyLayout {
 // n-row matrix: pickSkinnyLayout's, or with exactSkinnyTiles a tile of
 // exactly T rows for 5–20 rows that are no multiple of 4.
 func (p *plan) skinnyLayout(n, T int) skinnyLayout {
-	if p.exactSkinnyTiles && T >= 5 && T <= 20 && T%4 != 0 {
+	if p.exactSkinnyTiles && exactTileRows(T) {
 		return exactSkinnyLayout(T)
 	}
 	return pickSkinnyLayout(n, T)
 }
+
+// exactTileRows reports whether T rows take a tile of exactly T rows where
+// the plan says so (plan.exactSkinnyTiles): 5–20 rows, no multiple of 4.
+func exactTileRows(T int) bool { return T >= 5 && T <= 20 && T%4 != 0 }
 
 // exactSkinnyLayout is the layout of a tile of exactly T rows (5 ≤ T ≤ 20):
 // two weight rows a thread, and as many threads, a multiple of T, as fit
@@ -154,18 +158,21 @@ func skinnySpec(l skinnyLayout, kc int, groupScale bool) specialization {
 // milliseconds on a GPU (BENCHMARKS.md: the batch-4 runs that read 0.55×).
 func (c *matMulCall) buildExactTiles() error {
 	w, d := c.w, c.b.Device()
+	if w.exactTiles || !exactTileRows(c.T) || c.choice.skinny != exactSkinnyLayout(c.T) {
+		return nil
+	}
 	p := planFor(d)
-	if w.exactTiles || !p.exactSkinnyTiles || c.T < 5 || c.T > 20 || c.T%4 == 0 || c.choice.skinny != exactSkinnyLayout(c.T) {
+	if !p.exactSkinnyTiles {
 		return nil
 	}
 	w.exactTiles = true
 	for T := 5; T <= 20; T++ {
 		l := exactSkinnyLayout(T)
 		kc := l.chunk(d.Limits().MaxComputeWorkgroupStorageSize)
-		if T%4 == 0 || !l.valid() || kc == 0 {
+		if !exactTileRows(T) || !l.valid() || kc == 0 {
 			continue
 		}
-		if _, err := c.pipeline(skinnyInt4, skinnySpec(l, kc, l.tt <= p.groupScaleMaxTT)); err != nil {
+		if _, err := c.pipeline(skinnyInt4, skinnySpec(l, kc, p.groupScales(l))); err != nil {
 			return fmt.Errorf("the tile of %d rows: %w", T, err)
 		}
 	}

@@ -920,6 +920,24 @@ func KVBytesPerToken(c *qwen3.Config, elemBytes int) int {
 	return 2 * c.NumHiddenLayers * c.KVDim() * elemBytes
 }
 
+// A Preparer does ahead of any request the one-time work that passes of
+// some shapes would otherwise do the first time they meet it: a WebGPU
+// engine builds the pipelines of every row count a pass may have and every
+// context length its attention may see, where a driver compiling one
+// mid-generation stalls that step (tens of milliseconds on a GPU, each).
+type Preparer interface {
+	Prepare(ctx context.Context) error
+}
+
+// Prepare runs e's Prepare where e is a Preparer; other engines have
+// nothing to prepare.
+func Prepare(ctx context.Context, e Engine) error {
+	if p, ok := e.(Preparer); ok {
+		return p.Prepare(ctx)
+	}
+	return nil
+}
+
 // Warm runs a short draft on a scratch sequence, so that an engine's
 // one-time work (compiling GPU pipelines, first allocations) is done before
 // the first request rather than during it.

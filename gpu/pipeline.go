@@ -105,6 +105,14 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 	return p, nil
 }
 
+// PipelineNames returns the names of the pipelines built on d so far —
+// module, constants and entry, as the pipeline cache keys them —, sorted:
+// what a warm-up (engine.Prepare) has built, and what a pass built after
+// it.
+func (d *Device) PipelineNames() []string {
+	return slices.Sorted(maps.Keys(d.pipelines))
+}
+
 // PipelineMemo finds pipelines by a caller's comparable key — the
 // constants its call site varies, with the kernel where several share the
 // memo — before Device.Pipeline: a forward pass asks for hundreds, and
@@ -127,15 +135,6 @@ func (p *PipelineMemo[K]) Get(d *Device, key K, k Kernel, consts func() Consts) 
 	}
 	p.m[key] = pl
 	return pl, nil
-}
-
-// Keys returns the keys of the pipelines remembered, in no order.
-func (p *PipelineMemo[K]) Keys() []K {
-	keys := make([]K, 0, len(p.m))
-	for k := range p.m {
-		keys = append(keys, k)
-	}
-	return keys
 }
 
 // maxKeyConsts is how many constants a pipelineKey holds; a pipeline with

@@ -221,19 +221,11 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 			return err
 		}
 	}
-	group := heads / c.KVHeads
 	direct := splits == 1 // one split: no merge, the kernel writes out itself
 	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge, tune)); err != nil {
 		return err
 	}
-	maxs := uint32(1)
-	if merge {
-		maxs = decodeMergeMax
-	}
-	split, err := c.pipeline(d, attnDecode, kernelShape{chunk: chunk, group: group, wg: wg, vb: tune.vb, direct: direct, merge: merge}, true, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb),
-			"DIRECT": wgslBool(direct), "MERGE": wgslBool(merge), "MAXS": maxs}
-	})
+	split, mergePipe, err := c.decodePipelines(d, shape, heads, tune)
 	if err != nil {
 		return err
 	}
@@ -261,16 +253,79 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 	if direct || merge {
 		return nil
 	}
-	mergePipe, err := c.pipeline(d, attnMerge, kernelShape{chunk: chunk}, false, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(chunk)}
-	})
-	if err != nil {
-		return err
-	}
 	binds = []gpu.Binding{part, rowBinding, out.Slice(0, uint64(n)*4)}
 	mp := &attentionMergeParams{T: uint32(T), Heads: uint32(heads), Splits: uint32(splits)}
 	if err := gpu.Dispatch(b, mergePipe, mp, binds, uint32(heads), uint32(T), 1); err != nil {
 		return fmt.Errorf("kernels: %s: merge: %w", op, err)
+	}
+	return nil
+}
+
+// decodePipelines returns attention_decode.wgsl's pipeline for shape and,
+// where its splits leave the merge to a dispatch of its own (more than one
+// split, none merging), attention_merge.wgsl's (else nil).
+func (c *KVCache) decodePipelines(d *gpu.Device, shape DecodeShape, heads int, tune decodeTuning) (split, merge *gpu.Pipeline, err error) {
+	group, wg, direct := heads/c.KVHeads, tune.wg, shape.splits == 1
+	maxs := uint32(1)
+	if shape.merge {
+		maxs = decodeMergeMax
+	}
+	split, err = c.pipeline(d, attnDecode, kernelShape{chunk: shape.chunk, group: group, wg: wg, vb: tune.vb, direct: direct, merge: shape.merge}, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(shape.chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb),
+			"DIRECT": wgslBool(direct), "MERGE": wgslBool(shape.merge), "MAXS": maxs}
+	})
+	if err != nil || direct || shape.merge {
+		return split, nil, err
+	}
+	merge, err = c.pipeline(d, attnMerge, kernelShape{chunk: shape.chunk}, false, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(shape.chunk)}
+	})
+	return split, merge, err
+}
+
+// PrepareAttention builds on d every pipeline AttentionDecode would build
+// for 1…maxT rows of heads query heads over contexts of 1…maxLen
+// positions, and AttentionPrefill's, dispatching nothing. Which split
+// length a decode pass takes, and whether its splits merge apart, depend
+// on its rows and its longest context, so a generation that grows or a
+// batch that changes meets new ones, and a pipeline the driver first
+// builds mid-generation stalls that step by tens of milliseconds on a GPU.
+// The shapes change only where a context passes a multiple of the
+// shortest split, so only those lengths are tried.
+func (c *KVCache) PrepareAttention(d *gpu.Device, heads, maxT, maxLen int) error {
+	const op = "attention: prepare"
+	if err := c.checkHeads(op, heads); err != nil {
+		return err
+	}
+	if ch, ok := c.prefillChunks(); ok {
+		if _, err := c.prefillPipeline(d, ch, heads/c.KVHeads); err != nil {
+			return fmt.Errorf("kernels: %s: prefill: %w", op, err)
+		}
+	}
+	tune := planFor(d).decode
+	least := tune.leastChunk()
+	seen := map[DecodeShape]bool{}
+	for T := 1; T <= maxT; T++ {
+		for n := 1; n <= maxLen; {
+			shape := c.decodeShape(d, T, heads, n, tune)
+			// The split count varies with n; the pipelines do not.
+			key := DecodeShape{chunk: shape.chunk, splits: min(shape.splits, 2), merge: shape.merge}
+			if !seen[key] {
+				seen[key] = true
+				if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, shape.chunk, shape.merge, tune)); err != nil {
+					return err
+				}
+				if _, _, err := c.decodePipelines(d, shape, heads, tune); err != nil {
+					return fmt.Errorf("kernels: %s: %d rows, %d positions: %w", op, T, n, err)
+				}
+			}
+			// 1, least, least + 1, 2·least, 2·least + 1, …
+			if n%least == 0 {
+				n++
+			} else {
+				n = (n/least + 1) * least
+			}
+		}
 	}
 	return nil
 }
@@ -351,10 +406,7 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 		return err
 	}
 	group := heads / c.KVHeads
-	// The memo's chunk key holds both chunks (each < 2¹⁶).
-	p, err := c.pipeline(b.Device(), attnPrefill, kernelShape{chunk: ch.dk<<16 | ch.dv, group: group}, true, func() gpu.Consts {
-		return gpu.Consts{"D": uint32(c.D), "DK": uint32(ch.dk), "DV": uint32(ch.dv), "KVS": uint32(ch.kvs()), "GROUP": uint32(group)}
-	})
+	p, err := c.prefillPipeline(b.Device(), ch, group)
 	if err != nil {
 		return err
 	}
@@ -366,4 +418,13 @@ func AttentionPrefill(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer, seq i
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	return nil
+}
+
+// prefillPipeline returns attention_prefill.wgsl's pipeline for chunks ch
+// and group query heads a kv head.
+func (c *KVCache) prefillPipeline(d *gpu.Device, ch prefillChunks, group int) (*gpu.Pipeline, error) {
+	// The memo's chunk key holds both chunks (each < 2¹⁶).
+	return c.pipeline(d, attnPrefill, kernelShape{chunk: ch.dk<<16 | ch.dv, group: group}, true, func() gpu.Consts {
+		return gpu.Consts{"D": uint32(c.D), "DK": uint32(ch.dk), "DV": uint32(ch.dv), "KVS": uint32(ch.kvs()), "GROUP": uint32(group)}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"webdraft/gpu"
@@ -461,6 +462,58 @@ func TestDecodeChunkDirect(t *testing.T) {
 		c := &KVCache{KVShape: KVShape{KVHeads: tc.kvHeads, D: 64}, wgMemory: 48 << 10}
 		if got := c.decodeSplits(tc.T, 2*tc.kvHeads, tc.maxLen, tune); got != tc.splits {
 			t.Errorf("%d kv heads, %d rows, %d positions: %d splits, want %d", tc.kvHeads, tc.T, tc.maxLen, got, tc.splits)
+		}
+	}
+}
+
+// TestPrepareAttention: after PrepareAttention, decode attention at any
+// rows and context length within its bounds, and prefill attention,
+// build no pipeline (on a device of the test's own, so that no other test
+// built them), and what it built is what those calls use: several split
+// lengths, direct and merged.
+func TestPrepareAttention(t *testing.T) {
+	d := gputest.Fresh(t)
+	r := newRand(t)
+	const kvHeads, heads, D, bs, maxT, maxLen = 2, 4, 64, 16, 8, 1024
+	c, err := NewKVCache(d, KVShape{Layers: 1, KVHeads: kvHeads, D: D, BlockSize: bs, Blocks: maxLen / bs, Seqs: maxT, MaxBlocks: maxLen / bs, F16: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	if err := c.PrepareAttention(d, heads, maxT, maxLen); err != nil {
+		t.Fatal(err)
+	}
+	prepared := d.PipelineNames()
+	decodes := 0
+	for _, name := range prepared {
+		if strings.HasPrefix(name, attnDecode.Module) {
+			decodes++
+		}
+	}
+	if decodes < 2 {
+		t.Fatalf("prepared %d decode attention pipelines (%v), want the split lengths and merges of 1–%d rows over 1–%d positions", decodes, prepared, maxT, maxLen)
+	}
+	q, out := poisoned(t, d, "q", maxT*heads*D), poisoned(t, d, "out", maxT*heads*D)
+	rows := upload(t, d, "rows", make([]float32, maxT*RowWords))
+	calls := [][2]int{{1, 1}, {maxT, maxLen}, {1, maxLen}, {maxT, 1}, {2, 257}, {1, 256}, {1, 257}}
+	for range 40 {
+		calls = append(calls, [2]int{1 + r.IntN(maxT), 1 + r.IntN(maxLen)})
+	}
+	for _, call := range calls {
+		b, err := d.NewBatch("decode")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = AttentionDecode(b, out, q, c, 0, rows, call[0], heads, call[1])
+		if err == nil {
+			err = AttentionPrefill(b, out, q, c, 0, 0, rows, 0, call[0], heads)
+		}
+		b.Discard()
+		if err != nil {
+			t.Fatalf("%d rows, %d positions: %v", call[0], call[1], err)
+		}
+		if built := gputest.BuiltSince(d, prepared); len(built) > 0 {
+			t.Fatalf("%d rows, %d positions built pipelines PrepareAttention had not: %v", call[0], call[1], built)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package kernels
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	"webdraft/gpu"
@@ -448,48 +447,5 @@ func TestPlanMatVecBatch(t *testing.T) {
 	}
 	if got := measuredSwiftShader.pick(&Matrix{Format: Int4, N: 4096, K: 4096, G: 32}, 2, lim); got.kernel != kernelMatVecBatch || got.matVecBatch != matVecBatchDefault {
 		t.Errorf("SwiftShader, 4096 × 4096 at 2 rows: %v (%v), want the default matvec_batch_int4.wgsl layout", got.kernel, got.matVecBatch)
-	}
-}
-
-// TestExactTilesBuiltTogether: the first matmul that takes a tile of
-// exactly its rows builds every exact tile's pipeline (5–20 rows, no
-// multiple of 4), so that a batch verifying another row count later
-// builds none; a matmul of other rows builds none of them.
-func TestExactTilesBuiltTogether(t *testing.T) {
-	d := gputest.Device(t)
-	if !planFor(d).exactSkinnyTiles {
-		t.Skip("this device's plan takes no exact tiles")
-	}
-	r := newRand(t)
-	tiles := func(w *Matrix) []int {
-		var tt []int
-		for _, key := range w.pipes.Keys() {
-			if key.module == skinnyInt4.Module && int(key.vals[0])%4 != 0 {
-				tt = append(tt, int(key.vals[0]))
-			}
-		}
-		slices.Sort(tt)
-		return tt
-	}
-	want := []int{5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19}
-	for _, c := range []struct {
-		T    int
-		want []int
-	}{{7, want}, {12, nil}, {3, nil}} {
-		// A matrix of 4M weights: skinny_int4.wgsl takes its 5–20 rows
-		// (the plan's batch blocks stop at 2M).
-		s := matMulShape{T: c.T, N: 4096, K: 1024, G: 32}
-		m := randMatrix(t, r, Int4, s.N, s.K, s.G)
-		w, err := UploadMatrix(d, "w", m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		x := upload(t, d, "x", randVec(r, s.T*s.K, 1))
-		out := poisoned(t, d, "out", s.T*s.N)
-		run(t, d, "matmul", func(b *gpu.Batch) error { return MatMul(b, out, x, w, s.T, false) })
-		if got := tiles(w); !slices.Equal(got, c.want) {
-			t.Errorf("%d rows: exact tiles built for %v rows, want %v", c.T, got, c.want)
-		}
-		w.Release()
 	}
 }

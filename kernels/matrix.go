@@ -41,9 +41,6 @@ type Matrix struct {
 	pipes gpu.PipelineMemo[matMulPipelineKey] // the matmul pipelines asked for with this matrix
 	picks map[int]matMulChoice                // the device plan's choices by activation rows (planned)
 	op    string                              // "matmul NAME", for errors (opName)
-	// exactTiles: every exact skinny tile's pipeline is built
-	// (matMulCall.buildExactTiles).
-	exactTiles bool
 }
 
 // opName is the matmul's name in errors, made once: every matmul recorded

@@ -137,9 +137,6 @@ func (c *matMulCall) skinny(blk rowBlock, out gpu.Binding) error {
 	if err != nil {
 		return err
 	}
-	if err := c.buildExactTiles(); err != nil {
-		return err
-	}
 	return c.splitDispatch(p, blk, out, l.rows(), l.tt, 32, c.choice.groups)
 }
 
@@ -147,34 +144,4 @@ func (c *matMulCall) skinny(blk rowBlock, out gpu.Binding) error {
 // columns a chunk and the group-scale flag.
 func skinnySpec(l skinnyLayout, kc int, groupScale bool) specialization {
 	return specialization{skinnyConsts, [6]uint32{uint32(l.tt), uint32(l.rt), uint32(l.wg), uint32(kc), wgslBool(groupScale)}}
-}
-
-// buildExactTiles builds, the first time a matrix takes a tile of exactly
-// its rows (plan.exactSkinnyTiles), the pipelines of every other such tile
-// too (5–20 rows, no multiple of 4), each with the plan's group scaling:
-// how many rows a batch verifies depends on when its generations join and
-// end, so a warm-up cannot be sure to meet them all, and a pipeline the
-// driver first builds mid-generation stalls that step by tens of
-// milliseconds on a GPU (BENCHMARKS.md: the batch-4 runs that read 0.55×).
-func (c *matMulCall) buildExactTiles() error {
-	w, d := c.w, c.b.Device()
-	if w.exactTiles || !exactTileRows(c.T) || c.choice.skinny != exactSkinnyLayout(c.T) {
-		return nil
-	}
-	p := planFor(d)
-	if !p.exactSkinnyTiles {
-		return nil
-	}
-	w.exactTiles = true
-	for T := 5; T <= 20; T++ {
-		l := exactSkinnyLayout(T)
-		kc := l.chunk(d.Limits().MaxComputeWorkgroupStorageSize)
-		if !exactTileRows(T) || !l.valid() || kc == 0 {
-			continue
-		}
-		if _, err := c.pipeline(skinnyInt4, skinnySpec(l, kc, p.groupScales(l))); err != nil {
-			return fmt.Errorf("the tile of %d rows: %w", T, err)
-		}
-	}
-	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"webdraft/engine"
 	"webdraft/sampling"
 	"webdraft/scheduler"
 	"webdraft/speculative"
@@ -29,7 +30,11 @@ import (
 // shape of its own), adaptive where the API's are; and warmupBatch /draft
 // requests at once. Their steps are left out of /metrics, and the
 // generator forgets what they took (speculative.Generator.ForgetTimings).
-// Larger batches are not warmed.
+// Larger batches are not warmed, but before all this every engine builds
+// the pipelines of every row count and context length a pass may have
+// (engine.Prepare), which no set of generations is sure to meet: at a
+// batch's changing row counts, a pipeline first built mid-generation
+// stalls its step.
 
 // warmupTokens is each warm-up generation's length: long enough that its
 // steps chain as a generation's do (chains of up to 16 steps).
@@ -56,6 +61,17 @@ func (s *Server) warm(ctx context.Context, st *state) error {
 	start := time.Now()
 	s.warming.Store(true)
 	defer s.warming.Store(false)
+	// Every pipeline a pass may build, whatever its rows and context
+	// (engine.Prepare): the generations below meet only some of them.
+	for _, m := range []*Model{&st.drafter, st.target, st.head} {
+		if m == nil {
+			continue
+		}
+		if err := engine.Prepare(ctx, m.Engine); err != nil {
+			return fmt.Errorf("preparing %s: %w", m.Name, err)
+		}
+	}
+	s.log.Info("prepared every pass shape", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()))
 	runs := 0
 	if st.gen != nil {
 		// What the warm-up's steps took, pipelines built, is not what

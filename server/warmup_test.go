@@ -18,8 +18,14 @@ import (
 // gatedEngine holds every forward pass until gate closes, counting them.
 type gatedEngine struct {
 	engine.Engine
-	gate   chan struct{}
-	passes atomic.Int64
+	gate     chan struct{}
+	passes   atomic.Int64
+	prepared atomic.Int64 // Prepare's calls
+}
+
+func (g *gatedEngine) Prepare(ctx context.Context) error {
+	g.prepared.Add(1)
+	return engine.Prepare(ctx, g.Engine)
 }
 
 func (g *gatedEngine) wait(ctx context.Context) error {
@@ -104,6 +110,9 @@ func TestWarmup(t *testing.T) {
 	// a pass or more, and /draft's 16 tokens.
 	if d, tg := drafter.passes.Load(), target.passes.Load(); d < 16 || tg < 16 {
 		t.Errorf("the warm-up ran %d drafter and %d target passes, want at least 16 each", d, tg)
+	}
+	if d, tg := drafter.prepared.Load(), target.prepared.Load(); d != 1 || tg != 1 {
+		t.Errorf("the warm-up prepared the drafter %d times and the target %d, want once each (engine.Prepare)", d, tg)
 	}
 	for _, m := range []string{"webdraft_generation_tokens_total", "webdraft_spec_decode_num_drafts_total", "webdraft_batch_sequences_count"} {
 		if v := f.metric(t, m); v != 0 {

@@ -113,6 +113,9 @@ func runGenerate(ctx context.Context, e *env, args []string) error {
 	// speculative run the first, its time would hold them and the target
 	// alone's after it not.
 	if warmsOn(*warmup, t.Info()) {
+		if err := prepare(ctx, e, t, d); err != nil {
+			return err
+		}
 		start := time.Now()
 		for _, r := range []speculative.Request{req, base} {
 			if _, _, err := generateOnce(ctx, d, t, r); err != nil {

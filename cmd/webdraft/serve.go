@@ -214,6 +214,19 @@ func warmsOn(flag string, info engine.Info) bool {
 	return info.Backend == "webgpu" && !info.Software
 }
 
+// prepare builds ahead, on each engine that has any, the pipelines of
+// every pass shape (engine.Prepare), and logs what it took.
+func prepare(ctx context.Context, e *env, engines ...engine.Engine) error {
+	start := time.Now()
+	for _, eng := range engines {
+		if err := engine.Prepare(ctx, eng); err != nil {
+			return fmt.Errorf("preparing the pipelines of every pass shape: %w", err)
+		}
+	}
+	e.log.Info("prepared every pass shape", "seconds", fmt.Sprintf("%.2f", time.Since(start).Seconds()))
+	return nil
+}
+
 // warmupUsage is --warmup's help, for serve and generate.
 func warmupUsage(what string) string {
 	return "before " + what + ", run each shape once untimed, so that no timed request waits while a GPU builds its pipelines: auto (on a GPU; not on the CPU engine or a software renderer, where it costs more than it saves), on, off"

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 
@@ -56,4 +57,16 @@ func Fresh(tb testing.TB) *gpu.Device {
 	}
 	tb.Cleanup(d.Close)
 	return d
+}
+
+// BuiltSince returns the pipelines built on d that before (an earlier
+// d.PipelineNames) did not hold, sorted: what a call built.
+func BuiltSince(d *gpu.Device, before []string) []string {
+	var out []string
+	for _, n := range d.PipelineNames() {
+		if _, found := slices.BinarySearch(before, n); !found {
+			out = append(out, n)
+		}
+	}
+	return out
 }

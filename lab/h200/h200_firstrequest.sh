@@ -21,6 +21,6 @@ for run in $(seq "$RUNS"); do
     kill $pid
     wait $pid
     grep -m1 'msg=engine' "/tmp/first-serve-$w-$run.log"
-    grep -E 'warmed up|warm-up failed' "/tmp/first-serve-$w-$run.log"
+    grep -E 'prepared|warmed up|warm-up failed' "/tmp/first-serve-$w-$run.log"
   done
 done

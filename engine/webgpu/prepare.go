@@ -6,6 +6,7 @@ import (
 
 	"webdraft/engine"
 	"webdraft/gpu"
+	"webdraft/kernels"
 )
 
 // Building ahead (engine.Preparer). A pass's kernels are chosen by its
@@ -36,23 +37,17 @@ func (e *Engine) Prepare(ctx context.Context) error {
 	if err := e.usable(); err != nil {
 		return err
 	}
-	for R := 1; R <= e.opts.MaxRows; R++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := recordOnly(e.dev, e.kernels(pass{rows: R, lasts: min(R, e.act.maxLasts)})); err != nil {
-			return fmt.Errorf("webgpu: prepare: a pass of %d rows: %w", R, err)
-		}
-	}
-	maxLen := min(e.cfg.MaxPositionEmbeddings, e.kv.Capacity())
-	if err := e.kv.PrepareAttention(e.dev, e.cfg.NumAttentionHeads, e.opts.MaxRows, maxLen); err != nil {
+	err := prepare(ctx, e.dev, e.kv, e.cfg.NumAttentionHeads, e.opts.MaxRows, min(e.cfg.MaxPositionEmbeddings, e.kv.Capacity()), func(R int) []step {
+		return e.kernels(pass{rows: R, lasts: min(R, e.act.maxLasts)})
+	})
+	if err != nil {
 		return fmt.Errorf("webgpu: prepare: %w", err)
 	}
 	return nil
 }
 
 // Prepare builds every pipeline a pass of the head may need, as
-// Engine.Prepare does: its layer and fc at 1…R rows, its read-out at the
+// Engine.Prepare does: its fc and layer at 1…R rows, its read-out at the
 // rows a pass reads out, decode attention over its cache.
 func (h *Head) Prepare(ctx context.Context) error {
 	h.g.mu.Lock()
@@ -60,23 +55,33 @@ func (h *Head) Prepare(ctx context.Context) error {
 	if err := h.usable(); err != nil {
 		return err
 	}
-	for R := 1; R <= h.act.R; R++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	err := prepare(ctx, h.dev, h.kv, h.layer.NumAttentionHeads, h.act.R, min(h.engCfg.MaxPositionEmbeddings, h.kv.Capacity()), func(R int) []step {
 		// fc over features already in place, the layer, and the first
 		// rows read out where they are (x): what a pass of R rows records
 		// that depends on R.
 		ps := headPass{rows: R, nfc: R, featsIn: true, last: true, readX: true, noSave: true}
-		if err := recordOnly(h.dev, h.passSteps(&ps, min(R, h.act.S), 0)); err != nil {
-			return fmt.Errorf("webgpu head: prepare: a pass of %d rows: %w", R, err)
-		}
-	}
-	maxLen := min(h.engCfg.MaxPositionEmbeddings, h.kv.Capacity())
-	if err := h.kv.PrepareAttention(h.dev, h.layer.NumAttentionHeads, h.act.R, maxLen); err != nil {
+		return h.passSteps(&ps, min(R, h.act.S), 0)
+	})
+	if err != nil {
 		return fmt.Errorf("webgpu head: prepare: %w", err)
 	}
 	return nil
+}
+
+// prepare records the steps of a pass of each of 1…rows rows (pass(R))
+// into batches it discards, then builds decode attention's pipelines over
+// kv for those rows of heads query heads and contexts of up to maxLen
+// positions.
+func prepare(ctx context.Context, d *gpu.Device, kv *kernels.KVCache, heads, rows, maxLen int, pass func(R int) []step) error {
+	for R := 1; R <= rows; R++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := recordOnly(d, pass(R)); err != nil {
+			return fmt.Errorf("a pass of %d rows: %w", R, err)
+		}
+	}
+	return kv.PrepareAttention(d, heads, rows, maxLen)
 }
 
 // recordOnly records steps into a batch that it discards: what recording

@@ -229,7 +229,7 @@ func prepare(ctx context.Context, e *env, engines ...engine.Engine) error {
 
 // warmupUsage is --warmup's help, for serve and generate.
 func warmupUsage(what string) string {
-	return "before " + what + ", run each shape once untimed, so that no timed request waits while a GPU builds its pipelines: auto (on a GPU; not on the CPU engine or a software renderer, where it costs more than it saves), on, off"
+	return "before " + what + ", build the pipelines of every row count and context length a pass may have, then run each shape once untimed, so that no timed request waits while a GPU builds its pipelines: auto (on a GPU; not on the CPU engine or a software renderer, where it costs more than it saves), on, off"
 }
 
 // checkWarmup refuses a --warmup value other than auto, on and off.

@@ -18,6 +18,7 @@
   let tokens = []; // the output's token spans, in order, for the keyboard
   let active = -1;
   let frame = 0; // the animation frame that paints what the messages changed
+  let charts = false; // whether that frame redraws the speculative run's panels too
 
   // ---- the websocket
 
@@ -352,13 +353,13 @@
     r.verifyMs.push(m.verify_ms);
     if (m.network_ms !== undefined) r.networkMs.push(m.network_ms);
     race.spec = { tokens: r.emitted, seconds: null };
-    paint();
+    paint(true);
   }
 
   function aloneStep(m) {
     for (const t of m.tokens) addToken(alone, t.text, "plain", m.step, { target: t });
     race.alone = { tokens: (race.alone ? race.alone.tokens : 0) + m.tokens.length, seconds: null };
-    paint();
+    paint(false);
   }
 
   function done(m) {
@@ -639,11 +640,18 @@
   // for each would take the CPU from the server's race on a small machine
   // (in headless Chromium beside the CPU engine on 2 cores, the page's main
   // thread worked about 40 % less a 128-token race than when it drew every
-  // message). A frame paints whatever arrived since the one before.
-  function paint() {
+  // message). A frame paints whatever arrived since the one before: the
+  // race and the text's end, and the panels where the speculative run
+  // changed them (withCharts).
+  function paint(withCharts) {
+    charts ||= withCharts;
     if (!frame) frame = requestAnimationFrame(() => {
       frame = 0;
-      paintNow();
+      if (charts) draw();
+      else drawRace();
+      charts = false;
+      follow(out);
+      follow(alone);
     });
   }
 
@@ -652,6 +660,7 @@
   function paintNow() {
     if (frame) cancelAnimationFrame(frame);
     frame = 0;
+    charts = false;
     draw();
     follow(out);
     follow(alone);

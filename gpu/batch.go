@@ -52,6 +52,8 @@ type Batch struct {
 	offsets [1]uint32
 	rec     recorder   // the pass's dispatches, unless profiled
 	capture *Recording // non-nil: dispatches are also added here (Capture)
+	dry     bool       // see NewDryBatch
+	done    bool       // submitted or discarded: its resources released
 }
 
 // paramsChunk is a uniform buffer and its host image.
@@ -71,6 +73,18 @@ func (d *Device) NewBatch(label string) (*Batch, error) {
 	}
 	d.binds.begin()
 	return &Batch{d: d, label: label, enc: enc, pass: enc.BeginComputePass(nil)}, nil
+}
+
+// NewDryBatch starts a batch that makes what its dispatches need — their
+// pipelines, bind groups and params — as a batch that runs would, records
+// nothing for the GPU and can only be discarded: a warm-up records a pass
+// into one to build its pipelines (Device.BuildAhead).
+func (d *Device) NewDryBatch(label string) (*Batch, error) {
+	if d.closed {
+		return nil, fmt.Errorf("gpu: batch %q: device is closed", label)
+	}
+	d.binds.begin()
+	return &Batch{d: d, label: label, dry: true}, nil
 }
 
 // Device is the device the batch records for.
@@ -153,6 +167,15 @@ func (b *Batch) dispatch(p *Pipeline, params []uint32, bufs []Binding, x, y, z u
 // has any, lie at offset off of the chunk it binds; slots, if not nil,
 // caches what the recorder looks up of p and group.
 func (b *Batch) emit(p *Pipeline, group *wgpu.BindGroup, slots *objectSlots, hasParams bool, off uint32, x, y, z uint32) error {
+	if b.dry {
+		b.n++
+		return nil
+	}
+	if p.pipe == nil { // queued by a BuildAhead that did not build it
+		if err := b.d.buildQueued(p); err != nil {
+			return err
+		}
+	}
 	var offsets []uint32
 	if hasParams {
 		b.offsets[0] = off
@@ -269,6 +292,10 @@ func (b *Batch) SubmitRead(ranges ...Binding) ([][]byte, error) {
 	if b.ended {
 		return nil, fmt.Errorf("gpu: batch %q: already submitted or discarded", b.label)
 	}
+	if b.dry {
+		b.Discard()
+		return nil, fmt.Errorf("gpu: batch %q: a dry batch cannot be submitted", b.label)
+	}
 	rd, err := b.d.newRead(ranges)
 	if err != nil {
 		b.Discard()
@@ -294,6 +321,10 @@ func (b *Batch) submit(rd *read) error {
 	if b.err != nil { // a recording error, which names the batch already
 		b.Discard()
 		return b.err
+	}
+	if b.dry {
+		b.Discard()
+		return fmt.Errorf("gpu: batch %q: a dry batch cannot be submitted", b.label)
 	}
 	var err error
 	if b.prof == nil {
@@ -331,7 +362,7 @@ func (b *Batch) submit(rd *read) error {
 
 // Discard drops a batch without submitting it.
 func (b *Batch) Discard() {
-	if b.enc == nil {
+	if b.done {
 		return
 	}
 	b.ended = true
@@ -347,12 +378,15 @@ func (b *Batch) Discard() {
 }
 
 func (b *Batch) release() {
+	b.done = true
 	b.d.chunks = append(b.d.chunks, b.chunks...)
 	b.chunks = nil
 	if b.pass != nil {
 		b.pass.Release()
 	}
-	b.enc.Release()
+	if b.enc != nil {
+		b.enc.Release()
+	}
 	b.pass, b.enc = nil, nil
 	b.d.binds.end()
 }

@@ -176,6 +176,7 @@ type Device struct {
 	pipelines map[string]*Pipeline          // by module name + entry + constants
 	// pipelinesByKey holds the same pipelines for the per-dispatch lookup.
 	pipelinesByKey map[pipelineKey]*Pipeline
+	ahead          *aheadBuild    // non-nil within BuildAhead's record
 	chunks         []*paramsChunk // free uniform chunks for Batch params
 	binds          *bindCache     // bind groups reused across batches
 	objs           objects        // what batches' recorders name (JavaScript: record_js.go)

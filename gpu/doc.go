@@ -45,5 +45,7 @@
 //
 // A Device, its Buffers and its Batches must be used from one goroutine at a
 // time: WebGPU error scopes are per device, so interleaved calls would blame
-// each other's errors. The engine above owns one GPU goroutine.
+// each other's errors. The engine above owns one GPU goroutine. The one
+// exception is Device.BuildAhead, whose workers compile pipelines at once
+// while its caller waits.
 package gpu

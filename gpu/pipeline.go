@@ -51,23 +51,29 @@ type Consts map[string]uint32
 // Pipeline is a compiled compute pipeline with its explicit layouts.
 type Pipeline struct {
 	kernel Kernel
-	pipe   *wgpu.ComputePipeline
+	pipe   *wgpu.ComputePipeline // nil while queued
 	bgl    *wgpu.BindGroupLayout
 	layout *wgpu.PipelineLayout
+	// queued is, while pipe is nil, what Device.BuildAhead queued it with:
+	// the first batch that records it builds it if BuildAhead did not.
+	queued *aheadModule
 }
 
 // Name is "module:entry", for error messages.
 func (p *Pipeline) Name() string { return p.kernel.Module + ":" + p.kernel.Entry }
 
 func (p *Pipeline) release() {
-	p.pipe.Release()
+	if p.pipe != nil {
+		p.pipe.Release()
+	}
 	p.layout.Release()
 	p.bgl.Release()
 }
 
 // Pipeline returns the compute pipeline for k specialized by consts,
 // compiling it on first use and caching it by module, entry and constants.
-// A module name must always come with the same source.
+// A module name must always come with the same source. Within
+// Device.BuildAhead's record a pipeline not built yet is queued instead.
 func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 	if d.closed {
 		return nil, fmt.Errorf("gpu: pipeline %s:%s: device is closed", k.Module, k.Entry)
@@ -94,7 +100,12 @@ func (d *Device) Pipeline(k Kernel, consts Consts) (*Pipeline, error) {
 			return nil, fmt.Errorf("gpu: pipeline %s:%s: params: %w", k.Module, k.Entry, err)
 		}
 		var err error
-		if p, err = d.newPipeline(k, consts, modKey); err != nil {
+		if d.ahead != nil {
+			p, err = d.ahead.queue(d, k, consts, modKey)
+		} else {
+			p, err = d.newPipeline(k, consts, modKey)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("gpu: pipeline %s:%s%s: %w", k.Module, k.Entry, constsKey(consts), err)
 		}
 		d.pipelines[key] = p
@@ -178,16 +189,37 @@ func (d *Device) newPipeline(k Kernel, consts Consts, modKey string) (*Pipeline,
 		if err != nil {
 			return nil, err
 		}
-		mod, err = d.dev.CreateShaderModule(&wgpu.ShaderModuleDescriptor{
-			Label:          k.Module,
-			WGSLDescriptor: &wgpu.ShaderModuleWGSLDescriptor{Code: src},
-		})
-		if err != nil {
+		if mod, err = d.newModule(k.Module, src); err != nil {
 			return nil, err
 		}
 		d.modules[modKey] = mod
 	}
+	p, err := d.newLayouts(k)
+	if err != nil {
+		return nil, err
+	}
+	p.pipe, err = d.compile(p, mod)
+	if err == nil {
+		err = d.check("creating pipeline")
+	}
+	if err != nil {
+		p.release()
+		return nil, err
+	}
+	return p, nil
+}
 
+// newModule compiles a module of WGSL source src, named name.
+func (d *Device) newModule(name, src string) (*wgpu.ShaderModule, error) {
+	return d.dev.CreateShaderModule(&wgpu.ShaderModuleDescriptor{
+		Label:          name,
+		WGSLDescriptor: &wgpu.ShaderModuleWGSLDescriptor{Code: src},
+	})
+}
+
+// newLayouts returns a Pipeline of k with its bind-group and pipeline
+// layouts and no compute pipeline yet.
+func (d *Device) newLayouts(k Kernel) (*Pipeline, error) {
 	var entries []wgpu.BindGroupLayoutEntry
 	if size := k.paramsSize(); size > 0 {
 		entries = append(entries, wgpu.BindGroupLayoutEntry{
@@ -215,22 +247,16 @@ func (d *Device) newPipeline(k Kernel, consts Consts, modKey string) (*Pipeline,
 		bgl.Release()
 		return nil, err
 	}
-	pipe, err := d.dev.CreateComputePipeline(&wgpu.ComputePipelineDescriptor{
-		Layout:  layout,
-		Compute: wgpu.ProgrammableStageDescriptor{Module: mod, EntryPoint: k.Entry},
+	return &Pipeline{kernel: k, bgl: bgl, layout: layout}, nil
+}
+
+// compile builds p's compute pipeline from mod: the driver's compilation,
+// the slow part of a pipeline, which BuildAhead's workers run at once.
+func (d *Device) compile(p *Pipeline, mod *wgpu.ShaderModule) (*wgpu.ComputePipeline, error) {
+	return d.dev.CreateComputePipeline(&wgpu.ComputePipelineDescriptor{
+		Layout:  p.layout,
+		Compute: wgpu.ProgrammableStageDescriptor{Module: mod, EntryPoint: p.kernel.Entry},
 	})
-	if err == nil {
-		err = d.check("creating pipeline")
-	}
-	if err != nil {
-		if pipe != nil {
-			pipe.Release()
-		}
-		layout.Release()
-		bgl.Release()
-		return nil, err
-	}
-	return &Pipeline{kernel: k, pipe: pipe, bgl: bgl, layout: layout}, nil
 }
 
 // constsKey renders consts in a canonical order, e.g. "{TT=8,WG=64}".

@@ -30,6 +30,9 @@ func (b *Batch) Profile(max int) error {
 	if b.n > 0 || b.prof != nil {
 		return fmt.Errorf("gpu: batch %q: Profile must come before the first dispatch", b.label)
 	}
+	if b.dry {
+		return fmt.Errorf("gpu: batch %q: a dry batch runs nothing to time", b.label)
+	}
 	set, err := d.dev.CreateQuerySet(&wgpu.QuerySetDescriptor{Label: b.label, Type: wgpu.QueryTypeTimestamp, Count: uint32(2 * max)})
 	if err != nil {
 		return fmt.Errorf("gpu: batch %q: query set: %w", b.label, err)

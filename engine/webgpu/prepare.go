@@ -18,9 +18,10 @@ import (
 // the driver first builds mid-generation stalls that step: on an H100 a
 // batch-4 run whose timed pass met pipelines its untimed pass had not took
 // 3.6 ms a step against 1.5 (BENCHMARKS.md). Prepare records a pass of
-// every row count into a batch it discards — the pipelines stay built,
-// nothing runs — and builds decode attention's for every row count and
-// context length (kernels.KVCache.PrepareAttention).
+// every row count into a dry batch — nothing runs — and asks for decode
+// attention's pipelines for every row count and context length
+// (kernels.KVCache.PrepareAttention), and the pipelines these ask for are
+// built at once, on the host's cores (gpu.Device.BuildAhead).
 
 var (
 	_ engine.Preparer = (*Engine)(nil)
@@ -69,25 +70,27 @@ func (h *Head) Prepare(ctx context.Context) error {
 }
 
 // prepare records the steps of a pass of each of 1…rows rows (pass(R))
-// into batches it discards, then builds decode attention's pipelines over
-// kv for those rows of heads query heads and contexts of up to maxLen
-// positions.
+// into dry batches and asks for decode attention's pipelines over kv for
+// those rows of heads query heads and contexts of up to maxLen positions,
+// then builds every pipeline they asked for at once (gpu.Device.BuildAhead).
 func prepare(ctx context.Context, d *gpu.Device, kv *kernels.KVCache, heads, rows, maxLen int, pass func(R int) []step) error {
-	for R := 1; R <= rows; R++ {
-		if err := ctx.Err(); err != nil {
-			return err
+	return d.BuildAhead(func() error {
+		for R := 1; R <= rows; R++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := recordDry(d, pass(R)); err != nil {
+				return fmt.Errorf("a pass of %d rows: %w", R, err)
+			}
 		}
-		if err := recordOnly(d, pass(R)); err != nil {
-			return fmt.Errorf("a pass of %d rows: %w", R, err)
-		}
-	}
-	return kv.PrepareAttention(d, heads, rows, maxLen)
+		return kv.PrepareAttention(d, heads, rows, maxLen)
+	})
 }
 
-// recordOnly records steps into a batch that it discards: what recording
-// builds (pipelines, scratch space) stays; nothing runs.
-func recordOnly(d *gpu.Device, steps []step) error {
-	b, err := d.NewBatch("prepare")
+// recordDry records steps into a dry batch: what recording makes
+// (pipelines, bind groups, scratch space) stays; nothing runs.
+func recordDry(d *gpu.Device, steps []step) error {
+	b, err := d.NewDryBatch("prepare")
 	if err != nil {
 		return err
 	}

@@ -66,7 +66,8 @@ type aheadModule struct {
 	mod   *wgpu.ShaderModule // the device's, or compiled by the worker
 	fresh bool               // mod was compiled by the worker
 	pipes []*Pipeline
-	err   error // the first failure of the worker's build
+	built []*Pipeline // those the worker built
+	err   error       // the first failure of the worker's build
 }
 
 // queue makes k's layouts now and queues its pipeline, returning it
@@ -119,21 +120,26 @@ func (a *aheadBuild) build(d *Device, workers int) error {
 	wg.Wait()
 
 	var errs []error
+	if err := d.check("building pipelines"); err != nil {
+		// An error no creation call returned (the browser's are reported
+		// here): which one raised it is unknown, so each pipeline built here
+		// is built again, alone and checked, by the batch that first
+		// records it.
+		for _, m := range a.modules {
+			m.unbuild()
+		}
+		errs = append(errs, err)
+	}
 	for _, m := range a.modules {
 		if m.fresh {
 			d.modules[m.key] = m.mod
 		}
-		for _, p := range m.pipes {
-			if p.pipe != nil {
-				p.queued = nil
-			}
+		for _, p := range m.built {
+			p.queued = nil
 		}
 		if m.err != nil {
 			errs = append(errs, m.err)
 		}
-	}
-	if err := d.check("building pipelines"); err != nil {
-		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -159,6 +165,20 @@ func (m *aheadModule) build(d *Device) {
 			return
 		}
 		p.pipe = pipe
+		m.built = append(m.built, p)
+	}
+}
+
+// unbuild releases what m's worker built, leaving its pipelines queued.
+func (m *aheadModule) unbuild() {
+	for _, p := range m.built {
+		p.pipe.Release()
+		p.pipe = nil
+	}
+	m.built = nil
+	if m.fresh {
+		m.mod.Release()
+		m.mod, m.fresh = nil, false
 	}
 }
 

@@ -253,6 +253,7 @@ func (d *Device) newLayouts(k Kernel) (*Pipeline, error) {
 // compile builds p's compute pipeline from mod: the driver's compilation,
 // the slow part of a pipeline, which BuildAhead's workers run at once.
 func (d *Device) compile(p *Pipeline, mod *wgpu.ShaderModule) (*wgpu.ComputePipeline, error) {
+	d.beforeCompile()
 	return d.dev.CreateComputePipeline(&wgpu.ComputePipelineDescriptor{
 		Layout:  p.layout,
 		Compute: wgpu.ProgrammableStageDescriptor{Module: mod, EntryPoint: p.kernel.Entry},

@@ -172,7 +172,7 @@ func TestEviction(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if g := s.Gauges(); g.CachedTokens > 100 || g.CachedSequences != 2 {
+	if g := idle(t, s); g.CachedTokens > 100 || g.CachedSequences != 2 {
 		t.Errorf("gauges %+v: want 2 sequences within 100 tokens", g)
 	}
 	res, err := s.Submit(context.Background(), Request{Tokens: append(a, 1), N: 2})
@@ -187,6 +187,20 @@ func TestEviction(t *testing.T) {
 	}
 	if _, err := s.Submit(context.Background(), Request{Tokens: randTokens(rng, 10), N: 600}); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("past max_position_embeddings: %v", err)
+	}
+}
+
+// idle returns s's gauges once they show nothing running: the scheduler
+// publishes them after the step in which a request it answered ends.
+func idle(t *testing.T, s *Scheduler) Gauges {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g := s.Gauges()
+		if g.Running == 0 && g.Waiting == 0 || time.Now().After(deadline) {
+			return g
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

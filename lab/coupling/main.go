@@ -10,6 +10,11 @@
 //	                        (sampling's coupled draws; Monte Carlo)
 //	optimal: Σ min(p, q)    a draw from q under speculative sampling
 //
+// At --temperature 0 the target continues greedily and the rules are one:
+// how often the head's greedy token is the target's, by the target's own
+// probability of its token (how sure it is), with how many of the target's
+// tokens the head's draft vocabulary holds.
+//
 // Usage: go run ./lab/coupling [--prompts 12] [--tokens 40] [--temperature 0.7] [--keys 400]
 package main
 
@@ -23,6 +28,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 
 	"webdraft/checkpoint"
 	"webdraft/reference"
@@ -32,7 +38,7 @@ import (
 func main() {
 	prompts := flag.Int("prompts", 12, "held-out prompts (weights/heldout_prompts.jsonl)")
 	tokens := flag.Int("tokens", 40, "positions a prompt: the target's sampled continuation")
-	temp := flag.Float64("temperature", 0.7, "the sampling temperature of both models")
+	temp := flag.Float64("temperature", 0.7, "the sampling temperature of both models (0: greedy, by the target's confidence)")
 	keys := flag.Int("keys", 400, "coupled draws a position (Monte Carlo)")
 	flag.Parse()
 	if err := run(*prompts, *tokens, *temp, *keys); err != nil {
@@ -47,6 +53,10 @@ type pair struct {
 	head   *reference.Head
 	aux    []int
 	vocab  int
+	// draftVocab is the head's draft vocabulary's size; draftSet its
+	// tokens in the target's vocabulary, made on first use.
+	draftVocab int
+	draftSet   map[int]bool
 }
 
 func load() (*pair, error) {
@@ -69,7 +79,7 @@ func load() (*pair, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pair{target: target, head: head, aux: hm.Config.Aux(tm.Config.NumHiddenLayers), vocab: tm.Config.VocabSize}, nil
+	return &pair{target: target, head: head, aux: hm.Config.Aux(tm.Config.NumHiddenLayers), vocab: tm.Config.VocabSize, draftVocab: hm.Config.DraftVocabSize}, nil
 }
 
 func run(nPrompts, nTokens int, T float64, nKeys int) error {
@@ -85,6 +95,7 @@ func run(nPrompts, nTokens int, T float64, nKeys int) error {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	rng := rand.New(rand.NewPCG(1, 2))
+	var sure confidence
 	var greedy, coupled, optimal float64
 	n := 0
 	for i := 0; i < nPrompts && sc.Scan(); i++ {
@@ -98,9 +109,20 @@ func run(nPrompts, nTokens int, T float64, nKeys int) error {
 		if err != nil {
 			return fmt.Errorf("prompt %d: %w", i, err)
 		}
-		ps, qs, err := pr.dists(text, start, T)
+		dT := T
+		if T == 0 { // the distributions themselves, to weigh the target's confidence
+			dT = 1
+		}
+		ps, qs, err := pr.dists(text, start, dT)
 		if err != nil {
 			return fmt.Errorf("prompt %d: %w", i, err)
+		}
+		if T == 0 {
+			for k := range ps {
+				sure.add(ps[k], qs[k], text[start+k+1], pr)
+			}
+			fmt.Printf("prompts %d: %s", i+1, &sure)
+			continue
 		}
 		for k := range ps {
 			g, c, o := rates(ps[k], qs[k], nKeys, rng)
@@ -111,8 +133,8 @@ func run(nPrompts, nTokens int, T float64, nKeys int) error {
 	return sc.Err()
 }
 
-// continuation appends the target's sampled continuation of nTokens to
-// prompt; start is the first position it predicts.
+// continuation appends the target's continuation of nTokens to prompt,
+// sampled at T (greedy at 0); start is the first position it predicts.
 func (pr *pair) continuation(prompt []int, nTokens int, T float64, rng *rand.Rand) ([]int, int, error) {
 	text := append([]int(nil), prompt...)
 	seq := pr.target.NewSequence()
@@ -121,12 +143,16 @@ func (pr *pair) continuation(prompt []int, nTokens int, T float64, rng *rand.Ran
 		return nil, 0, err
 	}
 	for range nTokens {
-		p := softmax(l, 1/T)
-		u, acc, y := rng.Float64(), 0.0, len(p)-1
-		for i, pi := range p {
-			if acc += pi; u < acc {
-				y = i
-				break
+		y := argmax(l)
+		if T > 0 {
+			p := softmax(l, 1/T)
+			u, acc := rng.Float64(), 0.0
+			y = len(p) - 1
+			for i, pi := range p {
+				if acc += pi; u < acc {
+					y = i
+					break
+				}
 			}
 		}
 		text = append(text, y)
@@ -209,4 +235,63 @@ func softmax(l []float32, invT float64) []float64 {
 		p[i] /= s
 	}
 	return p
+}
+
+// confidence is greedy agreement by the target's probability of its own
+// token, in five bins of 0.2.
+type confidence struct {
+	positions, agree, outside int
+	bins                      [5][2]int // positions, agreements
+}
+
+// add counts one position: p the target's distribution (at T = 1), q the
+// head's over the target's vocabulary, y the target's greedy token.
+func (c *confidence) add(p, q []float64, y int, pr *pair) {
+	x := 0
+	for i := range q {
+		if q[i] > q[x] {
+			x = i
+		}
+	}
+	b := min(int(p[y]*5), 4)
+	c.positions++
+	c.bins[b][0]++
+	if x == y {
+		c.agree++
+		c.bins[b][1]++
+	}
+	if !pr.inDraftVocab(y) {
+		c.outside++
+	}
+}
+
+func (c *confidence) String() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "positions %d, head agrees %.3f, target tokens outside the draft vocabulary %d\n", c.positions, float64(c.agree)/float64(c.positions), c.outside)
+	for b, x := range c.bins {
+		fmt.Fprintf(&s, "  target's p(its token) in [%.1f, %.1f): %4.1f %% of positions, head agrees %.3f\n",
+			float64(b)/5, float64(b+1)/5, 100*float64(x[0])/float64(c.positions), float64(x[1])/float64(max(x[0], 1)))
+	}
+	return s.String()
+}
+
+// inDraftVocab reports whether target token y is one the head drafts.
+func (pr *pair) inDraftVocab(y int) bool {
+	if pr.draftSet == nil {
+		pr.draftSet = map[int]bool{}
+		for d := range pr.draftVocab {
+			pr.draftSet[pr.head.TargetToken(d)] = true
+		}
+	}
+	return pr.draftSet[y]
+}
+
+func argmax(l []float32) int {
+	b := 0
+	for i, v := range l {
+		if v > l[b] {
+			b = i
+		}
+	}
+	return b
 }

@@ -35,6 +35,9 @@ type liveBench struct {
 	// children such draws, held to the multi-draft rule), steps not
 	// chained (speculative.Options.Uncoupled).
 	uncoupled bool
+	// pMins measures each k a second time for each p_min
+	// (speculative.Request.PMin).
+	pMins []float64
 	// adaptive makes each k's and each tree's generations adaptive
 	// (speculative.Request.Adaptive).
 	adaptive bool
@@ -82,9 +85,10 @@ func parseTrees(s string) ([]treeShape, error) {
 type liveShape struct {
 	k         int
 	tree      treeShape
-	unfused   bool // speculative.Options.Unfused
-	unchained bool // speculative.Options.Unchained
-	uncoupled bool // speculative.Options.Uncoupled
+	unfused   bool    // speculative.Options.Unfused
+	unchained bool    // speculative.Options.Unchained
+	uncoupled bool    // speculative.Options.Uncoupled
+	pMin      float64 // speculative.Request.PMin
 }
 
 // liveRun is one configuration's measurement over every prompt.
@@ -184,6 +188,9 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 		if b.uncoupled {
 			shapes = append(shapes, liveShape{k: k, uncoupled: true})
 		}
+		for _, p := range b.pMins {
+			shapes = append(shapes, liveShape{k: k, pMin: p})
+		}
 	}
 	chainShapes := len(shapes) - 1
 	for _, t := range b.trees {
@@ -210,7 +217,7 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	runs := make([]*liveRun, len(shapes))
 	for round := range max(b.rounds, 1) {
 		for i, sh := range shapes {
-			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "unfused", sh.unfused, "unchained", sh.unchained, "uncoupled", sh.uncoupled, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
+			e.log.Info("measuring", "k", sh.k, "tree", sh.treeName(), "unfused", sh.unfused, "unchained", sh.unchained, "uncoupled", sh.uncoupled, "p_min", sh.pMin, "round", round+1, "prompts", len(b.prompts), "new_tokens", b.newTokens, "batch", b.batch)
 			r, err := b.run(ctx, sh)
 			if err != nil {
 				if sh.tree.b > 1 {
@@ -250,17 +257,23 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	fusedSome := false
 	for _, r := range runs[1 : 1+chainShapes] {
 		tDraft := mean(r.draft) / time.Duration(r.k)
+		if r.pMin > 0 && r.drafted > 0 { // drafts of fewer tokens: their mean length
+			tDraft = time.Duration(float64(mean(r.draft)) * float64(r.steps) / float64(r.drafted))
+		}
 		tVerify := mean(r.verify)
-		draftCost := float64(r.k) * float64(tDraft) / float64(tTarget)
+		draftCost := float64(mean(r.draft)) / float64(tTarget) // k·t_draft, or a p_min run's drafts' mean length
 		verifyCost := float64(tVerify) / float64(tTarget)
 		how, draftMS, draftCostCol := r.how()
 		if how == "separate" {
 			draftMS, draftCostCol = fmt.Sprintf("%.3f", ms(tDraft)), fmt.Sprintf("%.2f", draftCost)
+			if r.drafted == 0 { // p_min cut every draft: the passes ran, no token came of them
+				draftMS = "–"
+			}
 		} else {
 			fusedSome = true
 		}
-		fmt.Fprintf(tw, "%d%s\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
-			r.k, map[bool]string{true: " uncoupled"}[r.uncoupled], how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
+		fmt.Fprintf(tw, "%d%s%s\t%s\t%.2f\t%.0f%%\t%.1f\t%.2f×\t%.3f\t%s\t%.3f\t%s\t%.2f\t%.2f×\t\n",
+			r.k, map[bool]string{true: " uncoupled"}[r.uncoupled], r.pMinName(), how, r.tau(), 100*float64(r.accep)/float64(max(r.drafted, 1)), r.rate(), r.rate()/alone.rate(),
 			ms(r.step()), draftMS, ms(tVerify), draftCostCol, verifyCost, r.tau()/(draftCost+verifyCost))
 	}
 	if err := tw.Flush(); err != nil {
@@ -269,11 +282,14 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	if b.adaptive {
 		var parts []string
 		for _, r := range runs[1 : 1+chainShapes] {
-			parts = append(parts, fmt.Sprintf("k = %d%s %d of %d", r.k, map[bool]string{true: " unchained"}[r.unchained], r.alone, r.generations))
+			parts = append(parts, fmt.Sprintf("k = %d%s%s %d of %d", r.k, map[bool]string{true: " unchained"}[r.unchained], r.pMinName(), r.alone, r.generations))
 		}
 		fmt.Fprintf(e.stdout, "\nadaptive: generations that ran the target alone for a while, their speculative steps measured slower: %s\n", strings.Join(parts, ", "))
 	}
 	fmt.Fprintln(e.stdout, "\nstep: wall-clock time per step of the loop; t_draft: the drafter's time per draft token (its chained passes of a step over k); t_verify: the target's pass over a step's k+1 tokens; means over the steps.")
+	if len(b.pMins) > 0 {
+		fmt.Fprintln(e.stdout, "p_min (--p-mins): a draft ended before the first token the drafter gave less than p_min, so that a step drafted and verified fewer tokens where the drafter was unsure (k·t_draft/t_target: its drafts' mean length times t_draft).")
+	}
 	if b.uncoupled {
 		fmt.Fprintln(e.stdout, "uncoupled (--uncoupled): each row drew by the standard rule from the generation's seeded stream, the drafter proposing its greedy tokens (draws from its own distribution where it drafts one a pass, held to the multi-draft rule; a tree's children such draws), its steps not chained on the device; coupled, the drafter drafts the Gumbel-max draws under the keys of the target's rows (a tree's children their Gumbel-top-b).")
 	}
@@ -306,6 +322,31 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 }
 
 // treeName is the shape's tree for a log line ("" for a chain).
+// parsePMins parses --p-mins: p_min values in (0, 1], comma-separated
+// (empty: none).
+func parsePMins(s string) ([]float64, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var ps []float64
+	for _, f := range strings.Split(s, ",") {
+		p, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(p > 0 && p <= 1) {
+			return nil, usagef("--p-mins %q: want probabilities in (0, 1], comma-separated", s)
+		}
+		ps = append(ps, p)
+	}
+	return ps, nil
+}
+
+// pMinName labels a run drafting with a p_min: " p_min 0.5" (else "").
+func (sh liveShape) pMinName() string {
+	if sh.pMin > 0 {
+		return fmt.Sprintf(" p_min %g", sh.pMin)
+	}
+	return ""
+}
+
 func (sh liveShape) treeName() string {
 	if sh.tree.b > 1 {
 		return sh.tree.String()
@@ -362,7 +403,7 @@ func (b liveBench) generateAll(ctx context.Context, g *speculative.Generator, sh
 		wg.Go(func() {
 			for i := range jobs {
 				q := speculative.Request{Prompt: b.prompts[i], MaxTokens: b.newTokens, K: sh.k, TopK: max(sh.tree.b, 1), TreeNodes: sh.tree.n,
-					Sampling: b.sampling, Seed: uint64(i), Adaptive: b.adaptive && sh.k > 0, TopN: b.topN, DraftTopN: b.topN}
+					Sampling: b.sampling, Seed: uint64(i), Adaptive: b.adaptive && sh.k > 0, TopN: b.topN, DraftTopN: b.topN, PMin: sh.pMin}
 				if sh.k == 0 {
 					q.K, q.DraftTopN = speculative.NoDraft, 0
 				}

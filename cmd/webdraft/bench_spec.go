@@ -20,7 +20,7 @@ import (
 )
 
 func benchSpec(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--unchained] [--uncoupled] [--adaptive] [--batch 1] [--temperature 0] [--top-p 1] [--top-n 0]")
+	fs := newFlags(e, "bench spec", "--prompts FILE [--target DIR] [--drafter DIR] [--k 16] [--new-tokens 128] [--svg FILE] | --live [--ks 1,2,4,8,16] [--trees 2x8,4x16] [--tree-depth 6] [--unfused] [--unchained] [--uncoupled] [--adaptive] [--p-mins 0.5,0.8] [--batch 1] [--temperature 0] [--top-p 1] [--top-n 0]")
 	targetDir := fs.String("target", "", "target model folder (default: the embedded target)")
 	drafterDir := fs.String("drafter", "", "drafter model folder (default: the embedded drafter; embedded:eagle3 the embedded EAGLE-3 head)"+headNote)
 	promptsFile := fs.String("prompts", "", `prompts, one per line: {"text": "…"}, {"ids": [1,2,3]}, or plain text`)
@@ -37,6 +37,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	unfused := fs.Bool("unfused", false, "with --live: measure each k of --ks and each tree of --trees also with the drafter's passes and the target's verification as separate calls, each read back, where the drafter and target share a device that runs a step as one submission (WebGPU)")
 	uncoupled := fs.Bool("uncoupled", false, "with --live at a temperature: measure each k of --ks and each tree of --trees also uncoupled — each row by the standard rule from a seeded stream, greedy drafts (or proposals drawn one a pass on the CPU engines, held to the multi-draft rule; a tree's children such draws), steps not chained — against the coupled drafts of keyed rows, for comparing the two")
 	unchained := fs.Bool("unchained", false, "with --live: measure each k of --ks, and the target alone, also with every step a call of its own, read back, where the engines chain steps on the device: fused steps each accepted there and the next planned from it (an EAGLE-3 head or a drafter on the target's WebGPU device), the target alone's each fed the token the one before chose")
+	pMinsFlag := fs.String("p-mins", "", "with --live: measure each k of --ks also with each of these p_min values (comma-separated, each in (0, 1]), as the API's speculative.p_min asks: a draft ends before the first token whose probability under the drafter is below it")
 	adaptive := fs.Bool("adaptive", false, "with --live: every speculative generation adaptive, as serve makes an API generation that sets no speculative.k: it runs the target alone where its speculative steps are measured not to pay (the output says how many did)")
 	temperature := fs.Float64("temperature", 0, "with --live: 0 greedy; above, every generation samples at this temperature (0…2), prompt i with seed i, so that runs repeat")
 	topP := fs.Float64("top-p", 1, "with --live and --temperature: the nucleus of top_p, (0, 1]")
@@ -57,8 +58,12 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 	if !*live && (isSet(fs, "temperature") || isSet(fs, "top-p")) {
 		return usagef("--temperature and --top-p take --live (the offline measure is greedy)")
 	}
-	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused || *unchained || *uncoupled || *adaptive || isSet(fs, "top-n")) {
-		return usagef("--trees, --tree-depth, --unfused, --unchained, --uncoupled, --adaptive and --top-n take --live (the offline measure drafts chains)")
+	if !*live && (isSet(fs, "trees") || isSet(fs, "tree-depth") || *unfused || *unchained || *uncoupled || *adaptive || isSet(fs, "top-n") || isSet(fs, "p-mins")) {
+		return usagef("--trees, --tree-depth, --unfused, --unchained, --uncoupled, --p-mins, --adaptive and --top-n take --live (the offline measure drafts chains)")
+	}
+	pMins, err := parsePMins(*pMinsFlag)
+	if err != nil {
+		return err
 	}
 	if *topN < 0 || *topN > engine.MaxTopN {
 		return usagef("--top-n %d: want 0…%d", *topN, engine.MaxTopN)
@@ -145,7 +150,7 @@ func benchSpec(ctx context.Context, e *env, args []string) error {
 		}
 		return benchSpecLive(ctx, e, liveBench{
 			drafter: de, target: te, drafterName: drafterName, targetName: targetName,
-			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, unchained: *unchained, uncoupled: *uncoupled, adaptive: *adaptive, newTokens: *newTokens, batch: *batch, rounds: *rounds, topN: *topN, args: args,
+			prompts: prompts, ks: ks, trees: trees, treeDepth: *treeDepth, unfused: *unfused, unchained: *unchained, uncoupled: *uncoupled, pMins: pMins, adaptive: *adaptive, newTokens: *newTokens, batch: *batch, rounds: *rounds, topN: *topN, args: args,
 			sampling: sampling.Params{Temperature: float32(*temperature), TopP: float32(*topP)},
 		})
 	}

@@ -133,3 +133,32 @@ func TestBenchSpecLiveSampled(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchSpecLivePMin: --p-mins measures each k again with each p_min.
+// The drafter is the target, so that its greedy drafts are all accepted:
+// at a p_min below every draft's probability a step drafts all k (τ k +
+// 1), at 1 none (τ 1: the target's own token a step).
+func TestBenchSpecLivePMin(t *testing.T) {
+	prompts := filepath.Join(t.TempDir(), "prompts.jsonl")
+	if err := os.WriteFile(prompts, []byte("{\"ids\":[1,2,3]}\n{\"ids\":[9,8]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	model := filepath.Join("..", "..", "testdata", "golden", "untied")
+	code, stdout, stderr := webdraft(t, "bench", "spec", "--live", "--target", model, "--drafter", model, "--prompts", prompts,
+		"--ks", "3", "--p-mins", "1e-9,1", "--new-tokens", "24", "--backend", "cpu")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	row := regexp.MustCompile(`(?m)^\s+3( p_min [0-9.e-]+)?\s+separate\s+(\d+\.\d\d)\s`)
+	got := map[string]string{}
+	for _, m := range row.FindAllStringSubmatch(stdout, -1) {
+		got[m[1]] = m[2]
+	}
+	want := map[string]string{"": "4.00", " p_min 1e-09": "4.00", " p_min 1": "1.00"}
+	if fmt.Sprint(got) != fmt.Sprint(want) || !strings.Contains(stdout, "p_min (--p-mins)") {
+		t.Errorf("rows k, τ %v, want %v, and p_min's note in\n%s", got, want, stdout)
+	}
+	if code, _, stderr := webdraft(t, "bench", "spec", "--live", "--prompts", prompts, "--p-mins", "0.5,2"); code != 2 || !strings.Contains(stderr, "--p-mins") {
+		t.Errorf("--p-mins 0.5,2: exit %d, %s", code, stderr)
+	}
+}

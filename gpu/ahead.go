@@ -186,25 +186,9 @@ func (m *aheadModule) unbuild() {
 // Device.Pipeline builds a pipeline.
 func (d *Device) buildQueued(p *Pipeline) error {
 	m := p.queued
-	name := m.key + ":" + p.kernel.Entry
-	mod, ok := d.modules[m.key]
-	if !ok {
-		var err error
-		if mod, err = d.newModule(m.name, m.src); err != nil {
-			return fmt.Errorf("gpu: pipeline %s: %w", name, err)
-		}
-		d.modules[m.key] = mod
+	if err := d.build(p, m.key, m.name, func() (string, error) { return m.src, nil }); err != nil {
+		return fmt.Errorf("gpu: pipeline %s:%s: %w", m.key, p.kernel.Entry, err)
 	}
-	pipe, err := d.compile(p, mod)
-	if err == nil {
-		err = d.check("creating pipeline")
-	}
-	if err != nil {
-		if pipe != nil {
-			pipe.Release()
-		}
-		return fmt.Errorf("gpu: pipeline %s: %w", name, err)
-	}
-	p.pipe, p.queued = pipe, nil
+	p.queued = nil
 	return nil
 }

@@ -183,30 +183,44 @@ func newPipelineKey(k Kernel, consts Consts) (pipelineKey, bool) {
 }
 
 func (d *Device) newPipeline(k Kernel, consts Consts, modKey string) (*Pipeline, error) {
-	mod, ok := d.modules[modKey]
-	if !ok {
-		src, err := Specialize(k.Source, consts)
-		if err != nil {
-			return nil, err
-		}
-		if mod, err = d.newModule(k.Module, src); err != nil {
-			return nil, err
-		}
-		d.modules[modKey] = mod
-	}
 	p, err := d.newLayouts(k)
 	if err != nil {
 		return nil, err
 	}
-	p.pipe, err = d.compile(p, mod)
-	if err == nil {
-		err = d.check("creating pipeline")
-	}
-	if err != nil {
+	if err := d.build(p, modKey, k.Module, func() (string, error) { return Specialize(k.Source, consts) }); err != nil {
 		p.release()
 		return nil, err
 	}
 	return p, nil
+}
+
+// build compiles p's pipeline from the device's module of modKey — made
+// from src(), named name, where the device has none — and checks the
+// device.
+func (d *Device) build(p *Pipeline, modKey, name string, src func() (string, error)) error {
+	mod, ok := d.modules[modKey]
+	if !ok {
+		code, err := src()
+		if err != nil {
+			return err
+		}
+		if mod, err = d.newModule(name, code); err != nil {
+			return err
+		}
+		d.modules[modKey] = mod
+	}
+	pipe, err := d.compile(p, mod)
+	if err == nil {
+		err = d.check("creating pipeline")
+	}
+	if err != nil {
+		if pipe != nil {
+			pipe.Release()
+		}
+		return err
+	}
+	p.pipe = pipe
+	return nil
 }
 
 // newModule compiles a module of WGSL source src, named name.

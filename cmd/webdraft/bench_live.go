@@ -321,7 +321,6 @@ func benchSpecLive(ctx context.Context, e *env, b liveBench) error {
 	return nil
 }
 
-// treeName is the shape's tree for a log line ("" for a chain).
 // parsePMins parses --p-mins: p_min values in (0, 1], comma-separated
 // (empty: none).
 func parsePMins(s string) ([]float64, error) {
@@ -347,6 +346,7 @@ func (sh liveShape) pMinName() string {
 	return ""
 }
 
+// treeName is the shape's tree for a log line ("" for a chain).
 func (sh liveShape) treeName() string {
 	if sh.tree.b > 1 {
 		return sh.tree.String()

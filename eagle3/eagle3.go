@@ -1,6 +1,7 @@
 // Package eagle3 describes an EAGLE-3 draft head (LlamaForCausalLMEagle3, as
 // SGLang's and vLLM's llama_eagle3.py load it): its config.json and its
-// weight tree, in the public checkpoint layout.
+// weight tree, in the public checkpoint layout, and the plan of a call's
+// rows (PlanRows), which the engines that run a head share.
 //
 // The head reads its target. Three of the target's hidden states — the
 // residual stream entering three of its layers, concatenated, 3·Ht wide —

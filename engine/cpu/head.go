@@ -427,66 +427,30 @@ func (h *Head) forward(ctx context.Context, feeds []headFeed) ([][]engine.Verify
 }
 
 // plan places entry i's tokens (headFeed) as the target engine places its
-// own (treemask), and their rows. Line token i ≥ 1 is row j = i−1 over the
-// target's features at position j while the target holds it in its line
-// (a token tree's nodes are no position of the text), else over the head's
-// output at row j−1 — the row of the token before in this feed (a stage
-// after it), or the sequence's last row, which the sequence must hold. A
-// node is row slot−1 over the head's output at its parent's row — the
-// line's last for a root — in the stage after its parent's where the feed
-// computes that row, else in the first, the sequence holding it.
+// own (treemask), and plans their rows (eagle3.PlanRows: which read the
+// target's features, which the head's output, and in which stage); the
+// target holds in its line the positions before its tree.
 func (f *headFeed) plan(i int) error {
 	T := len(f.tokens)
 	if f.L == 0 && f.read == T {
 		if T == 1 {
-			return fmt.Errorf("cpu head: batch entry %d: token 0 alone: an EAGLE-3 head's first row is token 1's", i)
+			return fmt.Errorf("cpu head: batch entry %d: token 0 alone: %w", i, eagle3.ErrTokenZero)
 		}
-		return fmt.Errorf("cpu head: batch entry %d: reads out token 0, which has no row: an EAGLE-3 head's first row is token 1's", i)
+		return fmt.Errorf("cpu head: batch entry %d: reads out token 0, which has no row: %w", i, eagle3.ErrTokenZero)
 	}
 	rows, err := f.seq.tree.Place(f.L, T, f.parents)
 	if err != nil {
 		return fmt.Errorf("cpu head: batch entry %d: %w", i, err)
 	}
-	f.rows, f.base, f.nodes = rows, f.seq.tree.Base(), f.seq.tree.Len()
 	held := f.target.len
 	if f.target.tree.Len() > 0 {
 		held = f.target.tree.Base()
 	}
-	f.stage, f.feat = make([]int, T), make([]bool, T)
-	for t := range f.tokens {
-		tok := f.L + t
-		j := tok - 1 // the token's row; a line token's position and that of its features
-		if p := rows[t].Parent; p != treemask.Line {
-			if f.nodes == 0 {
-				f.base = tok
-			}
-			f.nodes++
-			switch {
-			case p == 0:
-				return fmt.Errorf("cpu head: batch entry %d: node %d's parent is token 0, which has no row: an EAGLE-3 head's first row is token 1's", i, tok)
-			case p >= f.L:
-				f.stage[t] = f.stage[p-f.L] + 1
-			case p < f.base && f.seq.outRow != p-1:
-				return fmt.Errorf("cpu head: batch entry %d: root %d reads the head's output at the line's last row %d, which the sequence no longer holds", i, tok, p-1)
-			}
-			continue
-		}
-		switch {
-		case tok == 0:
-			f.stage[t] = -1
-		case j < held:
-			f.feat[t] = true
-			if t > 0 {
-				f.stage[t] = max(f.stage[t-1], 0)
-			}
-		case j == 0:
-			return fmt.Errorf("cpu head: batch entry %d: token 1 reads the target's features at position 0, which its Target sequence does not hold", i)
-		case t > 0:
-			f.stage[t] = f.stage[t-1] + 1
-		case f.seq.outRow != j-1:
-			return fmt.Errorf("cpu head: batch entry %d: token %d reads the target's features at position %d (its Target sequence holds %d) or the head's output at row %d, which the sequence no longer holds", i, tok, j, held, j-1)
-		}
+	rp, err := eagle3.PlanRows(f.L, rows, held, f.seq.outRow, f.seq.tree.Base(), f.seq.tree.Len())
+	if err != nil {
+		return fmt.Errorf("cpu head: batch entry %d: %w", i, err)
 	}
+	f.rows, f.base, f.nodes, f.stage, f.feat = rows, rp.Base, rp.Nodes, rp.Stage, rp.Feat
 	return nil
 }
 

@@ -58,7 +58,7 @@ func (g gemmTile) memory() uint32 {
 // and split-K target.
 func (c *matMulCall) gemm(blk rowBlock, out gpu.Binding) error {
 	g := c.choice.kernel.gemmTile()
-	p, err := c.pipeline(gemmInt4, specialization{gemmConsts, [7]uint32{uint32(g.tm), uint32(g.tn)}})
+	p, err := c.pipeline(gemmInt4, specialization{gemmConsts, [6]uint32{uint32(g.tm), uint32(g.tn)}})
 	if err != nil {
 		return err
 	}

@@ -196,13 +196,13 @@ type matMulCall struct {
 // names[i], besides the input's SWIGLU and NORM.
 type specialization struct {
 	names []string
-	vals  [7]uint32
+	vals  [6]uint32
 }
 
 // matMulPipelineKey names a matmul pipeline in its matrix's memo.
 type matMulPipelineKey struct {
 	module, entry string
-	vals          [7]uint32
+	vals          [6]uint32
 	swiglu, norm  bool
 }
 

@@ -67,5 +67,5 @@ func (c *matMulCall) rowTile(blk rowBlock, out gpu.Binding) error {
 	if T == 1 && uint32(w.N) <= d.Limits().MaxComputeWorkgroupsPerDimension {
 		rows = 1
 	}
-	return c.rowDispatch(blk, out, k, specialization{rowTileConsts, [7]uint32{tt, uint32(rows)}}, rows, int(tt))
+	return c.rowDispatch(blk, out, k, specialization{rowTileConsts, [6]uint32{tt, uint32(rows)}}, rows, int(tt))
 }

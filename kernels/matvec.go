@@ -143,6 +143,6 @@ func (c *matMulCall) matVec(blk rowBlock, out gpu.Binding) error {
 		return fmt.Errorf("%v, planned for %d rows, does not take %d", p.matVecLayout, p.tt, c.T)
 	}
 	l := p.matVecLayout
-	consts := specialization{matVecConsts, [7]uint32{uint32(l.lanes), uint32(l.rt), uint32(l.wg), p.tt, p.kc, p.shm}}
+	consts := specialization{matVecConsts, [6]uint32{uint32(l.lanes), uint32(l.rt), uint32(l.wg), p.tt, p.kc, p.shm}}
 	return c.rowDispatch(blk, out, matVecInt4, consts, l.rows(), int(p.tt))
 }

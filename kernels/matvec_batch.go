@@ -17,7 +17,7 @@ var matVecBatchInt4 = gpu.Kernel{
 }
 
 // The constants matvec_batch_int4.wgsl is specialized by.
-var matVecBatchConsts = []string{"LANES", "ROWS", "RT", "WG", "TT", "KC", "AHEAD"}
+var matVecBatchConsts = []string{"LANES", "ROWS", "RT", "WG", "TT", "KC"}
 
 // matVecBatchStaged is how many input values matvec_batch_int4.wgsl stages
 // at a time (KC · TT), at most.
@@ -34,12 +34,10 @@ func matVecBatchTT(T int) uint32 { return min(matVecTT(T), matVecMaxT) }
 
 // matVecBatchLayout is matvec_batch_int4.wgsl's tiling (see its header):
 // lanes threads a weight row, rows weight rows a workgroup, rt of them a
-// thread (0: 1), staged input values at a time over its activation rows
-// (KC · TT; 0: matVecBatchStaged), and whether a thread loads its weights
-// of a chunk while the chunk before is summed (AHEAD).
+// thread (0: 1), and staged input values at a time over its activation
+// rows (KC · TT; 0: matVecBatchStaged).
 type matVecBatchLayout struct {
 	lanes, rows, rt, staged int
-	ahead                   bool
 }
 
 func (l matVecBatchLayout) String() string {
@@ -49,9 +47,6 @@ func (l matVecBatchLayout) String() string {
 	}
 	if l.staged > 0 {
 		s += fmt.Sprintf("/staged=%d", l.staged)
-	}
-	if l.ahead {
-		s += "/ahead"
 	}
 	return s
 }
@@ -132,7 +127,7 @@ func (c *matMulCall) matVecBatch(blk rowBlock, out gpu.Binding) error {
 	// KC / 32 / LANES weight vec4s a chunk, and one past the row would only
 	// be skipped.
 	kc := min(l.chunk(tt, d.Limits().MaxComputeWorkgroupStorageSize), uint32(alignUp(uint64(w.K), uint64(32*l.lanes))))
-	consts := specialization{matVecBatchConsts, [7]uint32{uint32(l.lanes), uint32(l.rows), uint32(l.rowsAThread()), uint32(l.wg()), tt, kc, wgslBool(l.ahead)}}
+	consts := specialization{matVecBatchConsts, [6]uint32{uint32(l.lanes), uint32(l.rows), uint32(l.rowsAThread()), uint32(l.wg()), tt, kc}}
 	p, err := c.pipeline(matVecBatchInt4, consts)
 	if err != nil {
 		return err

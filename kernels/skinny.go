@@ -143,5 +143,5 @@ func (c *matMulCall) skinny(blk rowBlock, out gpu.Binding) error {
 // skinnySpec is skinny_int4.wgsl's specialization for layout l, kc
 // columns a chunk and the group-scale flag.
 func skinnySpec(l skinnyLayout, kc int, groupScale bool) specialization {
-	return specialization{skinnyConsts, [7]uint32{uint32(l.tt), uint32(l.rt), uint32(l.wg), uint32(kc), wgslBool(groupScale)}}
+	return specialization{skinnyConsts, [6]uint32{uint32(l.tt), uint32(l.rt), uint32(l.wg), uint32(kc), wgslBool(groupScale)}}
 }

@@ -38,8 +38,7 @@
 // / RT · LANES threads, grid y the block of TT activation rows. The loop is slice_sums (prelude.wgsl; qkv_fused_int4.wgsl
 // runs it too). Per chunk of KC input columns, each thread first loads its
 // weights of the chunk (KC / 32 / LANES vec4s of each of its RT rows: they
-// do not depend on x', so their latency overlaps what follows; with AHEAD
-// = 1 it loads them a chunk ahead, while the chunk before is summed), the
+// do not depend on x', so their latency overlaps what follows), the
 // workgroup stages x' for its TT rows in workgroup memory (computing
 // SwiGLU or the norm's sum of squares once, not once per weight row;
 // scaled by PLACE for codes_in_place), then the LANES threads of a row
@@ -65,7 +64,6 @@ const RT: u32 = 1u;                 // weight rows a thread (neighbouring rows)
 const WG: u32 = 256u;               // ROWS / RT · LANES
 const TT: u32 = 1u;                 // activation rows the workgroup holds (TT ≤ 4; rows t0 … t0 + TT − 1)
 const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
-const AHEAD: u32 = 0u;              // 1: a chunk's weights are loaded while the chunk before is summed
 const SWIGLU: u32 = 0u;             // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;               // 1: the input is rmsnorm(x) · g
 const GROUPS: u32 = WG / LANES;     // row groups: LANES threads sharing RT weight rows

@@ -421,37 +421,6 @@ fn store_head(lid: u32, dst: u32, is_v: bool, D: u32) {
     }
 }
 
-// ChunkWeights is a thread's weights of one of slice_sums' chunks, [j·RT +
-// r] for its vec4 j of weight row r, and their scales.
-struct ChunkWeights {
-    q: array<vec4<u32>, WR>,
-    s: array<f32, WR>,
-}
-
-// chunk_weights loads a thread's weights of the chunk of inputs c0 …
-// min(c0 + KC, kend) (slice_sums: workgroup wx, row group g, lane): vec4s
-// lane, lane + LANES, … of each of its RT rows. Rows past N repeat row
-// N − 1 (never written); vec4s past the chunk are left zero (never read).
-fn chunk_weights(wx: u32, g: u32, lane: u32, c0: u32, kend: u32) -> ChunkWeights {
-    var w: ChunkWeights;
-    let kc4 = min(KC, kend - c0) / 4u;
-    let row_vec4s = p.K / 32u;
-    let groups = p.K / p.G;
-    let vec4s_per_group = p.G / 32u;
-    for (var j = 0u; j < WPT; j++) {
-        let v = lane + j * LANES;
-        if v < kc4 / 8u {
-            let gv = c0 / 32u + v; // the vec4's index within the row
-            for (var r = 0u; r < RT; r++) {
-                let n = min(wx * ROWS + g * RT + r, p.N - 1u);
-                w.q[j * RT + r] = qweight[n * row_vec4s + gv];
-                w.s[j * RT + r] = scale(n * groups + gv / vec4s_per_group);
-            }
-        }
-    }
-    return w;
-}
-
 // slice_sums sums workgroup wid's weight rows (ROWS from wid.x · ROWS, RT
 // a thread, LANES threads a row group) over its slice of K (grid z) for
 // activation rows t0 … t0 + TT − 1 (rows past p.T repeat the last), as
@@ -461,7 +430,7 @@ fn chunk_weights(wx: u32, g: u32, lane: u32, c0: u32, kend: u32) -> ChunkWeights
 // ssq[t] the slice's sum of squares of that row (both published by a
 // barrier).
 // All threads call it. The kernel declares the layout's constants (LANES,
-// ROWS, RT, WG, TT, KC, AHEAD, NORM and those derived from them as
+// ROWS, RT, WG, TT, KC, NORM and those derived from them as
 // matvec_batch_int4.wgsl does), the workgroup arrays xs, partial, sumsq and
 // ssq, the bindings qweight and scales, params p with T, N, K, G, kps and
 // magic, what input4 reads, and input_norm4 (vec4 i of the norm's weight).
@@ -470,6 +439,9 @@ fn slice_sums(wid: vec3<u32>, lid: u32, t0: u32) {
     let g = lid / LANES;                 // this thread's row group: weight rows g·RT … g·RT + RT − 1 of the workgroup's
     let kbeg = wid.z * p.kps;            // this workgroup's slice of K
     let kend = min(p.K, kbeg + p.kps);
+    let row_vec4s = p.K / 32u;
+    let groups = p.K / p.G;
+    let vec4s_per_group = p.G / 32u;
     // MAGIC, from the params, passed through workgroup memory (partial's
     // first word, unused until the end) so that the driver keeps it in a
     // register: then each code's mask and OR can be one three-input LOP3
@@ -480,21 +452,23 @@ fn slice_sums(wid: vec3<u32>, lid: u32, t0: u32) {
     }
     var acc = array<f32, RTT>();  // acc[r·TT + t]: weight row g·RT + r, activation row t
     var ss = vec4<f32>(); // NORM: row t's sum of squares of what this thread staged, in ss[t]
-    // This thread's weights of a chunk, loaded before the chunk's input is
-    // staged: they do not depend on x', so their latency hides behind the
-    // staging — and with AHEAD behind the whole chunk before: the next
-    // chunk's are in flight while this one's are summed.
-    var cur: ChunkWeights;
-    if AHEAD == 1u && kbeg < kend {
-        cur = chunk_weights(wid.x, g, lane, kbeg, kend);
-    }
+    var wq: array<vec4<u32>, WR>; // this thread's weights of a chunk: [j·RT + r]
+    var wscale: array<f32, WR>;   // and their scales
     for (var c0 = kbeg; c0 < kend; c0 += KC) {
         let kc4 = min(KC, kend - c0) / 4u; // vec4s of x' per row in this chunk
-        var next: ChunkWeights;
-        if AHEAD == 0u {
-            cur = chunk_weights(wid.x, g, lane, c0, kend);
-        } else if c0 + KC < kend {
-            next = chunk_weights(wid.x, g, lane, c0 + KC, kend);
+        // This thread's weights of the chunk, loaded first: they do not
+        // depend on x', so their latency hides behind its staging. Rows
+        // past N repeat row N − 1 (never written).
+        for (var j = 0u; j < WPT; j++) {
+            let v = lane + j * LANES;
+            if v < kc4 / 8u {
+                let gv = c0 / 32u + v; // the vec4's index within the row
+                for (var r = 0u; r < RT; r++) {
+                    let n = min(wid.x * ROWS + g * RT + r, p.N - 1u);
+                    wq[j * RT + r] = qweight[n * row_vec4s + gv];
+                    wscale[j * RT + r] = scale(n * groups + gv / vec4s_per_group);
+                }
+            }
         }
         // Stage x'[t][c0 … c0+kc) for t < TT; rows past T repeat row T-1.
         // One loop of a fixed count over the (t, q) slots, so that the
@@ -531,7 +505,7 @@ fn slice_sums(wid: vec3<u32>, lid: u32, t0: u32) {
                         xv[t] = xs[8u * t + m][v];
                     }
                     for (var r = 0u; r < RT; r++) {
-                        let w = codes_in_place(cur.q[j * RT + r][m >> 1u] >> ((m & 1u) * 16u), magic);
+                        let w = codes_in_place(wq[j * RT + r][m >> 1u] >> ((m & 1u) * 16u), magic);
                         for (var t = 0u; t < TT; t++) {
                             dots[r * TT + t] = fma(w, xv[t], dots[r * TT + t]);
                         }
@@ -540,15 +514,12 @@ fn slice_sums(wid: vec3<u32>, lid: u32, t0: u32) {
                 for (var r = 0u; r < RT; r++) {
                     for (var t = 0u; t < TT; t++) {
                         let d = dots[r * TT + t];
-                        acc[r * TT + t] += cur.s[j * RT + r] * ((d.x + d.y) + (d.z + d.w));
+                        acc[r * TT + t] += wscale[j * RT + r] * ((d.x + d.y) + (d.z + d.w));
                     }
                 }
             }
         }
         workgroupBarrier();
-        if AHEAD == 1u {
-            cur = next;
-        }
     }
     if NORM == 1u {
         // The threads' sums of squares: GROUPS threads add LANES each, then

@@ -50,7 +50,6 @@ const RT: u32 = 1u;                 // weight rows a thread (neighbouring rows)
 const WG: u32 = 1024u;              // ROWS / RT · LANES
 const TT: u32 = 1u;                 // activation rows the workgroup holds (≤ 4)
 const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
-const AHEAD: u32 = 0u;              // slice_sums: each chunk's weights loaded as it is staged
 const KV_F16: u32 = 0u;             // 1: the KV cache holds f16 pairs (specialized by the host)
 const SWIGLU: u32 = 0u;             // (input4) the input is x itself
 const NORM: u32 = 1u;               // 1: the input is rmsnorm(x) · g; 0: x (specialized by the host)

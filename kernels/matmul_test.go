@@ -431,7 +431,9 @@ func TestPlanMatVecBatch(t *testing.T) {
 		{6144, 4096, 1, lim, kernelMatVecBatch, matVecBatchWide},      // its q|k|v
 		{24576, 4096, 2, lim, kernelMatVecBatch, matVecBatchWide},     // its gate|up
 		{2048, 2048, 4, lim, kernelMatVecBatch, matVecBatchWide},      // Qwen3-1.7B's o_proj, four rows
-		{151936, 2048, 1, lim, kernelMatVecBatch, matVecBatchWide},    // its head: many rows of 2,048 inputs
+		{151936, 2048, 1, lim, kernelMatVecBatch, matVecBatchHead},    // its head: many rows of 2,048 inputs
+		{151936, 4096, 1, lim, kernelMatVecBatch, matVecBatchHead},    // Qwen3-8B's head
+		{151936, 2048, 2, lim, kernelMatVecBatch, matVecBatchWide},    // two rows of a head
 		{12288, 2048, 1, lim, kernelMatVecBatch, matVecBatchWide},     // its gate|up
 		{2048, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // its o_proj, one row
 		{4096, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // its q|k|v (where not fused)

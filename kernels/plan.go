@@ -80,8 +80,19 @@ type plan struct {
 //     of a matrix of 6,144 rows or more (gate|up, the heads) whatever its
 //     inputs from 1,024 on, take matvec_batch_int4.wgsl (matVecBatchMinK,
 //     matVecBatchMinN), two weight rows a thread: 32 lanes × 16 rows for
-//     one or two rows of fewer than 6,144 (o_proj, down_proj), else 16 ×
-//     32 (plan.matVecBatchLayout). At Qwen3-8B's shapes (`-benchshape
+//     one or two rows of fewer than 6,144 (o_proj, down_proj), one row
+//     of a head on matVecBatchHead, else 16 × 32 (plan.matVecBatchLayout).
+//     The head's layout, one row a thread and 1,024 values staged, more
+//     workgroups an SM (one H100, 2026-12-06, `-benchshape S -benchts 1
+//     -cold`, two rounds): 8B's head 141.0–141.5 µs against 149.2–149.4,
+//     1.7B's 76.0–76.1 against 86.9–87.5; chained steps (`bench engine
+//     --shape S --context 1024 --batches 1`, two alternations in one
+//     call) 3.893 / 3.894 ms against 3.911 / 3.901 and 1.766 / 1.766
+//     against 1.789 / 1.780; gate|up alike on it (8B 35.3–35.7 µs against
+//     35.7–36.1), not moved. Each chunk's weights loaded while the chunk
+//     before is summed was no faster at any projection (same run: 8B's
+//     o_proj / down_proj / gate|up 13.0 / 26.5 / 41.1 µs against 13.2 /
+//     25.5 / 37.0). At Qwen3-8B's shapes (`-benchshape
 //     qwen3-8b -benchts 1 -cold`, 2026-12-03, against the kernel's earlier
 //     loop — one multiply-add, a dot product's share, and a swizzled read a
 //     weight, one row a thread) q|k|v / o / gate|up / down / head took
@@ -477,7 +488,10 @@ func (p *plan) matVecBatchLayout(w *Matrix, T int, l gpu.Limits) matVecBatchLayo
 		return matVecBatchDefault
 	}
 	m := matVecBatchWide
-	if T <= 2 && w.N < 6144 {
+	switch {
+	case T == 1 && w.N >= matVecBatchHeadMinN:
+		m = matVecBatchHead
+	case T <= 2 && w.N < 6144:
 		m = matVecBatchNarrow
 	}
 	if !m.fits(w, T, l) {

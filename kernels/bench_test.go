@@ -468,6 +468,10 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		{wg: 256, vb: 4}, {wg: 256, vb: 8}, {wg: 256, vb: 16}, {wg: 256, workgroups: 256, maxChunk: 512, vb: 16},
 		// one split of the whole context, which needs no merge
 		{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16}, {wg: 256, workgroups: 1, maxChunk: 1024, vb: 16},
+		{wg: 256, workgroups: 1, maxChunk: 1024, vb: 8}, {wg: 512, workgroups: 1, maxChunk: 1024, vb: 8}, {wg: 1024, workgroups: 1, maxChunk: 1024, vb: 4},
+		// a few long splits of a large workgroup, merged apart or by the last
+		{wg: 256, workgroups: 32, maxChunk: 256, vb: 8}, {wg: 256, workgroups: 32, maxChunk: 256, vb: 8, mergeMinRows: 1},
+		{wg: 512, workgroups: 16, maxChunk: 512, vb: 8}, {wg: 512, workgroups: 16, maxChunk: 512, vb: 8, mergeMinRows: 1},
 	}
 	if d.Info().Software() {
 		// A CPU's few threads: few splits, or one (no merge).

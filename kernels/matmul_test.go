@@ -434,6 +434,7 @@ func TestPlanMatVecBatch(t *testing.T) {
 		{151936, 2048, 1, lim, kernelMatVecBatch, matVecBatchHead},    // its head: many rows of 2,048 inputs
 		{151936, 4096, 1, lim, kernelMatVecBatch, matVecBatchHead},    // Qwen3-8B's head
 		{151936, 2048, 2, lim, kernelMatVecBatch, matVecBatchWide},    // two rows of a head
+		{151936, 1024, 1, lim, kernelMatVecBatch, matVecBatchWide},    // Qwen3-0.6B's head: 1,024 inputs
 		{12288, 2048, 1, lim, kernelMatVecBatch, matVecBatchWide},     // its gate|up
 		{2048, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // its o_proj, one row
 		{4096, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // its q|k|v (where not fused)

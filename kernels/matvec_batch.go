@@ -86,15 +86,20 @@ var (
 )
 
 // matVecBatchHead is the H200's layout for one row of a vocabulary-sized
-// head (matVecBatchHeadMinN rows or more): one weight row a thread, 16
-// lanes × 16 rows, 1,024 input values staged at a time — 5 KiB of
-// workgroup memory and few registers, so that more workgroups share an SM
-// (kernels/plan.go).
+// head (matVecBatchHeadMinN rows or more) of matVecBatchHeadMinK inputs or
+// more: one weight row a thread, 16 lanes × 16 rows, 1,024 input values
+// staged at a time — 5 KiB of workgroup memory and few registers, so that
+// more workgroups share an SM (kernels/plan.go).
 var matVecBatchHead = matVecBatchLayout{lanes: 16, rows: 16, staged: 1024}
 
 // matVecBatchHeadMinN is where a matrix counts as a head for
 // matVecBatchHead: past every Qwen3 projection (24,576 rows at most).
-const matVecBatchHeadMinN = 65536
+// matVecBatchHeadMinK is the fewest inputs it pays at: Qwen3-1.7B's
+// 2,048 (at Qwen3-0.6B's 1,024 the wide layout is the faster).
+const (
+	matVecBatchHeadMinN = 65536
+	matVecBatchHeadMinK = 2048
+)
 
 // fits reports whether the layout takes T ≤ matVecBatchMaxT rows of w on
 // a device with limits l: its workgroups fit the grid and at least one

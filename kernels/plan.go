@@ -88,8 +88,10 @@ type plan struct {
 //     1.7B's 76.0–76.1 against 86.9–87.5; chained steps (`bench engine
 //     --shape S --context 1024 --batches 1`, two alternations in one
 //     call) 3.893 / 3.894 ms against 3.911 / 3.901 and 1.766 / 1.766
-//     against 1.789 / 1.780; gate|up alike on it (8B 35.3–35.7 µs against
-//     35.7–36.1), not moved. Each chunk's weights loaded while the chunk
+//     against 1.789 / 1.780; 4B's head 100.2–101.7 µs against 104.9–105.3,
+//     but 0.6B's 1,024 inputs 49.0–49.3 against 45.2–45.3 (the next call),
+//     so 0.6B's head stays on 16 × 32; gate|up alike on it (8B 35.3–35.7
+//     µs against 35.7–36.1), not moved. Each chunk's weights loaded while the chunk
 //     before is summed was no faster at any projection (same run: 8B's
 //     o_proj / down_proj / gate|up 13.0 / 26.5 / 41.1 µs against 13.2 /
 //     25.5 / 37.0). At Qwen3-8B's shapes (`-benchshape
@@ -489,7 +491,7 @@ func (p *plan) matVecBatchLayout(w *Matrix, T int, l gpu.Limits) matVecBatchLayo
 	}
 	m := matVecBatchWide
 	switch {
-	case T == 1 && w.N >= matVecBatchHeadMinN:
+	case T == 1 && w.N >= matVecBatchHeadMinN && w.K >= matVecBatchHeadMinK:
 		m = matVecBatchHead
 	case T <= 2 && w.N < 6144:
 		m = matVecBatchNarrow

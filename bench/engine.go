@@ -256,39 +256,135 @@ func HeadDrafts(ctx context.Context, target, head engine.Engine, context, steps,
 }
 
 // headRounds prefills a target sequence of context random tokens and the
-// head's over its features, and returns a round of draft tokens chained on
-// the device (engine.StepN) after the token the target would add, the
-// head cut back to the context after it, and what releases both
-// sequences.
+// head's over its features (headPrefill), and returns a round of draft
+// tokens chained on the device, each from the same context (the head cut
+// back to it after the round), and what releases both sequences.
 func headRounds(ctx context.Context, target, head engine.Engine, context, draft int) (round func() error, release func(), err error) {
-	p := randomTokens(rand.New(rand.NewPCG(5, uint64(context))), context, target.Config().VocabSize)
-	ts, err := target.NewSequence()
+	ts, hs, next, release, err := headPrefill(ctx, target, head, context)
 	if err != nil {
 		return nil, nil, err
 	}
-	t := &engine.Entry{Seq: ts, Tokens: p}
-	if err := target.Step(ctx, []*engine.Entry{t}); err != nil {
-		ts.Release()
-		return nil, nil, fmt.Errorf("target prefill: %w", err)
-	}
-	hs, err := head.NewSequence()
-	if err != nil {
-		ts.Release()
-		return nil, nil, err
-	}
-	release = func() { hs.Release(); ts.Release() }
-	h := &engine.Entry{Seq: hs, Target: ts, Tokens: p}
-	if err := head.Step(ctx, []*engine.Entry{h}); err != nil {
-		release()
-		return nil, nil, fmt.Errorf("head prefill: %w", err)
-	}
+	h := &engine.Entry{Seq: hs, Target: ts}
 	// The target holds the context and, after its prefill, knows the
 	// token after it: each round drafts past that one.
 	round = func() error {
-		h.Tokens = []int{t.Next}
+		h.Tokens = []int{next}
 		_, err := engine.StepN(ctx, head, []*engine.Entry{h}, draft)
 		hs.Truncate(context)
 		return err
 	}
 	return round, release, nil
+}
+
+// headPrefill prefills a target sequence with context random tokens and
+// an EAGLE-3 head's sequence over its features, and returns both, the
+// target's token after the context and what releases them.
+func headPrefill(ctx context.Context, target, head engine.Engine, context int) (ts, hs engine.Sequence, next int, release func(), err error) {
+	p := randomTokens(rand.New(rand.NewPCG(5, uint64(context))), context, target.Config().VocabSize)
+	if ts, err = target.NewSequence(); err != nil {
+		return nil, nil, 0, nil, err
+	}
+	t := &engine.Entry{Seq: ts, Tokens: p}
+	if err := target.Step(ctx, []*engine.Entry{t}); err != nil {
+		ts.Release()
+		return nil, nil, 0, nil, fmt.Errorf("target prefill: %w", err)
+	}
+	if hs, err = head.NewSequence(); err != nil {
+		ts.Release()
+		return nil, nil, 0, nil, err
+	}
+	release = func() { hs.Release(); ts.Release() }
+	if err := head.Step(ctx, []*engine.Entry{{Seq: hs, Target: ts, Tokens: p}}); err != nil {
+		release()
+		return nil, nil, 0, nil, fmt.Errorf("head prefill: %w", err)
+	}
+	return ts, hs, t.Next, release, nil
+}
+
+// SpecSteps times greedy speculative steps as the server runs them with a
+// drafter that chains them on the device (engine.SpecChainer: an EAGLE-3
+// head over target's features): m steps of n drafts and a verification of
+// n + 1 rows in one call, each planned on the device from the verdict of
+// the one before, after a context of random tokens. It returns the median
+// time a step over reps calls, after a warm-up one. The work of a chained
+// step does not depend on how many drafts the target accepts, so random
+// weights time it as a trained head's.
+func SpecSteps(ctx context.Context, target, drafter engine.Engine, context, n, m, reps int) (time.Duration, error) {
+	if n < 1 || m < 2 || reps < 1 {
+		return 0, fmt.Errorf("speculative steps: %d drafts, %d steps, %d repetitions", n, m, reps)
+	}
+	times := make([]time.Duration, 0, reps)
+	for i := range reps + 1 {
+		run, release, err := specRound(ctx, target, drafter, context, n, m)
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		err = run()
+		d := time.Since(start)
+		release()
+		if err != nil {
+			return 0, err
+		}
+		if i > 0 {
+			times = append(times, d/time.Duration(m))
+		}
+	}
+	slices.Sort(times)
+	return times[len(times)/2], nil
+}
+
+// ProfileSpecSteps times, kernel by kernel on the GPU, one call of m
+// chained speculative steps of n drafts (SpecSteps; after a warm-up
+// call): the drafter's passes go through the target's submissions, so
+// the target's profile holds the whole step.
+func ProfileSpecSteps(ctx context.Context, target *webgpu.Engine, drafter engine.Engine, context, n, m int, period float64) ([]Kernel, error) {
+	var out []Kernel
+	for i := range 2 {
+		run, release, err := specRound(ctx, target, drafter, context, n, m)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			err = run()
+		} else {
+			out, err = profile(target, run, period)
+		}
+		release()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// specRound prefills fresh sequences of both models (headPrefill) and
+// returns a call of m speculative steps of n drafts chained on the
+// device, and what releases the sequences. The call fails where the
+// drafter ran fewer steps than m (the batch did not chain).
+func specRound(ctx context.Context, target, drafter engine.Engine, context, n, m int) (run func() error, release func(), err error) {
+	sc, ok := drafter.(engine.SpecChainer)
+	if !ok {
+		return nil, nil, fmt.Errorf("speculative steps: %T does not chain them on the device", drafter)
+	}
+	ts, hs, next, release, err := headPrefill(ctx, target, drafter, context)
+	if err != nil {
+		return nil, nil, err
+	}
+	run = func() error {
+		steps := []engine.ChainStep{{
+			Draft:  &engine.Entry{Seq: hs, Target: ts, Tokens: []int{next}},
+			Verify: &engine.VerifyEntry{Seq: ts, Tokens: []int{next}, Out: n + 1},
+			Take:   n,
+		}}
+		out, err := sc.DraftVerifyN(ctx, target, steps, n, m)
+		if err != nil {
+			return fmt.Errorf("speculative steps, %d drafts: %w", n, err)
+		}
+		if len(out) != m {
+			return fmt.Errorf("speculative steps, %d drafts: %d of %d steps chained", n, len(out), m)
+		}
+		return nil
+	}
+	return run, release, nil
 }

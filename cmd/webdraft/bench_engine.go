@@ -22,7 +22,7 @@ import (
 )
 
 func benchEngine(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--backend webgpu|cpu|reference] [--context 1024] [--batches 1,32] [--prefill 512] [--rows 1,5,7,9,17] [--baseline reference|none] [--head | --head-model DIR] [--svg FILE]")
+	fs := newFlags(e, "bench engine", "[--shape qwen3-1.7b | --model DIR] [--backend webgpu|cpu|reference] [--context 1024] [--batches 1,32] [--prefill 512] [--rows 1,5,7,9,17] [--baseline reference|none] [--head | --head-model DIR] [--spec-ks 4,6] [--svg FILE]")
 	shape := fs.String("shape", "qwen3-1.7b", "published shape, with random int4 weights: "+strings.Join(shapeNames(), ", "))
 	modelDir := fs.String("model", "", "measure this model folder (or embedded:target, embedded:drafter) instead of random weights")
 	context := fs.Int("context", 1024, "context length of each sequence before the timed decode steps")
@@ -38,6 +38,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	baseline := fs.String("baseline", "reference", "with --backend cpu: the engine measured beside it in the same run, for the ratios: reference, or none")
 	head := fs.Bool("head", false, "with --backend webgpu: also time an EAGLE-3 head for the model (random int4: one layer of its shape, a draft vocabulary of at most 32,768 tokens) drafting 16 tokens chained, against the model's chained step")
 	headModel := fs.String("head-model", "", "as --head, timing this EAGLE-3 head (a head's folder, or embedded:eagle3) drafting for the model in place of a random one")
+	specKs := fs.String("spec-ks", "", "with --head or --head-model: also time greedy speculative steps of k drafts each (comma-separated k), 16 chained on the device in one call as the server runs them, against the model's chained step (with --profile, kernel by kernel too)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -77,6 +78,15 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	if *head && backend != "webgpu" {
 		return usagef("--head times the head on WebGPU: --backend webgpu, not %s", backend)
 	}
+	var ks []int
+	if *specKs != "" {
+		if !*head {
+			return usagef("--spec-ks times steps drafted by an EAGLE-3 head: add --head or --head-model")
+		}
+		if ks, err = parseIDs(*specKs); err != nil || len(ks) == 0 || slices.Min(ks) < 1 || slices.Max(ks) > maxSpecK {
+			return usagef("--spec-ks %q: want comma-separated draft lengths from 1 to %d", *specKs, maxSpecK)
+		}
+	}
 
 	var cfg qwen3.Config
 	var w *qwen3.Weights
@@ -114,7 +124,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 			return usagef("--head: %v", err)
 		}
 	}
-	if need := *context + max(*steps, slices.Max(rows)) + 4; need > cfg.MaxPositionEmbeddings || *prefill > cfg.MaxPositionEmbeddings {
+	if need := *context + max(*steps, slices.Max(rows), specChain*(slices.Max(append(ks, 0))+1)) + 4; need > cfg.MaxPositionEmbeddings || *prefill > cfg.MaxPositionEmbeddings {
 		return usagef("--context %d / --prefill %d exceed the model's %d positions", *context, *prefill, cfg.MaxPositionEmbeddings)
 	}
 	kvPositions := maxBatch*(*context+max(*steps, slices.Max(rows))+8) + 2**prefill
@@ -222,18 +232,26 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	}
 	var headProfile func(*env) error // the head's kernels, with --profile
 	if *head {
-		d, prof, err := headDrafts(ctx, cfg, w, hc, hw, *context, *steps, *gpuProfile)
+		hr, err := headDrafts(ctx, cfg, w, hc, hw, *context, *steps, ks, *gpuProfile)
 		if err != nil {
 			return fmt.Errorf("EAGLE-3 head: %w", err)
 		}
-		headProfile = prof
+		headProfile = hr.profile
 		limit, ratio := "", ""
+		of := func(d time.Duration) string { return "" }
 		if chainedOne > 0 {
 			limit = fmt.Sprintf("%.3f ms (a chained batch-1 step)", ms64(chainedOne))
-			ratio = strconv.FormatFloat(d.Seconds()/chainedOne.Seconds(), 'f', 3, 64) + "× it"
+			of = func(d time.Duration) string {
+				return strconv.FormatFloat(d.Seconds()/chainedOne.Seconds(), 'f', 3, 64) + "× it"
+			}
+			ratio = of(hr.draft)
 		}
 		row(fmt.Sprintf("EAGLE-3 head (%s, draft vocabulary %d), chained 16 a draft, batch 1", headLabel, hc.DraftVocabSize),
-			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(d), 1/d.Seconds()), limit, ratio)
+			fmt.Sprintf("%.3f ms, %.0f tok/s", ms64(hr.draft), 1/hr.draft.Seconds()), limit, ratio)
+		for i, k := range ks {
+			row(fmt.Sprintf("  speculative step: k = %d drafts and %d rows verified, %d chained, batch 1", k, k+1, specChain),
+				fmt.Sprintf("%.3f ms", ms64(hr.spec[i])), limit, of(hr.spec[i]))
+		}
 	}
 	// The floor of a batch-1 step made of dispatches: its dependent phases
 	// reduced to passes that read their bytes once.
@@ -358,20 +376,38 @@ func benchHeadConfig(cfg qwen3.Config) (eagle3.Config, error) {
 	return hc, hc.Check(cfg)
 }
 
+// headResult is what headDrafts measured: the time a draft token, each
+// speculative step's (by --spec-ks), and the kernels' profile to print
+// (nil without --profile).
+type headResult struct {
+	draft   time.Duration
+	spec    []time.Duration
+	profile func(*env) error
+}
+
+// specChain is the speculative steps `bench engine --spec-ks` chains in
+// one call, and maxSpecK its longest draft.
+const (
+	specChain = 16
+	maxSpecK  = 16
+)
+
 // headDrafts times the EAGLE-3 head of config hc and weights hw (nil:
-// random int4) drafting for the model cfg, w (bench.HeadDrafts): the
-// target engine keeps the features of the layers the head reads, on a
-// device of its own.
-func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagle3.Config, hw *eagle3.Weights, context, steps int, profiled bool) (time.Duration, func(*env) error, error) {
-	kvBytes := int64(context+steps+64) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
+// random int4) drafting for the model cfg, w (bench.HeadDrafts), and the
+// speculative steps of ks drafts it chains with the model
+// (bench.SpecSteps): the target engine keeps the features of the layers
+// the head reads, on a device of its own.
+func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagle3.Config, hw *eagle3.Weights, context, steps int, ks []int, profiled bool) (headResult, error) {
+	var res headResult
+	kvBytes := int64(context+max(steps, specChain*(maxSpecK+1))+64) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
 	g, err := webgpu.OpenGroup(gpu.Options{})
 	if err != nil {
-		return 0, nil, err
+		return res, err
 	}
 	target, err := g.New(cfg, w, webgpu.Options{KVBytes: kvBytes, MaxSequences: 2, MaxRows: context, FeatureLayers: hc.Aux(cfg.NumHiddenLayers)})
 	if err != nil {
 		g.Close()
-		return 0, nil, err
+		return res, err
 	}
 	defer target.Close()
 	if hw == nil {
@@ -380,25 +416,49 @@ func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagl
 	head, err := webgpu.NewHead(target, hc, hw, webgpu.HeadOptions{MaxRows: context})
 	g.Close() // the device closes with the last engine
 	if err != nil {
-		return 0, nil, err
+		return res, err
 	}
 	defer head.Close()
 	const draft = 16
-	d, err := bench.HeadDrafts(ctx, target, head, context, steps, draft)
-	if err != nil || !profiled {
-		return d, nil, err
+	if res.draft, err = bench.HeadDrafts(ctx, target, head, context, steps, draft); err != nil {
+		return res, err
 	}
-	// The profile is taken now, while the engines are open, and printed
+	for _, k := range ks {
+		d, err := bench.SpecSteps(ctx, target, head, context, k, specChain, 5)
+		if err != nil {
+			return res, err
+		}
+		res.spec = append(res.spec, d)
+	}
+	if !profiled {
+		return res, nil
+	}
+	// The profiles are taken now, while the engines are open, and printed
 	// with the model's.
 	period, err := bench.TickPeriod(target.Device())
 	if err != nil {
-		return 0, nil, fmt.Errorf("profile: %w", err)
+		return res, fmt.Errorf("profile: %w", err)
 	}
 	kernels, err := bench.ProfileHeadDraft(ctx, target, head, context, draft, period)
 	if err != nil {
-		return 0, nil, fmt.Errorf("profile: %w", err)
+		return res, fmt.Errorf("profile: %w", err)
 	}
-	return d, func(e *env) error {
-		return printProfile(e, fmt.Sprintf("%d draft tokens of the EAGLE-3 head chained, context %d", draft, context), kernels, period)
-	}, nil
+	specKernels := make([][]bench.Kernel, len(ks))
+	for i, k := range ks {
+		if specKernels[i], err = bench.ProfileSpecSteps(ctx, target, head, context, k, specChain, period); err != nil {
+			return res, fmt.Errorf("profile: %w", err)
+		}
+	}
+	res.profile = func(e *env) error {
+		if err := printProfile(e, fmt.Sprintf("%d draft tokens of the EAGLE-3 head chained, context %d", draft, context), kernels, period); err != nil {
+			return err
+		}
+		for i, k := range ks {
+			if err := printProfile(e, fmt.Sprintf("%d speculative steps of k = %d chained, context %d", specChain, k, context), specKernels[i], period); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return res, nil
 }

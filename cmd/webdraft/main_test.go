@@ -306,8 +306,10 @@ func TestBenchEngineWebGPU(t *testing.T) {
 }
 
 // TestBenchEngineHead: bench engine --head adds a row for a random EAGLE-3
-// head drafting for the model, against its chained step; a model too
-// shallow for a head (tiny: two layers) is refused before anything runs.
+// head drafting for the model, against its chained step, and --spec-ks a
+// row for each draft length's chained speculative steps; a model too
+// shallow for a head (tiny: two layers) and bad draft lengths are refused
+// before anything runs.
 func TestBenchEngineHead(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: a small model's bench on lavapipe takes a quarter of a minute")
@@ -325,12 +327,30 @@ func TestBenchEngineHead(t *testing.T) {
 	golden := filepath.Join("..", "..", "testdata", "golden")
 	head := goldenHead(t)
 	code, stdout, stderr = webdraft(t, "bench", "engine", "--model", filepath.Join(golden, "untied"),
-		"--context", "24", "--batches", "1", "--steps", "2", "--prefill", "16", "--rows", "1", "--copy-mb", "4", "--head-model", head)
+		"--context", "24", "--batches", "1", "--steps", "2", "--prefill", "16", "--rows", "1", "--copy-mb", "4", "--head-model", head, "--spec-ks", "1,3")
 	if code != 0 {
 		t.Fatalf("--head-model: exit %d: %s", code, stderr)
 	}
 	if !regexp.MustCompile(`EAGLE-3 head \(` + regexp.QuoteMeta(head) + `, draft vocabulary 256\), chained 16 a draft, batch 1 +[0-9.]+ ms`).MatchString(stdout) {
 		t.Errorf("no row for the head's folder in:\n%s", stdout)
+	}
+	// Its speculative steps chained with the model, a row a k.
+	for _, k := range []int{1, 3} {
+		re := fmt.Sprintf(`speculative step: k = %d drafts and %d rows verified, 16 chained, batch 1 +[0-9.]+ ms +[0-9.]+ ms \(a chained batch-1 step\) +[0-9.]+× it`, k, k+1)
+		if !regexp.MustCompile(re).MatchString(stdout) {
+			t.Errorf("no row for speculative steps of k = %d in:\n%s", k, stdout)
+		}
+	}
+	for args, want := range map[string]string{
+		"--spec-ks 2":           "add --head or --head-model",
+		"--head --spec-ks 0":    "draft lengths from 1 to 16",
+		"--head --spec-ks 17":   "draft lengths from 1 to 16",
+		"--head --spec-ks four": "--spec-ks \"four\"",
+	} {
+		code, stdout, stderr := webdraft(t, append([]string{"bench", "engine", "--shape", "tiny"}, strings.Fields(args)...)...)
+		if code != 2 || !strings.Contains(stderr, want) || strings.Contains(stdout, "adapter") {
+			t.Errorf("%s: exit %d\n%s%s", args, code, stdout, stderr)
+		}
 	}
 	code, stdout, stderr = webdraft(t, "bench", "engine", "--model", filepath.Join(golden, "tied"), "--head-model", head)
 	if code != 2 || !strings.Contains(stderr, "--head-model "+head+" does not fit the model") || strings.Contains(stdout, "adapter") {

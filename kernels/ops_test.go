@@ -996,77 +996,115 @@ func TestGather(t *testing.T) {
 // TestGatherRows: each pair's source row lands at its destination row,
 // word for word, every other destination word keeping its poison — rows
 // of one word to some thousands (a hidden state's), pairs bound at an
-// offset of their buffer, a grid folded into two dimensions; and a bad
-// call is refused before anything is recorded.
+// offset of their buffer, a grid folded into two dimensions, into one
+// buffer or two at once (GatherRowsTwice); and a bad call is refused
+// before anything is recorded.
 func TestGatherRows(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	align := int(d.Limits().MinStorageBufferOffsetAlignment)
 	for _, c := range []struct{ n, words int }{{1, 1}, {65, 1}, {3, 64}, {7, 100}, {40, 2048}, {2100, 2048}} { // the last: more than 65,535 workgroups
-		t.Run(fmt.Sprintf("n%d_words%d", c.n, c.words), func(t *testing.T) {
-			srcRows, dstRows := c.n+3, 2*c.n+1
-			src := make([]uint32, srcRows*c.words)
-			for i := range src {
-				src[i] = r.Uint32()
-			}
-			const poison = 0xdeadbeef
-			want := make([]uint32, dstRows*c.words)
-			for i := range want {
-				want[i] = poison
-			}
-			// The pairs after a run of unread words, at an aligned offset.
-			lead := align / 4
-			pairs := make([]uint32, lead, lead+GatherPairWords*c.n)
-			// Distinct destinations (two pairs writing one row would race),
-			// the first the last row, read from the last source row.
-			tos := append([]int{dstRows - 1}, r.Perm(dstRows - 1)[:c.n-1]...)
-			for i, to := range tos {
-				from := r.IntN(srcRows)
-				if i == 0 {
-					from = srcRows - 1
+		for _, twice := range []bool{false, true} {
+			t.Run(fmt.Sprintf("n%d_words%d_twice%v", c.n, c.words, twice), func(t *testing.T) {
+				srcRows := c.n + 3
+				src := make([]uint32, srcRows*c.words)
+				for i := range src {
+					src[i] = r.Uint32()
 				}
-				pairs = append(pairs, uint32(to), uint32(from))
-				copy(want[to*c.words:(to+1)*c.words], src[from*c.words:(from+1)*c.words])
-			}
-			sb, pb := uploadU32(t, d, "src", src), uploadU32(t, d, "pairs", pairs)
-			dst, err := d.NewBuffer("dst", uint64(len(want))*4)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dst.Release()
-			if err := dst.Fill(poison); err != nil {
-				t.Fatal(err)
-			}
-			bind := pb.Slice(uint64(align), uint64(c.n*GatherPairWords)*4)
-			run(t, d, "gather rows", func(b *gpu.Batch) error { return GatherRows(b, dst, sb, bind, c.n, c.words) })
-			got, err := dst.ReadU32()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range want {
-				if got[i] != want[i] {
-					t.Fatalf("word %d (row %d) = %#x, want %#x", i, i/c.words, got[i], want[i])
+				dests := 1
+				if twice {
+					dests = 2
 				}
-			}
-			b, err := d.NewBatch("gather rows refused")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Discard()
-			for name, call := range map[string]func() error{
-				"more pairs than bound": func() error { return GatherRows(b, dst, sb, bind, c.n+1, c.words) },
-				"rows of 0 words":       func() error { return GatherRows(b, dst, sb, bind, c.n, 0) },
-				"one buffer":            func() error { return GatherRows(b, dst, dst, bind, c.n, c.words) },
-				"no pairs":              func() error { return GatherRows(b, dst, sb, gpu.Binding{}, c.n, c.words) },
-			} {
-				if err := call(); err == nil {
-					t.Errorf("%s: accepted", name)
+				type dest struct {
+					buf  *gpu.Buffer
+					bind gpu.Binding
+					want []uint32
 				}
-			}
-			if b.Len() != 0 {
-				t.Errorf("%d dispatches recorded by refused calls", b.Len())
-			}
-		})
+				var to []dest
+				const poison = 0xdeadbeef
+				for k := range dests {
+					dstRows := 2*c.n + 1 + k
+					want := make([]uint32, dstRows*c.words)
+					for i := range want {
+						want[i] = poison
+					}
+					// The pairs after a run of unread words, at an aligned offset.
+					lead := align / 4
+					pairs := make([]uint32, lead, lead+GatherPairWords*c.n)
+					// Distinct destinations (two pairs writing one row would race),
+					// the first the last row, read from the last source row.
+					tos := append([]int{dstRows - 1}, r.Perm(dstRows - 1)[:c.n-1]...)
+					for i, to := range tos {
+						from := r.IntN(srcRows)
+						if i == 0 {
+							from = srcRows - 1
+						}
+						pairs = append(pairs, uint32(to), uint32(from))
+						copy(want[to*c.words:(to+1)*c.words], src[from*c.words:(from+1)*c.words])
+					}
+					pb := uploadU32(t, d, "pairs", pairs)
+					dst, err := d.NewBuffer("dst", uint64(len(want))*4)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(dst.Release)
+					if err := dst.Fill(poison); err != nil {
+						t.Fatal(err)
+					}
+					to = append(to, dest{dst, pb.Slice(uint64(align), uint64(c.n*GatherPairWords)*4), want})
+				}
+				sb := uploadU32(t, d, "src", src)
+				gather := func(b *gpu.Batch, n, words int, src *gpu.Buffer, pairs gpu.Binding) error {
+					if twice {
+						return GatherRowsTwice(b, to[0].buf, to[1].buf, src, pairs, to[1].bind, n, words)
+					}
+					return GatherRows(b, to[0].buf, src, pairs, n, words)
+				}
+				run(t, d, "gather rows", func(b *gpu.Batch) error { return gather(b, c.n, c.words, sb, to[0].bind) })
+				for k, g := range to {
+					got, err := g.buf.ReadU32()
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range g.want {
+						if got[i] != g.want[i] {
+							t.Fatalf("destination %d: word %d (row %d) = %#x, want %#x", k, i, i/c.words, got[i], g.want[i])
+						}
+					}
+				}
+				b, err := d.NewBatch("gather rows refused")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer b.Discard()
+				bind := to[0].bind
+				calls := map[string]func() error{
+					"more pairs than bound": func() error { return gather(b, c.n+1, c.words, sb, bind) },
+					"rows of 0 words":       func() error { return gather(b, c.n, 0, sb, bind) },
+					"one buffer":            func() error { return gather(b, c.n, c.words, to[0].buf, bind) },
+					"no pairs":              func() error { return gather(b, c.n, c.words, sb, gpu.Binding{}) },
+				}
+				if twice {
+					calls["into one buffer twice"] = func() error {
+						return GatherRowsTwice(b, to[0].buf, to[0].buf, sb, bind, to[1].bind, c.n, c.words)
+					}
+					calls["no second pairs"] = func() error {
+						return GatherRowsTwice(b, to[0].buf, to[1].buf, sb, bind, gpu.Binding{}, c.n, c.words)
+					}
+					calls["from the second destination"] = func() error {
+						return GatherRowsTwice(b, to[0].buf, to[1].buf, to[1].buf, bind, to[1].bind, c.n, c.words)
+					}
+				}
+				for name, call := range calls {
+					if err := call(); err == nil {
+						t.Errorf("%s: accepted", name)
+					}
+				}
+				if b.Len() != 0 {
+					t.Errorf("%d dispatches recorded by refused calls", b.Len())
+				}
+			})
+		}
 	}
 }
 

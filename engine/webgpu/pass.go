@@ -569,16 +569,15 @@ func (e *Engine) kernels(ps pass) []step {
 		lw := &w.layers[l]
 		if f := e.featureAt[l]; f >= 0 {
 			// A layer whose input the sequences keep: hidden into each
-			// row's slot of feature buffer f.
+			// row's slot of feature buffer f, and where the pass keeps
+			// them for a head, into its rows there too.
 			steps = append(steps, func(b *gpu.Batch) error {
 				pairs := a.featPairs.Slice(0, uint64(R*kernels.GatherPairWords)*4)
+				if ps.keep != nil {
+					return kernels.GatherRowsTwice(b, e.kv.Feature(f), ps.keep.buf, a.x, pairs, ps.keep.pairs[f], R, c.HiddenSize)
+				}
 				return kernels.GatherRows(b, e.kv.Feature(f), a.x, pairs, R, c.HiddenSize)
 			})
-			if ps.keep != nil {
-				steps = append(steps, func(b *gpu.Batch) error {
-					return kernels.GatherRows(b, ps.keep.buf, a.x, ps.keep.pairs[f], R, c.HiddenSize)
-				})
-			}
 		}
 		steps = append(steps,
 			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);

@@ -48,10 +48,20 @@ func Gather(b *gpu.Batch, dst, src, pairs *gpu.Buffer, n int) error {
 // destination row; dst and src are different buffers.
 func GatherRows(b *gpu.Batch, dst, src *gpu.Buffer, pairs gpu.Binding, n, words int) error {
 	op := "gather rows"
-	if pairs.Buf == nil || n <= 0 || uint64(n*GatherPairWords)*4 > pairs.Size || pairs.Offset+pairs.Size > pairs.Buf.Size() {
-		return fmt.Errorf("kernels: %s: %d pairs in a binding of %d bytes", op, n, pairs.Size)
+	bound, err := boundPairs(op, pairs, n)
+	if err != nil {
+		return err
 	}
-	return gatherRows(b, op, src, []gatherDest{{dst, pairs.Buf.Slice(pairs.Offset, uint64(n*GatherPairWords)*4)}}, n, words)
+	return gatherRows(b, op, src, []gatherDest{{dst, bound}}, n, words)
+}
+
+// boundPairs is the binding of the first n pairs of pairs, or why pairs
+// does not hold them.
+func boundPairs(op string, pairs gpu.Binding, n int) (gpu.Binding, error) {
+	if pairs.Buf == nil || n <= 0 || uint64(n*GatherPairWords)*4 > pairs.Size || pairs.Offset+pairs.Size > pairs.Buf.Size() {
+		return gpu.Binding{}, fmt.Errorf("kernels: %s: %d pairs in a binding of %d bytes", op, n, pairs.Size)
+	}
+	return pairs.Buf.Slice(pairs.Offset, uint64(n*GatherPairWords)*4), nil
 }
 
 // GatherRowsTwice is GatherRows into two buffers in one dispatch: by the
@@ -63,11 +73,11 @@ func GatherRowsTwice(b *gpu.Batch, dst, dst2, src *gpu.Buffer, pairs, pairs2 gpu
 		return fmt.Errorf("kernels: %s: both into %q", op, bufLabel(dst))
 	}
 	to := []gatherDest{{dst, pairs}, {dst2, pairs2}}
-	for i, g := range to {
-		if g.pairs.Buf == nil || n <= 0 || uint64(n*GatherPairWords)*4 > g.pairs.Size || g.pairs.Offset+g.pairs.Size > g.pairs.Buf.Size() {
-			return fmt.Errorf("kernels: %s: %d pairs in binding %d of %d bytes", op, n, i+1, g.pairs.Size)
+	for i := range to {
+		var err error
+		if to[i].pairs, err = boundPairs(op, to[i].pairs, n); err != nil {
+			return err
 		}
-		to[i].pairs = g.pairs.Buf.Slice(g.pairs.Offset, uint64(n*GatherPairWords)*4)
 	}
 	return gatherRows(b, op, src, to, n, words)
 }

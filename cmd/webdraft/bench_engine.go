@@ -399,7 +399,11 @@ const (
 // the head reads, on a device of its own.
 func headDrafts(ctx context.Context, cfg qwen3.Config, w *qwen3.Weights, hc eagle3.Config, hw *eagle3.Weights, context, steps int, ks []int, profiled bool) (headResult, error) {
 	var res headResult
-	kvBytes := int64(context+max(steps, specChain*(maxSpecK+1))+64) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
+	room := steps // the positions past the context a measurement reaches
+	if len(ks) > 0 {
+		room = max(room, specChain*(slices.Max(ks)+1))
+	}
+	kvBytes := int64(context+room+64) * int64(2*cfg.NumHiddenLayers*cfg.KVDim()*4)
 	g, err := webgpu.OpenGroup(gpu.Options{})
 	if err != nil {
 		return res, err

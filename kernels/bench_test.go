@@ -365,14 +365,14 @@ var benchSkinnyPrefillLayouts = []skinnyLayout{
 // benchMatVecBatchLayouts are the matvec_batch_int4.wgsl layouts
 // BenchmarkMatMulKernels tries (and TestMatVecBatchLayouts checks): one
 // weight row a thread at 16 lanes × 16 rows (the default), fewer rows a
-// workgroup, 8 and 32 lanes a row, 1,024 and 4,096 staged values (the
+// workgroup, 8, 32 and 64 lanes a row, 1,024 and 4,096 staged values (the
 // chunk, over the activation rows); two and four weight rows a thread
 // (the H200's plan takes two: matVecBatchNarrow, matVecBatchWide).
 var benchMatVecBatchLayouts = []matVecBatchLayout{
 	{lanes: 16, rows: 16}, {lanes: 16, rows: 8}, {lanes: 32, rows: 8}, {lanes: 8, rows: 32},
 	{lanes: 16, rows: 16, staged: 1024}, {lanes: 16, rows: 16, staged: 4096},
 	{lanes: 16, rows: 32, rt: 2}, {lanes: 16, rows: 16, rt: 2}, {lanes: 16, rows: 64, rt: 4}, {lanes: 16, rows: 32, rt: 4},
-	{lanes: 32, rows: 16, rt: 2}, {lanes: 8, rows: 64, rt: 2},
+	{lanes: 32, rows: 16, rt: 2}, {lanes: 8, rows: 64, rt: 2}, {lanes: 64, rows: 2}, {lanes: 64, rows: 4}, {lanes: 64, rows: 8, rt: 2}, {lanes: 64, rows: 16, rt: 4},
 }
 
 // benchMatVecLayouts are the matrix-vector layouts BenchmarkMatMulKernels

@@ -429,7 +429,7 @@ func TestPlanMatVecBatch(t *testing.T) {
 		kernel  matMulKernel
 		layout  matVecBatchLayout
 	}{
-		{4096, 4096, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // Qwen3-8B's o_proj
+		{4096, 4096, 1, lim, kernelMatVecBatch, matVecBatchNarrowOne}, // Qwen3-8B's o_proj
 		{4096, 12288, 2, lim, kernelMatVecBatch, matVecBatchNarrow},   // its down_proj, two rows
 		{6144, 4096, 1, lim, kernelMatVecBatch, matVecBatchWide},      // its q|k|v
 		{24576, 4096, 2, lim, kernelMatVecBatch, matVecBatchWide},     // its gate|up
@@ -439,8 +439,10 @@ func TestPlanMatVecBatch(t *testing.T) {
 		{151936, 2048, 2, lim, kernelMatVecBatch, matVecBatchWide},    // two rows of a head
 		{151936, 1024, 1, lim, kernelMatVecBatch, matVecBatchWide},    // Qwen3-0.6B's head: 1,024 inputs
 		{12288, 2048, 1, lim, kernelMatVecBatch, matVecBatchWide},     // its gate|up
-		{2048, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // its o_proj, one row
-		{4096, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrow},    // its q|k|v (where not fused)
+		{2048, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrowOne}, // its o_proj, one row
+		{4096, 2048, 1, lim, kernelMatVecBatch, matVecBatchNarrowOne}, // its q|k|v (where not fused)
+		{2048, 2048, 2, lim, kernelMatVecBatch, matVecBatchNarrow},    // its o_proj, two rows
+		{1024, 3072, 1, lim, kernelMatVecBatch, matVecBatchNarrowOne}, // Qwen3-0.6B's down_proj
 		{4096, 1024, 1, lim, kernelMatVec, matVecBatchLayout{}},       // Qwen3-0.6B's q|k|v: few rows of 1,024 inputs
 		{151936, 256, 1, lim, kernelMatVec, matVecBatchLayout{}},      // the shipped target's head: short rows
 		{2048, 6144, 4, small, kernelMatVecBatch, matVecBatchDefault}, // the wide layout's 4 rows do not fit 16 KiB

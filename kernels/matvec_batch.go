@@ -76,13 +76,16 @@ func (l matVecBatchLayout) sharedBytes(tt, kc uint32) uint32 {
 // thread.
 var matVecBatchDefault = matVecBatchLayout{lanes: 16, rows: 16}
 
-// matVecBatchNarrow and matVecBatchWide are the H200's layouts (two weight
-// rows a thread): for one or two rows of a matrix of few rows (Qwen3's
-// o_proj and down_proj), 32 lanes a row and 16 rows a workgroup; for the
-// rest, 16 lanes and 32 rows (kernels/plan.go).
+// matVecBatchNarrow, matVecBatchNarrowOne and matVecBatchWide are the
+// H200's layouts (two weight rows a thread): for a matrix of few rows
+// (Qwen3's o_proj and down_proj), one row of 2,048 inputs or more on 64
+// lanes a row and 8 rows a workgroup — twice the workgroups, each thread a
+// row's 64th —, two rows (or one of fewer inputs) on 32 lanes and 16 rows;
+// for the rest, 16 lanes and 32 rows (kernels/plan.go).
 var (
-	matVecBatchNarrow = matVecBatchLayout{lanes: 32, rows: 16, rt: 2}
-	matVecBatchWide   = matVecBatchLayout{lanes: 16, rows: 32, rt: 2}
+	matVecBatchNarrow    = matVecBatchLayout{lanes: 32, rows: 16, rt: 2}
+	matVecBatchNarrowOne = matVecBatchLayout{lanes: 64, rows: 8, rt: 2}
+	matVecBatchWide      = matVecBatchLayout{lanes: 16, rows: 32, rt: 2}
 )
 
 // matVecBatchHead is the H200's layout for one row of a vocabulary-sized

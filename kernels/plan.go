@@ -79,9 +79,24 @@ type plan struct {
 //     Qwen3-0.6B on, every projection of Qwen3-4B and 8B), and one row
 //     of a matrix of 6,144 rows or more (gate|up, the heads) whatever its
 //     inputs from 1,024 on, take matvec_batch_int4.wgsl (matVecBatchMinK,
-//     matVecBatchMinN), two weight rows a thread: 32 lanes × 16 rows for
-//     one or two rows of fewer than 6,144 (o_proj, down_proj), one row
-//     of a head on matVecBatchHead, else 16 × 32 (plan.matVecBatchLayout).
+//     matVecBatchMinN), two weight rows a thread: for a matrix of fewer
+//     than 6,144 rows (o_proj, down_proj) 64 lanes × 8 rows at one row of
+//     2,048 inputs or more, 32 × 16 at two rows; one row of a head on
+//     matVecBatchHead; else 16 × 32 (plan.matVecBatchLayout).
+//     64 × 8 at one row (one H100, 2026-12-06, `-benchshape S -benchts 1
+//     -cold`): 8B's o_proj / down_proj 11.7 / 23.5 µs against 12.9 /
+//     24.8 on 32 × 16, 1.7B's 8.0 / 12.3 against 8.7 / 13.0; at two rows
+//     slower (8B 16.3 / 38.3 against 13.9 / 31.0, 1.7B faster, 8.8 / 14.0
+//     against 9.3 / 16.1), so two rows stay on 32 × 16. Chained steps
+//     (`bench engine --shape S --context 1024 --batches 1 --rows 1
+//     --steps 64`, the layouts alternated twice in one call, the next):
+//     8B 3.841 / 3.844 ms against 3.912 / 3.907, 4B 2.937 / 2.936 against
+//     3.115 / 3.072, 1.7B 1.712 / 1.721 against 1.759 / 1.769, 0.6B 1.331
+//     / 1.327 against 1.351 / 1.343. 64 × 16 with four rows a thread was as
+//     fast alone; 64 lanes at one row a thread slower (8B's o_proj 14.7–
+//     18.6 µs); q|k|v on 64 × 16 × 4, faster alone (8B 14.6 µs against
+//     16.2), took the 8B step to 4.48 ms beside o_proj and down_proj on
+//     64 × 8 (against 3.91 on the plan before).
 //     The head's layout, one row a thread and 1,024 values staged, more
 //     workgroups an SM (one H100, 2026-12-06, `-benchshape S -benchts 1
 //     -cold`, two rounds): 8B's head 141.0–141.5 µs against 149.2–149.4,
@@ -481,10 +496,12 @@ func (p *plan) choose(k matMulKernel, w *Matrix, T int, l gpu.Limits) (matMulCho
 func (p *plan) groupScales(l skinnyLayout) bool { return l.tt <= p.groupScaleMaxTT }
 
 // matVecBatchLayout returns matvec_batch_int4.wgsl's layout for T rows
-// of w: with matVecBatchByShape two weight rows a thread, 32 lanes a row
-// and 16 rows a workgroup for one or two rows of a matrix of fewer than
-// 6,144 rows (more workgroups, a shorter loop a thread), else 16 lanes and
-// 32 rows; matVecBatchDefault where those do not fit the device.
+// of w: with matVecBatchByShape two weight rows a thread — for a matrix of
+// fewer than 6,144 rows (more workgroups, a shorter loop a thread) 64
+// lanes a row and 8 rows a workgroup at one row of 2,048 inputs or more,
+// 32 lanes and 16 rows at two rows or fewer inputs, else 16 lanes and 32
+// rows —, or for one row of a head matVecBatchHead; matVecBatchDefault
+// where those do not fit the device.
 func (p *plan) matVecBatchLayout(w *Matrix, T int, l gpu.Limits) matVecBatchLayout {
 	if !p.matVecBatchByShape {
 		return matVecBatchDefault
@@ -493,6 +510,8 @@ func (p *plan) matVecBatchLayout(w *Matrix, T int, l gpu.Limits) matVecBatchLayo
 	switch {
 	case T == 1 && w.N >= matVecBatchHeadMinN && w.K >= matVecBatchHeadMinK:
 		m = matVecBatchHead
+	case T == 1 && w.N < 6144 && w.K >= 2048:
+		m = matVecBatchNarrowOne
 	case T <= 2 && w.N < 6144:
 		m = matVecBatchNarrow
 	}

@@ -95,4 +95,20 @@ func TestMeasurements(t *testing.T) {
 	if !matmul || !attention {
 		t.Errorf("profile lacks the matmul or attention kernels: %v", kernels)
 	}
+	// A verification reads every row out: the argmax over the vocabulary
+	// once, its matmuls and attention as a step's.
+	verify, err := ProfileVerify(ctx, e, 5, 10, period)
+	if err != nil {
+		t.Fatalf("profile a verification: %v", err)
+	}
+	counts := map[string]int{}
+	for _, k := range verify {
+		counts[k.Name] = k.Dispatches
+	}
+	if counts["argmax.wgsl:partial"] != 1 || counts["attention_decode.wgsl:main"] != cfg.NumHiddenLayers {
+		t.Errorf("a verification's profile: %v, want one argmax and attention a layer", verify)
+	}
+	if _, err := ProfileVerify(ctx, e, 0, 10, period); err == nil {
+		t.Error("a verification of 0 rows profiled, want an error")
+	}
 }

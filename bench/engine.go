@@ -187,31 +187,67 @@ func Verify(ctx context.Context, e engine.Engine, rows, context, reps int) (time
 	if rows < 1 || reps < 1 {
 		return 0, fmt.Errorf("verify: %d rows, %d repetitions", rows, reps)
 	}
-	cfg := e.Config()
-	rng := rand.New(rand.NewPCG(5, uint64(rows)))
-	random := func(n int) []int { return randomTokens(rng, n, cfg.VocabSize) }
-	s, err := e.NewSequence()
+	pass, release, err := verifying(ctx, e, rows, context)
 	if err != nil {
 		return 0, err
 	}
-	defer s.Release()
-	if err := e.Step(ctx, []*engine.Entry{{Seq: s, Tokens: random(context)}}); err != nil {
-		return 0, fmt.Errorf("prefill: %w", err)
-	}
-	fed := random(rows)
+	defer release()
 	times := make([]time.Duration, 0, reps)
 	for i := range reps + 1 {
 		start := time.Now()
-		if err := e.Verify(ctx, []*engine.VerifyEntry{{Seq: s, Tokens: fed, Out: rows}}); err != nil {
+		if err := pass(); err != nil {
 			return 0, err
 		}
 		if i > 0 {
 			times = append(times, time.Since(start))
 		}
-		s.Truncate(context)
 	}
 	slices.Sort(times)
 	return times[len(times)/2], nil
+}
+
+// ProfileVerify times, kernel by kernel on the GPU, one verification of
+// rows tokens after context random ones, as Verify times it (after a
+// warm-up pass).
+func ProfileVerify(ctx context.Context, e *webgpu.Engine, rows, context int, period float64) ([]Kernel, error) {
+	if rows < 1 {
+		return nil, fmt.Errorf("verify: %d rows", rows)
+	}
+	pass, release, err := verifying(ctx, e, rows, context)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if err := pass(); err != nil {
+		return nil, err
+	}
+	return profile(e, pass, period)
+}
+
+// verifying prefills a sequence of e with context random tokens and
+// returns a verification of rows random tokens after them, which cuts the
+// sequence back to its context, and the sequence's release.
+func verifying(ctx context.Context, e engine.Engine, rows, context int) (pass func() error, release func(), err error) {
+	cfg := e.Config()
+	rng := rand.New(rand.NewPCG(5, uint64(rows)))
+	random := func(n int) []int { return randomTokens(rng, n, cfg.VocabSize) }
+	s, err := e.NewSequence()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := e.Step(ctx, []*engine.Entry{{Seq: s, Tokens: random(context)}}); err != nil {
+		s.Release()
+		return nil, nil, fmt.Errorf("prefill: %w", err)
+	}
+	fed := random(rows)
+	pass = func() error {
+		if err := e.Verify(ctx, []*engine.VerifyEntry{{Seq: s, Tokens: fed, Out: rows}}); err != nil {
+			return err
+		}
+		s.Truncate(context)
+		return nil
+	}
+	return pass, s.Release, nil
 }
 
 // ProfileHeadDraft times, kernel by kernel on the GPU, one round of draft

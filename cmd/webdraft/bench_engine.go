@@ -31,7 +31,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 	prefill := fs.Int("prefill", 512, "prompt length of the prefill measurement")
 	copyMB := fs.Int("copy-mb", 1024, "buffer size of the copy-bandwidth measurement (capped by the device)")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measurements to this file")
-	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size, the prefill and, with --head or --head-model, the head's 16 chained draft tokens kernel by kernel on the GPU (timestamp queries)")
+	gpuProfile := fs.Bool("profile", false, "also time one decode step per batch size, each verification of --rows, the prefill and, with --head or --head-model, the head's 16 chained draft tokens kernel by kernel on the GPU (timestamp queries)")
 	svg := fs.String("svg", "", "also plot milliseconds per decode step against batch size, as SVG, to this file")
 	backendFlag := fs.String("backend", "webgpu", "webgpu, or an engine on the CPU: cpu (the fast CPU engine) or reference (the plain-Go oracle)")
 	rowsFlag := fs.String("rows", "1,5,7,9,17", "the verification passes to time, in rows (a verification of k drafted tokens reads k+1)")
@@ -288,7 +288,7 @@ func benchEngine(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *gpuProfile {
-		if err := profileKernels(ctx, e, eng, batches, *context, *prefill); err != nil {
+		if err := profileKernels(ctx, e, eng, batches, rows, *context, *prefill); err != nil {
 			return err
 		}
 		if headProfile != nil {
@@ -319,9 +319,9 @@ func startCPUProfile(file string) (stop func(), err error) {
 }
 
 // profileKernels prints the GPU time per kernel of one decode step for each
-// batch size, then of the prefill (each dispatch in a pass of its own
-// between timestamps).
-func profileKernels(ctx context.Context, e *env, eng *webgpu.Engine, batches []int, context, prefill int) error {
+// batch size, of a verification of each row count, then of the prefill
+// (each dispatch in a pass of its own between timestamps).
+func profileKernels(ctx context.Context, e *env, eng *webgpu.Engine, batches, rows []int, context, prefill int) error {
 	period, err := bench.TickPeriod(eng.Device())
 	if err != nil {
 		return fmt.Errorf("profile: %w", err)
@@ -332,6 +332,15 @@ func profileKernels(ctx context.Context, e *env, eng *webgpu.Engine, batches []i
 			return fmt.Errorf("profile batch %d: %w", b, err)
 		}
 		if err := printProfile(e, fmt.Sprintf("one decode step, batch %d, context %d", b, context), kernels, period); err != nil {
+			return err
+		}
+	}
+	for _, n := range rows {
+		kernels, err := bench.ProfileVerify(ctx, eng, n, context, period)
+		if err != nil {
+			return fmt.Errorf("profile a verification of %d rows: %w", n, err)
+		}
+		if err := printProfile(e, fmt.Sprintf("a verification of %d rows, context %d", n, context), kernels, period); err != nil {
 			return err
 		}
 	}

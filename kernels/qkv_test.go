@@ -220,8 +220,8 @@ func TestQKVProjRopeKV(t *testing.T) {
 				kvHeads, group, D = 2, 4, 128
 			}
 			heads, K := kvHeads*group, 128*(2+r.IntN(3))
-			if c.kernel == kernelMatVecBatch { // slices of 32 · lanes inputs (up to 1,024): at least two
-				K *= 8
+			if c.kernel == kernelMatVecBatch { // slices of 32 · lanes inputs (up to 2,048): at least two
+				K *= 16
 			}
 			name := fmt.Sprintf("%s/T%d_heads%d_kv%d_D%d_K%d_f16=%v", c.name, c.T, heads, kvHeads, D, K, half)
 			t.Run(name, func(t *testing.T) {

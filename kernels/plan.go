@@ -510,7 +510,7 @@ func (p *plan) matVecBatchLayout(w *Matrix, T int, l gpu.Limits) matVecBatchLayo
 	switch {
 	case T == 1 && w.N >= matVecBatchHeadMinN && w.K >= matVecBatchHeadMinK:
 		m = matVecBatchHead
-	case T == 1 && w.N < 6144 && w.K >= 2048:
+	case T == 1 && w.N < 6144 && w.K >= 32*matVecBatchNarrowOne.lanes: // a vec4 of codes for each of its lanes
 		m = matVecBatchNarrowOne
 	case T <= 2 && w.N < 6144:
 		m = matVecBatchNarrow

@@ -12,8 +12,8 @@ import (
 var (
 	attnDecode = gpu.Kernel{
 		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main", Params: reflect.TypeFor[attentionDecodeParams](),
-		// q, kcache, vcache, table, rows, part, out
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite},
+		// q (or q|k|v rows), kcache, vcache, table, rows, part, out, consts
+		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly},
 	}
 	attnMerge = gpu.Kernel{
 		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", Params: reflect.TypeFor[attentionMergeParams](),
@@ -31,6 +31,9 @@ type attentionDecodeParams struct {
 	T, Heads, KVHeads, BS, MaxBlocks, Splits uint32
 	Scale                                    float32
 	Part0                                    uint32
+	Eps                                      float32
+	QKNorm                                   uint32
+	_, _                                     uint32
 }
 
 // attentionMergeParams are attention_merge.wgsl's params.
@@ -121,16 +124,27 @@ func (c *KVCache) decodeChunk(T, heads, maxLen int, tune decodeTuning) int {
 
 // decodeMemory is attention_decode.wgsl's workgroup memory in bytes: the
 // group's queries and value sums (GROUP·D each), scores (GROUP·CHUNK), key
-// offsets (CHUNK), the reductions (GROUP·WG and GROUP·WG/16) and MERGE's
+// offsets (CHUNK), the reductions (GROUP·WG and GROUP·WG/16), MERGE's
 // m and l of each split (2·GROUP·MAXS; MAXS = 1 without MERGE) and its
-// flag.
+// flag, and INPUT's new key and value (one word without INPUT:
+// decodeInputMemory adds the rest).
 func (c *KVCache) decodeMemory(heads, chunk int, merge bool, tune decodeTuning) int {
 	group, wg := heads/c.KVHeads, tune.wg
 	maxs := 1
 	if merge {
 		maxs = decodeMergeMax
 	}
-	return 4 * (2*group*c.D + group*chunk + chunk + group*wg + group*wg/16 + 2*group*maxs + 1)
+	return 4 * (2*group*c.D + group*chunk + chunk + group*wg + group*wg/16 + 2*group*maxs + 1 + 1)
+}
+
+// decodeInputMemory is the workgroup memory INPUT adds to decodeMemory's:
+// the row's new key and value.
+func (c *KVCache) decodeInputMemory() int { return 4 * (2*c.D - 1) }
+
+// decodeInputFits reports whether attention_decode.wgsl's INPUT at shape
+// fits the workgroup memory.
+func (c *KVCache) decodeInputFits(heads int, shape DecodeShape, tune decodeTuning) bool {
+	return c.decodeMemory(heads, shape.chunk, shape.merge, tune)+c.decodeInputMemory() <= c.wgMemory
 }
 
 // lastSplitMerges reports whether attention_decode.wgsl's last split
@@ -184,12 +198,21 @@ func (c *KVCache) decodeShape(d *gpu.Device, T, heads, maxLen int, tune decodeTu
 // must already be in the cache (QKVProjRopeKV). The adapter's plan tunes
 // it.
 func AttentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads, maxLen int) error {
-	return attentionDecode(b, out, q, c, layer, rows, T, heads, maxLen, planFor(b.Device()).decode)
+	return attentionDecode(b, out, q, c, layer, rows, T, heads, maxLen, planFor(b.Device()).decode, nil)
+}
+
+// decodeInput is what attention_decode.wgsl's INPUT reads beside the q|k|v
+// rows: UploadQKNormRope's consts and the norms' epsilon.
+type decodeInput struct {
+	consts *gpu.Buffer
+	eps    float64
 }
 
 // attentionDecode is AttentionDecode at tuning tune (tests and benchmarks
-// try others).
-func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads, maxLen int, tune decodeTuning) error {
+// try others); with in, q holds the rows' q|k|v as the projection left
+// them and the kernel does qkv_rope_kv.wgsl's work too (INPUT), for rows
+// none of which sees another's new slot.
+func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads, maxLen int, tune decodeTuning, in *decodeInput) error {
 	op := "attention_decode"
 	if err := c.checkRows(op, layer, T, rows); err != nil {
 		return err
@@ -208,7 +231,14 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 	if maxLen <= 0 {
 		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}
-	n := T * heads * c.D
+	n, qn := T*heads*c.D, T*heads*c.D
+	qName, memory := "q", 0
+	if in != nil {
+		qn, qName, memory = T*(heads+2*c.KVHeads)*c.D, "qkv", c.decodeInputMemory()
+		if in.consts == nil || in.consts.Size() < uint64(2*c.D+c.D/2)*4 {
+			return fmt.Errorf("kernels: %s: q_norm, k_norm and RoPE's frequencies: want %d values (UploadQKNormRope)", op, 2*c.D+c.D/2)
+		}
+	}
 	d := b.Device()
 	shape := c.decodeShape(d, T, heads, maxLen, tune)
 	chunk, splits, merge := shape.chunk, shape.splits, shape.merge
@@ -216,16 +246,16 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 		name string
 		buf  *gpu.Buffer
 		n    int
-	}{{"q", q, n}, {"out", out, n}} {
+	}{{qName, q, qn}, {"out", out, n}} {
 		if err := need(op, x.name, x.buf, x.n); err != nil {
 			return err
 		}
 	}
 	direct := splits == 1 // one split: no merge, the kernel writes out itself
-	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge, tune)); err != nil {
+	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge, tune)+memory); err != nil {
 		return err
 	}
-	split, mergePipe, err := c.decodePipelines(d, shape, heads, tune)
+	split, mergePipe, err := c.decodePipelines(d, shape, heads, tune, in != nil)
 	if err != nil {
 		return err
 	}
@@ -245,8 +275,12 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 	rowBinding := rows.Slice(0, uint64(T*RowWords)*4)
 	params := &attentionDecodeParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), BS: uint32(c.BlockSize),
 		MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), Scale: attentionScale(c.D), Part0: uint32(part0 / 4)}
+	consts := c.table.All() // unread without INPUT
+	if in != nil {
+		params.Eps, params.QKNorm, consts = float32(in.eps), 1, in.consts.Slice(0, uint64(2*c.D+c.D/2)*4)
+	}
 	part := scratch.Slice(0, part0+partBytes)
-	binds := []gpu.Binding{q.Slice(0, uint64(n)*4), kc, vc, c.table.All(), rowBinding, part, out.Slice(0, uint64(n)*4)}
+	binds := []gpu.Binding{q.Slice(0, uint64(qn)*4), kc, vc, c.table.All(), rowBinding, part, out.Slice(0, uint64(n)*4), consts}
 	if err := gpu.Dispatch(b, split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
@@ -261,18 +295,19 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 	return nil
 }
 
-// decodePipelines returns attention_decode.wgsl's pipeline for shape and,
-// where its splits leave the merge to a dispatch of its own (more than one
-// split, none merging), attention_merge.wgsl's (else nil).
-func (c *KVCache) decodePipelines(d *gpu.Device, shape DecodeShape, heads int, tune decodeTuning) (split, merge *gpu.Pipeline, err error) {
+// decodePipelines returns attention_decode.wgsl's pipeline for shape (with
+// input, its INPUT) and, where its splits leave the merge to a dispatch of
+// its own (more than one split, none merging), attention_merge.wgsl's
+// (else nil).
+func (c *KVCache) decodePipelines(d *gpu.Device, shape DecodeShape, heads int, tune decodeTuning, input bool) (split, merge *gpu.Pipeline, err error) {
 	group, wg, direct := heads/c.KVHeads, tune.wg, shape.splits == 1
 	maxs := uint32(1)
 	if shape.merge {
 		maxs = decodeMergeMax
 	}
-	split, err = c.pipeline(d, attnDecode, kernelShape{chunk: shape.chunk, group: group, wg: wg, vb: tune.vb, direct: direct, merge: shape.merge}, true, func() gpu.Consts {
+	split, err = c.pipeline(d, attnDecode, kernelShape{chunk: shape.chunk, group: group, wg: wg, vb: tune.vb, direct: direct, merge: shape.merge, input: input}, true, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(shape.chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb),
-			"DIRECT": wgslBool(direct), "MERGE": wgslBool(shape.merge), "MAXS": maxs}
+			"DIRECT": wgslBool(direct), "MERGE": wgslBool(shape.merge), "MAXS": maxs, "INPUT": wgslBool(input)}
 	})
 	if err != nil || direct || shape.merge {
 		return split, nil, err
@@ -283,8 +318,8 @@ func (c *KVCache) decodePipelines(d *gpu.Device, shape DecodeShape, heads int, t
 	return split, merge, err
 }
 
-// PrepareAttention builds on d every pipeline AttentionDecode would build
-// for 1…maxT rows of heads query heads over contexts of 1…maxLen
+// PrepareAttention builds on d every pipeline AttentionDecode (and one
+// row's QKVAttentionDecode) would build for 1…maxT rows of heads query heads over contexts of 1…maxLen
 // positions, and AttentionPrefill's, dispatching nothing. Which split
 // length a decode pass takes, and whether its splits merge apart, depend
 // on its rows and its longest context, so a generation that grows or a
@@ -315,8 +350,14 @@ func (c *KVCache) PrepareAttention(d *gpu.Device, heads, maxT, maxLen int) error
 				if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, shape.chunk, shape.merge, tune)); err != nil {
 					return err
 				}
-				if _, _, err := c.decodePipelines(d, shape, heads, tune); err != nil {
-					return fmt.Errorf("kernels: %s: %d rows, %d positions: %w", op, T, n, err)
+				inputs := []bool{false}
+				if T == 1 && planFor(d).attentionInput && c.decodeInputFits(heads, shape, tune) { // QKVAttentionDecode's
+					inputs = append(inputs, true)
+				}
+				for _, input := range inputs {
+					if _, _, err := c.decodePipelines(d, shape, heads, tune, input); err != nil {
+						return fmt.Errorf("kernels: %s: %d rows, %d positions: %w", op, T, n, err)
+					}
 				}
 			}
 			// 1, least, least + 1, 2·least, 2·least + 1, …

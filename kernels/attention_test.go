@@ -216,6 +216,103 @@ func TestAttentionDecode(t *testing.T) {
 	}
 }
 
+// TestAttentionDecodeInput: attention_decode.wgsl's INPUT — each row's
+// q/k norms and RoPE, and the append of its key and value, from its q|k|v
+// row as the projection left it — against the reference's RMSNorm, Rope
+// and Attention, with the cache the append leaves checked at every row's
+// slot: one row or two of distinct sequences, line rows and token-tree
+// nodes (rotated below their slot), f32 and f16 caches, the splits merged
+// by a dispatch, by the last of them, or one split.
+func TestAttentionDecodeInput(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	tunings := []decodeTuning{
+		measuredH200.decode, // one row: merged by a dispatch
+		{wg: 64, workgroups: 1 << 20, maxChunk: 64, vb: 8, mergeMinRows: 1}, // merged by the last split
+		{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16},                    // one split
+	}
+	for i := range 8 {
+		s := randAttnShape(r)
+		T, tune, half, tree := 1+i%2, tunings[i%len(tunings)], r.IntN(2) == 1, i%3 == 2
+		lens := []int{1 + r.IntN(400), 1 + r.IntN(400)}
+		if tune.workgroups == 1 {
+			lens = []int{1 + r.IntN(tune.maxChunk), 1 + r.IntN(tune.maxChunk)}
+		}
+		name := fmt.Sprintf("kv%d_group%d_D%d_bs%d_T%d_lens%v_f16=%v_tree=%v_%+v", s.kvHeads, s.group, s.D, s.blockSize, T, lens, half, tree, tune)
+		t.Run(name, func(t *testing.T) {
+			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, lens, half)
+			cfg := s.config()
+			heads, kvDim, D := cfg.NumAttentionHeads, cfg.KVDim(), s.D
+			qDim, width := cfg.QDim(), cfg.QDim()+2*cfg.KVDim()
+			qkv := randVec(r, T*width, 2)
+			qNorm, kNorm := randVec(r, D, 0.5), randVec(r, D, 0.5)
+			invFreq := (&qwen3.Config{HeadDim: D, RopeTheta: 1e6}).RopeInvFreq()
+			const eps = 1e-6
+			consts, err := UploadQKNormRope(d, "consts", qNorm, kNorm, invFreq, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(consts.Release)
+			// Row t takes the last slot of sequence t; the host's copies get
+			// its key and value, then each row's attention.
+			seq, slots, rows := make([]uint32, T), make([]uint32, T), make([]treemask.Row, T)
+			q, want := make([]float32, T*qDim), make([]float32, T*qDim)
+			maxLen := 0
+			for row := range T {
+				p := lens[row] - 1
+				seq[row], slots[row], rows[row] = tc.slot(row), uint32(p), treemask.LineRow(p)
+				if tree {
+					rows[row] = randTreeRow(r, p)
+				}
+				maxLen = max(maxLen, p+1)
+				in := qkv[row*width : (row+1)*width]
+				copy(q[row*qDim:], in[:qDim])
+				k, v := tc.k[row][p*kvDim:(p+1)*kvDim], tc.v[row][p*kvDim:(p+1)*kvDim]
+				copy(k, in[qDim:qDim+kvDim])
+				copy(v, in[qDim+kvDim:])
+				for _, x := range []struct{ v, w []float32 }{{q[row*qDim : (row+1)*qDim], qNorm}, {k, kNorm}} {
+					for h := 0; h < len(x.v); h += D {
+						reference.RMSNorm(x.v[h:h+D], x.v[h:h+D], x.w, eps)
+						reference.Rope(x.v[h:h+D], rows[row].Pos, invFreq)
+					}
+				}
+				reference.Attention(want[row*qDim:(row+1)*qDim], q[row*qDim:(row+1)*qDim], tc.k[row][:(p+1)*kvDim], tc.v[row][:(p+1)*kvDim], p, rows[row:row+1], cfg)
+			}
+			qkvb, rb := upload(t, d, "qkv", qkv), uploadRows(t, d, seq, slots, rows)
+			scratch := tc.c.decodeScratch(T, heads, maxLen, tune)
+			poisonScratch(t, d, scratch)
+			counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, scratch)
+			out := poisoned(t, d, "out", T*qDim)
+			run(t, d, "decode", func(b *gpu.Batch) error {
+				return attentionDecode(b, out, qkvb, tc.c, tc.layer, rb, T, heads, maxLen, tune, &decodeInput{consts: consts, eps: eps})
+			})
+			t.Logf("%d splits, merged by the last %v", tc.c.decodeSplits(T, heads, maxLen, tune), tc.c.lastSplitMerges(d, T, heads, maxLen, tune))
+			checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
+			checkCountsZero(t, d, counts)
+			table, err := tc.c.table.ReadU32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, kv := range map[string]struct {
+				buf  *gpu.Buffer
+				host [][]float32
+			}{"k": {tc.c.k[tc.layer], tc.k}, "v": {tc.c.v[tc.layer], tc.v}} {
+				layer := readCache(t, tc.c, kv.buf)
+				for row := range T {
+					p := int(slots[row])
+					block := int(table[int(seq[row])*tc.c.MaxBlocks+p/s.blockSize])
+					for h := range s.kvHeads {
+						at := ((block*s.kvHeads+h)*s.blockSize + p%s.blockSize) * D
+						if want := kv.host[row][(p*s.kvHeads+h)*D : (p*s.kvHeads+h+1)*D]; relErr(layer[at:at+D], want) > kvTol(tc.c) {
+							t.Fatalf("%s: row %d head %d: got %v…, want %v…", name, row, h, layer[at:at+2], want[:2])
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
 // randTreeRow places a row at slot p as a random token-tree node: its base
 // at most 63 slots below, its mask its own bit and a random subset of the
 // slots between — any such subset is the ancestors of a node of some tree.
@@ -252,7 +349,7 @@ func testAttentionDecode(t *testing.T, d *gpu.Device, r *rand.Rand, s attnShape,
 	counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, scratch)
 	out := poisoned(t, d, "out", T*qDim)
 	run(t, d, "decode", func(b *gpu.Batch) error {
-		return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, cfg.NumAttentionHeads, maxLen, tune)
+		return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, cfg.NumAttentionHeads, maxLen, tune, nil)
 	})
 	t.Logf("%d splits, merged by the last %v, f16 cache %v", tc.c.decodeSplits(T, cfg.NumAttentionHeads, maxLen, tune),
 		tc.c.lastSplitMerges(d, T, cfg.NumAttentionHeads, maxLen, tune), tc.c.F16)
@@ -378,7 +475,7 @@ func TestAttentionHiddenKeys(t *testing.T) {
 				counts := poisonCountedScratch(t, d, T*tc.c.KVHeads, scratch)
 				out := poisoned(t, d, "out", T*qDim)
 				run(t, d, "decode", func(b *gpu.Batch) error {
-					return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, cfg.NumAttentionHeads, n, tune)
+					return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, cfg.NumAttentionHeads, n, tune, nil)
 				})
 				t.Logf("%d splits, merged by the last %v", tc.c.decodeSplits(T, cfg.NumAttentionHeads, n, tune), tc.c.lastSplitMerges(d, T, cfg.NumAttentionHeads, n, tune))
 				checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
@@ -436,7 +533,7 @@ func TestAttentionDecodeShortMaxLen(t *testing.T) {
 			t.Fatal(err)
 		}
 		run(t, d, "decode", func(b *gpu.Batch) error {
-			return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, 2, c.maxLen, tune)
+			return attentionDecode(b, out, qb, tc.c, tc.layer, rb, T, 2, c.maxLen, tune, nil)
 		})
 		for i, v := range readF32(t, out, T*cfg.QDim()) {
 			if v == v {

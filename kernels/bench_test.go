@@ -520,7 +520,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				sec := benchMatMuls(b, d, out, reps, func(bt *gpu.Batch) error {
-					return attentionDecode(bt, out, q, c, 0, rb, T, heads, context, t)
+					return attentionDecode(bt, out, q, c, 0, rb, T, heads, context, t, nil)
 				})
 				b.ReportMetric(sec*1e6, "µs/call")
 				b.ReportMetric(float64(2*T*context*kvHeads*D*c.ElemBytes())/sec/1e9, "GB/s")

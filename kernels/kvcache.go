@@ -468,7 +468,7 @@ type cachePipelineKey struct {
 // at its call sites (zero where a kernel has no such constant).
 type kernelShape struct {
 	chunk, group, wg, vb, sb int
-	direct, merge            bool
+	direct, merge, input     bool
 	fused                    [7]uint32 // qkv_fused_int4.wgsl's constants (qkvFusedConsts)
 }
 

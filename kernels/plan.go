@@ -69,6 +69,11 @@ type plan struct {
 	// where the device allows it (fusesQKV): of K inputs over T rows, by
 	// the first bound whose maxK takes K; none past the last.
 	qkvFused []qkvFusedBound
+
+	// One row's q/k norms, RoPE and cache append in attention_decode.wgsl
+	// (its INPUT; QKVAttentionDecode) where qkv_fused_int4.wgsl does not
+	// take its projection: one dispatch fewer a layer.
+	attentionInput bool
 }
 
 // measuredH200 is the plan measured on the NVIDIA H200 (Vulkan), with
@@ -211,7 +216,18 @@ type plan struct {
 //     (context 192), Qwen3-8B unchanged (not fused); the pair live
 //     (`bench spec --live`, k = 3, 4, 6 and the 4×16 tree) within the
 //     runs' spread, the target alone 1,107–1,257 tok/s against
-//     1,056–1,111.
+//     1,056–1,111;
+//   - where qkv_fused_int4.wgsl does not take one row (Qwen3-4B's and
+//     8B's), the q/k norms, RoPE and the cache append in
+//     attention_decode.wgsl (attentionInput): a dispatch fewer a layer,
+//     one H100, 2026-12-06, `bench engine --shape S --context 1024
+//     --batches 1 --rows 1 --steps 64` switched by an environment
+//     variable, two calls: Qwen3-8B 3.673–3.723 ms against 3.828–3.965,
+//     4B 2.792 / 2.797 against 2.945 (and 3.354); the last split merging
+//     instead of the merge dispatch lost again beside it (8B 4.02 ms,
+//     4B 3.07–3.10, 1.7B 1.89–2.20 against 1.71–1.73), and so did each
+//     thread loading its key's words before it scores them (8B
+//     3.843 / 3.849 against 3.834 / 3.828, within 1 % elsewhere).
 var measuredH200 = plan{
 	matVecBatchMinK:       2048,
 	matVecBatchMinN:       6144,
@@ -232,6 +248,7 @@ var measuredH200 = plan{
 	skinnyGroupsWide:      256,
 	decode:                decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2, directMaxGrid: 16},
 	qkvFused:              []qkvFusedBound{{maxK: 256, maxT: 8}, {maxK: 1024, maxT: 2}, {maxK: 2048, maxT: 1}},
+	attentionInput:        true,
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the

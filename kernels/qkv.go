@@ -218,6 +218,49 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	return max(split.splits, 1), nil
 }
 
+// QKVAttentionDecode records a decoder layer's attention half for one row
+// (T = 1, rows as AttentionDecode's): QKVProjRopeKV, then AttentionDecode
+// of its queries into attn. Where the plan takes one row's attention input
+// in attention_decode.wgsl (plan.attentionInput) and neither
+// qkv_fused_int4.wgsl nor a split projection does, it records the
+// projection into qkv, then attention_decode.wgsl with the q/k norms, RoPE
+// and the cache append itself (its INPUT): one dispatch fewer, the same
+// cache and output. q is written only on the first path; qkv is scratch.
+func QKVAttentionDecode(b *gpu.Batch, attn, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, heads, maxLen int, eps float64) error {
+	const op, T = "qkv_attention_decode", 1
+	if w == nil {
+		return fmt.Errorf("kernels: %s: nil matrix", op)
+	}
+	d := b.Device()
+	tune := planFor(d).decode
+	if c == nil || !planFor(d).attentionInput || plannedFusedQKV(d, w, c.D, T) || !c.decodeInputFits(heads, c.decodeShape(d, T, heads, maxLen, tune), tune) {
+		if err := QKVProjRopeKV(b, q, qkv, x, inputNorm, w, consts, c, layer, rows, T, heads, eps); err != nil {
+			return err
+		}
+		return AttentionDecode(b, attn, q, c, layer, rows, T, heads, maxLen)
+	}
+	if inputNorm == nil {
+		return fmt.Errorf("kernels: %s: nil input_layernorm weight", op)
+	}
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
+		return err
+	}
+	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
+		return fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
+	}
+	split, err := matMulSplitK(b, qkv, x, w, T, matMulInput{norm: inputNorm, eps: eps}, w.planned(d, T), d.Limits().MaxStorageBufferBindingSize, true)
+	if err != nil {
+		return err // it names the matrix
+	}
+	if split.splits > 1 { // partials: qkv_rope_kv.wgsl sums them
+		if err := recordQKVRopeKV(b, op, q, qkv, split, consts, c, layer, rows, T, heads, w.K, eps, true); err != nil {
+			return err
+		}
+		return AttentionDecode(b, attn, q, c, layer, rows, T, heads, maxLen)
+	}
+	return attentionDecode(b, attn, qkv, c, layer, rows, T, heads, maxLen, tune, &decodeInput{consts: consts, eps: eps})
+}
+
 // fusesQKV reports whether qkv_fused_int4.wgsl can take the q|k|v
 // projection of w over T rows on d at layout l (its zero: the shape's
 // default): an int4 weight in groups of a multiple of 32, head vectors of

@@ -282,6 +282,76 @@ func TestQKVProjRopeKV(t *testing.T) {
 	}
 }
 
+// TestQKVAttentionDecode: one row's attention half through
+// QKVAttentionDecode with the plan taking its input in
+// attention_decode.wgsl (INPUT) and without (the projection, qkv_rope_kv.wgsl,
+// then attention) gives the same attention output and leaves the same
+// cache, over caches alike from one seed; and a weight of the wrong
+// height is refused.
+func TestQKVAttentionDecode(t *testing.T) {
+	d := gputest.Device(t)
+	r := newRand(t)
+	p := planFor(d)
+	saved := *p
+	t.Cleanup(func() { *p = saved })
+	p.qkvFused = nil // the projection apart, at any K
+	for i, half := range []bool{false, true, true} {
+		s := attnShape{kvHeads: 2, group: []int{1, 2, 4}[r.IntN(3)], D: []int{64, 128}[r.IntN(2)], blockSize: 16}
+		n, K, seed := 1+r.IntN(300), 256, r.Uint64()
+		if i == 2 { // Qwen3-8B's heads and input, a context of up to 1,024
+			s, n, K = attnShape{kvHeads: 8, group: 4, D: 128, blockSize: 16}, 1+r.IntN(1024), 4096
+		}
+		t.Run(fmt.Sprintf("kv%d_group%d_D%d_K%d_n%d_f16=%v", s.kvHeads, s.group, s.D, K, n, half), func(t *testing.T) {
+			cfg := s.config()
+			heads, width := cfg.NumAttentionHeads, cfg.QDim()+2*cfg.KVDim()
+			_, w := qkvWeight(t, d, r, width, K, 32)
+			x, g := upload(t, d, "x", randVec(r, K, 3)), upload(t, d, "input_layernorm", randVec(r, K, 1))
+			consts, err := UploadQKNormRope(d, "consts", randVec(r, s.D, 0.5), randVec(r, s.D, 0.5), (&qwen3.Config{HeadDim: s.D, RopeTheta: 1e6}).RopeInvFreq(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(consts.Release)
+			var outs, keys, values [2][]float32
+			var cache *KVCache
+			for i, input := range []bool{false, true} {
+				p.attentionInput = input
+				tc := newTestCache(t, d, rand.New(rand.NewPCG(seed, 1)), s.kvHeads, s.D, s.blockSize, []int{n}, half)
+				cache = tc.c
+				rb := uploadRows(t, d, []uint32{tc.slot(0)}, []uint32{uint32(n - 1)}, []treemask.Row{treemask.LineRow(n - 1)})
+				q, qkv, attn := poisoned(t, d, "q", cfg.QDim()), poisoned(t, d, "qkv", width), poisoned(t, d, "attn", cfg.QDim())
+				run(t, d, "qkv_attention_decode", func(b *gpu.Batch) error {
+					return QKVAttentionDecode(b, attn, q, qkv, x, g, w, consts, tc.c, tc.layer, rb, heads, n, 1e-6)
+				})
+				outs[i], keys[i], values[i] = readF32(t, attn, cfg.QDim()), readCache(t, tc.c, tc.c.k[tc.layer]), readCache(t, tc.c, tc.c.v[tc.layer])
+				if wrote := !math.IsNaN(float64(readF32(t, q, 1)[0])); wrote == input { // INPUT leaves q as it was
+					t.Fatalf("input %v: q written %v", input, wrote)
+				}
+			}
+			// The two paths' f32 sums differ in order: a key may round to
+			// the neighbouring f16.
+			checkClose(t, "attn", outs[1], outs[0], kvTol(cache))
+			checkClose(t, "keys", keys[1], keys[0], kvTol(cache))
+			checkClose(t, "values", values[1], values[0], kvTol(cache))
+			wrong, err := UploadMatrix(d, "qkv_proj", randMatrix(t, r, Int4, width+s.D, K, 32))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(wrong.Release)
+			tc := newTestCache(t, d, r, s.kvHeads, s.D, s.blockSize, []int{n}, half)
+			rb := uploadRows(t, d, []uint32{tc.slot(0)}, []uint32{uint32(n - 1)}, []treemask.Row{treemask.LineRow(n - 1)})
+			p.attentionInput = true
+			b, err := d.NewBatch("refused")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Discard()
+			if err := QKVAttentionDecode(b, poisoned(t, d, "attn", cfg.QDim()), poisoned(t, d, "q", cfg.QDim()), poisoned(t, d, "qkv", width), x, g, wrong, consts, tc.c, tc.layer, rb, heads, n, 1e-6); err == nil {
+				t.Fatal("a q|k|v weight one head too tall: no error")
+			}
+		})
+	}
+}
+
 // TestQKVFused: qkv_fused_int4.wgsl — input_layernorm, the int4 q|k|v
 // projection, q/k norms, RoPE and the cache append in one dispatch —
 // against the reference's RMSNorm, int4 matmul, RMSNorm and Rope, over

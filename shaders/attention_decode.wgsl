@@ -16,10 +16,23 @@
 // l = 0, o = 0 (its weights are taken against 0, not m, so that
 // exp(−inf − (−inf)) makes no NaN); the merge weighs it 0.
 //
+// With INPUT the kernel also does qkv_rope_kv.wgsl's work for its rows,
+// which must see no other row's new slot (one row, or rows of distinct
+// sequences): each workgroup normalizes (q_norm) and rotates (RoPE at the
+// row's position) its group's query heads from the row's q|k|v as the
+// projection left it, and the workgroup of the split holding the row's
+// slot does the same to its kv head's key and appends the key and the value
+// to the cache there before it scores (a storageBarrier orders the
+// append before the workgroup's reads). The formulas are qkv_rope_kv.wgsl's
+// (prelude.wgsl's rope_at and reduced), so the cache and the scores equal
+// the two-dispatch path's.
+//
 // Buffers:
-//   q       (T, heads, D) f32, after q_norm and RoPE
+//   q       (T, heads, D) f32, after q_norm and RoPE; with INPUT the rows of
+//           q_proj | k_proj | v_proj, (T, (heads + 2·kv_heads)·D) f32
 //   kcache, vcache  one layer's (blocks, kv_heads, BS, D) f32 or f16 pairs
-//           (layout in qkv_rope_kv.wgsl), read as 16-byte words
+//           (layout in qkv_rope_kv.wgsl), read (and with INPUT written)
+//           as 16-byte words
 //   table   (seqs, max_blocks) u32
 //   rows    (T) Row: the rows' sequences, slots and masks
 //   part    from word part0 on, (T, heads, splits, D + 2) f32 bits: o,
@@ -28,6 +41,8 @@
 //   out     (T, heads, D) f32, written with MERGE (by the last split) or
 //           DIRECT (one split, no merge: o / l, and NaN for a row the split
 //           does not cover); else left to attention_merge.wgsl
+//   consts  INPUT: q_norm (D), k_norm (D), inv_freq (D/2) f32
+//           (kernels.UploadQKNormRope); else unread
 //
 // MERGE (where gpu.Device.DeviceScopeBarrier holds): words 0 … T·kv_heads − 1
 // of part count the splits of row t and kv head g that have written their
@@ -73,6 +88,10 @@ const KV_F16: u32 = 0u;            // 1: the KV cache holds f16 pairs (specializ
 const DIRECT: u32 = 0u;            // 1: one split (splits = 1) writes the output itself to part
 const MERGE: u32 = 0u;             // 1: the last split merges (specialized by the host)
 const MAXS: u32 = 64u;             // MERGE: the most splits
+const INPUT: u32 = 0u;             // 1: the rows' q/k norms, RoPE and cache append here (specialized by the host)
+const IP: u32 = (D / 2u + WG - 1u) / WG; // INPUT: a head vector's pairs a thread
+const KVN: u32 = INPUT * 2u * D + 1u - INPUT; // INPUT: the new key and value
+const KW: u32 = D / 8u * (2u - KV_F16); // INPUT: 16-byte words of a key or value in the cache
 const LANES: u32 = D / 8u;         // threads per value vector
 const KP: u32 = WG / LANES;        // value vectors summed side by side
 const RG: u32 = WG / 16u;          // a reduction's partials per head
@@ -92,16 +111,21 @@ struct Params {
     splits: u32,
     scale: f32,      // 1/sqrt(D)
     part0: u32,      // the first word of the partials in part (after MERGE's counts)
+    eps: f32,        // INPUT: q_norm's and k_norm's epsilon
+    qk_norm: u32,    // INPUT: 1 (Qwen3's q_norm and k_norm; rope_at reads it)
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kcache: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> vcache: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> kcache: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> vcache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 @group(0) @binding(5) var<storage, read> rows: array<Row>;
 @group(0) @binding(6) var<storage, read_write> part: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
+@group(0) @binding(8) var<storage, read> consts: array<f32>;
 
 var<workgroup> qs: array<vec4<f32>, QS>;
 var<workgroup> sc: array<f32, SC>;
@@ -112,6 +136,7 @@ var<workgroup> ov: array<array<Vec8, LANES>, GROUP>; // the value sums [head][la
 var<workgroup> is_last: bool;                         // MERGE: this workgroup merges
 var<workgroup> ms: array<array<f32, MAXS>, GROUP>;    // MERGE: each split's m, then exp(m − M)
 var<workgroup> ls: array<array<f32, MAXS>, GROUP>;    // MERGE: each split's l
+var<workgroup> kv_new: array<f32, KVN>;              // INPUT: the row's key (normalized, rotated), then its value
 
 fn store_part(i: u32, v: f32) {
     atomicStore(&part[i], bitcast<u32>(v));
@@ -224,6 +249,85 @@ fn score_keys(t: u32, g: u32, j0: u32, n: u32, lid: u32, masked: bool, key0: u32
     return m;
 }
 
+// stage_input is INPUT's start (all threads call it; it holds barriers):
+// the group's query heads of row t normalized and rotated into qs, and,
+// in the workgroup whose split (from slot j0 on) holds the row's slot, kv
+// head g's key normalized and rotated and its value appended to the cache
+// at that slot. Each thread holds pairs (i, i + D/2), i = lid, lid + WG, …
+// of every head vector.
+fn stage_input(t: u32, g: u32, lid: u32, j0: u32) {
+    let row = t * (p.heads + 2u * p.kv_heads) * D;
+    let h0 = g * GROUP;
+    let slot = rows[t].slot;
+    let half = D / 2u;
+    var at = array<RopeAt, IP>();
+    var atk = array<RopeAt, IP>();
+    var x1: array<array<f32, IP>, GROUP>;
+    var x2: array<array<f32, IP>, GROUP>;
+    var k1 = array<f32, IP>();
+    var k2 = array<f32, IP>();
+    var ss = array<f32, GROUP>();
+    var ssk = array<f32, GROUP>(); // the key's in element 0 (reduce takes GROUP values)
+    for (var j = 0u; j < IP; j++) {
+        let i = min(lid + j * WG, half - 1u); // threads past half repeat the last pair, counted 0
+        let w = select(0.0, 1.0, lid + j * WG < half);
+        at[j] = rope_at(i, t, true, D);
+        atk[j] = rope_at(i, t, false, D);
+        for (var hh = 0u; hh < GROUP; hh++) {
+            let src = row + (h0 + hh) * D + i;
+            x1[hh][j] = q[src];
+            x2[hh][j] = q[src + half];
+            ss[hh] += w * (x1[hh][j] * x1[hh][j] + x2[hh][j] * x2[hh][j]);
+        }
+        let src = row + (p.heads + g) * D + i;
+        k1[j] = q[src];
+        k2[j] = q[src + half];
+        ssk[0] += w * (k1[j] * k1[j] + k2[j] * k2[j]);
+    }
+    for (var i = lid; i < D; i += WG) {
+        kv_new[D + i] = q[row + (p.heads + p.kv_heads + g) * D + i];
+    }
+    ss = reduce(lid, ss, false);
+    let sk = reduce(lid, ssk, false)[0];
+    for (var j = 0u; j < IP; j++) {
+        let i = lid + j * WG;
+        if i < half {
+            for (var hh = 0u; hh < GROUP; hh++) {
+                let inv = 1.0 / sqrt(ss[hh] / f32(D) + p.eps);
+                let y = rotate_pair(x1[hh][j], x2[hh][j], inv, at[j]);
+                let e = hh * D + i;
+                qs[e >> 2u][e & 3u] = y.x;
+                qs[(e + half) >> 2u][(e + half) & 3u] = y.y;
+            }
+            let y = rotate_pair(k1[j], k2[j], 1.0 / sqrt(sk / f32(D) + p.eps), atk[j]);
+            kv_new[i] = y.x;
+            kv_new[i + half] = y.y;
+        }
+    }
+    workgroupBarrier();
+    // The append: KW words of the key and of the value.
+    if slot >= j0 && slot < j0 + CHUNK {
+        let w0 = key_offset(t, g, slot) >> (2u + KV_F16);
+        for (var w = lid; w < 2u * KW; w += WG) {
+            let kv = w / KW; // 0: the key, 1: the value
+            let e = kv * D + (w % KW) * (4u << KV_F16);
+            var word: vec4<u32>;
+            if KV_F16 == 1u {
+                word = vec4<u32>(pack2x16float(vec2<f32>(kv_new[e], kv_new[e + 1u])), pack2x16float(vec2<f32>(kv_new[e + 2u], kv_new[e + 3u])),
+                    pack2x16float(vec2<f32>(kv_new[e + 4u], kv_new[e + 5u])), pack2x16float(vec2<f32>(kv_new[e + 6u], kv_new[e + 7u])));
+            } else {
+                word = bitcast<vec4<u32>>(vec4<f32>(kv_new[e], kv_new[e + 1u], kv_new[e + 2u], kv_new[e + 3u]));
+            }
+            if kv == 0u {
+                kcache[w0 + w % KW] = word;
+            } else {
+                vcache[w0 + w % KW] = word;
+            }
+        }
+    }
+    storageBarrier();
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = wid.x;
@@ -242,8 +346,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if lid < n {
         key0 = key_offset(t, g, j0 + lid);
     }
-    for (var i = lid; i < GROUP * D; i += WG) {
-        qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
+    if INPUT == 1u {
+        stage_input(t, g, lid, j0);
+    } else {
+        for (var i = lid; i < GROUP * D; i += WG) {
+            qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
+        }
     }
     workgroupBarrier();
 

@@ -363,29 +363,34 @@ fn rope_at(i: u32, t: u32, is_q: bool, D: u32) -> RopeAt {
 }
 
 // rope_store finishes pair i of head vector h of row t — x1 = y[i],
-// x2 = y[i + D/2], inv the vector's 1/rms, at its RopeAt —: q_norm or
-// k_norm where p.qk_norm, RoPE at the row's position (the normalized value
-// rounded to f32 first, as reference.RMSNorm then reference.Rope), then
-// into q for a query head, else into the workgroup's `head` (for
+// x2 = y[i + D/2], inv the vector's 1/rms, at its RopeAt —: rotate_pair,
+// then into q for a query head, else into the workgroup's `head` (for
 // store_head).
 fn rope_store(x1: f32, x2: f32, inv: f32, at: RopeAt, i: u32, t: u32, h: u32, is_q: bool, D: u32) {
     let half = D / 2u;
+    let y = rotate_pair(x1, x2, inv, at);
+    if is_q {
+        let dst = (t * p.heads + h) * D;
+        q[dst + i] = y.x;
+        q[dst + i + half] = y.y;
+    } else {
+        head[i] = y.x;
+        head[i + half] = y.y;
+    }
+}
+
+// rotate_pair is pair (x1, x2) of a head vector — y[i], y[i + D/2], inv
+// the vector's 1/rms — normalized by its weights where p.qk_norm and
+// rotated at its RopeAt (the normalized value rounded to f32 first, as
+// reference.RMSNorm then reference.Rope).
+fn rotate_pair(x1: f32, x2: f32, inv: f32, at: RopeAt) -> vec2<f32> {
     var n1 = x1;
     var n2 = x2;
     if p.qk_norm != 0u {
         n1 = at.w1 * (x1 * inv);
         n2 = at.w2 * (x2 * inv);
     }
-    let y1 = n1 * at.c - n2 * at.s;
-    let y2 = n2 * at.c + n1 * at.s;
-    if is_q {
-        let dst = (t * p.heads + h) * D;
-        q[dst + i] = y1;
-        q[dst + i + half] = y2;
-    } else {
-        head[i] = y1;
-        head[i + half] = y2;
-    }
+    return vec2<f32>(n1 * at.c - n2 * at.s, n2 * at.c + n1 * at.s);
 }
 
 // head_slot is the cache offset (in elements) of kv head kvh of row t's

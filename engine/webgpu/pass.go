@@ -579,16 +579,22 @@ func (e *Engine) kernels(ps pass) []step {
 				return kernels.GatherRows(b, e.kv.Feature(f), a.x, pairs, R, c.HiddenSize)
 			})
 		}
+		// One decode row: its attention half in kernels.QKVAttentionDecode,
+		// which may fold the norms, RoPE and the cache append into attention.
+		oneRow := R == 1 && ps.decode == 1
 		steps = append(steps,
 			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);
 			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)
 			func(b *gpu.Batch) error {
+				if oneRow {
+					return kernels.QKVAttentionDecode(b, a.attn, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.rows, heads, ps.maxLen, eps)
+				}
 				return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.rows, R, heads, eps)
 			},
 			// attn = softmax(q·kᵀ/√D + mask)·v, the mask causal or a token
 			// tree's: decode rows together, prompts tiled
 			func(b *gpu.Batch) error {
-				if ps.decode == 0 {
+				if ps.decode == 0 || oneRow {
 					return nil
 				}
 				return kernels.AttentionDecode(b, a.attn, a.q, e.kv, l, a.rows, ps.decode, heads, ps.maxLen)

@@ -220,10 +220,13 @@ type plan struct {
 //   - where qkv_fused_int4.wgsl does not take one row (Qwen3-4B's and
 //     8B's), the q/k norms, RoPE and the cache append in
 //     attention_decode.wgsl (attentionInput): a dispatch fewer a layer,
-//     one H100, 2026-12-06, `bench engine --shape S --context 1024
-//     --batches 1 --rows 1 --steps 64` switched by an environment
-//     variable, two calls: Qwen3-8B 3.673–3.723 ms against 3.828–3.965,
-//     4B 2.792 / 2.797 against 2.945 (and 3.354); the last split merging
+//     `bench engine --shape S --context 1024 --batches 1 --rows 1 --steps
+//     64`, 2026-12-06: on the H200 against the build before, alternated
+//     twice, Qwen3-8B 3.408 / 3.400 ms against 3.560 / 3.545 (the
+//     compiled CUDA peer 3.591), 4B 2.689 / 2.652 against 2.797 / 2.837;
+//     on one H100, switched by an environment variable, two calls, 8B
+//     3.673–3.723 against 3.828–3.965, 4B 2.792 / 2.797 against 2.945
+//     (and 3.354); the last split merging
 //     instead of the merge dispatch lost again beside it (8B 4.02 ms,
 //     4B 3.07–3.10, 1.7B 1.89–2.20 against 1.71–1.73), and so did each
 //     thread loading its key's words before it scores them (8B

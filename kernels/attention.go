@@ -319,8 +319,9 @@ func (c *KVCache) decodePipelines(d *gpu.Device, shape DecodeShape, heads int, t
 }
 
 // PrepareAttention builds on d every pipeline AttentionDecode (and one
-// row's QKVAttentionDecode) would build for 1…maxT rows of heads query heads over contexts of 1…maxLen
-// positions, and AttentionPrefill's, dispatching nothing. Which split
+// row's QKVAttentionDecode) would build for 1…maxT rows of heads query
+// heads over contexts of 1…maxLen positions, and AttentionPrefill's,
+// dispatching nothing. Which split
 // length a decode pass takes, and whether its splits merge apart, depend
 // on its rows and its longest context, so a generation that grows or a
 // batch that changes meets new ones, and a pipeline the driver first

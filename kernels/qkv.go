@@ -202,8 +202,8 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
 		return 0, err
 	}
-	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
-		return 0, fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
+	if err := checkQKVWidth(op, w, c, heads); err != nil {
+		return 0, err
 	}
 	if choice.fusedQKV {
 		return 1, recordQKVFused(b, op, q, x, w, consts, c, layer, rows, T, heads, in.eps, choice.qkvFused, true, true)
@@ -245,8 +245,8 @@ func QKVAttentionDecode(b *gpu.Batch, attn, q, qkv, x, inputNorm *gpu.Buffer, w 
 	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
 		return err
 	}
-	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
-		return fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
+	if err := checkQKVWidth(op, w, c, heads); err != nil {
+		return err
 	}
 	split, err := matMulSplitK(b, qkv, x, w, T, matMulInput{norm: inputNorm, eps: eps}, w.planned(d, T), d.Limits().MaxStorageBufferBindingSize, true)
 	if err != nil {
@@ -350,8 +350,8 @@ func QKVProjRopeKVNormed(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts 
 	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
 		return err
 	}
-	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
-		return fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
+	if err := checkQKVWidth(op, w, c, heads); err != nil {
+		return err
 	}
 	d := b.Device()
 	if plannedFusedQKV(d, w, c.D, T) {
@@ -377,6 +377,15 @@ func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, 
 		return err
 	}
 	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, rows, T, heads, 0, eps, qkNorm)
+}
+
+// checkQKVWidth checks that w stacks q_proj, k_proj and v_proj: heads +
+// 2·kv_heads head vectors of c's head_dim.
+func checkQKVWidth(op string, w *Matrix, c *KVCache, heads int) error {
+	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
+		return fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
+	}
+	return nil
 }
 
 // checkQKVRopeKV checks qkv_rope_kv.wgsl's arguments.

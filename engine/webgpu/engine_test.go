@@ -410,6 +410,27 @@ func TestOddHeadDim(t *testing.T) {
 	enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32"}), m.Config, m.Weights)
 }
 
+// TestWideHidden: a model of Qwen3-4B's 2,560 hidden inputs (few heads,
+// two layers, a tiny vocabulary) runs the engine suite against the
+// reference. Where qkv_fused_int4.wgsl does not take a one-row q|k|v
+// projection of that many inputs, the plan's one-row passes take the
+// q/k norms, RoPE and the cache append in attention_decode.wgsl
+// (kernels.QKVAttentionDecode), which a small model's passes never do.
+func TestWideHidden(t *testing.T) {
+	cfg := synth.Shapes["tiny"]
+	cfg.HiddenSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim = 2560, 4, 2, 64
+	dir := filepath.Join(t.TempDir(), "wide")
+	if err := synth.Write(dir, cfg, synth.Options{Seed: 11, Std: 0.05}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.Int4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f16"}), m.Config, m.Weights)
+}
+
 // TestPartialHead: a head over part of the vocabulary (lm_head.token_ids),
 // tied and untied, runs the engine suite against the reference: its tokens
 // and log-probabilities come from those rows, every other token has

@@ -19,6 +19,7 @@ import (
 	"webdraft/gpu"
 	"webdraft/gpu/gputest"
 	"webdraft/internal/synth"
+	"webdraft/qwen3"
 	"webdraft/reference"
 	"webdraft/sampling"
 	shipped "webdraft/weights"
@@ -398,16 +399,7 @@ func TestExternalModel(t *testing.T) {
 func TestOddHeadDim(t *testing.T) {
 	cfg := synth.Shapes["tiny"]
 	cfg.HiddenSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim = 96, 6, 2, 24
-	dir := filepath.Join(t.TempDir(), "d24")
-	if err := synth.Write(dir, cfg, synth.Options{Seed: 9, Std: 0.3}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.F32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f32"}), m.Config, m.Weights)
+	runSynth(t, cfg, synth.Options{Seed: 9, Std: 0.3}, checkpoint.F32, "f32")
 }
 
 // TestWideHidden: a model of Qwen3-4B's 2,560 hidden inputs (few heads,
@@ -419,16 +411,23 @@ func TestOddHeadDim(t *testing.T) {
 func TestWideHidden(t *testing.T) {
 	cfg := synth.Shapes["tiny"]
 	cfg.HiddenSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim = 2560, 4, 2, 64
-	dir := filepath.Join(t.TempDir(), "wide")
-	if err := synth.Write(dir, cfg, synth.Options{Seed: 11, Std: 0.05}); err != nil {
+	runSynth(t, cfg, synth.Options{Seed: 11, Std: 0.05}, checkpoint.Int4, "f16")
+}
+
+// runSynth runs the engine suite against the reference on a checkpoint
+// synth writes at cfg, loaded at quant, with a cache of kv elements.
+func runSynth(t *testing.T, cfg qwen3.Config, opts synth.Options, quant checkpoint.Quant, kv string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "synth")
+	if err := synth.Write(dir, cfg, opts); err != nil {
 		t.Fatal(err)
 	}
-	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.Int4})
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: quant})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: "f16"}), m.Config, m.Weights)
+	enginetest.Run(t, newEngine(t, m, Options{KVBytes: 16 << 20, MaxSequences: 16, KV: kv}), m.Config, m.Weights)
 }
 
 // TestPartialHead: a head over part of the vocabulary (lm_head.token_ids),

@@ -15,13 +15,6 @@ var (
 		// q (or q|k|v rows), kcache, vcache, table, rows, part, out, consts
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly},
 	}
-	// attnDecodeMerge is attention_decode.wgsl's main_merge: the last split
-	// merges, counting arrivals where attnDecode reads INPUT's consts.
-	attnDecodeMerge = gpu.Kernel{
-		Module: "attention_decode.wgsl", Source: shaders.AttentionDecode, Entry: "main_merge", Params: reflect.TypeFor[attentionDecodeParams](),
-		// q, kcache, vcache, table, rows, part, out, counts
-		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite, gpu.ReadWrite, gpu.ReadWrite},
-	}
 	attnMerge = gpu.Kernel{
 		Module: "attention_merge.wgsl", Source: shaders.AttentionMerge, Entry: "main", Params: reflect.TypeFor[attentionMergeParams](),
 		Storage: []gpu.Access{gpu.ReadOnly, gpu.ReadOnly, gpu.ReadWrite}, // part, rows, out
@@ -37,9 +30,10 @@ var (
 type attentionDecodeParams struct {
 	T, Heads, KVHeads, BS, MaxBlocks, Splits uint32
 	Scale                                    float32
+	Part0                                    uint32
 	Eps                                      float32
 	QKNorm                                   uint32
-	_, _, _                                  uint32
+	_, _                                     uint32
 }
 
 // attentionMergeParams are attention_merge.wgsl's params.
@@ -172,16 +166,6 @@ type DecodeShape struct {
 	merge         bool
 }
 
-// withInput is s for attention_decode.wgsl with INPUT or without: its
-// main_merge has no INPUT (its arrival counts take the binding of INPUT's
-// consts), so with input the splits merge in a dispatch.
-func (s DecodeShape) withInput(input bool) DecodeShape {
-	if input {
-		s.merge = false
-	}
-	return s
-}
-
 // DecodeShapeOf is the DecodeShape of AttentionDecode(…, T, heads, maxLen)
 // on device d.
 func (c *KVCache) DecodeShapeOf(d *gpu.Device, T, heads, maxLen int) DecodeShape {
@@ -256,7 +240,7 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 		}
 	}
 	d := b.Device()
-	shape := c.decodeShape(d, T, heads, maxLen, tune).withInput(in != nil)
+	shape := c.decodeShape(d, T, heads, maxLen, tune)
 	chunk, splits, merge := shape.chunk, shape.splits, shape.merge
 	for _, x := range []struct {
 		name string
@@ -275,31 +259,28 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 	if err != nil {
 		return err
 	}
-	// The partials; with merge, after T·kv_heads arrival counts, which
-	// take the last binding (INPUT's consts, else unread).
+	// The partials: after T·kv_heads arrival counts with merge.
 	partBytes := uint64(c.decodeScratch(T, heads, maxLen, tune)) * 4
-	var part, last gpu.Binding
+	var scratch *gpu.Buffer
+	var part0 uint64
 	if merge {
-		scratch, part0, err := d.CountedScratch(T*c.KVHeads, partBytes)
-		if err != nil {
-			return err
-		}
-		part, last = scratch.Slice(part0, partBytes), scratch.Slice(0, uint64(T*c.KVHeads)*4)
+		scratch, part0, err = d.CountedScratch(T*c.KVHeads, partBytes)
 	} else {
-		scratch, err := d.Scratch(partBytes)
-		if err != nil {
-			return err
-		}
-		part, last = scratch.Slice(0, partBytes), c.table.All()
+		scratch, err = d.Scratch(partBytes)
+	}
+	if err != nil {
+		return err
 	}
 	kc, vc := c.layer(layer)
 	rowBinding := rows.Slice(0, uint64(T*RowWords)*4)
 	params := &attentionDecodeParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), BS: uint32(c.BlockSize),
-		MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), Scale: attentionScale(c.D)}
+		MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), Scale: attentionScale(c.D), Part0: uint32(part0 / 4)}
+	consts := c.table.All() // unread without INPUT
 	if in != nil {
-		params.Eps, params.QKNorm, last = float32(in.eps), 1, in.consts.Slice(0, uint64(2*c.D+c.D/2)*4)
+		params.Eps, params.QKNorm, consts = float32(in.eps), 1, in.consts.Slice(0, uint64(2*c.D+c.D/2)*4)
 	}
-	binds := []gpu.Binding{q.Slice(0, uint64(qn)*4), kc, vc, c.table.All(), rowBinding, part, out.Slice(0, uint64(n)*4), last}
+	part := scratch.Slice(0, part0+partBytes)
+	binds := []gpu.Binding{q.Slice(0, uint64(qn)*4), kc, vc, c.table.All(), rowBinding, part, out.Slice(0, uint64(n)*4), consts}
 	if err := gpu.Dispatch(b, split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
 		return fmt.Errorf("kernels: %s: %w", op, err)
 	}
@@ -324,13 +305,9 @@ func (c *KVCache) decodePipelines(d *gpu.Device, shape DecodeShape, heads int, t
 	if shape.merge {
 		maxs = decodeMergeMax
 	}
-	kernel := attnDecode
-	if shape.merge {
-		kernel = attnDecodeMerge
-	}
-	split, err = c.pipeline(d, kernel, kernelShape{chunk: shape.chunk, group: group, wg: wg, vb: tune.vb, direct: direct, merge: shape.merge, input: input}, true, func() gpu.Consts {
+	split, err = c.pipeline(d, attnDecode, kernelShape{chunk: shape.chunk, group: group, wg: wg, vb: tune.vb, direct: direct, merge: shape.merge, input: input}, true, func() gpu.Consts {
 		return gpu.Consts{"D": uint32(c.D), "CHUNK": uint32(shape.chunk), "GROUP": uint32(group), "WG": uint32(wg), "VB": uint32(tune.vb),
-			"DIRECT": wgslBool(direct), "MAXS": maxs, "INPUT": wgslBool(input)}
+			"DIRECT": wgslBool(direct), "MERGE": wgslBool(shape.merge), "MAXS": maxs, "INPUT": wgslBool(input)}
 	})
 	if err != nil || direct || shape.merge {
 		return split, nil, err
@@ -375,11 +352,11 @@ func (c *KVCache) PrepareAttention(d *gpu.Device, heads, maxT, maxLen int) error
 					return err
 				}
 				inputs := []bool{false}
-				if T == 1 && planFor(d).attentionInput && c.decodeInputFits(heads, shape.withInput(true), tune) { // QKVAttentionDecode's
+				if T == 1 && planFor(d).attentionInput && c.decodeInputFits(heads, shape, tune) { // QKVAttentionDecode's
 					inputs = append(inputs, true)
 				}
 				for _, input := range inputs {
-					if _, _, err := c.decodePipelines(d, shape.withInput(input), heads, tune, input); err != nil {
+					if _, _, err := c.decodePipelines(d, shape, heads, tune, input); err != nil {
 						return fmt.Errorf("kernels: %s: %d rows, %d positions: %w", op, T, n, err)
 					}
 				}

@@ -222,14 +222,13 @@ func TestAttentionDecode(t *testing.T) {
 // and Attention, with the cache the append leaves checked at every row's
 // slot: one row or two of distinct sequences, line rows and token-tree
 // nodes (rotated below their slot), f32 and f16 caches, the splits merged
-// by a dispatch (also where the tuning would have the last split merge:
-// main_merge has no INPUT), or one split.
+// by a dispatch, by the last of them, or one split.
 func TestAttentionDecodeInput(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	tunings := []decodeTuning{
 		measuredH200.decode, // one row: merged by a dispatch
-		{wg: 64, workgroups: 1 << 20, maxChunk: 64, vb: 8, mergeMinRows: 1}, // merged by a dispatch all the same
+		{wg: 64, workgroups: 1 << 20, maxChunk: 64, vb: 8, mergeMinRows: 1}, // merged by the last split
 		{wg: 128, workgroups: 1, maxChunk: 1024, vb: 16},                    // one split
 	}
 	for i := range 8 {
@@ -287,7 +286,7 @@ func TestAttentionDecodeInput(t *testing.T) {
 			run(t, d, "decode", func(b *gpu.Batch) error {
 				return attentionDecode(b, out, qkvb, tc.c, tc.layer, rb, T, heads, maxLen, tune, &decodeInput{consts: consts, eps: eps})
 			})
-			t.Logf("%d splits", tc.c.decodeSplits(T, heads, maxLen, tune))
+			t.Logf("%d splits, merged by the last %v", tc.c.decodeSplits(T, heads, maxLen, tune), tc.c.lastSplitMerges(d, T, heads, maxLen, tune))
 			checkClose(t, "out", readF32(t, out, T*qDim), want, kvTol(tc.c))
 			checkCountsZero(t, d, counts)
 			table, err := tc.c.table.ReadU32()

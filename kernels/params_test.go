@@ -17,7 +17,7 @@ var kernelsOf = map[string]gpu.Kernel{
 	"matVecInt4": matVecInt4, "matVecBatchInt4": matVecBatchInt4, "skinnyInt4": skinnyInt4, "gemmInt4": gemmInt4,
 	"matMulReduce": matMulReduce, "embedInt4": embedInt4, "embedF16": embedF16, "embedF32": embedF32,
 	"rmsNorm": rmsNorm, "rmsNormGathered": rmsNormGathered, "rmsNormPair": rmsNormPair, "rmsNormPairEmbed": rmsNormPairEmbed, "copyKernel": copyKernel, "advanceRowsKernel": advanceRowsKernel, "specAcceptKernel": specAcceptKernel, "specRowsKernel": specRowsKernel, "specDraftRowsKernel": specDraftRowsKernel, "specKeysKernel": specKeysKernel, "gatherKernel": gatherKernel, "gatherTwoKernel": gatherTwoKernel, "treeExpandKernel": treeExpandKernel, "treeSelectKernel": treeSelectKernel, "scatterKernel": scatterKernel, "argmaxPartial": argmaxPartial, "argmaxMerge": argmaxMerge, "samplePartial": samplePartial, "sampleMerge": sampleMerge,
-	"attnDecode": attnDecode, "attnDecodeMerge": attnDecodeMerge, "attnMerge": attnMerge, "attnPrefill": attnPrefill, "qkvRopeKV": qkvRopeKV, "qkvFused": qkvFused, "kvMove": kvMove, "kvMoveRows": kvMoveRows,
+	"attnDecode": attnDecode, "attnMerge": attnMerge, "attnPrefill": attnPrefill, "qkvRopeKV": qkvRopeKV, "qkvFused": qkvFused, "kvMove": kvMove, "kvMoveRows": kvMoveRows,
 }
 
 // TestParamsMatchWGSL: every kernel's Go params struct has the fields of

@@ -233,7 +233,7 @@ func QKVAttentionDecode(b *gpu.Batch, attn, q, qkv, x, inputNorm *gpu.Buffer, w 
 	}
 	d := b.Device()
 	tune := planFor(d).decode
-	if c == nil || !planFor(d).attentionInput || plannedFusedQKV(d, w, c.D, T) || !c.decodeInputFits(heads, c.decodeShape(d, T, heads, maxLen, tune).withInput(true), tune) {
+	if c == nil || !planFor(d).attentionInput || plannedFusedQKV(d, w, c.D, T) || !c.decodeInputFits(heads, c.decodeShape(d, T, heads, maxLen, tune), tune) {
 		if err := QKVProjRopeKV(b, q, qkv, x, inputNorm, w, consts, c, layer, rows, T, heads, eps); err != nil {
 			return err
 		}

@@ -1,9 +1,8 @@
 // attention_decode.wgsl: GQA attention of single query rows over the paged
 // KV cache, each row with its own sequence and mask, split over the context
-// (flash-decoding). The splits are merged by attention_merge.wgsl; or, in
-// entry point main_merge, by the last of a row's splits to finish, in this
-// dispatch; or, when there is one split (DIRECT), the kernel writes the
-// output itself.
+// (flash-decoding). The splits are merged by attention_merge.wgsl; or, with
+// MERGE, by the last of a row's splits to finish, in this dispatch; or,
+// when there is one split (DIRECT), the kernel writes the output itself.
 //
 // Row t (query q[t], placement rows[t]: Row in prelude.wgsl) attends to
 // the slots j ≤ rows[t].slot of sequence rows[t].seq that it sees
@@ -36,27 +35,25 @@
 //           as 16-byte words
 //   table   (seqs, max_blocks) u32
 //   rows    (T) Row: the rows' sequences, slots and masks
-//   part    (T, heads, splits, D + 2) f32: o, then m and l (unwritten
-//           with DIRECT)
-//   out     (T, heads, D) f32, written by main_merge's last split or with
+//   part    from word part0 on, (T, heads, splits, D + 2) f32 bits: o,
+//           then m and l (unwritten with DIRECT); read and written as
+//           atomics (see MERGE)
+//   out     (T, heads, D) f32, written with MERGE (by the last split) or
 //           DIRECT (one split, no merge: o / l, and NaN for a row the split
 //           does not cover); else left to attention_merge.wgsl
-//   consts  main with INPUT: q_norm (D), k_norm (D), inv_freq (D/2) f32
+//   consts  INPUT: q_norm (D), k_norm (D), inv_freq (D/2) f32
 //           (kernels.UploadQKNormRope); else unread
-//   counts  main_merge, in consts' binding: (T, kv_heads) u32 atomics, 0
-//           between dispatches
 //
-// main_merge (where gpu.Device.DeviceScopeBarrier holds; no INPUT, whose
-// consts take the binding): counts[t·kv_heads + g] counts the splits of
-// row t and kv head g that have written their partials. Each workgroup
-// writes them, then storageBarrier (a device-scope release there), then
-// one thread adds 1 to the count. The one that finds splits − 1 there is
-// the last: after another storageBarrier (acquire, which also drops what
-// its SM's cache holds of part) it reads every split's partials with plain
-// loads, merges them by attention_merge.wgsl's formula (M over all splits
-// first, then the weighted sums), writes out, and sets the count back to
-// 0 for the next dispatch. The partials are plain f32, not atomics: a
-// thread's atomic loads wait on one another, and the merge's are many.
+// MERGE (where gpu.Device.DeviceScopeBarrier holds): words 0 … T·kv_heads − 1
+// of part count the splits of row t and kv head g that have written their
+// partials. Each workgroup writes them, then storageBarrier (a device-scope
+// release there), then one thread adds 1 to the count. The one that finds
+// splits − 1 there is the last: after another storageBarrier (acquire) it
+// reads every split's partials, merges them by attention_merge.wgsl's
+// formula (M over all splits first, then the weighted sums), writes out,
+// and sets the count back to 0 for the next dispatch. part is read and
+// written only through atomics, which bypass caches that another
+// workgroup's writes would not reach.
 //
 // Dispatch: (kv_heads, splits, T) workgroups of WG threads. A workgroup
 // takes one kv head for the GROUP query heads that share it, so each key
@@ -80,7 +77,7 @@
 // (64 … 256, picked by package kernels so that there are enough workgroups
 // and the workgroup memory fits) and VB are constants, so every loop over
 // them has a fixed count. WG = 64 threads (a power of two, at least 16 and
-// at least D/8). main_merge takes at most MAXS splits.
+// at least D/8). MERGE takes at most MAXS splits.
 
 const WG: u32 = 64u;
 const D: u32 = 128u;
@@ -89,7 +86,8 @@ const CHUNK: u32 = 64u;
 const VB: u32 = 8u;                // values a thread loads before it uses them
 const KV_F16: u32 = 0u;            // 1: the KV cache holds f16 pairs (specialized by the host)
 const DIRECT: u32 = 0u;            // 1: one split (splits = 1) writes the output itself to part
-const MAXS: u32 = 64u;             // main_merge: the most splits (1 for main)
+const MERGE: u32 = 0u;             // 1: the last split merges (specialized by the host)
+const MAXS: u32 = 64u;             // MERGE: the most splits
 const INPUT: u32 = 0u;             // 1: the rows' q/k norms, RoPE and cache append here (specialized by the host)
 const IP: u32 = (D / 2u + WG - 1u) / WG; // INPUT: a head vector's pairs a thread
 const KVN: u32 = INPUT * 2u * D + 1u - INPUT; // INPUT: the new key and value
@@ -101,8 +99,8 @@ const QS: u32 = GROUP * D / 4u;    // vec4s of the group's queries
 const SC: u32 = GROUP * CHUNK;     // scores, then exp(score − m)
 const RED: u32 = GROUP * WG;       // per-thread maxima, then sums
 const RED2: u32 = GROUP * RG;      // their partials
-const SB: u32 = 8u;                // main_merge: splits' values a thread loads at once
-const OUTS: u32 = (GROUP * D + WG - 1u) / WG; // main_merge: outputs a thread
+const SB: u32 = 8u;                // MERGE: splits' values a thread loads at once
+const OUTS: u32 = (GROUP * D + WG - 1u) / WG; // MERGE: outputs a thread
 
 struct Params {
     T: u32,
@@ -112,11 +110,11 @@ struct Params {
     max_blocks: u32, // row stride of table
     splits: u32,
     scale: f32,      // 1/sqrt(D)
+    part0: u32,      // the first word of the partials in part (after MERGE's counts)
     eps: f32,        // INPUT: q_norm's and k_norm's epsilon
     qk_norm: u32,    // INPUT: 1 (Qwen3's q_norm and k_norm; rope_at reads it)
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -125,10 +123,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> vcache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 @group(0) @binding(5) var<storage, read> rows: array<Row>;
-@group(0) @binding(6) var<storage, read_write> part: array<f32>;
+@group(0) @binding(6) var<storage, read_write> part: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
-@group(0) @binding(8) var<storage, read> consts: array<f32>;                // main
-@group(0) @binding(8) var<storage, read_write> counts: array<atomic<u32>>;  // main_merge
+@group(0) @binding(8) var<storage, read> consts: array<f32>;
 
 var<workgroup> qs: array<vec4<f32>, QS>;
 var<workgroup> sc: array<f32, SC>;
@@ -136,10 +133,18 @@ var<workgroup> base: array<u32, CHUNK>;  // cache offset of each key of the chun
 var<workgroup> red: array<f32, RED>;     // each thread's value of a reduction
 var<workgroup> red2: array<f32, RED2>;
 var<workgroup> ov: array<array<Vec8, LANES>, GROUP>; // the value sums [head][lane]
-var<workgroup> is_last: bool;                         // main_merge: this workgroup merges
-var<workgroup> ms: array<array<f32, MAXS>, GROUP>;    // main_merge: each split's m, then exp(m − M)
-var<workgroup> ls: array<array<f32, MAXS>, GROUP>;    // main_merge: each split's l
+var<workgroup> is_last: bool;                         // MERGE: this workgroup merges
+var<workgroup> ms: array<array<f32, MAXS>, GROUP>;    // MERGE: each split's m, then exp(m − M)
+var<workgroup> ls: array<array<f32, MAXS>, GROUP>;    // MERGE: each split's l
 var<workgroup> kv_new: array<f32, KVN>;              // INPUT: the row's key (normalized, rotated), then its value
+
+fn store_part(i: u32, v: f32) {
+    atomicStore(&part[i], bitcast<u32>(v));
+}
+
+fn load_part(i: u32) -> f32 {
+    return bitcast<f32>(atomicLoad(&part[i]));
+}
 
 // Eight cache elements e … e+7 (e a multiple of 8) in 16-byte loads.
 struct Vec8 {
@@ -323,41 +328,32 @@ fn stage_input(t: u32, g: u32, lid: u32, j0: u32) {
     storageBarrier();
 }
 
-// part_at is the word of part where split 0 of row t's query head h starts.
-fn part_at(t: u32, h: u32) -> u32 {
-    return (t * p.heads + h) * p.splits * (D + 2u);
-}
-
-// first_key is the cache offset of thread lid's first key in split s of
-// row t and kv head g (0 past the split's keys), looked up before the
-// queries are staged, so that the block table's read waits on memory
-// beside theirs rather than after the barrier.
-fn first_key(t: u32, g: u32, s: u32, lid: u32) -> u32 {
-    let j0 = s * CHUNK;
-    let L = rows[t].slot + 1u;
-    if j0 + lid < L && lid < CHUNK {
-        return key_offset(t, g, j0 + lid);
-    }
-    return 0u;
-}
-
-// stage_queries stages row t's query heads of group g into qs (without
-// INPUT: q holds them normalized and rotated).
-fn stage_queries(t: u32, g: u32, lid: u32) {
-    for (var i = lid; i < GROUP * D; i += WG) {
-        qs[i >> 2u][i & 3u] = q[(t * p.heads + g * GROUP) * D + i];
-    }
-}
-
-// attend is the split's attention once its queries are in qs (all threads
-// call it; it holds barriers): its scores, softmax and value sums, written
-// to part as o, m and l — or, with DIRECT, the output itself.
-fn attend(t: u32, g: u32, s: u32, lid: u32, key0: u32) {
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x;
+    let s = wid.y;
+    let t = wid.z;
     let h0 = g * GROUP;                  // first query head of the group
     let L = rows[t].slot + 1u;           // context length of row t
     let tree0 = rows[t].base;            // keys from here on go by the row's mask: none for a line row (its base is L)
     let j0 = s * CHUNK;
     let n = select(0u, min(CHUNK, L - j0), j0 < L); // keys of this split: 0 past the context
+
+    // The cache offset of the thread's first key, looked up before the
+    // queries are staged, so that the block table's read waits on memory
+    // beside theirs rather than after the barrier.
+    var key0 = 0u;
+    if lid < n {
+        key0 = key_offset(t, g, j0 + lid);
+    }
+    if INPUT == 1u {
+        stage_input(t, g, lid, j0);
+    } else {
+        for (var i = lid; i < GROUP * D; i += WG) {
+            qs[i >> 2u][i & 3u] = q[(t * p.heads + h0) * D + i];
+        }
+    }
+    workgroupBarrier();
 
     // Scores, and each thread's maximum per head: through the mask only
     // where a key of the split passes the row's base (never for a line
@@ -440,33 +436,30 @@ fn attend(t: u32, g: u32, s: u32, lid: u32, key0: u32) {
     }
 
     // Write o, m, l of each head.
-    let stride = p.splits * (D + 2u);         // to the next head
-    let out0 = part_at(t, h0) + s * (D + 2u); // this split
+    let stride = p.splits * (D + 2u);                                    // to the next head
+    let first = p.part0 + (t * p.heads + h0) * p.splits * (D + 2u);      // split 0 of head h0
+    let out0 = first + s * (D + 2u);                                     // this split
     for (var i = lid; i < GROUP * D; i += WG) {
         let hh = i / D;
         let d = i % D;
         let w = ov[hh][d / 8u];
-        part[out0 + hh * stride + d] = select(w.hi, w.lo, d % 8u < 4u)[d % 4u];
+        store_part(out0 + hh * stride + d, select(w.hi, w.lo, d % 8u < 4u)[d % 4u]);
     }
     if lid == 0u {
         for (var hh = 0u; hh < GROUP; hh++) {
-            part[out0 + hh * stride + D] = m[hh];
-            part[out0 + hh * stride + D + 1u] = l[hh];
+            store_part(out0 + hh * stride + D, m[hh]);
+            store_part(out0 + hh * stride + D + 1u, l[hh]);
         }
     }
-}
+    if MERGE == 0u {
+        return;
+    }
 
-// merge_last runs after attend in main_merge (all threads call it): the
-// workgroup counts its split's arrival, and the last of row t's splits of
-// kv head g to arrive merges them all into out.
-fn merge_last(t: u32, g: u32, lid: u32) {
-    let h0 = g * GROUP;
-    let stride = p.splits * (D + 2u); // to the next head
-    let first = part_at(t, h0);
+    // The last split to arrive merges.
     let count = t * p.kv_heads + g;
-    storageBarrier(); // release: the partials before the arrival
+    storageBarrier(); // release: the partials above before the arrival
     if lid == 0u {
-        is_last = atomicAdd(&counts[count], 1u) == p.splits - 1u;
+        is_last = atomicAdd(&part[count], 1u) == p.splits - 1u;
     }
     if !workgroupUniformLoad(&is_last) {
         return;
@@ -475,8 +468,8 @@ fn merge_last(t: u32, g: u32, lid: u32) {
     for (var i = lid; i < GROUP * p.splits; i += WG) {
         let hh = i / p.splits;
         let at = first + hh * stride + (i % p.splits) * (D + 2u) + D;
-        ms[hh][i % p.splits] = part[at];
-        ls[hh][i % p.splits] = part[at + 1u];
+        ms[hh][i % p.splits] = load_part(at);
+        ls[hh][i % p.splits] = load_part(at + 1u);
     }
     workgroupBarrier();
     // M, the denominator and each split's weight, as attention_merge.wgsl.
@@ -504,7 +497,7 @@ fn merge_last(t: u32, g: u32, lid: u32) {
         for (var r = 0u; r < OUTS; r++) {
             let i = min(lid + r * WG, GROUP * D - 1u);
             for (var j = 0u; j < SB; j++) {
-                v[r][j] = part[first + (i / D) * stride + min(s0 + j, p.splits - 1u) * (D + 2u) + i % D];
+                v[r][j] = load_part(first + (i / D) * stride + min(s0 + j, p.splits - 1u) * (D + 2u) + i % D);
             }
         }
         for (var r = 0u; r < OUTS; r++) {
@@ -517,7 +510,7 @@ fn merge_last(t: u32, g: u32, lid: u32) {
         }
     }
     var nan_bits = 0x7fc00000u;
-    let beyond = rows[t].slot + 1u > p.splits * CHUNK; // as attention_merge.wgsl
+    let beyond = L > p.splits * CHUNK; // as attention_merge.wgsl
     for (var r = 0u; r < OUTS; r++) {
         let i = lid + r * WG;
         if i < GROUP * D {
@@ -525,33 +518,6 @@ fn merge_last(t: u32, g: u32, lid: u32) {
         }
     }
     if lid == 0u {
-        atomicStore(&counts[count], 0u); // for the next dispatch
+        atomicStore(&part[count], 0u); // for the next dispatch
     }
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x;
-    let s = wid.y;
-    let t = wid.z;
-    let key0 = first_key(t, g, s, lid);
-    if INPUT == 1u {
-        stage_input(t, g, lid, s * CHUNK);
-    } else {
-        stage_queries(t, g, lid);
-    }
-    workgroupBarrier();
-    attend(t, g, s, lid, key0);
-}
-
-@compute @workgroup_size(WG)
-fn main_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x;
-    let s = wid.y;
-    let t = wid.z;
-    let key0 = first_key(t, g, s, lid);
-    stage_queries(t, g, lid);
-    workgroupBarrier();
-    attend(t, g, s, lid, key0);
-    merge_last(t, g, lid);
 }

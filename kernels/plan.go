@@ -183,7 +183,9 @@ type plan struct {
 //     with the rest of that build's changes, 4.37 without it), as in
 //     earlier rounds, and for the models whose q heads share a kv head
 //     two ways (Qwen3-0.6B, 1.7B, the shipped pair) alone: 1.7B 1.86 ms
-//     against 1.82, the pair's drafter 0.18 against 0.15;
+//     against 1.82, the pair's drafter 0.18 against 0.15; and with the
+//     partials in plain f32 rather than atomics (2026-12-06, one H100):
+//     1.7B 1.84 against 1.77;
 //     one row of a model whose splits at 64 positions would make at most
 //     16 workgroups (the shipped pair's two kv heads) takes, at up to 256
 //     positions, one split and no merge dispatch: the

@@ -235,8 +235,8 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 	qName, memory := "q", 0
 	if in != nil {
 		qn, qName, memory = T*(heads+2*c.KVHeads)*c.D, "qkv", c.decodeInputMemory()
-		if in.consts == nil || in.consts.Size() < uint64(2*c.D+c.D/2)*4 {
-			return fmt.Errorf("kernels: %s: q_norm, k_norm and RoPE's frequencies: want %d values (UploadQKNormRope)", op, 2*c.D+c.D/2)
+		if in.consts == nil || in.consts.Size() < uint64(qkNormRopeLen(c.D))*4 {
+			return fmt.Errorf("kernels: %s: q_norm, k_norm and RoPE's frequencies: want %d values (UploadQKNormRope)", op, qkNormRopeLen(c.D))
 		}
 	}
 	d := b.Device()
@@ -277,7 +277,7 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 		MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), Scale: attentionScale(c.D), Part0: uint32(part0 / 4)}
 	consts := c.table.All() // unread without INPUT
 	if in != nil {
-		params.Eps, params.QKNorm, consts = float32(in.eps), 1, in.consts.Slice(0, uint64(2*c.D+c.D/2)*4)
+		params.Eps, params.QKNorm, consts = float32(in.eps), 1, in.consts.Slice(0, uint64(qkNormRopeLen(c.D))*4)
 	}
 	part := scratch.Slice(0, part0+partBytes)
 	binds := []gpu.Binding{q.Slice(0, uint64(qn)*4), kc, vc, c.table.All(), rowBinding, part, out.Slice(0, uint64(n)*4), consts}

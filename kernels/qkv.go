@@ -142,9 +142,13 @@ func UploadQKNormRope(d *gpu.Device, name string, qNorm, kNorm, invFreq, inputNo
 	if D == 0 || D%2 != 0 || len(kNorm) != D || len(invFreq) != D/2 || D/2 > qkNormRopeWG*qkNormRopePairs {
 		return nil, fmt.Errorf("kernels: %s: q_norm %d, k_norm %d and %d inverse frequencies: want an even head_dim ≤ %d, and half as many frequencies", name, D, len(kNorm), len(invFreq), 2*qkNormRopeWG*qkNormRopePairs)
 	}
-	consts := append(append(append(make([]float32, 0, 2*D+D/2+len(inputNorm)), qNorm...), kNorm...), invFreq...)
+	consts := append(append(append(make([]float32, 0, qkNormRopeLen(D)+len(inputNorm)), qNorm...), kNorm...), invFreq...)
 	return d.UploadF32(name, append(consts, inputNorm...))
 }
+
+// qkNormRopeLen is the number of values UploadQKNormRope puts before the
+// input norm for head_dim D: q_norm, k_norm and D/2 inverse frequencies.
+func qkNormRopeLen(D int) int { return 2*D + D/2 }
 
 // QKVProjRopeKV records a decoder layer's attention input: the q|k|v
 // projection of the normalized hidden states, then, in one dispatch
@@ -179,7 +183,7 @@ func QKVProjRopeKV(b *gpu.Batch, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, co
 	d := b.Device()
 	l := d.Limits()
 	choice := w.planned(d, T)
-	if c != nil && plannedFusedQKV(d, w, c.D, T) && consts != nil && consts.Size() >= uint64(2*c.D+c.D/2+w.K)*4 {
+	if c != nil && plannedFusedQKV(d, w, c.D, T) && consts != nil && consts.Size() >= uint64(qkNormRopeLen(c.D)+w.K)*4 {
 		choice.fusedQKV = true
 	}
 	_, err := qkvProjRopeKV(b, q, qkv, x, w, consts, c, layer, rows, T, heads, matMulInput{norm: inputNorm, eps: eps}, choice, l.MaxStorageBufferBindingSize)
@@ -199,10 +203,7 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 		return 0, fmt.Errorf("kernels: %s: nil matrix", op)
 	}
 	// Everything checked before anything is recorded.
-	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
-		return 0, err
-	}
-	if err := checkQKVWidth(op, w, c, heads); err != nil {
+	if err := checkQKVProj(op, q, qkv, consts, w, c, layer, rows, T, heads); err != nil {
 		return 0, err
 	}
 	if choice.fusedQKV {
@@ -242,10 +243,7 @@ func QKVAttentionDecode(b *gpu.Batch, attn, q, qkv, x, inputNorm *gpu.Buffer, w 
 	if inputNorm == nil {
 		return fmt.Errorf("kernels: %s: nil input_layernorm weight", op)
 	}
-	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
-		return err
-	}
-	if err := checkQKVWidth(op, w, c, heads); err != nil {
+	if err := checkQKVProj(op, q, qkv, consts, w, c, layer, rows, T, heads); err != nil {
 		return err
 	}
 	split, err := matMulSplitK(b, qkv, x, w, T, matMulInput{norm: inputNorm, eps: eps}, w.planned(d, T), d.Limits().MaxStorageBufferBindingSize, true)
@@ -294,9 +292,9 @@ func recordQKVFused(b *gpu.Batch, op string, q, x *gpu.Buffer, w *Matrix, consts
 	if !fusesQKV(d, w, D, T, l) {
 		return fmt.Errorf("kernels: %s: qkv_fused_int4.wgsl cannot take %s (%d×%d, group %d) at head_dim %d on this device", op, w.Name, w.N, K, w.G, D)
 	}
-	n, what := 2*D+D/2+K, "consts (with input_layernorm's weight)"
+	n, what := qkNormRopeLen(D)+K, "consts (with input_layernorm's weight)"
 	if !norm {
-		n, what = 2*D+D/2, "consts"
+		n, what = qkNormRopeLen(D), "consts"
 	}
 	for _, c := range []struct {
 		name string
@@ -347,10 +345,7 @@ func QKVProjRopeKVNormed(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts 
 	if w == nil {
 		return fmt.Errorf("kernels: %s: nil matrix", op)
 	}
-	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
-		return err
-	}
-	if err := checkQKVWidth(op, w, c, heads); err != nil {
+	if err := checkQKVProj(op, q, qkv, consts, w, c, layer, rows, T, heads); err != nil {
 		return err
 	}
 	d := b.Device()
@@ -379,9 +374,13 @@ func QKVRopeKV(b *gpu.Batch, q, qkv, consts *gpu.Buffer, c *KVCache, layer int, 
 	return recordQKVRopeKV(b, op, q, qkv, splitK{}, consts, c, layer, rows, T, heads, 0, eps, qkNorm)
 }
 
-// checkQKVWidth checks that w stacks q_proj, k_proj and v_proj: heads +
-// 2·kv_heads head vectors of c's head_dim.
-func checkQKVWidth(op string, w *Matrix, c *KVCache, heads int) error {
+// checkQKVProj checks the arguments of a q|k|v projection followed by
+// qkv_rope_kv.wgsl's work (checkQKVRopeKV), and that w stacks q_proj,
+// k_proj and v_proj: heads + 2·kv_heads head vectors of c's head_dim.
+func checkQKVProj(op string, q, qkv, consts *gpu.Buffer, w *Matrix, c *KVCache, layer int, rows *gpu.Buffer, T, heads int) error {
+	if err := checkQKVRopeKV(op, q, qkv, consts, c, layer, rows, T, heads); err != nil {
+		return err
+	}
 	if width := (heads + 2*c.KVHeads) * c.D; w.N != width {
 		return fmt.Errorf("kernels: %s: %s has %d rows, want (%d + 2·%d)·%d = %d", op, w.Name, w.N, heads, c.KVHeads, c.D, width)
 	}
@@ -405,7 +404,7 @@ func checkQKVRopeKV(op string, q, qkv, consts *gpu.Buffer, c *KVCache, layer int
 		name string
 		buf  *gpu.Buffer
 		n    int
-	}{{"qkv", qkv, T * width}, {"consts", consts, 2*D + D/2}, {"q", q, T * heads * D}} {
+	}{{"qkv", qkv, T * width}, {"consts", consts, qkNormRopeLen(D)}, {"q", q, T * heads * D}} {
 		if err := need(op, n.name, n.buf, n.n); err != nil {
 			return err
 		}
@@ -431,7 +430,7 @@ func recordQKVRopeKV(b *gpu.Batch, op string, q, qkv *gpu.Buffer, split splitK, 
 		rows, splits = split.part, split.splits
 	}
 	kc, vc := c.layer(layer)
-	binds := []gpu.Binding{rows, f(consts, 2*D+D/2), f(rowBuf, T*RowWords), c.table.All(), f(q, T*heads*D), kc, vc}
+	binds := []gpu.Binding{rows, f(consts, qkNormRopeLen(D)), f(rowBuf, T*RowWords), c.table.All(), f(q, T*heads*D), kc, vc}
 	params := &qkvRopeKVParams{T: uint32(T), Heads: uint32(heads), KVHeads: uint32(c.KVHeads), D: uint32(D), Eps: float32(eps),
 		BS: uint32(c.BlockSize), MaxBlocks: uint32(c.MaxBlocks), Splits: uint32(splits), K: uint32(K), NormEps: float32(eps), QKNorm: wgslBool(qkNorm)}
 	if err := gpu.Dispatch(b, p, params, binds, uint32(heads+2*c.KVHeads), uint32(T), 1); err != nil {

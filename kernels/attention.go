@@ -87,9 +87,10 @@ func (c *KVCache) decodeSplits(T, heads, maxLen int, tune decodeTuning) int {
 // decodeScratch is the number of f32 values of partial results
 // attention_decode.wgsl keeps in one of the device's scratch buffers at
 // tune, for T rows of heads query heads and contexts of up to maxLen
-// positions: (T, heads, splits, D + 2).
+// positions: (T, heads, splits, D + 4): o, m, l and two words that keep
+// each split's o 16-byte aligned.
 func (c *KVCache) decodeScratch(T, heads, maxLen int, tune decodeTuning) int {
-	return T * heads * c.decodeSplits(T, heads, maxLen, tune) * (c.D + 2)
+	return T * heads * c.decodeSplits(T, heads, maxLen, tune) * (c.D + 4)
 }
 
 // leastChunk is the shortest split tune allows: minChunk, 64 when unset
@@ -213,30 +214,69 @@ type decodeInput struct {
 // them and the kernel does qkv_rope_kv.wgsl's work too (INPUT), for rows
 // none of which sees another's new slot.
 func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads, maxLen int, tune decodeTuning, in *decodeInput) error {
-	op := "attention_decode"
-	if err := c.checkRows(op, layer, T, rows); err != nil {
+	left, err := attentionSplits(b, out, q, c, layer, rows, T, heads, maxLen, tune, in)
+	if err != nil || left == nil {
 		return err
 	}
+	return left.record(b, out)
+}
+
+// decodeSplits is attention_decode.wgsl's splits left to merge: (T, heads,
+// splits, D + 4) f32 partials in part, for attention_merge.wgsl's dispatch
+// (record) or a kernel that merges them as it reads them
+// (matvec_batch_int4.wgsl's MERGE).
+type decodeSplits struct {
+	part, rows          gpu.Binding
+	pipe                *gpu.Pipeline // attention_merge.wgsl's
+	T, heads, splits, D int
+}
+
+// record records attention_merge.wgsl: out (T, heads, D) from the splits.
+func (s *decodeSplits) record(b *gpu.Batch, out *gpu.Buffer) error {
+	binds := []gpu.Binding{s.part, s.rows, out.Slice(0, uint64(s.T*s.heads*s.D)*4)}
+	mp := &attentionMergeParams{T: uint32(s.T), Heads: uint32(s.heads), Splits: uint32(s.splits)}
+	if err := gpu.Dispatch(b, s.pipe, mp, binds, uint32(s.heads), uint32(s.T), 1); err != nil {
+		return fmt.Errorf("kernels: attention_decode: merge: %w", err)
+	}
+	return nil
+}
+
+// check reports whether w's input is T rows of the merged splits.
+func (s *decodeSplits) check(op string, w *Matrix, T int) error {
+	if s.T != T || s.heads*s.D != w.K || s.D%4 != 0 {
+		return fmt.Errorf("kernels: %s: %d rows of %d attention heads of %d: want %d rows of %d inputs", op, s.T, s.heads, s.D, T, w.K)
+	}
+	return nil
+}
+
+// attentionSplits records attention_decode.wgsl as attentionDecode does,
+// and returns its splits where they are left to merge (more than one,
+// none merging in the dispatch); else nil, out written.
+func attentionSplits(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, T, heads, maxLen int, tune decodeTuning, in *decodeInput) (*decodeSplits, error) {
+	op := "attention_decode"
+	if err := c.checkRows(op, layer, T, rows); err != nil {
+		return nil, err
+	}
 	if err := c.checkHeads(op, heads); err != nil {
-		return err
+		return nil, err
 	}
 	wg := tune.wg
 	if c.D%8 != 0 || c.D/8 > wg {
-		return fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*wg)
+		return nil, fmt.Errorf("kernels: %s: head_dim %d: want a multiple of 8, at most %d", op, c.D, 8*wg)
 	}
 	least := tune.leastChunk()
 	if wg < 16 || wg&(wg-1) != 0 || tune.vb < 1 || least < decodeMinChunk || least&(least-1) != 0 || tune.maxChunk < least {
-		return fmt.Errorf("kernels: %s: tuning %+v: want a power-of-two workgroup of at least 16 threads, VB ≥ 1 and splits of %d positions or more, powers of two", op, tune, decodeMinChunk)
+		return nil, fmt.Errorf("kernels: %s: tuning %+v: want a power-of-two workgroup of at least 16 threads, VB ≥ 1 and splits of %d positions or more, powers of two", op, tune, decodeMinChunk)
 	}
 	if maxLen <= 0 {
-		return fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
+		return nil, fmt.Errorf("kernels: %s: maxLen = %d", op, maxLen)
 	}
 	n, qn := T*heads*c.D, T*heads*c.D
 	qName, memory := "q", 0
 	if in != nil {
 		qn, qName, memory = T*(heads+2*c.KVHeads)*c.D, "qkv", c.decodeInputMemory()
 		if in.consts == nil || in.consts.Size() < uint64(qkNormRopeLen(c.D))*4 {
-			return fmt.Errorf("kernels: %s: q_norm, k_norm and RoPE's frequencies: want %d values (UploadQKNormRope)", op, qkNormRopeLen(c.D))
+			return nil, fmt.Errorf("kernels: %s: q_norm, k_norm and RoPE's frequencies: want %d values (UploadQKNormRope)", op, qkNormRopeLen(c.D))
 		}
 	}
 	d := b.Device()
@@ -248,16 +288,16 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 		n    int
 	}{{qName, q, qn}, {"out", out, n}} {
 		if err := need(op, x.name, x.buf, x.n); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	direct := splits == 1 // one split: no merge, the kernel writes out itself
 	if err := c.checkWorkgroupMemory(d, op, c.decodeMemory(heads, chunk, merge, tune)+memory); err != nil {
-		return err
+		return nil, err
 	}
 	split, mergePipe, err := c.decodePipelines(d, shape, heads, tune, in != nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The partials: after T·kv_heads arrival counts with merge.
 	partBytes := uint64(c.decodeScratch(T, heads, maxLen, tune)) * 4
@@ -269,7 +309,7 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 		scratch, err = d.Scratch(partBytes)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	kc, vc := c.layer(layer)
 	rowBinding := rows.Slice(0, uint64(T*RowWords)*4)
@@ -282,17 +322,12 @@ func attentionDecode(b *gpu.Batch, out, q *gpu.Buffer, c *KVCache, layer int, ro
 	part := scratch.Slice(0, part0+partBytes)
 	binds := []gpu.Binding{q.Slice(0, uint64(qn)*4), kc, vc, c.table.All(), rowBinding, part, out.Slice(0, uint64(n)*4), consts}
 	if err := gpu.Dispatch(b, split, params, binds, uint32(c.KVHeads), uint32(splits), uint32(T)); err != nil {
-		return fmt.Errorf("kernels: %s: %w", op, err)
+		return nil, fmt.Errorf("kernels: %s: %w", op, err)
 	}
 	if direct || merge {
-		return nil
+		return nil, nil
 	}
-	binds = []gpu.Binding{part, rowBinding, out.Slice(0, uint64(n)*4)}
-	mp := &attentionMergeParams{T: uint32(T), Heads: uint32(heads), Splits: uint32(splits)}
-	if err := gpu.Dispatch(b, mergePipe, mp, binds, uint32(heads), uint32(T), 1); err != nil {
-		return fmt.Errorf("kernels: %s: merge: %w", op, err)
-	}
-	return nil
+	return &decodeSplits{part: scratch.Slice(0, partBytes), rows: rowBinding, pipe: mergePipe, T: T, heads: heads, splits: splits, D: c.D}, nil
 }
 
 // decodePipelines returns attention_decode.wgsl's pipeline for shape (with
@@ -319,7 +354,7 @@ func (c *KVCache) decodePipelines(d *gpu.Device, shape DecodeShape, heads int, t
 }
 
 // PrepareAttention builds on d every pipeline AttentionDecode (and one
-// row's QKVAttentionDecode) would build for 1…maxT rows of heads query
+// row's AttentionBlockDecode) would build for 1…maxT rows of heads query
 // heads over contexts of 1…maxLen positions, and AttentionPrefill's,
 // dispatching nothing. Which split
 // length a decode pass takes, and whether its splits merge apart, depend
@@ -352,7 +387,7 @@ func (c *KVCache) PrepareAttention(d *gpu.Device, heads, maxT, maxLen int) error
 					return err
 				}
 				inputs := []bool{false}
-				if T == 1 && planFor(d).attentionInput && c.decodeInputFits(heads, shape, tune) { // QKVAttentionDecode's
+				if T == 1 && planFor(d).attentionInput && c.decodeInputFits(heads, shape, tune) { // AttentionBlockDecode's
 					inputs = append(inputs, true)
 				}
 				for _, input := range inputs {

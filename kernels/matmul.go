@@ -62,8 +62,9 @@ func MatMulSwiGLU(b *gpu.Batch, out, gateUp *gpu.Buffer, w *Matrix, T int, accum
 // whether it adds into out.
 type matMulInput struct {
 	accumulate bool
-	swiglu     bool        // x is gate | up: the input is silu(gate) · up
-	norm       *gpu.Buffer // non-nil: the input is RMSNorm(x) with this weight
+	swiglu     bool          // x is gate | up: the input is silu(gate) · up
+	norm       *gpu.Buffer   // non-nil: the input is RMSNorm(x) with this weight
+	merge      *decodeSplits // non-nil: the input is these attention splits merged (x unused)
 	eps        float64
 }
 
@@ -123,7 +124,14 @@ func matMulSplitK(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulI
 	if in.swiglu {
 		xCols = 2 * w.K
 	}
-	if err := need(op, "x", x, T*xCols); err != nil {
+	if in.merge != nil {
+		if err := in.merge.check(op, w, T); err != nil {
+			return splitK{}, err
+		}
+		if in.swiglu || in.norm != nil || choice.kernel != kernelMatVecBatch {
+			return splitK{}, fmt.Errorf("kernels: %s: merged attention splits: want %v without SwiGLU or a norm, not %v", op, kernelMatVecBatch, choice)
+		}
+	} else if err := need(op, "x", x, T*xCols); err != nil {
 		return splitK{}, err
 	}
 	if in.norm != nil {
@@ -148,10 +156,13 @@ func matMulSplitK(b *gpu.Batch, out, x *gpu.Buffer, w *Matrix, T int, in matMulI
 	if err != nil {
 		return splitK{}, err
 	}
-	call := matMulCall{b: b, op: op, w: w, T: T, in: in, choice: choice, deferReduce: deferReduce && len(blocks) == 1,
-		x: x.Slice(0, uint64(T*xCols)*4),
+	call := matMulCall{b: b, op: op, w: w, T: T, in: in, choice: choice, deferReduce: deferReduce && len(blocks) == 1}
+	if in.merge != nil {
+		// The norm's binding is unread without NORM: the splits stand in.
+		call.x, call.norm = in.merge.part, in.merge.part
+	} else {
 		// The norm weight; without NORM the binding is unread, and x stands in.
-		norm: x.Slice(0, 16),
+		call.x, call.norm = x.Slice(0, uint64(T*xCols)*4), x.Slice(0, 16)
 	}
 	if in.norm != nil {
 		call.norm = in.norm.Slice(0, uint64(w.K)*4)
@@ -204,6 +215,7 @@ type matMulPipelineKey struct {
 	module, entry string
 	vals          [6]uint32
 	swiglu, norm  bool
+	mergeD        int // merged attention splits of head_dim mergeD; 0: none
 }
 
 // pipeline returns kernel k specialized by s and — but for a kernel that
@@ -215,6 +227,9 @@ func (c *matMulCall) pipeline(k gpu.Kernel, s specialization) (*gpu.Pipeline, er
 	if byConsts {
 		key.swiglu, key.norm = c.in.swiglu, c.in.norm != nil
 	}
+	if c.in.merge != nil {
+		key.mergeD = c.in.merge.D
+	}
 	return c.w.pipes.Get(c.b.Device(), key, k, func() gpu.Consts {
 		consts := gpu.Consts{}
 		for i, name := range s.names {
@@ -222,6 +237,9 @@ func (c *matMulCall) pipeline(k gpu.Kernel, s specialization) (*gpu.Pipeline, er
 		}
 		if byConsts {
 			consts["SWIGLU"], consts["NORM"] = c.inputFlags()
+		}
+		if key.mergeD > 0 {
+			consts["MERGE"], consts["AD"] = 1, uint32(key.mergeD)
 		}
 		return consts
 	})

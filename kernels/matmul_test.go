@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -230,7 +231,10 @@ func TestMatVecBatchLayouts(t *testing.T) {
 		if !l.fits(&Matrix{Format: Int4, N: s.N, K: s.K, G: s.G}, T, d.Limits()) {
 			s.T = 1 + r.IntN(2) // a layout whose staged rows outgrow this device's workgroup memory: one or two rows
 		}
-		in := []string{"x", "swiglu", "norm"}[r.IntN(3)]
+		in := []string{"x", "swiglu", "norm", "merge"}[r.IntN(4)]
+		if in == "merge" { // o_proj of one attention row: heads of 64 or 128
+			s.K = 64 * (1 + r.IntN(80))
+		}
 		// Every other layout split along K: a target of 64 workgroups
 		// splits these rows 2 to 64 ways (slices of 32·lanes inputs, the
 		// last one shorter where they do not divide K).
@@ -337,6 +341,10 @@ func testMatMulOf(t *testing.T, d *gpu.Device, r *rand.Rand, m tensor.Matrix, s 
 		for row := range s.T {
 			reference.RMSNorm(x[row*s.K:(row+1)*s.K], input[row*s.K:(row+1)*s.K], g, how.eps)
 		}
+	case "merge": // x = attention splits merged (s.K a multiple of 64)
+		var part []float32
+		part, how.merge = randDecodeSplits(r, x, s.T, s.K)
+		input, how.merge.part = part, upload(t, d, "splits", part).All()
 	}
 	want := make([]float32, s.T*s.N)
 	reference.MatMul(want, x, m, s.T)
@@ -456,4 +464,50 @@ func TestPlanMatVecBatch(t *testing.T) {
 	if got := measuredSwiftShader.pick(&Matrix{Format: Int4, N: 4096, K: 4096, G: 32}, 2, lim); got.kernel != kernelMatVecBatch || got.matVecBatch != matVecBatchDefault {
 		t.Errorf("SwiftShader, 4096 × 4096 at 2 rows: %v (%v), want the default matvec_batch_int4.wgsl layout", got.kernel, got.matVecBatch)
 	}
+}
+
+// randDecodeSplits fills x (T rows of K) with the merge of random
+// attention_decode.wgsl partials over heads of 64 or 128 (K a multiple of
+// 64) and 1 to 40 splits (several of matvec_batch_int4.wgsl's MERGE
+// blocks), some of them hidden (m = −inf, l = 0, o = 0; at least one a head
+// seen), and returns the partials, (T, heads, splits, D + 4), with the
+// decodeSplits that describe them (part unset).
+func randDecodeSplits(r *rand.Rand, x []float32, T, K int) ([]float32, *decodeSplits) {
+	D := 64
+	if K%128 == 0 && r.IntN(2) == 0 {
+		D = 128
+	}
+	heads, splits := K/D, 1+r.IntN(40)
+	part := make([]float32, T*heads*splits*(D+4))
+	for th := range T * heads {
+		seen := r.IntN(splits)
+		M := math.Inf(-1)
+		for s := range splits {
+			at := (th*splits + s) * (D + 4)
+			if s != seen && r.IntN(4) == 0 {
+				part[at+D] = float32(math.Inf(-1)) // hidden: o and l stay 0
+				continue
+			}
+			l := 1 + 63*r.Float32()
+			part[at+D], part[at+D+1] = float32(3*r.NormFloat64()), l
+			for i := range D {
+				part[at+i] = l * float32(r.NormFloat64())
+			}
+			M = max(M, float64(part[at+D]))
+		}
+		var den float64
+		num := make([]float64, D)
+		for s := range splits {
+			at := (th*splits + s) * (D + 4)
+			w := math.Exp(float64(part[at+D]) - M)
+			den += w * float64(part[at+D+1])
+			for i := range D {
+				num[i] += w * float64(part[at+i])
+			}
+		}
+		for i := range D {
+			x[th*D+i] = float32(num[i] / den)
+		}
+	}
+	return part, &decodeSplits{T: T, heads: heads, splits: splits, D: D}
 }

@@ -70,10 +70,22 @@ type plan struct {
 	// the first bound whose maxK takes K; none past the last.
 	qkvFused []qkvFusedBound
 
-	// One row's q/k norms, RoPE and cache append in attention_decode.wgsl
-	// (its INPUT; QKVAttentionDecode) where qkv_fused_int4.wgsl does not
-	// take its projection: one dispatch fewer a layer.
-	attentionInput bool
+	// One decode row's q/k norms, RoPE and cache append in
+	// attention_decode.wgsl (its INPUT; AttentionBlockDecode) where
+	// qkv_fused_int4.wgsl does not take its projection, or where the
+	// projection has attentionInputMinK inputs or more (> 0): one dispatch
+	// fewer a layer than the projection, qkv_rope_kv.wgsl and attention.
+	attentionInput     bool
+	attentionInputMinK int
+
+	// One decode row's attention splits merged by o_proj as it reads them
+	// (matvec_batch_int4.wgsl's MERGE; AttentionBlockDecode) rather than
+	// by attention_merge.wgsl in a dispatch before it, where o_proj has up
+	// to mergeInOProjMaxK inputs (0: never) — each of its workgroups reads
+	// every split of every head, bytes that grow with its inputs times its
+	// workgroups —, on mergeInOProjLayout where set (else o_proj's own).
+	mergeInOProjMaxK   int
+	mergeInOProjLayout matVecBatchLayout
 }
 
 // measuredH200 is the plan measured on the NVIDIA H200 (Vulkan), with
@@ -254,6 +266,9 @@ var measuredH200 = plan{
 	decode:                decodeTuning{wg: 64, workgroups: 1024, maxChunk: 256, vb: 8, mergeMinRows: 2, directMaxGrid: 16},
 	qkvFused:              []qkvFusedBound{{maxK: 256, maxT: 8}, {maxK: 1024, maxT: 2}, {maxK: 2048, maxT: 1}},
 	attentionInput:        true,
+	attentionInputMinK:    512,
+	mergeInOProjMaxK:      2048,
+	mergeInOProjLayout:    matVecBatchNarrow,
 }
 
 // measuredSwiftShader is the plan measured on Chromium's SwiftShader (the
@@ -360,6 +375,19 @@ func (p *plan) fusesQKV(K, T int) bool {
 		}
 	}
 	return false
+}
+
+// fusesBeforeInput reports whether qkv_fused_int4.wgsl, where it takes
+// one decode row's q|k|v projection of K inputs, takes it before
+// attention_decode.wgsl's INPUT.
+func (p *plan) fusesBeforeInput(K int) bool {
+	return p.attentionInputMinK == 0 || K < p.attentionInputMinK
+}
+
+// mergesInOProj reports whether o_proj of one decode row, o at choice,
+// merges attention's splits as it reads them (AttentionBlockDecode).
+func (p *plan) mergesInOProj(o *Matrix, choice matMulChoice) bool {
+	return o.K <= p.mergeInOProjMaxK && choice.kernel == kernelMatVecBatch
 }
 
 // planFor returns the plan of d's adapter class.

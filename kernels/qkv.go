@@ -219,44 +219,88 @@ func qkvProjRopeKV(b *gpu.Batch, q, qkv, x *gpu.Buffer, w *Matrix, consts *gpu.B
 	return max(split.splits, 1), nil
 }
 
-// QKVAttentionDecode records a decoder layer's attention half for one row
-// (T = 1, rows as AttentionDecode's): QKVProjRopeKV, then AttentionDecode
-// of its queries into attn. Where the plan takes one row's attention input
+// AttentionBlockDecode records a decoder layer's attention block for one
+// row (T = 1, rows as AttentionDecode's) on its residual stream x:
+//
+//	x += o_proj(attention(q, k, v)),  q | k | v = qkv_proj(input_layernorm(x))
+//
+// — QKVProjRopeKV, AttentionDecode of its queries into attn, and MatMul of
+// attn by o adding into x. Where the plan takes one row's attention input
 // in attention_decode.wgsl (plan.attentionInput) and neither
-// qkv_fused_int4.wgsl nor a split projection does, it records the
-// projection into qkv, then attention_decode.wgsl with the q/k norms, RoPE
-// and the cache append itself (its INPUT): one dispatch fewer, the same
-// cache and output. q is written only on the first path; qkv is scratch.
-func QKVAttentionDecode(b *gpu.Batch, attn, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, heads, maxLen int, eps float64) error {
-	const op, T = "qkv_attention_decode", 1
-	if w == nil {
+// qkv_fused_int4.wgsl (below plan.attentionInputMinK inputs) nor a split
+// projection does, it records the projection into qkv, then
+// attention_decode.wgsl with the q/k norms, RoPE and the cache append
+// itself (its INPUT): one dispatch fewer, the same cache and output. Where
+// the plan merges attention's splits in o_proj (plan.mergeInOProjMaxK) and
+// o_proj takes matvec_batch_int4.wgsl, o_proj merges them as it reads them
+// (its MERGE, on the plan's layout for it) instead of attention_merge.wgsl
+// in a dispatch before it, and attn is left unwritten. q is written only on
+// the first path; q, qkv and attn are scratch.
+func AttentionBlockDecode(b *gpu.Batch, x, attn, q, qkv, inputNorm *gpu.Buffer, w, o *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, heads, maxLen int, eps float64) error {
+	const op, T = "attention_block_decode", 1
+	if w == nil || o == nil {
 		return fmt.Errorf("kernels: %s: nil matrix", op)
 	}
 	d := b.Device()
-	tune := planFor(d).decode
-	if c == nil || !planFor(d).attentionInput || plannedFusedQKV(d, w, c.D, T) || !c.decodeInputFits(heads, c.decodeShape(d, T, heads, maxLen, tune), tune) {
-		if err := QKVProjRopeKV(b, q, qkv, x, inputNorm, w, consts, c, layer, rows, T, heads, eps); err != nil {
+	p := planFor(d)
+	oChoice := o.planned(d, T)
+	if c != nil && o.K != heads*c.D {
+		return fmt.Errorf("kernels: %s: o_proj of %d inputs after %d heads of %d", op, o.K, heads, c.D)
+	}
+	if err := need(op, "x", x, o.N); err != nil {
+		return err
+	}
+	left, err := qkvAttention(b, attn, q, qkv, x, inputNorm, w, consts, c, layer, rows, heads, maxLen, eps)
+	if err != nil {
+		return err
+	}
+	if left != nil && !p.mergesInOProj(o, oChoice) {
+		if err := left.record(b, attn); err != nil {
 			return err
 		}
-		return AttentionDecode(b, attn, q, c, layer, rows, T, heads, maxLen)
+		left = nil
+	}
+	if left == nil {
+		return MatMul(b, x, attn, o, T, true)
+	}
+	if l := p.mergeInOProjLayout; l.valid() && l.fits(o, T, d.Limits()) {
+		oChoice.matVecBatch = l
+	}
+	_, err = matMulSplitK(b, x, nil, o, T, matMulInput{accumulate: true, merge: left}, oChoice, d.Limits().MaxStorageBufferBindingSize, false)
+	return err
+}
+
+// qkvAttention records AttentionBlockDecode's attention into attn and
+// returns its splits where they are left to merge (nil: attn written).
+func qkvAttention(b *gpu.Batch, attn, q, qkv, x, inputNorm *gpu.Buffer, w *Matrix, consts *gpu.Buffer, c *KVCache, layer int, rows *gpu.Buffer, heads, maxLen int, eps float64) (*decodeSplits, error) {
+	const op, T = "attention_block_decode", 1
+	d := b.Device()
+	p := planFor(d)
+	tune := p.decode
+	if c == nil || !p.attentionInput || p.fusesBeforeInput(w.K) && plannedFusedQKV(d, w, c.D, T) ||
+		!c.decodeInputFits(heads, c.decodeShape(d, T, heads, maxLen, tune), tune) {
+		if err := QKVProjRopeKV(b, q, qkv, x, inputNorm, w, consts, c, layer, rows, T, heads, eps); err != nil {
+			return nil, err
+		}
+		return attentionSplits(b, attn, q, c, layer, rows, T, heads, maxLen, tune, nil)
 	}
 	if inputNorm == nil {
-		return fmt.Errorf("kernels: %s: nil input_layernorm weight", op)
+		return nil, fmt.Errorf("kernels: %s: nil input_layernorm weight", op)
 	}
 	if err := checkQKVProj(op, q, qkv, consts, w, c, layer, rows, T, heads); err != nil {
-		return err
+		return nil, err
 	}
 	split, err := matMulSplitK(b, qkv, x, w, T, matMulInput{norm: inputNorm, eps: eps}, w.planned(d, T), d.Limits().MaxStorageBufferBindingSize, true)
 	if err != nil {
-		return err // it names the matrix
+		return nil, err // it names the matrix
 	}
 	if split.splits > 1 { // partials: qkv_rope_kv.wgsl sums them
 		if err := recordQKVRopeKV(b, op, q, qkv, split, consts, c, layer, rows, T, heads, w.K, eps, true); err != nil {
-			return err
+			return nil, err
 		}
-		return AttentionDecode(b, attn, q, c, layer, rows, T, heads, maxLen)
+		return attentionSplits(b, attn, q, c, layer, rows, T, heads, maxLen, tune, nil)
 	}
-	return attentionDecode(b, attn, qkv, c, layer, rows, T, heads, maxLen, tune, &decodeInput{consts: consts, eps: eps})
+	return attentionSplits(b, attn, qkv, c, layer, rows, T, heads, maxLen, tune, &decodeInput{consts: consts, eps: eps})
 }
 
 // fusesQKV reports whether qkv_fused_int4.wgsl can take the q|k|v

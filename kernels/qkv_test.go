@@ -282,13 +282,14 @@ func TestQKVProjRopeKV(t *testing.T) {
 	}
 }
 
-// TestQKVAttentionDecode: one row's attention half through
-// QKVAttentionDecode with the plan taking its input in
-// attention_decode.wgsl (INPUT) and without (the projection, qkv_rope_kv.wgsl,
-// then attention) gives the same attention output and leaves the same
-// cache, over caches alike from one seed; and a weight of the wrong
-// height is refused.
-func TestQKVAttentionDecode(t *testing.T) {
+// TestAttentionBlockDecode: one row's attention block through
+// AttentionBlockDecode — the projection, qkv_rope_kv.wgsl, attention, its
+// merge and o_proj; the plan taking the attention input in
+// attention_decode.wgsl (INPUT); and that with o_proj merging the splits
+// as it reads them (matvec_batch_int4.wgsl's MERGE) — adds the same to the
+// residual stream and leaves the same cache, over caches alike from one
+// seed; and a weight of the wrong height is refused.
+func TestAttentionBlockDecode(t *testing.T) {
 	d := gputest.Device(t)
 	r := newRand(t)
 	p := planFor(d)
@@ -305,33 +306,58 @@ func TestQKVAttentionDecode(t *testing.T) {
 			cfg := s.config()
 			heads, width := cfg.NumAttentionHeads, cfg.QDim()+2*cfg.KVDim()
 			_, w := qkvWeight(t, d, r, width, K, 32)
-			x, g := upload(t, d, "x", randVec(r, K, 3)), upload(t, d, "input_layernorm", randVec(r, K, 1))
+			o, err := UploadMatrix(d, "o_proj", randMatrix(t, r, Int4, K, cfg.QDim(), 32))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(o.Release)
+			p.matVecBatchMinK = cfg.QDim() // o_proj of one row on matvec_batch_int4.wgsl, which merges
+			// on o_proj's layout or the merge's own
+			p.mergeInOProjLayout = []matVecBatchLayout{{}, matVecBatchNarrow}[r.IntN(2)]
+			x0, g := randVec(r, K, 3), upload(t, d, "input_layernorm", randVec(r, K, 1))
 			consts, err := UploadQKNormRope(d, "consts", randVec(r, s.D, 0.5), randVec(r, s.D, 0.5), (&qwen3.Config{HeadDim: s.D, RopeTheta: 1e6}).RopeInvFreq(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(consts.Release)
-			var outs, keys, values [2][]float32
+			var outs, keys, values [3][]float32
 			var cache *KVCache
-			for i, input := range []bool{false, true} {
-				p.attentionInput = input
+			for i, path := range []struct{ input, merge bool }{{false, false}, {true, false}, {true, true}} {
+				p.attentionInput, p.mergeInOProjMaxK = path.input, 0
+				if path.merge {
+					p.mergeInOProjMaxK = cfg.QDim()
+				}
 				tc := newTestCache(t, d, rand.New(rand.NewPCG(seed, 1)), s.kvHeads, s.D, s.blockSize, []int{n}, half)
 				cache = tc.c
 				rb := uploadRows(t, d, []uint32{tc.slot(0)}, []uint32{uint32(n - 1)}, []treemask.Row{treemask.LineRow(n - 1)})
+				x := upload(t, d, "x", x0)
 				q, qkv, attn := poisoned(t, d, "q", cfg.QDim()), poisoned(t, d, "qkv", width), poisoned(t, d, "attn", cfg.QDim())
-				run(t, d, "qkv_attention_decode", func(b *gpu.Batch) error {
-					return QKVAttentionDecode(b, attn, q, qkv, x, g, w, consts, tc.c, tc.layer, rb, heads, n, 1e-6)
+				run(t, d, "attention_block_decode", func(b *gpu.Batch) error {
+					return AttentionBlockDecode(b, x, attn, q, qkv, g, w, o, consts, tc.c, tc.layer, rb, heads, n, 1e-6)
 				})
-				outs[i], keys[i], values[i] = readF32(t, attn, cfg.QDim()), readCache(t, tc.c, tc.c.k[tc.layer]), readCache(t, tc.c, tc.c.v[tc.layer])
-				if wrote := !math.IsNaN(float64(readF32(t, q, 1)[0])); wrote == input { // INPUT leaves q as it was
-					t.Fatalf("input %v: q written %v", input, wrote)
+				outs[i], keys[i], values[i] = readF32(t, x, K), readCache(t, tc.c, tc.c.k[tc.layer]), readCache(t, tc.c, tc.c.v[tc.layer])
+				for k := range outs[i] { // what the block added
+					outs[i][k] -= x0[k]
+				}
+				if wrote := !math.IsNaN(float64(readF32(t, q, 1)[0])); wrote == path.input { // INPUT leaves q as it was
+					t.Fatalf("%+v: q written %v", path, wrote)
+				}
+				// The merge in o_proj leaves attn as it was where there is
+				// a merge dispatch (more than one split) to save.
+				shape := tc.c.DecodeShapeOf(d, 1, heads, n)
+				want := path.merge && shape.splits > 1 && !shape.merge
+				if merged := math.IsNaN(float64(readF32(t, attn, 1)[0])); merged != want {
+					t.Fatalf("%+v, %d splits: attn left unwritten %v, want %v", path, shape.splits, merged, want)
 				}
 			}
-			// The two paths' f32 sums differ in order: a key may round to
-			// the neighbouring f16.
-			checkClose(t, "attn", outs[1], outs[0], kvTol(cache))
-			checkClose(t, "keys", keys[1], keys[0], kvTol(cache))
-			checkClose(t, "values", values[1], values[0], kvTol(cache))
+			// The paths' f32 sums differ in order: a key may round to the
+			// neighbouring f16, and o_proj sums 1,024 or more products of
+			// the attention output.
+			for i, name := range []string{"input", "merge in o_proj"} {
+				checkClose(t, name+": x's sum", outs[i+1], outs[0], 4*kvTol(cache))
+				checkClose(t, name+": keys", keys[i+1], keys[0], kvTol(cache))
+				checkClose(t, name+": values", values[i+1], values[0], kvTol(cache))
+			}
 			wrong, err := UploadMatrix(d, "qkv_proj", randMatrix(t, r, Int4, width+s.D, K, 32))
 			if err != nil {
 				t.Fatal(err)
@@ -345,7 +371,7 @@ func TestQKVAttentionDecode(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer b.Discard()
-			if err := QKVAttentionDecode(b, poisoned(t, d, "attn", cfg.QDim()), poisoned(t, d, "q", cfg.QDim()), poisoned(t, d, "qkv", width), x, g, wrong, consts, tc.c, tc.layer, rb, heads, n, 1e-6); err == nil {
+			if err := AttentionBlockDecode(b, upload(t, d, "x", x0), poisoned(t, d, "attn", cfg.QDim()), poisoned(t, d, "q", cfg.QDim()), poisoned(t, d, "qkv", width), g, wrong, o, consts, tc.c, tc.layer, rb, heads, n, 1e-6); err == nil {
 				t.Fatal("a q|k|v weight one head too tall: no error")
 			}
 		})

@@ -26,7 +26,8 @@ type splitParams struct {
 	Eps                         float32
 	Splits, Kps, Swiglu, Norm   uint32
 	Magic                       uint32 // codesMagic
-
+	Msplits                     uint32 // matvec_batch_int4.wgsl's MERGE: the attention's splits
+	_, _, _                     uint32
 }
 
 // reduceParams are matmul_reduce.wgsl's params.
@@ -46,7 +47,8 @@ func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Bindin
 	w, T, d := c.w, c.T, c.b.Device()
 	splits, kps := c.splitK(blk, bn, bm, step, target)
 	partials := uint64(splits) * uint64(T) * uint64(blk.n+1) * 4 // sums, then sums of squares
-	if splits > 1 && partials > d.Limits().MaxStorageBufferBindingSize {
+	// A merged input is in scratch already: no split-K partials over it.
+	if splits > 1 && (partials > d.Limits().MaxStorageBufferBindingSize || c.in.merge != nil) {
 		splits, kps = 1, w.K
 	}
 	dst := out
@@ -61,6 +63,9 @@ func (c *matMulCall) splitDispatch(p *gpu.Pipeline, blk rowBlock, out gpu.Bindin
 	params := &splitParams{T: uint32(T), N: uint32(blk.n), K: uint32(w.K), G: uint32(w.G), Ldo: uint32(w.N),
 		Accumulate: wgslBool(c.in.accumulate), Eps: float32(c.in.eps), Splits: uint32(splits), Kps: uint32(kps), Swiglu: swiglu, Norm: norm,
 		Magic: codesMagic}
+	if c.in.merge != nil {
+		params.Msplits = uint32(c.in.merge.splits)
+	}
 	if err := gpu.Dispatch(c.b, p, params, c.bind(blk, dst), divCeil(blk.n, bn), divCeil(T, bm), uint32(splits)); err != nil {
 		return err
 	}

@@ -35,8 +35,10 @@
 //           as 16-byte words
 //   table   (seqs, max_blocks) u32
 //   rows    (T) Row: the rows' sequences, slots and masks
-//   part    from word part0 on, (T, heads, splits, D + 2) f32 bits: o,
-//           then m and l (unwritten with DIRECT); read and written as
+//   part    from word part0 on, (T, heads, splits, PS) f32 bits: o, then
+//           m and l, and two words unused, so that each split's o starts
+//           16-byte aligned where part0 is a multiple of 4 (a merge may
+//           read it in vec4s); unwritten with DIRECT; read and written as
 //           atomics (see MERGE)
 //   out     (T, heads, D) f32, written with MERGE (by the last split) or
 //           DIRECT (one split, no merge: o / l, and NaN for a row the split
@@ -92,6 +94,7 @@ const INPUT: u32 = 0u;             // 1: the rows' q/k norms, RoPE and cache app
 const IP: u32 = (D / 2u + WG - 1u) / WG; // INPUT: a head vector's pairs a thread
 const KVN: u32 = INPUT * 2u * D + 1u - INPUT; // INPUT: the new key and value
 const KW: u32 = D / 8u * (2u - KV_F16); // INPUT: 16-byte words of a key or value in the cache
+const PS: u32 = D + 4u;            // a split's partials: o, m, l and two words unused
 const LANES: u32 = D / 8u;         // threads per value vector
 const KP: u32 = WG / LANES;        // value vectors summed side by side
 const RG: u32 = WG / 16u;          // a reduction's partials per head
@@ -436,9 +439,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 
     // Write o, m, l of each head.
-    let stride = p.splits * (D + 2u);                                    // to the next head
-    let first = p.part0 + (t * p.heads + h0) * p.splits * (D + 2u);      // split 0 of head h0
-    let out0 = first + s * (D + 2u);                                     // this split
+    let stride = p.splits * PS;                                    // to the next head
+    let first = p.part0 + (t * p.heads + h0) * p.splits * PS;      // split 0 of head h0
+    let out0 = first + s * PS;                                     // this split
     for (var i = lid; i < GROUP * D; i += WG) {
         let hh = i / D;
         let d = i % D;
@@ -467,7 +470,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     storageBarrier(); // acquire: the other splits' partials after their arrivals
     for (var i = lid; i < GROUP * p.splits; i += WG) {
         let hh = i / p.splits;
-        let at = first + hh * stride + (i % p.splits) * (D + 2u) + D;
+        let at = first + hh * stride + (i % p.splits) * PS + D;
         ms[hh][i % p.splits] = load_part(at);
         ls[hh][i % p.splits] = load_part(at + 1u);
     }
@@ -497,7 +500,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var r = 0u; r < OUTS; r++) {
             let i = min(lid + r * WG, GROUP * D - 1u);
             for (var j = 0u; j < SB; j++) {
-                v[r][j] = load_part(first + (i / D) * stride + min(s0 + j, p.splits - 1u) * (D + 2u) + i % D);
+                v[r][j] = load_part(first + (i / D) * stride + min(s0 + j, p.splits - 1u) * PS + i % D);
             }
         }
         for (var r = 0u; r < OUTS; r++) {

@@ -17,8 +17,8 @@
 // not before.
 //
 // Buffers:
-//   part (T, heads, splits, D + 2) f32 from attention_decode.wgsl: o, then
-//        m and l
+//   part (T, heads, splits, D + 4) f32 from attention_decode.wgsl: o, then
+//        m and l (and two words unused)
 //   rows (T) Row (prelude.wgsl): the rows' slots
 //   out  (T, heads, D) f32
 //
@@ -28,6 +28,7 @@
 const WG: u32 = 64u;
 const D: u32 = 128u;
 const CHUNK: u32 = 64u;
+const PS: u32 = D + 4u;                  // a split's partials: o, m, l, two unused
 const SB: u32 = 16u;                       // splits loaded at once
 const OUTS: u32 = (D + WG - 1u) / WG;      // outputs a thread
 
@@ -47,7 +48,7 @@ struct Params {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let t = wid.y;
-    let first = (t * p.heads + h) * p.splits * (D + 2u);
+    let first = (t * p.heads + h) * p.splits * PS;
     let o = (t * p.heads + h) * D;
     let beyond = rows[t].slot + 1u > p.splits * CHUNK;
     var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
@@ -62,7 +63,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var l: array<f32, SB>;
         var v: array<array<f32, SB>, OUTS>;
         for (var j = 0u; j < SB; j++) {
-            let at = first + min(s0 + j, p.splits - 1u) * (D + 2u);
+            let at = first + min(s0 + j, p.splits - 1u) * PS;
             m[j] = part[at + D];
             l[j] = part[at + D + 1u];
             for (var r = 0u; r < OUTS; r++) {

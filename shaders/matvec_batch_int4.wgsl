@@ -13,10 +13,19 @@
 // where x' is x, or with SWIGLU = 1 silu(gate) · up from the (T, 2K) output
 // of the stacked gate/up projection, or with NORM = 1 Qwen3's RMSNorm
 // x[t][k] · g[k] / sqrt(mean_k x[t][k]² + eps) — the same three inputs as
-// matmul_rowtile.wgsl, which handles every shape this kernel does not.
+// matmul_rowtile.wgsl, which handles every shape this kernel does not —,
+// or with MERGE = 1 the attention output that attention_merge.wgsl would
+// write from attention_decode.wgsl's splits (o_proj of one decode row, the
+// merge dispatch saved): for head h = k / AD and d = k % AD,
+//   x'[t][k] = Σ_s exp(m_s − M) · o_s[d]  /  Σ_s exp(m_s − M) · l_s,  M = max_s m_s
+// over the p.msplits splits of (t, h). Each workgroup merges all of its
+// input itself, which reads the splits' partials once a workgroup (from
+// the L2 cache: they are small) where the merge dispatch read them once.
 //
 // Buffers (as in matmul_rowtile.wgsl's int4 entry, with W read 16 bytes at a time):
-//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU
+//   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU; with
+//           MERGE attention_decode.wgsl's partials, (T, K / AD, msplits,
+//           AD + 4) f32: o, m, l and two unused words a split
 //   qweight (N, K/32) vec4<u32>: 32 codes, column k's in bits 4(k%8)… of
 //           word (k%32)/8 of vec4 k/32
 //   out     rows of ldo f32; this call writes columns [0, N) of rows [0, T)
@@ -66,6 +75,9 @@ const TT: u32 = 1u;                 // activation rows the workgroup holds (TT �
 const KC: u32 = 2048u;              // input columns staged per chunk, a multiple of 32·LANES
 const SWIGLU: u32 = 0u;             // 1: x is gate | up, and the input silu(gate)·up
 const NORM: u32 = 0u;               // 1: the input is rmsnorm(x) · g
+const MERGE: u32 = 0u;              // 1: x is attention_decode.wgsl's splits, and the input their merge
+const AD: u32 = 128u;               // MERGE: the attention's head_dim, a multiple of 4
+const MB: u32 = 16u;                // MERGE: splits loaded at once
 const GROUPS: u32 = WG / LANES;     // row groups: LANES threads sharing RT weight rows
 const KC32: u32 = KC / 32u;         // 32-column blocks a chunk
 const XS: u32 = 8u * TT;            // staged vec4 places over the activation rows
@@ -99,6 +111,56 @@ fn input_norm4(i: u32) -> vec4<f32> {
     return norm[i];
 }
 
+
+// staged4 is vec4 j of activation row `row` of x' before the norm
+// (slice_sums): input4's, or with MERGE the attention output's, merged as
+// attention_merge.wgsl merges — the loads of MB splits' o and (m, l) go out
+// together, and blocks of MB fold into running sums rescaled to the
+// largest m so far (online softmax). The splits of one head are loaded
+// alike by the AD / 4 threads that stage it: m and l are broadcasts.
+fn staged4(row: u32, j: u32) -> vec4<f32> {
+    if MERGE == 0u {
+        return input4(row, j);
+    }
+    let h = j / (AD / 4u);
+    let first = (row * (p.K / AD) + h) * p.msplits * (AD / 4u + 1u); // split 0 of (row, h), in vec4s
+    let o = j % (AD / 4u);
+    var neg_inf_bits = 0xff800000u; // a var: Chrome rejects a constant −inf
+    let neg_inf = bitcast<f32>(neg_inf_bits);
+    var M = neg_inf;
+    var den = 0.0;
+    var num = vec4<f32>();
+    for (var s0 = 0u; s0 < p.msplits; s0 += MB) {
+        // Loads past the last split repeat it; they weigh nothing below.
+        var ml: array<vec2<f32>, MB>;
+        var v: array<vec4<f32>, MB>;
+        for (var i = 0u; i < MB; i++) {
+            let at = first + min(s0 + i, p.msplits - 1u) * (AD / 4u + 1u);
+            v[i] = x[at + o];
+            ml[i] = x[at + AD / 4u].xy;
+        }
+        var top = M;
+        for (var i = 0u; i < MB; i++) {
+            if s0 + i < p.msplits {
+                top = max(top, ml[i].x);
+            }
+        }
+        // As attention_merge.wgsl: against 0 while every split is hidden.
+        let base = select(top, 0.0, top == neg_inf);
+        let keep = exp(M - base);
+        den *= keep;
+        num *= keep;
+        for (var i = 0u; i < MB; i++) {
+            if s0 + i < p.msplits {
+                let w = exp(ml[i].x - base);
+                den += w * ml[i].y;
+                num += w * v[i];
+            }
+        }
+        M = top;
+    }
+    return num / den;
+}
 
 // finish writes out[t][nn] from the sum v over all of K and row t's sum of
 // squares (NORM).

@@ -41,6 +41,10 @@ struct SplitParams {
     swiglu: u32,     // 1: x is gate | up, and the input silu(gate)·up (skinny_int4.wgsl; gemm_int4.wgsl takes SWIGLU)
     norm: u32,       // 1: the input is rmsnorm(x) · g (skinny_int4.wgsl; gemm_int4.wgsl takes NORM)
     magic: u32,      // MAGIC, for codes_in_place (skinny_int4.wgsl, matvec_batch_int4.wgsl)
+    msplits: u32,    // MERGE: attention_decode.wgsl's splits the input merges (matvec_batch_int4.wgsl)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // EmbedParams are the params of the embedding gathers (embed.wgsl).
@@ -438,7 +442,9 @@ fn store_head(lid: u32, dst: u32, is_v: bool, D: u32) {
 // ROWS, RT, WG, TT, KC, NORM and those derived from them as
 // matvec_batch_int4.wgsl does), the workgroup arrays xs, partial, sumsq and
 // ssq, the bindings qweight and scales, params p with T, N, K, G, kps and
-// magic, what input4 reads, and input_norm4 (vec4 i of the norm's weight).
+// magic, staged4 (vec4 j of activation row `row` of the input before the
+// norm: input4's, or another the kernel computes) and input_norm4 (vec4 i
+// of the norm's weight).
 fn slice_sums(wid: vec3<u32>, lid: u32, t0: u32) {
     let lane = lid % LANES;
     let g = lid / LANES;                 // this thread's row group: weight rows g·RT … g·RT + RT − 1 of the workgroup's
@@ -485,7 +491,7 @@ fn slice_sums(wid: vec3<u32>, lid: u32, t0: u32) {
             let t = e / (KC / 4u);
             let q = e % (KC / 4u); // the chunk's vec4 q = 8v + m
             if t < TT && q < kc4 {
-                var v = input4(min(t0 + t, p.T - 1u), c0 / 4u + q);
+                var v = staged4(min(t0 + t, p.T - 1u), c0 / 4u + q);
                 if NORM == 1u {
                     // By select: ss indexed by t, a lane's value, would go
                     // to local memory.

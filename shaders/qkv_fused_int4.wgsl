@@ -100,6 +100,12 @@ var<workgroup> ssq: array<f32, TT>;
 var<workgroup> red_f: array<f32, WG>;   // sum_all's
 var<workgroup> head: array<f32, ROWS>;  // a row's head vector
 
+// staged4 is vec4 j of activation row `row` of the input (slice_sums):
+// the x binding's.
+fn staged4(row: u32, j: u32) -> vec4<f32> {
+    return input4(row, j);
+}
+
 // input_norm4 is vec4 i of input_layernorm's weight, after the rest of
 // consts.
 fn input_norm4(i: u32) -> vec4<f32> {

@@ -407,7 +407,7 @@ func TestOddHeadDim(t *testing.T) {
 // reference. Where qkv_fused_int4.wgsl does not take a one-row q|k|v
 // projection of that many inputs, the plan's one-row passes take the
 // q/k norms, RoPE and the cache append in attention_decode.wgsl
-// (kernels.QKVAttentionDecode), which a small model's passes never do.
+// (kernels.AttentionBlockDecode), which a small model's passes never do.
 func TestWideHidden(t *testing.T) {
 	cfg := synth.Shapes["tiny"]
 	cfg.HiddenSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim = 2560, 4, 2, 64

@@ -579,15 +579,16 @@ func (e *Engine) kernels(ps pass) []step {
 				return kernels.GatherRows(b, e.kv.Feature(f), a.x, pairs, R, c.HiddenSize)
 			})
 		}
-		// One decode row: its attention half in kernels.QKVAttentionDecode,
-		// which may fold the norms, RoPE and the cache append into attention.
+		// One decode row: its attention block in kernels.AttentionBlockDecode
+		// (through o_proj), which may fold the norms, RoPE and the cache
+		// append into attention, and attention's merge into o_proj.
 		oneRow := R == 1 && ps.decode == 1
 		steps = append(steps,
 			// q | k | v = qkv_proj(input_layernorm(hidden)): (R, (heads + 2·kv_heads)·D);
 			// q = rope(q_norm(q)); past_key_values.update(rope(k_norm(k)), v)
 			func(b *gpu.Batch) error {
 				if oneRow {
-					return kernels.QKVAttentionDecode(b, a.attn, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.rows, heads, ps.maxLen, eps)
+					return kernels.AttentionBlockDecode(b, a.x, a.attn, a.q, a.qkv, lw.inputNorm, lw.qkv, lw.o, lw.qkNormRope, e.kv, l, a.rows, heads, ps.maxLen, eps)
 				}
 				return kernels.QKVProjRopeKV(b, a.q, a.qkv, a.x, lw.inputNorm, lw.qkv, lw.qkNormRope, e.kv, l, a.rows, R, heads, eps)
 			},
@@ -610,7 +611,12 @@ func (e *Engine) kernels(ps pass) []step {
 				return nil
 			},
 			// hidden += o_proj(attn)
-			func(b *gpu.Batch) error { return kernels.MatMul(b, a.x, a.attn, lw.o, R, true) },
+			func(b *gpu.Batch) error {
+				if oneRow {
+					return nil
+				}
+				return kernels.MatMul(b, a.x, a.attn, lw.o, R, true)
+			},
 			// hidden += down_proj(silu(gate_proj(h)) * up_proj(h)), h = post_attention_layernorm(hidden)
 			func(b *gpu.Batch) error { return kernels.MatMulNorm(b, a.gateUp, a.x, lw.postNorm, lw.gateUp, R, eps) },
 			func(b *gpu.Batch) error { return kernels.MatMulSwiGLU(b, a.x, a.gateUp, lw.down, R, true) },

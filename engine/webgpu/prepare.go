@@ -38,8 +38,16 @@ func (e *Engine) Prepare(ctx context.Context) error {
 	if err := e.usable(); err != nil {
 		return err
 	}
-	err := prepare(ctx, e.dev, e.kv, e.cfg.NumAttentionHeads, e.opts.MaxRows, min(e.cfg.MaxPositionEmbeddings, e.kv.Capacity()), func(R int) []step {
-		return e.kernels(pass{rows: R, lasts: min(R, e.act.maxLasts)})
+	maxLen := min(e.cfg.MaxPositionEmbeddings, e.kv.Capacity())
+	err := prepare(ctx, e.dev, e.kv, e.cfg.NumAttentionHeads, e.opts.MaxRows, maxLen, func(R int) []step {
+		steps := e.kernels(pass{rows: R, lasts: min(R, e.act.maxLasts)})
+		if R == 1 {
+			// One decode row at the longest context: its attention block's
+			// (kernels.AttentionBlockDecode), whose o_proj may merge
+			// attention's splits as it reads them.
+			steps = append(steps, e.kernels(pass{rows: 1, decode: 1, lasts: 1, maxLen: maxLen})...)
+		}
+		return steps
 	})
 	if err != nil {
 		return fmt.Errorf("webgpu: prepare: %w", err)

@@ -244,7 +244,24 @@ type plan struct {
 //     instead of the merge dispatch lost again beside it (8B 4.02 ms,
 //     4B 3.07–3.10, 1.7B 1.89–2.20 against 1.71–1.73), and so did each
 //     thread loading its key's words before it scores them (8B
-//     3.843 / 3.849 against 3.834 / 3.828, within 1 % elsewhere).
+//     3.843 / 3.849 against 3.834 / 3.828, within 1 % elsewhere);
+//   - one decode row of 512 inputs or more (Qwen3-0.6B's 1,024, 1.7B's
+//     2,048) takes that path too rather than qkv_fused_int4.wgsl, whose
+//     32 workgroups (a head vector each) leave most SMs idle there
+//     (attentionInputMinK); and o_proj of up to 2,048 inputs merges
+//     attention's splits as it reads them, on 32 lanes × 16 rows — half
+//     the workgroups of its own layout, so half the splits' bytes read
+//     again — (mergeInOProjMaxK, mergeInOProjLayout). One H100,
+//     2026-12-07, `bench engine --shape S --context 1024 --batches 1
+//     --rows 1 --steps 64`, a build switching them by environment
+//     variables, alternated twice in one call: Qwen3-1.7B 1.739 / 1.733
+//     ms on the plan before, 1.616 / 1.613 with the INPUT path, 1.569 /
+//     1.577 with o_proj merging on its own 64 × 8 layout, 1.558 / 1.554
+//     on 32 × 16 (the compiled CUDA peer 1.539); Qwen3-0.6B 1.322 /
+//     1.315, 1.253 / 1.700, 1.213 / 1.253, 1.225 / 1.209. Qwen3-8B's
+//     o_proj (4,096 inputs, 512 workgroups on 64 × 8) merging read 128 MB
+//     a layer again and took its step to 4.30–4.35 ms against 3.74–4.12,
+//     so larger o_proj keep the merge dispatch.
 var measuredH200 = plan{
 	matVecBatchMinK:       2048,
 	matVecBatchMinN:       6144,

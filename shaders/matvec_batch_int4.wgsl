@@ -21,6 +21,8 @@
 // over the p.msplits splits of (t, h). Each workgroup merges all of its
 // input itself, which reads the splits' partials once a workgroup (from
 // the L2 cache: they are small) where the merge dispatch read them once.
+// Unlike attention_merge.wgsl it has no rows to mark a row whose context
+// the splits do not cover: the caller's split count covers its rows.
 //
 // Buffers (as in matmul_rowtile.wgsl's int4 entry, with W read 16 bytes at a time):
 //   x       (T, K) f32, read as vec4s; (T, 2K) gate | up with SWIGLU; with

@@ -4,14 +4,19 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"webdraft/checkpoint"
 	"webdraft/eagle3"
 	"webdraft/engine"
 	"webdraft/engine/enginetest"
 	"webdraft/gpu/gputest"
+	"webdraft/internal/synth"
+	"webdraft/reference"
 )
 
 // TestPrepare: once a pass of each kind has run (as a warm-up's
@@ -114,5 +119,80 @@ func TestPrepare(t *testing.T) {
 	}
 	for i := range 8 {
 		round(i, 1+i%4, 5*(i%2), 100, check)
+	}
+}
+
+// TestPrepareMergedOProj: a model whose one-row o_proj merges attention's
+// splits as it reads them (2,048 inputs: 16 heads of 128, where the plan
+// has o_proj merge) — after a warm-up draft of one split, Prepare builds
+// that pipeline too, so a generation whose context outgrows one split
+// builds none, and drafts the reference's greedy tokens.
+func TestPrepareMergedOProj(t *testing.T) {
+	ctx := context.Background()
+	cfg := synth.Shapes["tiny"]
+	cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim, cfg.MaxPositionEmbeddings = 16, 2, 128, 512
+	dir := filepath.Join(t.TempDir(), "synth")
+	if err := synth.Write(dir, cfg, synth.Options{Seed: 13, Std: 0.1}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.Load(dir, checkpoint.LoadOptions{Quant: checkpoint.Int4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	d := gputest.Fresh(t)
+	e, err := New(d, m.Config, m.Weights, Options{KVBytes: 16 << 20, MaxSequences: 2, KV: "f32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	// A warm-up: the same draft after a short prompt (one split), then
+	// Prepare.
+	warm, err := e.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.Draft(ctx, e, warm, []int{1, 2, 3}, 8); err != nil {
+		t.Fatal(err)
+	}
+	warm.Release()
+	if err := e.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prepared := d.PipelineNames()
+	if !slices.ContainsFunc(prepared, func(name string) bool {
+		return strings.HasPrefix(name, "matvec_batch_int4.wgsl{") && strings.Contains(name, "MERGE=1")
+	}) {
+		t.Fatal("Prepare built no o_proj that merges attention's splits")
+	}
+	r := rand.New(rand.NewPCG(13, 14))
+	prompt := make([]int, 300+r.IntN(100)) // past the one split of a short context
+	for i := range prompt {
+		prompt[i] = r.IntN(cfg.VocabSize)
+	}
+	seq, err := e.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Release()
+	got, err := engine.Draft(ctx, e, seq, prompt, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if built := gputest.BuiltSince(d, prepared); len(built) > 0 {
+		t.Fatalf("a draft after a prompt of %d tokens built pipelines Prepare had not: %v", len(prompt), built)
+	}
+	ref, err := reference.New(m.Config, m.Weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := ref.Draft(ref.NewSequence(), prompt, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tok := range got {
+		if tok.ID != want[i] {
+			t.Fatalf("draft token %d is %d, the reference's %d (drafts %v, want %v)", i, tok.ID, want[i], got, want)
+		}
 	}
 }

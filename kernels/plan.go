@@ -259,7 +259,7 @@ type plan struct {
 //     1.577 with o_proj merging on its own 64 × 8 layout, 1.558 / 1.554
 //     on 32 × 16 (the compiled CUDA peer 1.539); Qwen3-0.6B 1.322 /
 //     1.315, 1.253 / 1.700, 1.213 / 1.253, 1.225 / 1.209. Qwen3-8B's
-//     o_proj (4,096 inputs, 512 workgroups on 64 × 8) merging read 128 MB
+//     o_proj (4,096 inputs, 512 workgroups on 64 × 8) merging read 138 MB
 //     a layer again and took its step to 4.30–4.35 ms against 3.74–4.12,
 //     so larger o_proj keep the merge dispatch.
 var measuredH200 = plan{

@@ -264,10 +264,7 @@ func TestLongContext(t *testing.T) {
 	var entries []*engine.Entry
 	var refSeqs []*reference.Sequence
 	for _, n := range lengths {
-		p := make([]int, n)
-		for i := range p {
-			p[i] = rng.IntN(cfg.VocabSize)
-		}
+		p := randomTokens(rng, n, cfg.VocabSize)
 		s, err := e.NewSequence()
 		if err != nil {
 			t.Fatal(err)
@@ -301,6 +298,15 @@ func TestLongContext(t *testing.T) {
 			en.Tokens = []int{want}
 		}
 	}
+}
+
+// randomTokens is n token ids drawn from r, each below vocab.
+func randomTokens(r *rand.Rand, n, vocab int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = r.IntN(vocab)
+	}
+	return out
 }
 
 func topTwo(v []float32) (float32, float32) {
@@ -346,10 +352,7 @@ func TestExternalModel(t *testing.T) {
 	var entries []*engine.Entry
 	var seqs []*reference.Sequence
 	for _, n := range []int{5, 64, 300} {
-		p := make([]int, n)
-		for i := range p {
-			p[i] = rng.IntN(m.Config.VocabSize)
-		}
+		p := randomTokens(rng, n, m.Config.VocabSize)
 		s, err := e.NewSequence()
 		if err != nil {
 			t.Fatal(err)

@@ -37,13 +37,7 @@ func TestPrepare(t *testing.T) {
 	}
 	t.Cleanup(func() { h.Close() })
 	r := rand.New(rand.NewPCG(7, 8))
-	tokens := func(n int) []int {
-		out := make([]int, n)
-		for i := range out {
-			out[i] = r.IntN(c.Layer().VocabSize)
-		}
-		return out
-	}
+	tokens := func(n int) []int { return randomTokens(r, n, c.Layer().VocabSize) }
 	// round runs passes over n sequences: prompts of up to prompt tokens,
 	// verifications of up to 20 rows in all.
 	round := func(i, n, topN, prompt int, check func(string)) {
@@ -166,10 +160,7 @@ func TestPrepareMergedOProj(t *testing.T) {
 		t.Fatal("Prepare built no o_proj that merges attention's splits")
 	}
 	r := rand.New(rand.NewPCG(13, 14))
-	prompt := make([]int, 300+r.IntN(100)) // past the one split of a short context
-	for i := range prompt {
-		prompt[i] = r.IntN(cfg.VocabSize)
-	}
+	prompt := randomTokens(r, 300+r.IntN(100), cfg.VocabSize) // past the one split of a short context
 	seq, err := e.NewSequence()
 	if err != nil {
 		t.Fatal(err)

@@ -45,13 +45,7 @@ func newSampledPair(t *testing.T, g *Group, opts Options) *sampledPair {
 	return p
 }
 
-func (p *sampledPair) tokens(n int) []int {
-	out := make([]int, n)
-	for i := range out {
-		out[i] = p.rng.IntN(p.target.cfg.VocabSize)
-	}
-	return out
-}
+func (p *sampledPair) tokens(n int) []int { return randomTokens(p.rng, n, p.target.cfg.VocabSize) }
 
 func (p *sampledPair) uniforms(n int) []float32 {
 	u := make([]float32, n)

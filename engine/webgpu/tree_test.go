@@ -36,13 +36,7 @@ func newTreeHarness(t *testing.T, opts Options) *treeHarness {
 	return &treeHarness{t: t, e: newEngine(t, m, opts), ref: ref, rng: rand.New(rand.NewPCG(3, 5))}
 }
 
-func (h *treeHarness) tokens(n int) []int {
-	p := make([]int, n)
-	for i := range p {
-		p[i] = h.rng.IntN(h.e.cfg.VocabSize)
-	}
-	return p
-}
+func (h *treeHarness) tokens(n int) []int { return randomTokens(h.rng, n, h.e.cfg.VocabSize) }
 
 // seq returns a new sequence that has been fed context.
 func (h *treeHarness) seq(prompt []int) engine.Sequence {

@@ -178,7 +178,7 @@ func testChoose(t *testing.T, s *sampler, rng *rand.Rand, c sampleCase, p sampli
 	}
 	got := sampling.Row{Argmax: want.Argmax, LogSumExp: d.lse, ArgmaxLogprob: d.max - d.lse}
 	s.choose(d, dr, &got)
-	if !nucleusEdge(c.full, p, got.Threshold, want.Threshold) {
+	if !samplingtest.NucleusEdge(c.full, p, got.Threshold, want.Threshold) {
 		t.Fatalf("%s: threshold %v, want %v", name, got.Threshold, want.Threshold)
 	}
 	if got.Threshold != want.Threshold {
@@ -350,34 +350,6 @@ func compacted(q *engine.HostDist) *engine.HostDist {
 		}
 	}
 	return c
-}
-
-// nucleusEdge reports whether got is want's nucleus threshold, or (the
-// f32 sums' order telling the goal from a neighbouring token's edge) a
-// threshold whose tokens hold the nucleus's mass, within 1e-5, and whose
-// tokens above it do not: kernels.nucleusEdge's rule for sample.wgsl.
-func nucleusEdge(l []float32, p sampling.Params, got, want float32) bool {
-	if got == want {
-		return true
-	}
-	if p.TopP <= 0 || p.TopP >= 1 {
-		return false
-	}
-	probs, err := samplingtest.Probs(l, sampling.Params{Temperature: p.Temperature, TopP: 1})
-	if err != nil {
-		return false
-	}
-	var at, above float64
-	for i, q := range probs {
-		switch s := l[i] / p.Temperature; {
-		case s > got:
-			above += q
-			at += q
-		case s == got:
-			at += q
-		}
-	}
-	return at >= float64(p.TopP)-1e-5 && above < float64(p.TopP)+1e-5
 }
 
 // BenchmarkSampler is the sampled read-out of one row of the embedded

@@ -74,6 +74,35 @@ func Probs(logits []float32, p sampling.Params) ([]float64, error) {
 	return probsAt(logits, p, row.Threshold), nil
 }
 
+// NucleusEdge reports whether got may stand for want, the nucleus
+// threshold p takes over logits by the rule: want itself, or — the f32
+// sums' order telling the goal from a neighbouring token's edge — a
+// threshold whose tokens hold the nucleus's mass, within 1e-5, and whose
+// tokens above it do not.
+func NucleusEdge(logits []float32, p sampling.Params, got, want float32) bool {
+	if got == want {
+		return true
+	}
+	if p.TopP <= 0 || p.TopP >= 1 {
+		return false
+	}
+	probs, err := Probs(logits, sampling.Params{Temperature: p.Temperature, TopP: 1})
+	if err != nil {
+		return false
+	}
+	var at, above float64
+	for i, q := range probs {
+		switch s := logits[i] / p.Temperature; {
+		case s > got:
+			above += q
+			at += q
+		case s == got:
+			at += q
+		}
+	}
+	return at >= float64(p.TopP)-1e-5 && above < float64(p.TopP)+1e-5
+}
+
 // probsAt is the softmax at p's temperature over the tokens whose scaled
 // logit is at least threshold.
 func probsAt(logits []float32, p sampling.Params, threshold float32) []float64 {

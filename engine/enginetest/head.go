@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"webdraft/eagle3"
@@ -164,6 +165,84 @@ func TargetStep(t *testing.T, e engine.Engine, seq engine.Sequence, tokens ...in
 		t.Fatal(err)
 	}
 	return en.Next
+}
+
+// HeadStepRefusals checks the draft steps an EAGLE-3 head h drafting for
+// target refuses, with an error that begins with prefix and no token fed:
+// an entry without its Target, with other (a sequence of another engine)
+// or a released sequence as its Target, with a target's sequence as its
+// own, with tree nodes, with token 0 alone or a token outside the
+// vocabulary, and one over features the target does not hold; a batch
+// that repeats a sequence changes neither entry, and rows past the
+// target's end read the rows before them (accepted). Verify without a
+// Target is refused, and engine.ReadsTarget(h) is target.
+func HeadStepRefusals(t *testing.T, h, target engine.Engine, other engine.Sequence, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	tseq, _ := target.NewSequence()
+	defer tseq.Release()
+	TargetStep(t, target, tseq, 1, 2, 3)
+	gone, _ := target.NewSequence()
+	gone.Release()
+	empty, _ := target.NewSequence()
+	defer empty.Release()
+	for _, tc := range []struct {
+		name string
+		en   func(seq engine.Sequence) *engine.Entry
+	}{
+		{"no Target", func(s engine.Sequence) *engine.Entry { return &engine.Entry{Seq: s, Tokens: []int{1, 2}} }},
+		{"another engine's Target", func(s engine.Sequence) *engine.Entry {
+			return &engine.Entry{Seq: s, Target: other, Tokens: []int{1, 2}}
+		}},
+		{"a released Target", func(s engine.Sequence) *engine.Entry {
+			return &engine.Entry{Seq: s, Target: gone, Tokens: []int{1, 2}}
+		}},
+		{"a target's sequence as the head's", func(s engine.Sequence) *engine.Entry {
+			return &engine.Entry{Seq: tseq, Target: tseq, Tokens: []int{1, 2}}
+		}},
+		{"tree nodes", func(s engine.Sequence) *engine.Entry {
+			return &engine.Entry{Seq: s, Target: tseq, Tokens: []int{1, 2}, Parents: []int{-1, 0}}
+		}},
+		{"token 0 alone", func(s engine.Sequence) *engine.Entry { return &engine.Entry{Seq: s, Target: tseq, Tokens: []int{1}} }},
+		{"a token outside the vocabulary", func(s engine.Sequence) *engine.Entry {
+			return &engine.Entry{Seq: s, Target: tseq, Tokens: []int{1, h.Config().VocabSize}}
+		}},
+		{"a row over features the target does not hold (position 0)", func(s engine.Sequence) *engine.Entry {
+			return &engine.Entry{Seq: s, Target: empty, Tokens: []int{1, 2}}
+		}},
+	} {
+		seq, _ := h.NewSequence()
+		if err := h.Step(ctx, []*engine.Entry{tc.en(seq)}); err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		} else if seq.Len() != 0 {
+			t.Errorf("%s: refused, but the sequence holds %d tokens", tc.name, seq.Len())
+		} else if !strings.HasPrefix(err.Error(), prefix) {
+			t.Errorf("%s: %v: want an error beginning %q", tc.name, err, prefix)
+		}
+		seq.Release()
+	}
+	// Two feeds past the target's end in one step: the second reads the
+	// first's output (stages) — accepted; a batch whose second entry is
+	// refused changes neither.
+	seq, _ := h.NewSequence()
+	defer seq.Release()
+	ok := &engine.Entry{Seq: seq, Target: tseq, Tokens: []int{1, 2, 3, 4, 5}}
+	bad := &engine.Entry{Seq: seq, Target: tseq, Tokens: []int{1, 2}}
+	if err := h.Step(ctx, []*engine.Entry{ok, bad}); err == nil {
+		t.Error("a batch repeating a sequence: accepted")
+	}
+	if seq.Len() != 0 {
+		t.Errorf("a refused batch changed a sequence: %d tokens", seq.Len())
+	}
+	if err := h.Step(ctx, []*engine.Entry{ok}); err != nil {
+		t.Errorf("rows 3 and 4 past a target of 3: %v", err)
+	}
+	if err := h.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Tokens: []int{1, 2}, Out: 1}}); err == nil {
+		t.Error("Verify without a Target: accepted")
+	}
+	if engine.ReadsTarget(h) != target {
+		t.Error("ReadsTarget(head) is not its target")
+	}
 }
 
 // HeadTruncate checks an EAGLE-3 head h drafting for target (engine.Head's

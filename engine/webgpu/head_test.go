@@ -434,70 +434,12 @@ func TestHeadRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ctx := context.Background()
 	h := rig.head
-	tseq, _ := target.NewSequence()
-	enginetest.TargetStep(t, target, tseq, 1, 2, 3)
 	other, _ := plain.NewSequence()
 	enginetest.TargetStep(t, plain, other, 1, 2, 3)
-	gone, _ := target.NewSequence()
-	gone.Release()
-	for _, tc := range []struct {
-		name string
-		en   func(seq engine.Sequence) *engine.Entry
-	}{
-		{"no Target", func(s engine.Sequence) *engine.Entry { return &engine.Entry{Seq: s, Tokens: []int{1, 2}} }},
-		{"another engine's Target", func(s engine.Sequence) *engine.Entry {
-			return &engine.Entry{Seq: s, Target: other, Tokens: []int{1, 2}}
-		}},
-		{"a released Target", func(s engine.Sequence) *engine.Entry {
-			return &engine.Entry{Seq: s, Target: gone, Tokens: []int{1, 2}}
-		}},
-		{"a target's sequence as the head's", func(s engine.Sequence) *engine.Entry {
-			return &engine.Entry{Seq: tseq, Target: tseq, Tokens: []int{1, 2}}
-		}},
-		{"tree nodes", func(s engine.Sequence) *engine.Entry {
-			return &engine.Entry{Seq: s, Target: tseq, Tokens: []int{1, 2}, Parents: []int{-1, 0}}
-		}},
-		{"token 0 alone", func(s engine.Sequence) *engine.Entry { return &engine.Entry{Seq: s, Target: tseq, Tokens: []int{1}} }},
-		{"a token outside the vocabulary", func(s engine.Sequence) *engine.Entry {
-			return &engine.Entry{Seq: s, Target: tseq, Tokens: []int{1, 256}}
-		}},
-	} {
-		seq, _ := h.NewSequence()
-		if err := h.Step(ctx, []*engine.Entry{tc.en(seq)}); err == nil {
-			t.Errorf("%s: accepted", tc.name)
-		} else if seq.Len() != 0 {
-			t.Errorf("%s: refused, but the sequence holds %d tokens", tc.name, seq.Len())
-		} else if !strings.HasPrefix(err.Error(), "webgpu head: ") {
-			t.Errorf("%s: %v: want an error of the webgpu head", tc.name, err)
-		}
-		seq.Release()
-	}
-	empty, _ := target.NewSequence()
-	seq, _ := h.NewSequence()
-	if err := h.Step(ctx, []*engine.Entry{{Seq: seq, Target: empty, Tokens: []int{1, 2}}}); err == nil {
-		t.Error("a row over features the target does not hold (position 0): accepted")
-	}
-	// Two feeds past the target's end in one step: the second reads the
-	// first's output (stages) — accepted; a batch whose second entry is
-	// refused changes neither.
-	ok := &engine.Entry{Seq: seq, Target: tseq, Tokens: []int{1, 2, 3, 4, 5}}
-	badEn := &engine.Entry{Seq: seq, Target: tseq, Tokens: []int{1, 2}}
-	if err := h.Step(ctx, []*engine.Entry{ok, badEn}); err == nil {
-		t.Error("a batch repeating a sequence: accepted")
-	}
-	if seq.Len() != 0 {
-		t.Errorf("a refused batch changed a sequence: %d tokens", seq.Len())
-	}
-	if err := h.Step(ctx, []*engine.Entry{ok}); err != nil {
-		t.Errorf("rows 3 and 4 past a target of 3: %v", err)
-	}
+	enginetest.HeadStepRefusals(t, h, target, other, "webgpu head: ")
 	if !engine.DraftsTrees(h) {
 		t.Error("the head drafts no token trees")
-	}
-	if engine.ReadsTarget(h) != engine.Engine(target) {
-		t.Error("ReadsTarget(head) is not its target")
 	}
 	hc := h.Config()
 	if hc.NumHiddenLayers != 1 || hc.VocabSize != 256 || hc.MaxPositionEmbeddings != target.Config().MaxPositionEmbeddings || hc.HiddenSize != c.HiddenSize {
@@ -514,10 +456,13 @@ func TestHeadRefusals(t *testing.T) {
 		t.Errorf("Fault %v, KV block size %d", engine.Fault(h), engine.KVBlockSize(h))
 	}
 	// Closed: the head refuses every call; a second Close does nothing.
+	seq, _ := h.NewSequence()
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Step(ctx, []*engine.Entry{ok}); err == nil {
+	tseq, _ := target.NewSequence()
+	enginetest.TargetStep(t, target, tseq, 1, 2, 3)
+	if err := h.Step(context.Background(), []*engine.Entry{{Seq: seq, Target: tseq, Tokens: []int{1, 2, 3, 4}}}); err == nil {
 		t.Error("a step of a closed head: accepted")
 	}
 	if _, err := h.NewSequence(); err == nil {

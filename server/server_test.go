@@ -114,7 +114,10 @@ func TestDraft(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("status %d: %v", code, out)
 	}
-	seq, _ := f.eng.NewSequence()
+	seq, err := f.eng.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
 	want, err := engine.Draft(context.Background(), f.eng, seq, []int{5, 6, 7, 8}, 6)
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +244,10 @@ func TestConcurrentRequestsMatchSequential(t *testing.T) {
 	}
 	wg.Wait()
 	for i, p := range bodies {
-		seq, _ := f.eng.NewSequence()
+		seq, err := f.eng.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
 		want, err := engine.Draft(context.Background(), f.eng, seq, p, 8)
 		seq.Release()
 		if err != nil {

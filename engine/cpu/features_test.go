@@ -113,7 +113,7 @@ func TestFeatures(t *testing.T) {
 // TestNoFeatures: an engine without FeatureLayers keeps no features.
 func TestNoFeatures(t *testing.T) {
 	e, _, _, _ := tinyTarget(t, 2, nil)
-	seq, _ := e.NewSequence()
+	seq := enginetest.NewSequence(t, e)
 	if err := e.Step(context.Background(), []*engine.Entry{{Seq: seq, Tokens: []int{1, 2, 3}}}); err != nil {
 		t.Fatal(err)
 	}

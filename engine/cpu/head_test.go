@@ -108,9 +108,9 @@ func TestHeadInt4(t *testing.T) {
 func testHead(t *testing.T, rig *headRig, tol float64) {
 	ctx := context.Background()
 	h, target, o := rig.head, rig.target, rig.oracle
-	tseq, _ := target.NewSequence()
+	tseq := enginetest.NewSequence(t, target)
 	defer tseq.Release()
-	hseq, _ := h.NewSequence()
+	hseq := enginetest.NewSequence(t, h)
 	defer hseq.Release()
 	prompt := []int{3, 17, 5, 9, 30, 200}
 	ttext := slices.Clone(prompt)
@@ -175,7 +175,7 @@ func testHead(t *testing.T, rig *headRig, tol float64) {
 	o.check("StepN", h, &engine.Entry{Seq: hseq, Next: toks[0][2].ID, Logprob: toks[0][2].Logprob}, 0, text, ttext, tol)
 
 	// The same text token by token on another sequence: every row.
-	one, _ := h.NewSequence()
+	one := enginetest.NewSequence(t, h)
 	defer one.Release()
 	if err := h.Step(ctx, []*engine.Entry{{Seq: one, Target: tseq, Tokens: text[:2]}}); err != nil {
 		t.Fatal(err)
@@ -212,7 +212,7 @@ func TestHeadTargetTree(t *testing.T) {
 	line := []int{1, 2, 3}
 	var next []int
 	for _, tree := range []bool{false, true} {
-		tseq, _ := target.NewSequence()
+		tseq := enginetest.NewSequence(t, target)
 		enginetest.TargetStep(t, target, tseq, line...)
 		if tree {
 			v := &engine.VerifyEntry{Seq: tseq, Tokens: []int{4, 5}, Parents: []int{2, 2}, Out: 2}
@@ -220,7 +220,7 @@ func TestHeadTargetTree(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		hseq, _ := h.NewSequence()
+		hseq := enginetest.NewSequence(t, h)
 		en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: []int{1, 2, 3, 4, 5}}
 		if err := h.Step(ctx, []*engine.Entry{en}); err != nil {
 			t.Fatal(err)
@@ -270,7 +270,7 @@ func TestHeadRefusals(t *testing.T) {
 	bad("a short d2t", "target ids", c, &ids, target)
 
 	h := rig.head
-	other, _ := plain.NewSequence()
+	other := enginetest.NewSequence(t, plain)
 	enginetest.TargetStep(t, plain, other, 1, 2, 3)
 	enginetest.HeadStepRefusals(t, h, target, other, "cpu head: ")
 	hc := h.Config()
@@ -303,10 +303,10 @@ func TestHeadOwnEmbedding(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := &headOracle{t: t, ref: ref, head: rh}
-	tseq, _ := target.NewSequence()
+	tseq := enginetest.NewSequence(t, target)
 	text := []int{4, 8, 15, 16, 23}
 	enginetest.TargetStep(t, target, tseq, text...)
-	hseq, _ := h.NewSequence()
+	hseq := enginetest.NewSequence(t, h)
 	en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: append(slices.Clone(text), 42)}
 	if err := h.Step(context.Background(), []*engine.Entry{en}); err != nil {
 		t.Fatal(err)

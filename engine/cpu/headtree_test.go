@@ -43,7 +43,7 @@ func TestHeadTreeBatch(t *testing.T) {
 func TestHeadTreeRefusals(t *testing.T) {
 	rig := newHeadRig(t, false)
 	plain, _, _, _ := tinyTarget(t, enginetest.HeadLayers, nil)
-	other, _ := plain.NewSequence()
+	other := enginetest.NewSequence(t, plain)
 	enginetest.TargetStep(t, plain, other, 1, 2, 3)
 	enginetest.HeadTreeRefusals(t, rig.head, rig.target, other)
 }

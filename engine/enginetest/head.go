@@ -156,6 +156,16 @@ func LogSumExp(x []float32) float32 {
 	return m + float32(math.Log(s))
 }
 
+// NewSequence is a new sequence of e; the test stops if e refuses one.
+func NewSequence(t testing.TB, e engine.Engine) engine.Sequence {
+	t.Helper()
+	seq, err := e.NewSequence()
+	if err != nil {
+		t.Fatalf("NewSequence: %v", err)
+	}
+	return seq
+}
+
 // TargetStep feeds tokens to the target's sequence seq and returns its
 // greedy next token.
 func TargetStep(t *testing.T, e engine.Engine, seq engine.Sequence, tokens ...int) int {
@@ -179,12 +189,12 @@ func TargetStep(t *testing.T, e engine.Engine, seq engine.Sequence, tokens ...in
 func HeadStepRefusals(t *testing.T, h, target engine.Engine, other engine.Sequence, prefix string) {
 	t.Helper()
 	ctx := context.Background()
-	tseq, _ := target.NewSequence()
+	tseq := NewSequence(t, target)
 	defer tseq.Release()
 	TargetStep(t, target, tseq, 1, 2, 3)
-	gone, _ := target.NewSequence()
+	gone := NewSequence(t, target)
 	gone.Release()
-	empty, _ := target.NewSequence()
+	empty := NewSequence(t, target)
 	defer empty.Release()
 	for _, tc := range []struct {
 		name string
@@ -211,7 +221,7 @@ func HeadStepRefusals(t *testing.T, h, target engine.Engine, other engine.Sequen
 			return &engine.Entry{Seq: s, Target: empty, Tokens: []int{1, 2}}
 		}},
 	} {
-		seq, _ := h.NewSequence()
+		seq := NewSequence(t, h)
 		if err := h.Step(ctx, []*engine.Entry{tc.en(seq)}); err == nil {
 			t.Errorf("%s: accepted", tc.name)
 		} else if seq.Len() != 0 {
@@ -224,7 +234,7 @@ func HeadStepRefusals(t *testing.T, h, target engine.Engine, other engine.Sequen
 	// Two feeds past the target's end in one step: the second reads the
 	// first's output (stages) — accepted; a batch whose second entry is
 	// refused changes neither.
-	seq, _ := h.NewSequence()
+	seq := NewSequence(t, h)
 	defer seq.Release()
 	ok := &engine.Entry{Seq: seq, Target: tseq, Tokens: []int{1, 2, 3, 4, 5}}
 	bad := &engine.Entry{Seq: seq, Target: tseq, Tokens: []int{1, 2}}
@@ -253,9 +263,9 @@ func HeadStepRefusals(t *testing.T, h, target engine.Engine, other engine.Sequen
 func HeadTruncate(t *testing.T, h, target engine.Engine) {
 	t.Helper()
 	ctx := context.Background()
-	tseq, _ := target.NewSequence()
+	tseq := NewSequence(t, target)
 	next := TargetStep(t, target, tseq, 1, 2, 3, 4)
-	hseq, _ := h.NewSequence()
+	hseq := NewSequence(t, h)
 	en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: []int{1, 2, 3, 4, next}}
 	if _, err := engine.StepN(ctx, h, []*engine.Entry{en}, 3); err != nil {
 		t.Fatal(err)
@@ -306,10 +316,10 @@ func HeadBatch(t *testing.T, h, target engine.Engine, tol float64) {
 	type side struct{ tseq, alone, batched engine.Sequence }
 	var sides []side
 	for _, p := range prompts {
-		tseq, _ := target.NewSequence()
+		tseq := NewSequence(t, target)
 		TargetStep(t, target, tseq, p...)
-		a, _ := h.NewSequence()
-		b, _ := h.NewSequence()
+		a := NewSequence(t, h)
+		b := NewSequence(t, h)
 		sides = append(sides, side{tseq, a, b})
 	}
 	feeds := [][][]int{

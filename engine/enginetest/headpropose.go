@@ -50,8 +50,8 @@ func HeadProposals(t *testing.T, h, target engine.Engine, ref *reference.Model, 
 	V := h.Config().VocabSize
 	params := []sampling.Params{{Temperature: 0.8}, {Temperature: 1.3, TopP: 0.7}, {Temperature: 1.6}, {Temperature: 2}}
 	for _, p := range params {
-		a, _ := h.NewSequence()
-		b, _ := h.NewSequence()
+		a := NewSequence(t, h)
+		b := NewSequence(t, h)
 		us := [][]float32{uniforms(3), nil, uniforms(1)}
 		sampled := &engine.VerifyEntry{Seq: a, Target: tseq, Tokens: text, Out: 3, Sampling: p, Propose: us, TopN: 2}
 		greedy := &engine.VerifyEntry{Seq: b, Target: tseq, Tokens: text[:4], Out: 1, TopN: 2}

@@ -94,7 +94,7 @@ func HeadTree(t *testing.T, h, target engine.Engine, ref *reference.Model, rh *r
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	tseq, _ := target.NewSequence()
+	tseq := NewSequence(t, target)
 	defer tseq.Release()
 	prompt := []int{3, 17, 5, 9, 30, 200}
 	next := TargetStep(t, target, tseq, prompt...)
@@ -115,7 +115,7 @@ func HeadTree(t *testing.T, h, target engine.Engine, ref *reference.Model, rh *r
 	}
 	tr := &headTree{line: append(slices.Clone(prompt), next)}
 	L := len(tr.line)
-	hseq, _ := h.NewSequence()
+	hseq := NewSequence(t, h)
 	defer hseq.Release()
 
 	// Level 0: the line, its last row read out.
@@ -172,7 +172,7 @@ func HeadTree(t *testing.T, h, target engine.Engine, ref *reference.Model, rh *r
 
 	// The whole tree in one call: the line, the roots over its last row
 	// (a stage after it), each level a stage after the one before.
-	one, _ := h.NewSequence()
+	one := NewSequence(t, h)
 	defer one.Release()
 	lineParents := make([]int, L)
 	for i := range lineParents {
@@ -183,7 +183,7 @@ func HeadTree(t *testing.T, h, target engine.Engine, ref *reference.Model, rh *r
 	verify("one call", all)
 	check("one call", all, append([][]int{tr.line}, nodeTexts...))
 	// Levels 1 to 3 in one call over a cached line.
-	two, _ := h.NewSequence()
+	two := NewSequence(t, h)
 	defer two.Release()
 	verify("two calls, the line", &engine.VerifyEntry{Seq: two, Target: tseq, Tokens: tr.line, Out: 1})
 	v := &engine.VerifyEntry{Seq: two, Target: tseq, Tokens: tr.tok, Parents: parents, Out: nodes, TopN: 3}
@@ -192,7 +192,7 @@ func HeadTree(t *testing.T, h, target engine.Engine, ref *reference.Model, rh *r
 
 	// A line past the target: its last two tokens read the head's own
 	// output (stages), every one of the last three rows read out.
-	three, _ := h.NewSequence()
+	three := NewSequence(t, h)
 	defer three.Release()
 	past := append(slices.Clone(tr.line), 60, 61)
 	vp := &engine.VerifyEntry{Seq: three, Target: tseq, Tokens: past, Out: 3, TopN: 4}
@@ -277,10 +277,10 @@ func HeadTreeBatch(t *testing.T, h, target engine.Engine, tol float64) {
 	}
 	var sides []*side
 	for _, p := range prompts {
-		tseq, _ := target.NewSequence()
+		tseq := NewSequence(t, target)
 		line := append(slices.Clone(p), TargetStep(t, target, tseq, p...))
-		a, _ := h.NewSequence()
-		b, _ := h.NewSequence()
+		a := NewSequence(t, h)
+		b := NewSequence(t, h)
 		sides = append(sides, &side{tseq: tseq, alone: a, batched: b, line: line, frontier: []int{len(line) - 1}})
 	}
 	// level is side s's next level: its line, else two children each of
@@ -349,7 +349,7 @@ func HeadTreeBatch(t *testing.T, h, target engine.Engine, tol float64) {
 func HeadTreeRefusals(t *testing.T, h, target engine.Engine, other engine.Sequence) {
 	t.Helper()
 	ctx := context.Background()
-	tseq, _ := target.NewSequence()
+	tseq := NewSequence(t, target)
 	defer tseq.Release()
 	TargetStep(t, target, tseq, 1, 2, 3)
 	sampled := sampling.Params{Temperature: 0.8}
@@ -378,7 +378,7 @@ func HeadTreeRefusals(t *testing.T, h, target engine.Engine, other engine.Sequen
 		{"a line token after a node", "line token", true, engine.VerifyEntry{Tokens: []int{7, 8}, Parents: []int{3, treemask.Line}, Out: 1}},
 		{"a token outside the vocabulary", "vocabulary", true, engine.VerifyEntry{Tokens: []int{h.Config().VocabSize}, Parents: []int{3}, Out: 1}},
 	} {
-		seq, _ := h.NewSequence()
+		seq := NewSequence(t, h)
 		if tc.fed {
 			if err := h.Verify(ctx, []*engine.VerifyEntry{{Seq: seq, Target: tseq, Tokens: line, Out: 1}}); err != nil {
 				t.Fatal(err)
@@ -412,7 +412,7 @@ func HeadTreeRefusals(t *testing.T, h, target engine.Engine, other engine.Sequen
 	// A root over the line's last row, whose output Truncate dropped: row
 	// 3 read the head's own output, and the line's last row (2) is no
 	// longer the one held.
-	seq, _ := h.NewSequence()
+	seq := NewSequence(t, h)
 	defer seq.Release()
 	if _, err := engine.StepN(ctx, h, []*engine.Entry{{Seq: seq, Target: tseq, Tokens: line}}, 2); err != nil {
 		t.Fatal(err)
@@ -428,8 +428,8 @@ func HeadTreeRefusals(t *testing.T, h, target engine.Engine, other engine.Sequen
 	}
 
 	// A batch whose second entry is refused changes neither sequence.
-	a, _ := h.NewSequence()
-	b, _ := h.NewSequence()
+	a := NewSequence(t, h)
+	b := NewSequence(t, h)
 	defer b.Release()
 	for _, s := range []engine.Sequence{a, b} {
 		if err := h.Verify(ctx, []*engine.VerifyEntry{{Seq: s, Target: tseq, Tokens: line, Out: 1}}); err != nil {

@@ -152,8 +152,8 @@ func TestCapacity(t *testing.T) {
 	if e.KVCapacity() != (6-2)*16 {
 		t.Errorf("KVCapacity %d", e.KVCapacity())
 	}
-	s1, _ := e.NewSequence()
-	s2, _ := e.NewSequence()
+	s1 := enginetest.NewSequence(t, e)
+	s2 := enginetest.NewSequence(t, e)
 	if _, err := e.NewSequence(); err == nil {
 		t.Fatal("a third sequence in two slots")
 	}

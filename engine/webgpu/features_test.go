@@ -206,7 +206,7 @@ func TestNoFeatures(t *testing.T) {
 	if plain.kv.Features != 0 || plain.act.featPairs != nil || len(plain.FeatureLayers()) != 0 {
 		t.Errorf("an engine without feature layers keeps %d feature buffers (pairs %v)", plain.kv.Features, plain.act.featPairs)
 	}
-	seq, _ := plain.NewSequence()
+	seq := enginetest.NewSequence(t, plain)
 	defer seq.Release()
 	if err := plain.Step(context.Background(), []*engine.Entry{{Seq: seq, Tokens: []int{1, 2, 3}}}); err != nil {
 		t.Fatal(err)

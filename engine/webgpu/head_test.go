@@ -169,9 +169,9 @@ func testHead(t *testing.T, rig *headRig) {
 		t.Helper()
 		o.check(what, h, en, 0, text, ttext)
 	}
-	tseq, _ := target.NewSequence()
+	tseq := enginetest.NewSequence(t, target)
 	defer tseq.Release()
-	hseq, _ := h.NewSequence()
+	hseq := enginetest.NewSequence(t, h)
 	defer hseq.Release()
 	prompt := []int{3, 17, 5, 9, 30, 200}
 	ttext := slices.Clone(prompt)
@@ -236,7 +236,7 @@ func testHead(t *testing.T, rig *headRig) {
 	check("StepN", &engine.Entry{Seq: hseq, Next: toks[0][2].ID, Logprob: toks[0][2].Logprob}, text, ttext)
 
 	// The same text token by token on another sequence: every row.
-	one, _ := h.NewSequence()
+	one := enginetest.NewSequence(t, h)
 	defer one.Release()
 	if err := h.Step(ctx, []*engine.Entry{{Seq: one, Target: tseq, Tokens: text[:2]}}); err != nil {
 		t.Fatal(err)
@@ -268,9 +268,9 @@ func TestHeadLongPrompt(t *testing.T) {
 	var tseqs, hseqs []engine.Sequence
 	var texts, ttexts [][]int
 	for _, p := range [][]int{{4, 8, 15}, long} {
-		tseq, _ := target.NewSequence()
+		tseq := enginetest.NewSequence(t, target)
 		defer tseq.Release()
-		hseq, _ := h.NewSequence()
+		hseq := enginetest.NewSequence(t, h)
 		defer hseq.Release()
 		next := enginetest.TargetStep(t, target, tseq, p...)
 		tseqs, hseqs = append(tseqs, tseq), append(hseqs, hseq)
@@ -346,7 +346,7 @@ func TestHeadTargetTree(t *testing.T) {
 	var next []int
 	var tseqs []engine.Sequence
 	for _, tree := range []bool{false, true} {
-		tseq, _ := target.NewSequence()
+		tseq := enginetest.NewSequence(t, target)
 		enginetest.TargetStep(t, target, tseq, line...)
 		if tree {
 			// Roots 4 and 5; 6 under 5.
@@ -355,7 +355,7 @@ func TestHeadTargetTree(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		hseq, _ := h.NewSequence()
+		hseq := enginetest.NewSequence(t, h)
 		en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: []int{1, 2, 3, 4, 5}}
 		if err := h.Step(ctx, []*engine.Entry{en}); err != nil {
 			t.Fatal(err)
@@ -374,7 +374,7 @@ func TestHeadTargetTree(t *testing.T) {
 	if err := tseq.KeepPath([]int{4, 5}); err != nil {
 		t.Fatal(err)
 	}
-	hseq, _ := h.NewSequence()
+	hseq := enginetest.NewSequence(t, h)
 	text := []int{1, 2, 3, 5, 6, 7}
 	en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: text, TopN: 4}
 	if err := h.Step(ctx, []*engine.Entry{en}); err != nil {
@@ -435,7 +435,7 @@ func TestHeadRefusals(t *testing.T) {
 	}
 
 	h := rig.head
-	other, _ := plain.NewSequence()
+	other := enginetest.NewSequence(t, plain)
 	enginetest.TargetStep(t, plain, other, 1, 2, 3)
 	enginetest.HeadStepRefusals(t, h, target, other, "webgpu head: ")
 	if !engine.DraftsTrees(h) {
@@ -456,11 +456,11 @@ func TestHeadRefusals(t *testing.T) {
 		t.Errorf("Fault %v, KV block size %d", engine.Fault(h), engine.KVBlockSize(h))
 	}
 	// Closed: the head refuses every call; a second Close does nothing.
-	seq, _ := h.NewSequence()
+	seq := enginetest.NewSequence(t, h)
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
-	tseq, _ := target.NewSequence()
+	tseq := enginetest.NewSequence(t, target)
 	enginetest.TargetStep(t, target, tseq, 1, 2, 3)
 	if err := h.Step(context.Background(), []*engine.Entry{{Seq: seq, Target: tseq, Tokens: []int{1, 2, 3, 4}}}); err == nil {
 		t.Error("a step of a closed head: accepted")
@@ -492,10 +492,10 @@ func TestHeadOwnEmbedding(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := &headOracle{t: t, ref: ref, head: rh, tol: headTol, lpTol: headLogprobTol}
-	tseq, _ := target.NewSequence()
+	tseq := enginetest.NewSequence(t, target)
 	text := []int{4, 8, 15, 16, 23}
 	enginetest.TargetStep(t, target, tseq, text...)
-	hseq, _ := h.NewSequence()
+	hseq := enginetest.NewSequence(t, h)
 	en := &engine.Entry{Seq: hseq, Target: tseq, Tokens: append(slices.Clone(text), 42)}
 	if err := h.Step(context.Background(), []*engine.Entry{en}); err != nil {
 		t.Fatal(err)

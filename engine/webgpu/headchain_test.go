@@ -149,10 +149,10 @@ func testHeadStepN(t *testing.T, rig *headRig) {
 	var cases []chainCase
 	var texts [][]int
 	for _, p := range prompts {
-		tseq, _ := target.NewSequence()
+		tseq := enginetest.NewSequence(t, target)
 		next := enginetest.TargetStep(t, target, tseq, p...)
-		a, _ := h.NewSequence()
-		b, _ := h.NewSequence()
+		a := enginetest.NewSequence(t, h)
+		b := enginetest.NewSequence(t, h)
 		cases = append(cases, chainCase{tseq, a, b})
 		texts = append(texts, append(slices.Clone(p), next))
 	}
@@ -183,8 +183,8 @@ func testHeadStepN(t *testing.T, rig *headRig) {
 	// Short of the target's line: a fresh pair of sequences fed the first
 	// three tokens of the prompt and target token (seven); their next rows
 	// read the target's features, so the steps run one by one.
-	a, _ := h.NewSequence()
-	b, _ := h.NewSequence()
+	a := enginetest.NewSequence(t, h)
+	b := enginetest.NewSequence(t, h)
 	defer a.Release()
 	defer b.Release()
 	short := []chainCase{{cases[0].tseq, a, b}}
@@ -207,16 +207,16 @@ func TestHeadStepNRefusals(t *testing.T) {
 	rig := newHeadRig(t, true, HeadOptions{})
 	h, target := rig.head, rig.target
 	ctx := context.Background()
-	tseq, _ := target.NewSequence()
+	tseq := enginetest.NewSequence(t, target)
 	defer tseq.Release()
 	next := enginetest.TargetStep(t, target, tseq, 1, 2, 3)
-	s, _ := h.NewSequence()
+	s := enginetest.NewSequence(t, h)
 	defer s.Release()
 	en := &engine.Entry{Seq: s, Target: tseq, Tokens: []int{1, 2, 3, next}}
 	if err := h.Step(ctx, []*engine.Entry{en}); err != nil {
 		t.Fatal(err)
 	}
-	fresh, _ := h.NewSequence()
+	fresh := enginetest.NewSequence(t, h)
 	defer fresh.Release()
 	max := h.Config().MaxPositionEmbeddings
 	for _, tc := range []struct {
@@ -248,7 +248,7 @@ func TestHeadStepNRefusals(t *testing.T) {
 	}
 	// To the context's last position but one (the Step after takes the
 	// last): accepted.
-	b, _ := h.NewSequence()
+	b := enginetest.NewSequence(t, h)
 	defer b.Release()
 	if err := h.Step(ctx, []*engine.Entry{{Seq: b, Target: tseq, Tokens: []int{1, 2, 3, next}}}); err != nil {
 		t.Fatal(err)

@@ -191,10 +191,10 @@ func TestHeadDraftVerifyRefused(t *testing.T) {
 	h, target := rig.head, rig.target
 	ctx := context.Background()
 	text := []int{3, 17, 5, 9, 30, 200}
-	tseq, _ := target.NewSequence()
+	tseq := enginetest.NewSequence(t, target)
 	defer tseq.Release()
 	text = append(text, enginetest.TargetStep(t, target, tseq, text...))
-	hseq, _ := h.NewSequence()
+	hseq := enginetest.NewSequence(t, h)
 	defer hseq.Release()
 	fresh := func() []engine.ChainStep {
 		return []engine.ChainStep{{

@@ -42,7 +42,7 @@ func TestHeadTreeBatch(t *testing.T) {
 func TestHeadTreeRefusals(t *testing.T) {
 	rig := newHeadRig(t, true, HeadOptions{})
 	plain, _, _ := tinyTarget(t, rig.target.g, enginetest.HeadLayers, nil)
-	other, _ := plain.NewSequence()
+	other := enginetest.NewSequence(t, plain)
 	enginetest.TargetStep(t, plain, other, 1, 2, 3)
 	enginetest.HeadTreeRefusals(t, rig.head, rig.target, other)
 }
